@@ -1,0 +1,74 @@
+"""The JSON Schemas in `schemas/`: the single source of truth for every file coder reads.
+
+They ship inside the wheel as `coder/schemas/`; in a source checkout (or an editable install)
+they are read from the repository's top-level `schemas/` directory.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
+
+NAMES = ("task", "step", "state", "log", "config")
+
+
+def schema_dir() -> Path:
+    packaged = Path(__file__).parent / "schemas"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "schemas"
+
+
+@functools.cache
+def load_schema(name: str) -> dict[str, Any]:
+    if name not in NAMES:
+        raise KeyError(f"unknown schema {name!r}")
+    path = schema_dir() / f"{name}.schema.json"
+    with path.open(encoding="utf-8") as fh:
+        schema: dict[str, Any] = json.load(fh)
+    return schema
+
+
+@functools.cache
+def validator(name: str) -> Validator:
+    """A Draft 2020-12 validator for one schema, with the others resolvable by `$id`."""
+    from jsonschema import Draft202012Validator
+    from referencing import Registry, Resource
+
+    registry: Registry = Registry().with_resources(
+        (load_schema(n)["$id"], Resource.from_contents(load_schema(n))) for n in NAMES
+    )
+    return Draft202012Validator(
+        load_schema(name),
+        registry=registry,
+        format_checker=Draft202012Validator.FORMAT_CHECKER,
+    )
+
+
+def bundled(name: str) -> dict[str, Any]:
+    """The schema with every `$ref` inlined (for consumers without a registry, such as
+    Ollama's structured output)."""
+    by_id = {load_schema(n)["$id"]: load_schema(n) for n in NAMES}
+
+    def inline(node: Any, doc: dict[str, Any]) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                doc_id, _, pointer = ref.partition("#")
+                target_doc = by_id[doc_id] if doc_id else doc
+                target: Any = target_doc
+                for part in filter(None, pointer.split("/")):
+                    target = target[part]
+                drop = ("$id", "$schema", "$defs")
+                return inline({k: v for k, v in target.items() if k not in drop}, target_doc)
+            return {k: inline(v, doc) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [inline(v, doc) for v in node]
+        return node
+
+    return inline(load_schema(name), load_schema(name))  # type: ignore[no-any-return]

@@ -1,0 +1,65 @@
+"""Shared fixtures: an isolated HOME and config for every test, and real git repositories."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "Test User",
+    "GIT_AUTHOR_EMAIL": "test@example.com",
+    "GIT_COMMITTER_NAME": "Test User",
+    "GIT_COMMITTER_EMAIL": "test@example.com",
+}
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Never read or write the developer's real ~/.config or ~/.gitconfig."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for var in ("OLLAMA_HOST", "CODER_MODEL", "CODER_CONFIG", "GIT_DIR", "GIT_WORK_TREE"):
+        monkeypatch.delenv(var, raising=False)
+    (home / ".gitconfig").write_text(
+        "[user]\n\tname = Test User\n\temail = test@example.com\n"
+        "[init]\n\tdefaultBranch = main\n"
+    )
+    return home
+
+
+def git(repo: Path, *args: str) -> str:
+    """Run the real git CLI (tests verify what coder did with it, not with pygit2)."""
+    out = subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True,
+        env={**os.environ, **GIT_ENV},
+    )
+    return out.stdout
+
+
+@pytest.fixture
+def make_repo(tmp_path: Path):
+    """Factory: a git repo with `files` committed on main."""
+
+    def make(files: dict[str, str] | None = None, name: str = "repo") -> Path:
+        repo = tmp_path / name
+        repo.mkdir()
+        git(repo, "init", "-q", "-b", "main")
+        for rel, text in (files or {"README.md": "# sample\n"}).items():
+            path = repo / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", "initial")
+        return repo
+
+    return make
+
+
+@pytest.fixture
+def repo(make_repo) -> Path:
+    return make_repo()
