@@ -1,0 +1,56 @@
+"""`coder init` and `coder config`: preparing a repository and showing the merged settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from coder.cli import emit_json, json_option
+
+
+@click.command(epilog="\b\nExample:\n  cd my-repo && coder init")
+@click.option("--force", is_flag=True, help="Overwrite an existing coder.config.json.")
+@json_option
+def init(force: bool, as_json: bool) -> None:
+    """Prepare this repo: .coder/ and coder.config.json."""
+    from coder import project
+
+    result = project.init(Path.cwd(), force=force)
+    if as_json:
+        emit_json({"root": str(result.root), "config": str(result.config_path),
+                   "config_written": result.config_written, "excluded": result.excluded,
+                   "detected": result.config})
+        return
+    click.echo(f"Prepared {result.root / project.CODER_DIR}/ "
+               f"({'added to' if result.excluded else 'already in'} .git/info/exclude)")
+    if result.config_written:
+        click.echo(f"Wrote {result.config_path}")
+        for key in ("model", "ollama_host", "test_command"):
+            click.echo(f"  {key:<13} {result.config[key]}")
+    else:
+        click.echo(f"Kept existing {result.config_path} (use --force to rewrite it)")
+    click.echo("Next: write a taskfile (see tasks/) and run `coder validate -f FILE`.")
+
+
+@click.command(name="config", epilog="\b\nExample:\n  CODER_MODEL=qwen2.5-coder:14b coder config")
+@json_option
+def config(as_json: bool) -> None:
+    """Show the merged config and where each value comes from.
+
+    Precedence: flags > environment (OLLAMA_HOST, CODER_MODEL) > project file
+    (coder.config.json, or the file named by CODER_CONFIG) > user file
+    (~/.config/coder/config.json) > defaults.
+    """
+    import json
+
+    from coder import config as config_mod
+
+    cfg = config_mod.load()
+    if as_json:
+        emit_json({"values": dict(cfg.values), "sources": dict(cfg.sources),
+                   "files": [str(f) for f in cfg.files]})
+        return
+    width = max(map(len, cfg.values))
+    for key, value in cfg.values.items():
+        click.echo(f"{key:<{width}}  {json.dumps(value):<28}  {cfg.sources[key]}")

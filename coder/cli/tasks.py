@@ -1,0 +1,96 @@
+"""`coder validate` and `coder show`: what a taskfile says and how the run will see it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from coder.cli import emit_json, json_option
+from coder.errors import EXIT_USAGE
+
+taskfile_option = click.option(
+    "-f", "--file", "path", required=True, type=click.Path(path_type=Path, dir_okay=True),
+    help="The taskfile (YAML).")
+
+
+@click.command(epilog="\b\nExample:\n  coder validate -f tasks/example.yaml")
+@taskfile_option
+@json_option
+def validate(path: Path, as_json: bool) -> None:
+    """Check a taskfile; report every problem at once.
+
+    Each problem is printed as FILE:LINE:COL: message.
+
+    Exits 0 when the taskfile is valid, 2 when it is not.
+    """
+    from coder import graph, taskfile
+
+    problems, task = taskfile.check_file(path)
+    if as_json:
+        result: dict[str, object] = {"file": str(path), "valid": not problems,
+                                     "problems": [p.as_dict() for p in problems]}
+        if task:
+            result.update(id=task.id, steps=len(task.steps))
+        emit_json(result)
+    elif problems:
+        for problem in problems:
+            click.echo(str(problem))
+        click.echo(f"{path}: {len(problems)} problem{'s' * (len(problems) != 1)}", err=True)
+    else:
+        assert task is not None
+        levels = graph.levels(graph.build(task.deps()))
+        click.echo(f"{path}: valid ({len(task.steps)} steps in {len(levels)} levels)")
+    if problems:
+        raise SystemExit(EXIT_USAGE)
+
+
+@click.command(epilog="\b\nExample:\n  coder show -f tasks/example.yaml --json")
+@taskfile_option
+@json_option
+def show(path: Path, as_json: bool) -> None:
+    """Show a taskfile's DAG: order, parallel levels, steps."""
+    from coder import config as config_mod
+    from coder import graph, taskfile
+
+    task = taskfile.load(path)
+    cfg = config_mod.load()
+    dag = graph.build(task.deps())
+    order, levels = graph.order(dag), graph.levels(dag)
+    id_note = "" if task.source.get("id") else " (generated; fixed when the run starts)"
+    model = task.model or cfg["model"]
+    model_note = "" if task.model else f" (from {cfg.sources['model']})"
+    base = task.base or "the current branch"
+    if as_json:
+        emit_json({
+            "id": task.id, "id_generated": not task.source.get("id"), "title": task.title,
+            "branch": task.branch, "base": task.base, "model": model, "order": order,
+            "levels": levels,
+            "steps": [{"id": s.id, "kind": s.kind, "goal": s.goal,
+                       "depends_on": list(s.depends_on), "level": _level_of(s.id, levels)}
+                      for s in task.steps],
+        })
+        return
+    click.echo(f"{task.title}")
+    click.echo(f"  id      {task.id}{id_note}")
+    click.echo(f"  branch  {task.branch}  (from {base})")
+    click.echo(f"  model   {model}{model_note}")
+    click.echo(f"  order   {' -> '.join(order)}")
+    click.echo("")
+    steps = {s.id: s for s in task.steps}
+    width = max(len(s.id) for s in task.steps)
+    for number, level in enumerate(levels, 1):
+        click.echo(f"level {number}" + ("  (may run in parallel)" if len(level) > 1 else ""))
+        for sid in level:
+            s = steps[sid]
+            needs = f"  <- {', '.join(s.depends_on)}" if s.depends_on else ""
+            click.echo(f"  {sid:<{width}}  {s.kind:<7}  {_one_line(s.goal)}{needs}")
+
+
+def _level_of(step_id: str, levels: list[list[str]]) -> int:
+    return next(i for i, level in enumerate(levels, 1) if step_id in level)
+
+
+def _one_line(text: str, limit: int = 70) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"

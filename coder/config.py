@@ -1,0 +1,191 @@
+"""Configuration: defaults < user file < project file < environment < flags.
+
+Each value remembers where it came from, so `coder config` can say why it is what it is.
+Files are JSON, checked against `schemas/config.schema.json`; a bad file is an error that names
+the file, the field and the fix, and nothing runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coder.errors import InvalidInput
+
+PROJECT_FILE = "coder.config.json"
+DEFAULT_MODEL = "qwen2.5-coder:7b"
+DEFAULT_HOST = "http://127.0.0.1:11434"
+
+DEFAULTS: dict[str, Any] = {
+    "model": DEFAULT_MODEL,
+    "ollama_host": DEFAULT_HOST,
+    "test_command": None,
+    "num_ctx": None,
+    "max_num_ctx": 32768,
+    "temperature": 0.2,
+    "seed": None,
+    "keep_alive": "30m",
+    "request_timeout": 600,
+    "allow_network": False,
+    "allowed_commands": [],
+    "env_passthrough": [],
+    "protected_paths": [],
+    "command_timeout": 600,
+    "output_cap": 65536,
+    "max_parallel": 1,
+    "mcp_servers": [],
+}
+
+# environment variable -> config key
+ENVIRONMENT = {"OLLAMA_HOST": "ollama_host", "CODER_MODEL": "model"}
+
+
+@dataclass(frozen=True)
+class Config:
+    values: Mapping[str, Any]
+    sources: Mapping[str, str]
+    project_root: Path | None
+    files: tuple[Path, ...]  # the files that were read, lowest precedence first
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+
+def find_project_root(start: Path) -> Path | None:
+    """The nearest directory at or above `start` holding `.git` (a dir, or a worktree's file)."""
+    start = start.resolve()
+    for candidate in (start, *start.parents):
+        if (candidate / ".git").exists():
+            return candidate
+    return None
+
+
+def user_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "coder" / "config.json"
+
+
+def load(cwd: Path | None = None, flags: Mapping[str, Any] | None = None,
+         env: Mapping[str, str] | None = None) -> Config:
+    env = os.environ if env is None else env
+    root = find_project_root(cwd or Path.cwd())
+    values = dict(DEFAULTS)
+    sources = dict.fromkeys(DEFAULTS, "default")
+    files: list[Path] = []
+
+    layers: list[tuple[Path, str]] = [(user_config_path(), "user file")]
+    if env.get("CODER_CONFIG"):
+        path = Path(env["CODER_CONFIG"]).expanduser()
+        if not path.is_file():
+            raise InvalidInput(f"CODER_CONFIG points to {path}, which is not a file",
+                               hint="fix the path or unset CODER_CONFIG")
+        layers.append((path, "CODER_CONFIG"))
+    elif root is not None:
+        layers.append((root / PROJECT_FILE, "project file"))
+
+    for path, label in layers:
+        if path.is_file():
+            for key, value in read_file(path).items():
+                values[key], sources[key] = value, f"{label} {path}"
+            files.append(path)
+    for var, key in ENVIRONMENT.items():
+        if env.get(var):
+            values[key], sources[key] = env[var], f"env {var}"
+    for key, value in (flags or {}).items():
+        if value is not None:
+            values[key], sources[key] = value, "flag"
+    values["ollama_host"] = normalize_host(values["ollama_host"])
+    return Config(values, sources, root, tuple(files))
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """A config file's contents, checked; InvalidInput names the file, position and field."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"{path}: cannot read config file: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}",
+                           hint="fix the syntax, or delete the file and run `coder init`") from None
+    if not isinstance(data, dict):
+        raise InvalidInput(f"{path}:1:1: a config file must be a JSON object")
+    from coder.schemas import validator
+
+    errors = sorted(validator("config").iter_errors(data), key=lambda e: list(map(str, e.path)))
+    if errors:
+        lines = [_config_problem(path, text, e) for e in errors]
+        raise InvalidInput("; ".join(lines), hint=f"fix {path} (see the config reference in README.md)")
+    data.pop("$schema", None)
+    return data
+
+
+def _config_problem(path: Path, text: str, error: Any) -> str:
+    from coder import yamldoc
+
+    field = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+    message = error.message
+    if error.validator == "additionalProperties":
+        unknown = [k for k in error.instance if k not in error.schema.get("properties", {})]
+        message = f"unknown setting {unknown[0]!r}" if unknown else message
+    try:  # JSON is YAML, so the YAML composer gives us line:col for the field
+        line, col = yamldoc.parse(text, str(path)).position(list(error.absolute_path))
+    except yamldoc.DocumentError:
+        line, col = 1, 1
+    return f"{path}:{line}:{col}: {field}: {message}"
+
+
+def normalize_host(host: str) -> str:
+    """Accept OLLAMA_HOST's forms ("0.0.0.0", ":11435", "host:port", URLs) as a base URL."""
+    host = host.strip().rstrip("/")
+    if "://" not in host:
+        host = "http://" + (host if not host.startswith(":") else "127.0.0.1" + host)
+    scheme, _, rest = host.partition("://")
+    hostport, slash, path = rest.partition("/")
+    if hostport.startswith("0.0.0.0"):
+        hostport = "127.0.0.1" + hostport[len("0.0.0.0"):]
+    if ":" not in hostport.rsplit("]", 1)[-1]:
+        hostport += ":11434"
+    return f"{scheme}://{hostport}{slash}{path}"
+
+
+def detect_test_command(root: Path) -> str | None:
+    """The project's test command, from the files that name a test framework."""
+    def has(name: str) -> bool:
+        return (root / name).exists()
+
+    def mentions(name: str, word: str) -> bool:
+        try:
+            return word in (root / name).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+
+    if has("package.json"):
+        try:
+            scripts = json.loads((root / "package.json").read_text(encoding="utf-8")).get("scripts", {})
+        except (OSError, ValueError):
+            scripts = {}
+        if isinstance(scripts, dict) and "test" in scripts:
+            return "npm test"
+    if has("go.mod"):
+        return "go test ./..."
+    if has("Cargo.toml"):
+        return "cargo test"
+    python_markers = ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini", "pytest.ini")
+    if has("pytest.ini") or has("conftest.py") or has("tests/conftest.py") or any(
+            mentions(m, "pytest") for m in python_markers if has(m)):
+        return "python -m pytest -q"
+    for folder in ("tests", "test"):
+        if any((root / folder).glob("test*.py")):
+            return f"python -m unittest discover -s {folder} -q"
+    if any(root.glob("test*.py")):
+        return "python -m unittest discover -q"
+    return None

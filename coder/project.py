@@ -1,0 +1,65 @@
+"""A repository prepared for coder: `.coder/` (excluded from git) and `coder.config.json`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coder import config as config_mod
+
+CODER_DIR = ".coder"
+SUBDIRS = ("state", "logs", "artifacts", "worktrees", "locks")
+
+
+def coder_dir(root: Path) -> Path:
+    return root / CODER_DIR
+
+
+@dataclass
+class InitResult:
+    root: Path
+    config_path: Path
+    config_written: bool
+    excluded: bool  # True when .git/info/exclude was changed
+    config: dict[str, object] = field(default_factory=dict)
+
+
+def init(cwd: Path, *, force: bool = False, env: dict[str, str] | None = None) -> InitResult:
+    """Create `.coder/` and a `coder.config.json` with detected defaults. Idempotent: an
+    existing config is kept unless `force`."""
+    from coder import gitops
+
+    repo = gitops.open_repo(cwd)
+    root = gitops.repo_root(repo)
+    ensure_coder_dir(root)
+    excluded = gitops.ensure_excluded(repo, f"/{CODER_DIR}/")
+    path = root / config_mod.PROJECT_FILE
+    detected = detected_config(root, env)
+    written = force or not path.exists()
+    if written:
+        path.write_text(json.dumps(detected, indent=2) + "\n", encoding="utf-8")
+    return InitResult(root, path, written, excluded, detected)
+
+
+def ensure_coder_dir(root: Path) -> Path:
+    base = coder_dir(root)
+    for sub in SUBDIRS:
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def detected_config(root: Path, env: dict[str, str] | None = None) -> dict[str, object]:
+    import os
+
+    env = dict(os.environ) if env is None else env
+    host = config_mod.normalize_host(env.get("OLLAMA_HOST") or config_mod.DEFAULT_HOST)
+    return {
+        "model": env.get("CODER_MODEL") or config_mod.DEFAULT_MODEL,
+        "ollama_host": host,
+        "test_command": config_mod.detect_test_command(root),
+        "num_ctx": None,
+        "allow_network": False,
+        "allowed_commands": [],
+        "max_parallel": 1,
+    }

@@ -1,0 +1,422 @@
+"""Taskfiles: YAML -> checked `Task`, with every problem reported at once as FILE:LINE:COL.
+
+Checks, in order: the file is readable YAML (yamldoc), the document matches
+`schemas/task.schema.json`, then what a schema cannot say: unique step ids, known `depends_on`
+targets, no cycles, options that fit the step's kind, paths that stay in the repository.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from coder import yamldoc
+from coder.errors import InvalidInput
+from coder.yamldoc import Document, Problem
+
+MODEL_KINDS = ("analyze", "edit", "doc", "custom")
+MAX_PROBLEMS = 200
+
+
+class InvalidTaskfile(InvalidInput):
+    def __init__(self, problems: list[Problem]) -> None:
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        super().__init__(f"{first}{more}", hint="run `coder validate -f FILE` to see every problem")
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Assertion:
+    type: str
+    path: str
+    contains: str | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    id: str
+    kind: str
+    goal: str
+    depends_on: tuple[str, ...] = ()
+    timeout_s: int | None = None
+    retries: int | None = None  # None: the task's policies.retries
+    changes: tuple[dict[str, str], ...] = ()
+    cmd: str | None = None
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    framework: str | None = None
+    args: tuple[str, ...] = ()
+    asserts: tuple[Assertion, ...] = ()
+    strategy: str = "revert_and_stop"
+    max_cycles: int = 1
+    tools: tuple[str, ...] | None = None
+
+    @property
+    def uses_model(self) -> bool:
+        return self.kind in MODEL_KINDS
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    title: str
+    branch: str
+    steps: tuple[Step, ...]
+    base: str | None = None  # None: the repository's current branch, resolved at run start
+    model: str | None = None  # None: the config's model
+    spec: str | None = None
+    created_at: str | None = None
+    policies: Mapping[str, Any] = field(default_factory=dict)
+    success: Mapping[str, Any] = field(default_factory=dict)
+    source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def step(self, step_id: str) -> Step:
+        for s in self.steps:
+            if s.id == step_id:
+                return s
+        known = ", ".join(s.id for s in self.steps)
+        raise InvalidInput(f"task {self.id} has no step {step_id!r} (its steps: {known})")
+
+    def deps(self) -> dict[str, tuple[str, ...]]:
+        return {s.id: s.depends_on for s in self.steps}
+
+    def resolved(self, *, base: str, model: str) -> Task:
+        from dataclasses import replace
+
+        return replace(self, base=self.base or base, model=self.model or model)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The task as a taskfile document with every default filled in (what runs)."""
+        doc: dict[str, Any] = {"id": self.id, "title": self.title, "branch": self.branch}
+        for key in ("base", "model", "spec", "created_at"):
+            if getattr(self, key) is not None:
+                doc[key] = getattr(self, key)
+        if self.policies:
+            doc["policies"] = dict(self.policies)
+        if self.success:
+            doc["success"] = dict(self.success)
+        doc["graph"] = [_step_dict(s) for s in self.steps]
+        return doc
+
+
+def _step_dict(s: Step) -> dict[str, Any]:
+    d: dict[str, Any] = {"id": s.id, "kind": s.kind, "goal": s.goal, "depends_on": list(s.depends_on)}
+    optional = {
+        "timeout": s.timeout_s, "retries": s.retries, "cmd": s.cmd, "cwd": s.cwd,
+        "framework": s.framework,
+        "changes": [dict(c) for c in s.changes] or None,
+        "env": dict(s.env) or None,
+        "args": list(s.args) or None,
+        "assert": [{k: v for k, v in vars(a).items() if v is not None} for a in s.asserts] or None,
+        "tools": list(s.tools) if s.tools is not None else None,
+    }
+    d.update({k: v for k, v in optional.items() if v is not None})
+    if s.strategy != "revert_and_stop" or s.max_cycles != 1:
+        d["on_fail"] = {"strategy": s.strategy, "max_cycles": s.max_cycles}
+    return d
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def load(path: Path, name: str | None = None) -> Task:
+    """A checked Task from a file, or InvalidTaskfile listing every problem."""
+    problems, task = check_file(path, name)
+    if problems:
+        raise InvalidTaskfile(problems)
+    assert task is not None
+    return task
+
+
+def check_file(path: Path, name: str | None = None) -> tuple[list[Problem], Task | None]:
+    name = name or str(path)
+    try:
+        doc = yamldoc.load(path, name)
+    except yamldoc.DocumentError as exc:
+        return [exc.problem], None
+    return check_document(doc)
+
+
+def check_document(doc: Document) -> tuple[list[Problem], Task | None]:
+    if doc.data is None:
+        return [Problem(doc.name, 1, 1, "file is empty; a taskfile needs at least `title` and "
+                        "`graph` (a list of steps)")], None
+    if not isinstance(doc.data, dict):
+        line, col = doc.position(())
+        return [Problem(doc.name, line, col, "a taskfile must be a mapping with `title` and "
+                        f"`graph`, not a {_yaml_type(doc.data)}")], None
+    problems = _schema_problems(doc) + _graph_problems(doc)
+    problems.sort(key=lambda p: (p.line, p.col))
+    if len(problems) > MAX_PROBLEMS:
+        extra = len(problems) - MAX_PROBLEMS
+        problems = problems[:MAX_PROBLEMS] + [
+            Problem(doc.name, problems[MAX_PROBLEMS].line, 1, f"... and {extra} more problems")]
+    if problems:
+        return problems, None
+    return [], from_dict(doc.data)
+
+
+def from_dict(data: Mapping[str, Any]) -> Task:
+    """Build a Task from a schema-valid document, filling in the defaults."""
+    raw_steps = data["graph"]
+    ids = [s.get("id") or f"s{i}" for i, s in enumerate(raw_steps, 1)]
+    sequential = not any("depends_on" in s for s in raw_steps)
+    steps = []
+    for i, (sid, raw) in enumerate(zip(ids, raw_steps)):
+        deps = ([ids[i - 1]] if i else []) if sequential else raw.get("depends_on", [])
+        on_fail = raw.get("on_fail", {})
+        steps.append(Step(
+            id=sid,
+            kind=raw["kind"],
+            goal=raw.get("goal") or _default_goal(raw),
+            depends_on=tuple(deps),
+            timeout_s=parse_duration(raw["timeout"]) if "timeout" in raw else None,
+            retries=raw.get("retries"),
+            changes=tuple(dict(c) for c in raw.get("changes", [])),
+            cmd=raw.get("cmd"),
+            cwd=raw.get("cwd"),
+            env=dict(raw.get("env", {})),
+            framework=raw.get("framework"),
+            args=tuple(raw.get("args", [])),
+            asserts=tuple(Assertion(a["type"], a["path"], a.get("contains"))
+                          for a in raw.get("assert", [])),
+            strategy=on_fail.get("strategy", "revert_and_stop"),
+            max_cycles=on_fail.get("max_cycles", 1),
+            tools=tuple(raw["tools"]) if "tools" in raw else None,
+        ))
+    task_id = data.get("id") or generate_id()
+    return Task(
+        id=task_id,
+        title=data["title"],
+        branch=data.get("branch") or f"agent/{task_id}-{slugify(data['title'])}",
+        steps=tuple(steps),
+        base=data.get("base"),
+        model=data.get("model"),
+        spec=data.get("spec"),
+        created_at=data.get("created_at"),
+        policies=dict(data.get("policies", {})),
+        success=dict(data.get("success", {})),
+        source=data,
+    )
+
+
+def _default_goal(raw: Mapping[str, Any]) -> str:
+    if raw["kind"] == "shell":
+        return f"run `{raw['cmd']}`"
+    return "run the tests"
+
+
+def generate_id() -> str:
+    return time.strftime("T-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+def slugify(title: str, limit: int = 40) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+    return slug[:limit].rstrip("-") or "task"
+
+
+_DURATION = re.compile(r"^([1-9][0-9]*)(s|m|h)$")
+
+
+def parse_duration(value: int | str) -> int:
+    """Seconds from 90, "90s", "5m" or "1h" (already checked by the schema)."""
+    if isinstance(value, int):
+        return value
+    match = _DURATION.match(value)
+    if not match:
+        raise InvalidInput(f"not a duration: {value!r} (use seconds, or 90s, 5m, 1h)")
+    return int(match[1]) * {"s": 1, "m": 60, "h": 3600}[match[2]]
+
+
+# --- schema problems -----------------------------------------------------------------------
+
+
+def _schema_problems(doc: Document) -> list[Problem]:
+    from coder.schemas import validator
+
+    problems = []
+    for error in validator("task").iter_errors(doc.data):
+        problems.extend(_describe(doc, error))
+    return problems
+
+
+def _describe(doc: Document, error: Any) -> list[Problem]:
+    path = list(error.absolute_path)
+    where = _field_path(path)
+    if len(path) >= 2 and path[0] == "graph" and isinstance(path[1], int):
+        step = doc.data["graph"][path[1]]
+        if isinstance(step, dict) and isinstance(step.get("id"), str):
+            where = f"{where} (step {step['id']})"
+    prefix = f"{where}: " if where else ""
+    instance, schema = error.instance, error.schema
+    if error.validator == "additionalProperties" and isinstance(instance, dict):
+        allowed = list(schema.get("properties", {}))
+        out = []
+        for key in [k for k in instance if k not in allowed]:
+            line, col = doc.position([*path, key], key=True)
+            hint = _did_you_mean(str(key), allowed)
+            out.append(Problem(doc.name, line, col,
+                               f"{prefix}unknown field {key!r}{hint}", _json_path([*path, key])))
+        return out
+    line, col = doc.position(path)
+    message = error.message
+    if error.validator == "required":
+        missing = [k for k in error.validator_value if k not in instance]
+        message = f"missing required field {missing[0]!r}" if missing else message
+        if isinstance(instance, dict) and isinstance(instance.get("kind"), str) \
+                and len(path) == 2 and path[0] == "graph":
+            message += f" for a {instance['kind']} step"
+    elif error.validator == "enum":
+        hint = _did_you_mean(str(instance), [str(v) for v in error.validator_value])
+        message = f"{instance!r} is not one of {', '.join(map(str, error.validator_value))}{hint}"
+    elif error.validator in ("oneOf", "anyOf") and "description" in schema:
+        message = f"{instance!r} is not valid here: {schema['description']}"
+    elif error.validator == "pattern" and path and path[-1] == "branch":
+        message = f"{instance!r} is not a valid branch: it must start with agent/ (e.g. agent/add-health)"
+    elif error.validator == "pattern" and path and path[-1] == "id":
+        message = (f"{instance!r} is not a valid id: use letters, digits, - and _ "
+                   "(step ids start with a letter)")
+    return [Problem(doc.name, line, col, f"{prefix}{message}", _json_path(path))]
+
+
+def _field_path(path: list[Any]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _json_path(path: list[Any]) -> str:
+    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _yaml_type(value: Any) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(
+        type(value), type(value).__name__)
+
+
+# --- graph and kind problems ---------------------------------------------------------------
+
+
+def _graph_problems(doc: Document) -> list[Problem]:
+    data = doc.data
+    graph = data.get("graph")
+    if not isinstance(graph, list):
+        return []
+    problems: list[Problem] = []
+
+    def report(path: list[Any], message: str, *, key: bool = False) -> None:
+        line, col = doc.position(path, key=key)
+        problems.append(Problem(doc.name, line, col, message, _json_path(path)))
+
+    # ids as the run will see them (positional defaults included)
+    ids: dict[str, int] = {}
+    steps: list[tuple[int, str, dict[str, Any]]] = []
+    for i, raw in enumerate(graph):
+        if not isinstance(raw, dict):
+            continue
+        sid = raw.get("id", f"s{i + 1}")
+        if not isinstance(sid, str):
+            continue
+        _kind_problems(i, sid, raw, report)
+        if sid in ids:
+            first_line, _ = doc.position(["graph", ids[sid]])
+            report(["graph", i, "id"] if "id" in raw else ["graph", i],
+                   f"duplicate step id {sid!r} (first defined at line {first_line})")
+            continue
+        ids[sid] = i
+        steps.append((i, sid, raw))
+
+    sequential = not any(isinstance(r, dict) and "depends_on" in r for r in graph)
+    deps: dict[str, list[str]] = {}
+    for i, sid, raw in steps:
+        needs = raw.get("depends_on", [])
+        deps[sid] = []
+        if not isinstance(needs, list):
+            continue
+        for j, dep in enumerate(needs):
+            if not isinstance(dep, str):
+                continue
+            if dep == sid:
+                report(["graph", i, "depends_on", j], f"step {sid!r} depends on itself")
+            elif dep not in ids:
+                hint = _did_you_mean(dep, list(ids))
+                report(["graph", i, "depends_on", j],
+                       f"step {sid!r} depends on unknown step {dep!r}{hint}")
+            else:
+                deps[sid].append(dep)
+    _path_problems(data, report)
+
+    if not sequential and any(deps.values()):
+        from coder import graph as dag
+
+        for cycle in dag.cycles(dag.build(deps)):
+            first = ids[cycle[0]]
+            report(["graph", first, "depends_on"], "dependency cycle: " + " -> ".join(cycle))
+    return problems
+
+
+def _kind_problems(i: int, sid: str, raw: dict[str, Any], report: Any) -> None:
+    kind = raw.get("kind")
+    if not isinstance(kind, str):
+        return
+    where = ["graph", i]
+    only = {"cmd": ("shell", "test"), "framework": ("test",), "args": ("test",),
+            "changes": ("edit", "doc", "custom"), "env": ("shell", "test"),
+            "cwd": ("shell", "test")}
+    for key, kinds in only.items():
+        if key in raw and kind not in kinds:
+            report([*where, key], f"step {sid!r}: `{key}` is only used by "
+                   f"{' and '.join(kinds)} steps (this is {_article(kind)} {kind} step)", key=True)
+    on_fail = raw.get("on_fail")
+    if isinstance(on_fail, dict):
+        if on_fail.get("strategy") == "fix_and_retry" and kind != "test":
+            report([*where, "on_fail", "strategy"],
+                   f"step {sid!r}: fix_and_retry applies to test steps (use retries for a {kind} step)")
+        if "max_cycles" in on_fail and on_fail.get("strategy") != "fix_and_retry":
+            report([*where, "on_fail", "max_cycles"],
+                   f"step {sid!r}: max_cycles only applies with strategy fix_and_retry", key=True)
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+def _path_problems(data: dict[str, Any], report: Any) -> None:
+    """Paths in a taskfile are repository-relative and may not climb out of it."""
+    candidates: list[tuple[list[Any], Any]] = []
+    for i, raw in enumerate(data.get("graph") or []):
+        if not isinstance(raw, dict):
+            continue
+        candidates.append((["graph", i, "cwd"], raw.get("cwd")))
+        for j, a in enumerate(raw.get("assert") or []):
+            if isinstance(a, dict):
+                candidates.append((["graph", i, "assert", j, "path"], a.get("path")))
+        for j, c in enumerate(raw.get("changes") or []):
+            if isinstance(c, dict):
+                candidates.append((["graph", i, "changes", j, "path"], c.get("path")))
+    success = data.get("success")
+    if isinstance(success, dict):
+        for j, p in enumerate(success.get("required_files") or []):
+            candidates.append((["success", "required_files", j], p))
+    for path, value in candidates:
+        if isinstance(value, str) and not is_repo_relative(value):
+            report(path, f"{_field_path(path)}: {value!r} must be a path inside the repository "
+                   "(relative, without ..)")
+
+
+def is_repo_relative(value: str) -> bool:
+    p = PurePosixPath(value.replace("\\", "/"))
+    return not p.is_absolute() and ".." not in p.parts and not re.match(r"^[A-Za-z]:", value)
