@@ -152,8 +152,8 @@ def normalize_host(host: str) -> str:
     hostport, slash, path = rest.partition("/")
     if hostport.startswith("0.0.0.0"):
         hostport = "127.0.0.1" + hostport[len("0.0.0.0"):]
-    if ":" not in hostport.rsplit("]", 1)[-1]:
-        hostport += ":11434"
+    if ":" not in hostport.rsplit("]", 1)[-1]:  # the ollama client's defaults
+        hostport += ":443" if scheme == "https" else ":11434"
     return f"{scheme}://{hostport}{slash}{path}"
 
 

@@ -384,7 +384,7 @@ def _kind_problems(i: int, sid: str, raw: dict[str, Any], report: Any) -> None:
     if isinstance(on_fail, dict):
         if on_fail.get("strategy") == "fix_and_retry" and kind != "test":
             report([*where, "on_fail", "strategy"],
-                   f"step {sid!r}: fix_and_retry applies to test steps (use retries for a {kind} step)")
+                   f"step {sid!r}: fix_and_retry applies to test steps (use retries for {_article(kind)} {kind} step)")
         if "max_cycles" in on_fail and on_fail.get("strategy") != "fix_and_retry":
             report([*where, "on_fail", "max_cycles"],
                    f"step {sid!r}: max_cycles only applies with strategy fix_and_retry", key=True)
