@@ -1,0 +1,172 @@
+"""The foundation commands as a user runs them: validate, show, init, config, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from coder.cli import main
+from tests.conftest import git
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "tasks").glob("*.yaml"))
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed `coder` entry point in a real process."""
+    return subprocess.run([sys.executable, "-m", "coder", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_taskfile_validates(path: Path) -> None:
+    code, out, _ = invoke("validate", "-f", str(path))
+    assert code == 0, out
+    assert out.startswith(f"{path}: valid (")
+
+
+def test_validate_reports_problems_and_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text("title: t\ngraph:\n  - {id: a, kind: shell, cmd: x, depends_on: [b]}\n")
+    code, out, err = invoke("validate", "-f", str(path))
+    assert code == 2
+    assert out == f"{path}:3:47: step 'a' depends on unknown step 'b'\n"
+    assert err == f"{path}: 1 problem\n"
+
+
+def test_validate_json(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text("title: t\ngraph:\n  - {kind: shell}\n")
+    code, out, _ = invoke("validate", "-f", str(path), "--json")
+    assert code == 2
+    assert json.loads(out) == {"file": str(path), "valid": False, "problems": [{
+        "file": str(path), "line": 3, "col": 5, "path": "$.graph[0]",
+        "message": "graph[0]: missing required field 'cmd' for a shell step"}]}
+    code, out, _ = invoke("validate", "-f", str(ROOT / "tasks" / "parallel-levels.yaml"), "--json")
+    assert code == 0 and json.loads(out)["valid"] is True and json.loads(out)["steps"] == 6
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"title: t\ngraph: [\n", ":3:1: YAML syntax error"),
+    (b"", ":1:1: file is empty"),
+    (b"\x00\x01\x02binary", ":1:1: not a text file"),
+    (b"title: \xff\xfe\n", ":1:8: not valid UTF-8"),
+])
+def test_bad_files_through_the_real_entry_point(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_bytes(content)
+    proc = run("validate", "-f", str(path))
+    assert proc.returncode == 2
+    assert proc.stdout.count("\n") == 1 and message in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_missing_and_directory_through_the_real_entry_point(tmp_path: Path) -> None:
+    for target, message in ((tmp_path / "nope.yaml", "no such file"), (tmp_path, "is a directory")):
+        proc = run("validate", "-f", str(target))
+        assert proc.returncode == 2 and message in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_show_text_and_json() -> None:
+    path = ROOT / "tasks" / "parallel-levels.yaml"
+    code, out, _ = invoke("show", "-f", str(path))
+    assert code == 0
+    assert "order   setup -> docs -> data -> optional -> after-optional -> index" in out
+    assert "level 2  (may run in parallel)" in out
+    assert "  index           shell    run `ls out > out/INDEX.txt`  <- docs, data" in out
+    code, out, _ = invoke("show", "-f", str(path), "--json")
+    data = json.loads(out)
+    assert data["levels"] == [["setup"], ["docs", "data", "optional"], ["after-optional", "index"]]
+    assert data["id"] == "parallel-demo" and data["id_generated"] is False
+    assert [s["level"] for s in data["steps"]] == [1, 2, 2, 2, 3, 3]
+
+
+def test_show_invalid_taskfile_is_one_error_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text("title: t\n")
+    code, out, err = invoke("show", "-f", str(path), "--json")
+    assert code == 2
+    assert json.loads(out)["error"].startswith(f"{path}:1:1: missing required field 'graph'")
+    assert err.startswith("coder: error: ")
+
+
+def test_init_prepares_the_repository(make_repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = make_repo({"pyproject.toml": "[tool.pytest.ini_options]\n", ".gitignore": "*.pyc\n"})
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("OLLAMA_HOST", "127.0.0.1:11500")
+    code, out, _ = invoke("init")
+    assert code == 0, out
+    assert all((repo / ".coder" / d).is_dir() for d in ("state", "logs", "artifacts", "worktrees"))
+    assert "/.coder/" in (repo / ".git" / "info" / "exclude").read_text().splitlines()
+    assert (repo / ".gitignore").read_text() == "*.pyc\n"
+    written = json.loads((repo / "coder.config.json").read_text())
+    assert written["test_command"] == "python -m pytest -q"
+    assert written["ollama_host"] == "http://127.0.0.1:11500"
+    assert written["model"] == "qwen2.5-coder:7b"
+    # .coder/ is invisible to git; only the new config file shows up
+    assert git(repo, "status", "--porcelain") == "?? coder.config.json\n"
+    # a second init keeps the user's edits and does not add the exclude twice
+    (repo / "coder.config.json").write_text('{"model": "mine"}\n')
+    code, out, _ = invoke("init")
+    assert code == 0 and "Kept existing" in out
+    assert json.loads((repo / "coder.config.json").read_text()) == {"model": "mine"}
+    assert (repo / ".git" / "info" / "exclude").read_text().count("/.coder/") == 1
+
+
+def test_init_outside_a_repository_is_an_environment_error(tmp_path: Path) -> None:
+    proc = run("init", cwd=tmp_path)
+    assert proc.returncode == 3
+    assert proc.stderr.startswith("coder: error: not a git repository")
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / ".coder").exists() and not (tmp_path / "coder.config.json").exists()
+
+
+def test_config_shows_values_and_sources(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(repo)
+    (repo / "coder.config.json").write_text('{"max_parallel": 2}')
+    monkeypatch.setenv("CODER_MODEL", "llama3.1:8b")
+    code, out, _ = invoke("config", "--json")
+    data = json.loads(out)
+    assert data["values"]["model"] == "llama3.1:8b" and data["sources"]["model"] == "env CODER_MODEL"
+    assert data["values"]["max_parallel"] == 2
+    assert data["sources"]["max_parallel"] == f"project file {repo / 'coder.config.json'}"
+    code, out, _ = invoke("config")
+    assert code == 0
+    assert any(line.startswith("model") and "env CODER_MODEL" in line for line in out.splitlines())
+
+
+def test_bad_config_file_is_exit_2_with_position(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(repo)
+    (repo / "coder.config.json").write_text('{"max_parallel": "two"}')
+    code, _, err = invoke("config")
+    assert code == 2
+    assert err.splitlines()[0] == (f"coder: error: {repo / 'coder.config.json'}:1:18: max_parallel:"
+                                   " 'two' is not of type 'integer'")
+
+
+def test_version_and_usage_errors() -> None:
+    assert run("--version").stdout.strip() == "coder, version 0.1.0"
+    proc = run("validate")
+    assert proc.returncode == 2 and "Missing option '-f'" in proc.stderr
+    proc = run("frobnicate")
+    assert proc.returncode == 2 and "No such command 'frobnicate'" in proc.stderr
+
+
+def test_help_does_not_import_heavy_modules() -> None:
+    code = ("import sys, coder.cli; coder.cli.main(['--help'], standalone_mode=False);"
+            "heavy = {'networkx', 'pygit2', 'ollama', 'mcp', 'jsonschema', 'yaml', 'structlog'};"
+            "print(sorted(heavy & set(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.strip().splitlines()[-1] == "[]"

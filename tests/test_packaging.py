@@ -1,0 +1,53 @@
+"""The schemas are valid, and they ship inside the wheel: a non-editable install finds them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from coder import schemas
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", schemas.NAMES)
+def test_schemas_are_valid_draft_2020_12(name: str) -> None:
+    schema = schemas.load_schema(name)
+    Draft202012Validator.check_schema(schema)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+
+
+def test_bundled_task_schema_has_no_refs_and_still_validates() -> None:
+    bundled = schemas.bundled("task")
+    assert "$ref" not in json.dumps(bundled)
+    example = {"title": "t", "graph": [{"kind": "shell", "cmd": "true", "timeout": "5m"}]}
+    assert list(Draft202012Validator(bundled).iter_errors(example)) == []
+    bad = {"title": "t", "graph": [{"kind": "shell", "timeout": "5min"}]}
+    assert len(list(Draft202012Validator(bundled).iter_errors(bad))) == 2
+
+
+def test_wheel_ships_the_schemas_and_an_installed_copy_uses_them(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True)
+    [wheel] = (tmp_path / "dist").glob("coder-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"coder/schemas/{n}.schema.json" for n in schemas.NAMES} <= names
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    str(site), str(wheel)], check=True, capture_output=True)
+    probe = ("import coder, coder.schemas as s; print(s.schema_dir());"
+             "from coder.cli import main; main(['validate', '-f', %r])" %
+             str(ROOT / "tasks" / "hello-shell.yaml"))
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)})
+    assert proc.returncode == 0, proc.stderr
+    schema_dir, verdict = proc.stdout.splitlines()
+    assert Path(schema_dir) == site / "coder" / "schemas"
+    assert verdict.endswith("valid (3 steps in 3 levels)")
