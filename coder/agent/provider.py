@@ -58,7 +58,8 @@ class Usage:
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
             return NotImplemented
-        return Usage(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+        sums = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        return Usage(**sums)
 
     @property
     def tokens_per_s(self) -> float:

@@ -1,0 +1,387 @@
+"""`OllamaProvider`: the model provider backed by a local Ollama server, through the official
+`ollama` client (imported lazily: it costs ~150 ms, and `coder --help` must stay fast).
+
+What it takes care of, so callers don't have to:
+- `num_ctx` is always sent (Ollama's default is small and it truncates prompts silently): the
+  configured value, else the model's trained context length capped at `max_num_ctx`.
+- the same `options` and `keep_alive` on every request, so the loaded model (and its KV cache)
+  is reused instead of reloaded;
+- failures are classified: host unreachable / model not pulled -> ModelUnavailable (exit 3);
+  5xx, mid-stream errors, dropped connections, timeouts, malformed NDJSON -> retried with
+  bounded exponential backoff, then ModelError; other refusals (400) -> ModelError at once.
+
+It logs nothing: retries are reported to the caller as `Retrying` events.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Generator
+from contextlib import closing
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+
+from coder.agent.provider import (
+    ChatEvent,
+    ChatResult,
+    Done,
+    ModelError,
+    ModelUnavailable,
+    Retrying,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    import ollama
+
+T = TypeVar("T")
+
+DEFAULT_HOST = "http://127.0.0.1:11434"
+MAX_BACKOFF_S = 30.0
+CONNECT_TIMEOUT_S = 10.0  # a local server accepts at once; a long connect wait helps no one
+HOST_HINT = "start it with `ollama serve` or set OLLAMA_HOST / ollama_host in coder.config.json"
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What /api/show says about a model."""
+
+    model: str
+    arch: str | None
+    context_length: int | None  # trained context length
+    capabilities: tuple[str, ...]
+
+
+class _Transient(Exception):
+    """A failure worth retrying; its message is the reason."""
+
+
+def normalize_host(host: str | None) -> str:
+    """`scheme://host:port` for the forms Ollama accepts: `h`, `h:p`, `:p`, `http://h[:p]`."""
+    host = (host or "").strip().rstrip("/")
+    if not host:
+        return DEFAULT_HOST
+    scheme, sep, rest = host.partition("://")
+    if not sep:
+        scheme, rest = "http", host
+    name, colon, port = rest.partition(":")
+    if not colon:
+        port = {"http": "80", "https": "443"}[scheme] if sep else "11434"
+    return f"{scheme}://{name or '127.0.0.1'}:{port}"
+
+
+def _seconds(value: int | None) -> float:
+    return (value or 0) / 1e9
+
+
+class OllamaProvider:
+    """A `ModelProvider` for one model on one Ollama host. Close it (or use `with`)."""
+
+    def __init__(
+        self,
+        model: str,
+        host: str,
+        *,
+        num_ctx: int | None = None,
+        max_num_ctx: int = 32768,
+        temperature: float = 0.2,
+        seed: int | None = None,
+        keep_alive: str = "30m",
+        request_timeout: float = 600,
+        first_request_timeout: float = 900,
+        retries: int = 3,
+        backoff: float = 0.5,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """`retries` is the number of attempts for a transient failure (at least 1);
+        `first_request_timeout` covers the first chat, which may cold-load the model."""
+        self.model = model
+        self.host = normalize_host(host)
+        self.max_num_ctx = max_num_ctx
+        self.temperature = temperature
+        self.seed = seed
+        self.keep_alive = keep_alive
+        self.request_timeout = request_timeout
+        self.first_request_timeout = first_request_timeout
+        self.retries = max(1, retries)
+        self.backoff = backoff
+        self._sleep = sleep
+        self._num_ctx = num_ctx
+        self._facts: ModelFacts | None = None
+        self._warm = False  # has a request loaded the model yet?
+        self._clients: dict[float, ollama.Client] = {}
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()  # type: ignore[no-untyped-call]
+        self._clients.clear()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- facts --------------------------------------------------------------------------------
+
+    def show_facts(self) -> ModelFacts:
+        """The model's architecture, trained context length and capabilities (cached)."""
+        if self._facts is None:
+            shown = self._retrying(lambda: self._client(self.request_timeout).show(self.model))
+            info = dict(shown.modelinfo or {})
+            arch = info.get("general.architecture")
+            length = info.get(f"{arch}.context_length") if arch else None
+            self._facts = ModelFacts(
+                model=self.model,
+                arch=arch,
+                context_length=int(length) if length else None,
+                capabilities=tuple(shown.capabilities or ()),
+            )
+        return self._facts
+
+    def context_length(self) -> int:
+        """The num_ctx sent with every request (the configured one, else trained, capped)."""
+        if self._num_ctx is None:
+            trained = self.show_facts().context_length
+            self._num_ctx = min(trained or self.max_num_ctx, self.max_num_ctx)
+        return self._num_ctx
+
+    def list_models(self) -> list[str]:
+        """Names of the models pulled on the host."""
+        listed = self._retrying(lambda: self._client(self.request_timeout).list())
+        return [m.model for m in listed.models if m.model]
+
+    def version(self) -> str:
+        """The server's version; also the cheapest "is Ollama there?" check."""
+        import httpx
+
+        def get() -> str:
+            response = httpx.get(f"{self.host}/api/version", timeout=self._timeout(30))
+            if response.status_code != 200:
+                raise ModelUnavailable(
+                    f"{self.host} does not look like Ollama "
+                    f"(GET /api/version answered {response.status_code})",
+                    hint=HOST_HINT,
+                )
+            return str(response.json().get("version", "unknown"))
+
+        return self._retrying(get)
+
+    def warm_up(self) -> dict[str, Any]:
+        """Check the host and the model, load the model with the options chats will use (a
+        different num_ctx would reload it), and report what the server allocated."""
+        version = self.version()
+        facts = self.show_facts()
+        num_ctx = self.context_length()
+        client = self._client(self.first_request_timeout)  # a cold load can take minutes
+        self._retrying(
+            lambda: client.chat(self.model, [], options=self._options(), keep_alive=self.keep_alive)
+        )
+        self._warm = True
+        return {
+            "version": version,
+            "model": self.model,
+            "context_length": facts.context_length,
+            "num_ctx": num_ctx,
+            "allocated_ctx": self._allocated_ctx(),
+            "capabilities": list(facts.capabilities),
+        }
+
+    def _allocated_ctx(self) -> int | None:
+        running = self._retrying(lambda: self._client(self.request_timeout).ps())
+        names = {self.model, f"{self.model}:latest"}
+        for entry in running.models:
+            if entry.model in names or entry.name in names:
+                return entry.context_length
+        return None
+
+    # -- chat ---------------------------------------------------------------------------------
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        format: dict[str, Any] | str | None = None,
+        on_event: Callable[[ChatEvent], None] | None = None,
+    ) -> ChatResult:
+        """Stream one model turn; see `ModelProvider.chat`. An empty answer (no text, no tool
+        call) is asked again once, since small models do that now and then; the usage of
+        both calls is counted."""
+        emit = on_event or (lambda event: None)
+        self.context_length()  # outside the retry loop below: /api/show has its own
+        usage = Usage()
+        for _ in range(2):
+            result = self._retrying(lambda: self._stream(messages, tools, format, emit), emit)
+            usage = usage + result.usage
+            if result.content.strip() or result.tool_calls:
+                break
+        final = replace(result, usage=usage)
+        emit(Done(final))
+        return final
+
+    def _stream(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        format: dict[str, Any] | str | None,
+        emit: Callable[[ChatEvent], None],
+    ) -> ChatResult:
+        client = self._client(self.request_timeout if self._warm else self.first_request_timeout)
+        chunks = cast(
+            Generator["ollama.ChatResponse", None, None],
+            client.chat(
+                self.model,
+                messages,
+                tools=tools,
+                format=cast(Any, format),
+                options=self._options(),
+                keep_alive=self.keep_alive,
+                stream=True,
+            ),
+        )
+        content: list[str] = []
+        thinking: list[str] = []
+        calls: list[ToolCall] = []
+        final: ollama.ChatResponse | None = None
+        with closing(chunks):  # release the connection even if a callback raises
+            for chunk in chunks:  # read to the end, so the connection can be reused
+                message = chunk.message
+                if message.thinking:
+                    thinking.append(message.thinking)
+                if message.content:
+                    content.append(message.content)
+                    emit(TextDelta(message.content))
+                for wire in message.tool_calls or ():
+                    # Each call arrives whole, its arguments already a dict.
+                    call = ToolCall(wire.function.name, dict(wire.function.arguments))
+                    calls.append(call)
+                    emit(ToolCallEvent(call))
+                if chunk.done:
+                    final = chunk
+        if final is None:
+            raise _Transient("the stream ended before its final chunk")
+        self._warm = True
+        return ChatResult(
+            "".join(content), tuple(calls), "".join(thinking), _usage(final), final.done_reason
+        )
+
+    def _options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "num_ctx": self.context_length(),
+            "temperature": self.temperature,
+        }
+        if self.seed is not None:
+            options["seed"] = self.seed
+        return options
+
+    # -- transport ----------------------------------------------------------------------------
+
+    def _client(self, timeout: float) -> ollama.Client:
+        """One client per timeout (the client fixes its timeout at construction)."""
+        if timeout not in self._clients:
+            import ollama
+
+            self._clients[timeout] = ollama.Client(host=self.host, timeout=self._timeout(timeout))
+        return self._clients[timeout]
+
+    @staticmethod
+    def _timeout(seconds: float) -> Any:
+        import httpx
+
+        return httpx.Timeout(seconds, connect=min(seconds, CONNECT_TIMEOUT_S))
+
+    def _retrying(
+        self, action: Callable[[], T], emit: Callable[[ChatEvent], None] | None = None
+    ) -> T:
+        """Run `action`, retrying transient failures with bounded exponential backoff."""
+        reason = ""
+        for attempt in range(1, self.retries + 1):
+            try:
+                return action()
+            except Exception as exc:
+                transient = self._classify(exc)  # raises fatal ones as ModelUnavailable/Error
+                if transient is None:
+                    raise  # not a transport failure: a bug or the caller's own exception
+                reason = transient
+            if attempt == self.retries:
+                break
+            delay = min(self.backoff * 2 ** (attempt - 1), MAX_BACKOFF_S)
+            if emit is not None:
+                emit(Retrying(attempt, reason, delay))
+            self._sleep(delay)
+        raise ModelError(
+            f"the call to {self.model} at {self.host} failed after {self.retries} "
+            f"attempt(s): {reason}",
+            hint="see the Ollama server log (`journalctl -u ollama`, or ~/.ollama/logs/server.log)",
+        )
+
+    def _classify(self, exc: Exception) -> str | None:
+        """The reason to retry `exc`, or None if it is not ours; raises for fatal failures."""
+        import httpx
+        import ollama
+
+        if isinstance(exc, _Transient):
+            return str(exc)
+        if isinstance(exc, ollama.ResponseError):
+            return self._classify_response(exc)
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)) or _is_refusal(exc):
+            # The client wraps ConnectError as ConnectionError, except when streaming.
+            cause = exc.__context__ if isinstance(exc.__context__, httpx.HTTPError) else exc
+            raise ModelUnavailable(f"cannot reach Ollama at {self.host}: {cause}", hint=HOST_HINT)
+        if isinstance(exc, httpx.TimeoutException):
+            return f"timed out ({type(exc).__name__})"
+        if isinstance(exc, httpx.TransportError):  # dropped connection, read error, ...
+            return f"connection failed: {type(exc).__name__}: {exc}"
+        if isinstance(exc, json.JSONDecodeError):
+            return f"malformed response line: {exc}"
+        return None
+
+    def _classify_response(self, exc: ollama.ResponseError) -> str:
+        status, error = exc.status_code, exc.error
+        if status == -1:
+            return f"error in the stream: {error}"
+        if status == 404 and "model" in error:
+            raise ModelUnavailable(
+                f"model '{self.model}' is not available on {self.host}: {error}",
+                hint=f"run `{self._pull_command()}`",
+            )
+        if status == 404:
+            raise ModelUnavailable(
+                f"{self.host} answered 404 ({error}); is it an Ollama server?", hint=HOST_HINT
+            )
+        if status >= 500 or status == 429:
+            return f"HTTP {status}: {error}"
+        hint: str | None = None
+        if "does not support tools" in error:
+            hint = f"use a model with the `tools` capability (see `ollama show {self.model}`)"
+        raise ModelError(f"Ollama refused the request for {self.model}: {error}", hint=hint)
+
+    def _pull_command(self) -> str:
+        prefix = "" if self.host == DEFAULT_HOST else f"OLLAMA_HOST={self.host} "
+        return f"{prefix}ollama pull {self.model}"
+
+
+def _is_refusal(exc: Exception) -> bool:
+    """The client's ConnectionError for "nothing listens there" (not a reset mid-response)."""
+    transient = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+    return isinstance(exc, ConnectionError) and not isinstance(exc, transient)
+
+
+def _usage(final: ollama.ChatResponse) -> Usage:
+    """Usage from the final chunk: durations are nanoseconds, omitted fields None."""
+    return Usage(
+        prompt_tokens=final.prompt_eval_count or 0,
+        eval_tokens=final.eval_count or 0,
+        prompt_s=_seconds(final.prompt_eval_duration),
+        eval_s=_seconds(final.eval_duration),
+        load_s=_seconds(final.load_duration),
+        total_s=_seconds(final.total_duration),
+        calls=1,
+    )
