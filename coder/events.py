@@ -1,0 +1,249 @@
+"""The structured event log: `.coder/logs/<task_id>.jsonl`, one JSON object per line.
+
+Each `EventLog` owns a private structlog pipeline (`structlog.wrap_logger` with explicit
+processors), so it never reads or changes structlog's global configuration: several runs can
+log in one process (tests, an MCP server) without seeing each other's context.
+
+    bound context -> level -> timestamp -> conform -> redact -> order keys -> sink
+                                                    (fails closed)        (file, then console)
+
+Lines validate against `schemas/log.schema.json`. Every line reaches the OS with one `write`
+as soon as it is logged, so a `kill -9` loses at most the line being written; readers skip a
+torn line, and a new `EventLog` terminates one left at the end of the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
+
+from coder.redact import SCAN_FAILED, Redactor
+from coder.state import check_task_id
+
+Console = Callable[[dict[str, Any]], None]
+
+EVENT_NAME = re.compile(r"[a-z_]+(?:\.[a-z_]+)*")
+_FIRST_KEYS = ("timestamp", "level", "event", "task_id", "step_id")
+_STRING_FIELDS = ("event", "task_id", "step_id", "commit", "reason", "error", "logger")
+# Made by coder (a timestamp, a level, a normalized event name, a validated task id): not
+# scanned, so that even a line whose redaction failed still says what happened and when.
+_GENERATED_FIELDS = ("timestamp", "level", "event", "task_id")
+
+
+def log_path(coder_dir: Path, task_id: str) -> Path:
+    return Path(coder_dir) / "logs" / f"{check_task_id(task_id)}.jsonl"
+
+
+def _normalize_event(name: str) -> str:
+    """Event names are dotted lowercase (`step.started`); repair rather than lose a line."""
+    if EVENT_NAME.fullmatch(name):
+        return name
+    fixed = re.sub(r"[^a-z_.]", "_", name.lower())
+    fixed = ".".join(part for part in fixed.split(".") if part)
+    return fixed or "event"
+
+
+def _conform(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
+    """Make the schema's string fields strings *before* redaction (`error=exc` must be
+    scanned as the text it will be printed as)."""
+    for key in _STRING_FIELDS:
+        if key in event and not isinstance(event[key], str):
+            event[key] = str(event[key])
+    if not EVENT_NAME.fullmatch(event.get("event", "")):
+        event["event_raw"] = event.get("event", "")
+        event["event"] = _normalize_event(event.get("event", ""))
+    return event
+
+
+def _redaction(redactor: Redactor) -> Processor:
+    def redact(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
+        ours = {k: event[k] for k in _GENERATED_FIELDS if k in event}
+        clean = redactor.redact_obj({k: v for k, v in event.items() if k not in ours})
+        if not isinstance(clean, dict):
+            # Fail closed: keep only what coder generated itself, which cannot hold a secret.
+            clean = {"redaction_failed": True, "error": SCAN_FAILED}
+        return {**ours, **clean}
+
+    return redact
+
+
+def _order_and_render(
+    _: WrappedLogger, __: str, event: EventDict
+) -> tuple[tuple[str, dict[str, Any]], dict[str, Any]]:
+    """The last processor: `(line, event)` become the sink's arguments."""
+    ordered = {k: event[k] for k in _FIRST_KEYS if k in event}
+    ordered.update((k, v) for k, v in event.items() if k not in ordered)
+    line = json.dumps(ordered, default=str, ensure_ascii=False)
+    return (line, ordered), {}
+
+
+class _Sink:
+    """The wrapped logger: appends whole lines (one write each, under a lock), then hands the
+    event to the console. Every level method is the same method."""
+
+    def __init__(self, path: Path, console: Console | None) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._console = console
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC  # RDWR: to peek at the end
+        self._fd: int | None = os.open(path, flags, 0o600)
+        size = os.fstat(self._fd).st_size
+        if size and os.pread(self._fd, 1, size - 1) != b"\n":
+            self._write(b"\n")  # a previous runner was killed mid-line: end its torn line
+
+    def emit(self, line: str, event: dict[str, Any]) -> None:
+        with self._lock:
+            if self._fd is None:
+                raise ValueError("the event log is closed")
+            self._write(line.encode("utf-8") + b"\n")
+        if self._console is not None:
+            self._console(event)
+
+    debug = info = warning = error = critical = exception = msg = emit
+
+    def _write(self, data: bytes) -> None:
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def close(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+class EventLog:
+    """Events of one task. `log.info("step.started", step_id="s1", attempt=1)`.
+
+    `bind(**fields)` gives a child that adds those fields to every event and shares the file;
+    closing the log (or leaving its `with` block) is the root's job, a child's close is a no-op.
+    `console`, if given, receives every event as written (after redaction)."""
+
+    def __init__(
+        self,
+        coder_dir: Path,
+        task_id: str,
+        redactor: Redactor | None = None,
+        console: Console | None = None,
+    ) -> None:
+        self.task_id = check_task_id(task_id)
+        self.path = log_path(coder_dir, task_id)
+        self.redactor = redactor if redactor is not None else Redactor()
+        self._sink = _Sink(self.path, console)
+        self._owner = True
+        self._logger: Any = structlog.wrap_logger(
+            self._sink,
+            processors=[
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                _conform,
+                _redaction(self.redactor),
+                _order_and_render,
+            ],
+            wrapper_class=structlog.BoundLogger,
+            context_class=dict,
+            cache_logger_on_first_use=False,
+            task_id=task_id,
+        ).bind()
+
+    def bind(self, **fields: Any) -> EventLog:
+        child = object.__new__(EventLog)
+        child.task_id, child.path, child.redactor = self.task_id, self.path, self.redactor
+        child._sink, child._owner = self._sink, False
+        child._logger = self._logger.bind(**fields)
+        return child
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self._logger.debug(event, **fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._logger.info(event, **fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._logger.warning(event, **fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._logger.error(event, **fields)
+
+    def exception(self, event: str, **fields: Any) -> None:
+        """An error event with the current exception's traceback (redacted like the rest)."""
+        self._logger.exception(event, traceback=traceback.format_exc(), **fields)
+
+    def close(self) -> None:
+        if self._owner:
+            self._sink.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _parse_line(line: bytes) -> dict[str, Any] | None:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def read_events(coder_dir: Path, task_id: str) -> Iterator[dict[str, Any]]:
+    """Every event logged so far. Lines that are not whole JSON objects (a line torn by a
+    crash) are skipped; a missing log yields nothing."""
+    try:
+        fh = open(log_path(coder_dir, task_id), "rb")  # noqa: SIM115 (closed below)
+    except FileNotFoundError:
+        return
+    with fh:
+        for line in fh:
+            event = _parse_line(line)
+            if event is not None:
+                yield event
+
+
+def follow_events(
+    coder_dir: Path, task_id: str, *, stop: Callable[[], bool], poll: float = 0.2
+) -> Iterator[dict[str, Any]]:
+    """Events from the start of the log, then new ones as they are appended, until `stop()`
+    is true (checked between polls; lines written before it turned true are still yielded).
+    Only complete lines are yielded; a partial line waits for its newline."""
+    path = log_path(coder_dir, task_id)
+    fh = None
+    pending = b""
+    try:
+        while True:
+            done = stop()
+            if fh is None and path.exists():
+                fh = open(path, "rb")  # noqa: SIM115 (closed in finally)
+            if fh is not None:
+                pending += fh.read()
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    event = _parse_line(line)
+                    if event is not None:
+                        yield event
+            if done:
+                return
+            time.sleep(poll)
+    finally:
+        if fh is not None:
+            fh.close()

@@ -1,0 +1,435 @@
+"""State checkpoints and the task lock: real files, real processes (RELIABILITY rows 3-5)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coder.errors import EXIT_ENVIRONMENT, ConcurrentRun, EnvironmentProblem, InvalidInput
+from coder.schemas import validator
+from coder.state import (
+    CorruptState,
+    StateStore,
+    TaskLock,
+    UnknownTask,
+    now_iso,
+    pid_alive,
+    read_lock_owner,
+    write_atomic,
+)
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+SHA2 = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+def make_state(task_id: str = "T-1") -> dict[str, Any]:
+    """A realistic mid-run checkpoint: one step done, one running, one pending."""
+    return {
+        "version": 1,
+        "task_id": task_id,
+        "title": "Add retries to the HTTP client — and document them",
+        "taskfile": "tasks/retries.yaml",
+        "status": "running",
+        "branch": f"agent/{task_id}-add-retries",
+        "base": "main",
+        "base_commit": SHA,
+        "worktree": f".coder/worktrees/{task_id}",
+        "pid": 4242,
+        "task": {"title": "Add retries", "steps": [{"id": "s1"}, {"id": "s2"}, {"id": "s3"}]},
+        "error": None,
+        "created_at": "2026-11-22T03:00:00.000000Z",
+        "updated_at": "2026-11-22T03:00:00.000000Z",
+        "merge": None,
+        "steps": {
+            "s1": {
+                "status": "success",
+                "attempts": 1,
+                "commit": SHA2,
+                "start_tip": SHA,
+                "started_at": "2026-11-22T03:00:01.000000Z",
+                "ended_at": "2026-11-22T03:01:00.5Z",
+                "duration_s": 59.5,
+                "error": None,
+                "reasons": [],
+                "summary": "added Retry class",
+                "tests": None,
+                "usage": {"calls": 3, "prompt_tokens": 5120, "eval_tokens": 812, "total_s": 41.2},
+            },
+            "s2": {
+                "status": "running",
+                "attempts": 2,
+                "commit": None,
+                "start_tip": SHA2,
+                "started_at": "2026-11-22T03:01:01.000000Z",
+                "ended_at": None,
+                "reasons": ["attempt 1: tests red (2 failed)"],
+                "tests": {"passed": 10, "failed": 2, "skipped": 0, "exit_code": 1},
+            },
+            "s3": {"status": "pending", "attempts": 0},
+        },
+    }
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> StateStore:
+    return StateStore(tmp_path / ".coder")
+
+
+# --- write_atomic ---------------------------------------------------------------------------
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_write_atomic_replaces_content(tmp_path: Path) -> None:
+    target = tmp_path / "f.json"
+    write_atomic(target, b"one")
+    write_atomic(target, b"two")
+    assert target.read_bytes() == b"two"
+    assert leftovers(tmp_path) == []
+
+
+def test_write_atomic_new_file_private_existing_mode_kept(tmp_path: Path) -> None:
+    new = tmp_path / "new"
+    write_atomic(new, b"x")
+    assert new.stat().st_mode & 0o777 == 0o600
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    write_atomic(script, b"#!/bin/sh\necho hi\n")
+    assert script.stat().st_mode & 0o777 == 0o755
+
+
+@pytest.mark.parametrize(
+    ("function", "code"),
+    [("replace", errno.ENOSPC), ("fsync", errno.EIO), ("write", errno.ENOSPC)],
+)
+def test_write_atomic_failure_keeps_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, function: str, code: int
+) -> None:
+    target = tmp_path / "state.json"
+    write_atomic(target, b'{"old": true}')
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, function, fail)
+    with pytest.raises(OSError) as info:
+        write_atomic(target, b'{"new": true, "padding": "' + b"x" * 100_000 + b'"}')
+    monkeypatch.undo()
+    assert info.value.errno == code
+    assert target.read_bytes() == b'{"old": true}'
+    assert leftovers(tmp_path) == []
+
+
+def test_write_atomic_interrupt_cleans_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(tmp_path / "f", b"data")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- StateStore -----------------------------------------------------------------------------
+
+
+def test_round_trip(store: StateStore) -> None:
+    state = make_state()
+    store.save(state)
+    loaded = store.load("T-1")
+    assert loaded == state
+    assert list(loaded) == list(make_state())  # key order kept (sort_keys=False)
+    assert (
+        state["updated_at"].endswith("Z") and state["updated_at"] != "2026-11-22T03:00:00.000000Z"
+    )
+    text = store.path("T-1").read_text(encoding="utf-8")
+    assert text.startswith('{\n  "version": 1,') and text.endswith("}\n")
+    assert "—" in text  # written as UTF-8, not \u escapes
+    assert store.exists("T-1") and store.list_ids() == ["T-1"]
+
+
+def test_now_iso_is_utc_z_and_valid() -> None:
+    stamp = now_iso()
+    assert stamp.endswith("Z")
+    state = make_state()
+    state["created_at"] = stamp
+    assert validator("state").is_valid(state)
+
+
+def test_save_invalid_state_raises_and_writes_nothing(store: StateStore) -> None:
+    store.save(make_state())
+    before = store.path("T-1").read_bytes()
+    bad = make_state()
+    bad["steps"]["s1"]["status"] = "exploded"
+    with pytest.raises(ValueError, match="steps/s1/status"):
+        store.save(bad)
+    missing = make_state()
+    del missing["branch"]
+    with pytest.raises(ValueError, match="branch"):
+        store.save(missing)
+    assert store.path("T-1").read_bytes() == before
+    assert leftovers(store.dir) == []
+
+
+def test_every_truncation_is_loaded_whole_or_reported(store: StateStore) -> None:
+    state = make_state()
+    store.save(state)
+    path = store.path("T-1")
+    full = path.read_bytes()
+    complete = len(full.rstrip())  # cutting only the trailing newline loses nothing
+    outcomes = {"loaded": 0, "corrupt": 0}
+    for length in range(len(full) + 1):
+        path.write_bytes(full[:length])
+        try:
+            loaded = store.load("T-1")
+        except CorruptState as exc:
+            assert length < complete, f"complete file reported corrupt at {length}"
+            assert exc.path == path and path.name in exc.message
+            assert "coder resume -t T-1" in exc.message
+            outcomes["corrupt"] += 1
+        else:
+            assert length >= complete, f"a torn file was accepted at length {length}"
+            assert loaded == state
+            outcomes["loaded"] += 1
+    assert outcomes == {"loaded": len(full) - complete + 1, "corrupt": complete}
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"", "empty"),
+        (b"   \n", "empty"),
+        (b"[1, 2]", "not a JSON object"),
+        (b"\xff\xfe{}", "not valid JSON"),
+        (b"[" * 100_000, "not valid JSON"),
+        (b'{"version": 1}', "state schema"),
+    ],
+)
+def test_corrupt_contents_are_reported(store: StateStore, content: bytes, reason: str) -> None:
+    store.dir.mkdir(parents=True)
+    store.path("T-1").write_bytes(content)
+    with pytest.raises(CorruptState, match=reason) as info:
+        store.load("T-1")
+    assert info.value.exit_code == EXIT_ENVIRONMENT
+    assert isinstance(info.value, EnvironmentProblem)
+
+
+def test_state_of_another_task_is_corrupt(store: StateStore) -> None:
+    store.save(make_state("T-2"))
+    store.path("T-2").rename(store.path("T-1"))
+    with pytest.raises(CorruptState, match="belongs to task 'T-2'"):
+        store.load("T-1")
+
+
+def test_unknown_task(store: StateStore) -> None:
+    with pytest.raises(UnknownTask, match="no task 'nope'") as info:
+        store.load("nope")
+    assert "coder status" in (info.value.hint or "")
+    store.save(make_state("T-1"))
+    store.save(make_state("T-2"))
+    with pytest.raises(UnknownTask) as info:
+        store.load("nope")
+    assert isinstance(info.value, InvalidInput)
+    assert info.value.hint == "known tasks: T-1, T-2"
+
+
+@pytest.mark.parametrize("bad_id", ["../x", "a/b", ".hidden", "", "x" * 65])
+def test_task_ids_cannot_escape_the_directory(store: StateStore, bad_id: str) -> None:
+    with pytest.raises(InvalidInput, match="invalid task id"):
+        store.load(bad_id)
+
+
+def test_list_load_all_delete(store: StateStore) -> None:
+    store.save(make_state("A"))
+    store.save(make_state("B"))
+    store.path("C").write_text("{torn")
+    (store.dir / ".A.json.abc123.tmp").write_text("left by a kill -9")
+    assert store.list_ids() == ["A", "B", "C"]
+    results = store.load_all()
+    assert [r["task_id"] for r in results if isinstance(r, dict)] == ["A", "B"]
+    assert [r.task_id for r in results if isinstance(r, CorruptState)] == ["C"]
+    store.delete("B")
+    store.delete("B")  # idempotent
+    assert store.list_ids() == ["A", "C"]
+    assert StateStore(store.coder_dir / "missing").list_ids() == []
+
+
+# --- the task lock --------------------------------------------------------------------------
+
+HOLDER = r"""
+import os, subprocess, sys, time
+from pathlib import Path
+from coder.state import TaskLock
+
+coder_dir, task_id, mode = sys.argv[1:4]
+lock = TaskLock(Path(coder_dir), task_id).acquire()
+child = subprocess.Popen(["sleep", "60"], close_fds=False) if mode == "spawn" else None
+print(os.getpid(), child.pid if child else 0, flush=True)
+if mode == "release":
+    lock.release()
+elif mode == "exit":
+    os._exit(0)  # dies holding the lock, like a crash
+else:
+    time.sleep(60)
+"""
+
+
+class Holder:
+    """A second process holding the task lock."""
+
+    def __init__(self, coder_dir: Path, task_id: str, mode: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(coder_dir), task_id, mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, f"holder failed: {self.proc.communicate()[1]}"
+        pid, child = line.split()
+        self.pid, self.child = int(pid), int(child)
+
+    def kill(self) -> None:
+        for pid in (self.pid, self.child):
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.proc.communicate(timeout=10)
+
+
+@pytest.fixture
+def holders(tmp_path: Path) -> Iterator[list[Holder]]:
+    started: list[Holder] = []
+    yield started
+    for holder in started:
+        holder.kill()
+
+
+def test_second_process_holding_the_lock(tmp_path: Path, holders: list[Holder]) -> None:
+    coder_dir = tmp_path / ".coder"
+    holder = Holder(coder_dir, "T-1", "hold")
+    holders.append(holder)
+    with pytest.raises(ConcurrentRun) as info:
+        TaskLock(coder_dir, "T-1").acquire()
+    assert f"pid {holder.pid}" in info.value.message
+    assert "coder stop -t T-1" in (info.value.hint or "")
+    assert info.value.exit_code == EXIT_ENVIRONMENT
+    assert read_lock_owner(coder_dir, "T-1") == holder.pid
+    assert pid_alive(holder.pid)
+    # Other tasks are not affected.
+    with TaskLock(coder_dir, "T-2") as other:
+        assert other.took_over_from is None
+
+
+def test_sigkilled_holder_is_taken_over(tmp_path: Path, holders: list[Holder]) -> None:
+    coder_dir = tmp_path / ".coder"
+    holder = Holder(coder_dir, "T-1", "hold")
+    holders.append(holder)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.proc.wait(timeout=10)
+    assert not pid_alive(holder.pid)
+    assert read_lock_owner(coder_dir, "T-1") is None
+    with TaskLock(coder_dir, "T-1") as lock:
+        assert lock.took_over_from == holder.pid
+        assert read_lock_owner(coder_dir, "T-1") == os.getpid()
+        owner = json.loads(lock.path.read_text())
+        assert owner["pid"] == os.getpid() and owner["started_at"].endswith("Z") and owner["host"]
+    assert read_lock_owner(coder_dir, "T-1") is None
+
+
+def test_holder_dying_without_release_is_taken_over(tmp_path: Path, holders: list[Holder]) -> None:
+    coder_dir = tmp_path / ".coder"
+    holder = Holder(coder_dir, "T-1", "exit")
+    holders.append(holder)
+    holder.proc.wait(timeout=10)
+    with TaskLock(coder_dir, "T-1") as lock:
+        assert lock.took_over_from == holder.pid
+
+
+def test_commands_started_by_the_runner_do_not_keep_the_lock(
+    tmp_path: Path, holders: list[Holder]
+) -> None:
+    coder_dir = tmp_path / ".coder"
+    holder = Holder(coder_dir, "T-1", "spawn")  # spawns `sleep 60` with close_fds=False
+    holders.append(holder)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.proc.wait(timeout=10)
+    assert pid_alive(holder.child)
+    with TaskLock(coder_dir, "T-1") as lock:
+        assert lock.took_over_from == holder.pid
+
+
+def test_clean_release_is_not_a_takeover(tmp_path: Path, holders: list[Holder]) -> None:
+    coder_dir = tmp_path / ".coder"
+    holder = Holder(coder_dir, "T-1", "release")
+    holders.append(holder)
+    holder.proc.wait(timeout=10)
+    with TaskLock(coder_dir, "T-1") as lock:
+        assert lock.took_over_from is None
+
+
+def test_lock_released_on_exit_of_the_with_block(tmp_path: Path, holders: list[Holder]) -> None:
+    coder_dir = tmp_path / ".coder"
+    lock = TaskLock(coder_dir, "T-1")
+    with pytest.raises(RuntimeError, match="boom"), lock:
+        assert lock.held
+        raise RuntimeError("boom")
+    assert not lock.held
+    assert read_lock_owner(coder_dir, "T-1") is None
+    holder = Holder(coder_dir, "T-1", "hold")  # another process can take it now
+    holders.append(holder)
+    assert read_lock_owner(coder_dir, "T-1") == holder.pid
+
+
+def test_same_process_cannot_hold_a_task_twice(tmp_path: Path) -> None:
+    coder_dir = tmp_path / ".coder"
+    with TaskLock(coder_dir, "T-1") as first:
+        with pytest.raises(ConcurrentRun, match=f"pid {os.getpid()}"):
+            TaskLock(coder_dir, "T-1").acquire()
+        with pytest.raises(RuntimeError):
+            first.acquire()
+        assert first.held
+
+
+def test_read_lock_owner_without_lock_file(tmp_path: Path) -> None:
+    assert read_lock_owner(tmp_path / ".coder", "T-1") is None
+
+
+def test_pid_alive() -> None:
+    assert pid_alive(os.getpid())
+    assert not pid_alive(0) and not pid_alive(-1)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=10)
+    assert not pid_alive(proc.pid)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs procfs to see zombies")
+def test_unreaped_dead_process_is_not_alive() -> None:
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        for _ in range(500):  # until the kernel has made it a zombie
+            if Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                break
+            time.sleep(0.01)
+        assert not pid_alive(proc.pid)
+    finally:
+        proc.wait(timeout=10)
