@@ -1,0 +1,243 @@
+"""Run one policy-checked shell command: no network, a scrubbed environment, a timeout, a
+process-group kill, capped output.
+
+The command runs as `bash -c CMD` in a new session (its own process group), so one signal
+reaches it and everything it started; whatever is left of the group when it ends (for
+example `sleep 1000 &`) is killed too. While the network is off, and the kernel lets an
+unprivileged user create a network namespace, the command also runs under
+`unshare --map-current-user --net` (or `unshare -rn`): it sees only a loopback device that is
+down, so not even a server on the host's 127.0.0.1 is reachable. `unshare` execs the shell in
+place, so the process group is still ours.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from coder.errors import EnvironmentProblem, InvalidInput
+from coder.policy import Policy, PolicyViolation, check_command, scrub_env
+
+_KILL_GRACE_S = 2.0  # between SIGTERM and SIGKILL
+_POLL_S = 0.05  # how often the waiting loop looks at the cancel event and the clock
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    cmd: str
+    exit_code: int | None  # None when timed out or cancelled; negative: killed by that signal
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    cancelled: bool = False
+    truncated: bool = False  # some stream was cut to the output cap
+    note: str = ""  # what happened besides the output, for the model and the log
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.cancelled
+
+
+@functools.lru_cache(maxsize=1)
+def _unshare_prefix() -> tuple[str, ...] | None:
+    """argv prefix giving a command a private, empty network, or None if the kernel (or a
+    missing `unshare`) does not allow it. Probed once per process."""
+    exe = shutil.which("unshare")
+    if exe is None:
+        return None
+    # Prefer keeping our uid (util-linux >= 2.38); `-r` maps us to root inside the namespace,
+    # which changes how permission checks behave for the command.
+    for flags in (("--map-current-user", "--net"), ("-r", "-n")):
+        prefix = (exe, *flags, "--")
+        try:
+            probe = subprocess.run([*prefix, "true"], stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if probe.returncode == 0:
+            return prefix
+    return None
+
+
+def network_isolation_available() -> bool:
+    """Whether commands get a real network namespace while the network is off (otherwise
+    only the command allowlist keeps them off the network)."""
+    return _unshare_prefix() is not None
+
+
+class _CappedBuffer:
+    """Keeps the first cap/2 and the last cap/2 bytes of a stream, and counts the rest."""
+
+    def __init__(self, cap: int) -> None:
+        self.head_cap = cap // 2
+        self.tail_cap = cap - self.head_cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+        self.lock = threading.Lock()  # a reader that never ends may still be writing
+
+    def add(self, data: bytes) -> None:
+        with self.lock:
+            self.total += len(data)
+            room = self.head_cap - len(self.head)
+            if room > 0:
+                self.head += data[:room]
+                data = data[room:]
+            self.tail += data
+            if len(self.tail) > self.tail_cap:
+                del self.tail[:len(self.tail) - self.tail_cap]
+
+    @property
+    def omitted(self) -> int:
+        return self.total - len(self.head) - len(self.tail)
+
+    def text(self) -> str:
+        with self.lock:
+            head = self.head.decode("utf-8", errors="replace")
+            tail = self.tail.decode("utf-8", errors="replace")
+            if self.omitted:
+                return f"{head}\n[... {self.omitted} bytes omitted ...]\n{tail}"
+            return head + tail
+
+
+def _pump(stream: IO[bytes], buf: _CappedBuffer) -> None:
+    with stream:
+        fd = stream.fileno()
+        while chunk := os.read(fd, 65536):
+            buf.add(chunk)
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Signal the process group; False if it no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # the pgid was reused by someone else's group: not ours
+        return False
+    return True
+
+
+def _end_group(proc: subprocess.Popen[bytes], readers: list[threading.Thread]) -> None:
+    """Stop everything in the command's process group and reap the main process.
+
+    SIGTERM first; the group is done when the main process has exited and the output pipes
+    are closed (every writer is gone), or after the grace period; then SIGKILL for the rest.
+    The group id stays ours while any member lives, so killing it late is safe.
+    """
+    pgid = proc.pid
+    if proc.poll() is not None and not _signal_group(pgid, 0):
+        return  # exited and nothing left behind
+    if _signal_group(pgid, signal.SIGTERM):
+        deadline = time.monotonic() + _KILL_GRACE_S
+        try:
+            proc.wait(timeout=_KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        for reader in readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        _signal_group(pgid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_command(cmd: str, *, cwd: Path, policy: Policy, timeout: float | None = None,
+                env: Mapping[str, str] | None = None, cancel: threading.Event | None = None,
+                root: Path | None = None) -> CommandResult:
+    """Run `cmd` with bash in `cwd` under `policy`; see the module docstring.
+
+    Raises PolicyViolation (before anything runs) if the command or `cwd` is refused,
+    InvalidInput for a bad cwd or timeout, EnvironmentProblem if no shell can be started.
+    A non-zero exit, a timeout or a cancel is reported in the result, never raised.
+    """
+    check_command(cmd, policy)
+    cwd = Path(cwd)
+    if root is not None:
+        real_root, real_cwd = os.path.realpath(root), os.path.realpath(cwd)
+        if os.path.commonpath([real_root, real_cwd]) != real_root:
+            raise PolicyViolation(f"working directory escapes the worktree: {cwd}")
+    if not cwd.is_dir():
+        raise InvalidInput(f"working directory does not exist: {cwd}")
+    limit = float(policy.command_timeout if timeout is None else timeout)
+    if limit <= 0:
+        raise InvalidInput(f"command timeout must be positive, got {limit:g}")
+
+    if cancel is not None and cancel.is_set():  # stopping already: do not start anything
+        return CommandResult(cmd, None, "", "", 0.0, cancelled=True,
+                             note="cancelled before it started")
+
+    shell = shutil.which("bash") or shutil.which("sh") or "/bin/sh"
+    argv = [shell, "-c", cmd]
+    prefix = None if policy.allow_network else _unshare_prefix()
+    if prefix is not None:
+        argv = [*prefix, *argv]
+
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=scrub_env(policy, env),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot start {shell} for a command: {exc}") from exc
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = _CappedBuffer(policy.output_cap), _CappedBuffer(policy.output_cap)
+    readers = [threading.Thread(target=_pump, args=(stream, buf), daemon=True,
+                                name=f"coder-cmd-{proc.pid}-{name}")
+               for stream, buf, name in ((proc.stdout, out, "out"), (proc.stderr, err, "err"))]
+    for reader in readers:
+        reader.start()
+
+    timed_out = cancelled = False
+    try:
+        while True:
+            try:
+                proc.wait(timeout=_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if cancel is not None and cancel.is_set():
+                cancelled = True
+                break
+            if time.monotonic() - started >= limit:
+                timed_out = True
+                break
+    finally:  # also on KeyboardInterrupt: never leave the group running
+        _end_group(proc, readers)
+    deadline = time.monotonic() + 1.0  # a process that left the group (setsid) may still
+    for reader in readers:  # hold a pipe open: do not wait for it
+        reader.join(max(0.0, deadline - time.monotonic()))
+    duration = time.monotonic() - started
+
+    notes = []
+    if timed_out:
+        notes.append(f"timed out after {limit:g}s; process group killed")
+    if cancelled:
+        notes.append("cancelled; process group killed")
+    omitted = out.omitted + err.omitted
+    if omitted:
+        notes.append(f"output capped at {policy.output_cap} bytes per stream "
+                     f"({omitted} bytes omitted)")
+    if any(reader.is_alive() for reader in readers):
+        notes.append("output may be incomplete: a process that left the command's process "
+                     "group still holds its output open")
+    return CommandResult(
+        cmd=cmd,
+        exit_code=None if (timed_out or cancelled) else proc.returncode,
+        stdout=out.text(),
+        stderr=err.text(),
+        duration_s=duration,
+        timed_out=timed_out,
+        cancelled=cancelled,
+        truncated=omitted > 0,
+        note="; ".join(notes),
+    )
