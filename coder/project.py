@@ -9,7 +9,7 @@ from pathlib import Path
 from coder import config as config_mod
 
 CODER_DIR = ".coder"
-SUBDIRS = ("state", "logs", "artifacts", "worktrees", "locks")
+SUBDIRS = ("tasks", "state", "logs", "artifacts", "worktrees", "locks")
 
 
 def coder_dir(root: Path) -> Path:

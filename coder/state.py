@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from coder.crashpoints import crashpoint
 from coder.errors import ConcurrentRun, EnvironmentProblem, InvalidInput
 from coder.schemas import validator
 
@@ -66,6 +67,7 @@ def write_atomic(path: Path, data: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+        crashpoint("checkpoint")  # test-only: the crash tests kill coder here
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -32,6 +32,27 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     return home
 
 
+@pytest.fixture(autouse=True)
+def libgit2_config(isolated_home: Path, tmp_path_factory: pytest.TempPathFactory):
+    """libgit2 fixes its config search path when pygit2 is imported (the real HOME, before the
+    isolated HOME exists); point it at the test's HOME for each test, in this process."""
+    import pygit2
+    from pygit2.enums import ConfigLevel
+
+    wanted = {
+        ConfigLevel.SYSTEM: str(tmp_path_factory.mktemp("nosystem")),
+        ConfigLevel.XDG: str(isolated_home / ".config" / "git"),
+        ConfigLevel.GLOBAL: str(isolated_home),
+    }
+    paths = pygit2.settings.search_path
+    saved = {level: paths[level] for level in wanted}
+    for level, value in wanted.items():
+        paths[level] = value
+    yield
+    for level, value in saved.items():
+        paths[level] = value
+
+
 def git(repo: Path, *args: str) -> str:
     """Run the real git CLI (tests verify what coder did with it, not with pygit2)."""
     out = subprocess.run(

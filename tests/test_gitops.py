@@ -18,25 +18,6 @@ from tests.conftest import git
 BRANCH = "agent/t1-demo"
 
 
-@pytest.fixture(autouse=True)
-def libgit2_config(isolated_home: Path, tmp_path_factory: pytest.TempPathFactory):
-    """libgit2 fixes its config search path when pygit2 is imported (the real HOME, before
-    conftest's isolated HOME exists); point it at the test's HOME for each test."""
-    nosystem = tmp_path_factory.mktemp("nosystem")
-    wanted = {
-        ConfigLevel.SYSTEM: str(nosystem),
-        ConfigLevel.XDG: str(isolated_home / ".config" / "git"),
-        ConfigLevel.GLOBAL: str(isolated_home),
-    }
-    paths = pygit2.settings.search_path
-    saved = {level: paths[level] for level in wanted}
-    for level, value in wanted.items():
-        paths[level] = value
-    yield
-    for level, value in saved.items():
-        paths[level] = value
-
-
 @pytest.fixture
 def files() -> dict[str, str]:
     return {

@@ -24,8 +24,9 @@ Exit codes: 0 ok, 1 the run failed, 2 bad usage or invalid input,
 \b
 Examples:
   coder init
-  coder validate -f tasks/example.yaml
-  coder show -f tasks/example.yaml
+  coder validate -f tasks/hello-shell.yaml
+  coder run --autonomous -f tasks/hello-shell.yaml
+  coder status
 """
 
 
@@ -85,7 +86,8 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-from coder.cli import project, tasks  # noqa: E402  (registration needs `main` defined)
+from coder.cli import project, runs, tasks  # noqa: E402  (registration needs `main` defined)
 
-for command in (project.init, tasks.validate, tasks.show, project.config):
+for command in (project.init, tasks.validate, tasks.show, runs.run, runs.resume, runs.stop,
+                runs.status, project.config):
     main.add_command(command)

@@ -1,0 +1,167 @@
+"""`coder run`, `resume`, `stop` and `status`: driving runs and seeing where they are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from coder.cli import emit_json, json_option
+from coder.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InvalidInput
+
+EXIT_FOR = {"success": EXIT_OK, "failed": EXIT_FAILED, "interrupted": EXIT_INTERRUPTED}
+
+RUN_EPILOG = """\b
+Examples:
+  coder run --autonomous -f tasks/hello-shell.yaml
+  coder run --autonomous -f tasks/parallel-levels.yaml --max-parallel 2 --json
+"""
+
+
+def run_options(func: Any) -> Any:
+    for option in reversed([
+        click.option("--max-parallel", type=click.IntRange(1, 32),
+                     help="Run up to N independent steps of a level at once (default 1)."),
+        click.option("--fail-fast", is_flag=True,
+                     help="Stop at the first failing step, even one whose on_fail is skip."),
+        click.option("--model", help="Ollama model (overrides config and CODER_MODEL)."),
+    ]):
+        func = option(func)
+    return func
+
+
+@click.command(epilog=RUN_EPILOG)
+@click.option("-f", "--file", "path", required=True, type=click.Path(path_type=Path),
+              help="The taskfile (YAML).")
+@click.option("--autonomous", is_flag=True, help="Run every step without asking.")
+@run_options
+@json_option
+def run(path: Path, autonomous: bool, max_parallel: int | None, fail_fast: bool,
+        model: str | None, as_json: bool) -> None:
+    """Run a taskfile on its own branch and worktree, one commit per step.
+
+    Exit 0 when the run succeeded, 1 when a step or the success criteria failed, 130 when it
+    was stopped (resume it with `coder resume -t ID`).
+    """
+    from coder import runs
+
+    if not autonomous:
+        raise InvalidInput("interactive approval is not available yet; pass --autonomous to run "
+                           "every step without asking")
+    progress = _progress(as_json)
+    try:
+        result = runs.start(path, cwd=Path.cwd(), console=progress,
+                            options=runs.RunOptions(max_parallel, fail_fast, model))
+    finally:
+        progress.close()
+    _finish(result, as_json)
+
+
+@click.command(epilog="\b\nExample:\n  coder resume -t T-20261122-101500-ab12")
+@click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
+@run_options
+@json_option
+def resume(task_id: str, max_parallel: int | None, fail_fast: bool, model: str | None,
+           as_json: bool) -> None:
+    """Continue a run that crashed, was killed or was stopped.
+
+    Finished steps never run again; a step caught mid-way is checked against git: committed
+    means done, otherwise its partial changes are discarded and it runs again.
+    """
+    from coder import runs
+
+    progress = _progress(as_json)
+    try:
+        result = runs.resume(task_id, cwd=Path.cwd(), console=progress,
+                             options=runs.RunOptions(max_parallel, fail_fast, model))
+    finally:
+        progress.close()
+    _finish(result, as_json)
+
+
+@click.command(epilog="\b\nExample:\n  coder stop -t T-20261122-101500-ab12")
+@click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
+@click.option("--wait", default=30.0, show_default=True, help="Seconds to wait for the runner.")
+@json_option
+def stop(task_id: str, wait: float, as_json: bool) -> None:
+    """Stop a running run gracefully: the current step is interrupted and checkpointed."""
+    from coder import runs
+
+    pid = runs.stop(task_id, cwd=Path.cwd(), wait=wait)
+    if as_json:
+        emit_json({"task_id": task_id, "stopped_pid": pid})
+    else:
+        click.echo(f"Stopped run {task_id} (pid {pid}); continue it with `coder resume -t {task_id}`")
+
+
+@click.command()
+@json_option
+def status(as_json: bool) -> None:
+    """List the runs in this repository."""
+    from coder import gitops, project
+    from coder.state import CorruptState, StateStore, read_lock_owner
+
+    root = gitops.repo_root(gitops.open_repo(Path.cwd()))
+    coder_dir = project.coder_dir(root)
+    rows = []
+    for item in StateStore(coder_dir).load_all():
+        if isinstance(item, CorruptState):
+            rows.append({"id": item.task_id, "status": "corrupt", "error": item.message})
+            continue
+        steps = item["steps"].values()
+        done = sum(1 for s in steps if s["status"] in ("success", "skipped"))
+        running = read_lock_owner(coder_dir, item["task_id"]) is not None
+        rows.append({"id": item["task_id"], "title": item["title"],
+                     "status": "running" if running else item["status"],
+                     "progress": f"{done}/{len(steps)}", "branch": item["branch"],
+                     "updated_at": item["updated_at"], "error": item.get("error")})
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        click.echo("No runs yet. Start one with `coder run --autonomous -f TASKFILE`.")
+        return
+    for row in rows:
+        click.echo(f"{row['id']:<28} {row['status']:<11} {row.get('progress', ''):>7}  "
+                   f"{row.get('title', row.get('error', ''))}")
+
+
+def _progress(as_json: bool) -> Any:
+    from coder.cli.progress import Progress
+
+    return Progress(quiet=as_json)
+
+
+def _finish(result: Any, as_json: bool) -> None:
+    state = result.state
+    if as_json:
+        emit_json({"task_id": result.task_id, "status": result.status,
+                   "branch": state["branch"], "worktree": state["worktree"],
+                   "error": state.get("error"), "warnings": list(result.warnings),
+                   "steps": state["steps"]})
+    else:
+        click.echo(summary_table(state))
+        click.echo("")
+        line = f"Run {result.task_id}: {result.status}"
+        if state.get("error"):
+            line += f" ({state['error']})"
+        click.echo(line)
+        click.echo(f"  branch   {state['branch']}\n  worktree {state['worktree']}")
+        if result.status == "interrupted" or result.status == "failed":
+            click.echo(f"  continue with `coder resume -t {result.task_id}`")
+    raise SystemExit(EXIT_FOR.get(result.status, EXIT_FAILED))
+
+
+def summary_table(state: dict[str, Any]) -> str:
+    steps = state["task"]["graph"]
+    rows = [("step", "kind", "status", "tries", "time", "commit", "note")]
+    for step in steps:
+        st = state["steps"][step["id"]]
+        duration = st.get("duration_s")
+        note = st.get("error") or st.get("summary") or ""
+        rows.append((step["id"], step["kind"], st["status"], str(st.get("attempts", 0)),
+                     f"{duration:.1f}s" if duration is not None else "-",
+                     (st.get("commit") or "-")[:8], note.splitlines()[0][:60] if note else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)

@@ -1,0 +1,60 @@
+"""Test-only crash hook: `CODER_CRASH_AT=point[@step][#n]` makes coder SIGKILL itself there.
+
+The crash tests use it to prove "crash anywhere, lose nothing": they enumerate every point,
+kill a real `coder run`, then `coder resume` and compare with an uninterrupted run. Unset (as
+for every user), `crashpoint()` is a dictionary lookup and nothing else.
+
+    CODER_CRASH_AT=after_commit@s2       the first time step s2 reaches after_commit
+    CODER_CRASH_AT=checkpoint#3          the third checkpoint write
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+POINTS = (
+    "after_worktree",   # worktree and branch created, before the first checkpoint
+    "before_step",      # step checkpointed as running, nothing done yet
+    "during_command",   # while the step's command runs (after CODER_CRASH_DELAY seconds)
+    "after_checks",     # command and asserts done, before the commit
+    "after_commit",     # commit on the branch, before the checkpoint that records it
+    "checkpoint",       # inside a state write: temp file written, before the rename
+    "before_finish",    # every step done, before the final status
+)
+
+_counts: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def _target() -> tuple[str, str | None, int] | None:
+    spec = os.environ.get("CODER_CRASH_AT")
+    if not spec:
+        return None
+    spec, _, nth = spec.partition("#")
+    point, _, step = spec.partition("@")
+    return point, step or None, int(nth or 1)
+
+
+def crashpoint(point: str, step: str | None = None) -> None:
+    target = _target()
+    if target is None or target[0] != point or (target[1] is not None and target[1] != step):
+        return
+    with _lock:
+        _counts[point] = _counts.get(point, 0) + 1
+        hit = _counts[point] == target[2]
+    if hit:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crash_during(point: str, step: str | None = None) -> threading.Timer | None:
+    """Arm a crash that fires while something (a command) is running."""
+    target = _target()
+    if target is None or target[0] != point or (target[1] is not None and target[1] != step):
+        return None
+    timer = threading.Timer(float(os.environ.get("CODER_CRASH_DELAY", "0.3")),
+                            crashpoint, args=(point, step))
+    timer.daemon = True
+    timer.start()
+    return timer

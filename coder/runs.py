@@ -1,0 +1,325 @@
+"""The run lifecycle: start a run, resume one after a crash or a stop, stop one.
+
+Files per run, under `.coder/`:
+    tasks/<id>.json       the run's manifest: the resolved taskfile, base commit, branch,
+                          worktree. Written once, before anything else, never changed.
+    state/<id>.json       the checkpoint (coder.state), rewritten atomically after every step
+                          transition; can be rebuilt from the manifest and the branch's trailers.
+    worktrees/<id>/       the git worktree on the run's branch: all work happens there.
+    logs/<id>.jsonl       the event log. artifacts/<id>/: per-step diffs and command logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coder import config as config_mod
+from coder import gitops, project, taskfile
+from coder.crashpoints import crashpoint
+from coder.errors import EnvironmentProblem, InvalidInput
+from coder.state import CorruptState, StateStore, TaskLock, UnknownTask, now_iso, write_atomic
+
+Console = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    max_parallel: int | None = None
+    fail_fast: bool = False
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    task_id: str
+    status: str  # success | failed | interrupted
+    state: dict[str, Any]
+    warnings: tuple[str, ...] = ()
+
+
+def manifest_path(coder_dir: Path, task_id: str) -> Path:
+    return coder_dir / "tasks" / f"{task_id}.json"
+
+
+def load_manifest(coder_dir: Path, task_id: str) -> dict[str, Any]:
+    path = manifest_path(coder_dir, task_id)
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return data
+    except FileNotFoundError:
+        raise UnknownTask(task_id, StateStore(coder_dir).list_ids()) from None
+    except (OSError, ValueError) as exc:
+        raise CorruptState(path, task_id, str(exc)) from None
+
+
+# --- start ---------------------------------------------------------------------------------
+
+
+def start(path: Path, *, cwd: Path, options: RunOptions, console: Console | None = None) -> RunResult:
+    """Validate, prepare the branch and worktree, and run the whole DAG."""
+    from coder.steps import needs_model
+
+    task = taskfile.load(path)
+    cfg = config_mod.load(cwd, flags={"model": options.model})
+    repo = gitops.open_repo(cwd)
+    root = gitops.repo_root(repo)
+    model_steps = [s.id for s in task.steps if needs_model(s.kind)]
+    if model_steps:
+        raise InvalidInput(
+            f"{path}: steps {', '.join(model_steps)} need the model loop, which this version of "
+            "coder does not have yet; only shell and test steps can run",
+            hint="remove those steps or run them by hand")
+    policy = policy_for(task, cfg)
+    preflight(task, policy, root, cfg)
+    base = task.base or gitops.current_branch(repo)
+    base_commit = gitops.resolve_commit(repo, f"refs/heads/{base}") \
+        if gitops.branch_tip(repo, base) else _missing_base(base)
+    task = task.resolved(base=base, model=str(cfg["model"]))
+    coder_dir = project.ensure_coder_dir(root)
+    gitops.ensure_excluded(repo, f"/{project.CODER_DIR}/")
+    store = StateStore(coder_dir)
+    if store.exists(task.id) or manifest_path(coder_dir, task.id).exists():
+        raise InvalidInput(f"a run of task {task.id} already exists",
+                           hint=f"continue it with `coder resume -t {task.id}`, or remove it with "
+                           f"`coder clean -t {task.id}`")
+    if gitops.branch_tip(repo, task.branch):
+        raise InvalidInput(f"branch {task.branch} already exists",
+                           hint="set another `id` or `branch` in the taskfile, or delete the branch")
+    worktree = coder_dir / "worktrees" / task.id
+    with TaskLock(coder_dir, task.id):
+        manifest = {"task_id": task.id, "task": task.to_dict(), "taskfile": str(path),
+                    "base": base, "base_commit": base_commit, "branch": task.branch,
+                    "worktree": str(worktree), "created_at": now_iso()}
+        write_atomic(manifest_path(coder_dir, task.id),
+                     json.dumps(manifest, indent=2).encode("utf-8"))
+        gitops.create_worktree(repo, name=task.id, path=worktree, branch=task.branch,
+                               start=base_commit)
+        crashpoint("after_worktree")
+        state = initial_state(manifest)
+        store.save(state)
+        return _execute(task, root, coder_dir, worktree, state, store, cfg, policy, options,
+                        console, warnings=())
+
+
+def _missing_base(base: str) -> str:
+    raise InvalidInput(f"base branch {base!r} does not exist",
+                       hint="set `base` in the taskfile to an existing local branch")
+
+
+def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Any:
+    """The run's policy: the config's, narrowed by the taskfile. A taskfile can turn the
+    network off but never on; only coder.config.json widens permissions."""
+    from dataclasses import replace
+
+    from coder.policy import Policy
+
+    policy = Policy.from_config(cfg.values)
+    if task.policies.get("allow_network") is False:
+        policy = replace(policy, allow_network=False)
+    return policy
+
+
+def preflight(task: taskfile.Task, policy: Any, root: Path, cfg: config_mod.Config) -> None:
+    """Refuse a run whose commands the policy forbids, before anything is created."""
+    from coder import testing
+    from coder.errors import CoderError
+    from coder.policy import check_command
+
+    for step in task.steps:
+        if step.kind == "shell":
+            cmd = step.cmd
+        elif step.kind == "test":
+            cmd = testing.test_command(root=root, framework=step.framework, cmd=step.cmd,
+                                       args=step.args, configured=cfg.get("test_command"))
+        else:
+            continue
+        try:
+            check_command(str(cmd), policy)
+        except CoderError as exc:
+            raise InvalidInput(f"step {step.id}: {exc.message}", hint=exc.hint) from None
+
+
+def initial_state(manifest: dict[str, Any]) -> dict[str, Any]:
+    task = manifest["task"]
+    return {
+        "version": 1, "task_id": manifest["task_id"], "title": task["title"],
+        "taskfile": manifest.get("taskfile"), "status": "pending", "branch": manifest["branch"],
+        "base": manifest["base"], "base_commit": manifest["base_commit"],
+        "worktree": manifest["worktree"], "pid": None, "task": task, "error": None,
+        "created_at": manifest["created_at"], "updated_at": now_iso(), "merge": None,
+        "steps": {s["id"]: {"status": "pending", "attempts": 0, "commit": None, "reasons": []}
+                  for s in task["graph"]},
+    }
+
+
+# --- resume --------------------------------------------------------------------------------
+
+
+def resume(task_id: str, *, cwd: Path, options: RunOptions,
+           console: Console | None = None) -> RunResult:
+    """Continue a run after a crash, a kill or a stop: finished steps never run again."""
+    repo = gitops.open_repo(cwd)
+    root = gitops.repo_root(repo)
+    coder_dir = project.coder_dir(root)
+    manifest = load_manifest(coder_dir, task_id)
+    store = StateStore(coder_dir)
+    warnings: list[str] = []
+    with TaskLock(coder_dir, task_id) as lock:
+        if lock.took_over_from:
+            warnings.append(f"the previous runner (pid {lock.took_over_from}) is gone; "
+                            "taking over its lock")
+        try:
+            state = store.load(task_id)
+        except (CorruptState, UnknownTask) as exc:
+            warnings.append(f"{exc.message}; rebuilding the state from the branch's commits")
+            state = initial_state(manifest)
+            state["status"] = "interrupted"
+        if state["status"] == "success":
+            raise InvalidInput(f"run {task_id} already finished successfully; nothing to resume",
+                               hint=f"see `coder show -t {task_id}`, or merge it with "
+                               f"`coder merge -t {task_id}`")
+        task = taskfile.from_dict(manifest["task"])
+        worktree = Path(manifest["worktree"])
+        warnings += reconcile(repo, state, manifest, worktree)
+        store.save(state)
+        cfg = config_mod.load(cwd, flags={"model": options.model})
+        return _execute(task, root, coder_dir, worktree, state, store, cfg,
+                        policy_for(task, cfg), options, console, warnings=tuple(warnings))
+
+
+def reconcile(repo: Any, state: dict[str, Any], manifest: dict[str, Any],
+              worktree: Path) -> list[str]:
+    """Bring the checkpoint in line with git, the source of truth. Refuses (changing nothing)
+    when someone else moved the branch or edited the worktree while no runner was there."""
+    warnings = []
+    task_id, branch = manifest["task_id"], manifest["branch"]
+    tip = gitops.branch_tip(repo, branch)
+    if tip is None:
+        raise EnvironmentProblem(f"branch {branch} of run {task_id} no longer exists",
+                                 hint=f"the run cannot continue; remove it with `coder clean -t {task_id}`")
+    foreign = gitops.foreign_commits(repo, branch=branch, base_commit=manifest["base_commit"],
+                                     task_id=task_id)
+    if foreign:
+        raise EnvironmentProblem(
+            f"branch {branch} has commits coder did not make ({', '.join(c[:8] for c in foreign)}) "
+            "or no longer contains the run's base; refusing to resume so none of that work is lost",
+            hint=f"move those commits to another branch and reset {branch} to its last coder "
+            "commit, then resume")
+    if not (worktree / ".git").is_file():
+        gitops.create_worktree(repo, name=task_id, path=worktree, branch=branch, start=tip)
+        warnings.append(f"worktree {worktree} was missing; re-created it from {branch}")
+    if gitops.clear_stale_index_lock(worktree):
+        warnings.append("removed a stale index.lock left by the crash")
+
+    committed = {c.step_id: c.commit for c in gitops.step_commits(
+        repo, branch=branch, base_commit=manifest["base_commit"], task_id=task_id)}
+    was_running = False
+    for step_id, st in state["steps"].items():
+        status = st["status"]
+        if status == "success" and st.get("commit") and st["commit"] not in committed.values():
+            st.update(status="pending", commit=None)
+            st["reasons"].append("its commit is no longer on the branch; rerunning")
+        elif status in ("running", "pending", "interrupted", "failed") and step_id in committed:
+            st.update(status="success", commit=committed[step_id], error=None)
+            st["reasons"].append("its commit is on the branch (made before the runner stopped); "
+                                 "marked done without rerunning")
+        elif status == "running":
+            was_running = True
+            st.update(status="pending")
+            st["reasons"].append("was running when the runner stopped (crash or kill); its partial "
+                                 "changes were discarded and it runs again")
+        elif status == "interrupted":
+            was_running = True
+            st.update(status="pending")
+            st["reasons"].append("was interrupted by a stop; runs again")
+        elif status == "failed":
+            st.update(status="pending")
+            st["reasons"].append("failed in the previous run; retried on resume")
+    if was_running:
+        gitops.discard_changes(worktree, tip)
+    elif not gitops.is_clean(worktree):
+        changed = gitops.changed_paths(worktree)
+        raise EnvironmentProblem(
+            f"the worktree {worktree} has changes coder did not make ({', '.join(changed[:5])}); "
+            "refusing to resume so they are not lost",
+            hint=f"commit or stash them elsewhere (e.g. `git -C {worktree} stash -u`), then resume")
+    return warnings
+
+
+# --- running and stopping ------------------------------------------------------------------
+
+
+def _execute(task: taskfile.Task, root: Path, coder_dir: Path, worktree: Path,
+             state: dict[str, Any], store: StateStore, cfg: config_mod.Config, policy: Any,
+             options: RunOptions, console: Console | None,
+             warnings: tuple[str, ...]) -> RunResult:
+    from coder.events import EventLog
+    from coder.executor import Executor, RunContext
+    from coder.redact import Redactor
+
+    redactor = Redactor()
+    with EventLog(coder_dir, task.id, redactor=redactor, console=console) as log:
+        for warning in warnings:
+            log.warning("run.warning", message=warning)
+        run = RunContext(
+            task=task, repo_root=root, coder_dir=coder_dir, worktree=worktree, state=state,
+            store=store, log=log, policy=policy, config=cfg, redactor=redactor,
+            max_parallel=options.max_parallel or int(task.policies.get("max_parallel", 0))
+            or int(cfg["max_parallel"]),
+            fail_fast=options.fail_fast)
+        with _stop_on_signals(run.stop, log):
+            status = Executor(run).execute()
+    return RunResult(task.id, status, state, warnings)
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event, log: Any) -> Iterator[None]:
+    """SIGTERM (`coder stop`) and Ctrl-C stop gracefully: the current step is interrupted and
+    the checkpoint written. A second Ctrl-C stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+        log.warning("run.stop_requested", signal=signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def stop(task_id: str, *, cwd: Path, wait: float = 30.0) -> int:
+    """Ask the runner of `task_id` to stop (SIGTERM) and wait for it to checkpoint and exit.
+    Returns the runner's pid."""
+    from coder.state import pid_alive, read_lock_owner
+
+    root = gitops.repo_root(gitops.open_repo(cwd))
+    coder_dir = project.coder_dir(root)
+    load_manifest(coder_dir, task_id)
+    pid = read_lock_owner(coder_dir, task_id)
+    if pid is None:
+        raise InvalidInput(f"run {task_id} is not running",
+                           hint=f"see `coder status`; continue it with `coder resume -t {task_id}`")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and pid_alive(pid) and read_lock_owner(coder_dir, task_id):
+        time.sleep(0.05)
+    if read_lock_owner(coder_dir, task_id):
+        raise EnvironmentProblem(f"run {task_id} (pid {pid}) did not stop within {wait:.0f}s",
+                                 hint=f"kill it with `kill -9 {pid}`; `coder resume` recovers")
+    return pid

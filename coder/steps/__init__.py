@@ -1,0 +1,62 @@
+"""Step kinds: what each kind does in a working directory, and what it reports.
+
+A step never commits and never touches the branch: the executor does both. A step reports an
+outcome; failures of the step itself (red checks, non-zero exit) are outcomes, not exceptions.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from coder.config import Config
+    from coder.events import EventLog
+    from coder.policy import Policy
+    from coder.redact import Redactor
+    from coder.taskfile import Step, Task
+
+
+@dataclass
+class StepContext:
+    task: Task
+    step: Step
+    workdir: Path  # the worktree (or a scratch worktree for a parallel step)
+    attempt: int
+    policy: Policy
+    config: Config
+    artifacts: Path  # .coder/artifacts/<task id>/
+    cancel: threading.Event
+    log: EventLog
+    redactor: Redactor
+
+    def artifact(self, suffix: str) -> Path:
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        return self.artifacts / f"{self.step.id}-attempt{self.attempt}{suffix}"
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    ok: bool
+    error: str | None = None
+    summary: str | None = None
+    tests: dict[str, Any] | None = None
+    cancelled: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def runner_for(kind: str) -> Callable[[StepContext], StepOutcome]:
+    from coder.steps import shell, test
+
+    runners: dict[str, Callable[[StepContext], StepOutcome]] = {
+        "shell": shell.run, "test": test.run}
+    if kind not in runners:
+        raise KeyError(kind)
+    return runners[kind]
+
+
+def needs_model(kind: str) -> bool:
+    return kind in ("analyze", "edit", "doc", "custom")
