@@ -189,8 +189,10 @@ class Executor:
                     else:
                         self._fail(step, outcome)
                     continue
-                if self.halted:
-                    self._interrupted(step, StepOutcome(False, "run stopped by an earlier step"))
+                if self.halted:  # an earlier step of the level failed: this one is not landed
+                    self._reason(step.id, "finished, but not landed: an earlier step of its level "
+                                 "failed; runs again on resume")
+                    self._update(step.id, status="pending", ended_at=now_iso())
                     continue
                 current = self._tip()
                 try:
@@ -323,11 +325,11 @@ class Executor:
         crashpoint("before_finish")
         statuses = [self.status(s) for s in self.order]
         error = None
-        if self.run.stop.is_set() or "interrupted" in statuses:
-            status = "interrupted"
-        elif "failed" in statuses:
+        if "failed" in statuses:
             failed = [s for s in self.order if self.status(s) == "failed"]
             status, error = "failed", f"step {failed[0]} failed: {self.step_state(failed[0])['error']}"
+        elif self.run.stop.is_set() or "interrupted" in statuses:
+            status = "interrupted"
         elif "pending" in statuses or "running" in statuses:
             status, error = "failed", "some steps could not run"
         else:
@@ -367,16 +369,20 @@ def success_problems(ex: Executor) -> list[str]:
 
 
 def commit_title(step: Step) -> str:
-    goal = " ".join(step.goal.split())
+    from coder.redact import redact
+
+    goal = redact(" ".join(step.goal.split()))
     title = f"{step.id}: {goal}"
     return title if len(title) <= 72 else title[:71] + "…"
 
 
 def commit_body(step: Step, outcome: StepOutcome) -> str:
+    from coder.redact import redact
+
     lines = [f"Step {step.id} ({step.kind})."]
     if step.cmd:
         lines.append(f"Command: {step.cmd}")
     if outcome.summary:
         lines.append(outcome.summary)
-    return "\n".join(lines)
+    return redact("\n".join(lines))
 

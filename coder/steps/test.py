@@ -24,6 +24,9 @@ def run(ctx: StepContext) -> StepOutcome:
     failed = (report.failed or 0) + (report.errors or 0) if report.found else None
     tests = {"passed": report.passed, "failed": failed, "skipped": report.skipped,
              "exit_code": result.exit_code}
+    if result.ok and report.found and not (report.passed or report.failed or report.errors):
+        return StepOutcome(False, f"no tests ran (`{cmd}`); a test step needs tests to prove "
+                           "anything", tests=tests)
     if result.ok:
         return StepOutcome(True, summary=f"tests green: {report.summary()}", tests=tests)
     error = (f"tests failed: {report.summary()} (`{cmd}` exited with {result.exit_code})"
