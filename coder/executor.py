@@ -278,8 +278,6 @@ class Executor:
             diff.parent.mkdir(parents=True, exist_ok=True)
             diff.write_text(self.run.redactor.redact(gitops.diff_patch(self.repo, parent, commit)),
                             encoding="utf-8")
-        else:
-            self._reason(step.id, "no changes: no commit")
         self._update(step.id, status="success", commit=commit, ended_at=now_iso(),
                      duration_s=self._duration(step.id), summary=outcome.summary,
                      tests=outcome.tests, error=None)

@@ -106,8 +106,12 @@ def start(path: Path, *, cwd: Path, options: RunOptions, console: Console | None
         crashpoint("after_worktree")
         state = initial_state(manifest)
         store.save(state)
+        warnings = []
+        if gitops.signature(repo)[1]:
+            warnings.append("git user.name/user.email are not set; commits are authored by "
+                            "coder <coder@localhost> (set them with `git config user.name ...`)")
         return _execute(task, root, coder_dir, worktree, state, store, cfg, policy, options,
-                        console, warnings=())
+                        console, warnings=tuple(warnings))
 
 
 def _missing_base(base: str) -> str:

@@ -97,7 +97,7 @@ def test_one_commit_per_changing_step_with_trailers(make_repo) -> None:
     assert state["status"] == "success"
     assert [s["status"] for s in state["steps"].values()] == ["success"] * 5
     assert state["steps"]["noop"]["commit"] is None
-    assert state["steps"]["noop"]["reasons"] == ["no changes: no commit"]
+    assert state["steps"]["noop"]["reasons"] == []
     diff = (repo / ".coder" / "artifacts" / "seq" / "modify.diff").read_text()
     assert "+more" in diff
     for line in (repo / ".coder" / "logs" / "seq.jsonl").read_text().splitlines():

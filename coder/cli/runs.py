@@ -39,7 +39,7 @@ def run_options(func: Any) -> Any:
 @json_option
 def run(path: Path, autonomous: bool, max_parallel: int | None, fail_fast: bool,
         model: str | None, as_json: bool) -> None:
-    """Run a taskfile on its own branch and worktree, one commit per step.
+    """Run a taskfile on its own branch, one commit per step.
 
     Exit 0 when the run succeeded, 1 when a step or the success criteria failed, 130 when it
     was stopped (resume it with `coder resume -t ID`).
@@ -85,7 +85,7 @@ def resume(task_id: str, max_parallel: int | None, fail_fast: bool, model: str |
 @click.option("--wait", default=30.0, show_default=True, help="Seconds to wait for the runner.")
 @json_option
 def stop(task_id: str, wait: float, as_json: bool) -> None:
-    """Stop a running run gracefully: the current step is interrupted and checkpointed."""
+    """Stop a run gracefully; the current step is checkpointed."""
     from coder import runs
 
     pid = runs.stop(task_id, cwd=Path.cwd(), wait=wait)

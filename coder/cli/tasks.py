@@ -45,13 +45,23 @@ def validate(path: Path, as_json: bool) -> None:
         raise SystemExit(EXIT_USAGE)
 
 
-@click.command(epilog="\b\nExample:\n  coder show -f tasks/example.yaml --json")
-@taskfile_option
+@click.command(epilog="\b\nExamples:\n  coder show -f tasks/hello-shell.yaml\n  coder show -t T-1 --json")
+@click.option("-f", "--file", "path", type=click.Path(path_type=Path),
+              help="A taskfile: show its DAG.")
+@click.option("-t", "--task", "task_id", help="A run: show its steps, commits and reasons.")
 @json_option
-def show(path: Path, as_json: bool) -> None:
-    """Show a taskfile's DAG: order, parallel levels, steps."""
+def show(path: Path | None, task_id: str | None, as_json: bool) -> None:
+    """Show a taskfile's DAG (-f) or a run's progress (-t)."""
     from coder import config as config_mod
     from coder import graph, taskfile
+
+    if (path is None) == (task_id is None):
+        raise click.UsageError("pass exactly one of -f FILE (a taskfile) or -t ID (a run)")
+    if task_id is not None:
+        from coder.cli.history import show_run
+
+        show_run(task_id, as_json)
+        return
 
     task = taskfile.load(path)
     cfg = config_mod.load()

@@ -1,0 +1,126 @@
+"""`coder show -t`, `diff`, `logs` and `clean`: looking at a run, and removing it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from coder.cli import emit_json, json_option
+
+task_option = click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
+
+
+def show_run(task_id: str, as_json: bool) -> None:
+    from coder import history
+    from coder.cli.runs import summary_table
+
+    view = history.open_run(Path.cwd(), task_id)
+    state = view.state
+    if as_json:
+        emit_json({**state, "running_pid": view.running_pid})
+        return
+    status = f"running (pid {view.running_pid})" if view.running_pid else state["status"]
+    click.echo(f"{state['title']}")
+    click.echo(f"  id        {state['task_id']}")
+    click.echo(f"  status    {status}" + (f": {state['error']}" if state.get("error") else ""))
+    click.echo(f"  branch    {state['branch']} (from {state['base']} at {state['base_commit'][:8]})")
+    click.echo(f"  worktree  {state['worktree']}")
+    if state.get("merge"):
+        merge = state["merge"]
+        click.echo(f"  merged    {merge.get('mode')} into {merge.get('base')} as "
+                   f"{str(merge.get('commit'))[:8]} (tag {merge.get('tag')})")
+    usage = _total_usage(state)
+    if usage:
+        click.echo(f"  model     {usage}")
+    click.echo("")
+    click.echo(summary_table(state))
+    reasons = [(sid, r) for sid, st in state["steps"].items() for r in st.get("reasons", [])]
+    if reasons:
+        click.echo("\nwhy steps were rerun, skipped or reconciled:")
+        for sid, reason in reasons:
+            click.echo(f"  {sid}: {reason}")
+
+
+def _total_usage(state: dict[str, Any]) -> str:
+    calls = prompt = generated = 0
+    for st in state["steps"].values():
+        usage = st.get("usage") or {}
+        calls += usage.get("calls", 0)
+        prompt += usage.get("prompt_tokens", 0)
+        generated += usage.get("eval_tokens", 0)
+    return f"{calls} calls, {prompt} prompt tokens, {generated} generated" if calls else ""
+
+
+@click.command(epilog="\b\nExamples:\n  coder diff -t T-1 --stat\n  coder diff -t T-1 --step s2")
+@task_option
+@click.option("--step", help="Only this step's commit.")
+@click.option("--stat", is_flag=True, help="Files changed and line counts instead of the patch.")
+def diff(task_id: str, step: str | None, stat: bool) -> None:
+    """Show a run's accumulated diff (base..branch) or one step's diff."""
+    from coder import history
+
+    text = history.diff(history.open_run(Path.cwd(), task_id), step=step, stat=stat)
+    click.echo(text, nl=not text.endswith("\n"))
+
+
+@click.command(epilog="\b\nExamples:\n  coder logs -t T-1\n  coder logs -t T-1 --follow --json")
+@task_option
+@click.option("--follow", "-F", is_flag=True, help="Keep printing new events while the run goes on.")
+@json_option
+def logs(task_id: str, follow: bool, as_json: bool) -> None:
+    """Print a run's structured event log."""
+    from coder import events, history
+    from coder.state import read_lock_owner
+
+    view = history.open_run(Path.cwd(), task_id)
+    if follow:
+        grace = {"until": None}
+
+        def finished() -> bool:  # stop a moment after the runner lets go of its lock
+            if read_lock_owner(view.coder_dir, task_id) is not None:
+                grace["until"] = None
+                return False
+            grace["until"] = grace["until"] or time.monotonic() + 0.5
+            return time.monotonic() > grace["until"]
+
+        stream = events.follow_events(view.coder_dir, task_id, stop=finished)
+    else:
+        stream = events.read_events(view.coder_dir, task_id)
+    for event in stream:
+        click.echo(json.dumps(event) if as_json else format_event(event))
+
+
+def format_event(event: dict[str, Any]) -> str:
+    skip = {"timestamp", "level", "event", "task_id", "step_id", "logger"}
+    rest = " ".join(f"{k}={v}" for k, v in event.items() if k not in skip and v not in ("", None))
+    stamp = str(event.get("timestamp", ""))[11:19]
+    return f"{stamp} {event.get('level', ''):<7} {event.get('step_id', ''):<10} " \
+           f"{event.get('event', '')} {rest}".rstrip()
+
+
+@click.command(epilog="\b\nExample:\n  coder clean -t T-1 --delete-branch")
+@task_option
+@click.option("--keep-branch", is_flag=True, help="Keep the branch even if the run was merged.")
+@click.option("--delete-branch", is_flag=True, help="Delete the branch even if it was not merged.")
+@json_option
+def clean(task_id: str, keep_branch: bool, delete_branch: bool, as_json: bool) -> None:
+    """Remove a run: worktree, state, artifacts, logs.
+
+    The branch goes too when the run was merged (unless --keep-branch) or with --delete-branch.
+    """
+    from coder import history
+
+    result = history.clean(Path.cwd(), task_id, keep_branch=keep_branch,
+                           delete_branch=delete_branch)
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(f"Removed run {task_id}.")
+    if result["branch_deleted"]:
+        click.echo(f"Deleted branch {result['branch']}.")
+    else:
+        click.echo(f"Kept branch {result['branch']} (delete it with --delete-branch).")

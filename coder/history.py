@@ -1,0 +1,85 @@
+"""Reading a run back: its state, its diffs, its events; and removing it (`clean`)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coder import gitops, project
+from coder.errors import ConcurrentRun, InvalidInput
+from coder.runs import load_manifest, manifest_path
+from coder.state import CorruptState, StateStore, read_lock_owner
+
+
+@dataclass(frozen=True)
+class RunView:
+    root: Path
+    coder_dir: Path
+    manifest: dict[str, Any]
+    state: dict[str, Any]
+    running_pid: int | None
+
+
+def open_run(cwd: Path, task_id: str) -> RunView:
+    root = gitops.repo_root(gitops.open_repo(cwd))
+    coder_dir = project.coder_dir(root)
+    manifest = load_manifest(coder_dir, task_id)
+    state = StateStore(coder_dir).load(task_id)
+    return RunView(root, coder_dir, manifest, state, read_lock_owner(coder_dir, task_id))
+
+
+def diff(view: RunView, *, step: str | None = None, stat: bool = False) -> str:
+    """The run's accumulated diff (base..branch), or one step's own commit."""
+    repo = gitops.open_repo(view.root)
+    tip = gitops.branch_tip(repo, view.state["branch"])
+    if tip is None:
+        raise InvalidInput(f"branch {view.state['branch']} no longer exists")
+    if step is None:
+        old, new = view.state["base_commit"], tip
+    else:
+        if step not in view.state["steps"]:
+            known = ", ".join(view.state["steps"])
+            raise InvalidInput(f"run {view.state['task_id']} has no step {step!r} (its steps: {known})")
+        commit = view.state["steps"][step].get("commit")
+        if not commit:
+            status = view.state["steps"][step]["status"]
+            raise InvalidInput(f"step {step} has no commit (status {status}; a step that changed "
+                               "nothing makes none)")
+        old, new = gitops.resolve_commit(repo, f"{commit}^"), commit
+    return gitops.diff_stat(repo, old, new) if stat else gitops.diff_patch(repo, old, new)
+
+
+def clean(cwd: Path, task_id: str, *, keep_branch: bool = False,
+          delete_branch: bool = False) -> dict[str, Any]:
+    """Remove a run's worktree, state, artifacts and logs; its branch only when it was merged
+    (unless `keep_branch`) or when asked (`delete_branch`)."""
+    repo = gitops.open_repo(cwd)
+    root = gitops.repo_root(repo)
+    coder_dir = project.coder_dir(root)
+    manifest = load_manifest(coder_dir, task_id)
+    pid = read_lock_owner(coder_dir, task_id)
+    if pid is not None:
+        raise ConcurrentRun(f"run {task_id} is running (pid {pid})",
+                            hint=f"stop it first with `coder stop -t {task_id}`")
+    try:
+        merged = bool((StateStore(coder_dir).load(task_id).get("merge") or {}).get("commit"))
+    except (CorruptState, InvalidInput):
+        merged = False
+    for name in [task_id, *(w for w in _worktree_names(coder_dir) if w.startswith(f"{task_id}--"))]:
+        gitops.remove_worktree(repo, name)
+    branch = manifest["branch"]
+    drop_branch = delete_branch or (merged and not keep_branch)
+    if drop_branch:
+        gitops.delete_branch(repo, branch)
+    for path in (coder_dir / "state" / f"{task_id}.json", coder_dir / "logs" / f"{task_id}.jsonl",
+                 coder_dir / "locks" / f"{task_id}.lock", manifest_path(coder_dir, task_id)):
+        path.unlink(missing_ok=True)
+    shutil.rmtree(coder_dir / "artifacts" / task_id, ignore_errors=True)
+    return {"task_id": task_id, "branch": branch, "branch_deleted": drop_branch, "merged": merged}
+
+
+def _worktree_names(coder_dir: Path) -> list[str]:
+    folder = coder_dir / "worktrees"
+    return [p.name for p in folder.iterdir()] if folder.is_dir() else []
