@@ -24,6 +24,15 @@ POINTS = (
     "before_finish",    # every step done, before the final status
 )
 
+# `coder merge`'s points, enumerated by tests/test_merge.py (POINTS above are `run`'s and
+# `resume`'s, enumerated by tests/test_crash.py).
+MERGE_POINTS = (
+    "merge_verify",          # --if-green: check worktree created, before the tests run
+    "merge_before_ref",      # merge commit written (on no branch), before the base ref moves
+    "merge_after_ref",       # base branch and tag moved, before the checkout update and state
+    "merge_after_checkout",  # user's checkout updated, before the state records the merge
+)
+
 _counts: dict[str, int] = {}
 _lock = threading.Lock()
 

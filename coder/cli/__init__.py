@@ -86,8 +86,9 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-from coder.cli import history, project, runs, tasks  # noqa: E402  (needs `main` defined)
+from coder.cli import history, merge_cmd, project, runs, tasks  # noqa: E402  (needs `main`)
 
 for command in (project.init, tasks.validate, tasks.show, runs.run, runs.resume, runs.stop,
-                runs.status, history.diff, history.logs, history.clean, project.config):
+                runs.status, merge_cmd.merge,
+                history.diff, history.logs, history.clean, project.config):
     main.add_command(command)

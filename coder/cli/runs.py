@@ -35,10 +35,12 @@ def run_options(func: Any) -> Any:
 @click.option("-f", "--file", "path", required=True, type=click.Path(path_type=Path),
               help="The taskfile (YAML).")
 @click.option("--autonomous", is_flag=True, help="Run every step without asking.")
+@click.option("--merge-on-success", is_flag=True,
+              help="When the run succeeds, merge it as `coder merge --if-green` does.")
 @run_options
 @json_option
-def run(path: Path, autonomous: bool, max_parallel: int | None, fail_fast: bool,
-        model: str | None, as_json: bool) -> None:
+def run(path: Path, autonomous: bool, merge_on_success: bool, max_parallel: int | None,
+        fail_fast: bool, model: str | None, as_json: bool) -> None:
     """Run a taskfile on its own branch, one commit per step.
 
     Exit 0 when the run succeeded, 1 when a step or the success criteria failed, 130 when it
@@ -55,7 +57,7 @@ def run(path: Path, autonomous: bool, max_parallel: int | None, fail_fast: bool,
                             options=runs.RunOptions(max_parallel, fail_fast, model))
     finally:
         progress.close()
-    _finish(result, as_json)
+    _finish(result, as_json, _merge_on_success(result, as_json) if merge_on_success else None)
 
 
 @click.command(epilog="\b\nExample:\n  coder resume -t T-20261122-101500-ab12")
@@ -133,13 +135,32 @@ def _progress(as_json: bool) -> Any:
     return Progress(quiet=as_json)
 
 
-def _finish(result: Any, as_json: bool) -> None:
+def _merge_on_success(result: Any, as_json: bool) -> tuple[dict[str, Any], str, int] | None:
+    """`run --merge-on-success`: (JSON, text, exit code) of merging a green run; None if red."""
+    from coder import merge
+    from coder.cli.merge_cmd import describe
+    from coder.errors import CoderError
+
+    if result.status != "success":
+        return None
+    try:
+        landed = merge.merge_run(result.task_id, cwd=Path.cwd(), if_green=True,
+                                 notify=None if as_json else lambda m: click.echo(m, err=True))
+    except CoderError as exc:
+        text = f"Not merged: {exc.message}" + (f"\n  hint: {exc.hint}" if exc.hint else "")
+        return {"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}, text, \
+            exc.exit_code
+    return landed.to_dict(), describe(landed), EXIT_OK
+
+
+def _finish(result: Any, as_json: bool, merged: tuple[dict[str, Any], str, int] | None = None
+            ) -> None:
     state = result.state
     if as_json:
         emit_json({"task_id": result.task_id, "status": result.status,
                    "branch": state["branch"], "worktree": state["worktree"],
                    "error": state.get("error"), "warnings": list(result.warnings),
-                   "steps": state["steps"]})
+                   "steps": state["steps"], **({"merge": merged[0]} if merged else {})})
     else:
         click.echo(summary_table(state))
         click.echo("")
@@ -150,7 +171,9 @@ def _finish(result: Any, as_json: bool) -> None:
         click.echo(f"  branch   {state['branch']}\n  worktree {state['worktree']}")
         if result.status == "interrupted" or result.status == "failed":
             click.echo(f"  continue with `coder resume -t {result.task_id}`")
-    raise SystemExit(EXIT_FOR.get(result.status, EXIT_FAILED))
+        if merged:
+            click.echo(merged[1])
+    raise SystemExit(merged[2] if merged else EXIT_FOR.get(result.status, EXIT_FAILED))
 
 
 def summary_table(state: dict[str, Any]) -> str:

@@ -1,0 +1,394 @@
+"""Landing a finished run on its base branch: `coder merge` and `coder run --merge-on-success`.
+
+The protocol; `kill -9` anywhere leaves the base branch unchanged or at exactly the new commit,
+and running the merge again finishes the job:
+
+1. Under the task lock, read the run. A merge that already landed (recorded in the state, or
+   found in git after a crash: a commit on base with `Coder-Task: ID` and `Coder-Merge: MODE`
+   trailers, or the run's tip itself for ff-only) is finished (tag, checkout, state), never
+   made twice.
+2. Build the result in memory: a squash commit (the base tip its only parent), a merge commit
+   (base tip and run tip), or the run tip itself (ff-only). It is on no branch yet.
+3. Refuse, changing nothing: conflicts with a base that moved, a base that cannot be
+   fast-forwarded, a checkout of base whose uncommitted changes touch the merged files.
+4. `--if-green`: the success criteria run on that exact commit in a throwaway worktree.
+5. Move base and the tag `coder/ID` in one ref transaction, only if base still points where
+   step 1 saw it (compare-and-swap).
+6. Bring the checkout of base along: the merged paths only, each only if still at the old
+   content, so the user's other edits survive byte for byte.
+7. Record the merge in the state, last: a recorded merge means every step above is done.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from coder import gitops, project
+from coder.crashpoints import crashpoint
+from coder.errors import (
+    CoderError,
+    ConcurrentRun,
+    EnvironmentProblem,
+    InvalidInput,
+    RunFailed,
+)
+from coder.runs import load_manifest
+from coder.state import StateStore, TaskLock, now_iso
+
+MODES = ("squash", "no-ff", "ff-only")
+Notify = Callable[[str], None]
+
+
+class MergeConflict(EnvironmentProblem):
+    """The base branch moved since the run started and changed the same lines."""
+
+
+class CheckoutInTheWay(EnvironmentProblem):
+    """The user's uncommitted changes in the checkout of base touch files the merge changes."""
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    task_id: str
+    outcome: str  # merged | already_merged | nothing_to_merge
+    base: str
+    mode: str
+    commit: str | None  # what base points at for this run (None: nothing to merge)
+    previous: str | None  # base's tip before the merge
+    tag: str | None
+    files: tuple[str, ...] = ()  # paths the merge changed on base
+    checkout: str | None = None  # the checkout of base that was updated
+    verified: bool = False  # the success criteria ran green on the merge result
+    finished: tuple[str, ...] = ()  # what this call completed of an interrupted merge
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def tag_name(task_id: str) -> str:
+    return f"coder/{task_id}"
+
+
+def check_worktree_name(task_id: str) -> str:
+    """The --if-green worktree's name; the dot keeps it apart from step scratch worktrees
+    (`ID--STEP`, and step ids have no dots), and `coder clean` still removes it (`ID--*`)."""
+    return f"{task_id}--merge.check"
+
+
+def merge_run(task_id: str, *, cwd: Path, mode: str = "squash", if_green: bool = False,
+              notify: Notify | None = None) -> MergeResult:
+    """Land run `task_id` on its base branch (see the module docstring)."""
+    from coder.events import EventLog
+
+    if mode not in MODES:
+        raise InvalidInput(f"unknown merge mode {mode!r}", hint=f"use one of: {', '.join(MODES)}")
+    repo = gitops.open_repo(cwd)
+    root = gitops.repo_root(repo)
+    coder_dir = project.coder_dir(root)
+    manifest = load_manifest(coder_dir, task_id)
+    lock = TaskLock(coder_dir, task_id)  # no run, resume or other merge of it meanwhile
+    try:
+        lock.acquire()
+    except ConcurrentRun as exc:
+        raise ConcurrentRun(f"cannot merge run {task_id} while it runs: {exc.message}",
+                            hint=exc.hint) from None
+    try:
+        with EventLog(coder_dir, task_id) as log:
+            job = _Merge(repo, root, coder_dir, manifest, StateStore(coder_dir), mode, if_green,
+                         notify or (lambda _message: None))
+            try:
+                result = job.run()
+            except CoderError as exc:
+                log.warning("merge.refused", mode=mode, error=exc.message)
+                raise
+            log.info(f"merge.{result.outcome}", mode=result.mode, base=result.base,
+                     commit=result.commit or "", tag=result.tag or "",
+                     finished=",".join(result.finished))
+            return result
+    finally:
+        lock.release()
+
+
+class _Merge:
+    """One `merge_run` call: the run's facts and the steps of the protocol."""
+
+    def __init__(self, repo: Any, root: Path, coder_dir: Path, manifest: dict[str, Any],
+                 store: StateStore, mode: str, if_green: bool, notify: Notify) -> None:
+        self.repo, self.root, self.coder_dir, self.manifest = repo, root, coder_dir, manifest
+        self.store, self.mode, self.if_green, self.notify = store, mode, if_green, notify
+        self.task_id: str = manifest["task_id"]
+        self.state = store.load(self.task_id)
+        self.base: str = self.state["base"]
+        self.branch: str = self.state["branch"]
+        self.tag = tag_name(self.task_id)
+        self.warnings: list[str] = []
+
+    def run(self) -> MergeResult:
+        self._drop_leftover_check()
+        base_tip = self._tip(self.base, "base branch")
+        run_tip = self._tip(self.branch, "branch")
+        landed = self._landed(base_tip, run_tip)
+        if landed is not None:
+            return self._finish_landed(*landed, base_tip=base_tip)
+        self._check_mergeable()
+        commit = self._build(base_tip, run_tip)
+        if commit is None:
+            return self._result("nothing_to_merge", None, base_tip)
+        checkout = gitops.checked_out_in(self.repo, self.base)
+        if checkout is not None:
+            self._check_checkout(checkout, base_tip, commit)
+        if self.if_green:
+            self._verify(commit)
+            if checkout is not None:  # the tests took a while: look again
+                self._check_checkout(checkout, base_tip, commit)
+        crashpoint("merge_before_ref")
+        gitops.land(self.repo, branch=self.base, target=commit, expected_tip=base_tip,
+                    tag=self.tag, tag_expected=gitops.ref_target(self.repo, self._tagref),
+                    message=f"coder: merge {self.task_id} ({self.mode})")
+        crashpoint("merge_after_ref")
+        if checkout is not None:
+            self._update_checkout(checkout, base_tip, commit)
+        crashpoint("merge_after_checkout")
+        self._record(commit, self.mode)
+        return self._result("merged", commit, base_tip, checkout=checkout,
+                            files=gitops.changed_files_between(self.repo, base_tip, commit))
+
+    # --- reading -------------------------------------------------------------------------
+
+    @property
+    def _tagref(self) -> str:
+        return f"refs/tags/{self.tag}"
+
+    def _tip(self, branch: str, what: str) -> str:
+        tip = gitops.branch_tip(self.repo, branch)
+        if tip is None:
+            raise EnvironmentProblem(f"{what} {branch} of run {self.task_id} no longer exists",
+                                     hint=f"recreate {branch}, or remove the run with "
+                                     f"`coder clean -t {self.task_id}`")
+        return tip
+
+    def _landed(self, base_tip: str, run_tip: str) -> tuple[str, str, bool] | None:
+        """(commit, mode, recorded) of this run's merge if base already contains it."""
+        record = self.state.get("merge") or {}
+        if record.get("commit"):
+            if gitops.is_ancestor(self.repo, record["commit"], base_tip):
+                return record["commit"], record.get("mode", "squash"), True
+            self.warnings.append(f"the earlier merge {record['commit'][:12]} is no longer on "
+                                 f"{self.base}; merging again")
+        found = gitops.find_merge_commit(self.repo, branch=self.base,
+                                         since=self.manifest["base_commit"], task_id=self.task_id)
+        if found is not None:
+            return found[0], found[1], False
+        ran = run_tip != self.manifest["base_commit"]  # a run without commits merges nothing
+        if ran and gitops.is_ancestor(self.repo, run_tip, base_tip):
+            return run_tip, "ff-only", False
+        return None
+
+    def _check_mergeable(self) -> None:
+        status = self.state["status"]
+        if status != "success":
+            raise InvalidInput(f"run {self.task_id} is {status}; only a successful run can be "
+                               "merged",
+                               hint=f"finish it with `coder resume -t {self.task_id}`, then merge")
+        foreign = gitops.foreign_commits(self.repo, branch=self.branch,
+                                         base_commit=self.manifest["base_commit"],
+                                         task_id=self.task_id)
+        if foreign:
+            raise EnvironmentProblem(
+                f"branch {self.branch} has commits coder did not make "
+                f"({', '.join(c[:8] for c in foreign[:5])}); refusing to land work no run checked",
+                hint=f"merge it with git yourself, or move those commits elsewhere and reset "
+                f"{self.branch} to its last coder commit")
+
+    # --- building the result ---------------------------------------------------------------
+
+    def _build(self, base_tip: str, run_tip: str) -> str | None:
+        """The commit base will point at, or None when base already has every change."""
+        if self.mode == "ff-only":
+            if gitops.is_ancestor(self.repo, run_tip, base_tip):
+                return None
+            if not gitops.is_ancestor(self.repo, base_tip, run_tip):
+                raise EnvironmentProblem(
+                    f"cannot fast-forward {self.base} to {self.branch}: {self.base} has moved "
+                    "since the run started; nothing was changed",
+                    hint=f"merge with `coder merge -t {self.task_id} --mode squash` "
+                    "(or --mode no-ff) instead")
+            return run_tip
+        tree, conflicts = gitops.merged_tree(self.repo, base_tip, run_tip)
+        if tree is None:
+            raise MergeConflict(
+                f"run {self.task_id} conflicts with {self.base} (which moved since the run "
+                f"started) in {', '.join(conflicts)}; nothing was changed",
+                hint=f"resolve it by hand (`git merge --squash {self.branch}`), or start a new "
+                f"run from the current {self.base}")
+        if tree == gitops.commit_tree(self.repo, base_tip):
+            return None
+        parents = [base_tip] if self.mode == "squash" else [base_tip, run_tip]
+        return gitops.write_commit(self.repo, tree=tree, parents=parents,
+                                   message=merge_message(self.manifest, self.state, self.mode))
+
+    # --- the user's checkout ---------------------------------------------------------------
+
+    def _check_checkout(self, checkout: Path, old: str, new: str) -> None:
+        plan = gitops.plan_checkout_update(checkout, old, new)
+        if plan.busy:
+            raise EnvironmentProblem(
+                f"{self.base} is checked out in {checkout}, which is in the middle of a "
+                f"{plan.busy}; nothing was changed",
+                hint="finish or abort it there, then merge again")
+        if plan.blocked:
+            raise CheckoutInTheWay(
+                f"uncommitted changes in {checkout} overlap the merge: "
+                f"{', '.join(plan.blocked[:10])}; nothing was changed",
+                hint=f"commit or stash them (`git stash -u`), then run "
+                f"`coder merge -t {self.task_id}` again")
+
+    def _update_checkout(self, checkout: Path, old: str, new: str) -> bool:
+        """True if files were written. A failure here comes after the base moved: say so, and
+        that merging again finishes the job."""
+        try:
+            plan = gitops.plan_checkout_update(checkout, old, new)
+            if plan.pending:
+                gitops.apply_checkout_update(checkout, new, plan.pending)
+        except CoderError as exc:
+            raise EnvironmentProblem(
+                f"run {self.task_id} landed on {self.base} as {new[:12]}, but updating the "
+                f"checkout {checkout} failed: {exc.message}",
+                hint=f"fix that, then run `coder merge -t {self.task_id}` again to finish") \
+                from None
+        if plan.blocked:
+            self.warnings.append(
+                f"left {', '.join(plan.blocked[:10])} in {checkout} as they are (changed "
+                f"during the merge); `git status` there shows how they differ from {self.base}")
+        return bool(plan.pending)
+
+    # --- --if-green --------------------------------------------------------------------------
+
+    def _drop_leftover_check(self) -> None:
+        """A check worktree left by a crash (kill -9 while its tests ran) goes first."""
+        name = check_worktree_name(self.task_id)
+        gitops.remove_worktree(self.repo, name)
+        gitops.delete_branch(self.repo, f"coder-scratch/{name}")
+        shutil.rmtree(self.coder_dir / "worktrees" / name, ignore_errors=True)
+
+    def _verify(self, commit: str) -> None:
+        from coder import config as config_mod
+        from coder import taskfile
+        from coder.runs import policy_for
+
+        task = taskfile.from_dict(self.manifest["task"])
+        cfg = config_mod.load(self.root)
+        name = check_worktree_name(self.task_id)
+        path = gitops.add_scratch_worktree(self.repo, name=name, commit=commit,
+                                           path=self.coder_dir / "worktrees" / name)
+        log = self.coder_dir / "artifacts" / self.task_id / "merge-check.log"
+        try:
+            crashpoint("merge_verify")
+            problems = green_problems(task, path, cfg, policy_for(task, cfg), log, self.notify)
+        finally:
+            gitops.remove_worktree(self.repo, name)
+        if problems:
+            raise RunFailed(
+                f"the merge of run {self.task_id} into {self.base} is not green, so nothing was "
+                f"landed: {'; '.join(problems)}",
+                hint=f"the test output is in {log}")
+
+    # --- finishing ---------------------------------------------------------------------------
+
+    def _finish_landed(self, commit: str, mode: str, recorded: bool, *,
+                       base_tip: str) -> MergeResult:
+        """Base already has this run's merge: report it; after a crash, finish what the
+        interrupted merge left undone (tag, checkout, state)."""
+        if recorded:
+            return self._result("already_merged", commit, None, mode=mode)
+        finished = []
+        current = gitops.ref_target(self.repo, self._tagref)
+        if current != commit:
+            gitops.set_tag(self.repo, self.tag, commit, expected=current)
+            finished.append("tag")
+        checkout = gitops.checked_out_in(self.repo, self.base)
+        old = gitops.first_parent(self.repo, commit) if mode != "ff-only" else \
+            gitops.landed_from_reflog(self.repo, self.base, commit)
+        if checkout is not None and base_tip == commit:
+            if old is None:
+                self.warnings.append(f"could not tell which files the merge changed; check "
+                                     f"`git status` in {checkout}")
+            elif self._update_checkout(checkout, old, commit):
+                finished.append("checkout")
+        self._record(commit, mode)
+        finished.append("state")
+        return self._result("already_merged", commit, old, mode=mode, finished=tuple(finished),
+                            checkout=checkout if "checkout" in finished else None)
+
+    def _record(self, commit: str, mode: str) -> None:
+        self.state["merge"] = {"commit": commit, "base": self.base, "mode": mode,
+                               "tag": self.tag, "merged_at": now_iso()}
+        self.store.save(self.state)
+
+    def _result(self, outcome: str, commit: str | None, previous: str | None, *,
+                mode: str | None = None, checkout: Path | None = None,
+                files: list[str] | None = None, finished: tuple[str, ...] = ()) -> MergeResult:
+        return MergeResult(
+            task_id=self.task_id, outcome=outcome, base=self.base, mode=mode or self.mode,
+            commit=commit, previous=previous, tag=self.tag if commit else None,
+            files=tuple(files or ()), checkout=str(checkout) if checkout else None,
+            verified=self.if_green and outcome == "merged", finished=finished,
+            warnings=tuple(self.warnings))
+
+
+def merge_message(manifest: dict[str, Any], state: dict[str, Any], mode: str) -> str:
+    """Title, the steps (one line each, as their commits are titled), then the trailers."""
+    from coder import taskfile
+    from coder.executor import commit_title
+    from coder.redact import redact
+
+    task = taskfile.from_dict(manifest["task"])
+    lines = []
+    for step in task.steps:
+        st = state["steps"].get(step.id, {})
+        note = "" if st.get("commit") else \
+            " (skipped)" if st.get("status") == "skipped" else " (no changes)"
+        lines.append(f"- {commit_title(step)}{note}")
+    what = "Squash merge" if mode == "squash" else "Merge"
+    title = redact(" ".join(task.title.split())) or f"coder task {task.id}"
+    intro = f"{what} of coder task {task.id} from {state['branch']} ({len(lines)} steps):"
+    trailers = f"{gitops.TRAILER_TASK}: {task.id}\n{gitops.TRAILER_MERGE}: {mode}\n"
+    return "\n\n".join([title, intro + "\n" + "\n".join(lines), trailers])
+
+
+def green_problems(task: Any, worktree: Path, cfg: Any, policy: Any, log: Path,
+                   notify: Notify) -> list[str]:
+    """The success criteria against `worktree`: required files, and the tests (always: green
+    means the tests passed, whether or not the task's own criteria asked for them)."""
+    from coder import sandbox, testing
+    from coder.redact import redact
+
+    problems = [f"required file {path} is missing"
+                for path in task.success.get("required_files", [])
+                if not (worktree / path).is_file()]
+    test_step = next((s for s in task.steps if s.kind == "test"), None)
+    try:
+        cmd = testing.test_command(
+            root=worktree, configured=cfg.get("test_command"),
+            framework=test_step.framework if test_step else None,
+            cmd=test_step.cmd if test_step else None, args=test_step.args if test_step else ())
+    except InvalidInput:  # it names the throwaway worktree; say what it means instead
+        raise InvalidInput(
+            f"--if-green needs the project's test command, and none could be found for task "
+            f"{task.id}; nothing was landed",
+            hint="set `test_command` in coder.config.json, or add a test step to the taskfile; "
+            "or merge without --if-green") from None
+    notify(f"checking the merge result: {cmd}")
+    result = sandbox.run_command(cmd, cwd=worktree, policy=policy, root=worktree)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(redact(f"$ {cmd}\n{result.stdout}{result.stderr}"), encoding="utf-8")
+    if result.timed_out:
+        problems.append(f"`{cmd}` timed out")
+    elif not result.ok:
+        problems.append(f"`{cmd}` exited with {result.exit_code}")
+    return problems
