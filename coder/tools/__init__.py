@@ -1,0 +1,41 @@
+"""coder's tools, in one registry used by the agent loop and the MCP server.
+
+    registry.py  Tool, ToolResult, ToolContext, Registry (validation, errors as data,
+                 redaction), tools_for_kind, doc_write_filter, default_registry()
+    fs.py        fs_read, fs_write, fs_edit, fs_glob, fs_grep
+    git.py       git_status, git_diff, git_log, fs_apply_patch (libgit2 applies it)
+    shell.py     shell_run, tests_run (through coder.sandbox)
+
+Typical use::
+
+    reg = default_registry()
+    ctx = ToolContext(root=worktree, policy=policy, redactor=redactor)
+    tools = reg.definitions(tools_for_kind("edit"))     # for the model
+    text = reg.call(name, arguments, ctx).as_text()     # never raises for a model mistake
+"""
+
+from __future__ import annotations
+
+from coder.tools.registry import (
+    DOC_PATTERNS,
+    TERMINAL_TOOL,
+    Registry,
+    Tool,
+    ToolContext,
+    ToolResult,
+    default_registry,
+    doc_write_filter,
+    tools_for_kind,
+)
+
+__all__ = [
+    "DOC_PATTERNS",
+    "TERMINAL_TOOL",
+    "Registry",
+    "Tool",
+    "ToolContext",
+    "ToolResult",
+    "default_registry",
+    "doc_write_filter",
+    "tools_for_kind",
+]

@@ -1,0 +1,616 @@
+"""File tools: read (paged, line-numbered), write (new files only), edit (one exact
+search/replace), glob and grep. Every path goes through `policy.resolve_in_root`, so nothing
+outside the worktree is read or written, through `..`, absolute paths or symlinks alike.
+
+Errors are written for a small model to fix its next call: a failed edit shows the closest
+text in the file with its line numbers and says when only whitespace differs; a grep regex
+error says how to escape. Regexes run in a child process with a time limit, because Python's
+`re` can backtrack for ever on a pattern like `(a+)+$` and cannot be interrupted in-process.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from coder.policy import PolicyViolation, resolve_in_root
+from coder.tools.registry import (
+    Tool,
+    ToolContext,
+    ToolResult,
+    is_env_file,
+    params,
+    prop,
+    register_env_file,
+)
+
+MAX_LINE_CHARS = 2000  # fs_read cuts longer lines
+READ_CHAR_BUDGET = 60_000  # one fs_read page never returns more (then it ends early)
+MAX_READ_LINES = 2000
+MAX_WRITE_BYTES = 2 << 20
+SNIPPET_LINES = 40
+GREP_TIMEOUT_S = 10.0
+GREP_MAX_FILE_BYTES = 2 << 20
+GREP_MAX_LINE = 10_000  # longer lines are searched in their first GREP_MAX_LINE chars
+GREP_SHOW_CHARS = 300
+MAX_WALK_FILES = 200_000
+SKIP_DIRS = frozenset({
+    ".git", ".coder", "node_modules", ".venv", "venv", "__pycache__", ".mypy_cache",
+    ".pytest_cache", ".ruff_cache", ".tox", ".nox", ".hg", ".svn", ".idea", ".eggs",
+})
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+def real_root(ctx: ToolContext) -> str:
+    return os.path.realpath(ctx.root)
+
+
+def resolve(ctx: ToolContext, path: str, *, write: bool) -> tuple[Path, str]:
+    """The real path of a model-supplied path and its repo-relative posix form. Writes are also
+    checked against `ctx.write_filter`, on both the name given and the resolved target."""
+    real = resolve_in_root(ctx.root, path, write=write, policy=ctx.policy)
+    root = real_root(ctx)
+    rel = Path(os.path.relpath(real, root)).as_posix()
+    if write and ctx.write_filter is not None:
+        lexical = os.path.normpath(os.path.join(root, path))
+        names = {rel, Path(os.path.relpath(lexical, root)).as_posix()}
+        for name in sorted(names):
+            reason = ctx.write_filter(name)
+            if reason:
+                raise PolicyViolation(f"refusing to write {path}: {reason}",
+                                      hint="choose a file this step is allowed to change")
+    return real, rel
+
+
+def is_binary(head: bytes) -> bool:
+    return b"\0" in head[:8192]
+
+
+def numbered(lines: list[str], first: int, width: int = 5) -> str:
+    """`   12| text` lines, as fs_read shows them."""
+    return "\n".join(f"{n:>{width}}| {line}" for n, line in enumerate(lines, first))
+
+
+def closest_match(lines: list[str], target: list[str]) -> tuple[int, int, float] | None:
+    """(start, end, similarity) of the window of len(target) lines most like `target`
+    (0-based, end exclusive). quick_ratio preselects, so a long file stays fast."""
+    if not lines or not target:
+        return None
+    n = min(len(target), len(lines))
+    want = "\n".join(target)
+    matcher = difflib.SequenceMatcher(None, autojunk=False)
+    matcher.set_seq2(want)
+    scored = []
+    for i in range(0, len(lines) - n + 1):
+        matcher.set_seq1("\n".join(lines[i:i + n]))
+        scored.append((matcher.quick_ratio(), i))
+    best: tuple[int, int, float] | None = None
+    for _, i in sorted(scored, key=lambda s: (-s[0], s[1]))[:8]:
+        matcher.set_seq1("\n".join(lines[i:i + n]))
+        ratio = matcher.ratio()
+        if best is None or ratio > best[2]:
+            best = (i, i + n, ratio)
+    return best
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` in one step (temp file in the same directory + os.replace), keeping
+    its permission bits, so a crash or a failed edit never leaves a half-written file."""
+    mode = stat.S_IMODE(os.stat(path).st_mode) if path.exists() else 0o644
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".coder-tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _line_of(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+# --------------------------------------------------------------------------- fs_read
+
+def _cut(line: str) -> str:
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    return line[:MAX_LINE_CHARS] + f" [... line cut: {len(line) - MAX_LINE_CHARS} more chars]"
+
+
+def fs_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    real, rel = resolve(ctx, args["path"], write=False)
+    if real.is_dir():
+        return ToolResult.error(f"{rel} is a directory, not a file",
+                                hint=f'list its files with fs_glob(pattern="{rel}/*")')
+    if not real.exists():
+        return ToolResult.error(f"no such file: {rel}", hint="find files with fs_glob or fs_grep")
+    if not real.is_file():
+        return ToolResult.error(f"{rel} is not a regular file", hint="only files can be read")
+    offset = max(1, int(args.get("offset", 1)))
+    limit = min(max(1, int(args.get("limit", ctx.read_limit))), MAX_READ_LINES)
+    if is_env_file(real.name):
+        register_env_file(real, ctx.redactor)  # before any of its text is returned
+    shown: list[str] = []
+    chars = 0
+    total = 0
+    with open(real, "rb") as f:
+        if is_binary(f.read(8192)):
+            return ToolResult.error(f"{rel} is a binary file",
+                                    hint="only text files can be read; use shell_run for tools "
+                                    "like `od` or `file` in custom steps")
+        f.seek(0)
+        for total, raw in enumerate(f, 1):
+            if offset <= total < offset + limit and chars < READ_CHAR_BUDGET:
+                line = _cut(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+                shown.append(line)
+                chars += len(line) + 8
+    if total == 0:
+        return ToolResult(True, f"[{rel} is empty]", data={"path": rel, "lines": 0})
+    if offset > total:
+        return ToolResult.error(f"offset {offset} is past the end of {rel} ({total} lines)",
+                                hint=f"call fs_read with an offset between 1 and {total}")
+    last = offset + len(shown) - 1
+    if last < total:
+        footer = f"[lines {offset}-{last} of {total}; call fs_read with offset={last + 1} for more]"
+    else:
+        footer = f"[lines {offset}-{last} of {total}]"
+    body = numbered(shown, offset, width=max(5, len(str(last))))
+    return ToolResult(True, f"{body}\n{footer}",
+                      data={"path": rel, "first": offset, "last": last, "lines": total})
+
+
+# --------------------------------------------------------------------------- fs_write
+
+def fs_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    path, content = args["path"], args["content"]
+    if path.endswith(("/", os.sep)):
+        return ToolResult.error(f"{path} names a directory", hint="give a file path")
+    real, rel = resolve(ctx, path, write=True)
+    if os.path.lexists(real):
+        return ToolResult.error(f"{rel} already exists; fs_write only creates new files",
+                                hint="to change an existing file use fs_edit (or fs_apply_patch)")
+    data = content.encode("utf-8", errors="surrogateescape")
+    if len(data) > MAX_WRITE_BYTES:
+        return ToolResult.error(f"content is {len(data)} bytes; the limit is {MAX_WRITE_BYTES}",
+                                hint="split it into several files")
+    real.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".coder-tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        try:
+            os.link(tmp, real)  # atomic, and fails if the name appeared meanwhile
+        except FileExistsError:
+            raise
+        except OSError:  # a filesystem without hard links: exclusive create instead
+            with open(real, "xb") as f:
+                f.write(data)
+    finally:
+        os.unlink(tmp)
+    lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
+    return ToolResult(True, f"created {rel} ({lines} lines, {len(data)} bytes)",
+                      data={"files_changed": [rel]})
+
+
+# --------------------------------------------------------------------------- fs_edit
+
+_LINE_NUMBER_PREFIX = re.compile(r"^\s*\d+\| ?")
+
+
+def _occurrences(text: str, search: str) -> list[int]:
+    found, pos = [], text.find(search)
+    while pos >= 0:
+        found.append(pos)
+        pos = text.find(search, pos + 1)  # overlapping ones count: "aa" is twice in "aaa"
+    return found
+
+
+def _no_match(rel: str, text: str, search: str) -> ToolResult:
+    lines = text.split("\n")
+    target = search.strip("\n").split("\n")
+    hint = ("search must match the file exactly, whitespace included: copy it from fs_read "
+            "output without the line numbers, and read the file again if it may have changed")
+    if "[REDACTED" in search:
+        hint = ("your search contains a [REDACTED:...] placeholder: the file holds a secret there "
+                "that you cannot see. Choose a search block of nearby lines without it")
+    elif all(_LINE_NUMBER_PREFIX.match(t) for t in target if t.strip()):
+        hint = ("remove the line-number prefixes (like '   12| ') that fs_read adds; they are "
+                "not part of the file")
+    stripped = [t.strip() for t in target]
+    file_stripped = [t.strip() for t in lines]
+    n = len(target)
+    for i in range(0, len(lines) - n + 1):
+        if file_stripped[i] == stripped[0] and file_stripped[i:i + n] == stripped:
+            return ToolResult.error(
+                f"search text not found in {rel}, but lines {i + 1}-{i + n} match it except for "
+                f"whitespace (indentation, tabs vs spaces or trailing spaces):\n"
+                + numbered(lines[i:i + n], i + 1),
+                hint="copy the exact whitespace of those lines into search (and keep the "
+                     "file's indentation in replace)")
+    best = closest_match(lines, target)
+    if best is None or best[2] < 0.3:
+        head = lines[:20]
+        return ToolResult.error(
+            f"search text not found in {rel}, and nothing similar; the file starts with:\n"
+            + numbered(head, 1), hint=hint)
+    start, end, ratio = best
+    return ToolResult.error(
+        f"search text not found in {rel}. Closest match, lines {start + 1}-{end} "
+        f"({ratio:.0%} similar):\n" + numbered(lines[start:end], start + 1),
+        hint=hint, data={"closest": [start + 1, end]})
+
+
+def _many_matches(rel: str, text: str, starts: list[int], search: str) -> ToolResult:
+    lines = text.split("\n")
+    at = [_line_of(text, s) for s in starts]
+    span = search.count("\n") + 1
+    shown = []
+    for line in at[:5]:
+        first = max(1, line - 1)
+        shown.append(numbered(lines[first - 1:line + span], first))
+    listed = ", ".join(map(str, at[:20])) + (" ..." if len(at) > 20 else "")
+    return ToolResult.error(
+        f"search text occurs {len(at)} times in {rel} (at lines {listed}):\n"
+        + "\n  ...\n".join(shown),
+        hint="include a few more surrounding lines in search (and replace) so it matches exactly "
+             "once, or set replace_all=true to change every occurrence",
+        data={"lines": at})
+
+
+def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    search, replace = args["search"], args["replace"]
+    replace_all = bool(args.get("replace_all", False))
+    real, rel = resolve(ctx, args["path"], write=True)
+    if real.is_dir():
+        return ToolResult.error(f"{rel} is a directory", hint="give a file path")
+    if not real.exists():
+        return ToolResult.error(f"no such file: {rel}",
+                                hint="to create a new file use fs_write; fs_glob lists files")
+    if not real.is_file():
+        return ToolResult.error(f"{rel} is not a regular file", hint="only files can be edited")
+    if not search:
+        return ToolResult.error("search is empty",
+                                hint="search must be existing text of the file (to create a file "
+                                     "use fs_write; to append, search for the last lines)")
+    raw = real.read_bytes()
+    if is_binary(raw):
+        return ToolResult.error(f"{rel} is a binary file", hint="only text files can be edited")
+    text = raw.decode("utf-8", errors="surrogateescape")  # round-trips any byte exactly
+    crlf = "\r\n" in text and text.count("\r\n") == text.count("\n")
+    if crlf:  # the model sees (and writes) \n; keep the file's line endings
+        text = text.replace("\r\n", "\n")
+        search, replace = search.replace("\r\n", "\n"), replace.replace("\r\n", "\n")
+    if search == replace:
+        return ToolResult.error("search and replace are identical: nothing would change",
+                                hint="put the new text in replace")
+    starts = _occurrences(text, search)
+    if not starts:
+        return _no_match(rel, text, search)
+    if len(starts) > 1 and not replace_all:
+        return _many_matches(rel, text, starts, search)
+    if replace_all:
+        new = text.replace(search, replace)
+        count = text.count(search)
+    else:
+        new, count = text[:starts[0]] + replace + text[starts[0] + len(search):], 1
+    out = new.replace("\n", "\r\n") if crlf else new
+    write_atomic(real, out.encode("utf-8", errors="surrogateescape"))
+    # Show the edited region (first occurrence) so the model can check it without a re-read.
+    first = _line_of(new, starts[0])
+    last = first + (replace[:-1] if replace.endswith("\n") else replace).count("\n")
+    lines = new.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the "line" after the final newline
+    lo, hi = max(1, first - 2), min(len(lines), last + 2, first - 2 + SNIPPET_LINES)
+    return ToolResult(
+        True,
+        f"edited {rel}: replaced {count} occurrence{'s' if count > 1 else ''}; lines {lo}-{hi} "
+        f"now read:\n" + numbered(lines[lo - 1:hi], lo),
+        data={"files_changed": [rel], "replacements": count})
+
+
+# --------------------------------------------------------------------------- walking, globs
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A glob as a regex over repo-relative posix paths: `*` and `?` stay within one path
+    part, `**` spans parts, `[...]` and `{a,b}` work. A pattern without `/` matches the file
+    name at any depth (`*.py`)."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif c == "*":
+            out.append("[^/]*")
+            i += 1
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[" and (j := pattern.find("]", i + 2)) > 0:
+            body = pattern[i + 1:j]
+            body = "^" + body[1:] if body.startswith("!") else body
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+            i = j + 1
+        elif c == "{" and (j := pattern.find("}", i)) > 0 and "," in pattern[i:j]:
+            out.append("(?:" + "|".join(re.escape(a) for a in pattern[i + 1:j].split(",")) + ")")
+            i = j + 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    body = "".join(out)
+    return re.compile(body if "/" in pattern else f"(?:.*/)?{body}")
+
+
+def _ignored_dirs(root: str) -> Callable[[str], bool] | None:
+    """A predicate telling git-ignored directories (build/, dist/, ...), or None without git."""
+    try:
+        import pygit2
+        repo = pygit2.Repository(root, pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+    except Exception:  # noqa: BLE001 - no repository (or an unreadable one): skip the check
+        return None
+
+    def ignored(rel_dir: str) -> bool:
+        try:
+            return bool(repo.path_is_ignored(rel_dir + "/"))
+        except Exception:  # noqa: BLE001
+            return False
+    return ignored
+
+
+def walk_files(root: str, *, links: bool = True) -> Iterator[str]:
+    """Repo-relative posix paths of the regular files under `root`, sorted depth-first.
+    Symlinked directories are not entered; symlinks leading outside the root (all symlinks with
+    links=False) are left out, and so are fifos and devices (reading one could block).
+    SKIP_DIRS and git-ignored directories are pruned. At most MAX_WALK_FILES."""
+    ignored = _ignored_dirs(root)
+    inside = root.rstrip("/") + "/"
+    count = 0
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        try:
+            with os.scandir(os.path.join(root, rel_dir)) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        subdirs = []
+        for entry in entries:
+            rel = rel_dir + entry.name
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if (entry.name not in SKIP_DIRS and not entry.name.endswith(".egg-info")
+                            and not (ignored and ignored(rel))):
+                        subdirs.append(rel + "/")
+                    continue
+                if entry.is_symlink():
+                    target = os.path.realpath(entry.path)
+                    if not links or not (target.startswith(inside) and os.path.isfile(target)):
+                        continue
+                elif not entry.is_file(follow_symlinks=False):
+                    continue
+            except OSError:
+                continue
+            yield rel
+            count += 1
+            if count >= MAX_WALK_FILES:
+                return
+        stack.extend(reversed(subdirs))
+
+
+def _normalize_glob(ctx: ToolContext, pattern: str) -> str:
+    root = real_root(ctx)
+    pattern = pattern.strip()
+    if pattern.startswith(root.rstrip("/") + "/"):
+        pattern = pattern[len(root.rstrip("/")) + 1:]
+    if pattern.startswith("/") or pattern.startswith("../") or "/../" in pattern:
+        raise PolicyViolation(f"glob {pattern!r} leaves the repository",
+                              hint="patterns are relative to the repository root, e.g. src/**/*.py")
+    pattern = pattern.removeprefix("./")
+    if pattern in ("", "."):
+        return "**"
+    if pattern.endswith("/") or (not re.search(r"[*?\[{]", pattern)
+                                 and os.path.isdir(os.path.join(root, pattern))):
+        return pattern.rstrip("/") + "/**"  # a directory: everything below it
+    return pattern
+
+
+def fs_glob(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    pattern = _normalize_glob(ctx, args["pattern"])
+    limit = min(max(1, int(args.get("limit", 200))), 2000)
+    rx = glob_regex(pattern)
+    matches = sorted(p for p in walk_files(real_root(ctx)) if rx.fullmatch(p))
+    if not matches:
+        return ToolResult(True, f"no files match {pattern!r}",
+                          data={"count": 0}, hint="try a broader pattern such as **/*.py")
+    shown = matches[:limit]
+    footer = (f"[{len(matches)} files]" if len(matches) <= limit else
+              f"[showing the first {limit} of {len(matches)} files; narrow the pattern]")
+    return ToolResult(True, "\n".join(shown) + "\n" + footer,
+                      data={"count": len(matches), "files": shown})
+
+
+# --------------------------------------------------------------------------- fs_grep
+
+# Runs in a child process (python -I -S -u): reads a JSON request on stdin, prints one JSON
+# line per match, then a summary line. The parent kills it after GREP_TIMEOUT_S.
+_GREP_WORKER = r"""
+import json, os, re, sys
+req = json.load(sys.stdin)
+rx = re.compile(req["pattern"], req["flags"])
+limit, found = req["limit"], 0
+stats = {"binary": 0, "large": 0, "long_lines": 0, "unreadable": 0}
+for rel, path in req["files"]:
+    try:
+        if os.stat(path).st_size > req["max_bytes"]:
+            stats["large"] += 1
+            continue
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        stats["unreadable"] += 1
+        continue
+    if b"\0" in data[:8192]:
+        stats["binary"] += 1
+        continue
+    for no, line in enumerate(data.decode("utf-8", "replace").split("\n"), 1):
+        if len(line) > req["max_line"]:
+            stats["long_lines"] += 1
+            line = line[:req["max_line"]]
+        if rx.search(line):
+            found += 1
+            if found > limit:
+                break
+            sys.stdout.write(json.dumps([rel, no, line.rstrip("\r")[:req["show"]]]) + "\n")
+    if found > limit:
+        break
+stats["more"] = found > limit
+sys.stdout.write(json.dumps(stats) + "\n")
+"""
+
+
+def fs_grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    pattern = args["pattern"]
+    limit = min(max(1, int(args.get("limit", 100))), 1000)
+    flags = re.IGNORECASE if args.get("ignore_case") else 0
+    regex = re.escape(pattern) if args.get("literal") else pattern
+    if not pattern:
+        return ToolResult.error("pattern is empty", hint="give a regular expression or text")
+    try:
+        re.compile(regex, flags)
+    except re.error as exc:
+        return ToolResult.error(
+            f"invalid regular expression {pattern!r}: {exc}",
+            hint="fs_grep takes a Python regex: escape ( ) [ ] { } . * + ? | \\ with a backslash, "
+                 "or set literal=true to search plain text")
+    root = real_root(ctx)
+    files = sorted(walk_files(root, links=False))  # a link inside would only repeat its target
+    if args.get("glob"):
+        rx = glob_regex(_normalize_glob(ctx, args["glob"]))
+        files = [f for f in files if rx.fullmatch(f)]
+    request = json.dumps({
+        "pattern": regex, "flags": flags, "limit": limit, "max_bytes": GREP_MAX_FILE_BYTES,
+        "max_line": GREP_MAX_LINE, "show": GREP_SHOW_CHARS,
+        "files": [[f, os.path.join(root, f)] for f in files]})
+    timed_out = False
+    try:
+        proc = subprocess.run([sys.executable, "-I", "-S", "-u", "-c", _GREP_WORKER],
+                              input=request.encode(), capture_output=True,
+                              timeout=GREP_TIMEOUT_S, env={},
+                              check=False)
+        out, err = proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        timed_out, out, err = True, exc.stdout or b"", b""
+    rows = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+    stats: dict[str, Any] = rows.pop() if rows and isinstance(rows[-1], dict) else {}
+    if not timed_out and not stats:
+        return ToolResult.error("the search failed: " + err.decode(errors="replace")[-500:])
+    for rel in {r[0] for r in rows}:
+        if is_env_file(rel.rsplit("/", 1)[-1]):
+            register_env_file(Path(root) / rel, ctx.redactor)
+    lines = [f"{rel}:{no}: {text}" for rel, no, text in rows]
+    notes = []
+    if timed_out:
+        notes.append(f"search stopped after {GREP_TIMEOUT_S:g}s: the pattern is too slow "
+                     "(avoid nested repetition like (a+)+ or many .* in a row); partial results")
+    if stats.get("more"):
+        notes.append(f"showing the first {limit} matches; narrow the pattern or use glob=")
+    skipped = [f"{stats[k]} {what}" for k, what in (
+        ("binary", "binary"), ("large", f"larger than {GREP_MAX_FILE_BYTES >> 20} MB"))
+        if stats.get(k)]
+    if skipped:
+        notes.append("skipped files: " + ", ".join(skipped))
+    if stats.get("long_lines"):
+        notes.append(f"{stats['long_lines']} lines longer than {GREP_MAX_LINE} chars were "
+                     "searched only in their beginning")
+    head = "\n".join(lines) if lines else f"no matches for {pattern!r} in {len(files)} files"
+    text = head + "".join(f"\n[{n}]" for n in notes)
+    data = {"count": len(rows), "files_searched": len(files), "timed_out": timed_out}
+    if timed_out and not rows:
+        return ToolResult.error(notes[0], hint="simplify the regular expression", data=data)
+    return ToolResult(True, text, data=data)
+
+
+# --------------------------------------------------------------------------- definitions
+
+FS_READ = Tool(
+    name="fs_read",
+    description=("Read a text file with line numbers, a page at a time (default 400 lines); "
+                 "the footer tells the offset of the next page. Line numbers are not part of "
+                 "the file."),
+    parameters=params({
+        "path": prop("string", "File path relative to the repository root."),
+        "offset": prop("integer", "First line to read, 1-based (default 1)."),
+        "limit": prop("integer", "Number of lines to read (default 400, at most 2000)."),
+    }, required=["path"]),
+    handler=fs_read, read_only=True,
+)
+FS_WRITE = Tool(
+    name="fs_write",
+    description=("Create a NEW file with the given content (parent directories are created). It "
+                 "refuses to overwrite: to change an existing file use fs_edit."),
+    parameters=params({
+        "path": prop("string", "Path of the new file, relative to the repository root."),
+        "content": prop("string", "The complete file content."),
+    }, required=["path", "content"]),
+    handler=fs_write, read_only=False,
+)
+FS_EDIT = Tool(
+    name="fs_edit",
+    description=("Change an existing file: replace the exact text `search` with `replace`. "
+                 "search must match exactly once (whitespace included, no line numbers); "
+                 "include surrounding lines to make it unique. One change per call."),
+    parameters=params({
+        "path": prop("string", "File path relative to the repository root."),
+        "search": prop("string", "Exact existing text to find (one or more whole lines is best)."),
+        "replace": prop("string", "Text to put in its place (empty string deletes it)."),
+        "replace_all": prop("boolean", "Replace every occurrence instead of requiring exactly "
+                                       "one (default false)."),
+    }, required=["path", "search", "replace"]),
+    handler=fs_edit, read_only=False,
+)
+FS_GLOB = Tool(
+    name="fs_glob",
+    description=("List files whose path matches a glob, sorted (e.g. src/**/*.py; *.md matches at "
+                 "any depth; a directory name lists everything below it). Skips .git, git-ignored "
+                 "and dependency/cache directories."),
+    parameters=params({
+        "pattern": prop("string", "Glob relative to the repository root: * ? ** [abc] {a,b}."),
+        "limit": prop("integer", "Maximum number of paths to list (default 200)."),
+    }, required=["pattern"]),
+    handler=fs_glob, read_only=True,
+)
+FS_GREP = Tool(
+    name="fs_grep",
+    description=("Search file contents with a Python regular expression; prints path:line: text "
+                 "for each matching line (default at most 100). Binary and files over 2 MB are "
+                 "skipped."),
+    parameters=params({
+        "pattern": prop("string", "Python regular expression (or plain text with literal=true)."),
+        "glob": prop("string", "Only search files matching this glob, e.g. **/*.py (optional)."),
+        "limit": prop("integer", "Maximum number of matching lines (default 100)."),
+        "ignore_case": prop("boolean", "Case-insensitive search (default false)."),
+        "literal": prop("boolean", "Treat pattern as plain text, not a regex (default false)."),
+    }, required=["pattern"]),
+    handler=fs_grep, read_only=True,
+)

@@ -1,0 +1,146 @@
+"""Command tools: `shell_run` (custom steps only) and `tests_run`, both through the sandbox
+(`coder.sandbox.run_command`: allowlist, no network, scrubbed environment, timeout,
+process-group kill, capped output). A refused command is an error result whose hint is the
+policy's own explanation; nothing runs.
+
+The model gets the tails of the output (where errors and summaries are), with the cap stated,
+and for tests only the counts and the failing sections, not the whole log.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from coder.policy import PolicyViolation
+from coder.sandbox import CommandResult, run_command
+from coder.testing import framework_of, parse_output, test_command
+from coder.tools.fs import resolve
+from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
+
+TAIL_CHARS = 8000  # per stream shown to the model
+
+
+def _tail(text: str, cap: int = TAIL_CHARS) -> tuple[str, bool]:
+    if len(text) <= cap:
+        return text, False
+    cut = text[-cap:]
+    newline = cut.find("\n")
+    return (cut[newline + 1:] if 0 <= newline < 200 else cut), True
+
+
+def _stream(label: str, text: str) -> str:
+    body, cut = _tail(text.rstrip("\n"))
+    if not body:
+        return f"{label}: (empty)"
+    note = f" (last {len(body)} of {len(text)} chars)" if cut else ""
+    return f"{label}{note}:\n{body}"
+
+
+def _limit(ctx: ToolContext, requested: Any) -> int:
+    """The model may ask for less time than configured, never more."""
+    cap = ctx.command_timeout or ctx.policy.command_timeout
+    if isinstance(requested, int) and requested > 0:
+        return min(requested, cap)
+    return cap
+
+
+def _run(ctx: ToolContext, cmd: str, cwd_arg: str | None, timeout: int) -> CommandResult:
+    cwd = ctx.root
+    if cwd_arg:
+        cwd, rel = resolve(ctx, cwd_arg, write=False)
+        if not cwd.is_dir():
+            raise PolicyViolation(f"cwd {rel} is not a directory",
+                                  hint="cwd is a directory relative to the repository root")
+    extra: dict[str, Any] = {"owner": ctx.owner} if ctx.owner is not None else {}
+    return run_command(cmd, cwd=cwd, policy=ctx.policy, timeout=timeout, cancel=ctx.cancel,
+                       root=ctx.root, **extra)
+
+
+def _status_line(result: CommandResult) -> str:
+    if result.timed_out:
+        status = "timed out"
+    elif result.cancelled:
+        status = "cancelled"
+    else:
+        status = f"exit code {result.exit_code}"
+    return f"{status} ({result.duration_s:.1f}s)" + (f"; {result.note}" if result.note else "")
+
+
+def _refused(exc: PolicyViolation) -> ToolResult:
+    return ToolResult.error(
+        "command refused by policy; nothing was run",
+        hint=f"{exc.message}. The policy is fixed for this run: commands have no network, and "
+             "only allowed programs (python, pytest, git, grep, sed, ls, ...) can be used")
+
+
+def shell_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    cmd = args["cmd"]
+    if not cmd.strip():
+        return ToolResult.error("cmd is empty", hint="give a shell command line")
+    try:
+        result = _run(ctx, cmd, args.get("cwd"), _limit(ctx, args.get("timeout")))
+    except PolicyViolation as exc:
+        if str(exc.message).startswith("command refused"):
+            return _refused(exc)
+        raise
+    text = "\n".join([_status_line(result), _stream("stdout", result.stdout),
+                      _stream("stderr", result.stderr)])
+    data = {"exit_code": result.exit_code, "timed_out": result.timed_out,
+            "duration_s": round(result.duration_s, 3)}
+    if result.timed_out:
+        return ToolResult.error(text, hint="the command was killed; run something shorter or "
+                                           "pass a larger timeout", data=data)
+    return ToolResult(True, text, data=data)
+
+
+def tests_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    try:
+        extra = shlex.split(args.get("args") or "")
+    except ValueError as exc:
+        return ToolResult.error(f"cannot split args: {exc}",
+                                hint="args is a command-line fragment such as `-k name tests/x.py`")
+    cmd = test_command(root=ctx.root, configured=ctx.test_command, args=extra)
+    try:
+        result = _run(ctx, cmd, None, _limit(ctx, None))
+    except PolicyViolation as exc:
+        if str(exc.message).startswith("command refused"):
+            return _refused(exc)
+        raise
+    output = result.stdout + ("\n" if result.stdout and result.stderr else "") + result.stderr
+    report = parse_output(output, framework_of(cmd), exit_code=result.exit_code)
+    data = {"cmd": cmd, "exit_code": result.exit_code, "timed_out": result.timed_out,
+            **{k: getattr(report, k) for k in ("passed", "failed", "skipped", "errors")}}
+    data["green"] = result.ok and not report.failed and not report.errors
+    if data["green"]:
+        return ToolResult(True, f"tests passed: {report.summary()} ({cmd})", data=data)
+    head = f"tests failed: {report.summary()} ({cmd}; {_status_line(result)})"
+    sections = "\n\n".join(report.failures) or _stream("output", output)
+    return ToolResult(True, f"{head}\n\n{sections}", data=data)
+
+
+SHELL_RUN = Tool(
+    name="shell_run",
+    description=("Run a bash command in the repository (no network; only allowed programs; "
+                 "cd does not persist between calls). Returns the exit code and the last "
+                 f"{TAIL_CHARS} characters of stdout and stderr."),
+    parameters=params({
+        "cmd": prop("string", "The command line, e.g. `ls -la src` or "
+                              "`python -m pytest -q tests/test_x.py`."),
+        "cwd": prop("string", "Directory to run in, relative to the repository root (default: "
+                              "the root)."),
+        "timeout": prop("integer", "Seconds before the command is killed (default and maximum: "
+                                   "the configured command timeout)."),
+    }, required=["cmd"]),
+    handler=shell_run, read_only=False,
+)
+TESTS_RUN = Tool(
+    name="tests_run",
+    description=("Run the project's tests (the configured or detected test command). Returns the "
+                 "counts, plus only the failing tests' output when something fails."),
+    parameters=params({
+        "args": prop("string", "Extra arguments for the test command, e.g. `tests/test_x.py` or "
+                               "`-k name` (optional)."),
+    }),
+    handler=tests_run, read_only=False,
+)
