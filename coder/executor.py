@@ -50,6 +50,7 @@ class RunContext:
     max_parallel: int = 1
     fail_fast: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
+    agent: Any = None  # steps.model.AgentSession when the task has model steps
 
     @property
     def branch(self) -> str:
@@ -58,6 +59,13 @@ class RunContext:
     @property
     def artifacts(self) -> Path:
         return self.coder_dir / "artifacts" / self.task.id
+
+    @property
+    def owner(self) -> str:
+        """Carried by every command of the run, so a resume can end those a crash left."""
+        from coder.sandbox import owner_token
+
+        return owner_token(self.coder_dir, self.task.id)
 
 
 class Executor:
@@ -90,6 +98,15 @@ class Executor:
         with self._lock:
             self.step_state(step_id).update(fields)
             self.checkpoint()
+
+    def _add_usage(self, step_id: str, usage: dict[str, Any]) -> None:
+        """Usage accumulates over a step's attempts (they all cost model time)."""
+        keys = ("calls", "prompt_tokens", "eval_tokens", "prompt_s", "eval_s", "load_s", "total_s")
+        with self._lock:
+            total = self.step_state(step_id).get("usage") or dict.fromkeys(keys, 0)
+            self.step_state(step_id)["usage"] = {
+                k: round(total.get(k, 0) + usage.get(k, 0), 6) if isinstance(usage.get(k, 0), float)
+                else total.get(k, 0) + usage.get(k, 0) for k in keys}
 
     def _reason(self, step_id: str, reason: str) -> None:
         with self._lock:
@@ -252,13 +269,17 @@ class Executor:
         ctx = StepContext(task=self.task, step=step, workdir=workdir, attempt=attempt,
                           policy=self.run.policy, config=self.run.config,
                           artifacts=self.run.artifacts, cancel=self.run.stop,
-                          log=self.run.log.bind(step_id=step.id), redactor=self.run.redactor)
+                          log=self.run.log.bind(step_id=step.id), redactor=self.run.redactor,
+                          owner=self.run.owner, agent=self.run.agent,
+                          previous_error=self.step_state(step.id).get("error"))
         guard = GitGuard.take(self.common_dir)
         started = time.monotonic()
         try:
             outcome = runner_for(step.kind)(ctx)
         except CoderError as exc:  # policy refusals, missing test command, ...
             outcome = StepOutcome(False, exc.message)
+        if outcome.usage:
+            self._add_usage(step.id, outcome.usage)
         touched = guard.changes()
         if touched:
             guard.restore()
@@ -357,7 +378,7 @@ def success_problems(ex: Executor) -> list[str]:
                 cmd=test_step.cmd if test_step else None,
                 args=test_step.args if test_step else ())
             result = sandbox.run_command(cmd, cwd=worktree, policy=ex.run.policy,
-                                         cancel=ex.run.stop, root=worktree)
+                                         cancel=ex.run.stop, root=worktree, owner=ex.run.owner)
         except CoderError as exc:
             return [*problems, f"require_green_tests: {exc.message}"]
         ex.run.log.info("success.tests", exit_code=result.exit_code)

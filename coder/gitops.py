@@ -861,6 +861,24 @@ def changed_files_between(repo: pygit2.Repository, old: str, new: str) -> list[s
     return sorted(paths)
 
 
+# --- reading trees -------------------------------------------------------------------------
+
+
+def tree_paths(repo: pygit2.Repository, commit: str) -> list[str]:
+    """Every file path in a commit's tree, sorted (the model's map of the repository)."""
+    paths: list[str] = []
+
+    def walk(tree: pygit2.Tree, prefix: str) -> None:
+        for entry in tree:
+            if entry.type_str == "tree":
+                walk(repo[entry.id], f"{prefix}{entry.name}/")
+            else:
+                paths.append(f"{prefix}{entry.name}")
+
+    walk(_tree(repo, commit), "")
+    return sorted(paths)
+
+
 # =========================================================================== merge
 # Landing a run on its base branch (used by coder/merge.py). Nothing here touches a working
 # tree except `apply_checkout_update`, which writes the checkout where the base branch is

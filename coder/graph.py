@@ -55,3 +55,8 @@ def descendants(g: nx.DiGraph, steps: Iterable[str]) -> set[str]:
     for step in steps:
         out |= nx.descendants(g, step)
     return out
+
+
+def ancestors(g: nx.DiGraph, step: str) -> set[str]:
+    """Every step that `step` needs, directly or not."""
+    return set(nx.ancestors(g, step))

@@ -735,6 +735,8 @@ def is_protected(rel_posix: str, policy: Policy) -> str | None:
         return ".git belongs to coder's executor"
     if ".coder" in lowered:
         return ".coder holds coder's own state"
+    if lowered == ["coder.config.json"]:  # a repo file must never widen coder's permissions
+        return "coder.config.json sets coder's own permissions; only the user edits it"
     for part in lowered:
         for glob in _SECRET_GLOBS:
             if fnmatch.fnmatchcase(part, glob):

@@ -36,6 +36,8 @@ class RunOptions:
     max_parallel: int | None = None
     fail_fast: bool = False
     model: str | None = None
+    record: Path | None = None  # write the model's replies here
+    replay: Path | None = None  # answer model calls from this recording instead of Ollama
 
 
 @dataclass(frozen=True)
@@ -66,36 +68,32 @@ def load_manifest(coder_dir: Path, task_id: str) -> dict[str, Any]:
 
 def start(path: Path, *, cwd: Path, options: RunOptions, console: Console | None = None) -> RunResult:
     """Validate, prepare the branch and worktree, and run the whole DAG."""
-    from coder.steps import needs_model
-
     task = taskfile.load(path)
     cfg = config_mod.load(cwd, flags={"model": options.model})
     repo = gitops.open_repo(cwd)
     root = gitops.repo_root(repo)
-    model_steps = [s.id for s in task.steps if needs_model(s.kind)]
-    if model_steps:
-        raise InvalidInput(
-            f"{path}: steps {', '.join(model_steps)} need the model loop, which this version of "
-            "coder does not have yet; only shell and test steps can run",
-            hint="remove those steps or run them by hand")
     policy = policy_for(task, cfg)
     preflight(task, policy, root, cfg)
     base = task.base or gitops.current_branch(repo)
     base_commit = gitops.resolve_commit(repo, f"refs/heads/{base}") \
         if gitops.branch_tip(repo, base) else _missing_base(base)
     task = task.resolved(base=base, model=str(cfg["model"]))
+    agent = open_agent(task, cfg, repo, base_commit, options)  # no model: we stop here
     coder_dir = project.ensure_coder_dir(root)
     gitops.ensure_excluded(repo, f"/{project.CODER_DIR}/")
     store = StateStore(coder_dir)
-    if store.exists(task.id) or manifest_path(coder_dir, task.id).exists():
-        raise InvalidInput(f"a run of task {task.id} already exists",
-                           hint=f"continue it with `coder resume -t {task.id}`, or remove it with "
-                           f"`coder clean -t {task.id}`")
-    if gitops.branch_tip(repo, task.branch):
-        raise InvalidInput(f"branch {task.branch} already exists",
-                           hint="set another `id` or `branch` in the taskfile, or delete the branch")
     worktree = coder_dir / "worktrees" / task.id
+    # The lock before the checks: a second `coder run` of a task that is running is told who
+    # runs it (ConcurrentRun), and two starts cannot both pass the checks and create the run.
     with TaskLock(coder_dir, task.id):
+        if store.exists(task.id) or manifest_path(coder_dir, task.id).exists():
+            raise InvalidInput(f"a run of task {task.id} already exists",
+                               hint=f"continue it with `coder resume -t {task.id}`, or remove it "
+                               f"with `coder clean -t {task.id}`")
+        if gitops.branch_tip(repo, task.branch):
+            raise InvalidInput(f"branch {task.branch} already exists",
+                               hint="set another `id` or `branch` in the taskfile, or delete the "
+                               "branch")
         manifest = {"task_id": task.id, "task": task.to_dict(), "taskfile": str(path),
                     "base": base, "base_commit": base_commit, "branch": task.branch,
                     "worktree": str(worktree), "created_at": now_iso()}
@@ -111,12 +109,49 @@ def start(path: Path, *, cwd: Path, options: RunOptions, console: Console | None
             warnings.append("git user.name/user.email are not set; commits are authored by "
                             "coder <coder@localhost> (set them with `git config user.name ...`)")
         return _execute(task, root, coder_dir, worktree, state, store, cfg, policy, options,
-                        console, warnings=tuple(warnings))
+                        console, warnings=tuple(warnings), agent=agent)
 
 
 def _missing_base(base: str) -> str:
     raise InvalidInput(f"base branch {base!r} does not exist",
                        hint="set `base` in the taskfile to an existing local branch")
+
+
+def open_agent(task: taskfile.Task, cfg: config_mod.Config, repo: Any, base_commit: str,
+               options: RunOptions) -> Any:
+    """The model side of a run with model steps: the provider (warmed up, so a missing host or
+    model fails before anything is created) and the prefix every request starts with."""
+    from coder.steps import needs_model
+
+    if not any(needs_model(s.kind) for s in task.steps):
+        return None
+    from coder.agent import prompts
+    from coder.agent.ollama import OllamaProvider
+    from coder.steps.model import AgentSession
+    from coder.tools.registry import default_registry
+
+    from coder.agent.replay import RecordingProvider, ReplayProvider
+
+    provider: Any
+    if options.replay is not None:
+        provider = ReplayProvider(options.replay)
+    else:
+        provider = OllamaProvider(
+            str(task.model), str(cfg["ollama_host"]), num_ctx=cfg["num_ctx"],
+            max_num_ctx=int(cfg["max_num_ctx"]), temperature=float(cfg["temperature"]),
+            seed=cfg["seed"], keep_alive=str(cfg["keep_alive"]),
+            request_timeout=float(cfg["request_timeout"]))
+    if options.record is not None:
+        provider = RecordingProvider(provider, options.record)
+    try:
+        facts = provider.warm_up()
+    except BaseException:
+        provider.close()
+        raise
+    registry = default_registry()
+    system = prompts.system_prompt(repo_map=gitops.tree_paths(repo, base_commit),
+                                   task=task.to_dict())
+    return AgentSession(provider, registry, system, registry.definitions(), facts)
 
 
 def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Any:
@@ -171,6 +206,8 @@ def initial_state(manifest: dict[str, Any]) -> dict[str, Any]:
 def resume(task_id: str, *, cwd: Path, options: RunOptions,
            console: Console | None = None) -> RunResult:
     """Continue a run after a crash, a kill or a stop: finished steps never run again."""
+    from coder import sandbox
+
     repo = gitops.open_repo(cwd)
     root = gitops.repo_root(repo)
     coder_dir = project.coder_dir(root)
@@ -181,10 +218,19 @@ def resume(task_id: str, *, cwd: Path, options: RunOptions,
         if lock.took_over_from:
             warnings.append(f"the previous runner (pid {lock.took_over_from}) is gone; "
                             "taking over its lock")
+        # Commands of a killed runner live on in their own sessions: end them before the
+        # worktree is judged, or they write into it behind the reconciliation.
+        leftovers = sandbox.kill_owned(sandbox.owner_token(coder_dir, task_id))
+        if leftovers:
+            warnings.append(f"killed {len(leftovers)} leftover command process(es) of the "
+                            f"previous runner (pids {', '.join(map(str, leftovers[:10]))})")
         try:
             state = store.load(task_id)
         except (CorruptState, UnknownTask) as exc:
-            warnings.append(f"{exc.message}; rebuilding the state from the branch's commits")
+            problem = exc.message if isinstance(exc, CorruptState) else (  # not "no task X":
+                f"the state file of run {task_id} is missing (the runner stopped before its "
+                "first checkpoint, or the file was deleted)")  # the run's manifest exists
+            warnings.append(f"{problem}; rebuilding the state from the branch's commits")
             state = initial_state(manifest)
             state["status"] = "interrupted"
         if state["status"] == "success":
@@ -196,8 +242,10 @@ def resume(task_id: str, *, cwd: Path, options: RunOptions,
         warnings += reconcile(repo, state, manifest, worktree)
         store.save(state)
         cfg = config_mod.load(cwd, flags={"model": options.model})
+        agent = open_agent(task, cfg, repo, manifest["base_commit"], options)
         return _execute(task, root, coder_dir, worktree, state, store, cfg,
-                        policy_for(task, cfg), options, console, warnings=tuple(warnings))
+                        policy_for(task, cfg), options, console, warnings=tuple(warnings),
+                        agent=agent)
 
 
 def reconcile(repo: Any, state: dict[str, Any], manifest: dict[str, Any],
@@ -241,9 +289,8 @@ def reconcile(repo: Any, state: dict[str, Any], manifest: dict[str, Any],
             st.update(status="pending")
             st["reasons"].append("was running when the runner stopped (crash or kill); its partial "
                                  "changes were discarded and it runs again")
-        elif status == "interrupted":
-            was_running = True
-            st.update(status="pending")
+        elif status == "interrupted":  # the stopping runner discarded its changes itself,
+            st.update(status="pending")  # so anything in the worktree now is someone else's
             st["reasons"].append("was interrupted by a stop; runs again")
         elif status == "failed":
             st.update(status="pending")
@@ -256,6 +303,9 @@ def reconcile(repo: Any, state: dict[str, Any], manifest: dict[str, Any],
             f"the worktree {worktree} has changes coder did not make ({', '.join(changed[:5])}); "
             "refusing to resume so they are not lost",
             hint=f"commit or stash them elsewhere (e.g. `git -C {worktree} stash -u`), then resume")
+    for step_id in state["steps"]:  # scratch worktrees of a parallel level the crash cut short
+        gitops.remove_worktree(repo, f"{task_id}--{step_id}")
+        gitops.delete_branch(repo, f"coder-scratch/{task_id}--{step_id}")
     return warnings
 
 
@@ -265,7 +315,7 @@ def reconcile(repo: Any, state: dict[str, Any], manifest: dict[str, Any],
 def _execute(task: taskfile.Task, root: Path, coder_dir: Path, worktree: Path,
              state: dict[str, Any], store: StateStore, cfg: config_mod.Config, policy: Any,
              options: RunOptions, console: Console | None,
-             warnings: tuple[str, ...]) -> RunResult:
+             warnings: tuple[str, ...], agent: Any = None) -> RunResult:
     from coder.events import EventLog
     from coder.executor import Executor, RunContext
     from coder.redact import Redactor
@@ -279,9 +329,15 @@ def _execute(task: taskfile.Task, root: Path, coder_dir: Path, worktree: Path,
             store=store, log=log, policy=policy, config=cfg, redactor=redactor,
             max_parallel=options.max_parallel or int(task.policies.get("max_parallel", 0))
             or int(cfg["max_parallel"]),
-            fail_fast=options.fail_fast)
-        with _stop_on_signals(run.stop, log):
-            status = Executor(run).execute()
+            fail_fast=options.fail_fast, agent=agent)
+        if agent is not None:
+            log.info("model.ready", **agent.facts)
+        try:
+            with _stop_on_signals(run.stop, log):
+                status = Executor(run).execute()
+        finally:
+            if agent is not None:
+                agent.provider.close()
     return RunResult(task.id, status, state, warnings)
 
 

@@ -8,6 +8,11 @@ unprivileged user create a network namespace, the command also runs under
 `unshare --map-current-user --net` (or `unshare -rn`): it sees only a loopback device that is
 down, so not even a server on the host's 127.0.0.1 is reachable. `unshare` execs the shell in
 place, so the process group is still ours.
+
+A runner killed with SIGKILL cannot end its commands' groups, and they would go on writing
+into the worktree behind `coder resume`'s back. So every command of a run carries its owner
+in `CODER_RUN_OWNER`, and resume, holding the task lock, ends whatever still carries it
+(`kill_owned`) before it looks at the worktree.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from coder.policy import Policy, PolicyViolation, check_command, scrub_env
 
 _KILL_GRACE_S = 2.0  # between SIGTERM and SIGKILL
 _POLL_S = 0.05  # how often the waiting loop looks at the cancel event and the clock
+OWNER_VAR = "CODER_RUN_OWNER"  # in every command's environment, for `kill_owned`
 
 
 @dataclass(frozen=True)
@@ -151,10 +157,63 @@ def _end_group(proc: subprocess.Popen[bytes], readers: list[threading.Thread]) -
     proc.wait()
 
 
+def owner_token(coder_dir: Path, task_id: str) -> str:
+    """What the commands of one task's runs carry in OWNER_VAR (unique per project and task)."""
+    return f"{Path(coder_dir).resolve()}#{task_id}"
+
+
+def kill_owned(owner: str, wait: float = 5.0) -> list[int]:
+    """SIGKILL the process groups of every process whose environment carries `owner` (left
+    running by a runner that was killed), and wait until they are gone. Returns their pids.
+
+    Only the caller may know none of them is live work: `coder resume` calls it holding the
+    task lock, before it starts any command. Linux only (it reads /proc); a command that
+    cleared its environment escapes it, as one that left its process group escapes the
+    timeout kill."""
+    needle = f"{OWNER_VAR}={owner}".encode()
+    mine = {os.getpid(), os.getpgrp()}
+    found = []
+    for entry in _proc_entries():
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in environ.split(b"\0") and int(entry) not in mine:
+            found.append(int(entry))
+    for pid in found:
+        try:
+            pgid = os.getpgid(pid)
+            if pgid not in mine:  # the group is a command's session; never our own
+                os.killpg(pgid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+    deadline = time.monotonic() + wait  # dead, not dying: one may be inside a write()
+    while any(_alive(pid) for pid in found) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return found
+
+
+def _proc_entries() -> list[str]:
+    try:
+        return [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:  # no procfs (macOS)
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
 def run_command(cmd: str, *, cwd: Path, policy: Policy, timeout: float | None = None,
                 env: Mapping[str, str] | None = None, cancel: threading.Event | None = None,
-                root: Path | None = None) -> CommandResult:
-    """Run `cmd` with bash in `cwd` under `policy`; see the module docstring.
+                root: Path | None = None, owner: str | None = None) -> CommandResult:
+    """Run `cmd` with bash in `cwd` under `policy`; see the module docstring. `owner`
+    (see `owner_token`) marks the command for `kill_owned`.
 
     Raises PolicyViolation (before anything runs) if the command or `cwd` is refused,
     InvalidInput for a bad cwd or timeout, EnvironmentProblem if no shell can be started.
@@ -182,9 +241,12 @@ def run_command(cmd: str, *, cwd: Path, policy: Policy, timeout: float | None = 
     if prefix is not None:
         argv = [*prefix, *argv]
 
+    command_env = scrub_env(policy, env)
+    if owner is not None:
+        command_env[OWNER_VAR] = owner
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=scrub_env(policy, env),
+        proc = subprocess.Popen(argv, cwd=cwd, env=command_env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from coder.cli import main
 from coder.schemas import validator
 from tests.conftest import git
+from tests.fake_ollama import down_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -350,14 +351,16 @@ def test_a_hung_command_with_background_children_is_killed(make_repo) -> None:
     assert survivors.stdout == ""
 
 
-def test_invalid_taskfile_model_steps_and_missing_autonomous(make_repo) -> None:
+def test_invalid_taskfile_model_steps_and_missing_autonomous(
+        make_repo, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = make_repo()
     bad = taskfile(repo, "title: t\ngraph:\n  - {kind: shel}\n")
     code, _, err = coder(repo, "run", "--autonomous", "-f", str(bad))
     assert code == 2 and "'shel' is not one of" in err
     model = taskfile(repo, "title: t\ngraph:\n  - {kind: edit, goal: g}\n", "m.yaml")
+    monkeypatch.setenv("OLLAMA_HOST", down_url())
     code, _, err = coder(repo, "run", "--autonomous", "-f", str(model))
-    assert code == 2 and "steps s1 need the model loop" in err
+    assert code == 3 and "cannot reach Ollama at " in err
     code, _, err = coder(repo, "run", "-f", str(model))
     assert code == 2 and "pass --autonomous" in err
     assert nothing_created(repo)

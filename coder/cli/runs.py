@@ -26,6 +26,10 @@ def run_options(func: Any) -> Any:
         click.option("--fail-fast", is_flag=True,
                      help="Stop at the first failing step, even one whose on_fail is skip."),
         click.option("--model", help="Ollama model (overrides config and CODER_MODEL)."),
+        click.option("--record", type=click.Path(path_type=Path, dir_okay=False),
+                     help="Record the model's replies to FILE (for --replay)."),
+        click.option("--replay", type=click.Path(path_type=Path, dir_okay=False),
+                     help="Answer model calls from a recording instead of Ollama."),
     ]):
         func = option(func)
     return func
@@ -40,7 +44,8 @@ def run_options(func: Any) -> Any:
 @run_options
 @json_option
 def run(path: Path, autonomous: bool, merge_on_success: bool, max_parallel: int | None,
-        fail_fast: bool, model: str | None, as_json: bool) -> None:
+        fail_fast: bool, model: str | None, record: Path | None, replay: Path | None,
+        as_json: bool) -> None:
     """Run a taskfile on its own branch, one commit per step.
 
     Exit 0 when the run succeeded, 1 when a step or the success criteria failed, 130 when it
@@ -54,7 +59,7 @@ def run(path: Path, autonomous: bool, merge_on_success: bool, max_parallel: int 
     progress = _progress(as_json)
     try:
         result = runs.start(path, cwd=Path.cwd(), console=progress,
-                            options=runs.RunOptions(max_parallel, fail_fast, model))
+                            options=runs.RunOptions(max_parallel, fail_fast, model, record, replay))
     finally:
         progress.close()
     _finish(result, as_json, _merge_on_success(result, as_json) if merge_on_success else None)
@@ -65,7 +70,7 @@ def run(path: Path, autonomous: bool, merge_on_success: bool, max_parallel: int 
 @run_options
 @json_option
 def resume(task_id: str, max_parallel: int | None, fail_fast: bool, model: str | None,
-           as_json: bool) -> None:
+           record: Path | None, replay: Path | None, as_json: bool) -> None:
     """Continue a run that crashed, was killed or was stopped.
 
     Finished steps never run again; a step caught mid-way is checked against git: committed
@@ -76,7 +81,8 @@ def resume(task_id: str, max_parallel: int | None, fail_fast: bool, model: str |
     progress = _progress(as_json)
     try:
         result = runs.resume(task_id, cwd=Path.cwd(), console=progress,
-                             options=runs.RunOptions(max_parallel, fail_fast, model))
+                             options=runs.RunOptions(max_parallel, fail_fast, model, record,
+                                                     replay))
     finally:
         progress.close()
     _finish(result, as_json)

@@ -32,6 +32,9 @@ class StepContext:
     cancel: threading.Event
     log: EventLog
     redactor: Redactor
+    owner: str | None = None  # marks the step's commands (coder.sandbox.kill_owned)
+    agent: Any = None  # steps.model.AgentSession when the run has model steps
+    previous_error: str | None = None  # why the previous attempt failed, for the model
 
     def artifact(self, suffix: str) -> Path:
         self.artifacts.mkdir(parents=True, exist_ok=True)
@@ -46,13 +49,15 @@ class StepOutcome:
     tests: dict[str, Any] | None = None
     cancelled: bool = False
     details: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, Any] | None = None  # model usage of this attempt (agent.provider.Usage)
 
 
 def runner_for(kind: str) -> Callable[[StepContext], StepOutcome]:
-    from coder.steps import shell, test
+    from coder.steps import model, shell, test
 
     runners: dict[str, Callable[[StepContext], StepOutcome]] = {
-        "shell": shell.run, "test": test.run}
+        "shell": shell.run, "test": test.run, "analyze": model.run, "edit": model.run,
+        "doc": model.run, "custom": model.run}
     if kind not in runners:
         raise KeyError(kind)
     return runners[kind]

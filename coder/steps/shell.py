@@ -28,7 +28,8 @@ def run_in_step(ctx: StepContext, cmd: str) -> sandbox.CommandResult:
     timer = crash_during("during_command", step.id)
     try:
         result = sandbox.run_command(cmd, cwd=cwd, policy=ctx.policy, timeout=timeout,
-                                     env=dict(step.env), cancel=ctx.cancel, root=ctx.workdir)
+                                     env=dict(step.env), cancel=ctx.cancel, root=ctx.workdir,
+                                     owner=ctx.owner)
     finally:
         if timer:
             timer.cancel()

@@ -1,0 +1,147 @@
+"""Model steps (`analyze`, `edit`, `doc`, `custom`): the agent loop with the step's tools, ending
+only when the model's `step_complete` claim holds against the real changes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coder import gitops
+from coder.agent import prompts
+from coder.agent.loop import AgentLoop, Limits, LoopResult
+from coder.agent.provider import ModelError, ModelUnavailable
+from coder.steps import StepContext, StepOutcome
+from coder.taskfile import is_repo_relative, parse_duration
+
+if TYPE_CHECKING:
+    from coder.agent.provider import ModelProvider
+    from coder.tools.registry import Registry, ToolContext
+
+
+@dataclass
+class AgentSession:
+    """What every model step of a run shares: the provider, the tool registry and the
+    byte-stable prefix (system prompt and tool definitions, fixed for the whole run)."""
+
+    provider: ModelProvider
+    registry: Registry
+    system: str
+    tools: list[dict[str, Any]]
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def run(ctx: StepContext) -> StepOutcome:
+    from coder.tools.registry import ToolContext, doc_write_filter, tools_for_kind
+
+    session = ctx.agent
+    if session is None:
+        return StepOutcome(False, f"{ctx.step.kind} steps need a model; none is configured")
+    step = ctx.step
+    allowed = tools_for_kind(step.kind)
+    tool_ctx = ToolContext(root=ctx.workdir, policy=ctx.policy, redactor=ctx.redactor,
+                           cancel=ctx.cancel, test_command=ctx.config.get("test_command"),
+                           write_filter=doc_write_filter if step.kind == "doc" else None,
+                           command_timeout=ctx.step.timeout_s, owner=ctx.owner)
+    messages = [{"role": "system", "content": session.system},
+                {"role": "user", "content": prompts.step_message(
+                    step=_step_view(ctx), tools=allowed, notes=notes_for(ctx),
+                    attempt=ctx.attempt, previous_error=ctx.previous_error)}]
+
+    def run_tool(name: str, arguments: dict[str, Any]) -> str:
+        result = session.registry.call(name, arguments, tool_ctx)
+        ctx.log.info("tool.called", tool=name, ok=result.ok,
+                     arguments=json.dumps(arguments)[:300])
+        return result.as_text()
+
+    begin = getattr(session.provider, "begin_step", None)
+    if begin is not None:  # recording and replay file replies under their step
+        begin(step.id)
+    loop = AgentLoop(session.provider, tools=session.tools, allowed=allowed, run_tool=run_tool,
+                     verify=lambda claim: verify_claim(ctx, tool_ctx, claim), limits=limits_for(ctx),
+                     cancel=ctx.cancel, on_call=lambda e: ctx.log.info("model.turn", **e))
+    try:
+        result = loop.run(messages)
+    except ModelUnavailable:
+        raise
+    except ModelError as exc:
+        result = LoopResult(ok=False, error=f"model call failed: {exc.message}", messages=messages)
+    finally:
+        ctx.artifact(".transcript.json").write_text(
+            ctx.redactor.redact(json.dumps(messages, indent=1)), encoding="utf-8")
+    usage = result.usage.as_dict()
+    if not result.ok:
+        return StepOutcome(False, result.error, cancelled=result.error == "interrupted",
+                           usage=usage)
+    if step.kind == "analyze":
+        notes_path(ctx.artifacts, step.id).write_text(result.summary + "\n", encoding="utf-8")
+    return StepOutcome(True, summary=result.summary, usage=usage)
+
+
+def verify_claim(ctx: StepContext, tool_ctx: ToolContext, claim: dict[str, Any]) -> str | None:
+    """Why the model's step_complete claim does not hold, or None when it does."""
+    changed = gitops.changed_paths(ctx.workdir)
+    summary = str(claim.get("summary") or "").strip()
+    if not summary:
+        return "give a summary of what you did (and, for an analyze step, what you found)"
+    if ctx.step.kind == "analyze":
+        return f"an analyze step must not change files (changed: {', '.join(changed)})" \
+            if changed else None
+    claimed = [str(p).strip().lstrip("./") if str(p).startswith("./") else str(p).strip()
+               for p in claim.get("files_changed") or []]
+    bogus = [p for p in claimed if not is_repo_relative(p) or p not in changed]
+    if bogus:
+        return (f"files_changed lists {', '.join(bogus)}, which did not change (changed files: "
+                f"{', '.join(changed) or 'none'}); make the change or correct the list")
+    if not changed and ctx.step.kind in ("edit", "doc") and not claim.get("no_change_reason"):
+        return ("no file was changed; make the edit with fs_edit/fs_write, or, if no change is "
+                "needed, call step_complete again with no_change_reason saying why")
+    if changed and ctx.step.kind == "edit" and ctx.task.policies.get("run_tests_after_each_edit"):
+        return _tests_after_edit(ctx, tool_ctx)
+    return None
+
+
+def _tests_after_edit(ctx: StepContext, tool_ctx: ToolContext) -> str | None:
+    from coder.tools.registry import default_registry
+
+    result = default_registry().call("tests_run", {}, tool_ctx)
+    if "green" not in result.data:  # the tests could not run (no test command): say so, go on
+        ctx.log.warning("tests.skipped", reason=result.as_text())
+        return None
+    ctx.log.info("tests.after_edit", green=result.data["green"])
+    if result.data["green"]:
+        return None
+    return (f"the tests fail after your change:\n{result.content}\nFix them, then call "
+            "step_complete again.")
+
+
+def limits_for(ctx: StepContext) -> Limits:
+    policies = ctx.task.policies
+    seconds = ctx.step.timeout_s or (parse_duration(policies["timeout"]) if "timeout" in policies
+                                     else 900)
+    return Limits(max_turns=int(policies.get("max_turns", 30)), max_seconds=float(seconds),
+                  max_tokens=policies.get("max_tokens"))
+
+
+def notes_path(artifacts: Path, step_id: str) -> Path:
+    artifacts.mkdir(parents=True, exist_ok=True)
+    return artifacts / f"{step_id}.notes.md"
+
+
+def notes_for(ctx: StepContext) -> dict[str, str]:
+    """Findings of the analyze steps this step depends on (directly or not), in file order."""
+    from coder import graph
+
+    ancestors = graph.ancestors(graph.build(ctx.task.deps()), ctx.step.id)
+    notes = {}
+    for s in ctx.task.steps:
+        path = ctx.artifacts / f"{s.id}.notes.md"
+        if s.id in ancestors and s.kind == "analyze" and path.is_file():
+            notes[s.id] = path.read_text(encoding="utf-8").strip()
+    return notes
+
+
+def _step_view(ctx: StepContext) -> dict[str, Any]:
+    s = ctx.step
+    return {"id": s.id, "kind": s.kind, "goal": s.goal, "changes": list(s.changes)}
