@@ -314,9 +314,9 @@ class Executor:
                          duration_s=self._duration(step.id), tests=outcome.tests)
             self.run.log.warning("step.skipped", step_id=step.id, reason=error)
             return
-        if strategy == "fix_and_retry":
-            self._reason(step.id, "fix_and_retry needs the model loop, which this version does not "
-                         "have yet; stopped as revert_and_stop")
+        if strategy == "fix_and_retry" and self.run.agent is None:
+            self._reason(step.id, "fix_and_retry needs a model and this run has none (no model "
+                         "steps); stopped as revert_and_stop")
         self._update(step.id, status="failed", ended_at=now_iso(), error=error,
                      duration_s=self._duration(step.id), tests=outcome.tests)
         self.run.log.error("step.failed", step_id=step.id, error=error, strategy=strategy)

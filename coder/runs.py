@@ -121,9 +121,7 @@ def open_agent(task: taskfile.Task, cfg: config_mod.Config, repo: Any, base_comm
                options: RunOptions) -> Any:
     """The model side of a run with model steps: the provider (warmed up, so a missing host or
     model fails before anything is created) and the prefix every request starts with."""
-    from coder.steps import needs_model
-
-    if not any(needs_model(s.kind) for s in task.steps):
+    if not any(s.uses_model for s in task.steps):
         return None
     from coder.agent import prompts
     from coder.agent.ollama import OllamaProvider

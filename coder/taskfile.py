@@ -60,7 +60,8 @@ class Step:
 
     @property
     def uses_model(self) -> bool:
-        return self.kind in MODEL_KINDS
+        """Model steps, and test steps that ask the model to fix failures."""
+        return self.kind in MODEL_KINDS or self.strategy == "fix_and_retry"
 
 
 @dataclass(frozen=True)

@@ -83,3 +83,18 @@ def nudge_repeat(name: str, times: int) -> str:
 
 def not_for_this_step(name: str, allowed: Iterable[str]) -> str:
     return f"error: {name} is not available in this step.\nhint: use one of: {', '.join(allowed)}"
+
+
+def fix_message(*, step: Mapping[str, Any], command: str, failures: Sequence[str], summary: str,
+                cycle: int, max_cycles: int, tools: Iterable[str], same_as_before: bool) -> str:
+    """A fix cycle of a test step: only the failing sections, not the whole log."""
+    lines = [f"Step {step['id']} (test): {step['goal']}",
+             f"The tests fail ({summary}) when running `{command}`. Fix cycle {cycle} of "
+             f"{max_cycles}: change the code so they pass. Change a test only if the test itself "
+             "is wrong.",
+             "<test-output>", *failures, "</test-output>"]
+    if same_as_before:
+        lines.append("The previous fix did not change these failures: try a different approach.")
+    lines.append(f"Tools for this step: {', '.join(tools)}. When you are done, call step_complete "
+                 "with a summary and files_changed; coder then reruns the tests.")
+    return "\n".join(lines)

@@ -61,7 +61,3 @@ def runner_for(kind: str) -> Callable[[StepContext], StepOutcome]:
     if kind not in runners:
         raise KeyError(kind)
     return runners[kind]
-
-
-def needs_model(kind: str) -> bool:
-    return kind in ("analyze", "edit", "doc", "custom")

@@ -33,21 +33,37 @@ class AgentSession:
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    from coder.tools.registry import ToolContext, doc_write_filter, tools_for_kind
+    from coder.tools.registry import tools_for_kind
 
-    session = ctx.agent
-    if session is None:
+    if ctx.agent is None:
         return StepOutcome(False, f"{ctx.step.kind} steps need a model; none is configured")
-    step = ctx.step
-    allowed = tools_for_kind(step.kind)
+    allowed = tools_for_kind(ctx.step.kind)
+    first = prompts.step_message(step=_step_view(ctx), tools=allowed, notes=notes_for(ctx),
+                                 attempt=ctx.attempt, previous_error=ctx.previous_error)
+    result = converse(ctx, kind=ctx.step.kind, allowed=allowed, first_message=first)
+    usage = result.usage.as_dict()
+    if not result.ok:
+        return StepOutcome(False, result.error, cancelled=result.error == "interrupted",
+                           usage=usage)
+    if ctx.step.kind == "analyze":
+        notes_path(ctx.artifacts, ctx.step.id).write_text(result.summary + "\n", encoding="utf-8")
+    return StepOutcome(True, summary=result.summary, usage=usage)
+
+
+def converse(ctx: StepContext, *, kind: str, allowed: list[str], first_message: str,
+             transcript: str = ".transcript.json") -> LoopResult:
+    """One conversation with the model for this step: the run's prefix, then `first_message`,
+    then tool calls until an accepted step_complete or a bound. The (redacted) transcript is
+    kept as an artifact."""
+    from coder.tools.registry import ToolContext, doc_write_filter
+
+    session: AgentSession = ctx.agent
     tool_ctx = ToolContext(root=ctx.workdir, policy=ctx.policy, redactor=ctx.redactor,
                            cancel=ctx.cancel, test_command=ctx.config.get("test_command"),
-                           write_filter=doc_write_filter if step.kind == "doc" else None,
+                           write_filter=doc_write_filter if kind == "doc" else None,
                            command_timeout=ctx.step.timeout_s, owner=ctx.owner)
     messages = [{"role": "system", "content": session.system},
-                {"role": "user", "content": prompts.step_message(
-                    step=_step_view(ctx), tools=allowed, notes=notes_for(ctx),
-                    attempt=ctx.attempt, previous_error=ctx.previous_error)}]
+                {"role": "user", "content": first_message}]
 
     def run_tool(name: str, arguments: dict[str, Any]) -> str:
         result = session.registry.call(name, arguments, tool_ctx)
@@ -57,35 +73,31 @@ def run(ctx: StepContext) -> StepOutcome:
 
     begin = getattr(session.provider, "begin_step", None)
     if begin is not None:  # recording and replay file replies under their step
-        begin(step.id)
+        begin(ctx.step.id)
     loop = AgentLoop(session.provider, tools=session.tools, allowed=allowed, run_tool=run_tool,
-                     verify=lambda claim: verify_claim(ctx, tool_ctx, claim), limits=limits_for(ctx),
-                     cancel=ctx.cancel, on_call=lambda e: ctx.log.info("model.turn", **e))
+                     verify=lambda claim: verify_claim(ctx, tool_ctx, claim, kind=kind),
+                     limits=limits_for(ctx), cancel=ctx.cancel,
+                     on_call=lambda e: ctx.log.info("model.turn", **e))
     try:
-        result = loop.run(messages)
+        return loop.run(messages)
     except ModelUnavailable:
         raise
     except ModelError as exc:
-        result = LoopResult(ok=False, error=f"model call failed: {exc.message}", messages=messages)
+        return LoopResult(ok=False, error=f"model call failed: {exc.message}", messages=messages)
     finally:
-        ctx.artifact(".transcript.json").write_text(
-            ctx.redactor.redact(json.dumps(messages, indent=1)), encoding="utf-8")
-    usage = result.usage.as_dict()
-    if not result.ok:
-        return StepOutcome(False, result.error, cancelled=result.error == "interrupted",
-                           usage=usage)
-    if step.kind == "analyze":
-        notes_path(ctx.artifacts, step.id).write_text(result.summary + "\n", encoding="utf-8")
-    return StepOutcome(True, summary=result.summary, usage=usage)
+        ctx.artifact(transcript).write_text(ctx.redactor.redact(json.dumps(messages, indent=1)),
+                                            encoding="utf-8")
 
 
-def verify_claim(ctx: StepContext, tool_ctx: ToolContext, claim: dict[str, Any]) -> str | None:
-    """Why the model's step_complete claim does not hold, or None when it does."""
+def verify_claim(ctx: StepContext, tool_ctx: ToolContext, claim: dict[str, Any], *,
+                 kind: str) -> str | None:
+    """Why the model's step_complete claim does not hold, or None when it does. `kind` is the
+    role the model plays (a test step's fix cycle verifies like an edit)."""
     changed = gitops.changed_paths(ctx.workdir)
     summary = str(claim.get("summary") or "").strip()
     if not summary:
         return "give a summary of what you did (and, for an analyze step, what you found)"
-    if ctx.step.kind == "analyze":
+    if kind == "analyze":
         return f"an analyze step must not change files (changed: {', '.join(changed)})" \
             if changed else None
     claimed = [str(p).strip().lstrip("./") if str(p).startswith("./") else str(p).strip()
@@ -94,10 +106,10 @@ def verify_claim(ctx: StepContext, tool_ctx: ToolContext, claim: dict[str, Any])
     if bogus:
         return (f"files_changed lists {', '.join(bogus)}, which did not change (changed files: "
                 f"{', '.join(changed) or 'none'}); make the change or correct the list")
-    if not changed and ctx.step.kind in ("edit", "doc") and not claim.get("no_change_reason"):
+    if not changed and kind in ("edit", "doc", "fix") and not claim.get("no_change_reason"):
         return ("no file was changed; make the edit with fs_edit/fs_write, or, if no change is "
                 "needed, call step_complete again with no_change_reason saying why")
-    if changed and ctx.step.kind == "edit" and ctx.task.policies.get("run_tests_after_each_edit"):
+    if changed and kind == "edit" and ctx.task.policies.get("run_tests_after_each_edit"):
         return _tests_after_edit(ctx, tool_ctx)
     return None
 

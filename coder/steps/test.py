@@ -1,8 +1,15 @@
-"""`test` steps: run the project's test command and parse what it reports."""
+"""`test` steps: run the project's test command and parse what it reports. With
+`on_fail: {strategy: fix_and_retry, max_cycles: N}` and a model, a red run starts fix cycles:
+the failing sections go to the model, it edits, the tests rerun; the fix becomes this step's
+commit."""
 
 from __future__ import annotations
 
-from coder import testing
+import hashlib
+import re
+from typing import Any
+
+from coder import gitops, testing
 from coder.steps import StepContext, StepOutcome
 from coder.steps.shell import describe_failure, run_in_step
 
@@ -15,9 +22,20 @@ def command_for(ctx: StepContext) -> str:
 
 def run(ctx: StepContext) -> StepOutcome:
     cmd = command_for(ctx)
+    outcome, report = _run_tests(ctx, cmd)
+    if outcome.ok or outcome.cancelled or ctx.step.strategy != "fix_and_retry" or report is None:
+        return outcome
+    if ctx.agent is None:
+        return outcome
+    return _fix_cycles(ctx, cmd, outcome, report)
+
+
+def _run_tests(ctx: StepContext, cmd: str) -> tuple[StepOutcome, testing.TestReport | None]:
     result = run_in_step(ctx, cmd)
     if result.cancelled:
-        return StepOutcome(False, "interrupted while running the tests", cancelled=True)
+        return StepOutcome(False, "interrupted while running the tests", cancelled=True), None
+    if result.timed_out:
+        return StepOutcome(False, describe_failure(result)), None
     report = testing.parse_output(result.stdout + "\n" + result.stderr,
                                   ctx.step.framework or testing.framework_of(cmd),
                                   exit_code=result.exit_code)
@@ -26,10 +44,64 @@ def run(ctx: StepContext) -> StepOutcome:
              "exit_code": result.exit_code}
     if result.ok and report.found and not (report.passed or report.failed or report.errors):
         return StepOutcome(False, f"no tests ran (`{cmd}`); a test step needs tests to prove "
-                           "anything", tests=tests)
+                           "anything", tests=tests), report
     if result.ok:
-        return StepOutcome(True, summary=f"tests green: {report.summary()}", tests=tests)
-    error = (f"tests failed: {report.summary()} (`{cmd}` exited with {result.exit_code})"
-             if not result.timed_out else describe_failure(result))
-    return StepOutcome(False, error, tests=tests,
-                       details={"failures": list(report.failures)})
+        return StepOutcome(True, summary=f"tests green: {report.summary()}", tests=tests), report
+    error = f"tests failed: {report.summary()} (`{cmd}` exited with {result.exit_code})"
+    return StepOutcome(False, error, tests=tests, details={"failures": list(report.failures)}), report
+
+
+def _fix_cycles(ctx: StepContext, cmd: str, outcome: StepOutcome,
+                report: testing.TestReport) -> StepOutcome:
+    from coder.agent import prompts
+    from coder.steps.model import converse
+    from coder.tools.registry import tools_for_kind
+
+    allowed = tools_for_kind("edit")
+    usage: dict[str, Any] = {}
+    previous_names: set[str] = set()
+    previous_diff = _worktree_digest(ctx)
+    max_cycles = ctx.step.max_cycles
+    for cycle in range(1, max_cycles + 1):
+        failures = report.failures or (outcome.error or "",)
+        message = prompts.fix_message(
+            step={"id": ctx.step.id, "goal": ctx.step.goal}, command=cmd, failures=failures,
+            summary=report.summary(), cycle=cycle, max_cycles=max_cycles, tools=allowed,
+            same_as_before=_failing_names(failures) == previous_names)
+        ctx.log.info("fix.cycle", cycle=cycle, failing=report.summary())
+        result = converse(ctx, kind="fix", allowed=allowed, first_message=message,
+                          transcript=f".fix{cycle}.transcript.json")
+        usage = _add(usage, result.usage.as_dict())
+        if not result.ok:
+            return StepOutcome(False, f"fix cycle {cycle}: {result.error}", tests=outcome.tests,
+                               cancelled=result.error == "interrupted", usage=usage)
+        digest = _worktree_digest(ctx)
+        if digest == previous_diff:
+            return StepOutcome(False, f"fix cycle {cycle} changed nothing; stopping early "
+                               f"({report.summary()})", tests=outcome.tests, usage=usage)
+        previous_diff, previous_names = digest, _failing_names(failures)
+        outcome, new_report = _run_tests(ctx, cmd)
+        if outcome.ok or outcome.cancelled or new_report is None:
+            summary = f"{outcome.summary} after {cycle} fix cycle{'s' * (cycle > 1)}" \
+                if outcome.ok else outcome.summary
+            return StepOutcome(outcome.ok, outcome.error, summary=summary, tests=outcome.tests,
+                               cancelled=outcome.cancelled, usage=usage)
+        report = new_report
+    return StepOutcome(False, f"tests still failing after {max_cycles} fix cycles: "
+                       f"{report.summary()}", tests=outcome.tests, usage=usage)
+
+
+def _failing_names(failures: tuple[str, ...]) -> set[str]:
+    """The tests that fail (their names, not their messages, which change with every try)."""
+    return {name for text in failures for name in re.findall(r"\btest\w*", text)}
+
+
+def _worktree_digest(ctx: StepContext) -> str:
+    """What the worktree's changes look like now (to notice a cycle that changed nothing)."""
+    repo = gitops.open_repo(ctx.workdir)
+    text = gitops.diff_patch(repo, "HEAD", worktree=ctx.workdir)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _add(total: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+    return {k: total.get(k, 0) + v for k, v in usage.items() if isinstance(v, (int, float))}
