@@ -1,0 +1,319 @@
+"""Per-step harness overhead of `coder run --autonomous`, as ratios against the git CLI.
+
+    python bench/step_overhead.py                 # N=20 steps, repos of 100 and 20,000 files
+    python bench/step_overhead.py --steps 50 --sizes 100 5000 --repeats 5
+    python bench/step_overhead.py --profile       # also cProfile coder's steps (largest repo)
+
+For each size a repository of small text files in nested directories (50 files a directory,
+20 directories a level) is generated and committed once with the git CLI. A taskfile of N
+`shell` steps then overwrites N different existing files spread over the tree
+(`echo step 3 > d0/e2/f100.txt`): every step is one commit of one changed file.
+
+    coder per step     (run.finished - step.started of s1) / N, from .coder/logs/<id>.jsonl:
+                       everything coder does per step, the sandboxed command included
+    git CLI per step   the same N changes in a fresh linked worktree of the same repository,
+                       by one bash loop: `echo ... > FILE; git add -A && git commit -q -m x`
+
+    coder per step vs git CLI per step                        goal <= 1.0x (each size)
+    coder per step, largest repo vs smallest repo             goal <= 1.5x
+
+Both start measuring in a settled worktree: a 20,000-file checkout leaves seconds of disk
+writeback behind, which would slow whatever runs first. The taskfile's step w0 (not measured,
+makes no commit) calls os.sync(); the git loop is preceded by os.sync() too.
+
+The best of --repeats runs is kept (coder and git interleaved): the figure least disturbed by a
+noisy, shared machine. Each coder run checks out its own worktree (as `coder run` does); the
+git loop checks out one worktree per size and repeats there, committing new content each time.
+Also printed, for information: coder's total wall time and fixed cost (start-up, validation,
+worktree checkout: the time before step w0 starts), the git CLI's own growth with repository
+size, and where a coder step's time goes, from the gaps between its events:
+    command    the sandboxed command itself (`command.finished` duration_s)
+    act        step.started -> command.finished, less the command (guard snapshot, spawn,
+               command log)
+    verify     command.finished -> step.acted (.git guard check, asserts)
+    commit     step.acted -> step.succeeded (status, stage, tree, commit, diff artifact,
+               checkpoint "success")
+    next       step.succeeded -> next step.started (scheduling, checkpoint "running")
+The git CLI runs with global and system config ignored, the identity set in the repository's
+config (never globally) and gc.auto=0. Everything lives in one temporary directory, removed at
+the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+GIT_ENV = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+FILES_PER_DIR = 50
+DIRS_PER_LEVEL = 20
+PHASES = ("command", "act", "verify", "commit", "next")
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, env=GIT_ENV, check=True, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE).stdout
+
+
+def coder_cmd() -> list[str]:
+    exe = shutil.which("coder", path=str(Path(sys.executable).parent))
+    return [exe] if exe else [sys.executable, "-m", "coder"]
+
+
+# --- fixtures ------------------------------------------------------------------------------------
+
+
+def file_path(i: int) -> str:
+    """File i of a generated repository."""
+    top, mid = i // (FILES_PER_DIR * DIRS_PER_LEVEL), (i // FILES_PER_DIR) % DIRS_PER_LEVEL
+    return f"d{top}/e{mid}/f{i}.txt"
+
+
+def make_repo(root: Path, files: int) -> Path:
+    root.mkdir(parents=True)
+    for i in range(files):
+        path = root / file_path(i)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"file {i}\nsome text that does not matter\n")
+    git(root, "init", "-q", "-b", "main")
+    for key, value in (("user.name", "Bench"), ("user.email", "bench@localhost"),
+                       ("gc.auto", "0"), ("commit.gpgsign", "false")):
+        git(root, "config", key, value)
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", f"{files} files")
+    return root
+
+
+def targets(files: int, steps: int) -> list[str]:
+    """`steps` different existing files, spread over the whole tree."""
+    if steps > files:
+        raise SystemExit(f"--steps ({steps}) cannot exceed the smallest repository ({files} files)")
+    return [file_path(k * files // steps) for k in range(steps)]
+
+
+def write_taskfile(path: Path, task_id: str, paths: list[str]) -> None:
+    lines = [f"id: {task_id}", "title: Step overhead benchmark", "graph:",
+             "  - id: w0", "    kind: shell",
+             "    goal: Let the fresh worktree settle (not measured)",
+             f"    cmd: {sys.executable} -c 'import os; os.sync()'"]
+    for i, rel in enumerate(paths, 1):
+        lines += [f"  - id: s{i}", "    kind: shell", f"    goal: Overwrite {rel}",
+                  f"    cmd: echo {task_id} step {i} > {rel}"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def check_commits(repo: Path, revs: str, n: int) -> None:
+    """`revs` holds exactly n commits of one changed file each: the benchmark measures what it
+    says it does."""
+    out = git(repo, "log", "--format=%x00", "--name-only", revs)
+    counts = [len(chunk.split()) for chunk in out.split("\0")[1:]]
+    if len(counts) != n or any(c != 1 for c in counts):
+        raise SystemExit(f"expected {n} one-file commits in {revs}, got {counts}")
+
+
+# --- coder ---------------------------------------------------------------------------------------
+
+
+def _ts(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def phases(events: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per measured step spent between consecutive events (see the module docstring)."""
+    total = dict.fromkeys(PHASES, 0.0)
+    steps = 0
+    current: dict[str, float] = {}
+    for e in events:
+        name, t = e["event"], _ts(e)
+        if current and name in ("step.started", "run.finished"):  # ends the step before
+            total["next"] += t - current["step.succeeded"]
+            current = {}
+        if e.get("step_id", "w0") == "w0":
+            continue
+        if name == "step.started":
+            current, steps = {name: t}, steps + 1
+        elif name == "command.finished":
+            total["command"] += e["duration_s"]
+            total["act"] += t - current["step.started"] - e["duration_s"]
+            current[name] = t
+        elif name == "step.acted":
+            total["verify"] += t - current["command.finished"]
+            current[name] = t
+        elif name == "step.succeeded":
+            total["commit"] += t - current["step.acted"]
+            current[name] = t
+    return {k: v / steps for k, v in total.items()}
+
+
+def run_coder(repo: Path, tmp: Path, task_id: str, paths: list[str]) -> dict[str, Any]:
+    """One `coder run` in its own worktree; seconds: wall, fixed, per step, per phase."""
+    taskfile = tmp / f"{task_id}.yaml"
+    write_taskfile(taskfile, task_id, paths)
+    start = time.perf_counter()
+    proc = subprocess.run([*coder_cmd(), "run", "--autonomous", "--json", "-f", str(taskfile)],
+                          cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"coder run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    log = repo / ".coder" / "logs" / f"{task_id}.jsonl"
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    started = {e["step_id"]: _ts(e) for e in events if e["event"] == "step.started"}
+    finished = next(_ts(e) for e in events if e["event"] == "run.finished")
+    check_commits(repo, f"main..{_branch_of(repo, task_id)}", len(paths))
+    git(repo, "worktree", "remove", "--force", str(repo / ".coder" / "worktrees" / task_id))
+    return {"wall": wall, "fixed": wall - (finished - started["w0"]),
+            "step": (finished - started["s1"]) / len(paths), "phases": phases(events)}
+
+
+def _branch_of(repo: Path, task_id: str) -> str:
+    return next(b for b in git(repo, "branch", "--format=%(refname:short)").split()
+                if b.startswith(f"agent/{task_id}"))
+
+
+# --- the git CLI baseline ------------------------------------------------------------------------
+
+
+class GitLoop:
+    """The same changes by the git CLI, in one fresh linked worktree of the repository."""
+
+    def __init__(self, repo: Path, worktree: Path, paths: list[str]) -> None:
+        self.repo, self.worktree, self.paths = repo, worktree, paths
+        git(repo, "worktree", "add", "-q", "-b", "baseline", str(worktree), "main")
+        self.runs = 0
+
+    def run(self) -> float:
+        """Seconds per step of one pass over the N changes."""
+        self.runs += 1
+        script = "set -e\n" + "".join(
+            f"echo baseline {self.runs} step {i} > {rel}\ngit add -A && git commit -q -m x\n"
+            for i, rel in enumerate(self.paths, 1))
+        os.sync()
+        start = time.perf_counter()
+        subprocess.run(["bash", "-c", script], cwd=self.worktree, env=GIT_ENV, check=True)
+        elapsed = time.perf_counter() - start
+        n = len(self.paths)
+        check_commits(self.repo, f"baseline~{n}..baseline", n)
+        return elapsed / n
+
+    def close(self) -> None:
+        git(self.repo, "worktree", "remove", "--force", str(self.worktree))
+
+
+# --- profile -------------------------------------------------------------------------------------
+
+
+def profile_steps(repo: Path, tmp: Path, paths: list[str], top: int = 30) -> None:
+    """cProfile coder's measured steps (s1..sN, in this process), by cumulative and own time."""
+    import cProfile
+    import pstats
+
+    from coder import executor, runs
+
+    profiler = cProfile.Profile()
+    original = executor.Executor._run_in_place
+
+    def profiled(self: Any, step: Any) -> None:
+        if step.id == "w0":
+            return original(self, step)
+        profiler.enable()
+        try:
+            return original(self, step)
+        finally:
+            profiler.disable()
+
+    task_id = "bench-profile"
+    taskfile = tmp / f"{task_id}.yaml"
+    write_taskfile(taskfile, task_id, paths)
+    executor.Executor._run_in_place = profiled  # type: ignore[method-assign]
+    try:
+        result = runs.start(taskfile, cwd=repo, options=runs.RunOptions())
+    finally:
+        executor.Executor._run_in_place = original  # type: ignore[method-assign]
+    if result.status != "success":
+        raise SystemExit(f"profiled run ended {result.status}: {result.state.get('error')}")
+    stats = pstats.Stats(profiler)
+    per_step = stats.total_tt / len(paths)  # type: ignore[attr-defined]
+    print(f"\ncProfile of coder's steps in {repo.name} ({per_step * 1000:.1f} ms a step under "
+          "the profiler), by cumulative time:")
+    stats.sort_stats("cumulative").print_stats(top)
+    print("by own time:")
+    stats.sort_stats("tottime").print_stats(top)
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def report(name: str, ours: float, base: float, goal: float | None,
+           base_name: str = "git CLI") -> None:
+    ratio = ours / base
+    verdict = "for information" if goal is None else \
+        f"goal <= {goal}x: {'ok' if ratio <= goal else 'OVER GOAL'}"
+    print(f"{name:<36} {ours * 1000:8.1f} ms  {base_name:>12} {base * 1000:8.1f} ms  "
+          f"ratio {ratio:5.2f}x  ({verdict})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--steps", type=int, default=20, help="steps per run (default 20)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 20_000],
+                        help="repository sizes in files (default: 100 20000)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of coder and of the git loop per size, best kept (default 3)")
+    parser.add_argument("--profile", action="store_true",
+                        help="then cProfile coder's steps in the largest repository")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.repeats < 1 or min(args.sizes) < 1:
+        parser.error("--steps, --repeats and --sizes must be positive")
+    sizes = sorted(set(args.sizes))
+    paths_for = {size: targets(size, args.steps) for size in sizes}
+
+    began = time.perf_counter()
+    results: dict[int, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="coder-step-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        for size in sizes:
+            t0 = time.perf_counter()
+            repo = make_repo(tmp / f"repo{size}", size)
+            made = time.perf_counter() - t0
+            paths = paths_for[size]
+            loop = GitLoop(repo, tmp / f"baseline{size}", paths)
+            best: dict[str, Any] = {}
+            git_best = float("inf")
+            try:
+                for k in range(args.repeats):
+                    git_best = min(git_best, loop.run())
+                    one = run_coder(repo, tmp, f"bench-{size}-{k}", paths)
+                    if not best or one["step"] < best["step"]:
+                        best = one
+            finally:
+                loop.close()
+            results[size] = {**best, "git": git_best}
+            print(f"{size:,} files (made in {made:.1f}s), {args.steps} steps, best of "
+                  f"{args.repeats}: coder total {best['wall']:.2f}s, fixed cost "
+                  f"{best['fixed']:.2f}s (start-up, worktree checkout)")
+            report(f"coder per step ({size:,} files)", best["step"], git_best, 1.0)
+            print(f"{'':<4}where it goes: " + ", ".join(
+                f"{k} {v * 1000:.1f}" for k, v in best["phases"].items()) + " (ms)")
+        if len(sizes) > 1:
+            small, large = results[sizes[0]], results[sizes[-1]]
+            report(f"coder per step, {sizes[-1]:,} vs {sizes[0]:,}", large["step"],
+                   small["step"], 1.5, base_name=f"{sizes[0]:,} files")
+            report(f"git CLI per step, {sizes[-1]:,} vs {sizes[0]:,}", large["git"],
+                   small["git"], None, base_name=f"{sizes[0]:,} files")
+        print(f"(benchmark took {time.perf_counter() - began:.0f}s)")
+        if args.profile:
+            profile_steps(tmp / f"repo{sizes[-1]}", tmp, paths_for[sizes[-1]])
+
+
+if __name__ == "__main__":
+    main()
