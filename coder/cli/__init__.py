@@ -90,5 +90,5 @@ from coder.cli import history, merge_cmd, project, runs, tasks  # noqa: E402  (n
 
 for command in (project.init, tasks.validate, tasks.show, runs.run, runs.resume, runs.stop,
                 runs.status, merge_cmd.merge,
-                history.diff, history.logs, history.clean, project.config):
+                history.diff, history.logs, history.clean, project.config, project.doctor):
     main.add_command(command)

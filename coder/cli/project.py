@@ -54,3 +54,30 @@ def config(as_json: bool) -> None:
     width = max(map(len, cfg.values))
     for key, value in cfg.values.items():
         click.echo(f"{key:<{width}}  {json.dumps(value):<28}  {cfg.sources[key]}")
+
+
+@click.command(epilog="\b\nExample:\n  coder doctor --model qwen2.5-coder:14b")
+@click.option("--model", help="Check this model instead of the configured one.")
+@json_option
+def doctor(model: str | None, as_json: bool) -> None:
+    """Check git, the sandbox, Ollama and the model; say how to fix each problem.
+
+    Exits 0 when nothing failed (warnings allowed), 3 otherwise.
+    """
+    from coder import doctor as doctor_mod
+    from coder.errors import EXIT_ENVIRONMENT
+
+    checks = doctor_mod.run_checks(Path.cwd(), model=model)
+    failed = any(c.status == "fail" for c in checks)
+    if as_json:
+        emit_json({"ok": not failed, "checks": [c.as_dict() for c in checks]})
+    else:
+        width = max(len(c.name) for c in checks)
+        for c in checks:
+            label = {"ok": "ok", "warn": "warn", "fail": "FAIL"}[c.status]
+            colour = {"ok": "green", "warn": "yellow", "fail": "red"}[c.status]
+            click.echo(f"{click.style(f'{label:<4}', fg=colour)}  {c.name:<{width}}  {c.detail}")
+            if c.fix:
+                click.echo(f"{'':<4}  {'':<{width}}  fix: {c.fix}")
+    if failed:
+        raise SystemExit(EXIT_ENVIRONMENT)

@@ -1,0 +1,120 @@
+"""`coder doctor`: is this machine ready for a run? Each check says ok, warn or fail, and how to
+fix what is not ok."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from coder import config as config_mod
+from coder.errors import CoderError
+
+MIN_USEFUL_CTX = 8192
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+    fix: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_checks(cwd: Path, *, model: str | None = None) -> list[Check]:
+    cfg = config_mod.load(cwd, flags={"model": model})
+    checks = [_git(cwd), _test_command(cwd, cfg), _sandbox()]
+    checks += _ollama(cfg)
+    return checks
+
+
+def _git(cwd: Path) -> Check:
+    import pygit2
+
+    from coder import gitops
+
+    try:
+        repo = gitops.open_repo(cwd)
+        branch = gitops.current_branch(repo)
+    except CoderError as exc:
+        return Check("git repository", "fail", exc.message, exc.hint)
+    _, fallback = gitops.signature(repo)
+    libgit2 = f"libgit2 {pygit2.LIBGIT2_VERSION}"
+    if fallback:
+        return Check("git repository", "warn", f"on branch {branch}; {libgit2}; user.name/email "
+                     "not set, commits would be authored by coder <coder@localhost>",
+                     "git config --global user.name 'Your Name' && "
+                     "git config --global user.email you@example.com")
+    return Check("git repository", "ok", f"on branch {branch}; {libgit2} (git hooks do not run "
+                 "for coder's commits)")
+
+
+def _test_command(cwd: Path, cfg: config_mod.Config) -> Check:
+    root = cfg.project_root or cwd
+    configured = cfg.get("test_command")
+    if configured:
+        return Check("test command", "ok", f"{configured} (from {cfg.sources['test_command']})")
+    detected = config_mod.detect_test_command(root)
+    if detected:
+        return Check("test command", "ok", f"{detected} (detected)")
+    return Check("test command", "warn", "no test command configured or detected; test steps "
+                 "and require_green_tests cannot run",
+                 "set test_command in coder.config.json (coder init writes one)")
+
+
+def _sandbox() -> Check:
+    from coder.sandbox import network_isolation_available
+
+    if network_isolation_available():
+        return Check("command sandbox", "ok", "commands run in a private network namespace "
+                     "(no network), with a timeout and process-group kill")
+    return Check("command sandbox", "warn", "this kernel does not allow unprivileged network "
+                 "namespaces: only the command allowlist keeps commands off the network",
+                 "enable user namespaces (sysctl kernel.unprivileged_userns_clone=1) if you can")
+
+
+def _ollama(cfg: config_mod.Config) -> list[Check]:
+    from coder.agent.ollama import OllamaProvider
+
+    host, model = str(cfg["ollama_host"]), str(cfg["model"])
+    with OllamaProvider(model, host, num_ctx=cfg["num_ctx"], max_num_ctx=int(cfg["max_num_ctx"]),
+                        retries=1, request_timeout=15) as provider:
+        version = _attempt("ollama host", provider.version)
+        if isinstance(version, Check):
+            return [version]
+        checks = [Check("ollama host", "ok", f"{host} (Ollama {version})")]
+        facts = _attempt("model", provider.show_facts)
+        if isinstance(facts, Check):
+            return [*checks, facts]
+        trained = facts.context_length
+        checks.append(Check("model", "ok", f"{model} is pulled ({facts.arch or 'unknown'} "
+                            f"architecture, trained context {trained or 'unknown'})"))
+        if "tools" in facts.capabilities:
+            checks.append(Check("tool support", "ok", f"{model} supports tool calling"))
+        else:
+            checks.append(Check("tool support", "fail", f"{model} does not support tool calling "
+                                "(capabilities: " + ", ".join(facts.capabilities) + ")",
+                                "use a model with tools, e.g. `ollama pull qwen2.5-coder:7b` and "
+                                "set model in coder.config.json"))
+        num_ctx = provider.context_length()
+        source = cfg.sources["num_ctx"] if cfg["num_ctx"] else \
+            f"the model's own, capped by max_num_ctx={cfg['max_num_ctx']}"
+        if num_ctx < MIN_USEFUL_CTX:
+            checks.append(Check("context window", "warn", f"num_ctx {num_ctx} ({source}) is small "
+                                "for coding; prompts may be cut", f"set num_ctx to at least "
+                                f"{MIN_USEFUL_CTX} in coder.config.json if memory allows"))
+        else:
+            checks.append(Check("context window", "ok", f"num_ctx {num_ctx} ({source}); coder "
+                                "sends it with every request"))
+        return checks
+
+
+def _attempt(name: str, probe: Callable[[], Any]) -> Any:
+    try:
+        return probe()
+    except CoderError as exc:
+        return Check(name, "fail", exc.message, exc.hint)

@@ -1,0 +1,79 @@
+"""`coder doctor` against the fake Ollama server: each failure with its fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.fake_ollama import FakeOllama, down_url
+from tests.test_run_lifecycle import coder
+
+
+def checks(repo: Path, *args: str) -> tuple[int, dict[str, dict[str, str]]]:
+    code, out, _ = coder(repo, "doctor", "--json", *args)
+    return code, {c["name"]: c for c in json.loads(out)["checks"]}
+
+
+@pytest.fixture
+def repo_with_tests(make_repo) -> Path:
+    return make_repo({"pyproject.toml": "[tool.pytest.ini_options]\n", "tests/test_a.py": ""})
+
+
+def test_all_good(repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with FakeOllama() as fake:
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        code, found = checks(repo_with_tests)
+        _, out, _ = coder(repo_with_tests, "doctor")  # the plain-text form, same facts
+        assert fake.chat_bodies() == []  # doctor does not load the model
+    assert code == 0
+    statuses = {n: c["status"] for n, c in found.items()}
+    assert statuses.pop("command sandbox") in ("ok", "warn")  # depends on the kernel
+    assert statuses == {"git repository": "ok", "test command": "ok", "ollama host": "ok",
+                        "model": "ok", "tool support": "ok", "context window": "ok"}
+    assert found["test command"]["detail"] == "python -m pytest -q (detected)"
+    assert found["context window"]["detail"].startswith("num_ctx 32768 (the model's own, capped")
+    assert f"ok    ollama host      {fake.url} (Ollama 0.33.0)" in out
+
+
+def test_host_down_names_the_host_and_the_fix(repo_with_tests: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    url = down_url()
+    monkeypatch.setenv("OLLAMA_HOST", url)
+    code, found = checks(repo_with_tests)
+    assert code == 3
+    host = found["ollama host"]
+    assert host["status"] == "fail" and url in host["detail"]
+    assert "ollama serve" in host["fix"]
+    assert "model" not in found  # nothing more can be known
+
+
+def test_model_missing_gives_the_pull_command(repo_with_tests: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    with FakeOllama() as fake:
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        code, found = checks(repo_with_tests, "--model", "llama9:70b")
+    assert code == 3
+    assert found["model"]["status"] == "fail" and "ollama pull llama9:70b" in found["model"]["fix"]
+
+
+def test_no_tool_support_and_small_context(repo_with_tests: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    models = {"tiny:1b": {"context_length": 2048, "capabilities": ["completion"], "arch": "llama"}}
+    with FakeOllama(models=models) as fake:
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        code, found = checks(repo_with_tests, "--model", "tiny:1b")
+    assert code == 3
+    assert found["tool support"]["status"] == "fail"
+    assert "qwen2.5-coder:7b" in found["tool support"]["fix"]
+    assert found["context window"]["status"] == "warn"
+    assert "num_ctx 2048" in found["context window"]["detail"]
+
+
+def test_outside_a_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OLLAMA_HOST", down_url())
+    code, found = checks(tmp_path)
+    assert code == 3
+    assert found["git repository"]["status"] == "fail"
+    assert found["git repository"]["detail"].startswith("not a git repository")
