@@ -76,6 +76,7 @@ class Executor:
         self.common_dir = gitops.common_dir(self.repo)
         self.dag = graph.build(self.task.deps())
         self.order = graph.order(self.dag)
+        self.steps = {s.id: s for s in self.task.steps}
         self.halted = False
         self._lock = threading.RLock()
 
@@ -87,9 +88,9 @@ class Executor:
     def status(self, step_id: str) -> str:
         return str(self.step_state(step_id)["status"])
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, validate: bool = False) -> None:
         with self._lock:
-            self.run.store.save(self.run.state)
+            self.run.store.save(self.run.state, validate=validate)
 
     def _update(self, step_id: str, **fields: Any) -> None:
         for key in ("error", "summary"):  # state is shown and logged: no secrets in it
@@ -117,27 +118,27 @@ class Executor:
     def execute(self) -> str:
         """Run every runnable step; returns the run's final status."""
         self.run.state.update(status="running", pid=os.getpid(), error=None)
-        self.checkpoint()
+        self.checkpoint(validate=True)
         self.run.log.info("run.started", steps=len(self.order), branch=self.run.branch,
                           worktree=str(self.run.worktree))
         while not self.halted and not self.run.stop.is_set():
             self._skip_blocked()
             ready = [s for s in self.order if self.status(s) == "pending" and all(
-                self.status(d) == "success" for d in self.task.step(s).depends_on)]
+                self.status(d) == "success" for d in self.steps[s].depends_on)]
             if not ready:
                 break
             batch = ready[: self.run.max_parallel]
             if len(batch) == 1:
-                self._run_in_place(self.task.step(batch[0]))
+                self._run_in_place(self.steps[batch[0]])
             else:
-                self._run_batch([self.task.step(s) for s in batch])
+                self._run_batch([self.steps[s] for s in batch])
         return self._finish()
 
     def _skip_blocked(self) -> None:
         for sid in self.order:
             if self.status(sid) != "pending":
                 continue
-            skipped = [d for d in self.task.step(sid).depends_on if self.status(d) == "skipped"]
+            skipped = [d for d in self.steps[sid].depends_on if self.status(d) == "skipped"]
             if skipped:
                 reason = f"skipped: depends on skipped step {skipped[0]}"
                 self._reason(sid, reason)
@@ -356,7 +357,7 @@ class Executor:
             status, error = ("failed", "; ".join(problems)) if problems else ("success", None)
         self.run.state.update(status=status,
                               error=self.run.redactor.redact(error) if error else None)
-        self.checkpoint()
+        self.checkpoint(validate=True)
         self.run.log.info("run.finished", status=status, error=error or "")
         return status
 

@@ -158,7 +158,7 @@ def test_round_trip(store: StateStore) -> None:
         state["updated_at"].endswith("Z") and state["updated_at"] != "2026-11-22T03:00:00.000000Z"
     )
     text = store.path("T-1").read_text(encoding="utf-8")
-    assert text.startswith('{\n  "version": 1,') and text.endswith("}\n")
+    assert text.startswith('{\n "version": 1,') and text.endswith("}\n")
     assert "—" in text  # written as UTF-8, not \u escapes
     assert store.exists("T-1") and store.list_ids() == ["T-1"]
 
