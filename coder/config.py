@@ -37,7 +37,13 @@ DEFAULTS: dict[str, Any] = {
     "command_timeout": 600,
     "output_cap": 65536,
     "max_parallel": 1,
+    "max_turns": 30,
+    "max_step_tokens": None,
+    "step_timeout": 900,
+    "run_max_tokens": None,
+    "run_timeout": None,
     "mcp_servers": [],
+    "plan_attempts": 3,
 }
 
 # environment variable -> config key

@@ -127,12 +127,35 @@ class Executor:
                 self.status(d) == "success" for d in self.steps[s].depends_on)]
             if not ready:
                 break
+            exhausted = self._run_budget_exhausted()
+            if exhausted:
+                self.run.state["error"] = exhausted
+                self.run.log.error("run.budget_exhausted", reason=exhausted)
+                self.halted = True
+                break
             batch = ready[: self.run.max_parallel]
             if len(batch) == 1:
                 self._run_in_place(self.steps[batch[0]])
             else:
                 self._run_batch([self.steps[s] for s in batch])
         return self._finish()
+
+    def _run_budget_exhausted(self) -> str | None:
+        """The run-wide budgets (taskfile policies, else config), checked between steps."""
+        from coder.taskfile import parse_duration
+
+        policies, cfg = self.task.policies, self.run.config
+        max_tokens = policies.get("run_max_tokens", cfg.get("run_max_tokens"))
+        timeout = policies.get("run_timeout", cfg.get("run_timeout"))
+        steps = self.run.state["steps"].values()
+        used = sum((s.get("usage") or {}).get("prompt_tokens", 0)
+                   + (s.get("usage") or {}).get("eval_tokens", 0) for s in steps)
+        spent = sum(s.get("duration_s") or 0 for s in steps)
+        if max_tokens is not None and used >= int(max_tokens):
+            return f"run token budget exhausted ({used} of {max_tokens} tokens)"
+        if timeout is not None and spent >= parse_duration(timeout):
+            return f"run time budget exhausted ({spent:.0f}s of {parse_duration(timeout)}s)"
+        return None
 
     def _skip_blocked(self) -> None:
         for sid in self.order:
@@ -351,7 +374,7 @@ class Executor:
         elif self.run.stop.is_set() or "interrupted" in statuses:
             status = "interrupted"
         elif "pending" in statuses or "running" in statuses:
-            status, error = "failed", "some steps could not run"
+            status, error = "failed", self.run.state.get("error") or "some steps could not run"
         else:
             problems = success_problems(self)
             status, error = ("failed", "; ".join(problems)) if problems else ("success", None)

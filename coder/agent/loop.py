@@ -21,6 +21,31 @@ from coder.agent.provider import ChatResult, ModelProvider, ToolCall, Usage
 from coder.agent.repair import calls_in_text
 
 TERMINAL = "step_complete"
+CHARS_PER_TOKEN = 4  # a conservative estimate for code and English
+FILL = 0.85  # fold older tool results beyond this share of the context window
+KEEP_RECENT = 2  # the newest tool results are never folded
+FOLDED = "[folded to save context:"
+
+
+def estimate_tokens(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> int:
+    size = sum(len(str(m.get("content", ""))) + len(json.dumps(m.get("tool_calls", "")))
+               for m in messages)
+    return (size + len(json.dumps(tools))) // CHARS_PER_TOKEN + 8 * len(messages)
+
+
+def _fold(text: str) -> str:
+    first = text.strip().splitlines()[0][:120] if text.strip() else ""
+    return f"{FOLDED} {first} ... ({len(text)} characters; call the tool again if needed)]"
+
+
+def _truncation_warning(reply: ChatResult, estimate: int) -> str | None:
+    if reply.done_reason == "length":
+        return "the reply hit the length limit (done_reason=length); it may be cut short"
+    sent = reply.usage.prompt_tokens
+    if sent and estimate > 2000 and sent < estimate // 2:
+        return (f"the server evaluated {sent} prompt tokens for a request of about {estimate}: "
+                "it probably dropped part of the conversation (num_ctx too small?)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -30,6 +55,7 @@ class Limits:
     max_tokens: int | None = None  # prompt + generated, summed over the step's calls
     max_nudges: int = 3  # replies without a tool call
     max_repeats: int = 3  # identical consecutive calls: nudged at 2, the step fails at 3
+    context_tokens: int | None = None  # the num_ctx sent to the server; None: no budgeting
 
 
 @dataclass
@@ -75,9 +101,17 @@ class AgentLoop:
             if stop:
                 result.error = stop
                 return result
+            folded = self._fit(messages)
+            if folded:
+                self.on_call({"event": "context.compacted", "folded": folded,
+                              "estimate": estimate_tokens(messages, self.tools)})
+            estimate = estimate_tokens(messages, self.tools)
             reply = self.provider.chat(messages, tools=self.tools)
             result.turns += 1
             result.usage = result.usage + reply.usage
+            warning = _truncation_warning(reply, estimate)
+            if warning:
+                self.on_call({"event": "context.warning", "warning": warning})
             calls = list(reply.tool_calls) or calls_in_text(reply.content, self.known)
             messages.append(_assistant_message(reply, calls))
             self.on_call({"turn": result.turns, "calls": [c.name for c in calls],
@@ -116,6 +150,35 @@ class AgentLoop:
                     messages.append(_tool_message(call.name, f"rejected: {rejection}"))
                     continue
                 messages.append(_tool_message(call.name, self.run_tool(call.name, call.arguments)))
+
+    def _fit(self, messages: list[dict[str, Any]]) -> int:
+        """Ollama silently drops the oldest messages of a prompt longer than num_ctx, so coder
+        budgets itself: past FILL of the window, older tool results are folded into one-line
+        notes (newest first kept), then an oversized last result is cut. Returns how many
+        messages were changed (0: the request fits as it is, and stays a pure extension)."""
+        if self.limits.context_tokens is None:
+            return 0
+        budget = int(self.limits.context_tokens * FILL)
+        changed = 0
+        tool_indexes = [i for i, m in enumerate(messages) if m["role"] == "tool"]
+        for i in tool_indexes[:-KEEP_RECENT]:
+            if estimate_tokens(messages, self.tools) <= budget:
+                return changed
+            if not messages[i]["content"].startswith(FOLDED):
+                messages[i] = {**messages[i], "content": _fold(messages[i]["content"])}
+                changed += 1
+        for i in sorted(tool_indexes, key=lambda i: -len(messages[i]["content"])):
+            excess = estimate_tokens(messages, self.tools) - budget
+            if excess <= 0:
+                break
+            text = messages[i]["content"]
+            keep = max(200, len(text) - excess * CHARS_PER_TOKEN - 200)
+            if keep < len(text):
+                messages[i] = {**messages[i], "content": text[: keep // 2] + (
+                    f"\n[... {len(text) - keep} characters cut to fit the context window; "
+                    "ask for a smaller part (fs_read with offset/limit) ...]\n") + text[-keep // 2:]}
+                changed += 1
+        return changed
 
     def _limit_hit(self, result: LoopResult, started: float) -> str | None:
         if self.cancel is not None and self.cancel.is_set():

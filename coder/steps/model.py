@@ -77,7 +77,7 @@ def converse(ctx: StepContext, *, kind: str, allowed: list[str], first_message: 
     loop = AgentLoop(session.provider, tools=session.tools, allowed=allowed, run_tool=run_tool,
                      verify=lambda claim: verify_claim(ctx, tool_ctx, claim, kind=kind),
                      limits=limits_for(ctx), cancel=ctx.cancel,
-                     on_call=lambda e: ctx.log.info("model.turn", **e))
+                     on_call=lambda e: _log_model_event(ctx, e))
     try:
         return loop.run(messages)
     except ModelUnavailable:
@@ -128,12 +128,21 @@ def _tests_after_edit(ctx: StepContext, tool_ctx: ToolContext) -> str | None:
             "step_complete again.")
 
 
+def _log_model_event(ctx: StepContext, event: dict[str, Any]) -> None:
+    name = event.pop("event", "model.turn")
+    (ctx.log.warning if name != "model.turn" else ctx.log.info)(name, **event)
+
+
 def limits_for(ctx: StepContext) -> Limits:
-    policies = ctx.task.policies
+    """The step's budgets: the step's own timeout, else the taskfile's policies, else config."""
+    policies, cfg = ctx.task.policies, ctx.config
     seconds = ctx.step.timeout_s or (parse_duration(policies["timeout"]) if "timeout" in policies
-                                     else 900)
-    return Limits(max_turns=int(policies.get("max_turns", 30)), max_seconds=float(seconds),
-                  max_tokens=policies.get("max_tokens"))
+                                     else int(cfg["step_timeout"]))
+    num_ctx = ctx.agent.facts.get("num_ctx") if ctx.agent is not None else None
+    return Limits(max_turns=int(policies.get("max_turns", cfg["max_turns"])),
+                  max_seconds=float(seconds),
+                  max_tokens=policies.get("max_tokens", cfg["max_step_tokens"]),
+                  context_tokens=num_ctx)
 
 
 def notes_path(artifacts: Path, step_id: str) -> Path:
