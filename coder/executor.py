@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,8 @@ class RunContext:
     fail_fast: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
     agent: Any = None  # steps.model.AgentSession when the task has model steps
+    # interactive mode: asked before each step that writes or runs; "run" | "skip" | "quit"
+    approve: Callable[[Step, RunContext], str] | None = None
 
     @property
     def branch(self) -> str:
@@ -133,12 +136,33 @@ class Executor:
                 self.run.log.error("run.budget_exhausted", reason=exhausted)
                 self.halted = True
                 break
-            batch = ready[: self.run.max_parallel]
+            batch = ready[: self.run.max_parallel if self.run.approve is None else 1]
+            if self.run.approve is not None and not self._approved(self.steps[batch[0]]):
+                continue
             if len(batch) == 1:
                 self._run_in_place(self.steps[batch[0]])
             else:
                 self._run_batch([self.steps[s] for s in batch])
         return self._finish()
+
+    def _approved(self, step: Step) -> bool:
+        """Interactive mode: ask before a step that writes or runs something (analyze steps
+        only read). A skipped step is recorded as skipped by the user; quitting stops the run
+        as `coder stop` would, so `coder resume` can continue it."""
+        if step.kind == "analyze":
+            return True
+        assert self.run.approve is not None
+        decision = self.run.approve(step, self.run)
+        if decision == "run":
+            return True
+        if decision == "skip":
+            self._reason(step.id, "skipped by the user at the approval prompt")
+            self._update(step.id, status="skipped", ended_at=now_iso())
+            self.run.log.info("step.skipped", step_id=step.id, reason="skipped by the user")
+        else:
+            self.run.log.warning("run.stop_requested", reason="quit at the approval prompt")
+            self.run.stop.set()
+        return False
 
     def _run_budget_exhausted(self) -> str | None:
         """The run-wide budgets (taskfile policies, else config), checked between steps."""

@@ -38,6 +38,7 @@ class RunOptions:
     model: str | None = None
     record: Path | None = None  # write the model's replies here
     replay: Path | None = None  # answer model calls from this recording instead of Ollama
+    approve: Any = None  # interactive mode: Callable[[Step, RunContext], "run"|"skip"|"quit"]
 
 
 @dataclass(frozen=True)
@@ -327,7 +328,7 @@ def _execute(task: taskfile.Task, root: Path, coder_dir: Path, worktree: Path,
             store=store, log=log, policy=policy, config=cfg, redactor=redactor,
             max_parallel=options.max_parallel or int(task.policies.get("max_parallel", 0))
             or int(cfg["max_parallel"]),
-            fail_fast=options.fail_fast, agent=agent)
+            fail_fast=options.fail_fast, agent=agent, approve=options.approve)
         if agent is not None:
             log.info("model.ready", **agent.facts)
         try:

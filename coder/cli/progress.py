@@ -85,7 +85,8 @@ class Progress:
             detail = event.get("status", "") + (f": {event['error']}" if event.get("error") else "")
         else:
             detail = str(event.get("error") or event.get("reason") or event.get("message") or "")
-        styled = click.style(f"{label:<11}", fg=_colour(name)) if self.live else f"{label:<11}"
+        colour = _colour(name)
+        styled = click.style(f"{label:<11}", fg=colour) if self.live and colour else f"{label:<11}"
         return f"{clock}  {step:<10} {styled} {detail}".rstrip()
 
     def _status(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +54,17 @@ def run(path: Path, autonomous: bool, merge_on_success: bool, max_parallel: int 
     """
     from coder import runs
 
+    approve = None
     if not autonomous:
-        raise InvalidInput("interactive approval is not available yet; pass --autonomous to run "
-                           "every step without asking")
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            raise InvalidInput("without --autonomous, coder asks before each step, which needs a "
+                               "terminal; pass --autonomous to run every step without asking")
+        approve = approval_prompt
     progress = _progress(as_json)
     try:
         result = runs.start(path, cwd=Path.cwd(), console=progress,
-                            options=runs.RunOptions(max_parallel, fail_fast, model, record, replay))
+                            options=runs.RunOptions(max_parallel, fail_fast, model, record, replay,
+                                                    approve))
     finally:
         progress.close()
     _finish(result, as_json, _merge_on_success(result, as_json) if merge_on_success else None)
@@ -133,6 +138,24 @@ def status(as_json: bool) -> None:
     for row in rows:
         click.echo(f"{row['id']:<28} {row['status']:<11} {row.get('progress', ''):>7}  "
                    f"{row.get('title', row.get('error', ''))}")
+
+
+def approval_prompt(step: Any, run: Any) -> str:
+    """Ask before a step: [r]un, [s]kip, [d]iff so far, [q]uit."""
+    from coder import gitops
+
+    what = f"`{step.cmd}`" if step.cmd else step.goal
+    while True:
+        answer = click.prompt(f"\nstep {step.id} ({step.kind}): {what}\n"
+                              "  [r]un  [s]kip  [d]iff so far  [q]uit", default="r",
+                              type=click.Choice(["r", "s", "d", "q"]), show_choices=False,
+                              err=True)
+        if answer == "d":
+            repo = gitops.open_repo(run.worktree)
+            text = gitops.diff_patch(repo, run.state["base_commit"], worktree=run.worktree)
+            click.echo(text or "(no changes yet)", err=True)
+            continue
+        return {"r": "run", "s": "skip", "q": "quit"}[answer]
 
 
 def _progress(as_json: bool) -> Any:

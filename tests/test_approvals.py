@@ -1,0 +1,95 @@
+"""`coder run` without --autonomous: a prompt before each step, driven through a real
+pseudo-terminal; refused when stdin is not a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import git
+from tests.test_run_lifecycle import coder, taskfile
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TASK = """
+    id: ask
+    title: Ask first
+    graph:
+      - {id: one, kind: shell, cmd: "echo one > one.txt", depends_on: []}
+      - {id: two, kind: shell, cmd: "echo two > two.txt", depends_on: []}
+      - {id: three, kind: shell, cmd: "echo three > three.txt", depends_on: []}
+"""
+
+
+class Terminal:
+    """`coder` on a pseudo-terminal: type answers, read what it prints."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        self.master, slave = pty.openpty()
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", "TERM": "dumb"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "coder", *args], cwd=cwd,
+                                     stdin=slave, stdout=slave, stderr=slave, env=env,
+                                     close_fds=True)
+        os.close(slave)
+        self.output = ""
+
+    def expect(self, text: str, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"did not see {text!r} in:\n{self.output}"
+            ready, _, _ = select.select([self.master], [], [], remaining)
+            if ready:
+                try:
+                    self.output += os.read(self.master, 4096).decode(errors="replace")
+                except OSError:  # the child closed the terminal
+                    break
+        assert text in self.output, self.output
+
+    def send(self, line: str) -> None:
+        os.write(self.master, (line + "\n").encode())
+
+    def finish(self) -> int:
+        code = self.proc.wait(timeout=30)
+        os.close(self.master)
+        return code
+
+
+def test_approve_skip_diff_and_quit_through_a_terminal(make_repo) -> None:
+    repo = make_repo()
+    term = Terminal(["run", "-f", str(taskfile(repo, TASK))], repo)
+    term.expect("step one (shell): `echo one > one.txt`")
+    term.send("r")
+    term.expect("step two (shell)")
+    term.send("d")  # the diff so far: step one's file
+    term.expect("+one")
+    term.expect("step two (shell)")
+    term.send("s")
+    term.expect("step three (shell)")
+    term.send("q")
+    assert term.finish() == 130
+    state = json.loads((repo / ".coder" / "state" / "ask.json").read_text())
+    assert {k: v["status"] for k, v in state["steps"].items()} == {
+        "one": "success", "two": "skipped", "three": "pending"}
+    assert state["steps"]["two"]["reasons"] == ["skipped by the user at the approval prompt"]
+    assert git(repo, "show", "agent/ask-ask-first:one.txt") == "one\n"
+    # quitting is a stop: resume continues (autonomously) with the remaining step
+    code, out, err = coder(repo, "resume", "-t", "ask")
+    assert code == 0, out + err
+    assert git(repo, "show", "agent/ask-ask-first:three.txt") == "three\n"
+
+
+def test_without_a_terminal_interactive_mode_is_refused(make_repo) -> None:
+    repo = make_repo()
+    proc = subprocess.run([sys.executable, "-m", "coder", "run", "-f", str(taskfile(repo, TASK))],
+                          cwd=repo, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert proc.returncode == 2
+    assert "needs a terminal; pass --autonomous" in proc.stderr
+    assert git(repo, "branch", "--list", "agent/*") == ""
