@@ -16,6 +16,7 @@ SHOWN = {
     "run.warning": "warning",
     "step.started": "started",
     "step.retry": "failed, retrying",
+    "fix.cycle": "fixing",
     "step.succeeded": "done",
     "step.failed": "FAILED",
     "step.skipped": "skipped",
@@ -79,6 +80,8 @@ class Progress:
             detail = f"commit {commit[:8]}" if commit else "no changes"
             if event.get("summary"):
                 detail += f" · {event['summary']}"
+        elif name == "fix.cycle":
+            detail = f"tests red ({event.get('failing')}); fix cycle {event.get('cycle')}"
         elif name == "run.started":
             detail = f"{event.get('steps')} steps on {event.get('branch')}"
         elif name == "run.finished":

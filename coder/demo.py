@@ -1,0 +1,82 @@
+"""`coder demo`: the whole journey on a sample project in a fresh git repository, offline.
+
+The sample project, the demo taskfile and a recorded model transcript ship inside the package
+(`coder/_demo/`, from `fixtures/`); the run replays the recording, so no Ollama is needed.
+`--live` runs the same taskfile against the configured model instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coder import gitops
+from coder.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class DemoAssets:
+    project: Path
+    taskfile: Path
+    recording: Path
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    repo: Path
+    run: Any  # runs.RunResult
+    merge: Any  # merge.MergeResult | None
+    commits: list[str]  # the run's step commits, oldest first ("sha subject")
+    stat: str  # the merged diff stat
+
+
+def assets() -> DemoAssets:
+    packaged = Path(__file__).parent / "_demo"
+    if packaged.is_dir():
+        return DemoAssets(packaged / "project", packaged / "task.yaml", packaged / "recording.json")
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    return DemoAssets(fixtures / "pyproject-sample", fixtures / "demo" / "task.yaml",
+                      fixtures / "demo" / "recording.json")
+
+
+def prepare(target: Path | None) -> Path:
+    """A fresh git repository holding the sample project, one commit on main."""
+    import pygit2
+
+    if target is None:
+        target = Path(tempfile.mkdtemp(prefix="coder-demo-")) / "calc"
+    elif target.exists() and any(target.iterdir()):
+        raise InvalidInput(f"{target} exists and is not empty", hint="pass a new directory to --keep")
+    shutil.copytree(assets().project, target, dirs_exist_ok=True)
+    repo = pygit2.init_repository(str(target), initial_head="main")
+    sig, _ = gitops.signature(repo)
+    index = repo.index
+    index.add_all()
+    index.write()
+    repo.create_commit("HEAD", sig, sig, "calc: add and subtract", index.write_tree(), [])
+    return target
+
+
+def run(*, target: Path | None = None, live: bool = False, console: Any = None,
+        notify: Any = None) -> DemoResult:
+    from coder import merge, runs
+
+    demo = assets()
+    repo_dir = prepare(target)
+    options = runs.RunOptions(replay=None if live else demo.recording)
+    result = runs.start(demo.taskfile, cwd=repo_dir, options=options, console=console)
+    landed = None
+    if result.status == "success":
+        landed = merge.merge_run(result.task_id, cwd=repo_dir, if_green=True, notify=notify)
+    repo = gitops.open_repo(repo_dir)
+    state = result.state
+    tip = gitops.branch_tip(repo, state["branch"])
+    commits = [f"{c.commit[:8]} {c.summary}" for c in gitops.step_commits(
+        repo, branch=state["branch"], base_commit=state["base_commit"], task_id=result.task_id)]
+    stat = gitops.diff_stat(repo, state["base_commit"], landed.commit) \
+        if landed and landed.commit else (gitops.diff_stat(repo, state["base_commit"], tip)
+                                          if tip else "")
+    return DemoResult(repo_dir, result, landed, commits, stat)
