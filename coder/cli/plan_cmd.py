@@ -1,0 +1,123 @@
+"""`coder plan`: a spec or a prompt becomes a taskfile (optionally run at once)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from coder.cli import emit_json, json_option
+from coder.errors import EXIT_FAILED
+
+PLAN_EPILOG = """\b
+Examples:
+  coder plan "add a /health endpoint with tests"
+  coder plan spec.md                  (an existing file is read as the spec)
+  coder plan -f spec.md --dry-run     (print the plan, write nothing)
+  coder plan -f spec.md --run         (plan, then run it autonomously)
+
+\b
+Exit codes: 0 planned (or, with --run, the run succeeded), 1 no valid plan after
+plan_attempts tries (the last draft is kept as tasks/ID.draft.yaml) or the run failed,
+2 bad input (empty, missing or too large spec), 3 Ollama unreachable or model missing.
+"""
+
+
+@click.command(epilog=PLAN_EPILOG)
+@click.argument("prompt", required=False, metavar="[SPEC_OR_PROMPT]")
+@click.option("-f", "--file", "spec_file", type=click.Path(path_type=Path),
+              help="Read the spec from FILE (Markdown or text).")
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write the taskfile here (default: tasks/ID.yaml at the repository root).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
+@click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
+@click.option("--run", "run_after", is_flag=True,
+              help="Run the plan right away, as `coder run --autonomous -f FILE` does.")
+@click.option("--model", help="Ollama model (overrides config and CODER_MODEL).")
+@json_option
+def plan(prompt: str | None, spec_file: Path | None, out: Path | None, force: bool,
+         dry_run: bool, run_after: bool, model: str | None, as_json: bool) -> None:
+    """Turn a spec or a prompt into a validated taskfile in tasks/.
+
+    The model answers with JSON constrained by the taskfile schema; each draft is checked as
+    `coder validate` does (plus allowed commands and paths inside the repository) and sent
+    back with its problems until it is valid, up to `plan_attempts` times.
+    """
+    from coder import plan as planner
+
+    if run_after and dry_run:
+        raise click.UsageError("--run and --dry-run cannot be combined")
+    cwd = Path.cwd()
+    spec = planner.read_spec(prompt, spec_file, cwd)
+    options = planner.PlanOptions(model=model, out=out, dry_run=dry_run, force=force)
+    say = (lambda message: None) if as_json else (lambda message: click.echo(message, err=True))
+    try:
+        result = planner.plan(spec, cwd=cwd, options=options, notify=say)
+    except planner.PlanFailed as exc:
+        _failed(exc, as_json)
+    if run_after:
+        assert result.path is not None
+        _run(result, model, as_json)
+    elif as_json:
+        emit_json(_as_dict(result, cwd))
+    elif dry_run:
+        click.echo(result.text, nl=False)
+        click.echo(_summary(result, cwd), err=True)
+    else:
+        assert result.path is not None
+        click.echo(_summary(result, cwd))
+        click.echo(f"Next: coder run --autonomous -f {planner.shown(result.path, cwd)}")
+
+
+def _summary(result: Any, cwd: Path) -> str:
+    from coder.plan import shown
+
+    where = shown(result.path, cwd) if result.path else "(dry run: not written)"
+    usage = result.usage
+    return (f"Planned {where}: {result.title} ({len(result.document['graph'])} steps, "
+            f"{result.attempts} attempt{'s' * (result.attempts != 1)}, "
+            f"{usage.prompt_tokens} prompt + {usage.eval_tokens} generated tokens)")
+
+
+def _as_dict(result: Any, cwd: Path) -> dict[str, Any]:
+    from coder.plan import shown
+
+    return {"task_id": result.task_id, "title": result.title,
+            "path": shown(result.path, cwd) if result.path else None,
+            "written": result.path is not None, "attempts": result.attempts,
+            "model": result.model, "usage": result.usage.as_dict(),
+            "steps": [{k: s.get(k) for k in ("id", "kind", "goal", "depends_on")}
+                      for s in result.document["graph"]],
+            "taskfile": result.text}
+
+
+def _failed(exc: Any, as_json: bool) -> NoReturn:
+    """Every remaining problem (as `coder validate` prints them), then the error line."""
+    if as_json:
+        emit_json({"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code,
+                   "problems": [p.as_dict() for p in exc.problems],
+                   "draft": str(exc.draft) if exc.draft else None,
+                   "attempts": exc.attempts})
+        raise SystemExit(EXIT_FAILED)
+    for problem in exc.problems:
+        click.echo(str(problem), err=True)
+    raise exc
+
+
+def _run(result: Any, model: str | None, as_json: bool) -> None:
+    """`coder run --autonomous -f PATH`, with the run command's progress and summary."""
+    from coder import runs
+    from coder.cli.runs import _finish, _progress
+    from coder.plan import shown
+
+    click.echo(_summary(result, Path.cwd()), err=as_json)  # stdout stays one JSON document
+    click.echo(f"Running it: coder run --autonomous -f {shown(result.path, Path.cwd())}",
+               err=True)
+    progress = _progress(as_json)
+    try:
+        run = runs.start(result.path, cwd=Path.cwd(), console=progress,
+                         options=runs.RunOptions(model=model))
+    finally:
+        progress.close()
+    _finish(run, as_json)
