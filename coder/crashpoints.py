@@ -33,6 +33,13 @@ MERGE_POINTS = (
     "merge_after_checkout",  # user's checkout updated, before the state records the merge
 )
 
+# `coder revert`'s points, enumerated by tests/test_revert.py.
+REVERT_POINTS = (
+    "revert_before_ref",      # revert commits written (on no branch), before the branch moves
+    "revert_after_ref",       # branch moved, before the worktree's files follow
+    "revert_after_worktree",  # files updated, before the state marks the later steps pending
+)
+
 _counts: dict[str, int] = {}
 _lock = threading.Lock()
 

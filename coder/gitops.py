@@ -42,6 +42,8 @@ FALLBACK_EMAIL = "coder@localhost"
 TRAILER_TASK = "Coder-Task"
 TRAILER_STEP = "Coder-Step"
 TRAILER_ATTEMPT = "Coder-Attempt"
+TRAILER_REVERTS = "Coder-Reverts"  # on `coder revert`'s commits: the step whose commit it undoes
+REFLOG_REVERT = "coder: revert"  # how `coder revert`'s branch moves start in the reflog
 
 _T = TypeVar("_T")
 
@@ -631,6 +633,41 @@ def _move_branch(
         tx.set_target(refname, target, message=f"coder: {why} {str(target)[:12]}")
 
 
+def move_branch(worktree: Path, target: str, *, expected_tip: str, message: str) -> None:
+    """Point the worktree's branch at ``target`` if it still points at ``expected_tip`` (lock,
+    check, set; ``message`` goes to the reflog, where the old tip stays). The files are left
+    as they are: ``discard_changes(worktree, target)`` brings them along afterwards."""
+    worktree = Path(worktree)
+    w = _open_worktree(worktree)
+    refname = _branch_ref(w, worktree)
+    try:
+        with w.transaction() as tx:
+            tx.lock_ref(refname)
+            _check_tip(w, refname, expected_tip, worktree)
+            tx.set_target(refname, pygit2.Oid(hex=target), message=message)
+    except pygit2.GitError as exc:
+        raise _git_failure(exc, f"move the branch to {target[:12]}", worktree) from None
+
+
+def left_behind_at(repo: pygit2.Repository, worktree: Path, *, reflog_prefix: str) -> str | None:
+    """The commit the branch was at before its last move to the tip, if that move's reflog
+    message starts with ``reflog_prefix`` and the worktree still holds (some of) that commit's
+    files instead of the tip's: a process killed between moving the ref and updating the files
+    (``move_branch`` then ``discard_changes``). None when the worktree has anything else,
+    so only changes that git can give back are ever recognised as left behind."""
+    w = _open_worktree(worktree, writing=False)
+    changed = set(_status(w))
+    if not changed:
+        return None
+    branch = _branch_ref(w, Path(worktree)).removeprefix("refs/heads/")
+    tip = branch_tip(repo, branch)
+    old = landed_from_reflog(repo, branch, tip, prefix=reflog_prefix) if tip else None
+    if old is None or old == tip or not changed <= set(changed_files_between(repo, old, tip)):
+        return None
+    plan = plan_checkout_update(Path(worktree), old, str(tip))
+    return None if plan.blocked or plan.busy else old
+
+
 # --------------------------------------------------------------------------- parallel steps
 # Independent steps of one DAG level run side by side, each in a scratch worktree with a
 # detached HEAD at the same tip; their commits are then replayed onto the agent branch.
@@ -792,11 +829,36 @@ def step_commits(
     return found
 
 
+def effective_step_commits(
+    repo: pygit2.Repository, *, branch: str, base_commit: str, task_id: str
+) -> list[StepCommit]:
+    """The step commits that still count, oldest first: ``step_commits`` less each one undone
+    by a later ``Coder-Reverts: <step>`` commit of this task (it cancels that step's newest
+    commit before it). A reverted step is not done: resume runs it again."""
+    effective: list[StepCommit] = []
+    by_id = {c.commit: c for c in step_commits(
+        repo, branch=branch, base_commit=base_commit, task_id=task_id)}
+    for commit in _walk(repo, branch, base_commit):
+        if str(commit.id) in by_id:
+            effective.append(by_id[str(commit.id)])
+            continue
+        t = parse_trailers(commit.message)
+        reverted = t.get(TRAILER_REVERTS.lower())
+        if t.get(TRAILER_TASK.lower()) != task_id or reverted is None:
+            continue
+        for i in range(len(effective) - 1, -1, -1):
+            if effective[i].step_id == reverted:
+                del effective[i]
+                break
+    return effective
+
+
 def foreign_commits(
     repo: pygit2.Repository, *, branch: str, base_commit: str, task_id: str
 ) -> list[str]:
-    """Commits on ``branch`` that are not this task's step commits, oldest first: everything
-    in ``base_commit..branch`` without ``Coder-Task: task_id``, plus the tip itself if the
+    """Commits on ``branch`` that are not this task's, oldest first: everything in
+    ``base_commit..branch`` without ``Coder-Task: task_id`` (so its step commits and
+    `coder revert`'s ``Coder-Reverts`` commits pass), plus the tip itself if the
     branch no longer contains ``base_commit`` (it was reset or rewritten). Resume refuses
     when this is non-empty, so nobody's work is discarded."""
     foreign = [
@@ -912,6 +974,17 @@ def write_commit(repo: pygit2.Repository, *, tree: str, parents: list[str], mess
     return str(oid)
 
 
+def write_revert(repo: pygit2.Repository, commit: str, *, onto: str, message: str) -> str:
+    """A commit on no branch, child of ``onto``, that undoes ``commit``'s change (computed in
+    memory: no index file, no working tree). Conflicts raise ``RunFailed`` naming the paths."""
+    index = repo.revert_commit(repo[commit].peel(pygit2.Commit), repo[onto].peel(pygit2.Commit))
+    if index.conflicts is not None:
+        paths = sorted({(a or b or c).path for a, b, c in index.conflicts})
+        raise RunFailed(f"reverting {commit[:12]} conflicts in {', '.join(paths)}",
+                        hint="later commits changed the same lines; reset instead (--mode reset)")
+    return write_commit(repo, tree=str(index.write_tree(repo)), parents=[onto], message=message)
+
+
 def commit_tree(repo: pygit2.Repository, commit: str) -> str:
     return str(repo[commit].peel(pygit2.Commit).tree_id)
 
@@ -949,14 +1022,16 @@ def find_merge_commit(
     return None
 
 
-def landed_from_reflog(repo: pygit2.Repository, branch: str, commit: str) -> str | None:
+def landed_from_reflog(
+    repo: pygit2.Repository, branch: str, commit: str, *, prefix: str = "coder: merge"
+) -> str | None:
     """The value ``branch`` had before coder moved it to ``commit`` (newest such reflog
-    entry whose message starts with "coder: merge"), None if the reflog does not say."""
+    entry whose message starts with ``prefix``), None if the reflog does not say."""
     ref = repo.references.get(f"refs/heads/{branch}")
     if ref is None:
         return None
     for entry in ref.log():
-        if str(entry.oid_new) == commit and (entry.message or "").startswith("coder: merge"):
+        if str(entry.oid_new) == commit and (entry.message or "").startswith(prefix):
             return str(entry.oid_old)
     return None
 

@@ -271,14 +271,15 @@ def reconcile(repo: Any, state: dict[str, Any], manifest: dict[str, Any],
     if gitops.clear_stale_index_lock(worktree):
         warnings.append("removed a stale index.lock left by the crash")
 
-    committed = {c.step_id: c.commit for c in gitops.step_commits(
+    committed = {c.step_id: c.commit for c in gitops.effective_step_commits(
         repo, branch=branch, base_commit=manifest["base_commit"], task_id=task_id)}
     was_running = False
     for step_id, st in state["steps"].items():
         status = st["status"]
         if status == "success" and st.get("commit") and st["commit"] not in committed.values():
             st.update(status="pending", commit=None)
-            st["reasons"].append("its commit is no longer on the branch; rerunning")
+            st["reasons"].append("its commit is no longer on the branch (or was reverted); "
+                                 "rerunning")
         elif status in ("running", "pending", "interrupted", "failed") and step_id in committed:
             st.update(status="success", commit=committed[step_id], error=None)
             st["reasons"].append("its commit is on the branch (made before the runner stopped); "
@@ -297,11 +298,17 @@ def reconcile(repo: Any, state: dict[str, Any], manifest: dict[str, Any],
     if was_running:
         gitops.discard_changes(worktree, tip)
     elif not gitops.is_clean(worktree):
-        changed = gitops.changed_paths(worktree)
-        raise EnvironmentProblem(
-            f"the worktree {worktree} has changes coder did not make ({', '.join(changed[:5])}); "
-            "refusing to resume so they are not lost",
-            hint=f"commit or stash them elsewhere (e.g. `git -C {worktree} stash -u`), then resume")
+        if not gitops.left_behind_at(repo, worktree, reflog_prefix=gitops.REFLOG_REVERT):
+            changed = gitops.changed_paths(worktree)
+            raise EnvironmentProblem(
+                f"the worktree {worktree} has changes coder did not make "
+                f"({', '.join(changed[:5])}); refusing to resume so they are not lost",
+                hint=f"commit or stash them elsewhere (e.g. `git -C {worktree} stash -u`), "
+                "then resume")
+        # `coder revert` was killed after moving the branch, before the files followed it.
+        gitops.discard_changes(worktree, tip)
+        warnings.append("the worktree still had files from before an interrupted "
+                        f"`coder revert`; updated them to {branch}")
     for step_id in state["steps"]:  # scratch worktrees of a parallel level the crash cut short
         gitops.remove_worktree(repo, f"{task_id}--{step_id}")
         gitops.delete_branch(repo, f"coder-scratch/{task_id}--{step_id}")

@@ -1,0 +1,302 @@
+"""Undoing the end of a run: `coder revert -t ID --to-step sX [--mode revert|reset]`.
+
+The branch goes back to the state right after step sX, and every later step becomes `pending`
+again (attempts kept, the reason recorded), with the run `interrupted`, so `coder resume` redoes
+them. Git decides what "right after sX" is: the *cut* is the newest commit, in branch order, of
+sX or of a step before it in DAG order (the run's base when there is none); every step commit
+after the cut is undone. Steps after sX in DAG order that keep no commit become pending too
+(they may have built on undone work, or changed nothing, or were skipped).
+
+    revert  one new commit per undone step commit, newest first (history kept), each with the
+            trailers `Coder-Task: ID` and `Coder-Reverts: STEP` and no `Coder-Step`, so it is
+            never taken for a step's own commit (`gitops.effective_step_commits`).
+    reset   the branch moves back to the cut; the old tip stays in the reflog and in the
+            pending steps' reasons.
+
+The protocol; `kill -9` anywhere leaves something a second `coder revert` with the same
+arguments (or `coder resume`) finishes:
+
+1. Under the task lock, refuse (changing nothing) an unknown step, a merged run, commits on
+   the branch coder did not make, and uncommitted changes in the worktree that are not coder's
+   (a runner killed mid-step, or a revert killed before its files were updated, are coder's).
+2. Revert mode builds the chain of revert commits in memory, on no branch.
+3. One ref move, compare-and-swap against the tip seen in step 1, with a reflog message
+   starting "coder: revert": the branch holds either all of the undo or none of it.
+4. The worktree's files follow the branch.
+5. The state marks the later steps pending, last. A second revert finds nothing left to undo
+   in git and finishes the state; resume also recognises the worktree of step 4 left behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from coder import gitops, graph, project, taskfile
+from coder.crashpoints import crashpoint
+from coder.errors import CoderError, ConcurrentRun, EnvironmentProblem, InvalidInput
+from coder.runs import load_manifest
+from coder.state import StateStore, TaskLock
+
+MODES = ("revert", "reset")
+
+
+class MergedRun(InvalidInput):
+    """The run already landed on its base branch: undoing its branch would not undo that."""
+
+
+@dataclass(frozen=True)
+class RevertPlan:
+    cut: str  # the commit whose tree the branch ends with
+    undo: tuple[gitops.StepCommit, ...]  # step commits after the cut, oldest first
+    pending: tuple[str, ...]  # steps to run again, DAG order
+
+
+@dataclass(frozen=True)
+class RevertResult:
+    task_id: str
+    to_step: str
+    mode: str
+    outcome: str  # reverted (the branch moved now) | already_there
+    branch: str
+    previous_tip: str  # the branch before this call
+    tip: str  # the branch now
+    target: str  # the commit whose tree the branch now has (the cut)
+    undone: tuple[str, ...] = ()  # steps whose commits were undone now, newest first
+    revert_commits: tuple[str, ...] = ()  # revert mode: the commits made, in order
+    pending: tuple[str, ...] = ()  # steps this call marked pending again, DAG order
+    finished: tuple[str, ...] = ()  # what this call completed of an interrupted revert
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def revert_run(task_id: str, *, cwd: Path, to_step: str, mode: str = "revert") -> RevertResult:
+    """Bring run `task_id` back to the state right after `to_step` (see the module docstring)."""
+    from coder.events import EventLog
+
+    if mode not in MODES:
+        raise InvalidInput(f"unknown revert mode {mode!r}", hint=f"use one of: {', '.join(MODES)}")
+    repo = gitops.open_repo(cwd)
+    coder_dir = project.coder_dir(gitops.repo_root(repo))
+    manifest = load_manifest(coder_dir, task_id)
+    order = step_order(manifest)
+    if to_step not in order:
+        raise InvalidInput(f"run {task_id} has no step {to_step!r} (its steps: {', '.join(order)})")
+    lock = TaskLock(coder_dir, task_id)  # no run, resume or merge of it meanwhile
+    try:
+        lock.acquire()
+    except ConcurrentRun as exc:
+        raise ConcurrentRun(f"cannot revert run {task_id} while it runs: {exc.message}",
+                            hint=f"stop it first with `coder stop -t {task_id}`") from None
+    try:
+        with EventLog(coder_dir, task_id) as log:
+            job = _Revert(repo, coder_dir, manifest, order, to_step, mode)
+            try:
+                result = job.run()
+            except CoderError as exc:
+                log.warning("revert.refused", to_step=to_step, mode=mode, error=exc.message)
+                raise
+            log.info(f"revert.{result.outcome}", to_step=to_step, mode=mode,
+                     previous_tip=result.previous_tip, commit=result.tip,
+                     undone=",".join(result.undone), pending=",".join(result.pending))
+            return result
+    finally:
+        lock.release()
+
+
+def step_order(manifest: dict[str, Any]) -> list[str]:
+    """The run's steps in DAG order (the executor's order)."""
+    task = taskfile.from_dict(manifest["task"])
+    return graph.order(graph.build(task.deps()))
+
+
+def plan_revert(order: list[str], to_step: str, commits: list[gitops.StepCommit],
+                base_commit: str) -> RevertPlan:
+    """What to undo: `commits` are the effective step commits in branch order."""
+    upto = set(order[: order.index(to_step) + 1])
+    last = max((i for i, c in enumerate(commits) if c.step_id in upto), default=-1)
+    cut = commits[last].commit if last >= 0 else base_commit
+    kept = {c.step_id for c in commits[: last + 1]}
+    pending = tuple(s for s in order if s not in upto and s not in kept)
+    return RevertPlan(cut, tuple(commits[last + 1:]), pending)
+
+
+def revert_message(task_id: str, to_step: str, undone: gitops.StepCommit) -> str:
+    """Like `git revert`'s, with coder's trailers (and no Coder-Step) as the last paragraph."""
+    title = f'Revert "{undone.summary}"'
+    body = (f"This reverts commit {undone.commit} (step {undone.step_id}, attempt "
+            f"{undone.attempt}): `coder revert --to-step {to_step}`.")
+    trailers = f"{gitops.TRAILER_TASK}: {task_id}\n{gitops.TRAILER_REVERTS}: {undone.step_id}\n"
+    return "\n\n".join([title, body, trailers])
+
+
+class _Revert:
+    """One `revert_run` call: the run's facts and the steps of the protocol."""
+
+    def __init__(self, repo: Any, coder_dir: Path, manifest: dict[str, Any], order: list[str],
+                 to_step: str, mode: str) -> None:
+        self.repo, self.coder_dir, self.manifest, self.order = repo, coder_dir, manifest, order
+        self.to_step, self.mode = to_step, mode
+        self.task_id: str = manifest["task_id"]
+        self.branch: str = manifest["branch"]
+        self.worktree = Path(manifest["worktree"])
+        self.store = StateStore(coder_dir)
+        self.state = self.store.load(self.task_id)
+        self.warnings: list[str] = []
+        self.finished: list[str] = []
+
+    def run(self) -> RevertResult:
+        self._refuse_merged()
+        tip = self._tip()
+        self._refuse_foreign()
+        self._repair_worktree(tip)
+        self._settle_worktree(tip)
+        commits = gitops.effective_step_commits(
+            self.repo, branch=self.branch, base_commit=self.manifest["base_commit"],
+            task_id=self.task_id)
+        plan = plan_revert(self.order, self.to_step, commits, self.manifest["base_commit"])
+        moves = plan.cut != tip if self.mode == "reset" else bool(plan.undo)
+        new_tip, made = self._move(plan, tip) if moves else (tip, ())
+        undone = tuple(c.step_id for c in reversed(plan.undo)) if moves else ()
+        was = tip if moves else gitops.landed_from_reflog(
+            self.repo, self.branch, tip, prefix=gitops.REFLOG_REVERT)
+        pending = self._mark_pending(plan, {c.step_id for c in plan.undo}, was)
+        return RevertResult(
+            task_id=self.task_id, to_step=self.to_step, mode=self.mode,
+            outcome="reverted" if moves else "already_there", branch=self.branch,
+            previous_tip=tip, tip=new_tip, target=plan.cut, undone=undone,
+            revert_commits=made, pending=pending, finished=tuple(self.finished),
+            warnings=tuple(self.warnings))
+
+    # --- refusals ----------------------------------------------------------------------------
+
+    def _refuse_merged(self) -> None:
+        from coder.merge import tag_name
+
+        record = self.state.get("merge") or {}
+        tag = tag_name(self.task_id)
+        commit = record.get("commit") or self._tagged(tag)
+        if not commit:
+            return
+        base = record.get("base") or self.state["base"]
+        undo = {"no-ff": f"git revert -m 1 {tag}",
+                "ff-only": f"git revert --no-edit {self.manifest['base_commit'][:12]}..{tag}"}
+        how = undo.get(record.get("mode", ""), f"git revert {tag}")
+        raise MergedRun(f"run {self.task_id} was merged into {base} at {commit[:12]}; revert the "
+                        f"merge on {base} instead ({how})")
+
+    def _tagged(self, tag: str) -> str | None:
+        """The commit tag coder/ID names, if it is this run's merge: `coder merge` moves base
+        and tag together, so a tag without a recorded merge is a merge killed before its
+        checkpoint. A tag older than the run's base is an earlier run's of the same id."""
+        if gitops.ref_target(self.repo, f"refs/tags/{tag}") is None:
+            return None
+        commit = gitops.resolve_commit(self.repo, f"refs/tags/{tag}")
+        base_commit = self.manifest["base_commit"]
+        return None if gitops.is_ancestor(self.repo, commit, base_commit) else commit
+
+    def _tip(self) -> str:
+        tip = gitops.branch_tip(self.repo, self.branch)
+        if tip is None:
+            raise EnvironmentProblem(f"branch {self.branch} of run {self.task_id} no longer "
+                                     "exists; there is nothing to revert",
+                                     hint=f"remove the run with `coder clean -t {self.task_id}`")
+        return tip
+
+    def _refuse_foreign(self) -> None:
+        foreign = gitops.foreign_commits(self.repo, branch=self.branch,
+                                         base_commit=self.manifest["base_commit"],
+                                         task_id=self.task_id)
+        if foreign:
+            raise EnvironmentProblem(
+                f"branch {self.branch} has commits coder did not make "
+                f"({', '.join(c[:8] for c in foreign[:5])}) or no longer contains the run's base; "
+                "refusing to revert so none of that work is lost",
+                hint=f"move those commits to another branch and reset {self.branch} to its last "
+                "coder commit, then revert again")
+
+    # --- the worktree ------------------------------------------------------------------------
+
+    def _repair_worktree(self, tip: str) -> None:
+        """What resume repairs too: a deleted worktree, a crash's index.lock, and commands a
+        killed runner left running (they would write into the worktree behind our back)."""
+        from coder import sandbox
+
+        if not (self.worktree / ".git").is_file():
+            gitops.create_worktree(self.repo, name=self.task_id, path=self.worktree,
+                                   branch=self.branch, start=tip)
+            self.warnings.append(f"worktree {self.worktree} was missing; re-created it from "
+                                 f"{self.branch}")
+        if gitops.clear_stale_index_lock(self.worktree):
+            self.warnings.append("removed a stale index.lock left by a crash")
+        leftovers = sandbox.kill_owned(sandbox.owner_token(self.coder_dir, self.task_id))
+        if leftovers:
+            self.warnings.append(f"killed {len(leftovers)} leftover command process(es) of a "
+                                 "killed runner")
+
+    def _settle_worktree(self, tip: str) -> None:
+        """Uncommitted changes are refused unless they are coder's own to throw away."""
+        if gitops.is_clean(self.worktree):
+            return
+        if gitops.left_behind_at(self.repo, self.worktree, reflog_prefix=gitops.REFLOG_REVERT):
+            gitops.discard_changes(self.worktree, tip)  # an earlier revert was killed mid-way
+            self.finished.append("worktree")
+            return
+        running = [s for s, st in self.state["steps"].items() if st["status"] == "running"]
+        if running:  # the lock is ours, so that runner is dead: resume would discard them too
+            gitops.discard_changes(self.worktree, tip)
+            self.warnings.append(f"discarded the partial changes of step {running[0]}, which "
+                                 "was running when its runner was killed")
+            return
+        changed = gitops.changed_paths(self.worktree)
+        raise EnvironmentProblem(
+            f"the worktree {self.worktree} has changes coder did not make "
+            f"({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}); refusing to "
+            "revert so they are not lost",
+            hint=f"commit or stash them elsewhere (e.g. `git -C {self.worktree} stash -u`), "
+            "then revert again")
+
+    # --- moving the branch -------------------------------------------------------------------
+
+    def _move(self, plan: RevertPlan, tip: str) -> tuple[str, tuple[str, ...]]:
+        """Steps 2-4: the new tip and the revert commits made (none in reset mode)."""
+        target, made = tip, []
+        if self.mode == "reset":
+            target = plan.cut
+        else:
+            for undone in reversed(plan.undo):
+                target = gitops.write_revert(
+                    self.repo, undone.commit, onto=target,
+                    message=revert_message(self.task_id, self.to_step, undone))
+                made.append(target)
+        crashpoint("revert_before_ref")
+        gitops.move_branch(self.worktree, target, expected_tip=tip,
+                           message=f"{gitops.REFLOG_REVERT} {self.task_id} to {self.to_step} "
+                           f"({self.mode})")
+        crashpoint("revert_after_ref")
+        gitops.discard_changes(self.worktree, target)
+        crashpoint("revert_after_worktree")
+        return target, tuple(made)
+
+    # --- the state ---------------------------------------------------------------------------
+
+    def _mark_pending(self, plan: RevertPlan, undone: set[str], was: str | None) -> tuple[str, ...]:
+        """Step 5: the steps after the cut run again; returns those whose state changed."""
+        reason = f"reverted by `coder revert --to-step {self.to_step}` ({self.mode})"
+        if self.mode == "reset" and was:
+            reason += f"; the branch was at {was}, kept in its reflog"
+        changed = []
+        for step_id in plan.pending:
+            st = self.state["steps"][step_id]
+            if st["status"] == "pending" and not st.get("commit") and step_id not in undone:
+                continue
+            st.update(status="pending", commit=None, error=None)
+            st.setdefault("reasons", []).append(reason)
+            changed.append(step_id)
+        if changed:
+            self.state.update(status="interrupted", error=None, pid=None)
+            self.store.save(self.state)
+        return tuple(changed)
