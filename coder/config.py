@@ -150,17 +150,18 @@ def _config_problem(path: Path, text: str, error: Any) -> str:
 
 
 def normalize_host(host: str) -> str:
-    """Accept OLLAMA_HOST's forms ("0.0.0.0", ":11435", "host:port", URLs) as a base URL."""
+    """`scheme://host:port` for the forms OLLAMA_HOST accepts (`h`, `h:p`, `:p`, `http://h[:p]`),
+    with the ollama client's default ports; a listen-all 0.0.0.0 is reached on 127.0.0.1."""
     host = host.strip().rstrip("/")
-    if "://" not in host:
-        host = "http://" + (host if not host.startswith(":") else "127.0.0.1" + host)
-    scheme, _, rest = host.partition("://")
-    hostport, slash, path = rest.partition("/")
-    if hostport.startswith("0.0.0.0"):
-        hostport = "127.0.0.1" + hostport[len("0.0.0.0"):]
-    if ":" not in hostport.rsplit("]", 1)[-1]:  # the ollama client's defaults
-        hostport += ":443" if scheme == "https" else ":11434"
-    return f"{scheme}://{hostport}{slash}{path}"
+    scheme, sep, rest = host.partition("://")
+    if not sep:
+        scheme, rest = "http", host
+    name, colon, port = rest.partition(":")
+    if not colon:
+        port = {"http": "80", "https": "443"}.get(scheme, "11434") if sep else "11434"
+    if name in ("", "0.0.0.0"):
+        name = "127.0.0.1"
+    return f"{scheme}://{name}:{port}"
 
 
 def detect_test_command(root: Path) -> str | None:

@@ -411,27 +411,20 @@ class Executor:
 
 def success_problems(ex: Executor) -> list[str]:
     """The task's `success` criteria, checked against the finished worktree."""
-    from coder import sandbox, testing
+    from coder import success
 
-    success = ex.task.success
     worktree = ex.run.worktree
-    problems = [f"required file {path} is missing" for path in success.get("required_files", [])
-                if not (worktree / path).is_file()]
-    if success.get("require_green_tests"):
-        test_step = next((s for s in ex.task.steps if s.kind == "test"), None)
+    problems = success.missing_files(ex.task, worktree)
+    if ex.task.success.get("require_green_tests"):
         try:
-            cmd = testing.test_command(
-                root=worktree, configured=ex.run.config.get("test_command"),
-                framework=test_step.framework if test_step else None,
-                cmd=test_step.cmd if test_step else None,
-                args=test_step.args if test_step else ())
-            result = sandbox.run_command(cmd, cwd=worktree, policy=ex.run.policy,
-                                         cancel=ex.run.stop, root=worktree, owner=ex.run.owner)
+            cmd = success.test_command(ex.task, worktree, ex.run.config)
         except CoderError as exc:
             return [*problems, f"require_green_tests: {exc.message}"]
+        problem, result = success.run_tests(cmd, worktree, ex.run.policy, cancel=ex.run.stop,
+                                            owner=ex.run.owner)
         ex.run.log.info("success.tests", exit_code=result.exit_code)
-        if not result.ok:
-            problems.append(f"require_green_tests: `{cmd}` exited with {result.exit_code}")
+        if problem:
+            problems.append(f"require_green_tests: {problem}")
     return problems
 
 

@@ -67,7 +67,10 @@ def clean(cwd: Path, task_id: str, *, keep_branch: bool = False,
         merged = bool((StateStore(coder_dir).load(task_id).get("merge") or {}).get("commit"))
     except (CorruptState, InvalidInput):
         merged = False
-    for name in [task_id, *(w for w in _worktree_names(coder_dir) if w.startswith(f"{task_id}--"))]:
+    # the run's own worktree, its steps' scratch worktrees and merge's check worktree: exact
+    # names, so cleaning task `a` never touches task `a--b`'s
+    scratch = [f"{task_id}--{s['id']}" for s in manifest["task"]["graph"]]
+    for name in [task_id, *scratch, f"{task_id}--merge.check"]:
         gitops.remove_worktree(repo, name)
     branch = manifest["branch"]
     drop_branch = delete_branch or (merged and not keep_branch)
@@ -78,8 +81,3 @@ def clean(cwd: Path, task_id: str, *, keep_branch: bool = False,
         path.unlink(missing_ok=True)
     shutil.rmtree(coder_dir / "artifacts" / task_id, ignore_errors=True)
     return {"task_id": task_id, "branch": branch, "branch_deleted": drop_branch, "merged": merged}
-
-
-def _worktree_names(coder_dir: Path) -> list[str]:
-    folder = coder_dir / "worktrees"
-    return [p.name for p in folder.iterdir()] if folder.is_dir() else []

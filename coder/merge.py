@@ -365,18 +365,12 @@ def green_problems(task: Any, worktree: Path, cfg: Any, policy: Any, log: Path,
                    notify: Notify) -> list[str]:
     """The success criteria against `worktree`: required files, and the tests (always: green
     means the tests passed, whether or not the task's own criteria asked for them)."""
-    from coder import sandbox, testing
+    from coder import success
     from coder.redact import redact
 
-    problems = [f"required file {path} is missing"
-                for path in task.success.get("required_files", [])
-                if not (worktree / path).is_file()]
-    test_step = next((s for s in task.steps if s.kind == "test"), None)
+    problems = success.missing_files(task, worktree)
     try:
-        cmd = testing.test_command(
-            root=worktree, configured=cfg.get("test_command"),
-            framework=test_step.framework if test_step else None,
-            cmd=test_step.cmd if test_step else None, args=test_step.args if test_step else ())
+        cmd = success.test_command(task, worktree, cfg)
     except InvalidInput:  # it names the throwaway worktree; say what it means instead
         raise InvalidInput(
             f"--if-green needs the project's test command, and none could be found for task "
@@ -384,11 +378,9 @@ def green_problems(task: Any, worktree: Path, cfg: Any, policy: Any, log: Path,
             hint="set `test_command` in coder.config.json, or add a test step to the taskfile; "
             "or merge without --if-green") from None
     notify(f"checking the merge result: {cmd}")
-    result = sandbox.run_command(cmd, cwd=worktree, policy=policy, root=worktree)
+    problem, result = success.run_tests(cmd, worktree, policy)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(redact(f"$ {cmd}\n{result.stdout}{result.stderr}"), encoding="utf-8")
-    if result.timed_out:
-        problems.append(f"`{cmd}` timed out")
-    elif not result.ok:
-        problems.append(f"`{cmd}` exited with {result.exit_code}")
+    if problem:
+        problems.append(problem)
     return problems

@@ -75,6 +75,7 @@ def test_schema_errors_name_the_field_and_position(repo: Path) -> None:
     (":11435", "http://127.0.0.1:11435"),
     ("0.0.0.0", "http://127.0.0.1:11434"),
     ("gpu-box:8080/", "http://gpu-box:8080"),
+    ("http://gpu-box", "http://gpu-box:80"),
     ("https://ollama.internal/", "https://ollama.internal:443"),
 ])
 def test_normalize_host(given: str, expected: str) -> None:

@@ -61,17 +61,10 @@ class _Transient(Exception):
 
 
 def normalize_host(host: str | None) -> str:
-    """`scheme://host:port` for the forms Ollama accepts: `h`, `h:p`, `:p`, `http://h[:p]`."""
-    host = (host or "").strip().rstrip("/")
-    if not host:
-        return DEFAULT_HOST
-    scheme, sep, rest = host.partition("://")
-    if not sep:
-        scheme, rest = "http", host
-    name, colon, port = rest.partition(":")
-    if not colon:
-        port = {"http": "80", "https": "443"}[scheme] if sep else "11434"
-    return f"{scheme}://{name or '127.0.0.1'}:{port}"
+    """`scheme://host:port` for the forms Ollama accepts (one rule, in coder.config)."""
+    from coder.config import normalize_host as normalize
+
+    return normalize(host) if host and host.strip() else DEFAULT_HOST
 
 
 def _seconds(value: int | None) -> float:

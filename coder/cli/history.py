@@ -24,6 +24,8 @@ def show_run(task_id: str, as_json: bool) -> None:
         emit_json({**state, "running_pid": view.running_pid})
         return
     status = f"running (pid {view.running_pid})" if view.running_pid else state["status"]
+    if status == "running":  # the state says so, but no runner holds the lock
+        status = f"interrupted (the runner is gone; continue with `coder resume -t {task_id}`)"
     click.echo(f"{state['title']}")
     click.echo(f"  id        {state['task_id']}")
     click.echo(f"  status    {status}" + (f": {state['error']}" if state.get("error") else ""))

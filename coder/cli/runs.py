@@ -125,8 +125,10 @@ def status(as_json: bool) -> None:
         steps = item["steps"].values()
         done = sum(1 for s in steps if s["status"] in ("success", "skipped"))
         running = read_lock_owner(coder_dir, item["task_id"]) is not None
-        rows.append({"id": item["task_id"], "title": item["title"],
-                     "status": "running" if running else item["status"],
+        status = "running" if running else item["status"]
+        if status == "running" and not running:  # the state says so, but no runner holds it
+            status = "interrupted (runner gone; coder resume)"
+        rows.append({"id": item["task_id"], "title": item["title"], "status": status,
                      "progress": f"{done}/{len(steps)}", "branch": item["branch"],
                      "updated_at": item["updated_at"], "error": item.get("error")})
     if as_json:

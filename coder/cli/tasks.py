@@ -14,7 +14,7 @@ taskfile_option = click.option(
     help="The taskfile (YAML).")
 
 
-@click.command(epilog="\b\nExample:\n  coder validate -f tasks/example.yaml")
+@click.command(epilog="\b\nExample:\n  coder validate -f tasks/hello-shell.yaml")
 @taskfile_option
 @json_option
 def validate(path: Path, as_json: bool) -> None:
