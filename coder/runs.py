@@ -338,10 +338,17 @@ def _execute(task: taskfile.Task, root: Path, coder_dir: Path, worktree: Path,
             fail_fast=options.fail_fast, agent=agent, approve=options.approve)
         if agent is not None:
             log.info("model.ready", **agent.facts)
+        mcp = None
         try:
+            if agent is not None and cfg.get("mcp_servers"):  # their tools join the prefix
+                from coder.mcp.client import attach
+
+                mcp = attach(agent, cfg["mcp_servers"], cwd=worktree, log=log, redactor=redactor)
             with _stop_on_signals(run.stop, log):
                 status = Executor(run).execute()
         finally:
+            if mcp is not None:
+                mcp.close()
             if agent is not None:
                 agent.provider.close()
     return RunResult(task.id, status, state, warnings)

@@ -86,9 +86,11 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-from coder.cli import history, merge_cmd, plan_cmd, project, revert_cmd, runs, tasks  # noqa: E402
+from coder.cli import (  # noqa: E402  (registration needs `main` defined)
+    history, mcp_cmd, merge_cmd, plan_cmd, project, revert_cmd, runs, tasks)
 
 for command in (project.init, plan_cmd.plan, tasks.validate, tasks.show, runs.run, runs.resume,
                 runs.stop, runs.status, merge_cmd.merge, revert_cmd.revert,
-                history.diff, history.logs, history.clean, project.config, project.doctor):
+                history.diff, history.logs, history.clean, project.config, project.doctor,
+                mcp_cmd.mcp):
     main.add_command(command)

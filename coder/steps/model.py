@@ -3,6 +3,7 @@ only when the model's `step_complete` claim holds against the real changes."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,10 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from coder import gitops
 from coder.agent import prompts
-from coder.agent.loop import AgentLoop, Limits, LoopResult
+from coder.agent.loop import TERMINAL, AgentLoop, Limits, LoopResult
 from coder.agent.provider import ModelError, ModelUnavailable
 from coder.steps import StepContext, StepOutcome
-from coder.taskfile import is_repo_relative, parse_duration
+from coder.taskfile import Step, is_repo_relative, parse_duration
+
+EXTERNAL_SEPARATOR = "__"  # external MCP tools are <server>__<tool> (coder.mcp.client)
 
 if TYPE_CHECKING:
     from coder.agent.provider import ModelProvider
@@ -37,7 +40,11 @@ def run(ctx: StepContext) -> StepOutcome:
 
     if ctx.agent is None:
         return StepOutcome(False, f"{ctx.step.kind} steps need a model; none is configured")
-    allowed = tools_for_kind(ctx.step.kind)
+    allowed = allowed_tools(ctx.step, tools_for_kind(ctx.step.kind, ctx.agent.registry),
+                            ctx.agent.registry.names())
+    if ctx.step.tools is not None and allowed == [TERMINAL]:
+        ctx.log.warning("run.warning", message=f"step {ctx.step.id}: its tools list "
+                        f"({', '.join(ctx.step.tools)}) matches no available tool")
     first = prompts.step_message(step=_step_view(ctx), tools=allowed, notes=notes_for(ctx),
                                  attempt=ctx.attempt, previous_error=ctx.previous_error)
     result = converse(ctx, kind=ctx.step.kind, allowed=allowed, first_message=first)
@@ -48,6 +55,18 @@ def run(ctx: StepContext) -> StepOutcome:
     if ctx.step.kind == "analyze":
         notes_path(ctx.artifacts, ctx.step.id).write_text(result.summary + "\n", encoding="utf-8")
     return StepOutcome(True, summary=result.summary, usage=usage)
+
+
+def allowed_tools(step: Step, kind_tools: list[str], names: list[str]) -> list[str]:
+    """The tools a step may call, in registry order: its kind's tools (for `custom`, every
+    tool, external MCP ones included), narrowed by the step's `tools:` list (names or globs
+    such as `github__*`), which is also the only way other kinds get external tools.
+    step_complete is always allowed. The run's tool list itself never changes (prefix)."""
+    if step.tools is None:
+        return kind_tools
+    listed = {n for n in names if any(fnmatch.fnmatchcase(n, p) for p in step.tools)}
+    usable = set(kind_tools) | {n for n in names if EXTERNAL_SEPARATOR in n}
+    return [n for n in names if n == TERMINAL or (n in listed and n in usable)]
 
 
 def converse(ctx: StepContext, *, kind: str, allowed: list[str], first_message: str,

@@ -1,0 +1,84 @@
+"""`coder mcp serve` and `coder mcp list`: coder as an MCP server, and the MCP servers a run
+uses. The `mcp` SDK is imported only when one of these runs (it costs ~0.4 s)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from coder.cli import emit_json, json_option
+from coder.errors import EXIT_ENVIRONMENT, InvalidInput
+
+SERVE_EPILOG = """\b
+Examples:
+  coder mcp serve                      # stdio, for an MCP client to launch
+  coder mcp serve --root ~/src/app --http --port 3323
+"""
+
+
+@click.group()
+def mcp() -> None:
+    """MCP: serve coder's tools, or list the external MCP servers runs use."""
+
+
+@mcp.command(epilog=SERVE_EPILOG)
+@click.option("--root", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The repository the tools work on (default: the current repository).")
+@click.option("--http", is_flag=True,
+              help="Serve streamable HTTP on 127.0.0.1 (at /mcp) instead of stdio.")
+@click.option("--port", type=click.IntRange(1, 65535), help="HTTP port (default 3323).")
+def serve(root: Path | None, http: bool, port: int | None) -> None:
+    """Serve coder's tools and task control over MCP.
+
+    Tools: fs_*, shell_run, tests_run, git_* and task_validate, task_run, task_status,
+    task_stop, on the repository, with the same policy as runs (paths kept inside it, the
+    command allowlist, no network, secrets redacted). stdio by default; --http serves
+    streamable HTTP on 127.0.0.1 only."""
+    from coder import config as config_mod
+    from coder.mcp.server import DEFAULT_PORT
+    from coder.mcp.server import serve as run_server
+
+    if port is not None and not http:
+        raise click.UsageError("--port needs --http")
+    if root is None:
+        root = config_mod.find_project_root(Path.cwd())
+        if root is None:
+            raise InvalidInput("not inside a git repository",
+                               hint="run it in a repository, or pass --root DIR")
+    run_server(root.resolve(), http=http, port=port or DEFAULT_PORT)
+
+
+@mcp.command("list")
+@json_option
+def list_servers(as_json: bool) -> None:
+    """List the configured MCP servers and their tools.
+
+    Starts each server of `mcp_servers` in coder.config.json and lists its tools as a run
+    offers them to the model (`<server>__<tool>`). Exits 3 when a server cannot be started."""
+    from coder import config as config_mod
+    from coder.mcp.client import McpBridge
+
+    cfg = config_mod.load(Path.cwd())
+    servers = list(cfg["mcp_servers"])
+    if not servers:
+        if as_json:
+            emit_json([])
+        else:
+            click.echo("No MCP servers configured; add them under `mcp_servers` in "
+                       "coder.config.json.")
+        return
+    with McpBridge(servers, cwd=cfg.project_root or Path.cwd()) as bridge:
+        statuses = bridge.servers
+    if as_json:
+        emit_json([s.as_dict() for s in statuses])
+    else:
+        for status in statuses:
+            command = " ".join([status.command, *status.args])
+            state = f"{len(status.tools)} tools" if status.ok else f"FAILED: {status.error}"
+            click.echo(f"{status.name}  ({command})  {state}")
+            for tool in status.tools:
+                summary = tool.description.split("] ", 1)[-1]
+                click.echo(f"  {tool.name:<30} {summary[:70]}")
+    if not all(s.ok for s in statuses):
+        raise SystemExit(EXIT_ENVIRONMENT)

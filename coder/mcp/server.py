@@ -1,0 +1,135 @@
+"""`coder mcp serve`: the tool registry and task control as a real MCP server.
+
+Built on the SDK's low-level `Server`, whose `tools/list` and `tools/call` handlers take the
+registry's own names, descriptions and JSON schemas as they are (the high-level MCPServer
+derives schemas from Python signatures, which would mean a second copy of every schema).
+Every call goes through `Registry.call` with one `ToolContext` built from the repository's
+config, so an MCP client gets exactly the policy of a run: paths guarded, the command allowlist,
+no network, secrets redacted. A refusal is a tool error (`isError`) carrying the message (and
+hint) a user of coder sees.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from coder.errors import EnvironmentProblem
+from coder.tools.registry import Registry, ToolContext, ToolResult
+
+HOST = "127.0.0.1"  # never another interface: the tools write files and run commands
+DEFAULT_PORT = 3323
+
+
+def server_registry() -> Registry:
+    """The default tools except the agent loop's `step_complete`, then task control."""
+    from coder.mcp.tasks import TASK_TOOLS
+    from coder.tools.registry import default_registry
+
+    registry = Registry()
+    for tool in default_registry():
+        if not tool.terminal:
+            registry.register(tool)
+    for tool in TASK_TOOLS:
+        registry.register(tool)
+    return registry
+
+
+def tool_context(root: Path) -> ToolContext:
+    """The context of every call: the repository's config, as a run would use it."""
+    from coder import config as config_mod
+    from coder.policy import Policy
+    from coder.redact import Redactor
+
+    cfg = config_mod.load(root)
+    return ToolContext(root=root, policy=Policy.from_config(cfg.values), redactor=Redactor(),
+                       test_command=cfg.get("test_command"))
+
+
+def to_call_result(result: ToolResult) -> Any:
+    from mcp import types
+
+    text = result.content
+    if not result.ok and result.hint:
+        text += f"\nhint: {result.hint}"
+    data = {k: v for k, v in result.data.items() if k != "traceback"}  # coder's, not the client's
+    structured = json.loads(json.dumps(data, default=str)) if data else None
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
+                                structured_content=structured, is_error=not result.ok)
+
+
+def build_server(root: Path) -> Any:
+    """The low-level MCP server for the repository at `root`."""
+    import anyio.to_thread
+    from mcp import types
+    from mcp.server.lowlevel import Server
+
+    from coder import __version__
+
+    registry = server_registry()
+    ctx = tool_context(root)
+    listed = [types.Tool(name=t.name, description=t.description, input_schema=t.parameters,
+                         annotations=types.ToolAnnotations(read_only_hint=t.read_only))
+              for t in registry]
+
+    async def list_tools(_ctx: Any, _params: Any) -> Any:
+        return types.ListToolsResult(tools=listed)
+
+    async def call_tool(_ctx: Any, params: Any) -> Any:
+        # Tools block (commands, git, waiting for a run to start): keep the loop free.
+        result = await anyio.to_thread.run_sync(registry.call, params.name,
+                                                params.arguments or {}, ctx)
+        return to_call_result(result)
+
+    def input_schema(name: str) -> dict[str, Any] | None:
+        tool = registry.get(name)
+        return None if tool is None else tool.parameters
+
+    return Server(
+        "coder", version=__version__,
+        instructions=(f"coder's tools on the repository at {root}. Paths are relative to it. "
+                      "The policy of coder runs applies: paths stay inside the repository, only "
+                      "allowed commands run, without network, and secrets are redacted. "
+                      "task_validate/task_run/task_status/task_stop drive coder runs."),
+        on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=input_schema)
+
+
+def serve(root: Path, *, http: bool = False, port: int = DEFAULT_PORT) -> None:
+    """Serve until stdin closes (stdio) or until interrupted (HTTP)."""
+    import anyio
+
+    server = build_server(root)
+    if http:
+        _check_port(port)
+        print(f"coder mcp: serving {root} at http://{HOST}:{port}/mcp", file=sys.stderr,
+              flush=True)
+        anyio.run(_serve_http, server, port)
+    else:
+        anyio.run(_serve_stdio, server)
+
+
+async def _serve_stdio(server: Any) -> None:
+    from mcp.server.stdio import stdio_server
+
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+async def _serve_http(server: Any, port: int) -> None:
+    import uvicorn
+
+    app = server.streamable_http_app(host=HOST)  # also turns on DNS-rebinding protection
+    config = uvicorn.Config(app, host=HOST, port=port, log_level="warning")
+    await uvicorn.Server(config).serve()
+
+
+def _check_port(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((HOST, port))
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot listen on {HOST}:{port}: {exc.strerror}",
+                                     hint="pass another --port") from None

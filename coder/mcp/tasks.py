@@ -1,0 +1,248 @@
+"""Task control for MCP clients: `task_validate`, `task_run`, `task_status`, `task_stop`.
+
+Registry tools like the others (flat schemas, errors as data), served by `coder mcp serve`.
+`task_run` starts `coder run --autonomous` as a background process in the repository and
+returns the run's id: a taskfile without `id` is copied to `.coder/mcp/ID.yaml` with a generated
+id first, so the id is known before the run starts. The process outlives the server (its own
+session); its output goes to `.coder/mcp/ID.log`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coder.errors import CoderError, EnvironmentProblem, InvalidInput
+from coder.policy import resolve_in_root
+from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
+
+START_WAIT = 5.0  # seconds task_run waits for the run to be created (or to fail early)
+
+
+class RunNotStarted(EnvironmentProblem):
+    """`coder run` exited before creating the run; the message is its own error line."""
+
+
+@dataclass
+class _Launch:
+    process: subprocess.Popen[bytes]
+    log: Path
+    merge: bool = False
+
+
+_launched: dict[str, _Launch] = {}
+_lock = threading.Lock()
+
+
+def _taskfile(ctx: ToolContext, rel: str) -> Path:
+    return resolve_in_root(Path(ctx.root), rel, write=False, policy=ctx.policy)
+
+
+def _repo(ctx: ToolContext) -> tuple[Any, Path]:
+    """The pygit2 repository at the server's root and its `.coder/` directory."""
+    from coder import gitops, project
+
+    repo = gitops.open_repo(Path(ctx.root))
+    return repo, project.coder_dir(gitops.repo_root(repo))
+
+
+# --------------------------------------------------------------------------- handlers
+
+def task_validate(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    from coder import graph, taskfile
+
+    rel = args["path"]
+    problems, task = taskfile.check_file(_taskfile(ctx, rel), rel)
+    if problems:
+        lines = [str(p) for p in problems]
+        count = f"{len(problems)} problem{'s' * (len(problems) != 1)}"
+        return ToolResult.error("\n".join(lines) + f"\n{rel}: {count}",
+                                hint="fix the taskfile, then validate it again",
+                                data={"valid": False, "problems": [p.as_dict() for p in problems]})
+    assert task is not None
+    levels = graph.levels(graph.build(task.deps()))
+    return ToolResult(ok=True, content=f"{rel}: valid ({len(task.steps)} steps in "
+                      f"{len(levels)} levels)",
+                      data={"valid": True, "id": task.id if task.source.get("id") else None,
+                            "steps": len(task.steps), "levels": levels})
+
+
+def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    from coder import gitops, project, runs, taskfile
+    from coder.state import StateStore
+
+    rel = args["path"]
+    task = taskfile.load(_taskfile(ctx, rel), rel)
+    repo, coder_dir = _repo(ctx)
+    project.ensure_coder_dir(coder_dir.parent)
+    gitops.ensure_excluded(repo, f"/{project.CODER_DIR}/")
+    if StateStore(coder_dir).exists(task.id) or runs.manifest_path(coder_dir, task.id).exists():
+        raise InvalidInput(f"a run of task {task.id} already exists",
+                           hint=f"follow it with task_status, continue it with `coder resume -t "
+                           f"{task.id}`, or remove it with `coder clean -t {task.id}`")
+    work = coder_dir / "mcp"
+    work.mkdir(exist_ok=True)
+    run_file = _taskfile(ctx, rel)
+    if not task.source.get("id"):  # pin the generated id, so we can report it
+        import yaml
+
+        run_file = work / f"{task.id}.yaml"
+        document = {"id": task.id, **json.loads(json.dumps(dict(task.source), default=str))}
+        run_file.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    log = work / f"{task.id}.log"
+    # -P: never import a `coder` or `mcp` package from the repository being worked on.
+    cmd = [sys.executable, "-P", "-m", "coder", "run", "--autonomous", "-f", str(run_file)]
+    if args.get("merge_on_success"):
+        cmd.append("--merge-on-success")
+    with open(log, "wb") as out:
+        process = subprocess.Popen(cmd, cwd=coder_dir.parent, stdin=subprocess.DEVNULL,
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    launch = _Launch(process, log, bool(args.get("merge_on_success")))
+    with _lock:
+        _launched[task.id] = launch
+    manifest = runs.manifest_path(coder_dir, task.id)
+    deadline = time.monotonic() + START_WAIT
+    while time.monotonic() < deadline and process.poll() is None and not manifest.exists():
+        time.sleep(0.05)
+    if not manifest.exists() and process.poll() is not None:
+        raise _not_started(task.id, launch)
+    state = "running" if manifest.exists() else "starting"
+    return ToolResult(ok=True, content=(
+        f"run {task.id} {'started' if state == 'running' else 'is starting'} on branch "
+        f"{task.branch} (pid {process.pid}); follow it with task_status(id={task.id!r})"),
+        data={"task_id": task.id, "status": state, "branch": task.branch, "pid": process.pid,
+              "log": str(log)})
+
+
+def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    from coder.state import StateStore, UnknownTask, read_lock_owner
+
+    task_id = args["id"]
+    _repo_obj, coder_dir = _repo(ctx)
+    with _lock:
+        launch = _launched.get(task_id)
+    alive = launch is not None and launch.process.poll() is None
+    try:
+        state = StateStore(coder_dir).load(task_id)
+    except UnknownTask:
+        if alive:
+            return ToolResult(ok=True, content=f"run {task_id}: starting",
+                              data={"task_id": task_id, "status": "starting", "steps": []})
+        if launch is not None:
+            raise _not_started(task_id, launch) from None
+        raise
+    # The runner holds the lock while it runs; our own child may still be merging after it.
+    running = alive or read_lock_owner(coder_dir, task_id) is not None
+    status = "running" if running else state["status"]
+    kinds = {s["id"]: s["kind"] for s in state["task"]["graph"]}
+    steps = [{"id": sid, "kind": kinds.get(sid), "status": st["status"],
+              "attempts": st.get("attempts", 0), "commit": st.get("commit"),
+              "error": st.get("error")} for sid, st in state["steps"].items()]
+    done = sum(1 for s in steps if s["status"] in ("success", "skipped"))
+    lines = [f"run {task_id}: {status} ({done}/{len(steps)} steps done) on branch "
+             f"{state['branch']}" + (f"; error: {state['error']}" if state.get("error") else "")]
+    lines += [f"  {s['id']}  {s['kind']}  {s['status']}"
+              + (f"  commit {s['commit'][:8]}" if s["commit"] else "")
+              + (f"  ({s['error']})" if s["error"] else "") for s in steps]
+    merge = state.get("merge")
+    extra: dict[str, Any] = {}
+    if merge and merge.get("commit"):
+        lines.append(f"merged into {merge.get('base')} as {str(merge['commit'])[:8]}")
+    elif launch is not None and launch.merge and not alive and status == "success":
+        extra["merge_error"] = _log_line(launch, "Not merged: ") or "not merged"
+        lines.append(extra["merge_error"])
+    return ToolResult(ok=True, content="\n".join(lines), data={
+        "task_id": task_id, "title": state.get("title"), "status": status,
+        "branch": state["branch"], "base": state.get("base"), "error": state.get("error"),
+        "merge": merge, "steps": steps, **extra})
+
+
+def task_stop(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    from coder import runs
+
+    task_id = args["id"]
+    _repo_obj, coder_dir = _repo(ctx)
+    pid = runs.stop(task_id, cwd=coder_dir.parent)
+    with _lock:
+        launch = _launched.get(task_id)
+    if launch is not None:  # reap our child, so it does not linger as a zombie
+        try:
+            launch.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    return ToolResult(ok=True, content=f"stopped run {task_id} (pid {pid}); continue it with "
+                      f"`coder resume -t {task_id}`", data={"task_id": task_id, "pid": pid})
+
+
+def _log_line(launch: _Launch, prefix: str) -> str | None:
+    """The last line of the run's output starting with `prefix`, with its hint line."""
+    try:
+        lines = launch.log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(prefix):
+            hint = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return lines[i] + (f" ({hint})" if hint.startswith("hint: ") else "")
+    return None
+
+
+def _not_started(task_id: str, launch: _Launch) -> CoderError:
+    """The error `coder run` printed (its `coder: error:` and `hint:` lines)."""
+    try:
+        text = launch.log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    message = hint = None
+    for line in text.splitlines():
+        if line.startswith("coder: error: "):
+            message = line[len("coder: error: "):]
+        elif line.strip().startswith("hint: ") and message is not None and hint is None:
+            hint = line.strip()[len("hint: "):]
+    code = launch.process.poll()
+    if message is None:
+        tail = " | ".join(text.strip().splitlines()[-3:])
+        message = f"`coder run` exited with code {code}" + (f": {tail}" if tail else "")
+    return RunNotStarted(f"run {task_id} did not start: {message}",
+                         hint=hint or f"see {launch.log}")
+
+
+# --------------------------------------------------------------------------- tools
+
+_ID = prop("string", "The run's task id (as returned by task_run or shown by `coder status`).")
+_PATH = prop("string", "Taskfile path, relative to the repository root (e.g. tasks/feature.yaml).")
+
+TASK_TOOLS = (
+    Tool(name="task_validate",
+         description=("Check a coder taskfile (YAML) like `coder validate`: every problem at "
+                      "once, each as FILE:LINE:COL: message."),
+         parameters=params({"path": _PATH}, required=["path"]),
+         handler=task_validate, read_only=True),
+    Tool(name="task_run",
+         description=("Start `coder run --autonomous` on a taskfile in the background: the "
+                      "steps run on their own agent/ branch and worktree (the checkout is not "
+                      "touched), one commit per step. Returns the run's task id at once; "
+                      "follow it with task_status."),
+         parameters=params({
+             "path": _PATH,
+             "merge_on_success": prop("boolean", "Squash-merge the branch into its base when "
+                                      "the run is green (default false)."),
+         }, required=["path"]),
+         handler=task_run, read_only=False),
+    Tool(name="task_status",
+         description=("The state of a run: its status (starting, running, success, failed, "
+                      "interrupted), and each step's status, attempts and commit."),
+         parameters=params({"id": _ID}, required=["id"]),
+         handler=task_status, read_only=True),
+    Tool(name="task_stop",
+         description=("Stop a running run gracefully (the current step is checkpointed); "
+                      "continue it later with `coder resume -t ID`."),
+         parameters=params({"id": _ID}, required=["id"]),
+         handler=task_stop, read_only=False),
+)
