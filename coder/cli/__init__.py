@@ -87,10 +87,10 @@ def emit_json(data: Any) -> None:
 
 
 from coder.cli import (  # noqa: E402  (registration needs `main` defined)
-    history, mcp_cmd, merge_cmd, plan_cmd, project, revert_cmd, runs, tasks)
+    demo_cmd, history, mcp_cmd, merge_cmd, plan_cmd, project, revert_cmd, runs, tasks)
 
 for command in (project.init, plan_cmd.plan, tasks.validate, tasks.show, runs.run, runs.resume,
                 runs.stop, runs.status, merge_cmd.merge, revert_cmd.revert,
                 history.diff, history.logs, history.clean, project.config, project.doctor,
-                mcp_cmd.mcp):
+                mcp_cmd.mcp, demo_cmd.demo):
     main.add_command(command)

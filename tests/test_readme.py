@@ -1,0 +1,72 @@
+"""The README stays true: every `coder ...` command it shows parses with today's CLI, and the
+journey it describes works (the blocks that need Ollama are marked "needs Ollama")."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from coder.cli import main
+from tests.conftest import git
+from tests.test_run_lifecycle import coder
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def command_lines() -> list[str]:
+    """Every line of a fenced sh/console block that runs coder (comments dropped)."""
+    lines = []
+    for block in re.findall(r"```(?:sh|console)\n(.*?)```", README, re.S):
+        for line in block.splitlines():
+            line = line.removeprefix("$ ").split("  #")[0].strip()
+            if line.startswith("coder "):
+                lines.append(line)
+    return lines
+
+
+COMMANDS = command_lines()
+
+
+def test_the_readme_shows_the_commands() -> None:
+    assert len(COMMANDS) >= 20
+    assert "coder demo" in COMMANDS and "pip install ." in README and "\ntox\n" in README
+
+
+@pytest.mark.parametrize("line", COMMANDS)
+def test_each_command_parses(line: str) -> None:
+    """With --help appended, click parses every option first: an unknown command or option
+    (a README out of date) fails, a known one shows the help and exits 0."""
+    result = CliRunner().invoke(main, [*shlex.split(line)[1:], "--help"], prog_name="coder")
+    assert result.exit_code == 0, f"{line}: {result.output}"
+    assert result.output.startswith("Usage: coder ")
+
+
+def test_the_journey_without_a_model(make_repo) -> None:
+    """The README's journey block, on a real repository, with its example taskfile."""
+    repo = make_repo({"pyproject.toml": "[tool.pytest.ini_options]\n"})
+    tasks = repo / "tasks"
+    tasks.mkdir()
+    (tasks / "hello-shell.yaml").write_text((ROOT / "tasks" / "hello-shell.yaml").read_text()
+                                            .replace("title:", "id: hello\ntitle:", 1))
+    git(repo, "add", "tasks")
+    git(repo, "commit", "-qm", "a task")
+    for line in COMMANDS:
+        if "plan" in line or "ID" not in line and "hello-shell" not in line \
+                and line not in ("coder init", "coder status"):
+            continue
+        args = shlex.split(line.replace("ID", "hello"))[1:]
+        if args[0] == "revert" or (args[0] == "resume" and "revert" not in line):
+            continue  # exercised in test_revert.py, on a run with several steps
+        code, out, err = coder(repo, *args)
+        assert code == 0, f"{line}: {out}{err}"
+        if args[0] == "clean":  # the end of the journey
+            break
+    # merged (tagged), then cleaned: the merged branch went with the run
+    assert git(repo, "tag") == "coder/hello\n"
+    assert git(repo, "branch", "--list", "agent/*") == ""
+    assert "greet" in git(repo, "show", "main:greeting.py")
