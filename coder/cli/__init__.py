@@ -7,7 +7,6 @@ documented exit code; `--debug` (or CODER_DEBUG=1) shows the traceback as well.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any
@@ -48,6 +47,8 @@ class CoderGroup(click.Group):
 def report_error(ctx: click.Context, exc: CoderError) -> None:
     obj = ctx.ensure_object(dict)
     if obj.get("json"):
+        import json
+
         click.echo(json.dumps({"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}))
     click.echo(f"coder: error: {exc.message}", err=True)
     if exc.hint:
@@ -71,6 +72,21 @@ def main(ctx: click.Context, debug: bool) -> None:
     ctx.ensure_object(dict)["debug"] = debug or os.environ.get("CODER_DEBUG") == "1"
 
 
+class PathType(click.Path):
+    """click.Path giving a pathlib.Path, without importing pathlib at start-up."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        from pathlib import Path
+
+        return Path(super().convert(value, param, ctx))
+
+
+def cwd() -> Any:
+    from pathlib import Path
+
+    return Path.cwd()
+
+
 def json_option(func: Any) -> Any:
     """`--json`: print data as JSON on stdout (errors too, as {"error": ...})."""
 
@@ -83,6 +99,8 @@ def json_option(func: Any) -> Any:
 
 
 def emit_json(data: Any) -> None:
+    import json
+
     click.echo(json.dumps(data, indent=2, default=str))
 
 

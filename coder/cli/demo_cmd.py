@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from coder.cli import emit_json, json_option
+from coder.cli import PathType, emit_json, json_option
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
 
 
 @click.command(epilog="\b\nExamples:\n  coder demo\n  coder demo --keep ./calc-demo\n"
                "  coder demo --live          # the same task with your Ollama model")
-@click.option("--keep", type=click.Path(path_type=Path, file_okay=False),
+@click.option("--keep", type=PathType(file_okay=False),
               help="Create the demo repository here (default: a temporary directory).")
 @click.option("--live", is_flag=True, help="Use the configured Ollama model instead of the "
               "recorded replies.")

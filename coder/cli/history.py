@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 import click
 
-from coder.cli import emit_json, json_option
+from coder.cli import cwd, emit_json, json_option
 
 task_option = click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
 
@@ -18,7 +16,7 @@ def show_run(task_id: str, as_json: bool) -> None:
     from coder import history
     from coder.cli.runs import summary_table
 
-    view = history.open_run(Path.cwd(), task_id)
+    view = history.open_run(cwd(), task_id)
     state = view.state
     if as_json:
         emit_json({**state, "running_pid": view.running_pid})
@@ -65,7 +63,7 @@ def diff(task_id: str, step: str | None, stat: bool) -> None:
     """Show a run's accumulated diff (base..branch) or one step's diff."""
     from coder import history
 
-    text = history.diff(history.open_run(Path.cwd(), task_id), step=step, stat=stat)
+    text = history.diff(history.open_run(cwd(), task_id), step=step, stat=stat)
     click.echo(text, nl=not text.endswith("\n"))
 
 
@@ -78,7 +76,7 @@ def logs(task_id: str, follow: bool, as_json: bool) -> None:
     from coder import events, history
     from coder.state import read_lock_owner
 
-    view = history.open_run(Path.cwd(), task_id)
+    view = history.open_run(cwd(), task_id)
     if follow:
         grace = {"until": None}
 
@@ -92,6 +90,8 @@ def logs(task_id: str, follow: bool, as_json: bool) -> None:
         stream = events.follow_events(view.coder_dir, task_id, stop=finished)
     else:
         stream = events.read_events(view.coder_dir, task_id)
+    import json
+
     for event in stream:
         click.echo(json.dumps(event) if as_json else format_event(event))
 
@@ -116,7 +116,7 @@ def clean(task_id: str, keep_branch: bool, delete_branch: bool, as_json: bool) -
     """
     from coder import history
 
-    result = history.clean(Path.cwd(), task_id, keep_branch=keep_branch,
+    result = history.clean(cwd(), task_id, keep_branch=keep_branch,
                            delete_branch=delete_branch)
     if as_json:
         emit_json(result)

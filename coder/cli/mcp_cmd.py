@@ -3,12 +3,15 @@ uses. The `mcp` SDK is imported only when one of these runs (it costs ~0.4 s).""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from coder.cli import emit_json, json_option
+from coder.cli import PathType, cwd, emit_json, json_option
 from coder.errors import EXIT_ENVIRONMENT, InvalidInput
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 SERVE_EPILOG = """\b
 Examples:
@@ -23,7 +26,7 @@ def mcp() -> None:
 
 
 @mcp.command(epilog=SERVE_EPILOG)
-@click.option("--root", type=click.Path(exists=True, file_okay=False, path_type=Path),
+@click.option("--root", type=PathType(exists=True, file_okay=False),
               help="The repository the tools work on (default: the current repository).")
 @click.option("--http", is_flag=True,
               help="Serve streamable HTTP on 127.0.0.1 (at /mcp) instead of stdio.")
@@ -42,7 +45,7 @@ def serve(root: Path | None, http: bool, port: int | None) -> None:
     if port is not None and not http:
         raise click.UsageError("--port needs --http")
     if root is None:
-        root = config_mod.find_project_root(Path.cwd())
+        root = config_mod.find_project_root(cwd())
         if root is None:
             raise InvalidInput("not inside a git repository",
                                hint="run it in a repository, or pass --root DIR")
@@ -59,7 +62,7 @@ def list_servers(as_json: bool) -> None:
     from coder import config as config_mod
     from coder.mcp.client import McpBridge
 
-    cfg = config_mod.load(Path.cwd())
+    cfg = config_mod.load(cwd())
     servers = list(cfg["mcp_servers"])
     if not servers:
         if as_json:
@@ -68,7 +71,7 @@ def list_servers(as_json: bool) -> None:
             click.echo("No MCP servers configured; add them under `mcp_servers` in "
                        "coder.config.json.")
         return
-    with McpBridge(servers, cwd=cfg.project_root or Path.cwd()) as bridge:
+    with McpBridge(servers, cwd=cfg.project_root or cwd()) as bridge:
         statuses = bridge.servers
     if as_json:
         emit_json([s.as_dict() for s in statuses])

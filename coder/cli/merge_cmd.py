@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
-from coder.cli import emit_json, json_option
+from coder.cli import cwd, emit_json, json_option
 
 MERGE_EPILOG = """\b
 Exit codes: 0 merged (or already merged, or nothing to merge), 1 --if-green found the
@@ -40,7 +39,7 @@ def merge(task_id: str, if_green: bool, mode: str, as_json: bool) -> None:
     from coder import merge as merge_service
 
     notify = None if as_json else (lambda message: click.echo(message, err=True))
-    result = merge_service.merge_run(task_id, cwd=Path.cwd(), mode=mode, if_green=if_green,
+    result = merge_service.merge_run(task_id, cwd=cwd(), mode=mode, if_green=if_green,
                                      notify=notify)
     if as_json:
         emit_json(result.to_dict())

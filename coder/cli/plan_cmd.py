@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from coder.cli import emit_json, json_option
+from coder.cli import PathType, cwd, emit_json, json_option
 from coder.errors import EXIT_FAILED
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 PLAN_EPILOG = """\b
 Examples:
@@ -26,9 +28,9 @@ plan_attempts tries (the last draft is kept as tasks/ID.draft.yaml) or the run f
 
 @click.command(epilog=PLAN_EPILOG)
 @click.argument("prompt", required=False, metavar="[SPEC_OR_PROMPT]")
-@click.option("-f", "--file", "spec_file", type=click.Path(path_type=Path),
+@click.option("-f", "--file", "spec_file", type=PathType(),
               help="Read the spec from FILE (Markdown or text).")
-@click.option("--out", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--out", type=PathType(dir_okay=False),
               help="Write the taskfile here (default: tasks/ID.yaml at the repository root).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
@@ -48,26 +50,26 @@ def plan(prompt: str | None, spec_file: Path | None, out: Path | None, force: bo
 
     if run_after and dry_run:
         raise click.UsageError("--run and --dry-run cannot be combined")
-    cwd = Path.cwd()
-    spec = planner.read_spec(prompt, spec_file, cwd)
+    here = cwd()
+    spec = planner.read_spec(prompt, spec_file, here)
     options = planner.PlanOptions(model=model, out=out, dry_run=dry_run, force=force)
     say = (lambda message: None) if as_json else (lambda message: click.echo(message, err=True))
     try:
-        result = planner.plan(spec, cwd=cwd, options=options, notify=say)
+        result = planner.plan(spec, cwd=here, options=options, notify=say)
     except planner.PlanFailed as exc:
         _failed(exc, as_json)
     if run_after:
         assert result.path is not None
         _run(result, model, as_json)
     elif as_json:
-        emit_json(_as_dict(result, cwd))
+        emit_json(_as_dict(result, here))
     elif dry_run:
         click.echo(result.text, nl=False)
-        click.echo(_summary(result, cwd), err=True)
+        click.echo(_summary(result, here), err=True)
     else:
         assert result.path is not None
-        click.echo(_summary(result, cwd))
-        click.echo(f"Next: coder run --autonomous -f {planner.shown(result.path, cwd)}")
+        click.echo(_summary(result, here))
+        click.echo(f"Next: coder run --autonomous -f {planner.shown(result.path, here)}")
 
 
 def _summary(result: Any, cwd: Path) -> str:
@@ -111,12 +113,12 @@ def _run(result: Any, model: str | None, as_json: bool) -> None:
     from coder.cli.runs import _finish, _progress
     from coder.plan import shown
 
-    click.echo(_summary(result, Path.cwd()), err=as_json)  # stdout stays one JSON document
-    click.echo(f"Running it: coder run --autonomous -f {shown(result.path, Path.cwd())}",
+    click.echo(_summary(result, cwd()), err=as_json)  # stdout stays one JSON document
+    click.echo(f"Running it: coder run --autonomous -f {shown(result.path, cwd())}",
                err=True)
     progress = _progress(as_json)
     try:
-        run = runs.start(result.path, cwd=Path.cwd(), console=progress,
+        run = runs.start(result.path, cwd=cwd(), console=progress,
                          options=runs.RunOptions(model=model))
     finally:
         progress.close()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import click
 
-from coder.cli import emit_json, json_option
+from coder.cli import cwd, emit_json, json_option
 
 
 @click.command(epilog="\b\nExample:\n  cd my-repo && coder init")
@@ -16,7 +15,7 @@ def init(force: bool, as_json: bool) -> None:
     """Prepare this repo: .coder/ and coder.config.json."""
     from coder import project
 
-    result = project.init(Path.cwd(), force=force)
+    result = project.init(cwd(), force=force)
     if as_json:
         emit_json({"root": str(result.root), "config": str(result.config_path),
                    "config_written": result.config_written, "excluded": result.excluded,
@@ -67,7 +66,7 @@ def doctor(model: str | None, as_json: bool) -> None:
     from coder import doctor as doctor_mod
     from coder.errors import EXIT_ENVIRONMENT
 
-    checks = doctor_mod.run_checks(Path.cwd(), model=model)
+    checks = doctor_mod.run_checks(cwd(), model=model)
     failed = any(c.status == "fail" for c in checks)
     if as_json:
         emit_json({"ok": not failed, "checks": [c.as_dict() for c in checks]})

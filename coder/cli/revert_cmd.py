@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
-from coder.cli import emit_json, json_option
+from coder.cli import cwd, emit_json, json_option
 
 REVERT_EPILOG = """\b
 Exit codes: 0 reverted (or already there), 2 unknown task or step, or a run that was
@@ -39,7 +38,7 @@ def revert(task_id: str, to_step: str, mode: str, as_json: bool) -> None:
     """
     from coder import revert as revert_service
 
-    result = revert_service.revert_run(task_id, cwd=Path.cwd(), to_step=to_step, mode=mode)
+    result = revert_service.revert_run(task_id, cwd=cwd(), to_step=to_step, mode=mode)
     if as_json:
         emit_json(result.to_dict())
     else:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from coder.cli import emit_json, json_option
+from coder.cli import PathType, cwd, emit_json, json_option
 from coder.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InvalidInput
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 EXIT_FOR = {"success": EXIT_OK, "failed": EXIT_FAILED, "interrupted": EXIT_INTERRUPTED}
 
@@ -27,9 +29,9 @@ def run_options(func: Any) -> Any:
         click.option("--fail-fast", is_flag=True,
                      help="Stop at the first failing step, even one whose on_fail is skip."),
         click.option("--model", help="Ollama model (overrides config and CODER_MODEL)."),
-        click.option("--record", type=click.Path(path_type=Path, dir_okay=False),
+        click.option("--record", type=PathType(dir_okay=False),
                      help="Record the model's replies to FILE (for --replay)."),
-        click.option("--replay", type=click.Path(path_type=Path, dir_okay=False),
+        click.option("--replay", type=PathType(dir_okay=False),
                      help="Answer model calls from a recording instead of Ollama."),
     ]):
         func = option(func)
@@ -37,7 +39,7 @@ def run_options(func: Any) -> Any:
 
 
 @click.command(epilog=RUN_EPILOG)
-@click.option("-f", "--file", "path", required=True, type=click.Path(path_type=Path),
+@click.option("-f", "--file", "path", required=True, type=PathType(),
               help="The taskfile (YAML).")
 @click.option("--autonomous", is_flag=True, help="Run every step without asking.")
 @click.option("--merge-on-success", is_flag=True,
@@ -62,7 +64,7 @@ def run(path: Path, autonomous: bool, merge_on_success: bool, max_parallel: int 
         approve = approval_prompt
     progress = _progress(as_json)
     try:
-        result = runs.start(path, cwd=Path.cwd(), console=progress,
+        result = runs.start(path, cwd=cwd(), console=progress,
                             options=runs.RunOptions(max_parallel, fail_fast, model, record, replay,
                                                     approve))
     finally:
@@ -85,7 +87,7 @@ def resume(task_id: str, max_parallel: int | None, fail_fast: bool, model: str |
 
     progress = _progress(as_json)
     try:
-        result = runs.resume(task_id, cwd=Path.cwd(), console=progress,
+        result = runs.resume(task_id, cwd=cwd(), console=progress,
                              options=runs.RunOptions(max_parallel, fail_fast, model, record,
                                                      replay))
     finally:
@@ -101,7 +103,7 @@ def stop(task_id: str, wait: float, as_json: bool) -> None:
     """Stop a run gracefully; the current step is checkpointed."""
     from coder import runs
 
-    pid = runs.stop(task_id, cwd=Path.cwd(), wait=wait)
+    pid = runs.stop(task_id, cwd=cwd(), wait=wait)
     if as_json:
         emit_json({"task_id": task_id, "stopped_pid": pid})
     else:
@@ -115,7 +117,7 @@ def status(as_json: bool) -> None:
     from coder import gitops, project
     from coder.state import CorruptState, StateStore, read_lock_owner
 
-    root = gitops.repo_root(gitops.open_repo(Path.cwd()))
+    root = gitops.repo_root(gitops.open_repo(cwd()))
     coder_dir = project.coder_dir(root)
     rows = []
     for item in StateStore(coder_dir).load_all():
@@ -175,7 +177,7 @@ def _merge_on_success(result: Any, as_json: bool) -> tuple[dict[str, Any], str, 
     if result.status != "success":
         return None
     try:
-        landed = merge.merge_run(result.task_id, cwd=Path.cwd(), if_green=True,
+        landed = merge.merge_run(result.task_id, cwd=cwd(), if_green=True,
                                  notify=None if as_json else lambda m: click.echo(m, err=True))
     except CoderError as exc:
         text = f"Not merged: {exc.message}" + (f"\n  hint: {exc.hint}" if exc.hint else "")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from coder.cli import emit_json, json_option
+from coder.cli import PathType, emit_json, json_option
 from coder.errors import EXIT_USAGE
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
 taskfile_option = click.option(
-    "-f", "--file", "path", required=True, type=click.Path(path_type=Path, dir_okay=True),
+    "-f", "--file", "path", required=True, type=PathType(dir_okay=True),
     help="The taskfile (YAML).")
 
 
@@ -46,7 +49,7 @@ def validate(path: Path, as_json: bool) -> None:
 
 
 @click.command(epilog="\b\nExamples:\n  coder show -f tasks/hello-shell.yaml\n  coder show -t T-1 --json")
-@click.option("-f", "--file", "path", type=click.Path(path_type=Path),
+@click.option("-f", "--file", "path", type=PathType(),
               help="A taskfile: show its DAG.")
 @click.option("-t", "--task", "task_id", help="A run: show its steps, commits and reasons.")
 @json_option
