@@ -403,18 +403,11 @@ def parse_answer(content: str, done_reason: str | None, name: str) -> tuple[Any,
 
 
 def _embedded_object(text: str) -> dict[str, Any] | None:
-    decoder = json.JSONDecoder()
-    i = text.find("{")
-    while i != -1:
-        try:
-            obj, _ = decoder.raw_decode(text, i)
-        except ValueError:
-            i = text.find("{", i + 1)
-            continue
-        if isinstance(obj, dict) and ("graph" in obj or "title" in obj):
-            return obj
-        i = text.find("{", i + 1)
-    return None
+    """The first object in the text that looks like a taskfile (models wrap JSON in prose)."""
+    from coder.agent.repair import json_objects
+
+    return next((obj for obj in json_objects(text)
+                 if isinstance(obj, dict) and ("graph" in obj or "title" in obj)), None)
 
 
 def normalise(data: dict[str, Any], spec: Spec, task_id: str) -> dict[str, Any]:
@@ -528,7 +521,7 @@ def plan_problems(doc: yamldoc.Document, ctx: ProjectContext, policy: Policy,
 
     def report(path: list[Any], message: str) -> None:
         line, col = doc.position(path)
-        problems.append(Problem(doc.name, line, col, message, _json_path(path)))
+        problems.append(Problem(doc.name, line, col, message, taskfile.json_path(path)))
 
     data = doc.data
     base = data.get("base")
@@ -544,9 +537,9 @@ def plan_problems(doc: yamldoc.Document, ctx: ProjectContext, policy: Policy,
     for i, step in steps:
         where = f" (step {step['id']})" if isinstance(step.get("id"), str) else ""
         for path, message in _command_problems(i, step, ctx, policy, cfg):
-            report(path, f"{_field(path)}{where}: {message}")
+            report(path, f"{taskfile.field_path(path)}{where}: {message}")
         for path, message in _path_problems(i, step, ctx, policy, created):
-            report(path, f"{_field(path)}{where}: {message}")
+            report(path, f"{taskfile.field_path(path)}{where}: {message}")
     return problems
 
 
@@ -627,17 +620,6 @@ def _items(value: Any) -> list[dict[str, Any]]:
 
 def _clean(rel: str) -> str:
     return PurePosixPath(rel.replace("\\", "/")).as_posix().removeprefix("./")
-
-
-def _field(path: list[Any]) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _json_path(path: list[Any]) -> str:
-    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
 
 
 # --- ids and paths -------------------------------------------------------------------------

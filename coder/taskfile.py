@@ -250,7 +250,7 @@ def _schema_problems(doc: Document) -> list[Problem]:
 
 def _describe(doc: Document, error: Any) -> list[Problem]:
     path = list(error.absolute_path)
-    where = _field_path(path)
+    where = field_path(path)
     if len(path) >= 2 and path[0] == "graph" and isinstance(path[1], int):
         step = doc.data["graph"][path[1]]
         if isinstance(step, dict) and isinstance(step.get("id"), str):
@@ -264,7 +264,7 @@ def _describe(doc: Document, error: Any) -> list[Problem]:
             line, col = doc.position([*path, key], key=True)
             hint = _did_you_mean(str(key), allowed)
             out.append(Problem(doc.name, line, col,
-                               f"{prefix}unknown field {key!r}{hint}", _json_path([*path, key])))
+                               f"{prefix}unknown field {key!r}{hint}", json_path([*path, key])))
         return out
     line, col = doc.position(path)
     message = error.message
@@ -284,17 +284,19 @@ def _describe(doc: Document, error: Any) -> list[Problem]:
     elif error.validator == "pattern" and path and path[-1] == "id":
         message = (f"{instance!r} is not a valid id: use letters, digits, - and _ "
                    "(step ids start with a letter)")
-    return [Problem(doc.name, line, col, f"{prefix}{message}", _json_path(path))]
+    return [Problem(doc.name, line, col, f"{prefix}{message}", json_path(path))]
 
 
-def _field_path(path: list[Any]) -> str:
+def field_path(path: list[Any]) -> str:
+    """A document path as people write it: graph[1].cmd."""
     out = ""
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
 
-def _json_path(path: list[Any]) -> str:
+def json_path(path: list[Any]) -> str:
+    """The same path in JSONPath form: $.graph[1].cmd."""
     return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
 
 
@@ -320,7 +322,7 @@ def _graph_problems(doc: Document) -> list[Problem]:
 
     def report(path: list[Any], message: str, *, key: bool = False) -> None:
         line, col = doc.position(path, key=key)
-        problems.append(Problem(doc.name, line, col, message, _json_path(path)))
+        problems.append(Problem(doc.name, line, col, message, json_path(path)))
 
     # ids as the run will see them (positional defaults included)
     ids: dict[str, int] = {}
@@ -414,7 +416,7 @@ def _path_problems(data: dict[str, Any], report: Any) -> None:
             candidates.append((["success", "required_files", j], p))
     for path, value in candidates:
         if isinstance(value, str) and not is_repo_relative(value):
-            report(path, f"{_field_path(path)}: {value!r} must be a path inside the repository "
+            report(path, f"{field_path(path)}: {value!r} must be a path inside the repository "
                    "(relative, without ..)")
 
 

@@ -18,7 +18,7 @@ def calls_in_text(text: str, known: Iterable[str]) -> list[ToolCall]:
     """Tool calls for known tools found in `text`, in order of appearance."""
     names = set(known)
     found = []
-    for obj in _json_objects(text[:MAX_SCAN]):
+    for obj in json_objects(text[:MAX_SCAN]):
         call = _as_call(obj, names)
         if call is not None:
             found.append(call)
@@ -44,7 +44,7 @@ def _as_call(obj: Any, names: set[str]) -> ToolCall | None:
     return ToolCall(str(name), args)
 
 
-def _json_objects(text: str) -> Iterator[Any]:
+def json_objects(text: str) -> Iterator[Any]:
     """Every top-level {...} in the text that parses as JSON (strings and escapes respected)."""
     decoder = json.JSONDecoder()
     i = text.find("{")
