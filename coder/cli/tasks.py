@@ -43,7 +43,9 @@ def validate(path: Path, as_json: bool) -> None:
     else:
         assert task is not None
         levels = graph.levels(graph.build(task.deps()))
-        click.echo(f"{path}: valid ({len(task.steps)} steps in {len(levels)} levels)")
+        steps, count = len(task.steps), len(levels)
+        click.echo(f"{path}: valid ({steps} step{'s' * (steps != 1)} in {count} "
+                   f"level{'s' * (count != 1)})")
     if problems:
         raise SystemExit(EXIT_USAGE)
 
