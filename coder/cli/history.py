@@ -14,7 +14,7 @@ task_option = click.option("-t", "--task", "task_id", required=True, help="The r
 
 def show_run(task_id: str, as_json: bool) -> None:
     from coder import history
-    from coder.cli.runs import summary_table
+    from coder.cli.runs import summary_table, usage_line
 
     view = history.open_run(cwd(), task_id)
     state = view.state
@@ -33,7 +33,7 @@ def show_run(task_id: str, as_json: bool) -> None:
         merge = state["merge"]
         click.echo(f"  merged    {merge.get('mode')} into {merge.get('base')} as "
                    f"{str(merge.get('commit'))[:8]} (tag {merge.get('tag')})")
-    usage = _total_usage(state)
+    usage = usage_line(state)
     if usage:
         click.echo(f"  model     {usage}")
     click.echo("")
@@ -43,16 +43,6 @@ def show_run(task_id: str, as_json: bool) -> None:
         click.echo("\nwhy steps were rerun, skipped or reconciled:")
         for sid, reason in reasons:
             click.echo(f"  {sid}: {reason}")
-
-
-def _total_usage(state: dict[str, Any]) -> str:
-    calls = prompt = generated = 0
-    for st in state["steps"].values():
-        usage = st.get("usage") or {}
-        calls += usage.get("calls", 0)
-        prompt += usage.get("prompt_tokens", 0)
-        generated += usage.get("eval_tokens", 0)
-    return f"{calls} calls, {prompt} prompt tokens, {generated} generated" if calls else ""
 
 
 @click.command(epilog="\b\nExamples:\n  coder diff -t T-1 --stat\n  coder diff -t T-1 --step s2")

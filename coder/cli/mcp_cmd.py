@@ -20,7 +20,8 @@ Examples:
 """
 
 
-@click.group()
+@click.group(epilog="\b\nExamples:\n  coder mcp serve --root .\n  coder mcp serve --http --port 3323\n"
+             "  coder mcp list --json")
 def mcp() -> None:
     """MCP: serve coder's tools, or list the external MCP servers runs use."""
 

@@ -110,7 +110,7 @@ def stop(task_id: str, wait: float, as_json: bool) -> None:
         click.echo(f"Stopped run {task_id} (pid {pid}); continue it with `coder resume -t {task_id}`")
 
 
-@click.command()
+@click.command(epilog="\b\nExamples:\n  coder status\n  coder status --json")
 @json_option
 def status(as_json: bool) -> None:
     """List the runs in this repository."""
@@ -202,6 +202,8 @@ def _finish(result: Any, as_json: bool, merged: tuple[dict[str, Any], str, int] 
             line += f" ({state['error']})"
         click.echo(line)
         click.echo(f"  branch   {state['branch']}\n  worktree {state['worktree']}")
+        if usage_line(state):
+            click.echo(f"  model    {usage_line(state)}")
         if result.status == "interrupted" or result.status == "failed":
             click.echo(f"  continue with `coder resume -t {result.task_id}`")
         if merged:
@@ -209,15 +211,32 @@ def _finish(result: Any, as_json: bool, merged: tuple[dict[str, Any], str, int] 
     raise SystemExit(merged[2] if merged else EXIT_FOR.get(result.status, EXIT_FAILED))
 
 
+def usage_line(state: dict[str, Any]) -> str:
+    """The run's model usage: calls, tokens, generation speed, load time ("" without calls)."""
+    total: dict[str, float] = {}
+    for st in state["steps"].values():
+        for key, value in (st.get("usage") or {}).items():
+            total[key] = total.get(key, 0) + value
+    if not total.get("calls"):
+        return ""
+    speed = total.get("eval_tokens", 0) / total["eval_s"] if total.get("eval_s") else 0
+    return (f"{int(total['calls'])} calls, {int(total.get('prompt_tokens', 0))} prompt + "
+            f"{int(total.get('eval_tokens', 0))} generated tokens, {speed:.1f} tokens/s, "
+            f"{total.get('load_s', 0):.1f}s loading")
+
+
 def summary_table(state: dict[str, Any]) -> str:
     steps = state["task"]["graph"]
-    rows = [("step", "kind", "status", "tries", "time", "commit", "note")]
+    rows = [("step", "kind", "status", "tries", "time", "tokens", "commit", "note")]
     for step in steps:
         st = state["steps"][step["id"]]
         duration = st.get("duration_s")
+        usage = st.get("usage") or {}
+        tokens = usage.get("prompt_tokens", 0) + usage.get("eval_tokens", 0)
         note = st.get("error") or st.get("summary") or ""
         rows.append((step["id"], step["kind"], st["status"], str(st.get("attempts", 0)),
                      f"{duration:.1f}s" if duration is not None else "-",
+                     str(tokens) if usage else "-",
                      (st.get("commit") or "-")[:8], note.splitlines()[0][:60] if note else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
