@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import gitops, project
+from coder import gitland, gitops, project
 from coder.crashpoints import crashpoint
 from coder.errors import (
     CoderError,
@@ -139,7 +139,7 @@ class _Merge:
         commit = self._build(base_tip, run_tip)
         if commit is None:
             return self._result("nothing_to_merge", None, base_tip)
-        checkout = gitops.checked_out_in(self.repo, self.base)
+        checkout = gitland.checked_out_in(self.repo, self.base)
         if checkout is not None:
             self._check_checkout(checkout, base_tip, commit)
         if self.if_green:
@@ -147,8 +147,8 @@ class _Merge:
             if checkout is not None:  # the tests took a while: look again
                 self._check_checkout(checkout, base_tip, commit)
         crashpoint("merge_before_ref")
-        gitops.land(self.repo, branch=self.base, target=commit, expected_tip=base_tip,
-                    tag=self.tag, tag_expected=gitops.ref_target(self.repo, self._tagref),
+        gitland.land(self.repo, branch=self.base, target=commit, expected_tip=base_tip,
+                    tag=self.tag, tag_expected=gitland.ref_target(self.repo, self._tagref),
                     message=f"coder: merge {self.task_id} ({self.mode})")
         crashpoint("merge_after_ref")
         if checkout is not None:
@@ -176,16 +176,16 @@ class _Merge:
         """(commit, mode, recorded) of this run's merge if base already contains it."""
         record = self.state.get("merge") or {}
         if record.get("commit"):
-            if gitops.is_ancestor(self.repo, record["commit"], base_tip):
+            if gitland.is_ancestor(self.repo, record["commit"], base_tip):
                 return record["commit"], record.get("mode", "squash"), True
             self.warnings.append(f"the earlier merge {record['commit'][:12]} is no longer on "
                                  f"{self.base}; merging again")
-        found = gitops.find_merge_commit(self.repo, branch=self.base,
+        found = gitland.find_merge_commit(self.repo, branch=self.base,
                                          since=self.manifest["base_commit"], task_id=self.task_id)
         if found is not None:
             return found[0], found[1], False
         ran = run_tip != self.manifest["base_commit"]  # a run without commits merges nothing
-        if ran and gitops.is_ancestor(self.repo, run_tip, base_tip):
+        if ran and gitland.is_ancestor(self.repo, run_tip, base_tip):
             return run_tip, "ff-only", False
         return None
 
@@ -210,32 +210,32 @@ class _Merge:
     def _build(self, base_tip: str, run_tip: str) -> str | None:
         """The commit base will point at, or None when base already has every change."""
         if self.mode == "ff-only":
-            if gitops.is_ancestor(self.repo, run_tip, base_tip):
+            if gitland.is_ancestor(self.repo, run_tip, base_tip):
                 return None
-            if not gitops.is_ancestor(self.repo, base_tip, run_tip):
+            if not gitland.is_ancestor(self.repo, base_tip, run_tip):
                 raise EnvironmentProblem(
                     f"cannot fast-forward {self.base} to {self.branch}: {self.base} has moved "
                     "since the run started; nothing was changed",
                     hint=f"merge with `coder merge -t {self.task_id} --mode squash` "
                     "(or --mode no-ff) instead")
             return run_tip
-        tree, conflicts = gitops.merged_tree(self.repo, base_tip, run_tip)
+        tree, conflicts = gitland.merged_tree(self.repo, base_tip, run_tip)
         if tree is None:
             raise MergeConflict(
                 f"run {self.task_id} conflicts with {self.base} (which moved since the run "
                 f"started) in {', '.join(conflicts)}; nothing was changed",
                 hint=f"resolve it by hand (`git merge --squash {self.branch}`), or start a new "
                 f"run from the current {self.base}")
-        if tree == gitops.commit_tree(self.repo, base_tip):
+        if tree == gitland.commit_tree(self.repo, base_tip):
             return None
         parents = [base_tip] if self.mode == "squash" else [base_tip, run_tip]
-        return gitops.write_commit(self.repo, tree=tree, parents=parents,
+        return gitland.write_commit(self.repo, tree=tree, parents=parents,
                                    message=merge_message(self.manifest, self.state, self.mode))
 
     # --- the user's checkout ---------------------------------------------------------------
 
     def _check_checkout(self, checkout: Path, old: str, new: str) -> None:
-        plan = gitops.plan_checkout_update(checkout, old, new)
+        plan = gitland.plan_checkout_update(checkout, old, new)
         if plan.busy:
             raise EnvironmentProblem(
                 f"{self.base} is checked out in {checkout}, which is in the middle of a "
@@ -252,9 +252,9 @@ class _Merge:
         """True if files were written. A failure here comes after the base moved: say so, and
         that merging again finishes the job."""
         try:
-            plan = gitops.plan_checkout_update(checkout, old, new)
+            plan = gitland.plan_checkout_update(checkout, old, new)
             if plan.pending:
-                gitops.apply_checkout_update(checkout, new, plan.pending)
+                gitland.apply_checkout_update(checkout, new, plan.pending)
         except CoderError as exc:
             raise EnvironmentProblem(
                 f"run {self.task_id} landed on {self.base} as {new[:12]}, but updating the "
@@ -307,13 +307,13 @@ class _Merge:
         if recorded:
             return self._result("already_merged", commit, None, mode=mode)
         finished = []
-        current = gitops.ref_target(self.repo, self._tagref)
+        current = gitland.ref_target(self.repo, self._tagref)
         if current != commit:
-            gitops.set_tag(self.repo, self.tag, commit, expected=current)
+            gitland.set_tag(self.repo, self.tag, commit, expected=current)
             finished.append("tag")
-        checkout = gitops.checked_out_in(self.repo, self.base)
-        old = gitops.first_parent(self.repo, commit) if mode != "ff-only" else \
-            gitops.landed_from_reflog(self.repo, self.base, commit)
+        checkout = gitland.checked_out_in(self.repo, self.base)
+        old = gitland.first_parent(self.repo, commit) if mode != "ff-only" else \
+            gitland.landed_from_reflog(self.repo, self.base, commit)
         if checkout is not None and base_tip == commit:
             if old is None:
                 self.warnings.append(f"could not tell which files the merge changed; check "
@@ -357,7 +357,7 @@ def merge_message(manifest: dict[str, Any], state: dict[str, Any], mode: str) ->
     what = "Squash merge" if mode == "squash" else "Merge"
     title = redact(" ".join(task.title.split())) or f"coder task {task.id}"
     intro = f"{what} of coder task {task.id} from {state['branch']} ({len(lines)} steps):"
-    trailers = f"{gitops.TRAILER_TASK}: {task.id}\n{gitops.TRAILER_MERGE}: {mode}\n"
+    trailers = f"{gitops.TRAILER_TASK}: {task.id}\n{gitland.TRAILER_MERGE}: {mode}\n"
     return "\n\n".join([title, intro + "\n" + "\n".join(lines), trailers])
 
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import gitops, graph, project, taskfile
+from coder import gitland, gitops, graph, project, taskfile
 from coder.crashpoints import crashpoint
 from coder.errors import CoderError, ConcurrentRun, EnvironmentProblem, InvalidInput
 from coder.runs import load_manifest
@@ -161,7 +161,7 @@ class _Revert:
         moves = plan.cut != tip if self.mode == "reset" else bool(plan.undo)
         new_tip, made = self._move(plan, tip) if moves else (tip, ())
         undone = tuple(c.step_id for c in reversed(plan.undo)) if moves else ()
-        was = tip if moves else gitops.landed_from_reflog(
+        was = tip if moves else gitland.landed_from_reflog(
             self.repo, self.branch, tip, prefix=gitops.REFLOG_REVERT)
         pending = self._mark_pending(plan, {c.step_id for c in plan.undo}, was)
         return RevertResult(
@@ -192,11 +192,11 @@ class _Revert:
         """The commit tag coder/ID names, if it is this run's merge: `coder merge` moves base
         and tag together, so a tag without a recorded merge is a merge killed before its
         checkpoint. A tag older than the run's base is an earlier run's of the same id."""
-        if gitops.ref_target(self.repo, f"refs/tags/{tag}") is None:
+        if gitland.ref_target(self.repo, f"refs/tags/{tag}") is None:
             return None
         commit = gitops.resolve_commit(self.repo, f"refs/tags/{tag}")
         base_commit = self.manifest["base_commit"]
-        return None if gitops.is_ancestor(self.repo, commit, base_commit) else commit
+        return None if gitland.is_ancestor(self.repo, commit, base_commit) else commit
 
     def _tip(self) -> str:
         tip = gitops.branch_tip(self.repo, self.branch)
@@ -241,7 +241,7 @@ class _Revert:
         """Uncommitted changes are refused unless they are coder's own to throw away."""
         if gitops.is_clean(self.worktree):
             return
-        if gitops.left_behind_at(self.repo, self.worktree, reflog_prefix=gitops.REFLOG_REVERT):
+        if gitland.left_behind_at(self.repo, self.worktree, reflog_prefix=gitops.REFLOG_REVERT):
             gitops.discard_changes(self.worktree, tip)  # an earlier revert was killed mid-way
             self.finished.append("worktree")
             return
@@ -268,7 +268,7 @@ class _Revert:
             target = plan.cut
         else:
             for undone in reversed(plan.undo):
-                target = gitops.write_revert(
+                target = gitland.write_revert(
                     self.repo, undone.commit, onto=target,
                     message=revert_message(self.task_id, self.to_step, undone))
                 made.append(target)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from coder import config as config_mod
-from coder import gitops, project, taskfile
+from coder import gitland, gitops, project, taskfile
 from coder.crashpoints import crashpoint
 from coder.errors import EnvironmentProblem, InvalidInput
 from coder.state import CorruptState, StateStore, TaskLock, UnknownTask, now_iso, write_atomic
@@ -298,7 +298,7 @@ def reconcile(repo: Any, state: dict[str, Any], manifest: dict[str, Any],
     if was_running:
         gitops.discard_changes(worktree, tip)
     elif not gitops.is_clean(worktree):
-        if not gitops.left_behind_at(repo, worktree, reflog_prefix=gitops.REFLOG_REVERT):
+        if not gitland.left_behind_at(repo, worktree, reflog_prefix=gitops.REFLOG_REVERT):
             changed = gitops.changed_paths(worktree)
             raise EnvironmentProblem(
                 f"the worktree {worktree} has changes coder did not make "

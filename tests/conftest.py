@@ -84,3 +84,27 @@ def make_repo(tmp_path: Path):
 @pytest.fixture
 def repo(make_repo) -> Path:
     return make_repo()
+
+
+SAMPLE = Path(__file__).resolve().parent.parent / "fixtures" / "pyproject-sample"
+
+
+def sample_files() -> dict[str, str]:
+    """The sample project (fixtures/pyproject-sample) as {path: text}."""
+    return {str(p.relative_to(SAMPLE)): p.read_text() for p in SAMPLE.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def sample(make_repo) -> Path:
+    """A git repository holding the sample calculator project."""
+    return make_repo(sample_files())
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch):
+    """The fake Ollama server, with OLLAMA_HOST pointing at it."""
+    from tests.fake_ollama import FakeOllama
+
+    with FakeOllama() as server:
+        monkeypatch.setenv("OLLAMA_HOST", server.url)
+        yield server

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.fake_ollama import FakeOllama, estimate_prompt_tokens
-from tests.test_agent_run import call, chat_requests, done, fake, sample  # noqa: F401 (fixtures)
+from tests.test_agent_run import call, chat_requests, done
 from tests.test_run_lifecycle import coder, state_of, taskfile
 
 

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import git
+from tests.conftest import git, sample_files
 from tests.fake_ollama import FakeOllama, Reply, down_url
 from tests.test_run_lifecycle import coder, state_of, step_commits, taskfile
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = ROOT / "fixtures" / "pyproject-sample"
 
 
 def call(name: str, **arguments: Any) -> Reply:
@@ -25,22 +23,6 @@ def call(name: str, **arguments: Any) -> Reply:
 
 def done(summary: str, *files: str, **extra: Any) -> Reply:
     return call("step_complete", summary=summary, files_changed=list(files), **extra)
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOllama]:
-    with FakeOllama() as server:
-        monkeypatch.setenv("OLLAMA_HOST", server.url)
-        yield server
-
-
-def sample_files() -> dict[str, str]:
-    return {str(p.relative_to(SAMPLE)): p.read_text() for p in SAMPLE.rglob("*") if p.is_file()}
-
-
-@pytest.fixture
-def sample(make_repo) -> Path:
-    return make_repo(sample_files())
 
 
 FEATURE = """

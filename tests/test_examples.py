@@ -9,7 +9,7 @@ import pytest
 
 from coder import taskfile
 from tests.conftest import git
-from tests.test_agent_run import sample_files
+from tests.conftest import sample_files
 from tests.test_run_lifecycle import coder, state_of
 
 ROOT = Path(__file__).resolve().parent.parent

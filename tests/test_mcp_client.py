@@ -15,7 +15,7 @@ import pytest
 
 from coder.taskfile import Step
 from tests.fake_ollama import FakeOllama
-from tests.test_agent_run import call, chat_requests, done, fake  # noqa: F401  (fixture)
+from tests.test_agent_run import call, chat_requests, done
 from tests.test_run_lifecycle import coder, state_of, taskfile
 
 pytest.importorskip("mcp")

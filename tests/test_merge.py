@@ -365,9 +365,9 @@ def test_base_not_checked_out_anywhere_only_the_ref_moves(make_repo) -> None:
 
 
 def test_checkout_plan_writes_only_paths_at_old_or_half_written(make_repo) -> None:
-    """gitops.plan_checkout_update, path by path: still old -> pending; file new but index old
+    """gitland.plan_checkout_update, path by path: still old -> pending; file new but index old
     (a crash between the two writes) -> pending; both new -> done; anything else -> blocked."""
-    from coder import gitops
+    from coder import gitland
 
     repo = make_repo({"a": "a\n", "b": "b\n", "c": "c\n", "d": "d\n", "gone": "x\n"})
     old = rev(repo, "main")
@@ -382,9 +382,9 @@ def test_checkout_plan_writes_only_paths_at_old_or_half_written(make_repo) -> No
     (repo / "c").write_text("c2\n")
     git(repo, "add", "c")
     (repo / "d").write_text("mine\n")
-    plan = gitops.plan_checkout_update(repo, old, new)
+    plan = gitland.plan_checkout_update(repo, old, new)
     assert (plan.pending, plan.done, plan.blocked) == (("a", "b", "gone"), ("c",), ("d",))
-    gitops.apply_checkout_update(repo, new, plan.pending)
+    gitland.apply_checkout_update(repo, new, plan.pending)
     assert [(repo / n).read_text() for n in "abcd"] == ["a2\n", "b2\n", "c2\n", "mine\n"]
     assert not (repo / "gone").exists()
     assert git(repo, "diff", "--cached", "--name-status", "next").strip() == "M\td"

@@ -17,7 +17,7 @@ import yaml
 from coder import schemas
 from tests.conftest import git
 from tests.fake_ollama import FakeOllama, Reply, down_url
-from tests.test_agent_run import sample_files
+from tests.conftest import sample_files
 from tests.test_run_lifecycle import coder, state_of, step_commits
 
 PROMPT = "Add multiply(a, b) to calc.py, with a test and a line in the README."
@@ -273,7 +273,7 @@ def test_bad_input_is_exit_2_without_a_model_call(fake: FakeOllama, sample: Path
     (sample / "spec.md").write_text("x\n")
     code, out, err = coder(sample, "plan", *args)
     assert code == 2, out + err
-    assert err.startswith(f"coder: error: ") and message in err, err
+    assert err.startswith("coder: error: ") and message in err, err
     assert fake.requests == []
 
 
