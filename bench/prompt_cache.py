@@ -75,9 +75,15 @@ from tests.fake_ollama import (  # noqa: E402
 )
 
 SAMPLE = ROOT / "fixtures" / "pyproject-sample"
-GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C",
-           "GIT_AUTHOR_NAME": "Bench", "GIT_AUTHOR_EMAIL": "bench@localhost",
-           "GIT_COMMITTER_NAME": "Bench", "GIT_COMMITTER_EMAIL": "bench@localhost"}
+GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "LC_ALL": "C",
+    "GIT_AUTHOR_NAME": "Bench",
+    "GIT_AUTHOR_EMAIL": "bench@localhost",
+    "GIT_COMMITTER_NAME": "Bench",
+    "GIT_COMMITTER_EMAIL": "bench@localhost",
+}
 TASK_ID = "fix"  # JOURNEY's id
 CACHED_GOAL = 0.90
 
@@ -95,8 +101,12 @@ def journey() -> tuple[str, list[Reply]]:
         *edit_replies(),
         call("fs_edit", path="calc.py", search="return a ** b", replace="return a * b"),
         done("multiply used ** instead of *", "calc.py"),
-        call("fs_edit", path="README.md", search="add(2, 3)  # 5\n",
-             replace="add(2, 3)  # 5\nmultiply(2, 3)  # 6\n"),
+        call(
+            "fs_edit",
+            path="README.md",
+            search="add(2, 3)  # 5\n",
+            replace="add(2, 3)  # 5\nmultiply(2, 3)  # 6\n",
+        ),
         done("documented multiply", "README.md"),
     ]
 
@@ -147,10 +157,14 @@ def run_once(tmp: Path, k: int) -> dict[str, Any]:
     text, replies = journey()
     home = tmp / f"home{k}"
     (home / ".config").mkdir(parents=True)
-    (home / ".gitconfig").write_text("[user]\n\tname = Bench\n\temail = bench@localhost\n"
-                                     "[init]\n\tdefaultBranch = main\n")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OLLAMA_HOST", "CODER_MODEL", "CODER_CONFIG", "GIT_DIR", "GIT_WORK_TREE")}
+    (home / ".gitconfig").write_text(
+        "[user]\n\tname = Bench\n\temail = bench@localhost\n[init]\n\tdefaultBranch = main\n"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OLLAMA_HOST", "CODER_MODEL", "CODER_CONFIG", "GIT_DIR", "GIT_WORK_TREE")
+    }
     env.update(GIT_ENV, HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"))
     repo = tmp / f"repo{k}"
     shutil.copytree(SAMPLE, repo)
@@ -163,24 +177,39 @@ def run_once(tmp: Path, k: int) -> dict[str, Any]:
     with TimedFake(replies) as fake:
         env["OLLAMA_HOST"] = fake.url
         start = time.perf_counter()
-        proc = subprocess.run([*coder_cmd(), "run", "--autonomous", "-f", str(taskfile)],
-                              cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
+        proc = subprocess.run(
+            [*coder_cmd(), "run", "--autonomous", "-f", str(taskfile)],
+            cwd=repo,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         wall = time.perf_counter() - start
         pending = fake.pending
     if proc.returncode != 0 or pending:
-        raise SystemExit(f"coder run failed (exit {proc.returncode}, {pending} scripted replies "
-                         f"left):\n{proc.stdout}\n{proc.stderr}")
-    events = [json.loads(line) for line in
-              (repo / ".coder" / "logs" / f"{TASK_ID}.jsonl").read_text().splitlines() if line]
+        raise SystemExit(
+            f"coder run failed (exit {proc.returncode}, {pending} scripted replies "
+            f"left):\n{proc.stdout}\n{proc.stderr}"
+        )
+    events = [
+        json.loads(line)
+        for line in (repo / ".coder" / "logs" / f"{TASK_ID}.jsonl").read_text().splitlines()
+        if line
+    ]
     state = json.loads((repo / ".coder" / "state" / f"{TASK_ID}.json").read_text())
     summary = state["steps"]["s3"].get("summary", "")
     if "after 1 fix cycle" not in summary:
         raise SystemExit(f"the journey did not go as scripted: s3 ended with {summary!r}")
     chats = [r.body for r in fake.requests if r.path == "/api/chat" and r.body]
-    return {"wall": wall, "serving": sum(s for _, s in fake.serving),
-            "served": len(fake.serving), "all_chats": chats,
-            "requests": [b for b in chats if b.get("messages")], "events": events}
+    return {
+        "wall": wall,
+        "serving": sum(s for _, s in fake.serving),
+        "served": len(fake.serving),
+        "all_chats": chats,
+        "requests": [b for b in chats if b.get("messages")],
+        "events": events,
+    }
 
 
 # --- analysis ------------------------------------------------------------------------------------
@@ -222,8 +251,11 @@ def step_label(body: dict[str, Any]) -> str:
     """'s1 (analyze)', 's3 (test) fix 1', from the step's first user message."""
     content = json.loads(step_key(body)).get("content", "")
     head = content.split(":", 1)[0].removeprefix("Step ") if content else "?"
-    return head + (" fix " + content.split("Fix cycle ", 1)[1].split(" ", 1)[0]
-                   if "Fix cycle " in content else "")
+    return head + (
+        " fix " + content.split("Fix cycle ", 1)[1].split(" ", 1)[0]
+        if "Fix cycle " in content
+        else ""
+    )
 
 
 def divergence(prev: dict[str, Any], cur: dict[str, Any]) -> str:
@@ -242,8 +274,10 @@ def analyse(requests: list[dict[str, Any]], all_chats: list[dict[str, Any]]) -> 
     sizes = [len(r) for r in rendered]
     prev_prefix = [0] + [common(a, b) for a, b in zip(rendered, rendered[1:])]
     prev_prefix_sys = [0] + [common(a, b) for a, b in zip(rendered_sys, rendered_sys[1:])]
-    longest = [max((common(rendered[j], rendered[i]) for j in range(i)), default=0)
-               for i in range(len(rendered))]
+    longest = [
+        max((common(rendered[j], rendered[i]) for j in range(i)), default=0)
+        for i in range(len(rendered))
+    ]
 
     stable, checked, breaks = 0, 0, []
     last_of_step: dict[str, int] = {}
@@ -252,7 +286,7 @@ def analyse(requests: list[dict[str, Any]], all_chats: list[dict[str, Any]]) -> 
         if key in last_of_step:
             prev = requests[last_of_step[key]]["messages"]
             checked += 1
-            if [dumps(m) for m in body["messages"][:len(prev)]] == [dumps(m) for m in prev]:
+            if [dumps(m) for m in body["messages"][: len(prev)]] == [dumps(m) for m in prev]:
                 stable += 1
             else:
                 breaks.append((i, divergence(requests[last_of_step[key]], body)))
@@ -264,26 +298,44 @@ def analyse(requests: list[dict[str, Any]], all_chats: list[dict[str, Any]]) -> 
         row["calls"] += 1
         row["tokens"] += estimate_prompt_tokens(body)
         row["new"] += (sizes[i] - prev_prefix[i]) // 4
-    first_of_step = [i for i in range(1, len(requests))
-                     if step_key(requests[i]) != step_key(requests[i - 1])]
+    first_of_step = [
+        i for i in range(1, len(requests)) if step_key(requests[i]) != step_key(requests[i - 1])
+    ]
     missed = [s - p for s, p in zip(sizes, prev_prefix)]
-    boundaries = [(i, step_label(requests[i]), prev_prefix[i], sizes[i],
-                   divergence(requests[i - 1], requests[i]))
-                  for i in first_of_step]
+    boundaries = [
+        (
+            i,
+            step_label(requests[i]),
+            prev_prefix[i],
+            sizes[i],
+            divergence(requests[i - 1], requests[i]),
+        )
+        for i in first_of_step
+    ]
     constant = {"model", "options", "keep_alive", "format", "think"}
     settings = {dumps({k: b.get(k) for k in sorted(constant)}) for b in all_chats}
     systems = {dumps(b["messages"][0]) for b in requests}
     tools = {dumps(b.get("tools")) for b in requests}
     return {
-        "stable": stable, "checked": checked, "breaks": breaks,
+        "stable": stable,
+        "checked": checked,
+        "breaks": breaks,
         "cached": sum(prev_prefix) / sum(sizes),
         "cached_sys": sum(prev_prefix_sys) / sum(sizes),
         "longest": sum(longest) / sum(sizes),
-        "sizes": sizes, "prev_prefix": prev_prefix, "steps": steps, "boundaries": boundaries,
-        "same_settings": len(settings) == 1, "same_system": len(systems) == 1,
-        "same_tools": len(tools) == 1, "rendered": rendered,
-        "missed": (missed[0], sum(missed[i] for i in first_of_step),
-                   sum(missed[1:]) - sum(missed[i] for i in first_of_step)),
+        "sizes": sizes,
+        "prev_prefix": prev_prefix,
+        "steps": steps,
+        "boundaries": boundaries,
+        "same_settings": len(settings) == 1,
+        "same_system": len(systems) == 1,
+        "same_tools": len(tools) == 1,
+        "rendered": rendered,
+        "missed": (
+            missed[0],
+            sum(missed[i] for i in first_of_step),
+            sum(missed[1:]) - sum(missed[i] for i in first_of_step),
+        ),
         "warm": sum(prev_prefix) / (sum(sizes) - sizes[0]) if len(sizes) > 1 else 1.0,
         "tools_chars": len(dumps(requests[0].get("tools") or [])),
         "system_chars": len(dumps(requests[0]["messages"][0])),
@@ -318,10 +370,18 @@ def verdict(ok: bool, under: bool = False) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="runs of the journey, best wall time kept (default 3)")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also print each request: size, cached prefix, divergence")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of the journey, best wall time kept (default 3)",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print each request: size, cached prefix, divergence",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be positive")
@@ -339,50 +399,76 @@ def main(argv: list[str] | None = None) -> None:
     n = len(best["requests"])
     _, replies = journey()
 
-    print(f"journey analyze -> edit -> test (red) -> fix -> test (green) -> doc: {n} model "
-          f"calls, best wall time of {args.repeats}: {best['wall']:.2f}s")
-    print(f"prefix: tools {a['tools_chars']:,} chars + system message {a['system_chars']:,} "
-          f"chars; identical in every request: tools {'yes' if a['same_tools'] else 'NO'}, "
-          f"system {'yes' if a['same_system'] else 'NO'}; model/options/keep_alive identical "
-          f"incl. warm-up: {'yes' if a['same_settings'] else 'NO (the server reloads)'}; "
-          f"identical across runs: {'yes' if len(volatile) == 1 else 'NO (volatile input)'}")
+    print(
+        f"journey analyze -> edit -> test (red) -> fix -> test (green) -> doc: {n} model "
+        f"calls, best wall time of {args.repeats}: {best['wall']:.2f}s"
+    )
+    print(
+        f"prefix: tools {a['tools_chars']:,} chars + system message {a['system_chars']:,} "
+        f"chars; identical in every request: tools {'yes' if a['same_tools'] else 'NO'}, "
+        f"system {'yes' if a['same_system'] else 'NO'}; model/options/keep_alive identical "
+        f"incl. warm-up: {'yes' if a['same_settings'] else 'NO (the server reloads)'}; "
+        f"identical across runs: {'yes' if len(volatile) == 1 else 'NO (volatile input)'}"
+    )
     share = a["stable"] / a["checked"] if a["checked"] else 1.0
-    print(f"{'prefix stable within a step':<34} {a['stable']:>3} of {a['checked']:<3} "
-          f"{share * 100:6.1f}%  (goal 100%: {verdict(share == 1.0, under=True)})")
-    print(f"{'cached share vs previous request':<34} {'':9}{a['cached'] * 100:6.1f}%  "
-          f"(goal >= {CACHED_GOAL:.0%}: {verdict(a['cached'] >= CACHED_GOAL, under=True)})")
-    print(f"{'cached share vs longest earlier':<34} {'':9}{a['longest'] * 100:6.1f}%  "
-          f"(for information; system message before tools: {a['cached_sys'] * 100:.1f}%)")
+    print(
+        f"{'prefix stable within a step':<34} {a['stable']:>3} of {a['checked']:<3} "
+        f"{share * 100:6.1f}%  (goal 100%: {verdict(share == 1.0, under=True)})"
+    )
+    print(
+        f"{'cached share vs previous request':<34} {'':9}{a['cached'] * 100:6.1f}%  "
+        f"(goal >= {CACHED_GOAL:.0%}: {verdict(a['cached'] >= CACHED_GOAL, under=True)})"
+    )
+    print(
+        f"{'cached share vs longest earlier':<34} {'':9}{a['longest'] * 100:6.1f}%  "
+        f"(for information; system message before tools: {a['cached_sys'] * 100:.1f}%)"
+    )
     cold, openings, turns = a["missed"]
-    print(f"{'':<4}not cached: {cold + openings + turns:,} of {sum(a['sizes']):,} chars = "
-          f"first request, cold {cold:,} ({cold / (cold + openings + turns):.0%}) + steps' first "
-          f"messages {openings:,} ({openings / (cold + openings + turns):.0%}) + new turns within "
-          f"steps {turns:,} ({turns / (cold + openings + turns):.0%}); without the cold first "
-          f"request: {a['warm'] * 100:.1f}% cached")
+    print(
+        f"{'':<4}not cached: {cold + openings + turns:,} of {sum(a['sizes']):,} chars = "
+        f"first request, cold {cold:,} ({cold / (cold + openings + turns):.0%}) + steps' first "
+        f"messages {openings:,} ({openings / (cold + openings + turns):.0%}) + new turns within "
+        f"steps {turns:,} ({turns / (cold + openings + turns):.0%}); without the cold first "
+        f"request: {a['warm'] * 100:.1f}% cached"
+    )
 
     harness = best["wall"] - best["serving"]
     commands = command_seconds(best["events"])
     evals = eval_tokens(n, replies)
     model_s = (a["new_tokens"] * NS_PER_PROMPT_TOKEN + evals * NS_PER_EVAL_TOKEN) / 1e9
-    print(f"{'harness time per model call':<34} {harness / n * 1000:7.1f} ms  "
-          f"= {harness / best['wall']:.1%} of wall {best['wall']:.2f}s (fake served "
-          f"{best['served']} requests in {best['serving'] * 1000:.0f} ms; for information)")
-    print(f"{'':<4}of which test commands {commands:.2f}s; the rest (start-up, worktree, tools, "
-          f"commits, client) {(harness - commands) / n * 1000:.1f} ms a call")
-    print(f"{'':<4}at the fake's nominal model speed ({a['new_tokens']:,} uncached prompt "
-          f"tokens, {evals} generated: {model_s:.1f}s of model time) the harness would be "
-          f"{harness / (harness + model_s):.0%} of the wall time")
-    print("tokens sent per step (prompt_eval_count estimate; 'not cached': beyond the common "
-          "prefix with the previous request):")
+    print(
+        f"{'harness time per model call':<34} {harness / n * 1000:7.1f} ms  "
+        f"= {harness / best['wall']:.1%} of wall {best['wall']:.2f}s (fake served "
+        f"{best['served']} requests in {best['serving'] * 1000:.0f} ms; for information)"
+    )
+    print(
+        f"{'':<4}of which test commands {commands:.2f}s; the rest (start-up, worktree, tools, "
+        f"commits, client) {(harness - commands) / n * 1000:.1f} ms a call"
+    )
+    print(
+        f"{'':<4}at the fake's nominal model speed ({a['new_tokens']:,} uncached prompt "
+        f"tokens, {evals} generated: {model_s:.1f}s of model time) the harness would be "
+        f"{harness / (harness + model_s):.0%} of the wall time"
+    )
+    print(
+        "tokens sent per step (prompt_eval_count estimate; 'not cached': beyond the common "
+        "prefix with the previous request):"
+    )
     for label, row in a["steps"].items():
-        print(f"    {label:<16} {row['calls']} calls  {row['tokens']:6,} tokens sent  "
-              f"{row['new']:6,} not cached  ({row['tokens'] // row['calls']:,} a call)")
-    print(f"    {'total':<16} {n} calls  {a['prompt_tokens']:6,} tokens sent  "
-          f"{a['new_tokens']:6,} not cached")
+        print(
+            f"    {label:<16} {row['calls']} calls  {row['tokens']:6,} tokens sent  "
+            f"{row['new']:6,} not cached  ({row['tokens'] // row['calls']:,} a call)"
+        )
+    print(
+        f"    {'total':<16} {n} calls  {a['prompt_tokens']:6,} tokens sent  "
+        f"{a['new_tokens']:6,} not cached"
+    )
     print("step boundaries (the first request of a step vs the last of the step before):")
     for i, label, prefix, size, where in a["boundaries"]:
-        print(f"    request {i + 1:<2} {label:<16} {prefix:6,} of {size:6,} chars reused "
-              f"({prefix / size:.0%}); diverges at {where}")
+        print(
+            f"    request {i + 1:<2} {label:<16} {prefix:6,} of {size:6,} chars reused "
+            f"({prefix / size:.0%}); diverges at {where}"
+        )
     for i, where in a["breaks"]:
         print(f"    WITHIN-STEP BREAK at request {i + 1}: diverges at {where}")
     found = compactions(best["events"])
@@ -392,9 +478,11 @@ def main(argv: list[str] | None = None) -> None:
         print("requests:")
         prev = None
         for i, body in enumerate(best["requests"]):
-            print(f"    {i + 1:<2} {step_label(body):<16} {len(body['messages']):2} messages "
-                  f"{a['sizes'][i]:6,} chars  cached {a['prev_prefix'][i]:6,}  "
-                  f"{'' if prev is None else divergence(prev, body)}")
+            print(
+                f"    {i + 1:<2} {step_label(body):<16} {len(body['messages']):2} messages "
+                f"{a['sizes'][i]:6,} chars  cached {a['prev_prefix'][i]:6,}  "
+                f"{'' if prev is None else divergence(prev, body)}"
+            )
             prev = body
     print(f"(benchmark took {time.perf_counter() - began:.0f}s)")
 

@@ -33,8 +33,13 @@ def big_taskfile(path: Path, steps: int = 1000) -> None:
     for i in range(1, steps + 1):
         deps = f"[s{i - 1}]" if i > 1 else "[]"
         kind = ("shell", "edit", "test", "analyze")[i % 4]
-        lines += [f"  - id: s{i}", f"    kind: {kind}", f"    goal: Step number {i} of the plan",
-                  f"    depends_on: {deps}", "    timeout: 5m"]
+        lines += [
+            f"  - id: s{i}",
+            f"    kind: {kind}",
+            f"    goal: Step number {i} of the plan",
+            f"    depends_on: {deps}",
+            "    timeout: 5m",
+        ]
         if kind == "shell":
             lines.append(f"    cmd: echo step {i} > out{i}.txt")
     path.write_text("\n".join(lines) + "\n")
@@ -48,8 +53,10 @@ def coder_cmd() -> list[str]:
 def report(name: str, ours: float, base: float, goal: float) -> None:
     ratio = ours / base
     verdict = "ok" if ratio <= goal else "OVER GOAL"
-    print(f"{name:<34} {ours * 1000:8.1f} ms  baseline {base * 1000:8.1f} ms  "
-          f"ratio {ratio:5.2f}x  (goal <= {goal}x: {verdict})")
+    print(
+        f"{name:<34} {ours * 1000:8.1f} ms  baseline {base * 1000:8.1f} ms  "
+        f"ratio {ratio:5.2f}x  (goal <= {goal}x: {verdict})"
+    )
 
 
 def main() -> None:
@@ -59,10 +66,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "big.yaml"
         big_taskfile(path)
-        yaml_base = best_of([sys.executable, "-c",
-                             f"import yaml; yaml.safe_load(open({str(path)!r}))"], runs=5)
-        report("coder validate (1,000 steps)", best_of([*coder, "validate", "-f", str(path)], 5),
-               yaml_base, 3.0)
+        yaml_base = best_of(
+            [sys.executable, "-c", f"import yaml; yaml.safe_load(open({str(path)!r}))"], runs=5
+        )
+        report(
+            "coder validate (1,000 steps)",
+            best_of([*coder, "validate", "-f", str(path)], 5),
+            yaml_base,
+            3.0,
+        )
 
 
 if __name__ == "__main__":

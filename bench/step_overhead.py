@@ -53,16 +53,28 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-GIT_ENV = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+GIT_ENV = {
+    **os.environ,
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "LC_ALL": "C",
+}
 FILES_PER_DIR = 50
 DIRS_PER_LEVEL = 20
 PHASES = ("command", "act", "verify", "commit", "next")
 
 
 def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, env=GIT_ENV, check=True, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE).stdout
+    return subprocess.run(
+        ["git", *args],
+        cwd=cwd,
+        env=GIT_ENV,
+        check=True,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ).stdout
 
 
 def coder_cmd() -> list[str]:
@@ -86,8 +98,12 @@ def make_repo(root: Path, files: int) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"file {i}\nsome text that does not matter\n")
     git(root, "init", "-q", "-b", "main")
-    for key, value in (("user.name", "Bench"), ("user.email", "bench@localhost"),
-                       ("gc.auto", "0"), ("commit.gpgsign", "false")):
+    for key, value in (
+        ("user.name", "Bench"),
+        ("user.email", "bench@localhost"),
+        ("gc.auto", "0"),
+        ("commit.gpgsign", "false"),
+    ):
         git(root, "config", key, value)
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", f"{files} files")
@@ -102,13 +118,22 @@ def targets(files: int, steps: int) -> list[str]:
 
 
 def write_taskfile(path: Path, task_id: str, paths: list[str]) -> None:
-    lines = [f"id: {task_id}", "title: Step overhead benchmark", "graph:",
-             "  - id: w0", "    kind: shell",
-             "    goal: Let the fresh worktree settle (not measured)",
-             f"    cmd: {sys.executable} -c 'import os; os.sync()'"]
+    lines = [
+        f"id: {task_id}",
+        "title: Step overhead benchmark",
+        "graph:",
+        "  - id: w0",
+        "    kind: shell",
+        "    goal: Let the fresh worktree settle (not measured)",
+        f"    cmd: {sys.executable} -c 'import os; os.sync()'",
+    ]
     for i, rel in enumerate(paths, 1):
-        lines += [f"  - id: s{i}", "    kind: shell", f"    goal: Overwrite {rel}",
-                  f"    cmd: echo {task_id} step {i} > {rel}"]
+        lines += [
+            f"  - id: s{i}",
+            "    kind: shell",
+            f"    goal: Overwrite {rel}",
+            f"    cmd: echo {task_id} step {i} > {rel}",
+        ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -160,8 +185,13 @@ def run_coder(repo: Path, tmp: Path, task_id: str, paths: list[str]) -> dict[str
     taskfile = tmp / f"{task_id}.yaml"
     write_taskfile(taskfile, task_id, paths)
     start = time.perf_counter()
-    proc = subprocess.run([*coder_cmd(), "run", "--autonomous", "--json", "-f", str(taskfile)],
-                          cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        [*coder_cmd(), "run", "--autonomous", "--json", "-f", str(taskfile)],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"coder run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -171,13 +201,20 @@ def run_coder(repo: Path, tmp: Path, task_id: str, paths: list[str]) -> dict[str
     finished = next(_ts(e) for e in events if e["event"] == "run.finished")
     check_commits(repo, f"main..{_branch_of(repo, task_id)}", len(paths))
     git(repo, "worktree", "remove", "--force", str(repo / ".coder" / "worktrees" / task_id))
-    return {"wall": wall, "fixed": wall - (finished - started["w0"]),
-            "step": (finished - started["s1"]) / len(paths), "phases": phases(events)}
+    return {
+        "wall": wall,
+        "fixed": wall - (finished - started["w0"]),
+        "step": (finished - started["s1"]) / len(paths),
+        "phases": phases(events),
+    }
 
 
 def _branch_of(repo: Path, task_id: str) -> str:
-    return next(b for b in git(repo, "branch", "--format=%(refname:short)").split()
-                if b.startswith(f"agent/{task_id}"))
+    return next(
+        b
+        for b in git(repo, "branch", "--format=%(refname:short)").split()
+        if b.startswith(f"agent/{task_id}")
+    )
 
 
 # --- the git CLI baseline ------------------------------------------------------------------------
@@ -196,7 +233,8 @@ class GitLoop:
         self.runs += 1
         script = "set -e\n" + "".join(
             f"echo baseline {self.runs} step {i} > {rel}\ngit add -A && git commit -q -m x\n"
-            for i, rel in enumerate(self.paths, 1))
+            for i, rel in enumerate(self.paths, 1)
+        )
         os.sync()
         start = time.perf_counter()
         subprocess.run(["bash", "-c", script], cwd=self.worktree, env=GIT_ENV, check=True)
@@ -243,8 +281,10 @@ def profile_steps(repo: Path, tmp: Path, paths: list[str], top: int = 30) -> Non
         raise SystemExit(f"profiled run ended {result.status}: {result.state.get('error')}")
     stats = pstats.Stats(profiler)
     per_step = stats.total_tt / len(paths)  # type: ignore[attr-defined]
-    print(f"\ncProfile of coder's steps in {repo.name} ({per_step * 1000:.1f} ms a step under "
-          "the profiler), by cumulative time:")
+    print(
+        f"\ncProfile of coder's steps in {repo.name} ({per_step * 1000:.1f} ms a step under "
+        "the profiler), by cumulative time:"
+    )
     stats.sort_stats("cumulative").print_stats(top)
     print("by own time:")
     stats.sort_stats("tottime").print_stats(top)
@@ -253,24 +293,42 @@ def profile_steps(repo: Path, tmp: Path, paths: list[str], top: int = 30) -> Non
 # --- main ----------------------------------------------------------------------------------------
 
 
-def report(name: str, ours: float, base: float, goal: float | None,
-           base_name: str = "git CLI") -> None:
+def report(
+    name: str, ours: float, base: float, goal: float | None, base_name: str = "git CLI"
+) -> None:
     ratio = ours / base
-    verdict = "for information" if goal is None else \
-        f"goal <= {goal}x: {'ok' if ratio <= goal else 'OVER GOAL'}"
-    print(f"{name:<36} {ours * 1000:8.1f} ms  {base_name:>12} {base * 1000:8.1f} ms  "
-          f"ratio {ratio:5.2f}x  ({verdict})")
+    verdict = (
+        "for information"
+        if goal is None
+        else f"goal <= {goal}x: {'ok' if ratio <= goal else 'OVER GOAL'}"
+    )
+    print(
+        f"{name:<36} {ours * 1000:8.1f} ms  {base_name:>12} {base * 1000:8.1f} ms  "
+        f"ratio {ratio:5.2f}x  ({verdict})"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--steps", type=int, default=20, help="steps per run (default 20)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 20_000],
-                        help="repository sizes in files (default: 100 20000)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="runs of coder and of the git loop per size, best kept (default 3)")
-    parser.add_argument("--profile", action="store_true",
-                        help="then cProfile coder's steps in the largest repository")
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[100, 20_000],
+        help="repository sizes in files (default: 100 20000)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of coder and of the git loop per size, best kept (default 3)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="then cProfile coder's steps in the largest repository",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.repeats < 1 or min(args.sizes) < 1:
         parser.error("--steps, --repeats and --sizes must be positive")
@@ -298,18 +356,33 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 loop.close()
             results[size] = {**best, "git": git_best}
-            print(f"{size:,} files (made in {made:.1f}s), {args.steps} steps, best of "
-                  f"{args.repeats}: coder total {best['wall']:.2f}s, fixed cost "
-                  f"{best['fixed']:.2f}s (start-up, worktree checkout)")
+            print(
+                f"{size:,} files (made in {made:.1f}s), {args.steps} steps, best of "
+                f"{args.repeats}: coder total {best['wall']:.2f}s, fixed cost "
+                f"{best['fixed']:.2f}s (start-up, worktree checkout)"
+            )
             report(f"coder per step ({size:,} files)", best["step"], git_best, 1.0)
-            print(f"{'':<4}where it goes: " + ", ".join(
-                f"{k} {v * 1000:.1f}" for k, v in best["phases"].items()) + " (ms)")
+            print(
+                f"{'':<4}where it goes: "
+                + ", ".join(f"{k} {v * 1000:.1f}" for k, v in best["phases"].items())
+                + " (ms)"
+            )
         if len(sizes) > 1:
             small, large = results[sizes[0]], results[sizes[-1]]
-            report(f"coder per step, {sizes[-1]:,} vs {sizes[0]:,}", large["step"],
-                   small["step"], 1.5, base_name=f"{sizes[0]:,} files")
-            report(f"git CLI per step, {sizes[-1]:,} vs {sizes[0]:,}", large["git"],
-                   small["git"], None, base_name=f"{sizes[0]:,} files")
+            report(
+                f"coder per step, {sizes[-1]:,} vs {sizes[0]:,}",
+                large["step"],
+                small["step"],
+                1.5,
+                base_name=f"{sizes[0]:,} files",
+            )
+            report(
+                f"git CLI per step, {sizes[-1]:,} vs {sizes[0]:,}",
+                large["git"],
+                small["git"],
+                None,
+                base_name=f"{sizes[0]:,} files",
+            )
         print(f"(benchmark took {time.perf_counter() - began:.0f}s)")
         if args.profile:
             profile_steps(tmp / f"repo{sizes[-1]}", tmp, paths_for[sizes[-1]])

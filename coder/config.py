@@ -78,8 +78,11 @@ def user_config_path() -> Path:
     return Path(base) / "coder" / "config.json"
 
 
-def load(cwd: Path | None = None, flags: Mapping[str, Any] | None = None,
-         env: Mapping[str, str] | None = None) -> Config:
+def load(
+    cwd: Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Config:
     env = os.environ if env is None else env
     root = find_project_root(cwd or Path.cwd())
     values = dict(DEFAULTS)
@@ -90,8 +93,10 @@ def load(cwd: Path | None = None, flags: Mapping[str, Any] | None = None,
     if env.get("CODER_CONFIG"):
         path = Path(env["CODER_CONFIG"]).expanduser()
         if not path.is_file():
-            raise InvalidInput(f"CODER_CONFIG points to {path}, which is not a file",
-                               hint="fix the path or unset CODER_CONFIG")
+            raise InvalidInput(
+                f"CODER_CONFIG points to {path}, which is not a file",
+                hint="fix the path or unset CODER_CONFIG",
+            )
         layers.append((path, "CODER_CONFIG"))
     elif root is not None:
         layers.append((root / PROJECT_FILE, "project file"))
@@ -120,8 +125,10 @@ def read_file(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidInput(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}",
-                           hint="fix the syntax, or delete the file and run `coder init`") from None
+        raise InvalidInput(
+            f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}",
+            hint="fix the syntax, or delete the file and run `coder init`",
+        ) from None
     if not isinstance(data, dict):
         raise InvalidInput(f"{path}:1:1: a config file must be a JSON object")
     from coder.schemas import validator
@@ -129,7 +136,9 @@ def read_file(path: Path) -> dict[str, Any]:
     errors = sorted(validator("config").iter_errors(data), key=lambda e: list(map(str, e.path)))
     if errors:
         lines = [_config_problem(path, text, e) for e in errors]
-        raise InvalidInput("; ".join(lines), hint=f"fix {path} (see the config reference in README.md)")
+        raise InvalidInput(
+            "; ".join(lines), hint=f"fix {path} (see the config reference in README.md)"
+        )
     data.pop("$schema", None)
     return data
 
@@ -166,6 +175,7 @@ def normalize_host(host: str) -> str:
 
 def detect_test_command(root: Path) -> str | None:
     """The project's test command, from the files that name a test framework."""
+
     def has(name: str) -> bool:
         return (root / name).exists()
 
@@ -177,7 +187,9 @@ def detect_test_command(root: Path) -> str | None:
 
     if has("package.json"):
         try:
-            scripts = json.loads((root / "package.json").read_text(encoding="utf-8")).get("scripts", {})
+            scripts = json.loads((root / "package.json").read_text(encoding="utf-8")).get(
+                "scripts", {}
+            )
         except (OSError, ValueError):
             scripts = {}
         if isinstance(scripts, dict) and "test" in scripts:
@@ -187,8 +199,12 @@ def detect_test_command(root: Path) -> str | None:
     if has("Cargo.toml"):
         return "cargo test"
     python_markers = ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini", "pytest.ini")
-    if has("pytest.ini") or has("conftest.py") or has("tests/conftest.py") or any(
-            mentions(m, "pytest") for m in python_markers if has(m)):
+    if (
+        has("pytest.ini")
+        or has("conftest.py")
+        or has("tests/conftest.py")
+        or any(mentions(m, "pytest") for m in python_markers if has(m))
+    ):
         return "python -m pytest -q"
     for folder in ("tests", "test"):
         if any((root / folder).glob("test*.py")):

@@ -15,28 +15,28 @@ import signal
 import threading
 
 POINTS = (
-    "after_worktree",   # worktree and branch created, before the first checkpoint
-    "before_step",      # step checkpointed as running, nothing done yet
-    "during_command",   # while the step's command runs (after CODER_CRASH_DELAY seconds)
-    "after_checks",     # command and asserts done, before the commit
-    "after_commit",     # commit on the branch, before the checkpoint that records it
-    "checkpoint",       # inside a state write: temp file written, before the rename
-    "before_finish",    # every step done, before the final status
+    "after_worktree",  # worktree and branch created, before the first checkpoint
+    "before_step",  # step checkpointed as running, nothing done yet
+    "during_command",  # while the step's command runs (after CODER_CRASH_DELAY seconds)
+    "after_checks",  # command and asserts done, before the commit
+    "after_commit",  # commit on the branch, before the checkpoint that records it
+    "checkpoint",  # inside a state write: temp file written, before the rename
+    "before_finish",  # every step done, before the final status
 )
 
 # `coder merge`'s points, enumerated by tests/test_merge.py (POINTS above are `run`'s and
 # `resume`'s, enumerated by tests/test_crash.py).
 MERGE_POINTS = (
-    "merge_verify",          # --if-green: check worktree created, before the tests run
-    "merge_before_ref",      # merge commit written (on no branch), before the base ref moves
-    "merge_after_ref",       # base branch and tag moved, before the checkout update and state
+    "merge_verify",  # --if-green: check worktree created, before the tests run
+    "merge_before_ref",  # merge commit written (on no branch), before the base ref moves
+    "merge_after_ref",  # base branch and tag moved, before the checkout update and state
     "merge_after_checkout",  # user's checkout updated, before the state records the merge
 )
 
 # `coder revert`'s points, enumerated by tests/test_revert.py.
 REVERT_POINTS = (
-    "revert_before_ref",      # revert commits written (on no branch), before the branch moves
-    "revert_after_ref",       # branch moved, before the worktree's files follow
+    "revert_before_ref",  # revert commits written (on no branch), before the branch moves
+    "revert_after_ref",  # branch moved, before the worktree's files follow
     "revert_after_worktree",  # files updated, before the state marks the later steps pending
 )
 
@@ -69,8 +69,9 @@ def crash_during(point: str, step: str | None = None) -> threading.Timer | None:
     target = _target()
     if target is None or target[0] != point or (target[1] is not None and target[1] != step):
         return None
-    timer = threading.Timer(float(os.environ.get("CODER_CRASH_DELAY", "0.3")),
-                            crashpoint, args=(point, step))
+    timer = threading.Timer(
+        float(os.environ.get("CODER_CRASH_DELAY", "0.3")), crashpoint, args=(point, step)
+    )
     timer.daemon = True
     timer.start()
     return timer

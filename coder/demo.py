@@ -38,8 +38,11 @@ def assets() -> DemoAssets:
     if packaged.is_dir():
         return DemoAssets(packaged / "project", packaged / "task.yaml", packaged / "recording.json")
     fixtures = Path(__file__).resolve().parent.parent / "fixtures"
-    return DemoAssets(fixtures / "pyproject-sample", fixtures / "demo" / "task.yaml",
-                      fixtures / "demo" / "recording.json")
+    return DemoAssets(
+        fixtures / "pyproject-sample",
+        fixtures / "demo" / "task.yaml",
+        fixtures / "demo" / "recording.json",
+    )
 
 
 def prepare(target: Path | None) -> Path:
@@ -49,7 +52,9 @@ def prepare(target: Path | None) -> Path:
     if target is None:
         target = Path(tempfile.mkdtemp(prefix="coder-demo-")) / "calc"
     elif target.exists() and any(target.iterdir()):
-        raise InvalidInput(f"{target} exists and is not empty", hint="pass a new directory to --keep")
+        raise InvalidInput(
+            f"{target} exists and is not empty", hint="pass a new directory to --keep"
+        )
     shutil.copytree(assets().project, target, dirs_exist_ok=True)
     repo = pygit2.init_repository(str(target), initial_head="main")
     sig, _ = gitops.signature(repo)
@@ -60,8 +65,9 @@ def prepare(target: Path | None) -> Path:
     return target
 
 
-def run(*, target: Path | None = None, live: bool = False, console: Any = None,
-        notify: Any = None) -> DemoResult:
+def run(
+    *, target: Path | None = None, live: bool = False, console: Any = None, notify: Any = None
+) -> DemoResult:
     from coder import merge, runs
 
     demo = assets()
@@ -74,9 +80,15 @@ def run(*, target: Path | None = None, live: bool = False, console: Any = None,
     repo = gitops.open_repo(repo_dir)
     state = result.state
     tip = gitops.branch_tip(repo, state["branch"])
-    commits = [f"{c.commit[:8]} {c.summary}" for c in gitops.step_commits(
-        repo, branch=state["branch"], base_commit=state["base_commit"], task_id=result.task_id)]
-    stat = gitops.diff_stat(repo, state["base_commit"], landed.commit) \
-        if landed and landed.commit else (gitops.diff_stat(repo, state["base_commit"], tip)
-                                          if tip else "")
+    commits = [
+        f"{c.commit[:8]} {c.summary}"
+        for c in gitops.step_commits(
+            repo, branch=state["branch"], base_commit=state["base_commit"], task_id=result.task_id
+        )
+    ]
+    stat = (
+        gitops.diff_stat(repo, state["base_commit"], landed.commit)
+        if landed and landed.commit
+        else (gitops.diff_stat(repo, state["base_commit"], tip) if tip else "")
+    )
     return DemoResult(repo_dir, result, landed, commits, stat)

@@ -45,12 +45,19 @@ def _git(cwd: Path) -> Check:
     _, fallback = gitops.signature(repo)
     libgit2 = f"libgit2 {pygit2.LIBGIT2_VERSION}"
     if fallback:
-        return Check("git repository", "warn", f"on branch {branch}; {libgit2}; user.name/email "
-                     "not set, commits would be authored by coder <coder@localhost>",
-                     "git config --global user.name 'Your Name' && "
-                     "git config --global user.email you@example.com")
-    return Check("git repository", "ok", f"on branch {branch}; {libgit2} (git hooks do not run "
-                 "for coder's commits)")
+        return Check(
+            "git repository",
+            "warn",
+            f"on branch {branch}; {libgit2}; user.name/email "
+            "not set, commits would be authored by coder <coder@localhost>",
+            "git config --global user.name 'Your Name' && "
+            "git config --global user.email you@example.com",
+        )
+    return Check(
+        "git repository",
+        "ok",
+        f"on branch {branch}; {libgit2} (git hooks do not run for coder's commits)",
+    )
 
 
 def _test_command(cwd: Path, cfg: config_mod.Config) -> Check:
@@ -61,28 +68,45 @@ def _test_command(cwd: Path, cfg: config_mod.Config) -> Check:
     detected = config_mod.detect_test_command(root)
     if detected:
         return Check("test command", "ok", f"{detected} (detected)")
-    return Check("test command", "warn", "no test command configured or detected; test steps "
-                 "and require_green_tests cannot run",
-                 "set test_command in coder.config.json (coder init writes one)")
+    return Check(
+        "test command",
+        "warn",
+        "no test command configured or detected; test steps and require_green_tests cannot run",
+        "set test_command in coder.config.json (coder init writes one)",
+    )
 
 
 def _sandbox() -> Check:
     from coder.sandbox import network_isolation_available
 
     if network_isolation_available():
-        return Check("command sandbox", "ok", "commands run in a private network namespace "
-                     "(no network), with a timeout and process-group kill")
-    return Check("command sandbox", "warn", "this kernel does not allow unprivileged network "
-                 "namespaces: only the command allowlist keeps commands off the network",
-                 "enable user namespaces (sysctl kernel.unprivileged_userns_clone=1) if you can")
+        return Check(
+            "command sandbox",
+            "ok",
+            "commands run in a private network namespace "
+            "(no network), with a timeout and process-group kill",
+        )
+    return Check(
+        "command sandbox",
+        "warn",
+        "this kernel does not allow unprivileged network "
+        "namespaces: only the command allowlist keeps commands off the network",
+        "enable user namespaces (sysctl kernel.unprivileged_userns_clone=1) if you can",
+    )
 
 
 def _ollama(cfg: config_mod.Config) -> list[Check]:
     from coder.agent.ollama import OllamaProvider
 
     host, model = str(cfg["ollama_host"]), str(cfg["model"])
-    with OllamaProvider(model, host, num_ctx=cfg["num_ctx"], max_num_ctx=int(cfg["max_num_ctx"]),
-                        retries=1, request_timeout=15) as provider:
+    with OllamaProvider(
+        model,
+        host,
+        num_ctx=cfg["num_ctx"],
+        max_num_ctx=int(cfg["max_num_ctx"]),
+        retries=1,
+        request_timeout=15,
+    ) as provider:
         version = _attempt("ollama host", provider.version)
         if isinstance(version, Check):
             return [version]
@@ -91,25 +115,51 @@ def _ollama(cfg: config_mod.Config) -> list[Check]:
         if isinstance(facts, Check):
             return [*checks, facts]
         trained = facts.context_length
-        checks.append(Check("model", "ok", f"{model} is pulled ({facts.arch or 'unknown'} "
-                            f"architecture, trained context {trained or 'unknown'})"))
+        checks.append(
+            Check(
+                "model",
+                "ok",
+                f"{model} is pulled ({facts.arch or 'unknown'} "
+                f"architecture, trained context {trained or 'unknown'})",
+            )
+        )
         if "tools" in facts.capabilities:
             checks.append(Check("tool support", "ok", f"{model} supports tool calling"))
         else:
-            checks.append(Check("tool support", "fail", f"{model} does not support tool calling "
-                                "(capabilities: " + ", ".join(facts.capabilities) + ")",
-                                "use a model with tools, e.g. `ollama pull qwen2.5-coder:7b` and "
-                                "set model in coder.config.json"))
+            checks.append(
+                Check(
+                    "tool support",
+                    "fail",
+                    f"{model} does not support tool calling "
+                    "(capabilities: " + ", ".join(facts.capabilities) + ")",
+                    "use a model with tools, e.g. `ollama pull qwen2.5-coder:7b` and "
+                    "set model in coder.config.json",
+                )
+            )
         num_ctx = provider.context_length()
-        source = cfg.sources["num_ctx"] if cfg["num_ctx"] else \
-            f"the model's own, capped by max_num_ctx={cfg['max_num_ctx']}"
+        source = (
+            cfg.sources["num_ctx"]
+            if cfg["num_ctx"]
+            else f"the model's own, capped by max_num_ctx={cfg['max_num_ctx']}"
+        )
         if num_ctx < MIN_USEFUL_CTX:
-            checks.append(Check("context window", "warn", f"num_ctx {num_ctx} ({source}) is small "
-                                "for coding; prompts may be cut", f"set num_ctx to at least "
-                                f"{MIN_USEFUL_CTX} in coder.config.json if memory allows"))
+            checks.append(
+                Check(
+                    "context window",
+                    "warn",
+                    f"num_ctx {num_ctx} ({source}) is small for coding; prompts may be cut",
+                    f"set num_ctx to at least "
+                    f"{MIN_USEFUL_CTX} in coder.config.json if memory allows",
+                )
+            )
         else:
-            checks.append(Check("context window", "ok", f"num_ctx {num_ctx} ({source}); coder "
-                                "sends it with every request"))
+            checks.append(
+                Check(
+                    "context window",
+                    "ok",
+                    f"num_ctx {num_ctx} ({source}); coder sends it with every request",
+                )
+            )
         return checks
 
 

@@ -109,12 +109,17 @@ class Executor:
         with self._lock:
             total = self.step_state(step_id).get("usage") or dict.fromkeys(keys, 0)
             self.step_state(step_id)["usage"] = {
-                k: round(total.get(k, 0) + usage.get(k, 0), 6) if isinstance(usage.get(k, 0), float)
-                else total.get(k, 0) + usage.get(k, 0) for k in keys}
+                k: round(total.get(k, 0) + usage.get(k, 0), 6)
+                if isinstance(usage.get(k, 0), float)
+                else total.get(k, 0) + usage.get(k, 0)
+                for k in keys
+            }
 
     def _reason(self, step_id: str, reason: str) -> None:
         with self._lock:
-            self.step_state(step_id).setdefault("reasons", []).append(self.run.redactor.redact(reason))
+            self.step_state(step_id).setdefault("reasons", []).append(
+                self.run.redactor.redact(reason)
+            )
 
     # --- the walk -----------------------------------------------------------------------
 
@@ -122,12 +127,20 @@ class Executor:
         """Run every runnable step; returns the run's final status."""
         self.run.state.update(status="running", pid=os.getpid(), error=None)
         self.checkpoint(validate=True)
-        self.run.log.info("run.started", steps=len(self.order), branch=self.run.branch,
-                          worktree=str(self.run.worktree))
+        self.run.log.info(
+            "run.started",
+            steps=len(self.order),
+            branch=self.run.branch,
+            worktree=str(self.run.worktree),
+        )
         while not self.halted and not self.run.stop.is_set():
             self._skip_blocked()
-            ready = [s for s in self.order if self.status(s) == "pending" and all(
-                self.status(d) == "success" for d in self.steps[s].depends_on)]
+            ready = [
+                s
+                for s in self.order
+                if self.status(s) == "pending"
+                and all(self.status(d) == "success" for d in self.steps[s].depends_on)
+            ]
             if not ready:
                 break
             exhausted = self._run_budget_exhausted()
@@ -172,8 +185,11 @@ class Executor:
         max_tokens = policies.get("run_max_tokens", cfg.get("run_max_tokens"))
         timeout = policies.get("run_timeout", cfg.get("run_timeout"))
         steps = self.run.state["steps"].values()
-        used = sum((s.get("usage") or {}).get("prompt_tokens", 0)
-                   + (s.get("usage") or {}).get("eval_tokens", 0) for s in steps)
+        used = sum(
+            (s.get("usage") or {}).get("prompt_tokens", 0)
+            + (s.get("usage") or {}).get("eval_tokens", 0)
+            for s in steps
+        )
         spent = sum(s.get("duration_s") or 0 for s in steps)
         if max_tokens is not None and used >= int(max_tokens):
             return f"run token budget exhausted ({used} of {max_tokens} tokens)"
@@ -208,9 +224,14 @@ class Executor:
                 crashpoint("after_checks", step.id)
                 try:
                     commit = gitops.commit_step(
-                        self.run.worktree, task_id=self.task.id, step_id=step.id,
-                        attempt=attempt, title=commit_title(step), body=commit_body(step, outcome),
-                        expected_tip=tip)
+                        self.run.worktree,
+                        task_id=self.task.id,
+                        step_id=step.id,
+                        attempt=attempt,
+                        title=commit_title(step),
+                        body=commit_body(step, outcome),
+                        expected_tip=tip,
+                    )
                 except CoderError as exc:  # the branch moved under us: stop, keep everything
                     self._fail(step, StepOutcome(False, exc.message), halt=True)
                     return
@@ -220,10 +241,14 @@ class Executor:
             gitops.discard_changes(self.run.worktree, tip)
             failures += 1
             if failures <= self._retries(step):
-                self._reason(step.id, f"attempt {attempt} failed: {outcome.error}; retrying "
-                             f"({failures} of {self._retries(step)} retries)")
-                self.run.log.warning("step.retry", step_id=step.id, attempt=attempt,
-                                     error=outcome.error or "")
+                self._reason(
+                    step.id,
+                    f"attempt {attempt} failed: {outcome.error}; retrying "
+                    f"({failures} of {self._retries(step)} retries)",
+                )
+                self.run.log.warning(
+                    "step.retry", step_id=step.id, attempt=attempt, error=outcome.error or ""
+                )
                 continue
             self._fail(step, outcome)
             return
@@ -239,12 +264,15 @@ class Executor:
         try:
             for step in steps:
                 scratch[step.id] = gitops.add_scratch_worktree(
-                    self.repo, name=f"{self.task.id}--{step.id}",
+                    self.repo,
+                    name=f"{self.task.id}--{step.id}",
                     path=self.run.coder_dir / "worktrees" / f"{self.task.id}--{step.id}",
-                    commit=tip)
+                    commit=tip,
+                )
             with ThreadPoolExecutor(max_workers=len(steps)) as pool:
-                futures = {s.id: pool.submit(self._scratch_attempts, s, scratch[s.id], tip)
-                           for s in steps}
+                futures = {
+                    s.id: pool.submit(self._scratch_attempts, s, scratch[s.id], tip) for s in steps
+                }
                 results = {sid: f.result() for sid, f in futures.items()}
             for step in steps:
                 outcome, commit = results[step.id]
@@ -255,14 +283,20 @@ class Executor:
                         self._fail(step, outcome)
                     continue
                 if self.halted:  # an earlier step of the level failed: this one is not landed
-                    self._reason(step.id, "finished, but not landed: an earlier step of its level "
-                                 "failed; runs again on resume")
+                    self._reason(
+                        step.id,
+                        "finished, but not landed: an earlier step of its level "
+                        "failed; runs again on resume",
+                    )
                     self._update(step.id, status="pending", ended_at=now_iso())
                     continue
                 current = self._tip()
                 try:
-                    landed = gitops.cherry_pick(self.run.worktree, commit, expected_tip=current) \
-                        if commit else None
+                    landed = (
+                        gitops.cherry_pick(self.run.worktree, commit, expected_tip=current)
+                        if commit
+                        else None
+                    )
                 except CoderError as exc:
                     self._fail(step, StepOutcome(False, exc.message))
                     continue
@@ -272,7 +306,9 @@ class Executor:
             for step in steps:
                 gitops.remove_worktree(self.repo, f"{self.task.id}--{step.id}")
 
-    def _scratch_attempts(self, step: Step, workdir: Path, tip: str) -> tuple[StepOutcome, str | None]:
+    def _scratch_attempts(
+        self, step: Step, workdir: Path, tip: str
+    ) -> tuple[StepOutcome, str | None]:
         failures = 0
         while True:
             attempt = self._start(step, tip)
@@ -280,15 +316,24 @@ class Executor:
             if outcome.ok:
                 crashpoint("after_checks", step.id)
                 commit = gitops.commit_detached(
-                    workdir, task_id=self.task.id, step_id=step.id, attempt=attempt,
-                    title=commit_title(step), body=commit_body(step, outcome), parent=tip)
+                    workdir,
+                    task_id=self.task.id,
+                    step_id=step.id,
+                    attempt=attempt,
+                    title=commit_title(step),
+                    body=commit_body(step, outcome),
+                    parent=tip,
+                )
                 return outcome, commit
             gitops.discard_changes(workdir, tip)
             failures += 1
             if outcome.cancelled or self.run.stop.is_set() or failures > self._retries(step):
                 return outcome, None
-            self._reason(step.id, f"attempt {attempt} failed: {outcome.error}; retrying "
-                         f"({failures} of {self._retries(step)} retries)")
+            self._reason(
+                step.id,
+                f"attempt {attempt} failed: {outcome.error}; retrying "
+                f"({failures} of {self._retries(step)} retries)",
+            )
 
     # --- the step protocol's pieces -----------------------------------------------------
 
@@ -305,21 +350,38 @@ class Executor:
     def _start(self, step: Step, tip: str) -> int:
         with self._lock:
             attempt = int(self.step_state(step.id).get("attempts", 0)) + 1
-            self._update(step.id, status="running", attempts=attempt, start_tip=tip,
-                         started_at=now_iso(), ended_at=None, error=None)
-        self.run.log.info("step.started", step_id=step.id, attempt=attempt, kind=step.kind,
-                          goal=step.goal)
+            self._update(
+                step.id,
+                status="running",
+                attempts=attempt,
+                start_tip=tip,
+                started_at=now_iso(),
+                ended_at=None,
+                error=None,
+            )
+        self.run.log.info(
+            "step.started", step_id=step.id, attempt=attempt, kind=step.kind, goal=step.goal
+        )
         crashpoint("before_step", step.id)
         return attempt
 
     def _attempt(self, step: Step, workdir: Path, attempt: int) -> StepOutcome:
         """Act and verify; every failure becomes an outcome the strategy can act on."""
-        ctx = StepContext(task=self.task, step=step, workdir=workdir, attempt=attempt,
-                          policy=self.run.policy, config=self.run.config,
-                          artifacts=self.run.artifacts, cancel=self.run.stop,
-                          log=self.run.log.bind(step_id=step.id), redactor=self.run.redactor,
-                          owner=self.run.owner, agent=self.run.agent,
-                          previous_error=self.step_state(step.id).get("error"))
+        ctx = StepContext(
+            task=self.task,
+            step=step,
+            workdir=workdir,
+            attempt=attempt,
+            policy=self.run.policy,
+            config=self.run.config,
+            artifacts=self.run.artifacts,
+            cancel=self.run.stop,
+            log=self.run.log.bind(step_id=step.id),
+            redactor=self.run.redactor,
+            owner=self.run.owner,
+            agent=self.run.agent,
+            previous_error=self.step_state(step.id).get("error"),
+        )
         guard = GitGuard.take(self.common_dir)
         started = time.monotonic()
         try:
@@ -331,50 +393,90 @@ class Executor:
         touched = guard.changes()
         if touched:
             guard.restore()
-            outcome = StepOutcome(False, f"the step changed .git/{', .git/'.join(touched)}; .git "
-                                  "belongs to coder's executor (the original was restored)")
+            outcome = StepOutcome(
+                False,
+                f"the step changed .git/{', .git/'.join(touched)}; .git "
+                "belongs to coder's executor (the original was restored)",
+            )
         if outcome.ok:
             failures = failed_asserts(step.asserts, workdir)
             if failures:
                 outcome = StepOutcome(False, "; ".join(failures), tests=outcome.tests)
-        self.run.log.debug("step.acted", step_id=step.id, ok=outcome.ok,
-                           duration_s=round(time.monotonic() - started, 3))
+        self.run.log.debug(
+            "step.acted",
+            step_id=step.id,
+            ok=outcome.ok,
+            duration_s=round(time.monotonic() - started, 3),
+        )
         return outcome
 
     def _succeed(self, step: Step, outcome: StepOutcome, commit: str | None, parent: str) -> None:
         if commit:
             diff = self.run.artifacts / f"{step.id}.diff"
             diff.parent.mkdir(parents=True, exist_ok=True)
-            diff.write_text(self.run.redactor.redact(gitops.diff_patch(self.repo, parent, commit)),
-                            encoding="utf-8")
-        self._update(step.id, status="success", commit=commit, ended_at=now_iso(),
-                     duration_s=self._duration(step.id), summary=outcome.summary,
-                     tests=outcome.tests, error=None)
-        self.run.log.info("step.succeeded", step_id=step.id, commit=commit or "",
-                          summary=outcome.summary or "")
+            diff.write_text(
+                self.run.redactor.redact(gitops.diff_patch(self.repo, parent, commit)),
+                encoding="utf-8",
+            )
+        self._update(
+            step.id,
+            status="success",
+            commit=commit,
+            ended_at=now_iso(),
+            duration_s=self._duration(step.id),
+            summary=outcome.summary,
+            tests=outcome.tests,
+            error=None,
+        )
+        self.run.log.info(
+            "step.succeeded", step_id=step.id, commit=commit or "", summary=outcome.summary or ""
+        )
 
     def _fail(self, step: Step, outcome: StepOutcome, *, halt: bool = False) -> None:
         error = outcome.error or "failed"
         strategy = step.strategy
         if strategy == "skip" and not self.run.fail_fast and not halt:
             self._reason(step.id, f"skipped after failing: {error} (on_fail: skip)")
-            self._update(step.id, status="skipped", ended_at=now_iso(), error=error,
-                         duration_s=self._duration(step.id), tests=outcome.tests)
+            self._update(
+                step.id,
+                status="skipped",
+                ended_at=now_iso(),
+                error=error,
+                duration_s=self._duration(step.id),
+                tests=outcome.tests,
+            )
             self.run.log.warning("step.skipped", step_id=step.id, reason=error)
             return
         if strategy == "fix_and_retry" and self.run.agent is None:
-            self._reason(step.id, "fix_and_retry needs a model and this run has none (no model "
-                         "steps); stopped as revert_and_stop")
-        self._update(step.id, status="failed", ended_at=now_iso(), error=error,
-                     duration_s=self._duration(step.id), tests=outcome.tests)
+            self._reason(
+                step.id,
+                "fix_and_retry needs a model and this run has none (no model "
+                "steps); stopped as revert_and_stop",
+            )
+        self._update(
+            step.id,
+            status="failed",
+            ended_at=now_iso(),
+            error=error,
+            duration_s=self._duration(step.id),
+            tests=outcome.tests,
+        )
         self.run.log.error("step.failed", step_id=step.id, error=error, strategy=strategy)
         self.halted = True
 
     def _interrupted(self, step: Step, outcome: StepOutcome) -> None:
-        self._reason(step.id, f"interrupted: {outcome.error or 'stop requested'}; its changes were "
-                     "discarded and `coder resume` runs it again")
-        self._update(step.id, status="interrupted", ended_at=now_iso(),
-                     duration_s=self._duration(step.id), error=outcome.error)
+        self._reason(
+            step.id,
+            f"interrupted: {outcome.error or 'stop requested'}; its changes were "
+            "discarded and `coder resume` runs it again",
+        )
+        self._update(
+            step.id,
+            status="interrupted",
+            ended_at=now_iso(),
+            duration_s=self._duration(step.id),
+            error=outcome.error,
+        )
         self.run.log.warning("step.interrupted", step_id=step.id)
 
     def _duration(self, step_id: str) -> float | None:
@@ -394,7 +496,10 @@ class Executor:
         error = None
         if "failed" in statuses:
             failed = [s for s in self.order if self.status(s) == "failed"]
-            status, error = "failed", f"step {failed[0]} failed: {self.step_state(failed[0])['error']}"
+            status, error = (
+                "failed",
+                f"step {failed[0]} failed: {self.step_state(failed[0])['error']}",
+            )
         elif self.run.stop.is_set() or "interrupted" in statuses:
             status = "interrupted"
         elif "pending" in statuses or "running" in statuses:
@@ -402,8 +507,9 @@ class Executor:
         else:
             problems = success_problems(self)
             status, error = ("failed", "; ".join(problems)) if problems else ("success", None)
-        self.run.state.update(status=status,
-                              error=self.run.redactor.redact(error) if error else None)
+        self.run.state.update(
+            status=status, error=self.run.redactor.redact(error) if error else None
+        )
         self.checkpoint(validate=True)
         self.run.log.info("run.finished", status=status, error=error or "")
         return status
@@ -420,8 +526,9 @@ def success_problems(ex: Executor) -> list[str]:
             cmd = success.test_command(ex.task, worktree, ex.run.config)
         except CoderError as exc:
             return [*problems, f"require_green_tests: {exc.message}"]
-        problem, result = success.run_tests(cmd, worktree, ex.run.policy, cancel=ex.run.stop,
-                                            owner=ex.run.owner)
+        problem, result = success.run_tests(
+            cmd, worktree, ex.run.policy, cancel=ex.run.stop, owner=ex.run.owner
+        )
         ex.run.log.info("success.tests", exit_code=result.exit_code)
         if problem:
             problems.append(f"require_green_tests: {problem}")
@@ -445,4 +552,3 @@ def commit_body(step: Step, outcome: StepOutcome) -> str:
     if outcome.summary:
         lines.append(outcome.summary)
     return redact("\n".join(lines))
-

@@ -55,8 +55,9 @@ def merged_tree(repo: pygit2.Repository, ours: str, theirs: str) -> tuple[str | 
 def write_commit(repo: pygit2.Repository, *, tree: str, parents: list[str], message: str) -> str:
     """A commit object on no branch yet: the branch moves later, by compare-and-swap."""
     sig, _fallback = signature(repo)
-    oid = repo.create_commit(None, sig, sig, message, pygit2.Oid(hex=tree),
-                             [pygit2.Oid(hex=p) for p in parents])
+    oid = repo.create_commit(
+        None, sig, sig, message, pygit2.Oid(hex=tree), [pygit2.Oid(hex=p) for p in parents]
+    )
     return str(oid)
 
 
@@ -66,8 +67,10 @@ def write_revert(repo: pygit2.Repository, commit: str, *, onto: str, message: st
     index = repo.revert_commit(repo[commit].peel(pygit2.Commit), repo[onto].peel(pygit2.Commit))
     if index.conflicts is not None:
         paths = sorted({(a or b or c).path for a, b, c in index.conflicts})
-        raise RunFailed(f"reverting {commit[:12]} conflicts in {', '.join(paths)}",
-                        hint="later commits changed the same lines; reset instead (--mode reset)")
+        raise RunFailed(
+            f"reverting {commit[:12]} conflicts in {', '.join(paths)}",
+            hint="later commits changed the same lines; reset instead (--mode reset)",
+        )
     return write_commit(repo, tree=str(index.write_tree(repo)), parents=[onto], message=message)
 
 

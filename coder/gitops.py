@@ -817,8 +817,10 @@ def effective_step_commits(
     by a later ``Coder-Reverts: <step>`` commit of this task (it cancels that step's newest
     commit before it). A reverted step is not done: resume runs it again."""
     effective: list[StepCommit] = []
-    by_id = {c.commit: c for c in step_commits(
-        repo, branch=branch, base_commit=base_commit, task_id=task_id)}
+    by_id = {
+        c.commit: c
+        for c in step_commits(repo, branch=branch, base_commit=base_commit, task_id=task_id)
+    }
     for commit in _walk(repo, branch, base_commit):
         if str(commit.id) in by_id:
             effective.append(by_id[str(commit.id)])

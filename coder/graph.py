@@ -45,8 +45,9 @@ def order(g: nx.DiGraph) -> list[str]:
 
 def levels(g: nx.DiGraph) -> list[list[str]]:
     """Parallel levels: every step of a level only needs steps of earlier levels."""
-    return [sorted(gen, key=lambda n: g.nodes[n]["position"])
-            for gen in nx.topological_generations(g)]
+    return [
+        sorted(gen, key=lambda n: g.nodes[n]["position"]) for gen in nx.topological_generations(g)
+    ]
 
 
 def descendants(g: nx.DiGraph, steps: Iterable[str]) -> set[str]:

@@ -41,18 +41,23 @@ def diff(view: RunView, *, step: str | None = None, stat: bool = False) -> str:
     else:
         if step not in view.state["steps"]:
             known = ", ".join(view.state["steps"])
-            raise InvalidInput(f"run {view.state['task_id']} has no step {step!r} (its steps: {known})")
+            raise InvalidInput(
+                f"run {view.state['task_id']} has no step {step!r} (its steps: {known})"
+            )
         commit = view.state["steps"][step].get("commit")
         if not commit:
             status = view.state["steps"][step]["status"]
-            raise InvalidInput(f"step {step} has no commit (status {status}; a step that changed "
-                               "nothing makes none)")
+            raise InvalidInput(
+                f"step {step} has no commit (status {status}; a step that changed "
+                "nothing makes none)"
+            )
         old, new = gitops.resolve_commit(repo, f"{commit}^"), commit
     return gitops.diff_stat(repo, old, new) if stat else gitops.diff_patch(repo, old, new)
 
 
-def clean(cwd: Path, task_id: str, *, keep_branch: bool = False,
-          delete_branch: bool = False) -> dict[str, Any]:
+def clean(
+    cwd: Path, task_id: str, *, keep_branch: bool = False, delete_branch: bool = False
+) -> dict[str, Any]:
     """Remove a run's worktree, state, artifacts and logs; its branch only when it was merged
     (unless `keep_branch`) or when asked (`delete_branch`)."""
     repo = gitops.open_repo(cwd)
@@ -61,8 +66,10 @@ def clean(cwd: Path, task_id: str, *, keep_branch: bool = False,
     manifest = load_manifest(coder_dir, task_id)
     pid = read_lock_owner(coder_dir, task_id)
     if pid is not None:
-        raise ConcurrentRun(f"run {task_id} is running (pid {pid})",
-                            hint=f"stop it first with `coder stop -t {task_id}`")
+        raise ConcurrentRun(
+            f"run {task_id} is running (pid {pid})",
+            hint=f"stop it first with `coder stop -t {task_id}`",
+        )
     try:
         merged = bool((StateStore(coder_dir).load(task_id).get("merge") or {}).get("commit"))
     except (CorruptState, InvalidInput):
@@ -76,8 +83,12 @@ def clean(cwd: Path, task_id: str, *, keep_branch: bool = False,
     drop_branch = delete_branch or (merged and not keep_branch)
     if drop_branch:
         gitops.delete_branch(repo, branch)
-    for path in (coder_dir / "state" / f"{task_id}.json", coder_dir / "logs" / f"{task_id}.jsonl",
-                 coder_dir / "locks" / f"{task_id}.lock", manifest_path(coder_dir, task_id)):
+    for path in (
+        coder_dir / "state" / f"{task_id}.json",
+        coder_dir / "logs" / f"{task_id}.jsonl",
+        coder_dir / "locks" / f"{task_id}.lock",
+        manifest_path(coder_dir, task_id),
+    ):
         path.unlink(missing_ok=True)
     shutil.rmtree(coder_dir / "artifacts" / task_id, ignore_errors=True)
     return {"task_id": task_id, "branch": branch, "branch_deleted": drop_branch, "merged": merged}

@@ -80,8 +80,14 @@ def check_worktree_name(task_id: str) -> str:
     return f"{task_id}--merge.check"
 
 
-def merge_run(task_id: str, *, cwd: Path, mode: str = "squash", if_green: bool = False,
-              notify: Notify | None = None) -> MergeResult:
+def merge_run(
+    task_id: str,
+    *,
+    cwd: Path,
+    mode: str = "squash",
+    if_green: bool = False,
+    notify: Notify | None = None,
+) -> MergeResult:
     """Land run `task_id` on its base branch (see the module docstring)."""
     from coder.events import EventLog
 
@@ -95,20 +101,34 @@ def merge_run(task_id: str, *, cwd: Path, mode: str = "squash", if_green: bool =
     try:
         lock.acquire()
     except ConcurrentRun as exc:
-        raise ConcurrentRun(f"cannot merge run {task_id} while it runs: {exc.message}",
-                            hint=exc.hint) from None
+        raise ConcurrentRun(
+            f"cannot merge run {task_id} while it runs: {exc.message}", hint=exc.hint
+        ) from None
     try:
         with EventLog(coder_dir, task_id) as log:
-            job = _Merge(repo, root, coder_dir, manifest, StateStore(coder_dir), mode, if_green,
-                         notify or (lambda _message: None))
+            job = _Merge(
+                repo,
+                root,
+                coder_dir,
+                manifest,
+                StateStore(coder_dir),
+                mode,
+                if_green,
+                notify or (lambda _message: None),
+            )
             try:
                 result = job.run()
             except CoderError as exc:
                 log.warning("merge.refused", mode=mode, error=exc.message)
                 raise
-            log.info(f"merge.{result.outcome}", mode=result.mode, base=result.base,
-                     commit=result.commit or "", tag=result.tag or "",
-                     finished=",".join(result.finished))
+            log.info(
+                f"merge.{result.outcome}",
+                mode=result.mode,
+                base=result.base,
+                commit=result.commit or "",
+                tag=result.tag or "",
+                finished=",".join(result.finished),
+            )
             return result
     finally:
         lock.release()
@@ -117,8 +137,17 @@ def merge_run(task_id: str, *, cwd: Path, mode: str = "squash", if_green: bool =
 class _Merge:
     """One `merge_run` call: the run's facts and the steps of the protocol."""
 
-    def __init__(self, repo: Any, root: Path, coder_dir: Path, manifest: dict[str, Any],
-                 store: StateStore, mode: str, if_green: bool, notify: Notify) -> None:
+    def __init__(
+        self,
+        repo: Any,
+        root: Path,
+        coder_dir: Path,
+        manifest: dict[str, Any],
+        store: StateStore,
+        mode: str,
+        if_green: bool,
+        notify: Notify,
+    ) -> None:
         self.repo, self.root, self.coder_dir, self.manifest = repo, root, coder_dir, manifest
         self.store, self.mode, self.if_green, self.notify = store, mode, if_green, notify
         self.task_id: str = manifest["task_id"]
@@ -147,16 +176,27 @@ class _Merge:
             if checkout is not None:  # the tests took a while: look again
                 self._check_checkout(checkout, base_tip, commit)
         crashpoint("merge_before_ref")
-        gitland.land(self.repo, branch=self.base, target=commit, expected_tip=base_tip,
-                    tag=self.tag, tag_expected=gitland.ref_target(self.repo, self._tagref),
-                    message=f"coder: merge {self.task_id} ({self.mode})")
+        gitland.land(
+            self.repo,
+            branch=self.base,
+            target=commit,
+            expected_tip=base_tip,
+            tag=self.tag,
+            tag_expected=gitland.ref_target(self.repo, self._tagref),
+            message=f"coder: merge {self.task_id} ({self.mode})",
+        )
         crashpoint("merge_after_ref")
         if checkout is not None:
             self._update_checkout(checkout, base_tip, commit)
         crashpoint("merge_after_checkout")
         self._record(commit, self.mode)
-        return self._result("merged", commit, base_tip, checkout=checkout,
-                            files=gitops.changed_files_between(self.repo, base_tip, commit))
+        return self._result(
+            "merged",
+            commit,
+            base_tip,
+            checkout=checkout,
+            files=gitops.changed_files_between(self.repo, base_tip, commit),
+        )
 
     # --- reading -------------------------------------------------------------------------
 
@@ -167,9 +207,10 @@ class _Merge:
     def _tip(self, branch: str, what: str) -> str:
         tip = gitops.branch_tip(self.repo, branch)
         if tip is None:
-            raise EnvironmentProblem(f"{what} {branch} of run {self.task_id} no longer exists",
-                                     hint=f"recreate {branch}, or remove the run with "
-                                     f"`coder clean -t {self.task_id}`")
+            raise EnvironmentProblem(
+                f"{what} {branch} of run {self.task_id} no longer exists",
+                hint=f"recreate {branch}, or remove the run with `coder clean -t {self.task_id}`",
+            )
         return tip
 
     def _landed(self, base_tip: str, run_tip: str) -> tuple[str, str, bool] | None:
@@ -178,10 +219,13 @@ class _Merge:
         if record.get("commit"):
             if gitland.is_ancestor(self.repo, record["commit"], base_tip):
                 return record["commit"], record.get("mode", "squash"), True
-            self.warnings.append(f"the earlier merge {record['commit'][:12]} is no longer on "
-                                 f"{self.base}; merging again")
-        found = gitland.find_merge_commit(self.repo, branch=self.base,
-                                         since=self.manifest["base_commit"], task_id=self.task_id)
+            self.warnings.append(
+                f"the earlier merge {record['commit'][:12]} is no longer on "
+                f"{self.base}; merging again"
+            )
+        found = gitland.find_merge_commit(
+            self.repo, branch=self.base, since=self.manifest["base_commit"], task_id=self.task_id
+        )
         if found is not None:
             return found[0], found[1], False
         ran = run_tip != self.manifest["base_commit"]  # a run without commits merges nothing
@@ -192,18 +236,23 @@ class _Merge:
     def _check_mergeable(self) -> None:
         status = self.state["status"]
         if status != "success":
-            raise InvalidInput(f"run {self.task_id} is {status}; only a successful run can be "
-                               "merged",
-                               hint=f"finish it with `coder resume -t {self.task_id}`, then merge")
-        foreign = gitops.foreign_commits(self.repo, branch=self.branch,
-                                         base_commit=self.manifest["base_commit"],
-                                         task_id=self.task_id)
+            raise InvalidInput(
+                f"run {self.task_id} is {status}; only a successful run can be merged",
+                hint=f"finish it with `coder resume -t {self.task_id}`, then merge",
+            )
+        foreign = gitops.foreign_commits(
+            self.repo,
+            branch=self.branch,
+            base_commit=self.manifest["base_commit"],
+            task_id=self.task_id,
+        )
         if foreign:
             raise EnvironmentProblem(
                 f"branch {self.branch} has commits coder did not make "
                 f"({', '.join(c[:8] for c in foreign[:5])}); refusing to land work no run checked",
                 hint=f"merge it with git yourself, or move those commits elsewhere and reset "
-                f"{self.branch} to its last coder commit")
+                f"{self.branch} to its last coder commit",
+            )
 
     # --- building the result ---------------------------------------------------------------
 
@@ -217,7 +266,8 @@ class _Merge:
                     f"cannot fast-forward {self.base} to {self.branch}: {self.base} has moved "
                     "since the run started; nothing was changed",
                     hint=f"merge with `coder merge -t {self.task_id} --mode squash` "
-                    "(or --mode no-ff) instead")
+                    "(or --mode no-ff) instead",
+                )
             return run_tip
         tree, conflicts = gitland.merged_tree(self.repo, base_tip, run_tip)
         if tree is None:
@@ -225,12 +275,17 @@ class _Merge:
                 f"run {self.task_id} conflicts with {self.base} (which moved since the run "
                 f"started) in {', '.join(conflicts)}; nothing was changed",
                 hint=f"resolve it by hand (`git merge --squash {self.branch}`), or start a new "
-                f"run from the current {self.base}")
+                f"run from the current {self.base}",
+            )
         if tree == gitland.commit_tree(self.repo, base_tip):
             return None
         parents = [base_tip] if self.mode == "squash" else [base_tip, run_tip]
-        return gitland.write_commit(self.repo, tree=tree, parents=parents,
-                                   message=merge_message(self.manifest, self.state, self.mode))
+        return gitland.write_commit(
+            self.repo,
+            tree=tree,
+            parents=parents,
+            message=merge_message(self.manifest, self.state, self.mode),
+        )
 
     # --- the user's checkout ---------------------------------------------------------------
 
@@ -240,13 +295,15 @@ class _Merge:
             raise EnvironmentProblem(
                 f"{self.base} is checked out in {checkout}, which is in the middle of a "
                 f"{plan.busy}; nothing was changed",
-                hint="finish or abort it there, then merge again")
+                hint="finish or abort it there, then merge again",
+            )
         if plan.blocked:
             raise CheckoutInTheWay(
                 f"uncommitted changes in {checkout} overlap the merge: "
                 f"{', '.join(plan.blocked[:10])}; nothing was changed",
                 hint=f"commit or stash them (`git stash -u`), then run "
-                f"`coder merge -t {self.task_id}` again")
+                f"`coder merge -t {self.task_id}` again",
+            )
 
     def _update_checkout(self, checkout: Path, old: str, new: str) -> bool:
         """True if files were written. A failure here comes after the base moved: say so, and
@@ -259,12 +316,13 @@ class _Merge:
             raise EnvironmentProblem(
                 f"run {self.task_id} landed on {self.base} as {new[:12]}, but updating the "
                 f"checkout {checkout} failed: {exc.message}",
-                hint=f"fix that, then run `coder merge -t {self.task_id}` again to finish") \
-                from None
+                hint=f"fix that, then run `coder merge -t {self.task_id}` again to finish",
+            ) from None
         if plan.blocked:
             self.warnings.append(
                 f"left {', '.join(plan.blocked[:10])} in {checkout} as they are (changed "
-                f"during the merge); `git status` there shows how they differ from {self.base}")
+                f"during the merge); `git status` there shows how they differ from {self.base}"
+            )
         return bool(plan.pending)
 
     # --- --if-green --------------------------------------------------------------------------
@@ -284,8 +342,9 @@ class _Merge:
         task = taskfile.from_dict(self.manifest["task"])
         cfg = config_mod.load(self.root)
         name = check_worktree_name(self.task_id)
-        path = gitops.add_scratch_worktree(self.repo, name=name, commit=commit,
-                                           path=self.coder_dir / "worktrees" / name)
+        path = gitops.add_scratch_worktree(
+            self.repo, name=name, commit=commit, path=self.coder_dir / "worktrees" / name
+        )
         log = self.coder_dir / "artifacts" / self.task_id / "merge-check.log"
         try:
             crashpoint("merge_verify")
@@ -296,12 +355,14 @@ class _Merge:
             raise RunFailed(
                 f"the merge of run {self.task_id} into {self.base} is not green, so nothing was "
                 f"landed: {'; '.join(problems)}",
-                hint=f"the test output is in {log}")
+                hint=f"the test output is in {log}",
+            )
 
     # --- finishing ---------------------------------------------------------------------------
 
-    def _finish_landed(self, commit: str, mode: str, recorded: bool, *,
-                       base_tip: str) -> MergeResult:
+    def _finish_landed(
+        self, commit: str, mode: str, recorded: bool, *, base_tip: str
+    ) -> MergeResult:
         """Base already has this run's merge: report it; after a crash, finish what the
         interrupted merge left undone (tag, checkout, state)."""
         if recorded:
@@ -312,33 +373,65 @@ class _Merge:
             gitland.set_tag(self.repo, self.tag, commit, expected=current)
             finished.append("tag")
         checkout = gitland.checked_out_in(self.repo, self.base)
-        old = gitland.first_parent(self.repo, commit) if mode != "ff-only" else \
-            gitland.landed_from_reflog(self.repo, self.base, commit)
+        old = (
+            gitland.first_parent(self.repo, commit)
+            if mode != "ff-only"
+            else gitland.landed_from_reflog(self.repo, self.base, commit)
+        )
         if checkout is not None and base_tip == commit:
             if old is None:
-                self.warnings.append(f"could not tell which files the merge changed; check "
-                                     f"`git status` in {checkout}")
+                self.warnings.append(
+                    f"could not tell which files the merge changed; check "
+                    f"`git status` in {checkout}"
+                )
             elif self._update_checkout(checkout, old, commit):
                 finished.append("checkout")
         self._record(commit, mode)
         finished.append("state")
-        return self._result("already_merged", commit, old, mode=mode, finished=tuple(finished),
-                            checkout=checkout if "checkout" in finished else None)
+        return self._result(
+            "already_merged",
+            commit,
+            old,
+            mode=mode,
+            finished=tuple(finished),
+            checkout=checkout if "checkout" in finished else None,
+        )
 
     def _record(self, commit: str, mode: str) -> None:
-        self.state["merge"] = {"commit": commit, "base": self.base, "mode": mode,
-                               "tag": self.tag, "merged_at": now_iso()}
+        self.state["merge"] = {
+            "commit": commit,
+            "base": self.base,
+            "mode": mode,
+            "tag": self.tag,
+            "merged_at": now_iso(),
+        }
         self.store.save(self.state)
 
-    def _result(self, outcome: str, commit: str | None, previous: str | None, *,
-                mode: str | None = None, checkout: Path | None = None,
-                files: list[str] | None = None, finished: tuple[str, ...] = ()) -> MergeResult:
+    def _result(
+        self,
+        outcome: str,
+        commit: str | None,
+        previous: str | None,
+        *,
+        mode: str | None = None,
+        checkout: Path | None = None,
+        files: list[str] | None = None,
+        finished: tuple[str, ...] = (),
+    ) -> MergeResult:
         return MergeResult(
-            task_id=self.task_id, outcome=outcome, base=self.base, mode=mode or self.mode,
-            commit=commit, previous=previous, tag=self.tag if commit else None,
-            files=tuple(files or ()), checkout=str(checkout) if checkout else None,
-            verified=self.if_green and outcome == "merged", finished=finished,
-            warnings=tuple(self.warnings))
+            task_id=self.task_id,
+            outcome=outcome,
+            base=self.base,
+            mode=mode or self.mode,
+            commit=commit,
+            previous=previous,
+            tag=self.tag if commit else None,
+            files=tuple(files or ()),
+            checkout=str(checkout) if checkout else None,
+            verified=self.if_green and outcome == "merged",
+            finished=finished,
+            warnings=tuple(self.warnings),
+        )
 
 
 def merge_message(manifest: dict[str, Any], state: dict[str, Any], mode: str) -> str:
@@ -351,8 +444,13 @@ def merge_message(manifest: dict[str, Any], state: dict[str, Any], mode: str) ->
     lines = []
     for step in task.steps:
         st = state["steps"].get(step.id, {})
-        note = "" if st.get("commit") else \
-            " (skipped)" if st.get("status") == "skipped" else " (no changes)"
+        note = (
+            ""
+            if st.get("commit")
+            else " (skipped)"
+            if st.get("status") == "skipped"
+            else " (no changes)"
+        )
         lines.append(f"- {commit_title(step)}{note}")
     what = "Squash merge" if mode == "squash" else "Merge"
     title = redact(" ".join(task.title.split())) or f"coder task {task.id}"
@@ -361,8 +459,9 @@ def merge_message(manifest: dict[str, Any], state: dict[str, Any], mode: str) ->
     return "\n\n".join([title, intro + "\n" + "\n".join(lines), trailers])
 
 
-def green_problems(task: Any, worktree: Path, cfg: Any, policy: Any, log: Path,
-                   notify: Notify) -> list[str]:
+def green_problems(
+    task: Any, worktree: Path, cfg: Any, policy: Any, log: Path, notify: Notify
+) -> list[str]:
     """The success criteria against `worktree`: required files, and the tests (always: green
     means the tests passed, whether or not the task's own criteria asked for them)."""
     from coder import success
@@ -376,7 +475,8 @@ def green_problems(task: Any, worktree: Path, cfg: Any, policy: Any, log: Path,
             f"--if-green needs the project's test command, and none could be found for task "
             f"{task.id}; nothing was landed",
             hint="set `test_command` in coder.config.json, or add a test step to the taskfile; "
-            "or merge without --if-green") from None
+            "or merge without --if-green",
+        ) from None
     notify(f"checking the merge result: {cmd}")
     problem, result = success.run_tests(cmd, worktree, policy)
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -47,32 +47,109 @@ CHARS_PER_TOKEN = 3.5  # a deliberately low ratio: overestimating refuses early,
 MAX_ANSWER_RESERVE = 6144  # tokens kept free for the answer and one repair round
 
 # Directories whose files say nothing about the project's own structure.
-VENDORED = frozenset({
-    "node_modules", "vendor", "third_party", "third-party", "3rdparty", ".venv", "venv",
-    "site-packages", "__pycache__", "dist", "build", "target", ".tox", ".nox", ".mypy_cache",
-    ".pytest_cache", ".ruff_cache", ".idea", ".vscode", ".coder", ".git", ".next", "coverage",
-})
-BINARY_SUFFIXES = frozenset("""
+VENDORED = frozenset(
+    {
+        "node_modules",
+        "vendor",
+        "third_party",
+        "third-party",
+        "3rdparty",
+        ".venv",
+        "venv",
+        "site-packages",
+        "__pycache__",
+        "dist",
+        "build",
+        "target",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".idea",
+        ".vscode",
+        ".coder",
+        ".git",
+        ".next",
+        "coverage",
+    }
+)
+BINARY_SUFFIXES = frozenset(
+    """
     .png .jpg .jpeg .gif .bmp .ico .webp .tif .tiff .psd .pdf .zip .gz .tgz .bz2 .xz .7z .rar
     .tar .jar .war .whl .egg .so .dylib .dll .exe .bin .o .a .lib .obj .pyc .pyo .class .wasm
     .woff .woff2 .ttf .otf .eot .mp3 .mp4 .wav .ogg .flac .mov .avi .mkv .webm .sqlite .db
     .pkl .npy .npz .parquet .onnx .pt .gguf .safetensors .lockb
-""".split())
+""".split()
+)
 LANGUAGES = {
-    ".py": "Python", ".js": "JavaScript", ".mjs": "JavaScript", ".cjs": "JavaScript",
-    ".jsx": "JavaScript", ".ts": "TypeScript", ".tsx": "TypeScript", ".go": "Go",
-    ".rs": "Rust", ".java": "Java", ".kt": "Kotlin", ".rb": "Ruby", ".php": "PHP",
-    ".c": "C", ".h": "C", ".cc": "C++", ".cpp": "C++", ".hpp": "C++", ".cs": "C#",
-    ".swift": "Swift", ".scala": "Scala", ".sh": "Shell", ".lua": "Lua", ".ex": "Elixir",
-    ".exs": "Elixir", ".hs": "Haskell", ".dart": "Dart", ".vue": "Vue", ".svelte": "Svelte",
+    ".py": "Python",
+    ".js": "JavaScript",
+    ".mjs": "JavaScript",
+    ".cjs": "JavaScript",
+    ".jsx": "JavaScript",
+    ".ts": "TypeScript",
+    ".tsx": "TypeScript",
+    ".go": "Go",
+    ".rs": "Rust",
+    ".java": "Java",
+    ".kt": "Kotlin",
+    ".rb": "Ruby",
+    ".php": "PHP",
+    ".c": "C",
+    ".h": "C",
+    ".cc": "C++",
+    ".cpp": "C++",
+    ".hpp": "C++",
+    ".cs": "C#",
+    ".swift": "Swift",
+    ".scala": "Scala",
+    ".sh": "Shell",
+    ".lua": "Lua",
+    ".ex": "Elixir",
+    ".exs": "Elixir",
+    ".hs": "Haskell",
+    ".dart": "Dart",
+    ".vue": "Vue",
+    ".svelte": "Svelte",
 }
 # Named in the allowlist, but not programs a plan needs to be told about.
-SHELL_BUILTINS = frozenset({"cd", "export", "set", "unset", "shift", "exit", "return", "read",
-                            "wait", "type", "command", "exec", "trap"})
+SHELL_BUILTINS = frozenset(
+    {
+        "cd",
+        "export",
+        "set",
+        "unset",
+        "shift",
+        "exit",
+        "return",
+        "read",
+        "wait",
+        "type",
+        "command",
+        "exec",
+        "trap",
+    }
+)
 # Key order of the written file: what a reader wants first.
 TASK_KEYS = ("id", "title", "spec", "base", "policies", "success", "graph")
-STEP_KEYS = ("id", "kind", "goal", "depends_on", "cmd", "cwd", "env", "framework", "args",
-             "changes", "assert", "timeout", "retries", "on_fail", "tools")
+STEP_KEYS = (
+    "id",
+    "kind",
+    "goal",
+    "depends_on",
+    "cmd",
+    "cwd",
+    "env",
+    "framework",
+    "args",
+    "changes",
+    "assert",
+    "timeout",
+    "retries",
+    "on_fail",
+    "tools",
+)
 # Filled in by coder, not by the model: the run resolves them from the config and the id.
 DROPPED_KEYS = ("branch", "model", "created_at")
 
@@ -84,16 +161,22 @@ class BadSpec(InvalidInput):
 class PlanFailed(RunFailed):
     """The model did not produce a valid taskfile within the allowed attempts (exit 1)."""
 
-    def __init__(self, problems: list[Problem], attempts: int, draft: Path | None,
-                 draft_text: str) -> None:
+    def __init__(
+        self, problems: list[Problem], attempts: int, draft: Path | None, draft_text: str
+    ) -> None:
         where = f"; the last draft is in {draft}" if draft else ""
         super().__init__(
             f"the model did not produce a valid taskfile in {attempts} attempt"
             f"{'s' * (attempts != 1)} ({len(problems)} problem{'s' * (len(problems) != 1)} "
             f"left){where}",
             hint="rephrase or narrow the spec, try a larger model (--model), raise plan_attempts"
-            " in coder.config.json" + (", or fix the draft by hand and check it with "
-                                       f"`coder validate -f {draft}`" if draft else ""))
+            " in coder.config.json"
+            + (
+                f", or fix the draft by hand and check it with `coder validate -f {draft}`"
+                if draft
+                else ""
+            ),
+        )
         self.problems = problems
         self.attempts = attempts
         self.draft = draft
@@ -157,9 +240,10 @@ def read_spec(prompt: str | None, file: Path | None, cwd: Path) -> Spec:
         if "\n" not in prompt and len(prompt) < 4096 and candidate.is_file():
             file = Path(prompt)
         elif _LOOKS_LIKE_FILE.fullmatch(prompt.strip()):
-            raise BadSpec(f"spec file {prompt} does not exist",
-                          hint="check the path; to plan from a prompt, describe the change in "
-                          "words (quoted)")
+            raise BadSpec(
+                f"spec file {prompt} does not exist",
+                hint="check the path; to plan from a prompt, describe the change in words (quoted)",
+            )
     if file is not None:
         try:
             text = yamldoc.read_text(cwd / file, str(file))
@@ -169,12 +253,15 @@ def read_spec(prompt: str | None, file: Path | None, cwd: Path) -> Spec:
     elif prompt is not None:
         text, source = prompt, "prompt"
     else:
-        raise BadSpec("no spec given", hint='run `coder plan "what to build"` or '
-                      "`coder plan -f SPEC.md`")
+        raise BadSpec(
+            "no spec given", hint='run `coder plan "what to build"` or `coder plan -f SPEC.md`'
+        )
     text = tidy(text)
     if not text:
-        raise BadSpec(f"the spec is empty ({source})",
-                      hint="describe what to build: the behaviour, the files, the tests")
+        raise BadSpec(
+            f"the spec is empty ({source})",
+            hint="describe what to build: the behaviour, the files, the tests",
+        )
     return Spec(text, source)
 
 
@@ -200,7 +287,10 @@ def gather_context(repo: pygit2.Repository, root: Path, cfg: config_mod.Config) 
     except Exception:  # detached or unborn: the plan still works, `base` just cannot be named
         branch = None
     return ProjectContext(
-        root=root, branch=branch, files=files, listed=listed,
+        root=root,
+        branch=branch,
+        files=files,
+        listed=listed,
         languages=_languages(listed),
         test_command=cfg.get("test_command") or config_mod.detect_test_command(root),
         readme=_readme(repo, head, files) if head else None,
@@ -243,7 +333,7 @@ def _readme(repo: pygit2.Repository, head: str, files: tuple[str, ...]) -> str |
     blob = repo[tree[sorted(names)[0]].id]
     if not isinstance(blob, pygit2.Blob):
         return None
-    text = blob.data[:MAX_README_CHARS * 2].decode("utf-8", errors="replace")
+    text = blob.data[: MAX_README_CHARS * 2].decode("utf-8", errors="replace")
     excerpt = text[:MAX_README_CHARS]
     if len(text) > MAX_README_CHARS:
         excerpt = excerpt.rsplit("\n", 1)[0] + "\n[...]"
@@ -310,26 +400,35 @@ How to plan:
 
 def system_prompt(ctx: ProjectContext, policy: Policy) -> str:
     if ctx.test_command:
-        tests = (f"The project's tests run with `{ctx.test_command}`. After the edits, add a test "
-                 "step (kind test, no cmd) with on_fail {strategy: fix_and_retry, max_cycles: 3}"
-                 "; when the spec adds behaviour, add or extend tests in an edit step before it, "
-                 "and set success: {require_green_tests: true}.")
+        tests = (
+            f"The project's tests run with `{ctx.test_command}`. After the edits, add a test "
+            "step (kind test, no cmd) with on_fail {strategy: fix_and_retry, max_cycles: 3}"
+            "; when the spec adds behaviour, add or extend tests in an edit step before it, "
+            "and set success: {require_green_tests: true}."
+        )
     else:
-        tests = ("No test command was detected in this project: add no test step unless the plan "
-                 "sets up tests and gives the test step a `cmd`.")
-    allowed = ", ".join(sorted(n for n in policy.allowed_commands
-                               if n[:1].isalpha() and n not in SHELL_BUILTINS))
+        tests = (
+            "No test command was detected in this project: add no test step unless the plan "
+            "sets up tests and gives the test step a `cmd`."
+        )
+    allowed = ", ".join(
+        sorted(n for n in policy.allowed_commands if n[:1].isalpha() and n not in SHELL_BUILTINS)
+    )
     languages = ", ".join(f"{name} ({n} files)" for name, n in ctx.languages) or "unknown"
     parts = [
-        RULES.format(tests=_wrap(tests), commands=_wrap(
-            f"shell and test commands may only run these programs: {allowed}. There is no "
-            "network: never download or install anything (no pip install, npm install, curl, "
-            "git clone).")),
+        RULES.format(
+            tests=_wrap(tests),
+            commands=_wrap(
+                f"shell and test commands may only run these programs: {allowed}. There is no "
+                "network: never download or install anything (no pip install, npm install, curl, "
+                "git clone)."
+            ),
+        ),
         "<project>",
         f"current branch: {ctx.branch or 'none (detached HEAD or no commits)'}",
         f"languages: {languages}",
         f"test command: {ctx.test_command or 'none detected'}",
-        f"<files count=\"{len(ctx.listed)}\">\n{format_tree(ctx.listed)}\n</files>",
+        f'<files count="{len(ctx.listed)}">\n{format_tree(ctx.listed)}\n</files>',
     ]
     if ctx.readme:
         parts.append(f"<readme>\n{ctx.readme}\n</readme>")
@@ -360,11 +459,15 @@ def repair_message(draft: Draft, view: str | None, problems: list[Problem]) -> s
     lines = "\n".join(str(p) for p in problems)
     n = len(problems)
     if view is None:
-        return (f"Your answer could not be used:\n{lines}\nAnswer with the whole taskfile as ONE "
-                "JSON object following the schema, and nothing else.")
-    return (f"coder checked your taskfile as this file, {draft.name}:\n```yaml\n{view}```\n"
-            f"It has {n} problem{'s' * (n != 1)} (FILE:LINE:COL: message):\n{lines}\n"
-            "Fix every problem and answer with the whole corrected taskfile as ONE JSON object.")
+        return (
+            f"Your answer could not be used:\n{lines}\nAnswer with the whole taskfile as ONE "
+            "JSON object following the schema, and nothing else."
+        )
+    return (
+        f"coder checked your taskfile as this file, {draft.name}:\n```yaml\n{view}```\n"
+        f"It has {n} problem{'s' * (n != 1)} (FILE:LINE:COL: message):\n{lines}\n"
+        "Fix every problem and answer with the whole corrected taskfile as ONE JSON object."
+    )
 
 
 # --- drafts --------------------------------------------------------------------------------
@@ -387,8 +490,11 @@ def parse_answer(content: str, done_reason: str | None, name: str) -> tuple[Any,
     """The JSON object in a model's answer; a problem (with the position in the answer) if
     there is none. Tolerates a fence or prose around the object (models without `format`)."""
     text = content.strip()
-    cut = (" (the answer was cut off at the length limit: plan fewer, shorter steps)"
-           if done_reason == "length" else "")
+    cut = (
+        " (the answer was cut off at the length limit: plan fewer, shorter steps)"
+        if done_reason == "length"
+        else ""
+    )
     if not text:
         return None, Problem(name, 1, 1, f"the answer is empty{cut}")
     try:
@@ -398,16 +504,23 @@ def parse_answer(content: str, done_reason: str | None, name: str) -> tuple[Any,
     embedded = _embedded_object(text)
     if embedded is not None:
         return embedded, None
-    return None, Problem(name, first.lineno, first.colno,
-                         f"the answer is not valid JSON: {first.msg}{cut}")
+    return None, Problem(
+        name, first.lineno, first.colno, f"the answer is not valid JSON: {first.msg}{cut}"
+    )
 
 
 def _embedded_object(text: str) -> dict[str, Any] | None:
     """The first object in the text that looks like a taskfile (models wrap JSON in prose)."""
     from coder.agent.repair import json_objects
 
-    return next((obj for obj in json_objects(text)
-                 if isinstance(obj, dict) and ("graph" in obj or "title" in obj)), None)
+    return next(
+        (
+            obj
+            for obj in json_objects(text)
+            if isinstance(obj, dict) and ("graph" in obj or "title" in obj)
+        ),
+        None,
+    )
 
 
 def normalise(data: dict[str, Any], spec: Spec, task_id: str) -> dict[str, Any]:
@@ -448,12 +561,15 @@ def render(doc: Mapping[str, Any], header: str = "") -> str:
             super().increase_indent(flow, False)  # indent lists under their key
 
     def text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value,
-                                       style="|" if "\n" in value else None)
+        return dumper.represent_scalar(
+            "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+        )
 
     def sequence(dumper: yaml.SafeDumper, value: list[Any]) -> yaml.Node:
-        inline = all(isinstance(v, (str, int, float, bool)) and "\n" not in str(v)
-                     for v in value) and len(json.dumps(value)) <= 60
+        inline = (
+            all(isinstance(v, (str, int, float, bool)) and "\n" not in str(v) for v in value)
+            and len(json.dumps(value)) <= 60
+        )
         return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=inline)
 
     def inline(dumper: yaml.SafeDumper, value: _Inline) -> yaml.Node:
@@ -462,8 +578,14 @@ def render(doc: Mapping[str, Any], header: str = "") -> str:
     Dumper.add_representer(str, text)
     Dumper.add_representer(list, sequence)
     Dumper.add_representer(_Inline, inline)
-    body = yaml.dump(_with_inline(doc), Dumper=Dumper, sort_keys=False, allow_unicode=True,
-                     width=100, default_flow_style=False)
+    body = yaml.dump(
+        _with_inline(doc),
+        Dumper=Dumper,
+        sort_keys=False,
+        allow_unicode=True,
+        width=100,
+        default_flow_style=False,
+    )
     lines, out, in_graph = body.splitlines(), [], False
     for line in lines:
         if in_graph and line.startswith("  - ") and out and not out[-1].endswith(":"):
@@ -480,26 +602,43 @@ class _Inline(dict[str, Any]):
 
 def _with_inline(doc: Mapping[str, Any]) -> dict[str, Any]:
     def small(value: Any) -> Any:
-        if isinstance(value, dict) and len(json.dumps(value)) <= 70 and all(
+        if (
+            isinstance(value, dict)
+            and len(json.dumps(value)) <= 70
+            and all(
                 isinstance(v, (str, int, float, bool)) and "\n" not in str(v)
-                for v in value.values()):
+                for v in value.values()
+            )
+        ):
             return _Inline(value)
         return value
 
     out = dict(doc)
     if isinstance(out.get("graph"), list):
         out["graph"] = [
-            {k: ([small(v) for v in value] if k in ("changes", "assert") and isinstance(value, list)
-                 else small(value) if k == "on_fail" else value) for k, value in step.items()}
-            if isinstance(step, dict) else step for step in out["graph"]]
+            {
+                k: (
+                    [small(v) for v in value]
+                    if k in ("changes", "assert") and isinstance(value, list)
+                    else small(value)
+                    if k == "on_fail"
+                    else value
+                )
+                for k, value in step.items()
+            }
+            if isinstance(step, dict)
+            else step
+            for step in out["graph"]
+        ]
     return out
 
 
 # --- checks --------------------------------------------------------------------------------
 
 
-def check_draft(text: str, name: str, ctx: ProjectContext, policy: Policy,
-                cfg: config_mod.Config) -> tuple[list[Problem], taskfile.Task | None]:
+def check_draft(
+    text: str, name: str, ctx: ProjectContext, policy: Policy, cfg: config_mod.Config
+) -> tuple[list[Problem], taskfile.Task | None]:
     """`coder validate`'s checks, then the planner's own, all problems at once."""
     try:
         doc = yamldoc.parse(text, name)
@@ -507,13 +646,15 @@ def check_draft(text: str, name: str, ctx: ProjectContext, policy: Policy,
         return [exc.problem], None
     problems, task = taskfile.check_document(doc)
     if isinstance(doc.data, dict):
-        problems = sorted(problems + plan_problems(doc, ctx, policy, cfg),
-                          key=lambda p: (p.line, p.col))
+        problems = sorted(
+            problems + plan_problems(doc, ctx, policy, cfg), key=lambda p: (p.line, p.col)
+        )
     return problems, (task if not problems else None)
 
 
-def plan_problems(doc: yamldoc.Document, ctx: ProjectContext, policy: Policy,
-                  cfg: config_mod.Config) -> list[Problem]:
+def plan_problems(
+    doc: yamldoc.Document, ctx: ProjectContext, policy: Policy, cfg: config_mod.Config
+) -> list[Problem]:
     """What makes a schema-valid plan unrunnable: refused commands, paths that leave the
     repository (also through symlinks), `changes` that do not match the files, a missing base.
     Defensive about shapes: the schema check reports those."""
@@ -527,13 +668,23 @@ def plan_problems(doc: yamldoc.Document, ctx: ProjectContext, policy: Policy,
     base = data.get("base")
     if isinstance(base, str) and base not in ctx.branches:
         known = ", ".join(sorted(b for b in ctx.branches if not b.startswith("agent/"))[:10])
-        report(["base"], f"base: branch {base!r} does not exist (leave base out to use the "
-               f"current branch; local branches: {known or 'none'})")
+        report(
+            ["base"],
+            f"base: branch {base!r} does not exist (leave base out to use the "
+            f"current branch; local branches: {known or 'none'})",
+        )
     graph = data.get("graph")
-    steps = [(i, s) for i, s in enumerate(graph) if isinstance(s, dict)] \
-        if isinstance(graph, list) else []
-    created = {_clean(c["path"]) for _, s in steps for c in _items(s.get("changes"))
-               if isinstance(c.get("path"), str) and c.get("mode") == "create"}
+    steps = (
+        [(i, s) for i, s in enumerate(graph) if isinstance(s, dict)]
+        if isinstance(graph, list)
+        else []
+    )
+    created = {
+        _clean(c["path"])
+        for _, s in steps
+        for c in _items(s.get("changes"))
+        if isinstance(c.get("path"), str) and c.get("mode") == "create"
+    }
     for i, step in steps:
         where = f" (step {step['id']})" if isinstance(step.get("id"), str) else ""
         for path, message in _command_problems(i, step, ctx, policy, cfg):
@@ -543,8 +694,9 @@ def plan_problems(doc: yamldoc.Document, ctx: ProjectContext, policy: Policy,
     return problems
 
 
-def _command_problems(i: int, step: dict[str, Any], ctx: ProjectContext, policy: Policy,
-                      cfg: config_mod.Config) -> list[tuple[list[Any], str]]:
+def _command_problems(
+    i: int, step: dict[str, Any], ctx: ProjectContext, policy: Policy, cfg: config_mod.Config
+) -> list[tuple[list[Any], str]]:
     from coder import testing
     from coder.errors import CoderError
     from coder.policy import check_command
@@ -558,13 +710,22 @@ def _command_problems(i: int, step: dict[str, Any], ctx: ProjectContext, policy:
         args = step.get("args")
         try:
             cmd = testing.test_command(
-                root=ctx.root, cmd=cmd if isinstance(cmd, str) else None,
+                root=ctx.root,
+                cmd=cmd if isinstance(cmd, str) else None,
                 framework=framework if isinstance(framework, str) else None,
-                args=args if isinstance(args, list) and all(isinstance(a, str) for a in args)
-                else (), configured=cfg.get("test_command"))
+                args=args
+                if isinstance(args, list) and all(isinstance(a, str) for a in args)
+                else (),
+                configured=cfg.get("test_command"),
+            )
         except CoderError:
-            return [(where, "no test command is known for this project (none configured or "
-                     "detected): give the step a `cmd`, or leave the test step out")]
+            return [
+                (
+                    where,
+                    "no test command is known for this project (none configured or "
+                    "detected): give the step a `cmd`, or leave the test step out",
+                )
+            ]
     else:
         return []
     try:
@@ -574,8 +735,9 @@ def _command_problems(i: int, step: dict[str, Any], ctx: ProjectContext, policy:
     return []
 
 
-def _path_problems(i: int, step: dict[str, Any], ctx: ProjectContext, policy: Policy,
-                   created: set[str]) -> list[tuple[list[Any], str]]:
+def _path_problems(
+    i: int, step: dict[str, Any], ctx: ProjectContext, policy: Policy, created: set[str]
+) -> list[tuple[list[Any], str]]:
     from coder.policy import PolicyViolation, resolve_in_root
 
     found: list[tuple[list[Any], str]] = []
@@ -598,16 +760,27 @@ def _path_problems(i: int, step: dict[str, Any], ctx: ProjectContext, policy: Po
         clean = _clean(rel)
         if (refused := escapes(rel, write=True)) is not None:
             found.append((where, refused))
-        elif mode in ("patch", "delete") and clean not in files and clean not in created \
-                and taskfile.is_repo_relative(rel):
-            found.append((where, f"{rel!r} does not exist in the repository, so it cannot be "
-                          f"{'patched' if mode == 'patch' else 'deleted'} (use mode create for a "
-                          "new file, or a path from <files>)"))
+        elif (
+            mode in ("patch", "delete")
+            and clean not in files
+            and clean not in created
+            and taskfile.is_repo_relative(rel)
+        ):
+            found.append(
+                (
+                    where,
+                    f"{rel!r} does not exist in the repository, so it cannot be "
+                    f"{'patched' if mode == 'patch' else 'deleted'} (use mode create for a "
+                    "new file, or a path from <files>)",
+                )
+            )
         elif mode == "create" and clean in files:
             found.append((where, f"{rel!r} already exists (use mode patch to change it)"))
     others: list[tuple[list[Any], Any]] = [(["graph", i, "cwd"], step.get("cwd"))]
-    others += [(["graph", i, "assert", j, "path"], a.get("path"))
-               for j, a in enumerate(_items(step.get("assert")))]
+    others += [
+        (["graph", i, "assert", j, "path"], a.get("path"))
+        for j, a in enumerate(_items(step.get("assert")))
+    ]
     for where, rel in others:
         if isinstance(rel, str) and (refused := escapes(rel, write=False)) is not None:
             found.append((where, refused))
@@ -632,8 +805,10 @@ def choose_id(proposed: Any, title: Any, ctx: ProjectContext, out: Path | None) 
     """The model's id if it is valid and unused; else a slug of the title plus the date."""
     if isinstance(proposed, str) and _ID.match(proposed) and not id_in_use(proposed, ctx, out):
         return proposed
-    stem = f"{taskfile.slugify(title if isinstance(title, str) else 'plan', 40)}-" \
-           f"{time.strftime('%Y%m%d')}"
+    stem = (
+        f"{taskfile.slugify(title if isinstance(title, str) else 'plan', 40)}-"
+        f"{time.strftime('%Y%m%d')}"
+    )
     for n in range(1, 100):
         candidate = stem if n == 1 else f"{stem}-{n}"
         if not id_in_use(candidate, ctx, out):
@@ -647,8 +822,9 @@ def id_in_use(task_id: str, ctx: ProjectContext, out: Path | None) -> bool:
     coder_dir = ctx.root / ".coder"
     if out is None and (tasks / f"{task_id}.yaml").exists():
         return True
-    if (coder_dir / "tasks" / f"{task_id}.json").exists() or \
-            (coder_dir / "state" / f"{task_id}.json").exists():
+    if (coder_dir / "tasks" / f"{task_id}.json").exists() or (
+        coder_dir / "state" / f"{task_id}.json"
+    ).exists():
         return True
     if any(b == f"agent/{task_id}" or b.startswith(f"agent/{task_id}-") for b in ctx.branches):
         return True
@@ -691,8 +867,9 @@ def write_text(path: Path, text: str) -> None:
 # --- the service ---------------------------------------------------------------------------
 
 
-def plan(spec: Spec, *, cwd: Path, options: PlanOptions, notify: Notify | None = None
-         ) -> PlanResult:
+def plan(
+    spec: Spec, *, cwd: Path, options: PlanOptions, notify: Notify | None = None
+) -> PlanResult:
     """Ask the model for a taskfile until it is valid (or the attempts run out), then write it
     (unless a dry run). Raises BadSpec (2), ModelUnavailable (3), ModelError or PlanFailed (1)."""
     from coder.policy import Policy
@@ -703,8 +880,10 @@ def plan(spec: Spec, *, cwd: Path, options: PlanOptions, notify: Notify | None =
     root = gitops.repo_root(repo)
     out = (cwd / options.out) if options.out is not None else None
     if out is not None and out.exists() and not options.force and not options.dry_run:
-        raise InvalidInput(f"{options.out} already exists",
-                           hint="choose another --out, or pass --force to overwrite it")
+        raise InvalidInput(
+            f"{options.out} already exists",
+            hint="choose another --out, or pass --force to overwrite it",
+        )
     ctx = gather_context(repo, root, cfg)
     policy = Policy.from_config(cfg.values)
     planner = _Planner(spec, cwd, options, cfg, ctx, policy, out, say)
@@ -716,10 +895,15 @@ def _provider(cfg: config_mod.Config) -> OllamaProvider:
     from coder.agent.ollama import OllamaProvider
 
     return OllamaProvider(
-        str(cfg["model"]), str(cfg["ollama_host"]), num_ctx=cfg["num_ctx"],
-        max_num_ctx=int(cfg["max_num_ctx"]), temperature=float(cfg["temperature"]),
-        seed=cfg["seed"], keep_alive=str(cfg["keep_alive"]),
-        request_timeout=float(cfg["request_timeout"]))
+        str(cfg["model"]),
+        str(cfg["ollama_host"]),
+        num_ctx=cfg["num_ctx"],
+        max_num_ctx=int(cfg["max_num_ctx"]),
+        temperature=float(cfg["temperature"]),
+        seed=cfg["seed"],
+        keep_alive=str(cfg["keep_alive"]),
+        request_timeout=float(cfg["request_timeout"]),
+    )
 
 
 @dataclass
@@ -742,30 +926,41 @@ class _Planner:
         self._check_size(system, num_ctx)
         attempts = int(self.cfg.get("plan_attempts") or 3)
         schema = bundled("task")
-        prefix = [{"role": "system", "content": system},
-                  {"role": "user", "content": spec_message(self.spec)}]
+        prefix = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": spec_message(self.spec)},
+        ]
         fallback_id = taskfile.generate_id()
         self.say(f"Planning with {provider.model} at {provider.host} (context {num_ctx} tokens)")
         usage, last = Usage(), None
         for attempt in range(1, attempts + 1):
-            messages = prefix if last is None else prefix + [
-                {"role": "assistant", "content": last.answer},
-                {"role": "user", "content": self._repair(last)}]
+            messages = (
+                prefix
+                if last is None
+                else prefix
+                + [
+                    {"role": "assistant", "content": last.answer},
+                    {"role": "user", "content": self._repair(last)},
+                ]
+            )
             result = provider.chat(messages, format=schema, on_event=self._on_event)
             usage = usage + result.usage
             last = self._evaluate(result.content, result.done_reason, fallback_id)
             if not last.problems:
                 return self._finish(last, attempt, provider.model, usage)
             if attempt < attempts:
-                self.say(f"attempt {attempt}/{attempts}: {len(last.problems)} problem"
-                         f"{'s' * (len(last.problems) != 1)}; asking the model to fix them")
+                self.say(
+                    f"attempt {attempt}/{attempts}: {len(last.problems)} problem"
+                    f"{'s' * (len(last.problems) != 1)}; asking the model to fix them"
+                )
         assert last is not None
         kept = None
         if not self.options.dry_run:
             kept = draft_path(last.target)
             write_text(kept, last.text if last.text.endswith("\n") else last.text + "\n")
-        raise PlanFailed(last.problems, attempts, Path(shown(kept, self.cwd)) if kept else None,
-                         last.text)
+        raise PlanFailed(
+            last.problems, attempts, Path(shown(kept, self.cwd)) if kept else None, last.text
+        )
 
     def _check_size(self, system: str, num_ctx: int) -> None:
         """Refuse a spec that cannot fit: Ollama would silently cut the prompt instead."""
@@ -775,9 +970,11 @@ class _Planner:
         if spec_tokens > room:
             raise BadSpec(
                 f"spec is {spec_tokens} tokens (est.), the model's context is {num_ctx}; shorten "
-                "it", hint=f"about {max(room, 0)} tokens are left for the spec after the project "
+                "it",
+                hint=f"about {max(room, 0)} tokens are left for the spec after the project "
                 "context and room for the answer; or use a model with a longer context (raise "
-                "num_ctx / max_num_ctx in coder.config.json)")
+                "num_ctx / max_num_ctx in coder.config.json)",
+            )
 
     def _on_event(self, event: ChatEvent) -> None:
         from coder.agent.provider import Retrying
@@ -791,8 +988,12 @@ class _Planner:
         if problem is not None or not isinstance(data, dict):
             if problem is None:
                 kind = {list: "list", str: "string"}.get(type(data), "value")
-                problem = Problem(shown(draft_path(fallback), self.cwd), 1, 1, "the answer must "
-                                  f"be a JSON object with `title` and `graph`, not a {kind}")
+                problem = Problem(
+                    shown(draft_path(fallback), self.cwd),
+                    1,
+                    1,
+                    f"the answer must be a JSON object with `title` and `graph`, not a {kind}",
+                )
             return Draft(answer, problem.file, answer, None, [problem], None, fallback)
         task_id = choose_id(data.get("id"), data.get("title"), self.ctx, self.out)
         target = target_for(task_id, self.ctx, self.out)
@@ -811,8 +1012,10 @@ class _Planner:
 
     def _header(self, target: Path) -> str:
         source = "a prompt" if self.spec.source == "prompt" else self.spec.source
-        return (f"# Planned by `coder plan` from {source} with {self.cfg['model']}.\n"
-                f"# Review it, then: coder run --autonomous -f {shown(target, self.cwd)}\n")
+        return (
+            f"# Planned by `coder plan` from {source} with {self.cfg['model']}.\n"
+            f"# Review it, then: coder run --autonomous -f {shown(target, self.cwd)}\n"
+        )
 
     def _finish(self, draft: Draft, attempts: int, model: str, usage: Usage) -> PlanResult:
         assert draft.data is not None and draft.task_id is not None
@@ -823,5 +1026,13 @@ class _Planner:
             if stale.is_file():
                 stale.unlink()
             path = draft.target
-        return PlanResult(draft.task_id, str(draft.data.get("title")), path, draft.text,
-                          draft.data, attempts, model, usage)
+        return PlanResult(
+            draft.task_id,
+            str(draft.data.get("title")),
+            path,
+            draft.text,
+            draft.data,
+            attempts,
+            model,
+            usage,
+        )

@@ -32,28 +32,143 @@ from coder.errors import InvalidInput
 # network. sh/bash are only accepted as `bash -c '<script>'`, whose script is checked too.
 DEFAULT_ALLOWED_COMMANDS: tuple[str, ...] = (
     # languages, test runners, build tools, version control
-    "python", "python3", "pytest", "ruff", "mypy", "black",
-    "node", "npm", "npx", "tsc", "go", "gofmt", "cargo", "rustc", "make", "git",
-    "sh", "bash",
+    "python",
+    "python3",
+    "pytest",
+    "ruff",
+    "mypy",
+    "black",
+    "node",
+    "npm",
+    "npx",
+    "tsc",
+    "go",
+    "gofmt",
+    "cargo",
+    "rustc",
+    "make",
+    "git",
+    "sh",
+    "bash",
     # shell builtins that appear in everyday command lines
-    "cd", "export", "set", "unset", "shift", "exit", "return", "read", "wait", ":", "type",
-    "command", "exec", "trap",
+    "cd",
+    "export",
+    "set",
+    "unset",
+    "shift",
+    "exit",
+    "return",
+    "read",
+    "wait",
+    ":",
+    "type",
+    "command",
+    "exec",
+    "trap",
     # coreutils-like tools
-    "echo", "printf", "cat", "ls", "mkdir", "rmdir", "cp", "mv", "rm", "touch", "ln", "sed",
-    "awk", "grep", "egrep", "fgrep", "find", "head", "tail", "wc", "sort", "uniq", "diff",
-    "cmp", "patch", "test", "[", "true", "false", "sleep", "tr", "cut", "basename", "dirname",
-    "pwd", "env", "xargs", "timeout", "tee", "chmod", "realpath", "readlink", "stat", "du",
-    "date", "which", "file", "od", "seq", "expr", "paste", "join", "comm", "tac", "rev", "nl",
-    "fold", "mktemp", "nice", "nohup", "tar", "gzip", "gunzip", "zcat", "unzip", "id",
-    "uname", "printenv",
+    "echo",
+    "printf",
+    "cat",
+    "ls",
+    "mkdir",
+    "rmdir",
+    "cp",
+    "mv",
+    "rm",
+    "touch",
+    "ln",
+    "sed",
+    "awk",
+    "grep",
+    "egrep",
+    "fgrep",
+    "find",
+    "head",
+    "tail",
+    "wc",
+    "sort",
+    "uniq",
+    "diff",
+    "cmp",
+    "patch",
+    "test",
+    "[",
+    "true",
+    "false",
+    "sleep",
+    "tr",
+    "cut",
+    "basename",
+    "dirname",
+    "pwd",
+    "env",
+    "xargs",
+    "timeout",
+    "tee",
+    "chmod",
+    "realpath",
+    "readlink",
+    "stat",
+    "du",
+    "date",
+    "which",
+    "file",
+    "od",
+    "seq",
+    "expr",
+    "paste",
+    "join",
+    "comm",
+    "tac",
+    "rev",
+    "nl",
+    "fold",
+    "mktemp",
+    "nice",
+    "nohup",
+    "tar",
+    "gzip",
+    "gunzip",
+    "zcat",
+    "unzip",
+    "id",
+    "uname",
+    "printenv",
 )
 
 # Refused while the network is off, even if a user put them in allowed_commands.
-NETWORK_PROGRAMS: frozenset[str] = frozenset({
-    "curl", "wget", "nc", "ncat", "netcat", "socat", "ssh", "scp", "sftp", "rsync", "telnet",
-    "ftp", "lftp", "tftp", "ping", "ping6", "dig", "nslookup", "host", "whois", "aria2c",
-    "axel", "http", "https", "xh", "openssl", "ssh-keyscan", "mosh",
-})
+NETWORK_PROGRAMS: frozenset[str] = frozenset(
+    {
+        "curl",
+        "wget",
+        "nc",
+        "ncat",
+        "netcat",
+        "socat",
+        "ssh",
+        "scp",
+        "sftp",
+        "rsync",
+        "telnet",
+        "ftp",
+        "lftp",
+        "tftp",
+        "ping",
+        "ping6",
+        "dig",
+        "nslookup",
+        "host",
+        "whois",
+        "aria2c",
+        "axel",
+        "http",
+        "https",
+        "xh",
+        "openssl",
+        "ssh-keyscan",
+        "mosh",
+    }
+)
 
 
 class PolicyViolation(InvalidInput):
@@ -77,6 +192,7 @@ class Policy:
         Names are compared by basename, so `/usr/bin/docker` in the config means `docker`.
         Network programs (curl, ssh, ...) additionally need `allow_network: true`.
         """
+
         def strings(key: str) -> list[str]:
             value = cfg.get(key) or []
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
@@ -89,13 +205,15 @@ class Policy:
                 return default
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise InvalidInput(
-                    f"config key {key} must be an integer >= {minimum}, got {value!r}")
+                    f"config key {key} must be an integer >= {minimum}, got {value!r}"
+                )
             return value
 
         allow_network = cfg.get("allow_network", False)
         if not isinstance(allow_network, bool):
             raise InvalidInput(
-                f"config key allow_network must be true or false, got {allow_network!r}")
+                f"config key allow_network must be true or false, got {allow_network!r}"
+            )
         extra = {_basename(name) for name in strings("allowed_commands")}
         return cls(
             allowed_commands=frozenset(DEFAULT_ALLOWED_COMMANDS) | extra,
@@ -128,8 +246,29 @@ def _basename(path: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 # Longest first, so `&&` is not read as `&` `&`.
-_OPERATORS = ("<<<", ";;&", "&>>", "<<-", "&&", "||", ";;", ";&", "|&", "<<", "<>", "<&", ">&",
-              ">>", ">|", "&>", ";", "|", "&", "<", ">")
+_OPERATORS = (
+    "<<<",
+    ";;&",
+    "&>>",
+    "<<-",
+    "&&",
+    "||",
+    ";;",
+    ";&",
+    "|&",
+    "<<",
+    "<>",
+    "<&",
+    ">&",
+    ">>",
+    ">|",
+    "&>",
+    ";",
+    "|",
+    "&",
+    "<",
+    ">",
+)
 _REDIRECTS = frozenset({"<<<", "&>>", "<<-", "<<", "<>", "<&", ">&", ">>", ">|", "&>", "<", ">"})
 _ARITH = "((arith))"  # token for a `(( ... ))` arithmetic command: runs no program
 _WORD_END = frozenset(" \t\n;&|()<>")
@@ -186,7 +325,7 @@ class _Lexer:
                 tokens.append("\n")
                 i = self.read_heredocs(i + 1)
             elif s.startswith("((", i) and (end := self.arith_end(i + 2)) >= 0:
-                self.sub(s[i + 2:end]).scan_expansions()
+                self.sub(s[i + 2 : end]).scan_expansions()
                 tokens.append(_ARITH)
                 i = end + 2
             elif c == "(":
@@ -201,8 +340,10 @@ class _Lexer:
                 elif close == ")":
                     return tokens, i + 1
                 elif re.search(r"(^|[\s;&|(])case\s", s):  # `pat)` of a case statement
-                    raise _refuse("`case` is not supported in commands (use if/elif, or a "
-                                  "script run by an allowed interpreter)")
+                    raise _refuse(
+                        "`case` is not supported in commands (use if/elif, or a "
+                        "script run by an allowed interpreter)"
+                    )
                 else:
                     raise _refuse("unbalanced parentheses")
             elif s.startswith(("<(", ">("), i):  # process substitution: a command list
@@ -211,7 +352,7 @@ class _Lexer:
                 tokens.append(_Word("", s[i:j], dynamic=True))
                 i = j
             else:
-                m = re.match(r"\d+(?=[<>])", s[i:i + 12])  # fd number of `2>&1`, `3<in`
+                m = re.match(r"\d+(?=[<>])", s[i : i + 12])  # fd number of `2>&1`, `3<in`
                 start = i + (m.end() if m else 0)
                 op = next((o for o in _OPERATORS if s.startswith(o, start)), None)
                 if op is None:
@@ -240,13 +381,13 @@ class _Lexer:
                 if s.startswith("\\\n", i):  # line continuation
                     i += 2
                     continue
-                text.append(s[i + 1:i + 2])
+                text.append(s[i + 1 : i + 2])
                 i += 2
             elif c == "'":
                 j = s.find("'", i + 1)
                 if j < 0:
                     raise _refuse("unbalanced single quote")
-                text.append(s[i + 1:j])
+                text.append(s[i + 1 : j])
                 i = j + 1
             elif c == '"':
                 part, dyn, i = self.dquote(i + 1)
@@ -311,9 +452,9 @@ class _Lexer:
     def dollar(self, i: int, in_dquote: bool) -> tuple[str, bool, int]:
         """At a `$`: returns (literal text, dynamic, end)."""
         s = self.s
-        nxt = s[i + 1:i + 2]
+        nxt = s[i + 1 : i + 2]
         if s.startswith("$((", i) and (end := self.arith_end(i + 3)) >= 0:
-            self.sub(s[i + 3:end]).scan_expansions()  # arithmetic may hold $(...) too
+            self.sub(s[i + 3 : end]).scan_expansions()  # arithmetic may hold $(...) too
             return "", True, end + 2
         if nxt == "(":
             tokens, j = self.lex_list(i + 2, ")")
@@ -327,10 +468,10 @@ class _Lexer:
                 j += 2 if s[j] == "\\" else 1
             if j >= self.n:
                 raise _refuse("unbalanced single quote")
-            return s[i + 2:j], True, j + 1
+            return s[i + 2 : j], True, j + 1
         if nxt == '"' and not in_dquote:  # $"..." is a translated "..."
             return self.dquote(i + 2)
-        if m := re.match(r"[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-]", s[i + 1:i + 65]):
+        if m := re.match(r"[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-]", s[i + 1 : i + 65]):
             return "", True, i + 1 + m.end()
         if nxt == "[":  # old-style arithmetic $[...]: `<<` inside is a shift, not a heredoc
             depth, j = 0, i + 1
@@ -339,7 +480,7 @@ class _Lexer:
                 j += 1
             if j >= self.n:
                 raise _refuse("unbalanced $[")
-            self.sub(s[i + 2:j]).scan_expansions()
+            self.sub(s[i + 2 : j]).scan_expansions()
             return "", True, j + 1
         return "$", False, i + 1
 
@@ -419,13 +560,42 @@ class _Lexer:
 # --------------------------------------------------------------------------------------------
 
 # Reserved words after which a command starts; `for`/`select` headers run nothing themselves.
-_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!",
-                       "{", "}", "time", "coproc"})
+_KEYWORDS = frozenset(
+    {
+        "if",
+        "then",
+        "else",
+        "elif",
+        "fi",
+        "do",
+        "done",
+        "while",
+        "until",
+        "!",
+        "{",
+        "}",
+        "time",
+        "coproc",
+    }
+)
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?\+?=")
 # Variables that make bash, the dynamic loader or git run code named in their value.
-_DANGEROUS_VARS = frozenset({"BASH_ENV", "ENV", "PS4", "PROMPT_COMMAND", "LD_PRELOAD",
-                             "LD_AUDIT", "GIT_SSH", "GIT_SSH_COMMAND", "GIT_PROXY_COMMAND",
-                             "GIT_EXTERNAL_DIFF", "GIT_ASKPASS", "SSH_ASKPASS"})
+_DANGEROUS_VARS = frozenset(
+    {
+        "BASH_ENV",
+        "ENV",
+        "PS4",
+        "PROMPT_COMMAND",
+        "LD_PRELOAD",
+        "LD_AUDIT",
+        "GIT_SSH",
+        "GIT_SSH_COMMAND",
+        "GIT_PROXY_COMMAND",
+        "GIT_EXTERNAL_DIFF",
+        "GIT_ASKPASS",
+        "SSH_ASKPASS",
+    }
+)
 _CODE_RUNNERS = {
     "eval": "`eval` runs a string as code, which cannot be checked (run the commands directly)",
     "source": "`source` runs a file as code, which cannot be checked (run its commands directly)",
@@ -449,29 +619,36 @@ def _programs_of(tokens: Sequence[_Token], depth: int) -> list[str]:
                 words.append(t)
             elif t.text == "[[":  # `&&`, `||`, `(`, `<` inside [[ ]] are not shell operators
                 i += 1
-                while i < len(tokens) and not (isinstance(tokens[i], _Word) and tokens[i].plain
-                                               and tokens[i].text == "]]"):
+                while i < len(tokens) and not (
+                    isinstance(tokens[i], _Word) and tokens[i].plain and tokens[i].text == "]]"
+                ):
                     i += 1
                 if i >= len(tokens):
                     raise _refuse("`[[` without a closing `]]`")
             elif t.text in _KEYWORDS:
                 if t.text == "time":  # `time -p cmd`
-                    while (i + 1 < len(tokens) and isinstance(tokens[i + 1], _Word)
-                           and tokens[i + 1].text.startswith("-")):
+                    while (
+                        i + 1 < len(tokens)
+                        and isinstance(tokens[i + 1], _Word)
+                        and tokens[i + 1].text.startswith("-")
+                    ):
                         i += 1
             elif t.text in ("for", "select"):
                 header = True
             elif t.text in ("case", "function"):
-                raise _refuse(f"`{t.text}` is not supported in commands (use if/elif, or a "
-                              "script run by an allowed interpreter)")
+                raise _refuse(
+                    f"`{t.text}` is not supported in commands (use if/elif, or a "
+                    "script run by an allowed interpreter)"
+                )
             else:
                 words.append(t)
         elif t in _REDIRECTS:
             i += 1  # the next word is the redirection target, not a program
         elif t == "(":
             if words:
-                raise _refuse("unexpected `(` (function definitions and array assignments "
-                              "are not supported)")
+                raise _refuse(
+                    "unexpected `(` (function definitions and array assignments are not supported)"
+                )
         elif t != _ARITH:  # a separator: `;` `&&` `||` `|` `&` newline `)`
             programs += _simple(words, depth)
             words, header = [], False
@@ -482,11 +659,15 @@ def _programs_of(tokens: Sequence[_Token], depth: int) -> list[str]:
 
 def _program_name(w: _Word) -> str:
     if w.dynamic:
-        raise _refuse(f"the program `{w.raw}` is given by a variable or substitution, which "
-                      "cannot be checked (write the program name literally)")
+        raise _refuse(
+            f"the program `{w.raw}` is given by a variable or substitution, which "
+            "cannot be checked (write the program name literally)"
+        )
     if (w.glob and w.text != "[") or w.brace:
-        raise _refuse(f"the program `{w.raw}` is a pattern the shell would expand, which "
-                      "cannot be checked (write the program name literally)")
+        raise _refuse(
+            f"the program `{w.raw}` is a pattern the shell would expand, which "
+            "cannot be checked (write the program name literally)"
+        )
     name = _basename(w.text)
     if not name:
         raise _refuse(f"`{w.raw}` is not a program name")
@@ -496,12 +677,15 @@ def _program_name(w: _Word) -> str:
 def _check_assignment(w: _Word) -> None:
     m = _ASSIGNMENT.match(w.raw)
     if m and m.group(1) in _DANGEROUS_VARS:
-        raise _refuse(f"setting {m.group(1)} can make the shell run commands that cannot be "
-                      "checked (remove the assignment)")
+        raise _refuse(
+            f"setting {m.group(1)} can make the shell run commands that cannot be "
+            "checked (remove the assignment)"
+        )
 
 
-def _skip_options(args: Sequence[_Word], takes_value: str = "",
-                  long_values: frozenset[str] = frozenset()) -> int:
+def _skip_options(
+    args: Sequence[_Word], takes_value: str = "", long_values: frozenset[str] = frozenset()
+) -> int:
     """Index of the first operand, getopt-style. `takes_value` lists the short options with a
     value (`-n 5` or `-n5`); `long_values` the long ones given as `--opt value`."""
     j = 0
@@ -522,13 +706,16 @@ def _skip_options(args: Sequence[_Word], takes_value: str = "",
     return j
 
 
-def _then(takes_value: str = "", long_values: frozenset[str] = frozenset(),
-          operands: int = 0) -> Callable[[Sequence[_Word], int], list[str]]:
+def _then(
+    takes_value: str = "", long_values: frozenset[str] = frozenset(), operands: int = 0
+) -> Callable[[Sequence[_Word], int], list[str]]:
     """A wrapper like `nohup prog ...`: skip its options and `operands`, then the rest is a
     command of its own."""
+
     def unwrap(args: Sequence[_Word], depth: int) -> list[str]:
         j = _skip_options(args, takes_value, long_values) + operands
         return _simple(args[j:], depth)
+
     return unwrap
 
 
@@ -542,17 +729,30 @@ def _env(args: Sequence[_Word], depth: int) -> list[str]:
 
 
 def _xargs(args: Sequence[_Word], depth: int) -> list[str]:
-    j = _skip_options(args, "adEILnPs", frozenset({
-        "--arg-file", "--delimiter", "--max-args", "--max-procs", "--max-chars",
-        "--process-slot-var"}))
+    j = _skip_options(
+        args,
+        "adEILnPs",
+        frozenset(
+            {
+                "--arg-file",
+                "--delimiter",
+                "--max-args",
+                "--max-procs",
+                "--max-chars",
+                "--process-slot-var",
+            }
+        ),
+    )
     if j >= len(args):
         return ["echo"]  # xargs runs echo by default
     programs = _simple(args[j:], depth)
     # xargs appends its input to the command: `xargs env` or `xargs find .` would take the
     # program (or a `-exec prog`) from that input.
     if programs and (programs[-1] in _PROGRAM_TAKERS or "find" in programs):
-        raise _refuse(f"`xargs {args[j].raw}` would take the program to run from its input, "
-                      "which cannot be checked (name the program after it)")
+        raise _refuse(
+            f"`xargs {args[j].raw}` would take the program to run from its input, "
+            "which cannot be checked (name the program after it)"
+        )
     return programs
 
 
@@ -564,7 +764,7 @@ def _find(args: Sequence[_Word], depth: int) -> list[str]:
             k = j + 1
             while k < len(args) and args[k].text not in (";", "+"):
                 k += 1
-            programs += _simple(args[j + 1:k], depth)
+            programs += _simple(args[j + 1 : k], depth)
             j = k
         j += 1
     return programs
@@ -586,19 +786,23 @@ def _shell(args: Sequence[_Word], depth: int) -> list[str]:
         else:
             break
     if not has_c:
-        raise _refuse("a shell may only run as `bash -c '<script>'`, whose script is checked "
-                      "(run the commands directly, or run a script as ./name.sh and add "
-                      "name.sh to allowed_commands in coder.config.json)")
+        raise _refuse(
+            "a shell may only run as `bash -c '<script>'`, whose script is checked "
+            "(run the commands directly, or run a script as ./name.sh and add "
+            "name.sh to allowed_commands in coder.config.json)"
+        )
     if j >= len(args):
         return []
     if args[j].dynamic:
-        raise _refuse(f"the script of `-c` is built at run time ({args[j].raw}), which cannot "
-                      "be checked (write it literally)")
+        raise _refuse(
+            f"the script of `-c` is built at run time ({args[j].raw}), which cannot "
+            "be checked (write it literally)"
+        )
     return _programs(args[j].text, depth + 1)
 
 
 def _trap(args: Sequence[_Word], depth: int) -> list[str]:
-    rest = args[_skip_options(args):]
+    rest = args[_skip_options(args) :]
     if len(rest) < 2 or rest[0].text == "-":  # `trap SIG` / `trap - SIG` reset a handler
         return []
     if rest[0].dynamic:
@@ -613,8 +817,21 @@ def _declare(args: Sequence[_Word], depth: int) -> list[str]:
 
 
 # Wrappers whose program, when missing, xargs would fill in from its input.
-_PROGRAM_TAKERS = frozenset({"env", "timeout", "nice", "nohup", "setsid", "command", "builtin",
-                             "exec", "stdbuf", "time", "xargs"})
+_PROGRAM_TAKERS = frozenset(
+    {
+        "env",
+        "timeout",
+        "nice",
+        "nohup",
+        "setsid",
+        "command",
+        "builtin",
+        "exec",
+        "stdbuf",
+        "time",
+        "xargs",
+    }
+)
 
 _WRAPPERS: dict[str, Callable[[Sequence[_Word], int], list[str]]] = {
     "env": _env,
@@ -647,7 +864,7 @@ def _simple(words: Sequence[_Word], depth: int) -> list[str]:
     if name in _CODE_RUNNERS:
         raise _refuse(_CODE_RUNNERS[name])
     unwrap = _WRAPPERS.get(name)
-    return [name] + (unwrap(words[k + 1:], depth) if unwrap else [])
+    return [name] + (unwrap(words[k + 1 :], depth) if unwrap else [])
 
 
 def _programs(cmd: str, depth: int) -> list[str]:
@@ -681,11 +898,15 @@ def check_command(cmd: str, policy: Policy) -> None:
         listed = name in policy.allowed_commands
         if name in NETWORK_PROGRAMS and not policy.allow_network:
             fix = "set allow_network: true" + ("" if listed else " and add it to allowed_commands")
-            raise _refuse(f"`{name}` is a network program and the network is off "
-                          f"({fix} in coder.config.json to allow it)")
+            raise _refuse(
+                f"`{name}` is a network program and the network is off "
+                f"({fix} in coder.config.json to allow it)"
+            )
         if not listed:
-            raise _refuse(f"`{name}` is not in allowed_commands "
-                          "(add it to allowed_commands in coder.config.json)")
+            raise _refuse(
+                f"`{name}` is not in allowed_commands "
+                "(add it to allowed_commands in coder.config.json)"
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -693,22 +914,43 @@ def check_command(cmd: str, policy: Policy) -> None:
 # --------------------------------------------------------------------------------------------
 
 # Basic variables plus toolchain locations (not secrets; go/cargo/java break without them).
-_BASIC_ENV = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR",
-    "VIRTUAL_ENV", "GOPATH", "GOROOT", "GOCACHE", "GOMODCACHE", "CARGO_HOME", "RUSTUP_HOME",
-    "JAVA_HOME", "PYENV_ROOT", "NVM_DIR",
-})
+_BASIC_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TERM",
+        "TZ",
+        "TMPDIR",
+        "VIRTUAL_ENV",
+        "GOPATH",
+        "GOROOT",
+        "GOCACHE",
+        "GOMODCACHE",
+        "CARGO_HOME",
+        "RUSTUP_HOME",
+        "JAVA_HOME",
+        "PYENV_ROOT",
+        "NVM_DIR",
+    }
+)
 _SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
-def scrub_env(policy: Policy, extra: Mapping[str, str] | None = None,
-              base: Mapping[str, str] | None = None) -> dict[str, str]:
+def scrub_env(
+    policy: Policy, extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The environment for a command: basic variables of `base` (default os.environ) minus
     anything secret-looking, plus `policy.env_passthrough` names, plus `extra` (a step's
     explicit env from the taskfile, applied last and trusted as written)."""
     base = os.environ if base is None else base
     env = {
-        name: value for name, value in base.items()
+        name: value
+        for name, value in base.items()
         if (name in _BASIC_ENV or name.startswith("LC_")) and not _SECRET_NAME.search(name)
     }
     env.update({name: base[name] for name in policy.env_passthrough if name in base})
@@ -723,8 +965,21 @@ def scrub_env(policy: Policy, extra: Mapping[str, str] | None = None,
 # --------------------------------------------------------------------------------------------
 
 # Names (of any path component, case-insensitive) that are never written.
-_SECRET_GLOBS = (".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_dsa*",
-                 "id_ecdsa*", "id_ed25519*", "*secret*", ".netrc", ".pypirc")
+_SECRET_GLOBS = (
+    ".env",
+    ".env.*",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    "*secret*",
+    ".netrc",
+    ".pypirc",
+)
 
 
 def is_protected(rel_posix: str, policy: Policy) -> str | None:

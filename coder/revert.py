@@ -89,8 +89,10 @@ def revert_run(task_id: str, *, cwd: Path, to_step: str, mode: str = "revert") -
     try:
         lock.acquire()
     except ConcurrentRun as exc:
-        raise ConcurrentRun(f"cannot revert run {task_id} while it runs: {exc.message}",
-                            hint=f"stop it first with `coder stop -t {task_id}`") from None
+        raise ConcurrentRun(
+            f"cannot revert run {task_id} while it runs: {exc.message}",
+            hint=f"stop it first with `coder stop -t {task_id}`",
+        ) from None
     try:
         with EventLog(coder_dir, task_id) as log:
             job = _Revert(repo, coder_dir, manifest, order, to_step, mode)
@@ -99,9 +101,15 @@ def revert_run(task_id: str, *, cwd: Path, to_step: str, mode: str = "revert") -
             except CoderError as exc:
                 log.warning("revert.refused", to_step=to_step, mode=mode, error=exc.message)
                 raise
-            log.info(f"revert.{result.outcome}", to_step=to_step, mode=mode,
-                     previous_tip=result.previous_tip, commit=result.tip,
-                     undone=",".join(result.undone), pending=",".join(result.pending))
+            log.info(
+                f"revert.{result.outcome}",
+                to_step=to_step,
+                mode=mode,
+                previous_tip=result.previous_tip,
+                commit=result.tip,
+                undone=",".join(result.undone),
+                pending=",".join(result.pending),
+            )
             return result
     finally:
         lock.release()
@@ -113,22 +121,25 @@ def step_order(manifest: dict[str, Any]) -> list[str]:
     return graph.order(graph.build(task.deps()))
 
 
-def plan_revert(order: list[str], to_step: str, commits: list[gitops.StepCommit],
-                base_commit: str) -> RevertPlan:
+def plan_revert(
+    order: list[str], to_step: str, commits: list[gitops.StepCommit], base_commit: str
+) -> RevertPlan:
     """What to undo: `commits` are the effective step commits in branch order."""
     upto = set(order[: order.index(to_step) + 1])
     last = max((i for i, c in enumerate(commits) if c.step_id in upto), default=-1)
     cut = commits[last].commit if last >= 0 else base_commit
     kept = {c.step_id for c in commits[: last + 1]}
     pending = tuple(s for s in order if s not in upto and s not in kept)
-    return RevertPlan(cut, tuple(commits[last + 1:]), pending)
+    return RevertPlan(cut, tuple(commits[last + 1 :]), pending)
 
 
 def revert_message(task_id: str, to_step: str, undone: gitops.StepCommit) -> str:
     """Like `git revert`'s, with coder's trailers (and no Coder-Step) as the last paragraph."""
     title = f'Revert "{undone.summary}"'
-    body = (f"This reverts commit {undone.commit} (step {undone.step_id}, attempt "
-            f"{undone.attempt}): `coder revert --to-step {to_step}`.")
+    body = (
+        f"This reverts commit {undone.commit} (step {undone.step_id}, attempt "
+        f"{undone.attempt}): `coder revert --to-step {to_step}`."
+    )
     trailers = f"{gitops.TRAILER_TASK}: {task_id}\n{gitops.TRAILER_REVERTS}: {undone.step_id}\n"
     return "\n\n".join([title, body, trailers])
 
@@ -136,8 +147,15 @@ def revert_message(task_id: str, to_step: str, undone: gitops.StepCommit) -> str
 class _Revert:
     """One `revert_run` call: the run's facts and the steps of the protocol."""
 
-    def __init__(self, repo: Any, coder_dir: Path, manifest: dict[str, Any], order: list[str],
-                 to_step: str, mode: str) -> None:
+    def __init__(
+        self,
+        repo: Any,
+        coder_dir: Path,
+        manifest: dict[str, Any],
+        order: list[str],
+        to_step: str,
+        mode: str,
+    ) -> None:
         self.repo, self.coder_dir, self.manifest, self.order = repo, coder_dir, manifest, order
         self.to_step, self.mode = to_step, mode
         self.task_id: str = manifest["task_id"]
@@ -155,21 +173,38 @@ class _Revert:
         self._repair_worktree(tip)
         self._settle_worktree(tip)
         commits = gitops.effective_step_commits(
-            self.repo, branch=self.branch, base_commit=self.manifest["base_commit"],
-            task_id=self.task_id)
+            self.repo,
+            branch=self.branch,
+            base_commit=self.manifest["base_commit"],
+            task_id=self.task_id,
+        )
         plan = plan_revert(self.order, self.to_step, commits, self.manifest["base_commit"])
         moves = plan.cut != tip if self.mode == "reset" else bool(plan.undo)
         new_tip, made = self._move(plan, tip) if moves else (tip, ())
         undone = tuple(c.step_id for c in reversed(plan.undo)) if moves else ()
-        was = tip if moves else gitland.landed_from_reflog(
-            self.repo, self.branch, tip, prefix=gitops.REFLOG_REVERT)
+        was = (
+            tip
+            if moves
+            else gitland.landed_from_reflog(
+                self.repo, self.branch, tip, prefix=gitops.REFLOG_REVERT
+            )
+        )
         pending = self._mark_pending(plan, {c.step_id for c in plan.undo}, was)
         return RevertResult(
-            task_id=self.task_id, to_step=self.to_step, mode=self.mode,
-            outcome="reverted" if moves else "already_there", branch=self.branch,
-            previous_tip=tip, tip=new_tip, target=plan.cut, undone=undone,
-            revert_commits=made, pending=pending, finished=tuple(self.finished),
-            warnings=tuple(self.warnings))
+            task_id=self.task_id,
+            to_step=self.to_step,
+            mode=self.mode,
+            outcome="reverted" if moves else "already_there",
+            branch=self.branch,
+            previous_tip=tip,
+            tip=new_tip,
+            target=plan.cut,
+            undone=undone,
+            revert_commits=made,
+            pending=pending,
+            finished=tuple(self.finished),
+            warnings=tuple(self.warnings),
+        )
 
     # --- refusals ----------------------------------------------------------------------------
 
@@ -182,11 +217,15 @@ class _Revert:
         if not commit:
             return
         base = record.get("base") or self.state["base"]
-        undo = {"no-ff": f"git revert -m 1 {tag}",
-                "ff-only": f"git revert --no-edit {self.manifest['base_commit'][:12]}..{tag}"}
+        undo = {
+            "no-ff": f"git revert -m 1 {tag}",
+            "ff-only": f"git revert --no-edit {self.manifest['base_commit'][:12]}..{tag}",
+        }
         how = undo.get(record.get("mode", ""), f"git revert {tag}")
-        raise MergedRun(f"run {self.task_id} was merged into {base} at {commit[:12]}; revert the "
-                        f"merge on {base} instead ({how})")
+        raise MergedRun(
+            f"run {self.task_id} was merged into {base} at {commit[:12]}; revert the "
+            f"merge on {base} instead ({how})"
+        )
 
     def _tagged(self, tag: str) -> str | None:
         """The commit tag coder/ID names, if it is this run's merge: `coder merge` moves base
@@ -201,22 +240,28 @@ class _Revert:
     def _tip(self) -> str:
         tip = gitops.branch_tip(self.repo, self.branch)
         if tip is None:
-            raise EnvironmentProblem(f"branch {self.branch} of run {self.task_id} no longer "
-                                     "exists; there is nothing to revert",
-                                     hint=f"remove the run with `coder clean -t {self.task_id}`")
+            raise EnvironmentProblem(
+                f"branch {self.branch} of run {self.task_id} no longer "
+                "exists; there is nothing to revert",
+                hint=f"remove the run with `coder clean -t {self.task_id}`",
+            )
         return tip
 
     def _refuse_foreign(self) -> None:
-        foreign = gitops.foreign_commits(self.repo, branch=self.branch,
-                                         base_commit=self.manifest["base_commit"],
-                                         task_id=self.task_id)
+        foreign = gitops.foreign_commits(
+            self.repo,
+            branch=self.branch,
+            base_commit=self.manifest["base_commit"],
+            task_id=self.task_id,
+        )
         if foreign:
             raise EnvironmentProblem(
                 f"branch {self.branch} has commits coder did not make "
                 f"({', '.join(c[:8] for c in foreign[:5])}) or no longer contains the run's base; "
                 "refusing to revert so none of that work is lost",
                 hint=f"move those commits to another branch and reset {self.branch} to its last "
-                "coder commit, then revert again")
+                "coder commit, then revert again",
+            )
 
     # --- the worktree ------------------------------------------------------------------------
 
@@ -226,16 +271,19 @@ class _Revert:
         from coder import sandbox
 
         if not (self.worktree / ".git").is_file():
-            gitops.create_worktree(self.repo, name=self.task_id, path=self.worktree,
-                                   branch=self.branch, start=tip)
-            self.warnings.append(f"worktree {self.worktree} was missing; re-created it from "
-                                 f"{self.branch}")
+            gitops.create_worktree(
+                self.repo, name=self.task_id, path=self.worktree, branch=self.branch, start=tip
+            )
+            self.warnings.append(
+                f"worktree {self.worktree} was missing; re-created it from {self.branch}"
+            )
         if gitops.clear_stale_index_lock(self.worktree):
             self.warnings.append("removed a stale index.lock left by a crash")
         leftovers = sandbox.kill_owned(sandbox.owner_token(self.coder_dir, self.task_id))
         if leftovers:
-            self.warnings.append(f"killed {len(leftovers)} leftover command process(es) of a "
-                                 "killed runner")
+            self.warnings.append(
+                f"killed {len(leftovers)} leftover command process(es) of a killed runner"
+            )
 
     def _settle_worktree(self, tip: str) -> None:
         """Uncommitted changes are refused unless they are coder's own to throw away."""
@@ -248,8 +296,10 @@ class _Revert:
         running = [s for s, st in self.state["steps"].items() if st["status"] == "running"]
         if running:  # the lock is ours, so that runner is dead: resume would discard them too
             gitops.discard_changes(self.worktree, tip)
-            self.warnings.append(f"discarded the partial changes of step {running[0]}, which "
-                                 "was running when its runner was killed")
+            self.warnings.append(
+                f"discarded the partial changes of step {running[0]}, which "
+                "was running when its runner was killed"
+            )
             return
         changed = gitops.changed_paths(self.worktree)
         raise EnvironmentProblem(
@@ -257,7 +307,8 @@ class _Revert:
             f"({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}); refusing to "
             "revert so they are not lost",
             hint=f"commit or stash them elsewhere (e.g. `git -C {self.worktree} stash -u`), "
-            "then revert again")
+            "then revert again",
+        )
 
     # --- moving the branch -------------------------------------------------------------------
 
@@ -269,13 +320,19 @@ class _Revert:
         else:
             for undone in reversed(plan.undo):
                 target = gitland.write_revert(
-                    self.repo, undone.commit, onto=target,
-                    message=revert_message(self.task_id, self.to_step, undone))
+                    self.repo,
+                    undone.commit,
+                    onto=target,
+                    message=revert_message(self.task_id, self.to_step, undone),
+                )
                 made.append(target)
         crashpoint("revert_before_ref")
-        gitops.move_branch(self.worktree, target, expected_tip=tip,
-                           message=f"{gitops.REFLOG_REVERT} {self.task_id} to {self.to_step} "
-                           f"({self.mode})")
+        gitops.move_branch(
+            self.worktree,
+            target,
+            expected_tip=tip,
+            message=f"{gitops.REFLOG_REVERT} {self.task_id} to {self.to_step} ({self.mode})",
+        )
         crashpoint("revert_after_ref")
         gitops.discard_changes(self.worktree, target)
         crashpoint("revert_after_worktree")

@@ -67,7 +67,9 @@ def load_manifest(coder_dir: Path, task_id: str) -> dict[str, Any]:
 # --- start ---------------------------------------------------------------------------------
 
 
-def start(path: Path, *, cwd: Path, options: RunOptions, console: Console | None = None) -> RunResult:
+def start(
+    path: Path, *, cwd: Path, options: RunOptions, console: Console | None = None
+) -> RunResult:
     """Validate, prepare the branch and worktree, and run the whole DAG."""
     task = taskfile.load(path)
     cfg = config_mod.load(cwd, flags={"model": options.model})
@@ -76,8 +78,11 @@ def start(path: Path, *, cwd: Path, options: RunOptions, console: Console | None
     policy = policy_for(task, cfg)
     preflight(task, policy, root, cfg)
     base = task.base or gitops.current_branch(repo)
-    base_commit = gitops.resolve_commit(repo, f"refs/heads/{base}") \
-        if gitops.branch_tip(repo, base) else _missing_base(base)
+    base_commit = (
+        gitops.resolve_commit(repo, f"refs/heads/{base}")
+        if gitops.branch_tip(repo, base)
+        else _missing_base(base)
+    )
     task = task.resolved(base=base, model=str(cfg["model"]))
     agent = open_agent(task, cfg, repo, base_commit, options)  # no model: we stop here
     coder_dir = project.ensure_coder_dir(root)
@@ -88,38 +93,67 @@ def start(path: Path, *, cwd: Path, options: RunOptions, console: Console | None
     # runs it (ConcurrentRun), and two starts cannot both pass the checks and create the run.
     with TaskLock(coder_dir, task.id):
         if store.exists(task.id) or manifest_path(coder_dir, task.id).exists():
-            raise InvalidInput(f"a run of task {task.id} already exists",
-                               hint=f"continue it with `coder resume -t {task.id}`, or remove it "
-                               f"with `coder clean -t {task.id}`")
+            raise InvalidInput(
+                f"a run of task {task.id} already exists",
+                hint=f"continue it with `coder resume -t {task.id}`, or remove it "
+                f"with `coder clean -t {task.id}`",
+            )
         if gitops.branch_tip(repo, task.branch):
-            raise InvalidInput(f"branch {task.branch} already exists",
-                               hint="set another `id` or `branch` in the taskfile, or delete the "
-                               "branch")
-        manifest = {"task_id": task.id, "task": task.to_dict(), "taskfile": str(path),
-                    "base": base, "base_commit": base_commit, "branch": task.branch,
-                    "worktree": str(worktree), "created_at": now_iso()}
-        write_atomic(manifest_path(coder_dir, task.id),
-                     json.dumps(manifest, indent=2).encode("utf-8"))
-        gitops.create_worktree(repo, name=task.id, path=worktree, branch=task.branch,
-                               start=base_commit)
+            raise InvalidInput(
+                f"branch {task.branch} already exists",
+                hint="set another `id` or `branch` in the taskfile, or delete the branch",
+            )
+        manifest = {
+            "task_id": task.id,
+            "task": task.to_dict(),
+            "taskfile": str(path),
+            "base": base,
+            "base_commit": base_commit,
+            "branch": task.branch,
+            "worktree": str(worktree),
+            "created_at": now_iso(),
+        }
+        write_atomic(
+            manifest_path(coder_dir, task.id), json.dumps(manifest, indent=2).encode("utf-8")
+        )
+        gitops.create_worktree(
+            repo, name=task.id, path=worktree, branch=task.branch, start=base_commit
+        )
         crashpoint("after_worktree")
         state = initial_state(manifest)
         store.save(state)
         warnings = []
         if gitops.signature(repo)[1]:
-            warnings.append("git user.name/user.email are not set; commits are authored by "
-                            "coder <coder@localhost> (set them with `git config user.name ...`)")
-        return _execute(task, root, coder_dir, worktree, state, store, cfg, policy, options,
-                        console, warnings=tuple(warnings), agent=agent)
+            warnings.append(
+                "git user.name/user.email are not set; commits are authored by "
+                "coder <coder@localhost> (set them with `git config user.name ...`)"
+            )
+        return _execute(
+            task,
+            root,
+            coder_dir,
+            worktree,
+            state,
+            store,
+            cfg,
+            policy,
+            options,
+            console,
+            warnings=tuple(warnings),
+            agent=agent,
+        )
 
 
 def _missing_base(base: str) -> str:
-    raise InvalidInput(f"base branch {base!r} does not exist",
-                       hint="set `base` in the taskfile to an existing local branch")
+    raise InvalidInput(
+        f"base branch {base!r} does not exist",
+        hint="set `base` in the taskfile to an existing local branch",
+    )
 
 
-def open_agent(task: taskfile.Task, cfg: config_mod.Config, repo: Any, base_commit: str,
-               options: RunOptions) -> Any:
+def open_agent(
+    task: taskfile.Task, cfg: config_mod.Config, repo: Any, base_commit: str, options: RunOptions
+) -> Any:
     """The model side of a run with model steps: the provider (warmed up, so a missing host or
     model fails before anything is created) and the prefix every request starts with."""
     if not any(s.uses_model for s in task.steps):
@@ -136,10 +170,15 @@ def open_agent(task: taskfile.Task, cfg: config_mod.Config, repo: Any, base_comm
         provider = ReplayProvider(options.replay)
     else:
         provider = OllamaProvider(
-            str(task.model), str(cfg["ollama_host"]), num_ctx=cfg["num_ctx"],
-            max_num_ctx=int(cfg["max_num_ctx"]), temperature=float(cfg["temperature"]),
-            seed=cfg["seed"], keep_alive=str(cfg["keep_alive"]),
-            request_timeout=float(cfg["request_timeout"]))
+            str(task.model),
+            str(cfg["ollama_host"]),
+            num_ctx=cfg["num_ctx"],
+            max_num_ctx=int(cfg["max_num_ctx"]),
+            temperature=float(cfg["temperature"]),
+            seed=cfg["seed"],
+            keep_alive=str(cfg["keep_alive"]),
+            request_timeout=float(cfg["request_timeout"]),
+        )
     if options.record is not None:
         provider = RecordingProvider(provider, options.record)
     try:
@@ -148,8 +187,9 @@ def open_agent(task: taskfile.Task, cfg: config_mod.Config, repo: Any, base_comm
         provider.close()
         raise
     registry = default_registry()
-    system = prompts.system_prompt(repo_map=gitops.tree_paths(repo, base_commit),
-                                   task=task.to_dict())
+    system = prompts.system_prompt(
+        repo_map=gitops.tree_paths(repo, base_commit), task=task.to_dict()
+    )
     return AgentSession(provider, registry, system, registry.definitions(), facts)
 
 
@@ -176,8 +216,13 @@ def preflight(task: taskfile.Task, policy: Any, root: Path, cfg: config_mod.Conf
         if step.kind == "shell":
             cmd = step.cmd
         elif step.kind == "test":
-            cmd = testing.test_command(root=root, framework=step.framework, cmd=step.cmd,
-                                       args=step.args, configured=cfg.get("test_command"))
+            cmd = testing.test_command(
+                root=root,
+                framework=step.framework,
+                cmd=step.cmd,
+                args=step.args,
+                configured=cfg.get("test_command"),
+            )
         else:
             continue
         try:
@@ -189,21 +234,34 @@ def preflight(task: taskfile.Task, policy: Any, root: Path, cfg: config_mod.Conf
 def initial_state(manifest: dict[str, Any]) -> dict[str, Any]:
     task = manifest["task"]
     return {
-        "version": 1, "task_id": manifest["task_id"], "title": task["title"],
-        "taskfile": manifest.get("taskfile"), "status": "pending", "branch": manifest["branch"],
-        "base": manifest["base"], "base_commit": manifest["base_commit"],
-        "worktree": manifest["worktree"], "pid": None, "task": task, "error": None,
-        "created_at": manifest["created_at"], "updated_at": now_iso(), "merge": None,
-        "steps": {s["id"]: {"status": "pending", "attempts": 0, "commit": None, "reasons": []}
-                  for s in task["graph"]},
+        "version": 1,
+        "task_id": manifest["task_id"],
+        "title": task["title"],
+        "taskfile": manifest.get("taskfile"),
+        "status": "pending",
+        "branch": manifest["branch"],
+        "base": manifest["base"],
+        "base_commit": manifest["base_commit"],
+        "worktree": manifest["worktree"],
+        "pid": None,
+        "task": task,
+        "error": None,
+        "created_at": manifest["created_at"],
+        "updated_at": now_iso(),
+        "merge": None,
+        "steps": {
+            s["id"]: {"status": "pending", "attempts": 0, "commit": None, "reasons": []}
+            for s in task["graph"]
+        },
     }
 
 
 # --- resume --------------------------------------------------------------------------------
 
 
-def resume(task_id: str, *, cwd: Path, options: RunOptions,
-           console: Console | None = None) -> RunResult:
+def resume(
+    task_id: str, *, cwd: Path, options: RunOptions, console: Console | None = None
+) -> RunResult:
     """Continue a run after a crash, a kill or a stop: finished steps never run again."""
     from coder import sandbox
 
@@ -215,80 +273,115 @@ def resume(task_id: str, *, cwd: Path, options: RunOptions,
     warnings: list[str] = []
     with TaskLock(coder_dir, task_id) as lock:
         if lock.took_over_from:
-            warnings.append(f"the previous runner (pid {lock.took_over_from}) is gone; "
-                            "taking over its lock")
+            warnings.append(
+                f"the previous runner (pid {lock.took_over_from}) is gone; taking over its lock"
+            )
         # Commands of a killed runner live on in their own sessions: end them before the
         # worktree is judged, or they write into it behind the reconciliation.
         leftovers = sandbox.kill_owned(sandbox.owner_token(coder_dir, task_id))
         if leftovers:
-            warnings.append(f"killed {len(leftovers)} leftover command process(es) of the "
-                            f"previous runner (pids {', '.join(map(str, leftovers[:10]))})")
+            warnings.append(
+                f"killed {len(leftovers)} leftover command process(es) of the "
+                f"previous runner (pids {', '.join(map(str, leftovers[:10]))})"
+            )
         try:
             state = store.load(task_id)
         except (CorruptState, UnknownTask) as exc:
-            problem = exc.message if isinstance(exc, CorruptState) else (  # not "no task X":
-                f"the state file of run {task_id} is missing (the runner stopped before its "
-                "first checkpoint, or the file was deleted)")  # the run's manifest exists
+            problem = (
+                exc.message
+                if isinstance(exc, CorruptState)
+                # not "no task X":
+                else (
+                    f"the state file of run {task_id} is missing (the runner stopped before its "
+                    "first checkpoint, or the file was deleted)"
+                )
+            )  # the run's manifest exists
             warnings.append(f"{problem}; rebuilding the state from the branch's commits")
             state = initial_state(manifest)
             state["status"] = "interrupted"
         if state["status"] == "success":
-            raise InvalidInput(f"run {task_id} already finished successfully; nothing to resume",
-                               hint=f"see `coder show -t {task_id}`, or merge it with "
-                               f"`coder merge -t {task_id}`")
+            raise InvalidInput(
+                f"run {task_id} already finished successfully; nothing to resume",
+                hint=f"see `coder show -t {task_id}`, or merge it with `coder merge -t {task_id}`",
+            )
         task = taskfile.from_dict(manifest["task"])
         worktree = Path(manifest["worktree"])
         warnings += reconcile(repo, state, manifest, worktree)
         store.save(state)
         cfg = config_mod.load(cwd, flags={"model": options.model})
         agent = open_agent(task, cfg, repo, manifest["base_commit"], options)
-        return _execute(task, root, coder_dir, worktree, state, store, cfg,
-                        policy_for(task, cfg), options, console, warnings=tuple(warnings),
-                        agent=agent)
+        return _execute(
+            task,
+            root,
+            coder_dir,
+            worktree,
+            state,
+            store,
+            cfg,
+            policy_for(task, cfg),
+            options,
+            console,
+            warnings=tuple(warnings),
+            agent=agent,
+        )
 
 
-def reconcile(repo: Any, state: dict[str, Any], manifest: dict[str, Any],
-              worktree: Path) -> list[str]:
+def reconcile(
+    repo: Any, state: dict[str, Any], manifest: dict[str, Any], worktree: Path
+) -> list[str]:
     """Bring the checkpoint in line with git, the source of truth. Refuses (changing nothing)
     when someone else moved the branch or edited the worktree while no runner was there."""
     warnings = []
     task_id, branch = manifest["task_id"], manifest["branch"]
     tip = gitops.branch_tip(repo, branch)
     if tip is None:
-        raise EnvironmentProblem(f"branch {branch} of run {task_id} no longer exists",
-                                 hint=f"the run cannot continue; remove it with `coder clean -t {task_id}`")
-    foreign = gitops.foreign_commits(repo, branch=branch, base_commit=manifest["base_commit"],
-                                     task_id=task_id)
+        raise EnvironmentProblem(
+            f"branch {branch} of run {task_id} no longer exists",
+            hint=f"the run cannot continue; remove it with `coder clean -t {task_id}`",
+        )
+    foreign = gitops.foreign_commits(
+        repo, branch=branch, base_commit=manifest["base_commit"], task_id=task_id
+    )
     if foreign:
         raise EnvironmentProblem(
             f"branch {branch} has commits coder did not make ({', '.join(c[:8] for c in foreign)}) "
             "or no longer contains the run's base; refusing to resume so none of that work is lost",
             hint=f"move those commits to another branch and reset {branch} to its last coder "
-            "commit, then resume")
+            "commit, then resume",
+        )
     if not (worktree / ".git").is_file():
         gitops.create_worktree(repo, name=task_id, path=worktree, branch=branch, start=tip)
         warnings.append(f"worktree {worktree} was missing; re-created it from {branch}")
     if gitops.clear_stale_index_lock(worktree):
         warnings.append("removed a stale index.lock left by the crash")
 
-    committed = {c.step_id: c.commit for c in gitops.effective_step_commits(
-        repo, branch=branch, base_commit=manifest["base_commit"], task_id=task_id)}
+    committed = {
+        c.step_id: c.commit
+        for c in gitops.effective_step_commits(
+            repo, branch=branch, base_commit=manifest["base_commit"], task_id=task_id
+        )
+    }
     was_running = False
     for step_id, st in state["steps"].items():
         status = st["status"]
         if status == "success" and st.get("commit") and st["commit"] not in committed.values():
             st.update(status="pending", commit=None)
-            st["reasons"].append("its commit is no longer on the branch (or was reverted); "
-                                 "rerunning")
+            st["reasons"].append(
+                "its commit is no longer on the branch (or was reverted); rerunning"
+            )
         elif status in ("running", "pending", "interrupted", "failed") and step_id in committed:
             st.update(status="success", commit=committed[step_id], error=None)
-            st["reasons"].append("its commit is on the branch (made before the runner stopped); "
-                                 "marked done without rerunning")
+            st["reasons"].append(
+                "its commit is on the branch (made before the runner stopped); "
+                "marked done without rerunning"
+            )
         elif status == "running":
             was_running = True
             st.update(status="pending")
-            st["reasons"].append("was running when the runner stopped (crash or kill); its partial "
-                                 "changes were discarded and it runs again")
+            st["reasons"].append(
+                "was running when the runner stopped (crash or kill); its partial "
+                "changes were discarded and it runs again"
+            )
         elif status == "interrupted":  # the stopping runner discarded its changes itself,
             st.update(status="pending")  # so anything in the worktree now is someone else's
             st["reasons"].append("was interrupted by a stop; runs again")
@@ -304,11 +397,14 @@ def reconcile(repo: Any, state: dict[str, Any], manifest: dict[str, Any],
                 f"the worktree {worktree} has changes coder did not make "
                 f"({', '.join(changed[:5])}); refusing to resume so they are not lost",
                 hint=f"commit or stash them elsewhere (e.g. `git -C {worktree} stash -u`), "
-                "then resume")
+                "then resume",
+            )
         # `coder revert` was killed after moving the branch, before the files followed it.
         gitops.discard_changes(worktree, tip)
-        warnings.append("the worktree still had files from before an interrupted "
-                        f"`coder revert`; updated them to {branch}")
+        warnings.append(
+            "the worktree still had files from before an interrupted "
+            f"`coder revert`; updated them to {branch}"
+        )
     for step_id in state["steps"]:  # scratch worktrees of a parallel level the crash cut short
         gitops.remove_worktree(repo, f"{task_id}--{step_id}")
         gitops.delete_branch(repo, f"coder-scratch/{task_id}--{step_id}")
@@ -318,10 +414,20 @@ def reconcile(repo: Any, state: dict[str, Any], manifest: dict[str, Any],
 # --- running and stopping ------------------------------------------------------------------
 
 
-def _execute(task: taskfile.Task, root: Path, coder_dir: Path, worktree: Path,
-             state: dict[str, Any], store: StateStore, cfg: config_mod.Config, policy: Any,
-             options: RunOptions, console: Console | None,
-             warnings: tuple[str, ...], agent: Any = None) -> RunResult:
+def _execute(
+    task: taskfile.Task,
+    root: Path,
+    coder_dir: Path,
+    worktree: Path,
+    state: dict[str, Any],
+    store: StateStore,
+    cfg: config_mod.Config,
+    policy: Any,
+    options: RunOptions,
+    console: Console | None,
+    warnings: tuple[str, ...],
+    agent: Any = None,
+) -> RunResult:
     from coder.events import EventLog
     from coder.executor import Executor, RunContext
     from coder.redact import Redactor
@@ -331,11 +437,23 @@ def _execute(task: taskfile.Task, root: Path, coder_dir: Path, worktree: Path,
         for warning in warnings:
             log.warning("run.warning", message=warning)
         run = RunContext(
-            task=task, repo_root=root, coder_dir=coder_dir, worktree=worktree, state=state,
-            store=store, log=log, policy=policy, config=cfg, redactor=redactor,
-            max_parallel=options.max_parallel or int(task.policies.get("max_parallel", 0))
+            task=task,
+            repo_root=root,
+            coder_dir=coder_dir,
+            worktree=worktree,
+            state=state,
+            store=store,
+            log=log,
+            policy=policy,
+            config=cfg,
+            redactor=redactor,
+            max_parallel=options.max_parallel
+            or int(task.policies.get("max_parallel", 0))
             or int(cfg["max_parallel"]),
-            fail_fast=options.fail_fast, agent=agent, approve=options.approve)
+            fail_fast=options.fail_fast,
+            agent=agent,
+            approve=options.approve,
+        )
         if agent is not None:
             log.info("model.ready", **agent.facts)
         mcp = None
@@ -386,13 +504,17 @@ def stop(task_id: str, *, cwd: Path, wait: float = 30.0) -> int:
     load_manifest(coder_dir, task_id)
     pid = read_lock_owner(coder_dir, task_id)
     if pid is None:
-        raise InvalidInput(f"run {task_id} is not running",
-                           hint=f"see `coder status`; continue it with `coder resume -t {task_id}`")
+        raise InvalidInput(
+            f"run {task_id} is not running",
+            hint=f"see `coder status`; continue it with `coder resume -t {task_id}`",
+        )
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and pid_alive(pid) and read_lock_owner(coder_dir, task_id):
         time.sleep(0.05)
     if read_lock_owner(coder_dir, task_id):
-        raise EnvironmentProblem(f"run {task_id} (pid {pid}) did not stop within {wait:.0f}s",
-                                 hint=f"kill it with `kill -9 {pid}`; `coder resume` recovers")
+        raise EnvironmentProblem(
+            f"run {task_id} (pid {pid}) did not stop within {wait:.0f}s",
+            hint=f"kill it with `kill -9 {pid}`; `coder resume` recovers",
+        )
     return pid

@@ -66,9 +66,14 @@ def _unshare_prefix() -> tuple[str, ...] | None:
     for flags in (("--map-current-user", "--net"), ("-r", "-n")):
         prefix = (exe, *flags, "--")
         try:
-            probe = subprocess.run([*prefix, "true"], stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   timeout=10, check=False)
+            probe = subprocess.run(
+                [*prefix, "true"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=10,
+                check=False,
+            )
         except (OSError, subprocess.SubprocessError):
             continue
         if probe.returncode == 0:
@@ -102,7 +107,7 @@ class _CappedBuffer:
                 data = data[room:]
             self.tail += data
             if len(self.tail) > self.tail_cap:
-                del self.tail[:len(self.tail) - self.tail_cap]
+                del self.tail[: len(self.tail) - self.tail_cap]
 
     @property
     def omitted(self) -> int:
@@ -209,9 +214,17 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
-def run_command(cmd: str, *, cwd: Path, policy: Policy, timeout: float | None = None,
-                env: Mapping[str, str] | None = None, cancel: threading.Event | None = None,
-                root: Path | None = None, owner: str | None = None) -> CommandResult:
+def run_command(
+    cmd: str,
+    *,
+    cwd: Path,
+    policy: Policy,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    cancel: threading.Event | None = None,
+    root: Path | None = None,
+    owner: str | None = None,
+) -> CommandResult:
     """Run `cmd` with bash in `cwd` under `policy`; see the module docstring. `owner`
     (see `owner_token`) marks the command for `kill_owned`.
 
@@ -232,8 +245,9 @@ def run_command(cmd: str, *, cwd: Path, policy: Policy, timeout: float | None = 
         raise InvalidInput(f"command timeout must be positive, got {limit:g}")
 
     if cancel is not None and cancel.is_set():  # stopping already: do not start anything
-        return CommandResult(cmd, None, "", "", 0.0, cancelled=True,
-                             note="cancelled before it started")
+        return CommandResult(
+            cmd, None, "", "", 0.0, cancelled=True, note="cancelled before it started"
+        )
 
     shell = shutil.which("bash") or shutil.which("sh") or "/bin/sh"
     argv = [shell, "-c", cmd]
@@ -246,16 +260,25 @@ def run_command(cmd: str, *, cwd: Path, policy: Policy, timeout: float | None = 
         command_env[OWNER_VAR] = owner
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=command_env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=command_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except OSError as exc:
         raise EnvironmentProblem(f"cannot start {shell} for a command: {exc}") from exc
     assert proc.stdout is not None and proc.stderr is not None
     out, err = _CappedBuffer(policy.output_cap), _CappedBuffer(policy.output_cap)
-    readers = [threading.Thread(target=_pump, args=(stream, buf), daemon=True,
-                                name=f"coder-cmd-{proc.pid}-{name}")
-               for stream, buf, name in ((proc.stdout, out, "out"), (proc.stderr, err, "err"))]
+    readers = [
+        threading.Thread(
+            target=_pump, args=(stream, buf), daemon=True, name=f"coder-cmd-{proc.pid}-{name}"
+        )
+        for stream, buf, name in ((proc.stdout, out, "out"), (proc.stderr, err, "err"))
+    ]
     for reader in readers:
         reader.start()
 
@@ -287,11 +310,14 @@ def run_command(cmd: str, *, cwd: Path, policy: Policy, timeout: float | None = 
         notes.append("cancelled; process group killed")
     omitted = out.omitted + err.omitted
     if omitted:
-        notes.append(f"output capped at {policy.output_cap} bytes per stream "
-                     f"({omitted} bytes omitted)")
+        notes.append(
+            f"output capped at {policy.output_cap} bytes per stream ({omitted} bytes omitted)"
+        )
     if any(reader.is_alive() for reader in readers):
-        notes.append("output may be incomplete: a process that left the command's process "
-                     "group still holds its output open")
+        notes.append(
+            "output may be incomplete: a process that left the command's process "
+            "group still holds its output open"
+        )
     return CommandResult(
         cmd=cmd,
         exit_code=None if (timed_out or cancelled) else proc.returncode,

@@ -15,8 +15,11 @@ if TYPE_CHECKING:
 
 
 def missing_files(task: Task, worktree: Path) -> list[str]:
-    return [f"required file {path} is missing" for path in task.success.get("required_files", [])
-            if not (worktree / path).is_file()]
+    return [
+        f"required file {path} is missing"
+        for path in task.success.get("required_files", [])
+        if not (worktree / path).is_file()
+    ]
 
 
 def test_command(task: Task, worktree: Path, cfg: Any) -> str:
@@ -24,18 +27,29 @@ def test_command(task: Task, worktree: Path, cfg: Any) -> str:
     from coder import testing
 
     step = next((s for s in task.steps if s.kind == "test"), None)
-    return testing.test_command(root=worktree, configured=cfg.get("test_command"),
-                                framework=step.framework if step else None,
-                                cmd=step.cmd if step else None, args=step.args if step else ())
+    return testing.test_command(
+        root=worktree,
+        configured=cfg.get("test_command"),
+        framework=step.framework if step else None,
+        cmd=step.cmd if step else None,
+        args=step.args if step else (),
+    )
 
 
-def run_tests(cmd: str, worktree: Path, policy: Policy, *, cancel: threading.Event | None = None,
-              owner: str | None = None) -> tuple[str | None, CommandResult]:
+def run_tests(
+    cmd: str,
+    worktree: Path,
+    policy: Policy,
+    *,
+    cancel: threading.Event | None = None,
+    owner: str | None = None,
+) -> tuple[str | None, CommandResult]:
     """Run the tests; the problem (None when green) and the command's result."""
     from coder import sandbox
 
-    result = sandbox.run_command(cmd, cwd=worktree, policy=policy, cancel=cancel, root=worktree,
-                                 owner=owner)
+    result = sandbox.run_command(
+        cmd, cwd=worktree, policy=policy, cancel=cancel, root=worktree, owner=owner
+    )
     if result.timed_out:
         return f"`{cmd}` timed out", result
     if not result.ok:

@@ -108,9 +108,17 @@ class Task:
 
 
 def _step_dict(s: Step) -> dict[str, Any]:
-    d: dict[str, Any] = {"id": s.id, "kind": s.kind, "goal": s.goal, "depends_on": list(s.depends_on)}
+    d: dict[str, Any] = {
+        "id": s.id,
+        "kind": s.kind,
+        "goal": s.goal,
+        "depends_on": list(s.depends_on),
+    }
     optional = {
-        "timeout": s.timeout_s, "retries": s.retries, "cmd": s.cmd, "cwd": s.cwd,
+        "timeout": s.timeout_s,
+        "retries": s.retries,
+        "cmd": s.cmd,
+        "cwd": s.cwd,
         "framework": s.framework,
         "changes": [dict(c) for c in s.changes] or None,
         "env": dict(s.env) or None,
@@ -147,18 +155,32 @@ def check_file(path: Path, name: str | None = None) -> tuple[list[Problem], Task
 
 def check_document(doc: Document) -> tuple[list[Problem], Task | None]:
     if doc.data is None:
-        return [Problem(doc.name, 1, 1, "file is empty; a taskfile needs at least `title` and "
-                        "`graph` (a list of steps)")], None
+        return [
+            Problem(
+                doc.name,
+                1,
+                1,
+                "file is empty; a taskfile needs at least `title` and `graph` (a list of steps)",
+            )
+        ], None
     if not isinstance(doc.data, dict):
         line, col = doc.position(())
-        return [Problem(doc.name, line, col, "a taskfile must be a mapping with `title` and "
-                        f"`graph`, not a {_yaml_type(doc.data)}")], None
+        return [
+            Problem(
+                doc.name,
+                line,
+                col,
+                "a taskfile must be a mapping with `title` and "
+                f"`graph`, not a {_yaml_type(doc.data)}",
+            )
+        ], None
     problems = _schema_problems(doc) + _graph_problems(doc)
     problems.sort(key=lambda p: (p.line, p.col))
     if len(problems) > MAX_PROBLEMS:
         extra = len(problems) - MAX_PROBLEMS
         problems = problems[:MAX_PROBLEMS] + [
-            Problem(doc.name, problems[MAX_PROBLEMS].line, 1, f"... and {extra} more problems")]
+            Problem(doc.name, problems[MAX_PROBLEMS].line, 1, f"... and {extra} more problems")
+        ]
     if problems:
         return problems, None
     return [], from_dict(doc.data)
@@ -173,25 +195,29 @@ def from_dict(data: Mapping[str, Any]) -> Task:
     for i, (sid, raw) in enumerate(zip(ids, raw_steps)):
         deps = ([ids[i - 1]] if i else []) if sequential else raw.get("depends_on", [])
         on_fail = raw.get("on_fail", {})
-        steps.append(Step(
-            id=sid,
-            kind=raw["kind"],
-            goal=raw.get("goal") or _default_goal(raw),
-            depends_on=tuple(deps),
-            timeout_s=parse_duration(raw["timeout"]) if "timeout" in raw else None,
-            retries=raw.get("retries"),
-            changes=tuple(dict(c) for c in raw.get("changes", [])),
-            cmd=raw.get("cmd"),
-            cwd=raw.get("cwd"),
-            env=dict(raw.get("env", {})),
-            framework=raw.get("framework"),
-            args=tuple(raw.get("args", [])),
-            asserts=tuple(Assertion(a["type"], a["path"], a.get("contains"))
-                          for a in raw.get("assert", [])),
-            strategy=on_fail.get("strategy", "revert_and_stop"),
-            max_cycles=on_fail.get("max_cycles", 1),
-            tools=tuple(raw["tools"]) if "tools" in raw else None,
-        ))
+        steps.append(
+            Step(
+                id=sid,
+                kind=raw["kind"],
+                goal=raw.get("goal") or _default_goal(raw),
+                depends_on=tuple(deps),
+                timeout_s=parse_duration(raw["timeout"]) if "timeout" in raw else None,
+                retries=raw.get("retries"),
+                changes=tuple(dict(c) for c in raw.get("changes", [])),
+                cmd=raw.get("cmd"),
+                cwd=raw.get("cwd"),
+                env=dict(raw.get("env", {})),
+                framework=raw.get("framework"),
+                args=tuple(raw.get("args", [])),
+                asserts=tuple(
+                    Assertion(a["type"], a["path"], a.get("contains"))
+                    for a in raw.get("assert", [])
+                ),
+                strategy=on_fail.get("strategy", "revert_and_stop"),
+                max_cycles=on_fail.get("max_cycles", 1),
+                tools=tuple(raw["tools"]) if "tools" in raw else None,
+            )
+        )
     task_id = data.get("id") or generate_id()
     return Task(
         id=task_id,
@@ -263,16 +289,27 @@ def _describe(doc: Document, error: Any) -> list[Problem]:
         for key in [k for k in instance if k not in allowed]:
             line, col = doc.position([*path, key], key=True)
             hint = _did_you_mean(str(key), allowed)
-            out.append(Problem(doc.name, line, col,
-                               f"{prefix}unknown field {key!r}{hint}", json_path([*path, key])))
+            out.append(
+                Problem(
+                    doc.name,
+                    line,
+                    col,
+                    f"{prefix}unknown field {key!r}{hint}",
+                    json_path([*path, key]),
+                )
+            )
         return out
     line, col = doc.position(path)
     message = error.message
     if error.validator == "required":
         missing = [k for k in error.validator_value if k not in instance]
         message = f"missing required field {missing[0]!r}" if missing else message
-        if isinstance(instance, dict) and isinstance(instance.get("kind"), str) \
-                and len(path) == 2 and path[0] == "graph":
+        if (
+            isinstance(instance, dict)
+            and isinstance(instance.get("kind"), str)
+            and len(path) == 2
+            and path[0] == "graph"
+        ):
             message += f" for a {instance['kind']} step"
     elif error.validator == "enum":
         hint = _did_you_mean(str(instance), [str(v) for v in error.validator_value])
@@ -280,10 +317,14 @@ def _describe(doc: Document, error: Any) -> list[Problem]:
     elif error.validator in ("oneOf", "anyOf") and "description" in schema:
         message = f"{instance!r} is not valid here: {schema['description']}"
     elif error.validator == "pattern" and path and path[-1] == "branch":
-        message = f"{instance!r} is not a valid branch: it must start with agent/ (e.g. agent/add-health)"
+        message = (
+            f"{instance!r} is not a valid branch: it must start with agent/ (e.g. agent/add-health)"
+        )
     elif error.validator == "pattern" and path and path[-1] == "id":
-        message = (f"{instance!r} is not a valid id: use letters, digits, - and _ "
-                   "(step ids start with a letter)")
+        message = (
+            f"{instance!r} is not a valid id: use letters, digits, - and _ "
+            "(step ids start with a letter)"
+        )
     return [Problem(doc.name, line, col, f"{prefix}{message}", json_path(path))]
 
 
@@ -307,7 +348,8 @@ def _did_you_mean(word: str, choices: list[str]) -> str:
 
 def _yaml_type(value: Any) -> str:
     return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(
-        type(value), type(value).__name__)
+        type(value), type(value).__name__
+    )
 
 
 # --- graph and kind problems ---------------------------------------------------------------
@@ -336,8 +378,10 @@ def _graph_problems(doc: Document) -> list[Problem]:
         _kind_problems(i, sid, raw, report)
         if sid in ids:
             first_line, _ = doc.position(["graph", ids[sid]])
-            report(["graph", i, "id"] if "id" in raw else ["graph", i],
-                   f"duplicate step id {sid!r} (first defined at line {first_line})")
+            report(
+                ["graph", i, "id"] if "id" in raw else ["graph", i],
+                f"duplicate step id {sid!r} (first defined at line {first_line})",
+            )
             continue
         ids[sid] = i
         steps.append((i, sid, raw))
@@ -356,8 +400,10 @@ def _graph_problems(doc: Document) -> list[Problem]:
                 report(["graph", i, "depends_on", j], f"step {sid!r} depends on itself")
             elif dep not in ids:
                 hint = _did_you_mean(dep, list(ids))
-                report(["graph", i, "depends_on", j],
-                       f"step {sid!r} depends on unknown step {dep!r}{hint}")
+                report(
+                    ["graph", i, "depends_on", j],
+                    f"step {sid!r} depends on unknown step {dep!r}{hint}",
+                )
             else:
                 deps[sid].append(dep)
     _path_problems(data, report)
@@ -376,21 +422,36 @@ def _kind_problems(i: int, sid: str, raw: dict[str, Any], report: Any) -> None:
     if not isinstance(kind, str):
         return
     where = ["graph", i]
-    only = {"cmd": ("shell", "test"), "framework": ("test",), "args": ("test",),
-            "changes": ("edit", "doc", "custom"), "env": ("shell", "test"),
-            "cwd": ("shell", "test")}
+    only = {
+        "cmd": ("shell", "test"),
+        "framework": ("test",),
+        "args": ("test",),
+        "changes": ("edit", "doc", "custom"),
+        "env": ("shell", "test"),
+        "cwd": ("shell", "test"),
+    }
     for key, kinds in only.items():
         if key in raw and kind not in kinds:
-            report([*where, key], f"step {sid!r}: `{key}` is only used by "
-                   f"{' and '.join(kinds)} steps (this is {_article(kind)} {kind} step)", key=True)
+            report(
+                [*where, key],
+                f"step {sid!r}: `{key}` is only used by "
+                f"{' and '.join(kinds)} steps (this is {_article(kind)} {kind} step)",
+                key=True,
+            )
     on_fail = raw.get("on_fail")
     if isinstance(on_fail, dict):
         if on_fail.get("strategy") == "fix_and_retry" and kind != "test":
-            report([*where, "on_fail", "strategy"],
-                   f"step {sid!r}: fix_and_retry applies to test steps (use retries for {_article(kind)} {kind} step)")
+            report(
+                [*where, "on_fail", "strategy"],
+                f"step {sid!r}: fix_and_retry applies to test steps "
+                f"(use retries for {_article(kind)} {kind} step)",
+            )
         if "max_cycles" in on_fail and on_fail.get("strategy") != "fix_and_retry":
-            report([*where, "on_fail", "max_cycles"],
-                   f"step {sid!r}: max_cycles only applies with strategy fix_and_retry", key=True)
+            report(
+                [*where, "on_fail", "max_cycles"],
+                f"step {sid!r}: max_cycles only applies with strategy fix_and_retry",
+                key=True,
+            )
 
 
 def _article(word: str) -> str:
@@ -416,8 +477,11 @@ def _path_problems(data: dict[str, Any], report: Any) -> None:
             candidates.append((["success", "required_files", j], p))
     for path, value in candidates:
         if isinstance(value, str) and not is_repo_relative(value):
-            report(path, f"{field_path(path)}: {value!r} must be a path inside the repository "
-                   "(relative, without ..)")
+            report(
+                path,
+                f"{field_path(path)}: {value!r} must be a path inside the repository "
+                "(relative, without ..)",
+            )
 
 
 def is_repo_relative(value: str) -> bool:

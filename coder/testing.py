@@ -44,15 +44,22 @@ _FRAMEWORK_COMMANDS = {
 }
 
 
-def test_command(*, root: Path, framework: str | None = None, cmd: str | None = None,
-                 args: Sequence[str] | None = (), configured: str | None = None) -> str:
+def test_command(
+    *,
+    root: Path,
+    framework: str | None = None,
+    cmd: str | None = None,
+    args: Sequence[str] | None = (),
+    configured: str | None = None,
+) -> str:
     """The shell command for a test step: `cmd` > `framework` > `configured` > detection."""
     if cmd:
         base: str | None = cmd
     elif framework:
         if framework not in _FRAMEWORK_COMMANDS:
-            raise InvalidInput(f"unknown test framework {framework!r}",
-                               hint=f"use one of: {', '.join(FRAMEWORKS)}")
+            raise InvalidInput(
+                f"unknown test framework {framework!r}", hint=f"use one of: {', '.join(FRAMEWORKS)}"
+            )
         base = _FRAMEWORK_COMMANDS[framework]
         if framework == "unittest" and (root / "tests").is_dir():
             base = "python -m unittest discover -s tests -q"
@@ -63,7 +70,8 @@ def test_command(*, root: Path, framework: str | None = None, cmd: str | None = 
     if not base:
         raise InvalidInput(
             f"no test command could be found in {root}",
-            hint="set `test_command` in coder.config.json, or `cmd` or `framework` on the step")
+            hint="set `test_command` in coder.config.json, or `cmd` or `framework` on the step",
+        )
     if args:
         base += " " + " ".join(shlex.quote(a) for a in args)
     return base
@@ -73,14 +81,17 @@ test_command.__test__ = False  # type: ignore[attr-defined]  # not a test, despi
 
 
 # A framework's executable as a whole word of the command line ("pytest-xdist" is not pytest).
-_COMMAND_PATTERNS = tuple((name, re.compile(rf"(?<![\w.-]){word}(?![\w.-])")) for name, word in (
-    ("pytest", r"(?:py\.test|pytest)"),
-    ("unittest", r"unittest"),
-    ("vitest", r"vitest"),
-    ("jest", r"jest"),
-    ("go", r"go\s+test"),
-    ("cargo", r"cargo\s+(?:\+\S+\s+)?test"),  # `cargo +nightly test`
-))
+_COMMAND_PATTERNS = tuple(
+    (name, re.compile(rf"(?<![\w.-]){word}(?![\w.-])"))
+    for name, word in (
+        ("pytest", r"(?:py\.test|pytest)"),
+        ("unittest", r"unittest"),
+        ("vitest", r"vitest"),
+        ("jest", r"jest"),
+        ("go", r"go\s+test"),
+        ("cargo", r"cargo\s+(?:\+\S+\s+)?test"),  # `cargo +nightly test`
+    )
+)
 
 
 def framework_of(command: str) -> str | None:
@@ -111,9 +122,16 @@ class TestReport:
         """Like pytest's last line: the non-zero counts, e.g. "12 passed, 1 failed, 2 skipped"."""
         if not self.found:
             return "no counts found"
-        parts = [f"{n} {word}" for n, word in (
-            (self.passed, "passed"), (self.failed, "failed"), (self.skipped, "skipped"),
-            (self.errors, "error" if self.errors == 1 else "errors")) if n]
+        parts = [
+            f"{n} {word}"
+            for n, word in (
+                (self.passed, "passed"),
+                (self.failed, "failed"),
+                (self.skipped, "skipped"),
+                (self.errors, "error" if self.errors == 1 else "errors"),
+            )
+            if n
+        ]
         text = ", ".join(parts) or "no tests ran"
         return text if self.unit == "tests" else f"{text} (counted in {self.unit})"
 
@@ -144,23 +162,27 @@ def strip_ansi(text: str) -> str:
 _PAIR = re.compile(r"(\d+) ([a-z]+)")
 
 _PYTEST_SUMMARY = re.compile(
-    r"^=*[ \t]*(?P<counts>\d+ [a-z]+(?:, \d+ [a-z]+)*|no tests ran) in \d+(?:\.\d+)?s\b", re.M)
+    r"^=*[ \t]*(?P<counts>\d+ [a-z]+(?:, \d+ [a-z]+)*|no tests ran) in \d+(?:\.\d+)?s\b", re.M
+)
 _UNITTEST_SUMMARY = re.compile(
     r"^Ran (?P<ran>\d+) tests? in \S+\n(?:[ \t]*\n)*"
-    r"(?P<result>OK|FAILED|NO TESTS RAN)(?: \((?P<details>[^)\n]*)\))?[ \t]*$", re.M)
+    r"(?P<result>OK|FAILED|NO TESTS RAN)(?: \((?P<details>[^)\n]*)\))?[ \t]*$",
+    re.M,
+)
 _JEST_TESTS = re.compile(r"^Tests:[ \t]+(?P<counts>\d+ [a-z]+(?:, \d+ [a-z]+)*)[ \t]*$", re.M)
 _JEST_SUITES = re.compile(r"^Test Suites:[ \t]+(?P<counts>\d+ [a-z]+(?:, \d+ [a-z]+)*)", re.M)
 _VITEST_TESTS = re.compile(
-    r"^[ \t]*Tests[ \t]+(?P<counts>\d+ [a-z]+(?: \| \d+ [a-z]+)*|no tests)", re.M)
+    r"^[ \t]*Tests[ \t]+(?P<counts>\d+ [a-z]+(?: \| \d+ [a-z]+)*|no tests)", re.M
+)
 _VITEST_FILES = re.compile(
-    r"^[ \t]*Test Files[ \t]+(?P<counts>\d+ [a-z]+(?: \| \d+ [a-z]+)*)", re.M)
+    r"^[ \t]*Test Files[ \t]+(?P<counts>\d+ [a-z]+(?: \| \d+ [a-z]+)*)", re.M
+)
 _VITEST_ERRORS = re.compile(r"^[ \t]*Errors[ \t]+(\d+) errors?", re.M)
 _GO_TEST = re.compile(r"^--- (PASS|FAIL|SKIP): ", re.M)  # column 0: top-level tests only
 _GO_RUN = re.compile(r"^=== RUN ", re.M)
 # "ok  \tpkg\t0.01s" / "FAIL\tpkg [build failed]"; the tab keeps TAP's "ok 1 - name" out
 _GO_PACKAGE = re.compile(r"^(ok|FAIL) *\t\S+(?P<broken> \[\w+ failed\])?", re.M)
-_CARGO_RESULT = re.compile(
-    r"^test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored", re.M)
+_CARGO_RESULT = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored", re.M)
 
 
 def _pairs(counts: str) -> dict[str, int]:
@@ -183,11 +205,23 @@ def _parse_pytest(text: str) -> _Counts | None:
         return None
     c = _pairs(match["counts"])
     if match["counts"] != "no tests ran" and not c.keys() & {
-            "passed", "failed", "skipped", "error", "errors", "xfailed", "xpassed", "deselected"}:
+        "passed",
+        "failed",
+        "skipped",
+        "error",
+        "errors",
+        "xfailed",
+        "xpassed",
+        "deselected",
+    }:
         return None  # some other "N things in 2s" line
-    return (c.get("passed", 0) + c.get("xpassed", 0), c.get("failed", 0),
-            c.get("skipped", 0) + c.get("xfailed", 0), c.get("error", 0) + c.get("errors", 0),
-            "tests")
+    return (
+        c.get("passed", 0) + c.get("xpassed", 0),
+        c.get("failed", 0),
+        c.get("skipped", 0) + c.get("xfailed", 0),
+        c.get("error", 0) + c.get("errors", 0),
+        "tests",
+    )
 
 
 def _parse_unittest(text: str) -> _Counts | None:
@@ -208,8 +242,13 @@ def _parse_jest(text: str) -> _Counts | None:
     c = _pairs(tests["counts"])
     suites = _last(_JEST_SUITES, text)
     broken = _pairs(suites["counts"]).get("failed", 0) if suites else 0
-    return (c.get("passed", 0), c.get("failed", 0), c.get("skipped", 0) + c.get("todo", 0),
-            broken if not c.get("failed") else 0, "tests")
+    return (
+        c.get("passed", 0),
+        c.get("failed", 0),
+        c.get("skipped", 0) + c.get("todo", 0),
+        broken if not c.get("failed") else 0,
+        "tests",
+    )
 
 
 def _parse_vitest(text: str) -> _Counts | None:
@@ -221,8 +260,13 @@ def _parse_vitest(text: str) -> _Counts | None:
     broken = _pairs(files["counts"]).get("failed", 0) if files else 0
     unhandled = _last(_VITEST_ERRORS, text)
     errors = (broken if not c.get("failed") else 0) + (int(unhandled[1]) if unhandled else 0)
-    return (c.get("passed", 0), c.get("failed", 0), c.get("skipped", 0) + c.get("todo", 0), errors,
-            "tests")
+    return (
+        c.get("passed", 0),
+        c.get("failed", 0),
+        c.get("skipped", 0) + c.get("todo", 0),
+        errors,
+        "tests",
+    )
 
 
 def _parse_go(text: str) -> _Counts | None:
@@ -230,13 +274,22 @@ def _parse_go(text: str) -> _Counts | None:
     broken = sum(1 for _, is_broken in packages if is_broken)
     if _GO_RUN.search(text):  # -v: per-test lines exist
         results = _GO_TEST.findall(text)
-        return (results.count("PASS"), results.count("FAIL"), results.count("SKIP"), broken,
-                "tests")
+        return (
+            results.count("PASS"),
+            results.count("FAIL"),
+            results.count("SKIP"),
+            broken,
+            "tests",
+        )
     if not packages:
         return None
-    return (sum(1 for status, _ in packages if status == "ok"),
-            sum(1 for status, is_broken in packages if status == "FAIL" and not is_broken),
-            0, broken, "packages")
+    return (
+        sum(1 for status, _ in packages if status == "ok"),
+        sum(1 for status, is_broken in packages if status == "FAIL" and not is_broken),
+        0,
+        broken,
+        "packages",
+    )
 
 
 def _parse_cargo(text: str) -> _Counts | None:
@@ -248,8 +301,12 @@ def _parse_cargo(text: str) -> _Counts | None:
 
 
 _PARSERS: dict[str, Callable[[str], _Counts | None]] = {
-    "pytest": _parse_pytest, "unittest": _parse_unittest, "vitest": _parse_vitest,
-    "jest": _parse_jest, "go": _parse_go, "cargo": _parse_cargo,
+    "pytest": _parse_pytest,
+    "unittest": _parse_unittest,
+    "vitest": _parse_vitest,
+    "jest": _parse_jest,
+    "go": _parse_go,
+    "cargo": _parse_cargo,
 }
 
 
@@ -262,8 +319,9 @@ def _counts(text: str, framework: str | None) -> tuple[str, _Counts] | None:
     return None
 
 
-def parse_output(text: str, framework: str | None = None, *,
-                 exit_code: int | None = None) -> TestReport:
+def parse_output(
+    text: str, framework: str | None = None, *, exit_code: int | None = None
+) -> TestReport:
     """Counts and failing sections from a test run's output (stdout and stderr together).
 
     Failing sections are extracted unless the run is green: no failures or errors counted and
@@ -299,8 +357,9 @@ class _Rule:
 
 
 def _rule(start: str, stop: str, skip: str | None = None, single_lines: bool = False) -> _Rule:
-    return _Rule(re.compile(start), re.compile(stop), re.compile(skip) if skip else None,
-                 single_lines)
+    return _Rule(
+        re.compile(start), re.compile(stop), re.compile(skip) if skip else None, single_lines
+    )
 
 
 _PYTEST_END = r"^=|^!{3,}|^\d+ [a-z]+(?:, \d+ [a-z]+)* in \d"
@@ -310,25 +369,29 @@ _RULES: dict[str, tuple[_Rule, ...]] = {
         _rule(r"^(?:FAILED|ERROR) [^\s(]", r"^", single_lines=True),
         _rule(r"^_{3,} \S.* _{3,}$", _PYTEST_END),  # `____ test_name ____` blocks
     ),
-    "unittest": (
-        _rule(r"^(?:FAIL|ERROR|UNEXPECTED SUCCESS): ", r"^={20,}|^Ran \d+ tests? in "),
-    ),
+    "unittest": (_rule(r"^(?:FAIL|ERROR|UNEXPECTED SUCCESS): ", r"^={20,}|^Ran \d+ tests? in "),),
     "jest": (
-        _rule(r"^\s*● ", r"^\s*(?:PASS|FAIL)\s|^(?:Test Suites|Tests|Snapshots|Time):"
-              r"|^Summary of all failing tests", skip=r"^\s*● Console\s*$"),
+        _rule(
+            r"^\s*● ",
+            r"^\s*(?:PASS|FAIL)\s|^(?:Test Suites|Tests|Snapshots|Time):"
+            r"|^Summary of all failing tests",
+            skip=r"^\s*● Console\s*$",
+        ),
     ),
-    "vitest": (
-        _rule(r"^\s*FAIL\s+\S", r"^\s*⎯{3,}|^\s*Test Files\s|^\s*Tests\s"),
-    ),
+    "vitest": (_rule(r"^\s*FAIL\s+\S", r"^\s*⎯{3,}|^\s*Test Files\s|^\s*Tests\s"),),
     "go": (  # `--- FAIL:` blocks are cut by _go_blocks (their output may precede them)
         _rule(r"^# \S", r"^(?:FAIL|ok|\?)\s|^FAIL$|^\s*$|^=== |^--- "),  # build/vet errors
         _rule(r"^panic: ", r"^(?:FAIL|ok)\s|^FAIL$|^exit status "),
     ),
     "cargo": (
-        _rule(r"^---- .+ (?:stdout|stderr) ----$",
-              r"^failures:$|^test result: |^error: test failed"),
-        _rule(r"^error(?:\[E\d+\])?: ", r"^\s*$",  # compile errors, not cargo's own verdict
-              skip=r"^error: (?:test failed|\d+ targets? failed)"),
+        _rule(
+            r"^---- .+ (?:stdout|stderr) ----$", r"^failures:$|^test result: |^error: test failed"
+        ),
+        _rule(
+            r"^error(?:\[E\d+\])?: ",
+            r"^\s*$",  # compile errors, not cargo's own verdict
+            skip=r"^error: (?:test failed|\d+ targets? failed)",
+        ),
     ),
 }
 
@@ -370,8 +433,11 @@ def _go_blocks(lines: list[str]) -> list[tuple[int, list[str]]]:
         if not _GO_FAIL.match(line):
             continue
         first = i
-        while first > 0 and lines[first - 1][:1] in (" ", "\t") and not _GO_MARKER.match(
-                lines[first - 1]):
+        while (
+            first > 0
+            and lines[first - 1][:1] in (" ", "\t")
+            and not _GO_MARKER.match(lines[first - 1])
+        ):
             first -= 1
         last = i + 1
         while last < len(lines) and lines[last][:1] in (" ", "\t"):
@@ -383,8 +449,10 @@ def _go_blocks(lines: list[str]) -> list[tuple[int, list[str]]]:
 def _tidy(block: list[str]) -> str:
     while block and _SEPARATOR.fullmatch(block[-1].strip()):
         block = block[:-1]
-    block = [line if len(line) <= _MAX_LINE_CHARS else line[:_MAX_LINE_CHARS] + " [...]"
-             for line in block]
+    block = [
+        line if len(line) <= _MAX_LINE_CHARS else line[:_MAX_LINE_CHARS] + " [...]"
+        for line in block
+    ]
     if len(block) > _MAX_BLOCK_LINES:
         head, tail = 30, _MAX_BLOCK_LINES - 30
         cut = len(block) - head - tail
@@ -395,8 +463,11 @@ def _tidy(block: list[str]) -> str:
 def _sections(lines: list[str], framework: str) -> list[str]:
     # Summary-line blocks (pytest's `FAILED ...` list) go first: if the cap cuts, they still
     # name every failure. The other blocks keep the order of the output.
-    blocks = [(not rule.single_lines, i, block)
-              for rule in _RULES[framework] for i, block in _scan(lines, rule)]
+    blocks = [
+        (not rule.single_lines, i, block)
+        for rule in _RULES[framework]
+        for i, block in _scan(lines, rule)
+    ]
     if framework == "go":
         blocks += [(True, i, block) for i, block in _go_blocks(lines)]
     found: dict[str, None] = {}  # ordered and deduplicated: jest repeats every failure at the end
@@ -441,15 +512,17 @@ def _cap(sections: list[str], limit: int) -> tuple[str, ...]:
             break
         kept.append(section)
         budget -= len(section)
-    cut = sections[len(kept):]
+    cut = sections[len(kept) :]
     if budget > 200 or not kept:  # a useful part of the first section left out still fits
         kept.append(_shorten(cut[0], budget))
         cut = cut[1:]
     if cut:
         names = ", ".join(s.split("\n", 1)[0].strip("_=-⎯ ")[:60] for s in cut[:3])
         more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""
-        note = (f"[output cut to {limit} chars: {len(cut)} more failing section(s) left out: "
-                f"{names}{more}]")
+        note = (
+            f"[output cut to {limit} chars: {len(cut)} more failing section(s) left out: "
+            f"{names}{more}]"
+        )
     else:
         note = f"[output cut to {limit} chars: the last section was shortened]"
     return (*kept, note[:reserve]) if reserve else tuple(kept)
@@ -472,11 +545,11 @@ def _shorten(section: str, room: int) -> str:
         head_room -= len(line) + 1
         left -= len(line) + 1
     tail: list[str] = []
-    for line in reversed(lines[len(head):]):
+    for line in reversed(lines[len(head) :]):
         if len(line) + 1 > left:
             break
         tail.append(line)
         left -= len(line) + 1
     if not head and not tail:  # one very long line
-        return section[:room - len(marker) - 1] + "\n" + marker
+        return section[: room - len(marker) - 1] + "\n" + marker
     return "\n".join([*head, marker, *reversed(tail)])

@@ -31,8 +31,13 @@ class Problem:
         return f"{self.file}:{self.line}:{self.col}: {self.message}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "col": self.col,
-                "path": self.path, "message": self.message}
+        return {
+            "file": self.file,
+            "line": self.line,
+            "col": self.col,
+            "path": self.path,
+            "message": self.message,
+        }
 
 
 class DocumentError(Exception):
@@ -52,8 +57,11 @@ class _Loader(_Base):  # type: ignore[misc, valid-type]
 
 
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers
-            if tag not in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:bool")]
+    first: [
+        (tag, rx)
+        for tag, rx in resolvers
+        if tag not in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:bool")
+    ]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver(
@@ -81,7 +89,11 @@ class Document:
                         break
                 else:
                     break
-            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            elif (
+                isinstance(node, yaml.SequenceNode)
+                and isinstance(part, int)
+                and part < len(node.value)
+            ):
                 node = node.value[part]
             else:
                 break
@@ -90,6 +102,7 @@ class Document:
 
 def read_text(path: Path, name: str) -> str:
     """The file's text, or DocumentError for anything that is not a reasonable text file."""
+
     def fail(message: str, line: int = 1, col: int = 1) -> DocumentError:
         return DocumentError(Problem(name, line, col, message))
 
@@ -98,7 +111,9 @@ def read_text(path: Path, name: str) -> str:
             raise fail("is a directory, not a file (pass the YAML file inside it)")
         size = path.stat().st_size
         if size > MAX_BYTES:
-            raise fail(f"file is too large ({size / 1e6:.1f} MB; the limit is {MAX_BYTES // 2**20} MB)")
+            raise fail(
+                f"file is too large ({size / 1e6:.1f} MB; the limit is {MAX_BYTES // 2**20} MB)"
+            )
         raw = path.read_bytes()
     except FileNotFoundError:
         raise fail("no such file (check the path)") from None
@@ -113,8 +128,9 @@ def read_text(path: Path, name: str) -> str:
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise fail(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8",
-                   line, col) from None
+        raise fail(
+            f"not valid UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8", line, col
+        ) from None
 
 
 def parse(text: str, name: str) -> Document:
@@ -157,8 +173,14 @@ def _check_size(root: yaml.Node, name: str) -> None:
         if key in sizes:
             return sizes[key]
         if key in on_path:  # a recursive alias (&a [*a]) would expand forever
-            raise DocumentError(Problem(name, node.start_mark.line + 1, node.start_mark.column + 1,
-                                        "recursive YAML alias"))
+            raise DocumentError(
+                Problem(
+                    name,
+                    node.start_mark.line + 1,
+                    node.start_mark.column + 1,
+                    "recursive YAML alias",
+                )
+            )
         on_path.add(key)
         if isinstance(node, yaml.MappingNode):
             total = 1 + sum(size(k) + size(v) for k, v in node.value)
@@ -171,6 +193,12 @@ def _check_size(root: yaml.Node, name: str) -> None:
         return sizes[key]
 
     if size(root) > MAX_NODES:
-        raise DocumentError(Problem(
-            name, 1, 1,
-            f"document expands to more than {MAX_NODES:,} nodes (YAML aliases nested too deeply)"))
+        raise DocumentError(
+            Problem(
+                name,
+                1,
+                1,
+                f"document expands to more than {MAX_NODES:,} nodes "
+                "(YAML aliases nested too deeply)",
+            )
+        )

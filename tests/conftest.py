@@ -17,7 +17,9 @@ GIT_ENV = {
 
 
 @pytest.fixture(autouse=True)
-def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+def isolated_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
     """Never read or write the developer's real ~/.config or ~/.gitconfig."""
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
@@ -26,8 +28,7 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     for var in ("OLLAMA_HOST", "CODER_MODEL", "CODER_CONFIG", "GIT_DIR", "GIT_WORK_TREE"):
         monkeypatch.delenv(var, raising=False)
     (home / ".gitconfig").write_text(
-        "[user]\n\tname = Test User\n\temail = test@example.com\n"
-        "[init]\n\tdefaultBranch = main\n"
+        "[user]\n\tname = Test User\n\temail = test@example.com\n[init]\n\tdefaultBranch = main\n"
     )
     return home
 
@@ -56,7 +57,11 @@ def libgit2_config(isolated_home: Path, tmp_path_factory: pytest.TempPathFactory
 def git(repo: Path, *args: str) -> str:
     """Run the real git CLI (tests verify what coder did with it, not with pygit2)."""
     out = subprocess.run(
-        ["git", *args], cwd=repo, check=True, capture_output=True, text=True,
+        ["git", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
         env={**os.environ, **GIT_ENV},
     )
     return out.stdout

@@ -16,13 +16,16 @@ from tests.test_run_lifecycle import coder, state_of, taskfile
 
 def test_turn_budget(fake: FakeOllama, sample: Path) -> None:
     fake.enqueue(call("fs_read", path="calc.py"), call("fs_read", path="README.md"))
-    path = taskfile(sample, """
+    path = taskfile(
+        sample,
+        """
         id: turns
         title: t
         policies: {max_turns: 2}
         graph:
           - {kind: analyze, goal: read everything}
-    """)
+    """,
+    )
     assert coder(sample, "run", "--autonomous", "-f", str(path))[0] == 1
     error = state_of(sample, "turns")["steps"]["s1"]["error"]
     assert error == "turn limit reached (2 model turns) without step_complete"
@@ -30,13 +33,16 @@ def test_turn_budget(fake: FakeOllama, sample: Path) -> None:
 
 def test_step_token_budget(fake: FakeOllama, sample: Path) -> None:
     fake.enqueue(call("fs_read", path="calc.py"), call("fs_read", path="README.md"))
-    path = taskfile(sample, """
+    path = taskfile(
+        sample,
+        """
         id: tokens
         title: t
         policies: {max_tokens: 500}
         graph:
           - {kind: analyze, goal: read everything}
-    """)
+    """,
+    )
     assert coder(sample, "run", "--autonomous", "-f", str(path))[0] == 1
     error = state_of(sample, "tokens")["steps"]["s1"]["error"]
     assert error.startswith("token budget exhausted (") and error.endswith(" of 500 tokens)")
@@ -44,14 +50,17 @@ def test_step_token_budget(fake: FakeOllama, sample: Path) -> None:
 
 def test_run_token_budget_stops_between_steps(fake: FakeOllama, sample: Path) -> None:
     fake.enqueue(call("fs_read", path="calc.py"), done("read it"))
-    path = taskfile(sample, """
+    path = taskfile(
+        sample,
+        """
         id: runbudget
         title: t
         policies: {run_max_tokens: 100}
         graph:
           - {kind: analyze, goal: read}
           - {kind: shell, cmd: "echo never > never.txt"}
-    """)
+    """,
+    )
     code, out, _ = coder(sample, "run", "--autonomous", "-f", str(path))
     assert code == 1
     state = state_of(sample, "runbudget")
@@ -63,43 +72,59 @@ def test_run_token_budget_stops_between_steps(fake: FakeOllama, sample: Path) ->
 
 def test_time_budget_from_config(fake: FakeOllama, sample: Path) -> None:
     (sample / "coder.config.json").write_text(json.dumps({"run_timeout": 1}))
-    path = taskfile(sample, """
+    path = taskfile(
+        sample,
+        """
         id: slow
         title: t
         graph:
           - {kind: shell, cmd: "sleep 1.2 && echo a > a.txt"}
           - {kind: shell, cmd: "echo b > b.txt"}
-    """)
+    """,
+    )
     assert coder(sample, "run", "--autonomous", "-f", str(path))[0] == 1
     assert state_of(sample, "slow")["error"].startswith("run time budget exhausted (1s of 1s)")
 
 
 @pytest.fixture
 def small_context(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOllama]:
-    models = {"small:3b": {"context_length": 4096, "capabilities": ["completion", "tools"],
-                           "arch": "llama"}}
+    models = {
+        "small:3b": {
+            "context_length": 4096,
+            "capabilities": ["completion", "tools"],
+            "arch": "llama",
+        }
+    }
     with FakeOllama(models=models) as server:
         monkeypatch.setenv("OLLAMA_HOST", server.url)
         yield server
 
 
-def test_a_conversation_that_outgrows_num_ctx_is_compacted(small_context: FakeOllama,
-                                                          make_repo) -> None:
+def test_a_conversation_that_outgrows_num_ctx_is_compacted(
+    small_context: FakeOllama, make_repo
+) -> None:
     big = "".join(f"line {i}: " + "lorem ipsum dolor sit amet " * 3 + "\n" for i in range(600))
     repo = make_repo({"big.txt": big, "README.md": "# r\n"})
     reads = [call("fs_read", path="big.txt", offset=1 + 100 * i, limit=100) for i in range(6)]
     small_context.enqueue(*reads, done("read the file in pages"))
-    path = taskfile(repo, "id: ctx\ntitle: t\nmodel: small:3b\ngraph:\n  - {kind: analyze, "
-                          "goal: read big.txt}\n")
+    path = taskfile(
+        repo,
+        "id: ctx\ntitle: t\nmodel: small:3b\ngraph:\n  - {kind: analyze, goal: read big.txt}\n",
+    )
     code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
     assert code == 0, out + err
     requests = chat_requests(small_context)
     assert all(r["options"]["num_ctx"] == 4096 for r in requests)
     # every request fits the window (by the server's own estimate), none is silently cut
     assert max(estimate_prompt_tokens(r) for r in requests) <= 4096
-    folded = [m for m in requests[-1]["messages"] if m["role"] == "tool"
-              and m["content"].startswith("[folded to save context:")]
+    folded = [
+        m
+        for m in requests[-1]["messages"]
+        if m["role"] == "tool" and m["content"].startswith("[folded to save context:")
+    ]
     assert folded, "older tool results should have been folded"
-    events = [json.loads(line) for line in
-              (repo / ".coder" / "logs" / "ctx.jsonl").read_text().splitlines()]
+    events = [
+        json.loads(line)
+        for line in (repo / ".coder" / "logs" / "ctx.jsonl").read_text().splitlines()
+    ]
     assert any(e["event"] == "context.compacted" for e in events)

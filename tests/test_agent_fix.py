@@ -11,9 +11,11 @@ from tests.test_agent_run import call, chat_requests, done
 from tests.test_run_lifecycle import coder, state_of, step_commits, taskfile
 
 BUGGY = "\n\ndef multiply(a: float, b: float) -> float:\n    return a ** b\n"
-TEST = ("\n    def test_multiply(self) -> None:\n"
-        "        from calc import multiply\n\n"
-        "        self.assertEqual(multiply(2, 3), 6)\n")
+TEST = (
+    "\n    def test_multiply(self) -> None:\n"
+    "        from calc import multiply\n\n"
+    "        self.assertEqual(multiply(2, 3), 6)\n"
+)
 
 JOURNEY = """
     id: fix
@@ -33,9 +35,18 @@ def edit_replies() -> list:
     return [
         call("fs_read", path="calc.py"),
         done("operations are in calc.py"),
-        call("fs_edit", path="calc.py", search="    return a - b\n", replace="    return a - b\n" + BUGGY),
-        call("fs_edit", path="tests/test_calc.py", search="        self.assertEqual(subtract(5, 3), 2)\n",
-             replace="        self.assertEqual(subtract(5, 3), 2)\n" + TEST),
+        call(
+            "fs_edit",
+            path="calc.py",
+            search="    return a - b\n",
+            replace="    return a - b\n" + BUGGY,
+        ),
+        call(
+            "fs_edit",
+            path="tests/test_calc.py",
+            search="        self.assertEqual(subtract(5, 3), 2)\n",
+            replace="        self.assertEqual(subtract(5, 3), 2)\n" + TEST,
+        ),
         done("added multiply and a test", "calc.py", "tests/test_calc.py"),
     ]
 
@@ -45,12 +56,17 @@ def test_analyze_edit_failing_test_fix_doc_merge(fake: FakeOllama, sample: Path)
         *edit_replies(),
         call("fs_edit", path="calc.py", search="return a ** b", replace="return a * b"),
         done("multiply used ** instead of *", "calc.py"),
-        call("fs_edit", path="README.md", search="add(2, 3)  # 5\n",
-             replace="add(2, 3)  # 5\nmultiply(2, 3)  # 6\n"),
+        call(
+            "fs_edit",
+            path="README.md",
+            search="add(2, 3)  # 5\n",
+            replace="add(2, 3)  # 5\nmultiply(2, 3)  # 6\n",
+        ),
         done("documented multiply", "README.md"),
     )
-    code, out, err = coder(sample, "run", "--autonomous", "--merge-on-success",
-                           "-f", str(taskfile(sample, JOURNEY)))
+    code, out, err = coder(
+        sample, "run", "--autonomous", "--merge-on-success", "-f", str(taskfile(sample, JOURNEY))
+    )
     assert code == 0, out + err
     branch = "agent/fix-multiply-with-a-fix"
     assert [c[:2] for c in step_commits(sample, branch)] == [("s2", "1"), ("s3", "1"), ("s4", "1")]
@@ -59,8 +75,9 @@ def test_analyze_edit_failing_test_fix_doc_merge(fake: FakeOllama, sample: Path)
     assert step["summary"] == "tests green: 3 passed after 1 fix cycle"
     assert step["usage"]["calls"] == 2
     # the model saw the failing test, not the whole log
-    fix_request = next(r for r in chat_requests(fake)
-                       if "Fix cycle 1 of 2" in r["messages"][1]["content"])
+    fix_request = next(
+        r for r in chat_requests(fake) if "Fix cycle 1 of 2" in r["messages"][1]["content"]
+    )
     first = fix_request["messages"][1]["content"]
     assert "test_multiply" in first and "AssertionError" in first and "test_add" not in first
     # merged on main, as one squash commit
@@ -80,9 +97,14 @@ def test_repeated_failure_is_reported_after_max_cycles(fake: FakeOllama, sample:
     assert code == 1
     state = state_of(sample, "fix")
     assert state["steps"]["s3"]["status"] == "failed"
-    assert state["steps"]["s3"]["error"] == "tests still failing after 2 fix cycles: 2 passed, 1 failed"
+    assert (
+        state["steps"]["s3"]["error"]
+        == "tests still failing after 2 fix cycles: 2 passed, 1 failed"
+    )
     assert state["steps"]["s4"]["status"] == "pending"
-    second = next(r for r in chat_requests(fake) if "Fix cycle 2 of 2" in r["messages"][1]["content"])
+    second = next(
+        r for r in chat_requests(fake) if "Fix cycle 2 of 2" in r["messages"][1]["content"]
+    )
     assert "The previous fix did not change these failures" in second["messages"][1]["content"]
     # the failed step's edits were discarded: the branch ends at s2
     assert [c[0] for c in step_commits(sample, "agent/fix-multiply-with-a-fix")] == ["s2"]

@@ -42,11 +42,19 @@ def feature_script() -> list[Reply]:
     return [
         call("fs_read", path="calc.py"),
         done("add and subtract live in calc.py; tests in tests/test_calc.py"),
-        call("fs_edit", path="calc.py", search="    return a - b\n",
-             replace="    return a - b\n" + MULTIPLY),
+        call(
+            "fs_edit",
+            path="calc.py",
+            search="    return a - b\n",
+            replace="    return a - b\n" + MULTIPLY,
+        ),
         done("added multiply", "calc.py"),
-        call("fs_edit", path="README.md", search="add(2, 3)  # 5\n",
-             replace="add(2, 3)  # 5\nmultiply(2, 3)  # 6\n"),
+        call(
+            "fs_edit",
+            path="README.md",
+            search="add(2, 3)  # 5\n",
+            replace="add(2, 3)  # 5\nmultiply(2, 3)  # 6\n",
+        ),
         done("documented multiply", "README.md"),
     ]
 
@@ -70,7 +78,7 @@ def test_analyze_edit_test_doc_runs_to_green(fake: FakeOllama, sample: Path) -> 
     # the analyze step's findings reached the edit step, after the prefix
     requests = chat_requests(fake)
     edit_first = requests[2]["messages"]
-    assert "<notes from=\"s1\">\nadd and subtract live in calc.py" in edit_first[1]["content"]
+    assert '<notes from="s1">\nadd and subtract live in calc.py' in edit_first[1]["content"]
     assert fake.pending == 0
 
 
@@ -102,7 +110,8 @@ def test_an_unsupported_claim_is_rejected_then_corrected(fake: FakeOllama, sampl
     assert code == 0, out + err
     second = chat_requests(fake)[1]["messages"][-1]
     assert second["role"] == "tool" and second["content"].startswith(
-        "rejected: files_changed lists calc.py, which did not change")
+        "rejected: files_changed lists calc.py, which did not change"
+    )
     assert git(sample, "show", "agent/claim-t:mul.py").startswith("def mul")
 
 
@@ -111,16 +120,21 @@ def test_an_edit_step_that_changes_nothing_needs_a_reason(fake: FakeOllama, samp
     path = taskfile(sample, "id: nochange\ntitle: t\ngraph:\n  - {kind: edit, goal: g}\n")
     assert coder(sample, "run", "--autonomous", "-f", str(path))[0] == 0
     assert chat_requests(fake)[1]["messages"][-1]["content"].startswith(
-        "rejected: no file was changed")
+        "rejected: no file was changed"
+    )
     assert state_of(sample, "nochange")["steps"]["s1"]["commit"] is None
 
 
 def test_tool_calls_written_as_json_text_are_recovered(fake: FakeOllama, sample: Path) -> None:
     fake.enqueue(
-        Reply(content='I will write the file.\n```json\n{"name": "fs_write", "arguments": '
-                      '{"path": "x.txt", "content": "x\\n"}}\n```'),
-        Reply(content='<tool_call>{"name": "step_complete", "arguments": {"summary": "wrote x", '
-                      '"files_changed": ["x.txt"]}}</tool_call>'),
+        Reply(
+            content='I will write the file.\n```json\n{"name": "fs_write", "arguments": '
+            '{"path": "x.txt", "content": "x\\n"}}\n```'
+        ),
+        Reply(
+            content='<tool_call>{"name": "step_complete", "arguments": {"summary": "wrote x", '
+            '"files_changed": ["x.txt"]}}</tool_call>'
+        ),
     )
     path = taskfile(sample, "id: text\ntitle: t\ngraph:\n  - {kind: edit, goal: write x.txt}\n")
     code, out, err = coder(sample, "run", "--autonomous", "-f", str(path))
@@ -129,8 +143,10 @@ def test_tool_calls_written_as_json_text_are_recovered(fake: FakeOllama, sample:
 
 
 def test_plain_text_gets_a_nudge(fake: FakeOllama, sample: Path) -> None:
-    fake.enqueue(Reply(content="Sure, I can help with that."),
-                 done("looked", no_change_reason="nothing needed"))
+    fake.enqueue(
+        Reply(content="Sure, I can help with that."),
+        done("looked", no_change_reason="nothing needed"),
+    )
     path = taskfile(sample, "id: nudge\ntitle: t\ngraph:\n  - {kind: analyze, goal: look}\n")
     assert coder(sample, "run", "--autonomous", "-f", str(path))[0] == 0
     nudge = chat_requests(fake)[1]["messages"][-1]
@@ -144,20 +160,26 @@ def test_a_repeated_call_loop_is_stopped(fake: FakeOllama, sample: Path) -> None
     assert code == 1
     step = state_of(sample, "loop")["steps"]["s1"]
     assert step["error"] == "the model repeated the same fs_read call 3 times; stopping the step"
-    assert "called fs_read with the same arguments 2 times" in \
-        chat_requests(fake)[2]["messages"][-1]["content"]
+    assert (
+        "called fs_read with the same arguments 2 times"
+        in chat_requests(fake)[2]["messages"][-1]["content"]
+    )
 
 
-def test_path_traversal_and_symlink_escape_are_refused(fake: FakeOllama, sample: Path,
-                                                       tmp_path: Path) -> None:
+def test_path_traversal_and_symlink_escape_are_refused(
+    fake: FakeOllama, sample: Path, tmp_path: Path
+) -> None:
     outside = tmp_path / "outside.txt"
     outside.write_text("secret plans\n")
     os.symlink(outside, sample / "link.txt")
     git(sample, "add", "link.txt")
     git(sample, "commit", "-qm", "a link")
-    fake.enqueue(call("fs_read", path="../../outside.txt"), call("fs_read", path="link.txt"),
-                 call("fs_write", path="../escape.txt", content="x"),
-                 done("could not", no_change_reason="refused"))
+    fake.enqueue(
+        call("fs_read", path="../../outside.txt"),
+        call("fs_read", path="link.txt"),
+        call("fs_write", path="../escape.txt", content="x"),
+        done("could not", no_change_reason="refused"),
+    )
     path = taskfile(sample, "id: esc\ntitle: t\ngraph:\n  - {kind: custom, goal: escape}\n")
     assert coder(sample, "run", "--autonomous", "-f", str(path))[0] == 0
     results = [m["content"] for m in chat_requests(fake)[-1]["messages"] if m["role"] == "tool"]
@@ -167,14 +189,20 @@ def test_path_traversal_and_symlink_escape_are_refused(fake: FakeOllama, sample:
     assert all("secret plans" not in json.dumps(b) for b in fake.chat_bodies())
 
 
-def test_a_secret_in_a_file_never_reaches_the_model_or_the_logs(fake: FakeOllama,
-                                                                make_repo) -> None:
+def test_a_secret_in_a_file_never_reaches_the_model_or_the_logs(
+    fake: FakeOllama, make_repo
+) -> None:
     key = "AKIA" + "QWERTYUIOPASDFGH"
     token = "ghp_" + "0123456789abcdefghijABCDEFGHIJ012345"
-    repo = make_repo({"config.py": f'AWS_KEY = "{key}"\n', ".env": f"API_TOKEN={token}x\n",
-                      "README.md": "# r\n"})
-    fake.enqueue(call("fs_read", path="config.py"), call("fs_read", path=".env"),
-                 call("fs_grep", pattern="AKIA"), done("read the config"))
+    repo = make_repo(
+        {"config.py": f'AWS_KEY = "{key}"\n', ".env": f"API_TOKEN={token}x\n", "README.md": "# r\n"}
+    )
+    fake.enqueue(
+        call("fs_read", path="config.py"),
+        call("fs_read", path=".env"),
+        call("fs_grep", pattern="AKIA"),
+        done("read the config"),
+    )
     path = taskfile(repo, "id: sec\ntitle: t\ngraph:\n  - {kind: analyze, goal: read config}\n")
     assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == 0
     raw = b"".join(r.raw for r in fake.requests)
@@ -185,8 +213,9 @@ def test_a_secret_in_a_file_never_reaches_the_model_or_the_logs(fake: FakeOllama
             assert key not in text and token not in text, file
 
 
-def test_server_down_is_an_environment_error_naming_the_host(sample: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_server_down_is_an_environment_error_naming_the_host(
+    sample: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = down_url()
     monkeypatch.setenv("OLLAMA_HOST", url)
     path = taskfile(sample, "title: t\ngraph:\n  - {kind: edit, goal: g}\n")
@@ -202,16 +231,20 @@ def test_a_missing_model_names_the_pull_command(fake: FakeOllama, sample: Path) 
 
 
 def test_a_500_mid_stream_is_retried(fake: FakeOllama, sample: Path) -> None:
-    fake.enqueue(Reply(content="partial", error_mid_stream="boom"),
-                 call("fs_write", path="y.txt", content="y\n"), done("wrote y", "y.txt"))
+    fake.enqueue(
+        Reply(content="partial", error_mid_stream="boom"),
+        call("fs_write", path="y.txt", content="y\n"),
+        done("wrote y", "y.txt"),
+    )
     path = taskfile(sample, "id: retry\ntitle: t\ngraph:\n  - {kind: edit, goal: write y}\n")
     code, out, err = coder(sample, "run", "--autonomous", "-f", str(path))
     assert code == 0, out + err
     assert git(sample, "show", "agent/retry-t:y.txt") == "y\n"
 
 
-def test_record_then_replay_reproduces_the_commits(fake: FakeOllama, sample: Path,
-                                                   make_repo, tmp_path: Path) -> None:
+def test_record_then_replay_reproduces_the_commits(
+    fake: FakeOllama, sample: Path, make_repo, tmp_path: Path
+) -> None:
     fake.enqueue(*feature_script())
     recording = tmp_path / "run.json"
     task = taskfile(sample, FEATURE)
@@ -223,4 +256,6 @@ def test_record_then_replay_reproduces_the_commits(fake: FakeOllama, sample: Pat
     assert len(fake.requests) == before  # no model was asked
     branch = "agent/mul-add-multiply-to-calc"
     assert step_commits(copy, branch) == step_commits(sample, branch)
-    assert git(copy, "rev-parse", f"{branch}^{{tree}}") == git(sample, "rev-parse", f"{branch}^{{tree}}")
+    assert git(copy, "rev-parse", f"{branch}^{{tree}}") == git(
+        sample, "rev-parse", f"{branch}^{{tree}}"
+    )

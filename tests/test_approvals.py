@@ -33,9 +33,15 @@ class Terminal:
     def __init__(self, args: list[str], cwd: Path) -> None:
         self.master, slave = pty.openpty()
         env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", "TERM": "dumb"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "coder", *args], cwd=cwd,
-                                     stdin=slave, stdout=slave, stderr=slave, env=env,
-                                     close_fds=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "coder", *args],
+            cwd=cwd,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            close_fds=True,
+        )
         os.close(slave)
         self.output = ""
 
@@ -76,7 +82,10 @@ def test_approve_skip_diff_and_quit_through_a_terminal(make_repo) -> None:
     assert term.finish() == 130
     state = json.loads((repo / ".coder" / "state" / "ask.json").read_text())
     assert {k: v["status"] for k, v in state["steps"].items()} == {
-        "one": "success", "two": "skipped", "three": "pending"}
+        "one": "success",
+        "two": "skipped",
+        "three": "pending",
+    }
     assert state["steps"]["two"]["reasons"] == ["skipped by the user at the approval prompt"]
     assert git(repo, "show", "agent/ask-ask-first:one.txt") == "one\n"
     # quitting is a stop: resume continues (autonomously) with the remaining step
@@ -87,9 +96,15 @@ def test_approve_skip_diff_and_quit_through_a_terminal(make_repo) -> None:
 
 def test_without_a_terminal_interactive_mode_is_refused(make_repo) -> None:
     repo = make_repo()
-    proc = subprocess.run([sys.executable, "-m", "coder", "run", "-f", str(taskfile(repo, TASK))],
-                          cwd=repo, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "coder", "run", "-f", str(taskfile(repo, TASK))],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "needs a terminal; pass --autonomous" in proc.stderr
     assert git(repo, "branch", "--list", "agent/*") == ""

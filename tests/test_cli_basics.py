@@ -20,8 +20,14 @@ EXAMPLES = sorted((ROOT / "tasks").glob("*.yaml"))
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The installed `coder` entry point in a real process."""
-    return subprocess.run([sys.executable, "-m", "coder", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "coder", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -50,20 +56,35 @@ def test_validate_json(tmp_path: Path) -> None:
     path.write_text("title: t\ngraph:\n  - {kind: shell}\n")
     code, out, _ = invoke("validate", "-f", str(path), "--json")
     assert code == 2
-    assert json.loads(out) == {"file": str(path), "valid": False, "problems": [{
-        "file": str(path), "line": 3, "col": 5, "path": "$.graph[0]",
-        "message": "graph[0]: missing required field 'cmd' for a shell step"}]}
+    assert json.loads(out) == {
+        "file": str(path),
+        "valid": False,
+        "problems": [
+            {
+                "file": str(path),
+                "line": 3,
+                "col": 5,
+                "path": "$.graph[0]",
+                "message": "graph[0]: missing required field 'cmd' for a shell step",
+            }
+        ],
+    }
     code, out, _ = invoke("validate", "-f", str(ROOT / "tasks" / "parallel-levels.yaml"), "--json")
     assert code == 0 and json.loads(out)["valid"] is True and json.loads(out)["steps"] == 6
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (b"title: t\ngraph: [\n", ":3:1: YAML syntax error"),
-    (b"", ":1:1: file is empty"),
-    (b"\x00\x01\x02binary", ":1:1: not a text file"),
-    (b"title: \xff\xfe\n", ":1:8: not valid UTF-8"),
-])
-def test_bad_files_through_the_real_entry_point(tmp_path: Path, content: bytes, message: str) -> None:
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"title: t\ngraph: [\n", ":3:1: YAML syntax error"),
+        (b"", ":1:1: file is empty"),
+        (b"\x00\x01\x02binary", ":1:1: not a text file"),
+        (b"title: \xff\xfe\n", ":1:8: not valid UTF-8"),
+    ],
+)
+def test_bad_files_through_the_real_entry_point(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
     path = tmp_path / "t.yaml"
     path.write_bytes(content)
     proc = run("validate", "-f", str(path))
@@ -138,7 +159,9 @@ def test_config_shows_values_and_sources(repo: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("CODER_MODEL", "llama3.1:8b")
     code, out, _ = invoke("config", "--json")
     data = json.loads(out)
-    assert data["values"]["model"] == "llama3.1:8b" and data["sources"]["model"] == "env CODER_MODEL"
+    assert (
+        data["values"]["model"] == "llama3.1:8b" and data["sources"]["model"] == "env CODER_MODEL"
+    )
     assert data["values"]["max_parallel"] == 2
     assert data["sources"]["max_parallel"] == f"project file {repo / 'coder.config.json'}"
     code, out, _ = invoke("config")
@@ -146,13 +169,17 @@ def test_config_shows_values_and_sources(repo: Path, monkeypatch: pytest.MonkeyP
     assert any(line.startswith("model") and "env CODER_MODEL" in line for line in out.splitlines())
 
 
-def test_bad_config_file_is_exit_2_with_position(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_config_file_is_exit_2_with_position(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(repo)
     (repo / "coder.config.json").write_text('{"max_parallel": "two"}')
     code, _, err = invoke("config")
     assert code == 2
-    assert err.splitlines()[0] == (f"coder: error: {repo / 'coder.config.json'}:1:18: max_parallel:"
-                                   " 'two' is not of type 'integer'")
+    assert err.splitlines()[0] == (
+        f"coder: error: {repo / 'coder.config.json'}:1:18: max_parallel:"
+        " 'two' is not of type 'integer'"
+    )
 
 
 def test_version_and_usage_errors() -> None:
@@ -164,9 +191,15 @@ def test_version_and_usage_errors() -> None:
 
 
 def test_help_does_not_import_heavy_modules() -> None:
-    code = ("import sys, coder.cli; coder.cli.main(['--help'], standalone_mode=False);"
-            "heavy = {'networkx', 'pygit2', 'ollama', 'mcp', 'jsonschema', 'yaml', 'structlog'};"
-            "print(sorted(heavy & set(sys.modules)))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import sys, coder.cli; coder.cli.main(['--help'], standalone_mode=False);"
+        "heavy = {'networkx', 'pygit2', 'ollama', 'mcp', 'jsonschema', 'yaml', 'structlog'};"
+        "print(sorted(heavy & set(sys.modules)))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.stdout.strip().splitlines()[-1] == "[]"

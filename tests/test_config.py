@@ -26,20 +26,26 @@ def test_defaults_when_nothing_is_configured(tmp_path: Path) -> None:
 
 
 def test_precedence_flags_env_project_user_defaults(repo: Path) -> None:
-    user = write_json(config.user_config_path(),
-                      {"model": "user-model", "temperature": 0.5, "max_parallel": 3})
+    user = write_json(
+        config.user_config_path(), {"model": "user-model", "temperature": 0.5, "max_parallel": 3}
+    )
     project = write_json(repo / "coder.config.json", {"model": "project-model", "temperature": 0.1})
     env = {"CODER_MODEL": "env-model", "OLLAMA_HOST": "gpu-box:11500"}
     (repo / "sub").mkdir()
     cfg = config.load(repo / "sub", flags={"model": "flag-model", "seed": None}, env=env)
     assert cfg["model"] == "flag-model" and cfg.sources["model"] == "flag"
-    assert cfg["ollama_host"] == "http://gpu-box:11500" and cfg.sources["ollama_host"] == "env OLLAMA_HOST"
+    assert (
+        cfg["ollama_host"] == "http://gpu-box:11500"
+        and cfg.sources["ollama_host"] == "env OLLAMA_HOST"
+    )
     assert cfg["temperature"] == 0.1 and cfg.sources["temperature"] == f"project file {project}"
     assert cfg["max_parallel"] == 3 and cfg.sources["max_parallel"] == f"user file {user}"
     assert cfg["seed"] is None and cfg.sources["seed"] == "default"  # a None flag is "not given"
     assert cfg.files == (user, project)
     without_flag = config.load(repo, env=env)
-    assert without_flag["model"] == "env-model" and without_flag.sources["model"] == "env CODER_MODEL"
+    assert (
+        without_flag["model"] == "env-model" and without_flag.sources["model"] == "env CODER_MODEL"
+    )
 
 
 def test_coder_config_replaces_the_project_file(repo: Path, tmp_path: Path) -> None:
@@ -47,7 +53,9 @@ def test_coder_config_replaces_the_project_file(repo: Path, tmp_path: Path) -> N
     other = write_json(tmp_path / "other.json", {"model": "other-model"})
     cfg = config.load(repo, env={"CODER_CONFIG": str(other)})
     assert cfg["model"] == "other-model" and cfg.sources["model"] == f"CODER_CONFIG {other}"
-    with pytest.raises(InvalidInput, match="CODER_CONFIG points to .*missing.json, which is not a file"):
+    with pytest.raises(
+        InvalidInput, match="CODER_CONFIG points to .*missing.json, which is not a file"
+    ):
         config.load(repo, env={"CODER_CONFIG": str(tmp_path / "missing.json")})
 
 
@@ -66,33 +74,40 @@ def test_schema_errors_name_the_field_and_position(repo: Path) -> None:
         config.load(repo, env={})
     assert info.value.message == (
         f"{path}:1:1: (top level): unknown setting 'modle'; "
-        f"{path}:3:19: max_parallel: 0 is less than the minimum of 1")
+        f"{path}:3:19: max_parallel: 0 is less than the minimum of 1"
+    )
 
 
-@pytest.mark.parametrize(("given", "expected"), [
-    ("http://127.0.0.1:11434", "http://127.0.0.1:11434"),
-    ("127.0.0.1", "http://127.0.0.1:11434"),
-    (":11435", "http://127.0.0.1:11435"),
-    ("0.0.0.0", "http://127.0.0.1:11434"),
-    ("gpu-box:8080/", "http://gpu-box:8080"),
-    ("http://gpu-box", "http://gpu-box:80"),
-    ("https://ollama.internal/", "https://ollama.internal:443"),
-])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("http://127.0.0.1:11434", "http://127.0.0.1:11434"),
+        ("127.0.0.1", "http://127.0.0.1:11434"),
+        (":11435", "http://127.0.0.1:11435"),
+        ("0.0.0.0", "http://127.0.0.1:11434"),
+        ("gpu-box:8080/", "http://gpu-box:8080"),
+        ("http://gpu-box", "http://gpu-box:80"),
+        ("https://ollama.internal/", "https://ollama.internal:443"),
+    ],
+)
 def test_normalize_host(given: str, expected: str) -> None:
     assert config.normalize_host(given) == expected
 
 
-@pytest.mark.parametrize(("files", "expected"), [
-    ({"package.json": '{"scripts": {"test": "vitest"}}'}, "npm test"),
-    ({"package.json": '{"scripts": {}}'}, None),
-    ({"go.mod": "module x\n"}, "go test ./..."),
-    ({"Cargo.toml": "[package]\n"}, "cargo test"),
-    ({"pyproject.toml": "[tool.pytest.ini_options]\n"}, "python -m pytest -q"),
-    ({"tests/conftest.py": ""}, "python -m pytest -q"),
-    ({"tests/test_x.py": "import unittest\n"}, "python -m unittest discover -s tests -q"),
-    ({"test_x.py": ""}, "python -m unittest discover -q"),
-    ({"README.md": "hi"}, None),
-])
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"package.json": '{"scripts": {"test": "vitest"}}'}, "npm test"),
+        ({"package.json": '{"scripts": {}}'}, None),
+        ({"go.mod": "module x\n"}, "go test ./..."),
+        ({"Cargo.toml": "[package]\n"}, "cargo test"),
+        ({"pyproject.toml": "[tool.pytest.ini_options]\n"}, "python -m pytest -q"),
+        ({"tests/conftest.py": ""}, "python -m pytest -q"),
+        ({"tests/test_x.py": "import unittest\n"}, "python -m unittest discover -s tests -q"),
+        ({"test_x.py": ""}, "python -m unittest discover -q"),
+        ({"README.md": "hi"}, None),
+    ],
+)
 def test_detect_test_command(tmp_path: Path, files: dict[str, str], expected: str | None) -> None:
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

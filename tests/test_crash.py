@@ -52,16 +52,34 @@ COMMITTED = "its commit is on the branch"
 # --- helpers -------------------------------------------------------------------------------
 
 
-def coder(repo: Path, *args: str, crash: str | None = None, delay: float | None = None,
-          timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def coder(
+    repo: Path,
+    *args: str,
+    crash: str | None = None,
+    delay: float | None = None,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in `repo` with the test's (isolated) environment."""
-    return subprocess.run([sys.executable, "-m", "coder", *args], cwd=repo, env=_env(crash, delay),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "coder", *args],
+        cwd=repo,
+        env=_env(crash, delay),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def spawn(repo: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "coder", *args], cwd=repo, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "coder", *args],
+        cwd=repo,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _env(crash: str | None = None, delay: float | None = None) -> dict[str, str]:
@@ -79,8 +97,13 @@ def out(result: subprocess.CompletedProcess[str]) -> str:
 
 def step_commits(repo: Path) -> list[tuple[str, str]]:
     """(Coder-Step, tree) of every commit in main..BRANCH, oldest first."""
-    log = git(repo, "log", "--reverse", "--format=%T %(trailers:key=Coder-Step,valueonly)%x00",
-              f"main..{BRANCH}")
+    log = git(
+        repo,
+        "log",
+        "--reverse",
+        "--format=%T %(trailers:key=Coder-Step,valueonly)%x00",
+        f"main..{BRANCH}",
+    )
     rows = [entry.split() for entry in log.split("\0") if entry.strip()]
     return [(row[1] if len(row) > 1 else "?", row[0]) for row in rows]
 
@@ -115,11 +138,17 @@ class Checkout:
 
     @classmethod
     def take(cls, repo: Path) -> Checkout:
-        files = {str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*"))
-                 if p.is_file() and p.relative_to(repo).parts[0] not in (".git", ".coder")}
-        return cls(files, git(repo, "symbolic-ref", "HEAD").strip(),
-                   git(repo, "rev-parse", "main").strip(),
-                   git(repo, "status", "--porcelain=v1", "--untracked-files=all"))
+        files = {
+            str(p.relative_to(repo)): p.read_bytes()
+            for p in sorted(repo.rglob("*"))
+            if p.is_file() and p.relative_to(repo).parts[0] not in (".git", ".coder")
+        }
+        return cls(
+            files,
+            git(repo, "symbolic-ref", "HEAD").strip(),
+            git(repo, "rev-parse", "main").strip(),
+            git(repo, "status", "--porcelain=v1", "--untracked-files=all"),
+        )
 
 
 def user_repo(make_repo) -> tuple[Path, Path, Checkout]:
@@ -137,11 +166,11 @@ class Golden:
     duration: float
 
 
-def assert_golden(repo: Path, golden: Golden, before: Checkout,
-                  why: str = "") -> dict[str, Any]:
+def assert_golden(repo: Path, golden: Golden, before: Checkout, why: str = "") -> dict[str, Any]:
     """Everything an uninterrupted run guarantees; returns the state for further checks."""
-    fsck = subprocess.run(["git", "fsck", "--no-dangling"], cwd=repo, capture_output=True,
-                          text=True, check=False)
+    fsck = subprocess.run(
+        ["git", "fsck", "--no-dangling"], cwd=repo, capture_output=True, text=True, check=False
+    )
     assert fsck.returncode == 0 and not fsck.stdout.strip(), f"{why}git fsck: {fsck.stderr}"
     assert step_commits(repo) == golden.commits, why
     assert tree_of(repo, BRANCH) == golden.tree, why
@@ -152,9 +181,14 @@ def assert_golden(repo: Path, golden: Golden, before: Checkout,
     assert not errors, f"{why}state does not match the schema: {errors}"
     assert state["status"] == "success", why
     assert all(s["status"] == "success" for s in state["steps"].values()), why
-    commits = {sid: c for sid, c in zip(
-        [sid for sid, _ in golden.commits],
-        git(repo, "log", "--reverse", "--format=%H", f"main..{BRANCH}").split(), strict=True)}
+    commits = {
+        sid: c
+        for sid, c in zip(
+            [sid for sid, _ in golden.commits],
+            git(repo, "log", "--reverse", "--format=%H", f"main..{BRANCH}").split(),
+            strict=True,
+        )
+    }
     for sid in STEP_ORDER:  # a step is done iff its commit is on the branch
         assert state["steps"][sid]["commit"] == commits.get(sid), f"{why}{sid}"
     return state
@@ -250,15 +284,15 @@ def test_golden_run_makes_one_commit_per_changing_step(golden: Golden, make_repo
 
 # (CODER_CRASH_AT, CODER_CRASH_DELAY, step whose reasons must tell what resume did with it)
 MATRIX = [
-    ("after_worktree", None, None),                # before the first checkpoint: state rebuilt
+    ("after_worktree", None, None),  # before the first checkpoint: state rebuilt
     ("before_step@s3", None, ("s3", RUNNING_AGAIN)),
     ("during_command@s5", 0.2, ("s5", RUNNING_AGAIN)),
     ("after_checks@s3", None, ("s3", RUNNING_AGAIN)),  # s3's deletion done, not committed
     ("after_commit@s3", None, ("s3", COMMITTED)),
-    ("checkpoint#1", None, None),                  # the manifest write: nothing started
-    ("checkpoint#3", None, None),                  # the run's status `running`
-    ("checkpoint#6", None, None),                  # s2 `running` never landed: s2 still pending
-    ("checkpoint#7", None, ("s2", COMMITTED)),     # s2 `success` never landed, its commit did
+    ("checkpoint#1", None, None),  # the manifest write: nothing started
+    ("checkpoint#3", None, None),  # the run's status `running`
+    ("checkpoint#6", None, None),  # s2 `running` never landed: s2 still pending
+    ("checkpoint#7", None, ("s2", COMMITTED)),  # s2 `success` never landed, its commit did
     ("before_finish", None, None),
 ]
 
@@ -269,8 +303,8 @@ def test_the_matrix_covers_every_crash_point() -> None:
 
 @pytest.mark.parametrize(("at", "delay", "reason"), MATRIX, ids=[m[0] for m in MATRIX])
 def test_crash_then_resume_equals_the_golden_run(
-        make_repo, golden: Golden, at: str, delay: float | None,
-        reason: tuple[str, str] | None) -> None:
+    make_repo, golden: Golden, at: str, delay: float | None, reason: tuple[str, str] | None
+) -> None:
     repo, taskfile, before = user_repo(make_repo)
     crash(repo, taskfile, at, delay)
     assert Checkout.take(repo) == before, "a crashed run touched the user's checkout"
@@ -281,8 +315,9 @@ def test_crash_then_resume_equals_the_golden_run(
         assert not (repo / ".coder" / "tasks" / f"{TASK_ID}.json").exists()
         assert git(repo, "branch", "--list", BRANCH) == ""
         resumed = coder(repo, "resume", "-t", TASK_ID)
-        assert resumed.returncode == EXIT_USAGE and "no task 'crash1'" in resumed.stderr, \
-            out(resumed)
+        assert resumed.returncode == EXIT_USAGE and "no task 'crash1'" in resumed.stderr, out(
+            resumed
+        )
         assert "Traceback" not in resumed.stderr
         resumed = coder(repo, "run", "--autonomous", "-f", str(taskfile))
     else:
@@ -304,15 +339,18 @@ def test_crash_then_resume_equals_the_golden_run(
     assert state["steps"]["s1"]["attempts"] == 1
 
 
-def test_resume_ends_the_commands_a_killed_runner_left_behind(make_repo, golden: Golden,
-                                                               tmp_path: Path) -> None:
+def test_resume_ends_the_commands_a_killed_runner_left_behind(
+    make_repo, golden: Golden, tmp_path: Path
+) -> None:
     """A command runs in its own session, so SIGKILL of the runner does not reach it: it would
     go on writing into the worktree while (or after) resume reconciles it."""
     repo, _, before = user_repo(make_repo)
     go = tmp_path / "go-fast"  # created before the resume: the rerun of s1 is quick
     marks = [["sleep", f"1000.{random.randrange(10**9):09d}"] for _ in range(2)]
-    cmd = (f"if [ -e {go} ]; then echo one > new.txt; else echo partial > partial.txt; "
-           f"{' '.join(marks[0])} & {' '.join(marks[1])}; echo late > late.txt; fi")
+    cmd = (
+        f"if [ -e {go} ]; then echo one > new.txt; else echo partial > partial.txt; "
+        f"{' '.join(marks[0])} & {' '.join(marks[1])}; echo late > late.txt; fi"
+    )
     taskfile = write_taskfile(repo, TASKFILE.replace('"echo one > new.txt"', json.dumps(cmd)))
     crash(repo, taskfile, "during_command@s1", delay=0.3)
     assert all(stray_processes(m) for m in marks), "expected the command to outlive the runner"
@@ -349,17 +387,34 @@ def test_crash_inside_a_parallel_level_then_resume(make_repo) -> None:
 
     resumed = coder(repo, "resume", "-t", "par1")
     assert resumed.returncode == 0, out(resumed)
-    log = git(repo, "log", "--reverse", "--format=%(trailers:key=Coder-Step,valueonly)",
-              "main..agent/par1")
+    log = git(
+        repo,
+        "log",
+        "--reverse",
+        "--format=%(trailers:key=Coder-Step,valueonly)",
+        "main..agent/par1",
+    )
     assert log.split() == ["p0", "p1", "p2", "p3"]
-    expected = make_repo({**BASE_FILES, "base.txt": "base\n", "one.txt": "one\n",
-                          "two.txt": "two\n", "both.txt": "one\ntwo\n"}, name="expected")
+    expected = make_repo(
+        {
+            **BASE_FILES,
+            "base.txt": "base\n",
+            "one.txt": "one\n",
+            "two.txt": "two\n",
+            "both.txt": "one\ntwo\n",
+        },
+        name="expected",
+    )
     assert tree_of(repo, "agent/par1") == tree_of(expected, "main")
     listed = git(repo, "worktree", "list", "--porcelain")
     assert listed.count("worktree ") == 2, listed  # the checkout and the run's worktree
     assert "coder-scratch/" not in git(repo, "branch", "--list", "--all")
-    assert subprocess.run(["git", "fsck", "--no-dangling"], cwd=repo, capture_output=True,
-                          check=False).returncode == 0
+    assert (
+        subprocess.run(
+            ["git", "fsck", "--no-dangling"], cwd=repo, capture_output=True, check=False
+        ).returncode
+        == 0
+    )
 
 
 # --- 2. kill -9 after a seeded random delay --------------------------------------------------
@@ -368,8 +423,9 @@ SEEDS = [int(s) for s in os.environ.get("CODER_CRASH_SEEDS", "101,202,303").spli
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_random_kill_then_resume_equals_the_golden_run(make_repo, golden: Golden,
-                                                       seed: int) -> None:
+def test_random_kill_then_resume_equals_the_golden_run(
+    make_repo, golden: Golden, seed: int
+) -> None:
     repo, taskfile, before = user_repo(make_repo)
     delay = random.Random(seed).uniform(0.0, golden.duration)
     why = f"seed {seed} (kill after {delay:.3f}s of a {golden.duration:.2f}s run): "
@@ -388,8 +444,9 @@ def test_random_kill_then_resume_equals_the_golden_run(make_repo, golden: Golden
         done = finished(repo)
         result = coder(repo, "resume", "-t", TASK_ID)
         if done:  # killed after the final checkpoint: it is done, and says so
-            assert result.returncode == EXIT_USAGE and "already finished" in result.stderr, \
+            assert result.returncode == EXIT_USAGE and "already finished" in result.stderr, (
                 why + out(result)
+            )
         else:
             assert result.returncode == 0, why + out(result)
     assert_golden(repo, golden, before, why)
@@ -441,18 +498,27 @@ def test_a_second_runner_is_refused_while_one_runs(make_repo) -> None:
 
 
 def test_stop_interrupts_the_step_kills_its_children_and_resume_finishes(
-        make_repo, tmp_path: Path) -> None:
+    make_repo, tmp_path: Path
+) -> None:
     repo = make_repo(BASE_FILES)
     go = tmp_path / "go-fast"  # absent: s1 writes, then hangs; present (on resume): quick
     child = ["sleep", f"1000.{random.randrange(10**9):09d}"]  # unique: found in /proc later
-    cmd = (f"if [ -e {go} ]; then echo done > s1.txt; "
-           f"else echo partial > partial.txt; {' '.join(child)} & sleep 30; fi")
-    taskfile = write_taskfile(repo, TASKFILE.replace('"echo one > new.txt"', json.dumps(cmd))
-                              .replace('"rm new.txt"', '"rm s1.txt"'))
+    cmd = (
+        f"if [ -e {go} ]; then echo done > s1.txt; "
+        f"else echo partial > partial.txt; {' '.join(child)} & sleep 30; fi"
+    )
+    taskfile = write_taskfile(
+        repo,
+        TASKFILE.replace('"echo one > new.txt"', json.dumps(cmd)).replace(
+            '"rm new.txt"', '"rm s1.txt"'
+        ),
+    )
     runner = spawn(repo, "run", "--autonomous", "-f", str(taskfile))
     try:
-        wait_for(lambda: (worktree(repo) / "partial.txt").exists()
-                 and stray_processes(child) != [], what="s1's command")
+        wait_for(
+            lambda: (worktree(repo) / "partial.txt").exists() and stray_processes(child) != [],
+            what="s1's command",
+        )
         stopped = coder(repo, "stop", "-t", TASK_ID)
         assert stopped.returncode == 0 and str(runner.pid) in stopped.stdout, out(stopped)
         runner.communicate(timeout=30)

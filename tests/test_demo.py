@@ -21,28 +21,69 @@ ROOT = Path(__file__).resolve().parent.parent
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """coder installed from its wheel (not editable) into a directory of its own."""
     tmp = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp / "dist"), str(ROOT)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp / "dist"),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
     [wheel] = (tmp / "dist").glob("coder-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"coder/_demo/task.yaml", "coder/_demo/recording.json",
-            "coder/_demo/project/calc.py"} <= names
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
-                    str(tmp / "site"), str(wheel)], check=True, capture_output=True)
+    assert {
+        "coder/_demo/task.yaml",
+        "coder/_demo/recording.json",
+        "coder/_demo/project/calc.py",
+    } <= names
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(tmp / "site"),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return tmp / "site"
 
 
 def test_demo_runs_offline_from_the_wheel(installed: Path, tmp_path: Path) -> None:
     target = tmp_path / "calc"
     env = {**os.environ, "PYTHONPATH": str(installed), "OLLAMA_HOST": down_url()}
-    proc = subprocess.run([sys.executable, "-m", "coder", "demo", "--keep", str(target), "--json"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "coder", "demo", "--keep", str(target), "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["status"] == "success" and report["repo"] == str(target)
     branch = report["branch"]
-    trailers = git(target, "log", "--reverse", "--format=%(trailers:key=Coder-Step,valueonly,"
-                   "separator=)", f"main~1..{branch}").split()
+    trailers = git(
+        target,
+        "log",
+        "--reverse",
+        "--format=%(trailers:key=Coder-Step,valueonly,separator=)",
+        f"main~1..{branch}",
+    ).split()
     assert trailers == ["s2", "s3", "s4"]
     # the test step's commit is the model's fix of the failing test
     assert "return a * b" in git(target, "show", f"{branch}~1", "--", "calc.py")
@@ -59,8 +100,14 @@ def test_demo_runs_offline_from_the_wheel(installed: Path, tmp_path: Path) -> No
 
 def test_demo_text_output_says_where_to_look(installed: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(installed), "OLLAMA_HOST": down_url()}
-    proc = subprocess.run([sys.executable, "-m", "coder", "demo", "--keep", str(tmp_path / "d")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "coder", "demo", "--keep", str(tmp_path / "d")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Squash-merged into main as " in proc.stdout
     assert "coder show -t demo" in proc.stdout
@@ -78,9 +125,14 @@ def test_demo_refuses_a_non_empty_directory(tmp_path: Path) -> None:
 
 def test_the_shipped_recording_matches_its_script(tmp_path: Path) -> None:
     fresh = tmp_path / "recording.json"
-    subprocess.run([sys.executable, str(ROOT / "fixtures" / "demo" / "record.py"), str(fresh)],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, str(ROOT / "fixtures" / "demo" / "record.py"), str(fresh)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     shipped = json.loads((ROOT / "fixtures" / "demo" / "recording.json").read_text())
     regenerated = json.loads(fresh.read_text())
-    assert [(c["step"], c["reply"]["tool_calls"]) for c in regenerated["calls"]] == \
-        [(c["step"], c["reply"]["tool_calls"]) for c in shipped["calls"]]
+    assert [(c["step"], c["reply"]["tool_calls"]) for c in regenerated["calls"]] == [
+        (c["step"], c["reply"]["tool_calls"]) for c in shipped["calls"]
+    ]

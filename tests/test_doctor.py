@@ -30,15 +30,22 @@ def test_all_good(repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert code == 0
     statuses = {n: c["status"] for n, c in found.items()}
     assert statuses.pop("command sandbox") in ("ok", "warn")  # depends on the kernel
-    assert statuses == {"git repository": "ok", "test command": "ok", "ollama host": "ok",
-                        "model": "ok", "tool support": "ok", "context window": "ok"}
+    assert statuses == {
+        "git repository": "ok",
+        "test command": "ok",
+        "ollama host": "ok",
+        "model": "ok",
+        "tool support": "ok",
+        "context window": "ok",
+    }
     assert found["test command"]["detail"] == "python -m pytest -q (detected)"
     assert found["context window"]["detail"].startswith("num_ctx 32768 (the model's own, capped")
     assert f"ok    ollama host      {fake.url} (Ollama 0.33.0)" in out
 
 
-def test_host_down_names_the_host_and_the_fix(repo_with_tests: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_host_down_names_the_host_and_the_fix(
+    repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = down_url()
     monkeypatch.setenv("OLLAMA_HOST", url)
     code, found = checks(repo_with_tests)
@@ -49,8 +56,9 @@ def test_host_down_names_the_host_and_the_fix(repo_with_tests: Path,
     assert "model" not in found  # nothing more can be known
 
 
-def test_model_missing_gives_the_pull_command(repo_with_tests: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_model_missing_gives_the_pull_command(
+    repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with FakeOllama() as fake:
         monkeypatch.setenv("OLLAMA_HOST", fake.url)
         code, found = checks(repo_with_tests, "--model", "llama9:70b")
@@ -58,8 +66,9 @@ def test_model_missing_gives_the_pull_command(repo_with_tests: Path,
     assert found["model"]["status"] == "fail" and "ollama pull llama9:70b" in found["model"]["fix"]
 
 
-def test_no_tool_support_and_small_context(repo_with_tests: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_tool_support_and_small_context(
+    repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     models = {"tiny:1b": {"context_length": 2048, "capabilities": ["completion"], "arch": "llama"}}
     with FakeOllama(models=models) as fake:
         monkeypatch.setenv("OLLAMA_HOST", fake.url)

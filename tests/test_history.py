@@ -36,8 +36,11 @@ def test_show_run_text_and_json(finished: Path) -> None:
     assert "  branch    agent/h1-history-demo (from main at " in out
     lines = out.splitlines()
     header = lines.index(next(line for line in lines if line.startswith("step ")))
-    assert [line.split()[:3] for line in lines[header + 1: header + 4]] == [
-        ["a", "shell", "success"], ["b", "shell", "success"], ["c", "shell", "success"]]
+    assert [line.split()[:3] for line in lines[header + 1 : header + 4]] == [
+        ["a", "shell", "success"],
+        ["b", "shell", "success"],
+        ["c", "shell", "success"],
+    ]
     code, out, _ = coder(finished, "show", "-t", "h1", "--json")
     data = json.loads(out)
     assert data["status"] == "success" and data["running_pid"] is None
@@ -75,8 +78,13 @@ def test_logs_plain_json_and_follow(finished: Path) -> None:
 
 
 def test_unknown_task_everywhere(finished: Path) -> None:
-    for args in (["show", "-t", "nope"], ["diff", "-t", "nope"], ["logs", "-t", "nope"],
-                 ["clean", "-t", "nope"], ["stop", "-t", "nope"]):
+    for args in (
+        ["show", "-t", "nope"],
+        ["diff", "-t", "nope"],
+        ["logs", "-t", "nope"],
+        ["clean", "-t", "nope"],
+        ["stop", "-t", "nope"],
+    ):
         code, _, err = coder(finished, *args)
         assert code == 2 and "nope" in err, args
 
@@ -88,9 +96,16 @@ def test_clean_removes_the_run_but_keeps_an_unmerged_branch(finished: Path) -> N
     assert git(finished, "rev-parse", "agent/h1-history-demo") == tip
     assert "h1" not in git(finished, "worktree", "list")
     coder_dir = finished / ".coder"
-    assert not any((coder_dir / d / name).exists() for d, name in [
-        ("state", "h1.json"), ("tasks", "h1.json"), ("logs", "h1.jsonl"), ("artifacts", "h1"),
-        ("worktrees", "h1")])
+    assert not any(
+        (coder_dir / d / name).exists()
+        for d, name in [
+            ("state", "h1.json"),
+            ("tasks", "h1.json"),
+            ("logs", "h1.jsonl"),
+            ("artifacts", "h1"),
+            ("worktrees", "h1"),
+        ]
+    )
     assert "No runs yet" in coder(finished, "status")[1]
 
 
@@ -101,11 +116,13 @@ def test_clean_delete_branch(finished: Path) -> None:
 
 
 def test_clean_refuses_a_running_task(finished: Path) -> None:
-    before = sorted(p.relative_to(finished) for p in (finished / ".coder").rglob("*")
-                    if "locks" not in p.parts)
+    before = sorted(
+        p.relative_to(finished) for p in (finished / ".coder").rglob("*") if "locks" not in p.parts
+    )
     with TaskLock(finished / ".coder", "h1"):
         code, _, err = coder(finished, "clean", "-t", "h1")
     assert code == 3 and "run h1 is running" in err and "coder stop -t h1" in err
-    after = sorted(p.relative_to(finished) for p in (finished / ".coder").rglob("*")
-                   if "locks" not in p.parts)
+    after = sorted(
+        p.relative_to(finished) for p in (finished / ".coder").rglob("*") if "locks" not in p.parts
+    )
     assert after == before

@@ -21,8 +21,11 @@ from tests.test_run_lifecycle import coder, state_of, taskfile
 pytest.importorskip("mcp")
 
 ROOT = Path(__file__).resolve().parent.parent
-ECHO = {"name": "echo", "command": sys.executable,
-        "args": [str(ROOT / "fixtures" / "mcp_echo_server.py")]}
+ECHO = {
+    "name": "echo",
+    "command": sys.executable,
+    "args": [str(ROOT / "fixtures" / "mcp_echo_server.py")],
+}
 TOKEN = "tok-" + "9f8e7d6c5b4a39281706"
 GHOST = {"name": "ghost", "command": "/nonexistent/ghost-mcp-server"}
 
@@ -50,8 +53,7 @@ RUN = """
 """
 
 
-def test_a_run_uses_external_tools_and_survives_their_failures(fake: FakeOllama,
-                                                               make_repo) -> None:
+def test_a_run_uses_external_tools_and_survives_their_failures(fake: FakeOllama, make_repo) -> None:
     repo = make_repo()
     configure(repo, {**ECHO, "env": {"ECHO_API_TOKEN": TOKEN, "ECHO_MODE": "loud"}}, GHOST)
     fake.enqueue(
@@ -79,8 +81,14 @@ def test_a_run_uses_external_tools_and_survives_their_failures(fake: FakeOllama,
 
     # the external tools are part of the run-wide tool list, byte-stable across all requests
     tools = {t["function"]["name"]: t["function"] for t in requests[0]["tools"]}
-    assert {"echo__echo", "echo__add", "echo__getenv", "echo__sleep", "echo__crash",
-            "echo__locate"} <= set(tools)
+    assert {
+        "echo__echo",
+        "echo__add",
+        "echo__getenv",
+        "echo__sleep",
+        "echo__crash",
+        "echo__locate",
+    } <= set(tools)
     assert not any(name.startswith("ghost__") for name in tools)
     assert all(body["tools"] == requests[0]["tools"] for body in requests)
     locate = tools["echo__locate"]["parameters"]
@@ -102,16 +110,19 @@ def test_a_run_uses_external_tools_and_survives_their_failures(fake: FakeOllama,
     assert tool_results(requests[4])[0].startswith("error: echo__echo is not available")
     # s3
     s3 = tool_results(requests[-1])
-    assert s3[0] == ("error: argument 'point.x' of echo__locate: -1 is less than the minimum "
-                     "of 0\nhint: echo__locate takes: point (object, required), label (string), "
-                     "mode (string), tags (array)")
+    assert s3[0] == (
+        "error: argument 'point.x' of echo__locate: -1 is less than the minimum "
+        "of 0\nhint: echo__locate takes: point (object, required), label (string), "
+        "mode (string), tags (array)"
+    )
     assert s3[1] == "home at (2, 5) far"
     assert s3[2] == "5"
     assert s3[3] == "loud"
     assert s3[4].startswith("[REDACTED")
     assert s3[5].startswith("error: MCP server echo died during the call to echo__crash")
-    assert s3[6].startswith("error: MCP server echo is not running (it exited during a call "
-                            "to crash)")
+    assert s3[6].startswith(
+        "error: MCP server echo is not running (it exited during a call to crash)"
+    )
     assert TOKEN.encode() not in b"".join(r.raw for r in fake.requests)
 
     assert state_of(repo, "ext")["status"] == "success"
@@ -119,7 +130,8 @@ def test_a_run_uses_external_tools_and_survives_their_failures(fake: FakeOllama,
     warnings = {e.get("kind"): e["message"] for e in events if e["event"] == "run.warning"}
     assert warnings["mcp.server_failed"] == (
         "MCP server ghost could not be started: command not found: "
-        "/nonexistent/ghost-mcp-server; the run goes on without its tools")
+        "/nonexistent/ghost-mcp-server; the run goes on without its tools"
+    )
     assert warnings["mcp.server_died"].startswith("MCP server echo died")
     ready = [e for e in events if e["event"] == "mcp.server_ready"]
     assert ready[0]["server"] == "echo" and "echo__locate" in ready[0]["tools"]
@@ -139,11 +151,11 @@ def test_bridge_allow_list_timeout_and_shutdown(tmp_path: Path) -> None:
     from coder.mcp.client import McpBridge
 
     started = time.monotonic()
-    with McpBridge([{**ECHO, "allow": ["echo", "echo__sleep", "missing"]}],
-                   cwd=tmp_path) as bridge:
+    with McpBridge([{**ECHO, "allow": ["echo", "echo__sleep", "missing"]}], cwd=tmp_path) as bridge:
         assert sorted(bridge.tools) == ["echo__echo", "echo__sleep"]
-        assert bridge.warnings == ["MCP server echo has no tool 'missing' (named in its allow "
-                                   "list)"]
+        assert bridge.warnings == [
+            "MCP server echo has no tool 'missing' (named in its allow list)"
+        ]
         slow = bridge.call("echo__sleep", {"seconds": 1.5}, timeout=0.3)
         assert not slow.ok and slow.content == "echo__sleep timed out after 0.3s"
         assert bridge.call("echo__echo", {"text": "still here"}).content == "still here"
@@ -159,8 +171,10 @@ def test_a_server_that_never_answers_is_given_up(tmp_path: Path) -> None:
     mute = {"name": "mute", "command": "sleep", "args": ["60"]}  # never speaks MCP
     with McpBridge([mute], cwd=tmp_path, startup_timeout=1) as bridge:
         assert bridge.tools == {}
-        assert bridge.warnings == ["MCP server mute could not be started: it did not answer "
-                                   "within 1s; the run goes on without its tools"]
+        assert bridge.warnings == [
+            "MCP server mute could not be started: it did not answer "
+            "within 1s; the run goes on without its tools"
+        ]
         assert not bridge.call("mute__anything", {}).ok
 
 
@@ -175,9 +189,14 @@ def test_mcp_list_json(make_repo) -> None:
     assert tools["echo__add"]["tool"] == "add"
     assert tools["echo__add"]["parameters"]["properties"]["a"]["type"] == "integer"
     assert "$defs" in tools["echo__locate"]["input_schema"]  # the original, kept
-    assert listed["ghost"] == {"name": "ghost", "command": GHOST["command"], "args": [],
-                               "ok": False, "tools": [],
-                               "error": f"command not found: {GHOST['command']}"}
+    assert listed["ghost"] == {
+        "name": "ghost",
+        "command": GHOST["command"],
+        "args": [],
+        "ok": False,
+        "tools": [],
+        "error": f"command not found: {GHOST['command']}",
+    }
     configure(repo)
     assert coder(repo, "mcp", "list", "--json")[:2] == (0, "[]\n")
 
@@ -187,14 +206,26 @@ def test_flatten_keeps_what_the_ollama_client_drops_in_descriptions() -> None:
     from coder.tools.registry import Registry, Tool, ToolResult
 
     schema = {
-        "type": "object", "required": ["where", "ids"], "additionalProperties": False,
-        "definitions": {"Box": {"type": "object", "required": ["w"], "properties": {
-            "w": {"type": "integer", "minimum": 1, "description": "Width"},
-            "unit": {"type": "string", "enum": ["cm", "in"], "default": "cm"}}}},
+        "type": "object",
+        "required": ["where", "ids"],
+        "additionalProperties": False,
+        "definitions": {
+            "Box": {
+                "type": "object",
+                "required": ["w"],
+                "properties": {
+                    "w": {"type": "integer", "minimum": 1, "description": "Width"},
+                    "unit": {"type": "string", "enum": ["cm", "in"], "default": "cm"},
+                },
+            }
+        },
         "properties": {
             "where": {"allOf": [{"$ref": "#/definitions/Box"}], "description": "The box"},
-            "ids": {"type": "array", "items": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
-                    "maxItems": 3},
+            "ids": {
+                "type": "array",
+                "items": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                "maxItems": 3,
+            },
             "shapes": {"type": "array", "items": {"$ref": "#/definitions/Box"}},
             "either": {"oneOf": [{"type": "string", "format": "date"}, {"type": "integer"}]},
             "anything": {},
@@ -202,37 +233,59 @@ def test_flatten_keeps_what_the_ollama_client_drops_in_descriptions() -> None:
     }
     flat = flatten_schema(schema)
     props = flat["properties"]
-    assert props["where"] == {"type": "object", "description": (
-        "The box. An object with fields: w (integer, required): Width (minimum: 1); "
-        "unit (string): (default: \"cm\") (one of [\"cm\", \"in\"]).")}
-    assert props["ids"] == {"type": "array", "description": "(maxItems: 3).",
-                            "items": {"type": "integer"}}
+    assert props["where"] == {
+        "type": "object",
+        "description": (
+            "The box. An object with fields: w (integer, required): Width (minimum: 1); "
+            'unit (string): (default: "cm") (one of ["cm", "in"]).'
+        ),
+    }
+    assert props["ids"] == {
+        "type": "array",
+        "description": "(maxItems: 3).",
+        "items": {"type": "integer"},
+    }
     assert props["shapes"]["items"] == {"type": "object"}
     assert props["shapes"]["description"].startswith("Each item: An object with fields: w ")
     assert props["either"]["type"] == ["string", "integer"]
-    assert "string ((format: \"date\").)" in props["either"]["description"]
-    assert props["anything"]["type"] == ["string", "number", "integer", "boolean", "object",
-                                         "array"]
+    assert 'string ((format: "date").)' in props["either"]["description"]
+    assert props["anything"]["type"] == [
+        "string",
+        "number",
+        "integer",
+        "boolean",
+        "object",
+        "array",
+    ]
     assert flat["required"] == ["where", "ids"] and flat["additionalProperties"] is False
-    Registry().register(Tool("srv__t", "d", flat, lambda c, a: ToolResult(True, ""),
-                             read_only=False))  # the registry's flat-schema check accepts it
-    assert argument_problem(schema, {"where": {"w": 0}, "ids": []}, "srv__t") == \
-        "argument 'where.w' of srv__t: 0 is less than the minimum of 1"
+    Registry().register(
+        Tool("srv__t", "d", flat, lambda c, a: ToolResult(True, ""), read_only=False)
+    )  # the registry's flat-schema check accepts it
+    assert (
+        argument_problem(schema, {"where": {"w": 0}, "ids": []}, "srv__t")
+        == "argument 'where.w' of srv__t: 0 is less than the minimum of 1"
+    )
     assert argument_problem(schema, {"where": {"w": 2}, "ids": [1, None]}, "srv__t") is None
 
 
-@pytest.mark.parametrize(("kind", "tools", "expected"), [
-    ("custom", None, ["fs_read", "fs_write", "echo__echo", "step_complete"]),
-    ("analyze", None, ["fs_read", "step_complete"]),
-    ("analyze", ("echo__*", "fs_write"), ["echo__echo", "step_complete"]),  # never widens
-    ("edit", ("fs_*",), ["fs_read", "fs_write", "step_complete"]),
-    ("custom", ("nothing",), ["step_complete"]),
-])
+@pytest.mark.parametrize(
+    ("kind", "tools", "expected"),
+    [
+        ("custom", None, ["fs_read", "fs_write", "echo__echo", "step_complete"]),
+        ("analyze", None, ["fs_read", "step_complete"]),
+        ("analyze", ("echo__*", "fs_write"), ["echo__echo", "step_complete"]),  # never widens
+        ("edit", ("fs_*",), ["fs_read", "fs_write", "step_complete"]),
+        ("custom", ("nothing",), ["step_complete"]),
+    ],
+)
 def test_allowed_tools(kind: str, tools: tuple[str, ...] | None, expected: list[str]) -> None:
     from coder.steps.model import allowed_tools
 
     names = ["fs_read", "fs_write", "echo__echo", "step_complete"]
-    kinds = {"custom": names, "analyze": ["fs_read", "step_complete"],
-             "edit": ["fs_read", "fs_write", "step_complete"]}
+    kinds = {
+        "custom": names,
+        "analyze": ["fs_read", "step_complete"],
+        "edit": ["fs_read", "fs_write", "step_complete"],
+    }
     step = Step(id="s1", kind=kind, goal="g", tools=tools)
     assert allowed_tools(step, kinds[kind], names) == expected

@@ -28,8 +28,12 @@ SERVE = [sys.executable, "-m", "coder", "mcp", "serve"]
 async def stdio_session(root: Path, errlog: Path) -> AsyncIterator[Any]:
     from mcp import Client, StdioServerParameters, stdio_client
 
-    params = StdioServerParameters(command=SERVE[0], args=[*SERVE[1:], "--root", str(root)],
-                                   env=dict(os.environ), cwd=str(root.parent))
+    params = StdioServerParameters(
+        command=SERVE[0],
+        args=[*SERVE[1:], "--root", str(root)],
+        env=dict(os.environ),
+        cwd=str(root.parent),
+    )
     with open(errlog, "w") as err:  # pytest's captured stderr has no file descriptor
         async with Client(stdio_client(params, errlog=err), read_timeout_seconds=30) as client:
             yield client
@@ -53,9 +57,23 @@ def test_stdio_tools_with_the_run_policy(make_repo, tmp_path: Path) -> None:
         async with stdio_session(repo, tmp_path / "server.err") as client:
             assert client.server_info.name == "coder"
             tools = {t.name: t for t in (await client.list_tools()).tools}
-            assert {"fs_read", "fs_write", "fs_edit", "fs_apply_patch", "fs_glob", "fs_grep",
-                    "shell_run", "tests_run", "git_status", "git_diff", "git_log",
-                    "task_validate", "task_run", "task_status", "task_stop"} == set(tools)
+            assert {
+                "fs_read",
+                "fs_write",
+                "fs_edit",
+                "fs_apply_patch",
+                "fs_glob",
+                "fs_grep",
+                "shell_run",
+                "tests_run",
+                "git_status",
+                "git_diff",
+                "git_log",
+                "task_validate",
+                "task_run",
+                "task_status",
+                "task_stop",
+            } == set(tools)
             from coder.tools.registry import default_registry
 
             fs_read = default_registry().get("fs_read")
@@ -101,10 +119,12 @@ def test_task_control_validate_run_status(make_repo, tmp_path: Path) -> None:
     (repo / "tasks").mkdir()
     (repo / "tasks" / "bad.yaml").write_text(
         "title: bad\ngraph:\n  - {id: s1, kind: shel, cmd: echo}\n"
-        "  - {id: s2, kind: shell, cmd: echo, depends_on: [s9]}\n")
+        "  - {id: s2, kind: shell, cmd: echo, depends_on: [s9]}\n"
+    )
     # no `id`: task_run must still know (and report) the generated one
     (repo / "tasks" / "made.yaml").write_text(
-        "title: Made by MCP\ngraph:\n  - {kind: shell, cmd: \"echo made > made.txt\"}\n")
+        'title: Made by MCP\ngraph:\n  - {kind: shell, cmd: "echo made > made.txt"}\n'
+    )
 
     async def scenario() -> None:
         async with stdio_session(repo, tmp_path / "server.err") as client:
@@ -122,8 +142,7 @@ def test_task_control_validate_run_status(make_repo, tmp_path: Path) -> None:
             outside = await call(client, "task_validate", path="../elsewhere.yaml")
             assert outside.is_error and "escapes the worktree" in text(outside)
 
-            started = await call(client, "task_run", path="tasks/made.yaml",
-                                 merge_on_success=False)
+            started = await call(client, "task_run", path="tasks/made.yaml", merge_on_success=False)
             assert not started.is_error, text(started)
             task_id = started.structured_content["task_id"]
             branch = started.structured_content["branch"]
@@ -175,9 +194,12 @@ def test_streamable_http_on_localhost(make_repo, tmp_path: Path) -> None:
     repo = make_repo()
     port = free_port()
     with open(tmp_path / "server.err", "w") as err:
-        server = subprocess.Popen([*SERVE, "--root", str(repo), "--http", "--port", str(port)],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=err)
+        server = subprocess.Popen(
+            [*SERVE, "--root", str(repo), "--http", "--port", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     try:
         deadline = time.monotonic() + 15
         while True:
@@ -195,8 +217,9 @@ def test_streamable_http_on_localhost(make_repo, tmp_path: Path) -> None:
                 assert "fs_read" in names and "task_run" in names
                 result = await client.call_tool("fs_read", {"path": "README.md"})
                 assert not result.is_error and "# sample" in text(result)
-                refused = await client.call_tool("fs_write", {"path": ".git/config",
-                                                              "content": "x"})
+                refused = await client.call_tool(
+                    "fs_write", {"path": ".git/config", "content": "x"}
+                )
                 assert refused.is_error and "refusing to write .git/config" in text(refused)
 
         asyncio.run(scenario())
@@ -216,8 +239,12 @@ def test_http_port_in_use_is_one_line_error(make_repo) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = subprocess.run([*SERVE, "--root", str(repo), "--http", "--port", str(port)],
-                              capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            [*SERVE, "--root", str(repo), "--http", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     assert proc.returncode == 3
     assert proc.stderr.startswith(f"coder: error: cannot listen on 127.0.0.1:{port}")
     assert "Traceback" not in proc.stderr

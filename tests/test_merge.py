@@ -70,17 +70,26 @@ def coder(repo: Path, *args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-def coder_process(repo: Path, *args: str,
-                  crash: str | None = None) -> subprocess.CompletedProcess[str]:
+def coder_process(
+    repo: Path, *args: str, crash: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODER_CRASH")}
     if crash:
         env["CODER_CRASH_AT"] = crash
-    return subprocess.run([sys.executable, "-m", "coder", *args], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "coder", *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
-def finished_run(make_repo: Any, task_id: str = "t1", *, name: str = "repo",
-                 task: str = TASK) -> Path:
+def finished_run(
+    make_repo: Any, task_id: str = "t1", *, name: str = "repo", task: str = TASK
+) -> Path:
     repo = make_repo(FILES, name=name)
     path = repo.parent / f"{name}-{task_id}.yaml"
     path.write_text(task.format(id=task_id))
@@ -115,14 +124,22 @@ def commit_on_main(repo: Path, files: dict[str, str], message: str = "base moves
 
 def snapshot(repo: Path) -> dict[str, Any]:
     """All a user could notice: files (bytes and modes), status, index, refs, worktrees."""
-    files = {p.relative_to(repo).as_posix(): (p.read_bytes() if not p.is_symlink() else
-                                              os.readlink(p), p.lstat().st_mode)
-             for p in repo.rglob("*") if (p.is_file() or p.is_symlink())
-             and ".git" not in p.parts and ".coder" not in p.parts}
-    return {"files": files, "status": git(repo, "status", "--porcelain"),
-            "index": git(repo, "diff", "--cached"), "head": git(repo, "symbolic-ref", "HEAD"),
-            "refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
-            "worktrees": git(repo, "worktree", "list", "--porcelain")}
+    files = {
+        p.relative_to(repo).as_posix(): (
+            p.read_bytes() if not p.is_symlink() else os.readlink(p),
+            p.lstat().st_mode,
+        )
+        for p in repo.rglob("*")
+        if (p.is_file() or p.is_symlink()) and ".git" not in p.parts and ".coder" not in p.parts
+    }
+    return {
+        "files": files,
+        "status": git(repo, "status", "--porcelain"),
+        "index": git(repo, "diff", "--cached"),
+        "head": git(repo, "symbolic-ref", "HEAD"),
+        "refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
+        "worktrees": git(repo, "worktree", "list", "--porcelain"),
+    }
 
 
 def assert_nothing_landed(repo: Path, before: dict[str, Any], task_id: str = "t1") -> None:
@@ -152,8 +169,9 @@ def test_squash_merge_lands_the_runs_tree_as_one_tagged_commit(make_repo) -> Non
     code, out, err = coder(repo, "merge", "-t", "t1", "--if-green")
     assert code == 0, out + err
     commit = assert_squash_of_run(repo, old_main)
-    assert out.startswith(f"Merged run t1 into main (squash, checked green) as {commit[:12]}, "
-                          "tagged coder/t1.")
+    assert out.startswith(
+        f"Merged run t1 into main (squash, checked green) as {commit[:12]}, tagged coder/t1."
+    )
     assert "checking the merge result: python -m unittest discover -s tests -q" in err
     assert git(repo, "log", "-1", "--format=%B", "main") == textwrap.dedent("""\
         Add an item
@@ -176,12 +194,18 @@ def test_squash_merge_lands_the_runs_tree_as_one_tagged_commit(make_repo) -> Non
     assert os.readlink(repo / "link") == "README.md"
     merge = state_of(repo)["merge"]
     assert (merge["commit"], merge["base"], merge["mode"], merge["tag"]) == (
-        commit, "main", "squash", "coder/t1")
+        commit,
+        "main",
+        "squash",
+        "coder/t1",
+    )
     assert not (repo / ".coder" / "worktrees" / "t1--merge.check").exists()
     assert "t1--merge.check" not in git(repo, "worktree", "list")
     assert "coder-scratch" not in git(repo, "branch", "-a")
-    events = [json.loads(line)["event"] for line in
-              (repo / ".coder" / "logs" / "t1.jsonl").read_text().splitlines()]
+    events = [
+        json.loads(line)["event"]
+        for line in (repo / ".coder" / "logs" / "t1.jsonl").read_text().splitlines()
+    ]
     assert events[-1] == "merge.merged"
     git(repo, "fsck", "--strict")
 
@@ -192,7 +216,11 @@ def test_squash_merge_lands_the_runs_tree_as_one_tagged_commit(make_repo) -> Non
     code, out, _ = coder(repo, "merge", "-t", "t1", "--json", "--mode", "no-ff")
     data = json.loads(out)
     assert (code, data["outcome"], data["commit"], data["mode"]) == (
-        0, "already_merged", commit, "squash")
+        0,
+        "already_merged",
+        commit,
+        "squash",
+    )
     assert rev(repo, "main") == commit
 
 
@@ -204,8 +232,11 @@ def test_if_green_runs_the_tests_on_the_merge_result_and_lands_nothing_when_red(
     assert code == 1
     assert err.splitlines()[:2] == [
         "checking the merge result: python -m unittest discover -s tests -q",
-        ("coder: error: the merge of run t1 into main is not green, so nothing was landed: "
-         "`python -m unittest discover -s tests -q` exited with 1")]
+        (
+            "coder: error: the merge of run t1 into main is not green, so nothing was landed: "
+            "`python -m unittest discover -s tests -q` exited with 1"
+        ),
+    ]
     assert "merge-check.log" in err
     assert_nothing_landed(repo, before)
     log = (repo / ".coder" / "artifacts" / "t1" / "merge-check.log").read_text()
@@ -240,8 +271,10 @@ def test_if_green_without_a_test_command_and_a_run_with_nothing_to_merge(make_re
     before, main_before = snapshot(repo), rev(repo, "main")
     code, _, err = coder(repo, "merge", "-t", "t1", "--if-green")
     assert code == 2
-    assert err.startswith("coder: error: --if-green needs the project's test command, and none "
-                          "could be found for task t1; nothing was landed")
+    assert err.startswith(
+        "coder: error: --if-green needs the project's test command, and none "
+        "could be found for task t1; nothing was landed"
+    )
     assert_nothing_landed(repo, before)
 
     noop = repo.parent / "noop.yaml"
@@ -262,8 +295,10 @@ def test_a_conflicting_base_is_refused_naming_the_files(make_repo) -> None:
     before = snapshot(repo)
     code, _, err = coder(repo, "merge", "-t", "t1")
     assert code == 3
-    assert err.splitlines()[0] == ("coder: error: run t1 conflicts with main (which moved since "
-                                   "the run started) in README.md; nothing was changed")
+    assert err.splitlines()[0] == (
+        "coder: error: run t1 conflicts with main (which moved since "
+        "the run started) in README.md; nothing was changed"
+    )
     assert_nothing_landed(repo, before)
 
 
@@ -329,7 +364,10 @@ def test_dirty_checkout_keeps_the_users_edits_byte_for_byte(make_repo) -> None:
     assert (repo / "a.txt").read_bytes() == b"my edit\r\nno newline at end"
     assert (repo / "notes.txt").read_text() == "untracked\n"
     assert git(repo, "status", "--porcelain").splitlines() == [
-        " M a.txt", "A  staged.txt", "?? notes.txt"]
+        " M a.txt",
+        "A  staged.txt",
+        "?? notes.txt",
+    ]
     assert git(repo, "diff", "--cached", "--name-only") == "staged.txt\n"
     assert (repo / "README.md").read_text() == "# r\nmore\n"
     assert (repo / "items" / "b").read_text() == "b\n"
@@ -343,8 +381,10 @@ def test_edits_overlapping_the_merge_are_refused_naming_the_files(make_repo) -> 
     before = snapshot(repo)
     code, _, err = coder(repo, "merge", "-t", "t1")
     assert code == 3
-    assert err.splitlines()[0] == (f"coder: error: uncommitted changes in {repo} overlap the "
-                                   "merge: README.md, items/b; nothing was changed")
+    assert err.splitlines()[0] == (
+        f"coder: error: uncommitted changes in {repo} overlap the "
+        "merge: README.md, items/b; nothing was changed"
+    )
     assert "git stash -u" in err
     assert_nothing_landed(repo, before)
 
@@ -401,7 +441,8 @@ def test_a_failed_run_is_refused_and_an_unknown_task_is_bad_input(make_repo) -> 
     assert code == 2
     assert err.splitlines() == [
         "coder: error: run red is failed; only a successful run can be merged",
-        "  hint: finish it with `coder resume -t red`, then merge"]
+        "  hint: finish it with `coder resume -t red`, then merge",
+    ]
     assert_nothing_landed(repo, before, "red")
     code, _, err = coder(repo, "merge", "-t", "nope")
     assert code == 2 and "no task 'nope' in this project" in err
@@ -415,8 +456,10 @@ def test_a_running_task_is_refused(make_repo) -> None:
     with TaskLock(repo / ".coder", "t1"):
         code, out, err = coder(repo, "merge", "-t", "t1", "--json")
     assert code == 3
-    assert err.startswith(f"coder: error: cannot merge run t1 while it runs: task t1 is already "
-                          f"being run by pid {os.getpid()}")
+    assert err.startswith(
+        f"coder: error: cannot merge run t1 while it runs: task t1 is already "
+        f"being run by pid {os.getpid()}"
+    )
     assert json.loads(out)["exit_code"] == 3
     assert_nothing_landed(repo, before)
 
@@ -439,7 +482,8 @@ def test_the_crash_list_covers_every_merge_point() -> None:
 
 @pytest.mark.parametrize(("at", "mode", "landed"), CRASHES, ids=[f"{c[0]}-{c[1]}" for c in CRASHES])
 def test_kill_9_inside_merge_leaves_base_old_or_new_and_a_second_merge_finishes(
-        make_repo, at: str, mode: str, landed: bool) -> None:
+    make_repo, at: str, mode: str, landed: bool
+) -> None:
     repo = finished_run(make_repo)
     (repo / "a.txt").write_text("the user's edit\n")  # must survive the crash and the finish
     old_main, tip = rev(repo, "main"), rev(repo, branch())
@@ -487,8 +531,9 @@ def test_run_merge_on_success_lands_a_green_run_and_not_a_red_one(make_repo) -> 
     red = repo.parent / "red.yaml"
     red.write_text(RED_TASK.format(id="r1"))
     before = rev(repo, "main")
-    code, out, err = coder(repo, "run", "--autonomous", "--merge-on-success", "--json",
-                           "-f", str(red))
+    code, out, err = coder(
+        repo, "run", "--autonomous", "--merge-on-success", "--json", "-f", str(red)
+    )
     assert code == 1
     data = json.loads(out)
     assert data["status"] == "failed" and "merge" not in data

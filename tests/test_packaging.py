@@ -34,19 +34,53 @@ def test_bundled_task_schema_has_no_refs_and_still_validates() -> None:
 
 
 def test_wheel_ships_the_schemas_and_an_installed_copy_uses_them(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
     [wheel] = (tmp_path / "dist").glob("coder-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"coder/schemas/{n}.schema.json" for n in schemas.NAMES} <= names
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
-                    str(site), str(wheel)], check=True, capture_output=True)
-    probe = ("import coder, coder.schemas as s; print(s.schema_dir());"
-             "from coder.cli import main; main(['validate', '-f', %r])" %
-             str(ROOT / "tasks" / "hello-shell.yaml"))
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    probe = (
+        "import coder, coder.schemas as s; print(s.schema_dir());"
+        "from coder.cli import main; main(['validate', '-f', %r])"
+        % str(ROOT / "tasks" / "hello-shell.yaml")
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )
     assert proc.returncode == 0, proc.stderr
     schema_dir, verdict = proc.stdout.splitlines()
     assert Path(schema_dir) == site / "coder" / "schemas"

@@ -39,16 +39,35 @@ def plan_doc(**changes: Any) -> dict[str, Any]:
     """A good plan, keys deliberately out of order (the written file puts them in order)."""
     doc: dict[str, Any] = {
         "graph": [
-            {"goal": "Find where the operations and their tests live", "kind": "analyze",
-             "id": "s1", "depends_on": []},
-            {"changes": [{"path": "calc.py", "mode": "patch"},
-                         {"path": "tests/test_calc.py", "mode": "patch"}],
-             "depends_on": ["s1"], "kind": "edit", "id": "s2",
-             "goal": "Add multiply(a, b) to calc.py.\nAdd test_multiply to tests/test_calc.py."},
-            {"on_fail": {"strategy": "fix_and_retry", "max_cycles": 3}, "kind": "test",
-             "id": "s3", "depends_on": ["s2"]},
-            {"id": "s4", "kind": "doc", "goal": "Document multiply in README.md",
-             "depends_on": ["s3"], "changes": [{"path": "README.md", "mode": "patch"}]},
+            {
+                "goal": "Find where the operations and their tests live",
+                "kind": "analyze",
+                "id": "s1",
+                "depends_on": [],
+            },
+            {
+                "changes": [
+                    {"path": "calc.py", "mode": "patch"},
+                    {"path": "tests/test_calc.py", "mode": "patch"},
+                ],
+                "depends_on": ["s1"],
+                "kind": "edit",
+                "id": "s2",
+                "goal": "Add multiply(a, b) to calc.py.\nAdd test_multiply to tests/test_calc.py.",
+            },
+            {
+                "on_fail": {"strategy": "fix_and_retry", "max_cycles": 3},
+                "kind": "test",
+                "id": "s3",
+                "depends_on": ["s2"],
+            },
+            {
+                "id": "s4",
+                "kind": "doc",
+                "goal": "Document multiply in README.md",
+                "depends_on": ["s3"],
+                "changes": [{"path": "README.md", "mode": "patch"}],
+            },
         ],
         "title": "Add multiply to calc",
         "success": {"require_green_tests": True},
@@ -74,8 +93,9 @@ def repair_text(fake: FakeOllama, index: int = 1) -> str:
 
 
 def error_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines()
-            if re.match(r"^tasks/\S+\.draft\.yaml:\d+:\d+: ", line)]
+    return [
+        line for line in text.splitlines() if re.match(r"^tasks/\S+\.draft\.yaml:\d+:\d+: ", line)
+    ]
 
 
 def test_a_valid_plan_on_the_first_try(fake: FakeOllama, sample: Path) -> None:
@@ -91,8 +111,11 @@ def test_a_valid_plan_on_the_first_try(fake: FakeOllama, sample: Path) -> None:
     assert list(data) == ["id", "title", "spec", "success", "graph"]
     assert data["spec"] == PROMPT and "model" not in data and "branch" not in data
     assert [list(s) for s in data["graph"]] == [
-        ["id", "kind", "goal", "depends_on"], ["id", "kind", "goal", "depends_on", "changes"],
-        ["id", "kind", "depends_on", "on_fail"], ["id", "kind", "goal", "depends_on", "changes"]]
+        ["id", "kind", "goal", "depends_on"],
+        ["id", "kind", "goal", "depends_on", "changes"],
+        ["id", "kind", "depends_on", "on_fail"],
+        ["id", "kind", "goal", "depends_on", "changes"],
+    ]
     assert "goal: |-\n      Add multiply" in text and "depends_on: [s1]" in text  # readable
     assert "- {path: calc.py, mode: patch}" in text
     assert text.startswith("# Planned by `coder plan` from a prompt with qwen2.5-coder:7b.")
@@ -107,8 +130,7 @@ def test_a_valid_plan_on_the_first_try(fake: FakeOllama, sample: Path) -> None:
     assert not (sample / ".coder").exists()  # planning prepares nothing for a run
 
 
-def test_a_schema_error_is_repaired_with_the_precise_errors(fake: FakeOllama,
-                                                            sample: Path) -> None:
+def test_a_schema_error_is_repaired_with_the_precise_errors(fake: FakeOllama, sample: Path) -> None:
     broken = plan_doc(description="not a taskfile field")
     broken["graph"][1] = {"id": "s2", "kind": "shell", "depends_on": ["s1"]}  # no cmd
     fake.enqueue(answer(broken), answer(plan_doc()))
@@ -121,10 +143,14 @@ def test_a_schema_error_is_repaired_with_the_precise_errors(fake: FakeOllama,
     text = repair_text(fake)
     lines = error_lines(text)
     assert len(lines) == 2, text
-    assert re.fullmatch(r"tasks/add-multiply\.draft\.yaml:\d+:\d+: graph\[1\] \(step s2\): "
-                        r"missing required field 'cmd' for a shell step", lines[0]), lines
-    assert re.fullmatch(r"tasks/add-multiply\.draft\.yaml:\d+:1: unknown field 'description'",
-                        lines[1]), lines
+    assert re.fullmatch(
+        r"tasks/add-multiply\.draft\.yaml:\d+:\d+: graph\[1\] \(step s2\): "
+        r"missing required field 'cmd' for a shell step",
+        lines[0],
+    ), lines
+    assert re.fullmatch(
+        r"tasks/add-multiply\.draft\.yaml:\d+:1: unknown field 'description'", lines[1]
+    ), lines
     # the line numbers point into the draft shown with them
     shown = text.split("```yaml\n", 1)[1].split("```", 1)[0].splitlines()
     assert shown[int(lines[0].split(":")[1]) - 1] == "  - id: s2"
@@ -145,8 +171,9 @@ def test_a_cyclic_plan_is_rejected_and_repaired(fake: FakeOllama, sample: Path) 
 
 
 def test_a_non_json_answer_then_a_valid_one(fake: FakeOllama, sample: Path) -> None:
-    fake.enqueue(Reply(content="Sure! First we look at calc.py, then add multiply."),
-                 answer(plan_doc()))
+    fake.enqueue(
+        Reply(content="Sure! First we look at calc.py, then add multiply."), answer(plan_doc())
+    )
     code, out, err = coder(sample, "plan", PROMPT, "--json")
     assert code == 0, out + err
     result = json.loads(out)
@@ -165,7 +192,8 @@ def test_json_inside_prose_is_accepted(fake: FakeOllama, sample: Path) -> None:
 
 @pytest.mark.parametrize("as_json", [False, True])
 def test_repeated_failure_reports_the_errors_and_keeps_the_draft(
-        fake: FakeOllama, sample: Path, as_json: bool) -> None:
+    fake: FakeOllama, sample: Path, as_json: bool
+) -> None:
     (sample / "coder.config.json").write_text('{"plan_attempts": 2}')
     cyclic = plan_doc()
     cyclic["graph"][0]["depends_on"] = ["s2"]
@@ -178,12 +206,13 @@ def test_repeated_failure_reports_the_errors_and_keeps_the_draft(
     if as_json:
         result = json.loads(out)
         assert result["exit_code"] == 1 and result["draft"] == "tasks/add-multiply.draft.yaml"
-        assert [p["message"] for p in result["problems"]] == [
-            "dependency cycle: s1 -> s2 -> s1"]
+        assert [p["message"] for p in result["problems"]] == ["dependency cycle: s1 -> s2 -> s1"]
     else:
         assert error_lines(err)[0].endswith("dependency cycle: s1 -> s2 -> s1")
-        assert ("coder: error: the model did not produce a valid taskfile in 2 attempts "
-                "(1 problem left); the last draft is in tasks/add-multiply.draft.yaml") in err
+        assert (
+            "coder: error: the model did not produce a valid taskfile in 2 attempts "
+            "(1 problem left); the last draft is in tasks/add-multiply.draft.yaml"
+        ) in err
         assert "coder validate -f tasks/add-multiply.draft.yaml" in err
     # the draft fails validation with the same problem
     code, vout, _ = coder(sample, "validate", "-f", str(draft))
@@ -192,13 +221,20 @@ def test_repeated_failure_reports_the_errors_and_keeps_the_draft(
 
 
 def test_disallowed_commands_and_paths_outside_the_repo_are_re_asked(
-        fake: FakeOllama, sample: Path) -> None:
+    fake: FakeOllama, sample: Path
+) -> None:
     bad = plan_doc()
-    bad["graph"][0] = {"id": "s1", "kind": "shell", "depends_on": [],
-                       "cmd": "curl -s https://example.com/calc.py > calc.py"}
-    bad["graph"][1]["changes"] = [{"path": "../outside.py", "mode": "create"},
-                                  {"path": "src/missing.py", "mode": "patch"},
-                                  {"path": "calc.py", "mode": "create"}]
+    bad["graph"][0] = {
+        "id": "s1",
+        "kind": "shell",
+        "depends_on": [],
+        "cmd": "curl -s https://example.com/calc.py > calc.py",
+    }
+    bad["graph"][1]["changes"] = [
+        {"path": "../outside.py", "mode": "create"},
+        {"path": "src/missing.py", "mode": "patch"},
+        {"path": "calc.py", "mode": "create"},
+    ]
     bad["graph"][3]["assert"] = [{"type": "file_exists", "path": "/etc/passwd"}]
     fake.enqueue(answer(bad), answer(plan_doc()))
     code, out, err = coder(sample, "plan", PROMPT)
@@ -220,8 +256,9 @@ def test_disallowed_commands_and_paths_outside_the_repo_are_re_asked(
     ], messages
 
 
-def test_a_symlink_out_of_the_repo_is_refused(fake: FakeOllama, sample: Path,
-                                              tmp_path: Path) -> None:
+def test_a_symlink_out_of_the_repo_is_refused(
+    fake: FakeOllama, sample: Path, tmp_path: Path
+) -> None:
     (tmp_path / "elsewhere").mkdir()
     (sample / "ext").symlink_to(tmp_path / "elsewhere")
     git(sample, "add", "ext")
@@ -261,15 +298,19 @@ def test_a_spec_file_and_an_id_already_in_use(fake: FakeOllama, sample: Path) ->
     assert "<spec>\n# Multiply\n" in chats(fake)[0]["messages"][1]["content"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["   \n"], "the spec is empty (prompt)"),
-    (["-f", "missing.md"], "cannot read the spec: missing.md:1:1: no such file"),
-    (["missing.md"], "spec file missing.md does not exist"),
-    ([], "no spec given"),
-    (["-f", "spec.md", "also a prompt"], "either as an argument or with -f FILE"),
-])
-def test_bad_input_is_exit_2_without_a_model_call(fake: FakeOllama, sample: Path,
-                                                  args: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["   \n"], "the spec is empty (prompt)"),
+        (["-f", "missing.md"], "cannot read the spec: missing.md:1:1: no such file"),
+        (["missing.md"], "spec file missing.md does not exist"),
+        ([], "no spec given"),
+        (["-f", "spec.md", "also a prompt"], "either as an argument or with -f FILE"),
+    ],
+)
+def test_bad_input_is_exit_2_without_a_model_call(
+    fake: FakeOllama, sample: Path, args: list[str], message: str
+) -> None:
     (sample / "spec.md").write_text("x\n")
     code, out, err = coder(sample, "plan", *args)
     assert code == 2, out + err
@@ -288,13 +329,17 @@ def test_a_spec_too_large_for_the_context_is_refused(fake: FakeOllama, sample: P
     (sample / "big.md").write_text("Make it faster. " * 2500)
     code, out, err = coder(sample, "plan", "-f", "big.md", "--model", "tiny:1b")
     assert code == 2, out + err
-    assert re.search(r"coder: error: spec is \d+ tokens \(est\.\), the model's context is 4096; "
-                     r"shorten it", err), err
+    assert re.search(
+        r"coder: error: spec is \d+ tokens \(est\.\), the model's context is 4096; "
+        r"shorten it",
+        err,
+    ), err
     assert chats(fake) == []
 
 
-def test_ollama_down_or_model_missing_is_exit_3(sample: Path, monkeypatch: pytest.MonkeyPatch,
-                                                fake: FakeOllama) -> None:
+def test_ollama_down_or_model_missing_is_exit_3(
+    sample: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeOllama
+) -> None:
     code, _, err = coder(sample, "plan", "--model", "nosuch:1b", PROMPT)
     assert code == 3 and "ollama pull nosuch:1b" in err
     monkeypatch.setenv("OLLAMA_HOST", down_url())
@@ -304,11 +349,20 @@ def test_ollama_down_or_model_missing_is_exit_3(sample: Path, monkeypatch: pytes
 
 
 def test_plan_run_executes_the_plan_to_success(fake: FakeOllama, sample: Path) -> None:
-    doc = {"id": "greet", "title": "Add a greeting module", "graph": [
-        {"id": "s1", "kind": "shell", "goal": "Write greeting.py",
-         "cmd": "printf 'def greet(name):\\n    return \"hi \" + name\\n' > greeting.py",
-         "assert": [{"type": "file_exists", "path": "greeting.py"}]},
-        {"id": "s2", "kind": "test"}]}
+    doc = {
+        "id": "greet",
+        "title": "Add a greeting module",
+        "graph": [
+            {
+                "id": "s1",
+                "kind": "shell",
+                "goal": "Write greeting.py",
+                "cmd": "printf 'def greet(name):\\n    return \"hi \" + name\\n' > greeting.py",
+                "assert": [{"type": "file_exists", "path": "greeting.py"}],
+            },
+            {"id": "s2", "kind": "test"},
+        ],
+    }
     fake.enqueue(answer(doc))
     code, out, err = coder(sample, "plan", "--run", "add a greeting module")
     assert code == 0, out + err
@@ -338,8 +392,15 @@ def test_an_existing_out_file_is_kept_unless_forced(fake: FakeOllama, sample: Pa
 def test_the_context_leaves_out_vendored_and_binary_files(make_repo) -> None:
     from coder import config, gitops, plan
 
-    repo = make_repo({"README.md": "# r\n", "src/app.py": "x = 1\n", "logo.png": "png",
-                      "node_modules/left-pad/index.js": "x", "pkg.egg-info/PKG-INFO": "x"})
+    repo = make_repo(
+        {
+            "README.md": "# r\n",
+            "src/app.py": "x = 1\n",
+            "logo.png": "png",
+            "node_modules/left-pad/index.js": "x",
+            "pkg.egg-info/PKG-INFO": "x",
+        }
+    )
     opened = gitops.open_repo(repo)
     ctx = plan.gather_context(opened, gitops.repo_root(opened), config.load(repo))
     assert ctx.listed == ("README.md", "src/app.py")
@@ -352,16 +413,28 @@ def test_the_context_leaves_out_vendored_and_binary_files(make_repo) -> None:
 
 def test_a_test_step_without_a_test_command_is_re_asked(fake: FakeOllama, make_repo) -> None:
     repo = make_repo({"README.md": "# notes\n", "notes.txt": "x\n"})
-    doc = {"id": "more-notes", "title": "More notes", "graph": [
-        {"id": "s1", "kind": "edit", "goal": "Add a line to notes.txt",
-         "changes": [{"path": "notes.txt"}]},
-        {"id": "s2", "kind": "test"}]}
+    doc = {
+        "id": "more-notes",
+        "title": "More notes",
+        "graph": [
+            {
+                "id": "s1",
+                "kind": "edit",
+                "goal": "Add a line to notes.txt",
+                "changes": [{"path": "notes.txt"}],
+            },
+            {"id": "s2", "kind": "test"},
+        ],
+    }
     fake.enqueue(answer(doc), answer({**doc, "graph": doc["graph"][:1]}))
     code, out, err = coder(repo, "plan", "add a line to the notes")
     assert code == 0, out + err
     [line] = error_lines(repair_text(fake))
-    assert line.endswith("graph[1] (step s2): no test command is known for this project (none "
-                         "configured or detected): give the step a `cmd`, or leave the test "
-                         "step out")
-    assert "No test command was detected in this project" in chats(fake)[0]["messages"][0][
-        "content"]
+    assert line.endswith(
+        "graph[1] (step s2): no test command is known for this project (none "
+        "configured or detected): give the step a `cmd`, or leave the test "
+        "step out"
+    )
+    assert (
+        "No test command was detected in this project" in chats(fake)[0]["messages"][0]["content"]
+    )

@@ -26,135 +26,154 @@ NET_OFF_CURL = "`curl` is a network program and the network is off"
 
 # --- commands ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cmd", [
-    "python -m pytest -q",
-    "git status && git diff --stat",
-    "make test 2>&1 | tee build.log",
-    "cd sub && npm test -- --watch=false",
-    "for f in *.py; do python3 -m py_compile \"$f\"; done",
-    "if [ -f setup.py ]; then python setup.py check; else echo none; fi",
-    "{ echo a; echo b; } > out.txt",
-    "(cd src && go test ./...)",
-    "echo \"a; curl b\"",  # quoted text is data, not a command
-    "echo 'curl http://x | sh' && grep -n 'eval' *.py",
-    "FOO=1 BAR=\"x y\" pytest -q",
-    "find . -name '*.pyc' -exec rm -f {} +",
-    "ls | xargs -n1 -I{} cat {}",
-    "timeout 5 python3 -c 'print(1)'",
-    "bash -c 'echo hi && ls'",
-    "cat <<EOF > notes.txt\ncurl is mentioned here\nEOF",
-    "[[ -d build ]] || mkdir -p build",
-    "echo $((1 + 2)) > n.txt",
-    "echo $(date +%s) # curl in a comment",
-    "/usr/bin/env python3 -V",
-])
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "python -m pytest -q",
+        "git status && git diff --stat",
+        "make test 2>&1 | tee build.log",
+        "cd sub && npm test -- --watch=false",
+        'for f in *.py; do python3 -m py_compile "$f"; done',
+        "if [ -f setup.py ]; then python setup.py check; else echo none; fi",
+        "{ echo a; echo b; } > out.txt",
+        "(cd src && go test ./...)",
+        'echo "a; curl b"',  # quoted text is data, not a command
+        "echo 'curl http://x | sh' && grep -n 'eval' *.py",
+        'FOO=1 BAR="x y" pytest -q',
+        "find . -name '*.pyc' -exec rm -f {} +",
+        "ls | xargs -n1 -I{} cat {}",
+        "timeout 5 python3 -c 'print(1)'",
+        "bash -c 'echo hi && ls'",
+        "cat <<EOF > notes.txt\ncurl is mentioned here\nEOF",
+        "[[ -d build ]] || mkdir -p build",
+        "echo $((1 + 2)) > n.txt",
+        "echo $(date +%s) # curl in a comment",
+        "/usr/bin/env python3 -V",
+    ],
+)
 def test_allowed_commands_pass(cmd: str) -> None:
     check_command(cmd, POLICY)
 
 
-@pytest.mark.parametrize("cmd, programs", [
-    ("echo a; curl b", ["echo", "curl"]),
-    ("a && b || c | d & e\nf", ["a", "b", "c", "d", "e", "f"]),
-    ("echo $(curl x) `wget y`", ["echo", "curl", "wget"]),
-    ("cat <(curl x) >(nc y)", ["cat", "curl", "nc"]),
-    ("bash -c 'curl x'", ["bash", "curl"]),
-    ("env -i FOO=1 timeout -s KILL 5 nice -n 5 nohup curl",
-     ["env", "timeout", "nice", "nohup", "curl"]),
-    ("find . -exec sh -c 'curl $1' _ {} \\; -print", ["find", "sh", "curl"]),
-    ("xargs", ["xargs", "echo"]),
-    ("echo \"${X:-$(curl a)}\"", ["echo", "curl"]),
-    ("cat <<EOF\n$(curl z)\nEOF\nls", ["cat", "ls", "curl"]),
-    ("cat <<'EOF'\n$(curl z)\nEOF\nls", ["cat", "ls"]),
-    ("x=$(curl a)", ["curl"]),
-    ("[[ -f x && -d y ]] && echo ok", ["echo"]),
-    ("\\curl; \"cu\"rl; c''url", ["curl", "curl", "curl"]),
-])
+@pytest.mark.parametrize(
+    "cmd, programs",
+    [
+        ("echo a; curl b", ["echo", "curl"]),
+        ("a && b || c | d & e\nf", ["a", "b", "c", "d", "e", "f"]),
+        ("echo $(curl x) `wget y`", ["echo", "curl", "wget"]),
+        ("cat <(curl x) >(nc y)", ["cat", "curl", "nc"]),
+        ("bash -c 'curl x'", ["bash", "curl"]),
+        (
+            "env -i FOO=1 timeout -s KILL 5 nice -n 5 nohup curl",
+            ["env", "timeout", "nice", "nohup", "curl"],
+        ),
+        ("find . -exec sh -c 'curl $1' _ {} \\; -print", ["find", "sh", "curl"]),
+        ("xargs", ["xargs", "echo"]),
+        ('echo "${X:-$(curl a)}"', ["echo", "curl"]),
+        ("cat <<EOF\n$(curl z)\nEOF\nls", ["cat", "ls", "curl"]),
+        ("cat <<'EOF'\n$(curl z)\nEOF\nls", ["cat", "ls"]),
+        ("x=$(curl a)", ["curl"]),
+        ("[[ -f x && -d y ]] && echo ok", ["echo"]),
+        ("\\curl; \"cu\"rl; c''url", ["curl", "curl", "curl"]),
+    ],
+)
 def test_programs_in_finds_every_program(cmd: str, programs: list[str]) -> None:
     assert programs_in(cmd) == programs
 
 
-@pytest.mark.parametrize("cmd", [
-    "echo ok; curl http://example.com",
-    "true && curl x",
-    "false || curl x",
-    "cat f | curl -d @- x",
-    "sleep 1 & curl x",
-    "echo $(curl x)",
-    "echo `curl x`",
-    "echo \"$(echo \\\"$(curl q)\\\")\"",
-    "bash -c 'curl x'",
-    "sh -c \"curl x\"",
-    "bash -ec 'ls; bash -c \"curl x\"'",
-    "env curl x",
-    "env -u HOME -i FOO=1 curl x",
-    "timeout 5 curl x",
-    "xargs curl",
-    "xargs -n 1 -P4 curl",
-    "find . -exec curl {} ;",
-    "find . -name x -execdir curl {} \\;",
-    "/usr/bin/curl x",
-    "./curl x",
-    "FOO=1 curl x",
-    "nohup nice curl x",
-    "(curl x)",
-    "{ curl x; }",
-    "if true; then curl x; fi",
-    "cat <(curl x)",
-    "ls > $(curl x)",
-    "echo \"${X:-'$(curl y)'}\"",
-    "echo $(( $(curl x) + 1 ))",
-    "cat <<EOF\n$(curl z)\nEOF",
-    "trap 'curl x' EXIT",
-    "command curl x",
-    "exec curl x",
-    "for x do curl y; done",
-    "for ((i=0; i<1; i++)) { curl x; }",
-    "echo $[1<<2]\ncurl x",  # `<<` in $[...] is a shift, not a here-document
-    "echo $[ $(curl x) ]",
-    "cat <<EOF\nEO\\\nF\ncurl x\nEOF",  # bash joins `EO\` + `F` into the delimiter
-])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "echo ok; curl http://example.com",
+        "true && curl x",
+        "false || curl x",
+        "cat f | curl -d @- x",
+        "sleep 1 & curl x",
+        "echo $(curl x)",
+        "echo `curl x`",
+        'echo "$(echo \\"$(curl q)\\")"',
+        "bash -c 'curl x'",
+        'sh -c "curl x"',
+        "bash -ec 'ls; bash -c \"curl x\"'",
+        "env curl x",
+        "env -u HOME -i FOO=1 curl x",
+        "timeout 5 curl x",
+        "xargs curl",
+        "xargs -n 1 -P4 curl",
+        "find . -exec curl {} ;",
+        "find . -name x -execdir curl {} \\;",
+        "/usr/bin/curl x",
+        "./curl x",
+        "FOO=1 curl x",
+        "nohup nice curl x",
+        "(curl x)",
+        "{ curl x; }",
+        "if true; then curl x; fi",
+        "cat <(curl x)",
+        "ls > $(curl x)",
+        "echo \"${X:-'$(curl y)'}\"",
+        "echo $(( $(curl x) + 1 ))",
+        "cat <<EOF\n$(curl z)\nEOF",
+        "trap 'curl x' EXIT",
+        "command curl x",
+        "exec curl x",
+        "for x do curl y; done",
+        "for ((i=0; i<1; i++)) { curl x; }",
+        "echo $[1<<2]\ncurl x",  # `<<` in $[...] is a shift, not a here-document
+        "echo $[ $(curl x) ]",
+        "cat <<EOF\nEO\\\nF\ncurl x\nEOF",  # bash joins `EO\` + `F` into the delimiter
+    ],
+)
 def test_network_program_bypass_attempts_are_refused(cmd: str) -> None:
     with pytest.raises(PolicyViolation) as err:
         check_command(cmd, POLICY)
     assert NET_OFF_CURL in err.value.message
-    assert "set allow_network: true and add it to allowed_commands in coder.config.json" \
+    assert (
+        "set allow_network: true and add it to allowed_commands in coder.config.json"
         in err.value.message
+    )
 
 
-@pytest.mark.parametrize("cmd, expected", [
-    ("eval 'ls'", "`eval` runs a string as code, which cannot be checked"),
-    ("ls; source env.sh", "`source` runs a file as code"),
-    (". ./env.sh", "`.` (source) runs a file as code"),
-    ("echo 'unterminated", "unbalanced single quote"),
-    ("echo \"unterminated", "unbalanced double quote"),
-    ("echo `unterminated", "unbalanced backtick"),
-    ("(ls", "unbalanced parentheses"),
-    ("echo $(ls", "unbalanced parentheses"),
-    ("ls)", "unbalanced parentheses"),
-    ("$CMD args", "the program `$CMD` is given by a variable or substitution"),
-    ("${CMD} args", "the program `${CMD}` is given by a variable"),
-    ("$(which curl) x", "is given by a variable or substitution"),
-    ("$'\\x63url' x", "is given by a variable or substitution"),
-    ("env $PROG x", "the program `$PROG` is given by a variable"),
-    ("bash -c \"$SCRIPT\"", "the script of `-c` is built at run time"),
-    ("{curl,x} y", "the program `{curl,x}` is a pattern the shell would expand"),
-    ("/usr/bin/cu* x", "is a pattern the shell would expand"),
-    ("bash script.sh", "a shell may only run as `bash -c '<script>'`"),
-    ("echo curl x | sh", "a shell may only run as `bash -c '<script>'`"),
-    ("f() { ls; }; f", "function definitions and array assignments are not supported"),
-    ("case x in a) ls;; esac", "`case` is not supported"),
-    ("env -S 'curl x'", "`env -S` splits a string into a command"),
-    ("PS4='$(curl x)' bash -xc true", "setting PS4 can make the shell run commands"),
-    ("export BASH_ENV=./x.sh; bash -c true", "setting BASH_ENV"),
-    ("cat <<$X\nbody\n$X\ncurl x", "a here-document delimiter must be a plain word"),
-    ("echo curl x | xargs env", "`xargs env` would take the program to run from its input"),
-    ("xargs -n1 timeout 5", "`xargs timeout` would take the program to run from its input"),
-    ("xargs find .", "`xargs find` would take the program to run from its input"),
-    ("echo " + "$(" * 5000 + ")" * 5000, "substitutions are nested too deeply to check"),
-    ("docker run x", "`docker` is not in allowed_commands (add it to allowed_commands in "
-                     "coder.config.json)"),
-    ("sudo ls", "`sudo` is not in allowed_commands"),
-])
+@pytest.mark.parametrize(
+    "cmd, expected",
+    [
+        ("eval 'ls'", "`eval` runs a string as code, which cannot be checked"),
+        ("ls; source env.sh", "`source` runs a file as code"),
+        (". ./env.sh", "`.` (source) runs a file as code"),
+        ("echo 'unterminated", "unbalanced single quote"),
+        ('echo "unterminated', "unbalanced double quote"),
+        ("echo `unterminated", "unbalanced backtick"),
+        ("(ls", "unbalanced parentheses"),
+        ("echo $(ls", "unbalanced parentheses"),
+        ("ls)", "unbalanced parentheses"),
+        ("$CMD args", "the program `$CMD` is given by a variable or substitution"),
+        ("${CMD} args", "the program `${CMD}` is given by a variable"),
+        ("$(which curl) x", "is given by a variable or substitution"),
+        ("$'\\x63url' x", "is given by a variable or substitution"),
+        ("env $PROG x", "the program `$PROG` is given by a variable"),
+        ('bash -c "$SCRIPT"', "the script of `-c` is built at run time"),
+        ("{curl,x} y", "the program `{curl,x}` is a pattern the shell would expand"),
+        ("/usr/bin/cu* x", "is a pattern the shell would expand"),
+        ("bash script.sh", "a shell may only run as `bash -c '<script>'`"),
+        ("echo curl x | sh", "a shell may only run as `bash -c '<script>'`"),
+        ("f() { ls; }; f", "function definitions and array assignments are not supported"),
+        ("case x in a) ls;; esac", "`case` is not supported"),
+        ("env -S 'curl x'", "`env -S` splits a string into a command"),
+        ("PS4='$(curl x)' bash -xc true", "setting PS4 can make the shell run commands"),
+        ("export BASH_ENV=./x.sh; bash -c true", "setting BASH_ENV"),
+        ("cat <<$X\nbody\n$X\ncurl x", "a here-document delimiter must be a plain word"),
+        ("echo curl x | xargs env", "`xargs env` would take the program to run from its input"),
+        ("xargs -n1 timeout 5", "`xargs timeout` would take the program to run from its input"),
+        ("xargs find .", "`xargs find` would take the program to run from its input"),
+        ("echo " + "$(" * 5000 + ")" * 5000, "substitutions are nested too deeply to check"),
+        (
+            "docker run x",
+            "`docker` is not in allowed_commands (add it to allowed_commands in coder.config.json)",
+        ),
+        ("sudo ls", "`sudo` is not in allowed_commands"),
+    ],
+)
 def test_uncheckable_or_unlisted_commands_are_refused(cmd: str, expected: str) -> None:
     with pytest.raises(PolicyViolation) as err:
         check_command(cmd, POLICY)
@@ -165,22 +184,32 @@ def test_uncheckable_or_unlisted_commands_are_refused(cmd: str, expected: str) -
 
 def test_network_programs_need_allow_network_and_the_allowlist() -> None:
     listed = Policy(allowed_commands=POLICY.allowed_commands | {"curl"})
-    with pytest.raises(PolicyViolation, match="network is off \\(set allow_network: true in "
-                                              "coder.config.json to allow it\\)"):
+    with pytest.raises(
+        PolicyViolation,
+        match="network is off \\(set allow_network: true in coder.config.json to allow it\\)",
+    ):
         check_command("curl http://x", listed)  # listed, but the network is off
-    check_command("curl http://x | sh -c 'cat'", Policy(
-        allowed_commands=listed.allowed_commands, allow_network=True))
+    check_command(
+        "curl http://x | sh -c 'cat'",
+        Policy(allowed_commands=listed.allowed_commands, allow_network=True),
+    )
     with pytest.raises(PolicyViolation, match="`curl` is not in allowed_commands"):
         check_command("curl http://x", Policy(allow_network=True))
     assert not NETWORK_PROGRAMS & set(DEFAULT_ALLOWED_COMMANDS)
 
 
 def test_policy_from_config_extends_defaults() -> None:
-    policy = Policy.from_config({
-        "allowed_commands": ["docker", "/usr/local/bin/just"], "allow_network": True,
-        "env_passthrough": ["MY_TOKEN"], "protected_paths": ["vendor/"],
-        "command_timeout": 30, "output_cap": 2048, "model": "ignored",
-    })
+    policy = Policy.from_config(
+        {
+            "allowed_commands": ["docker", "/usr/local/bin/just"],
+            "allow_network": True,
+            "env_passthrough": ["MY_TOKEN"],
+            "protected_paths": ["vendor/"],
+            "command_timeout": 30,
+            "output_cap": 2048,
+            "model": "ignored",
+        }
+    )
     assert {"docker", "just", "python", "git"} <= policy.allowed_commands
     assert policy.allow_network and policy.env_passthrough == {"MY_TOKEN"}
     assert policy.protected_paths == ("vendor/",)
@@ -195,18 +224,31 @@ def test_policy_from_config_extends_defaults() -> None:
 # --- environment ---------------------------------------------------------------------------
 
 BASE_ENV = {
-    "PATH": "/usr/bin:/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-    "FAKE_API_KEY": "sk-123", "GITHUB_TOKEN": "ghp_abc", "DB_PASSWORD": "hunter2",
-    "AWS_SECRET_ACCESS_KEY": "x", "npm_config_authtoken": "x", "RANDOM_APP_SETTING": "1",
-    "BASH_ENV": "/tmp/evil.sh", "LD_PRELOAD": "/tmp/evil.so",
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/home/u",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "FAKE_API_KEY": "sk-123",
+    "GITHUB_TOKEN": "ghp_abc",
+    "DB_PASSWORD": "hunter2",
+    "AWS_SECRET_ACCESS_KEY": "x",
+    "npm_config_authtoken": "x",
+    "RANDOM_APP_SETTING": "1",
+    "BASH_ENV": "/tmp/evil.sh",
+    "LD_PRELOAD": "/tmp/evil.so",
 }
 
 
 def test_scrub_env_keeps_basics_and_drops_secrets() -> None:
     env = scrub_env(POLICY, base=BASE_ENV)
-    assert env == {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "LANG": "C.UTF-8",
-                   "LC_ALL": "C.UTF-8", "GIT_TERMINAL_PROMPT": "0",
-                   "PYTHONDONTWRITEBYTECODE": "1"}
+    assert env == {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/home/u",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "GIT_TERMINAL_PROMPT": "0",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
 
 
 def test_scrub_env_honours_passthrough_and_extra() -> None:
@@ -225,6 +267,7 @@ def test_scrub_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> No
 
 # --- paths ---------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     root = tmp_path / "wt"
@@ -239,16 +282,20 @@ def root(tmp_path: Path) -> Path:
 def test_reads_and_writes_inside_the_root(root: Path) -> None:
     real = Path(os.path.realpath(root))
     assert resolve_in_root(root, "README.md", write=False, policy=POLICY) == real / "README.md"
-    assert resolve_in_root(root, "src/new/file.py", write=True, policy=POLICY) \
+    assert (
+        resolve_in_root(root, "src/new/file.py", write=True, policy=POLICY)
         == real / "src" / "new" / "file.py"
-    assert resolve_in_root(root, "src/../README.md", write=True, policy=POLICY) \
-        == real / "README.md"
+    )
+    assert (
+        resolve_in_root(root, "src/../README.md", write=True, policy=POLICY) == real / "README.md"
+    )
     assert resolve_in_root(root, str(root / "src"), write=False, policy=POLICY) == real / "src"
     assert resolve_in_root(root, ".git/config", write=False, policy=POLICY)  # reading is fine
 
 
-@pytest.mark.parametrize("rel", ["../outside/secret.txt", "../../etc/passwd", "src/../../x",
-                                 "/etc/passwd"])
+@pytest.mark.parametrize(
+    "rel", ["../outside/secret.txt", "../../etc/passwd", "src/../../x", "/etc/passwd"]
+)
 def test_paths_leaving_the_root_are_refused(root: Path, rel: str) -> None:
     for write in (False, True):
         with pytest.raises(PolicyViolation) as err:
@@ -265,24 +312,28 @@ def test_symlink_escapes_are_refused(root: Path) -> None:
         with pytest.raises(PolicyViolation) as err:
             resolve_in_root(root, rel, write=True, policy=POLICY)
         assert err.value.message.startswith(
-            f"path escapes the worktree through a symlink: {rel} -> {os.path.realpath(outside)}")
+            f"path escapes the worktree through a symlink: {rel} -> {os.path.realpath(outside)}"
+        )
 
 
-@pytest.mark.parametrize("rel, reason", [
-    (".git/config", ".git belongs to coder's executor"),
-    (".git/hooks/pre-commit", ".git belongs to coder's executor"),
-    ("sub/.git/HEAD", ".git belongs to coder's executor"),
-    (".coder/x", ".coder holds coder's own state"),
-    (".env", "it looks like a secrets file (matches .env)"),
-    ("app/.env.local", "it looks like a secrets file (matches .env.*)"),
-    ("key.pem", "matches *.pem"),
-    ("certs/server.key", "matches *.key"),
-    ("my_secret.txt", "matches *secret*"),
-    ("config/Secrets/db.yml", "matches *secret*"),
-    ("id_rsa.pub", "matches id_rsa*"),
-    ("vendor/lib.py", "it matches protected_paths glob 'vendor/' in coder.config.json"),
-    ("migrations/0001.sql", "it matches protected_paths glob '*.sql'"),
-])
+@pytest.mark.parametrize(
+    "rel, reason",
+    [
+        (".git/config", ".git belongs to coder's executor"),
+        (".git/hooks/pre-commit", ".git belongs to coder's executor"),
+        ("sub/.git/HEAD", ".git belongs to coder's executor"),
+        (".coder/x", ".coder holds coder's own state"),
+        (".env", "it looks like a secrets file (matches .env)"),
+        ("app/.env.local", "it looks like a secrets file (matches .env.*)"),
+        ("key.pem", "matches *.pem"),
+        ("certs/server.key", "matches *.key"),
+        ("my_secret.txt", "matches *secret*"),
+        ("config/Secrets/db.yml", "matches *secret*"),
+        ("id_rsa.pub", "matches id_rsa*"),
+        ("vendor/lib.py", "it matches protected_paths glob 'vendor/' in coder.config.json"),
+        ("migrations/0001.sql", "it matches protected_paths glob '*.sql'"),
+    ],
+)
 def test_protected_paths_are_not_written(root: Path, rel: str, reason: str) -> None:
     policy = Policy(protected_paths=("vendor/", "*.sql"))
     with pytest.raises(PolicyViolation) as err:
@@ -301,6 +352,7 @@ def test_symlink_into_git_is_protected(root: Path) -> None:
 def test_is_protected() -> None:
     assert is_protected("src/app.py", POLICY) is None
     assert is_protected(".envrc.example.md", POLICY) is None
-    assert is_protected("docs/.env.example", POLICY) == \
-        "it looks like a secrets file (matches .env.*)"
+    assert (
+        is_protected("docs/.env.example", POLICY) == "it looks like a secrets file (matches .env.*)"
+    )
     assert is_protected("./.GIT/config", POLICY) == ".git belongs to coder's executor"

@@ -51,13 +51,18 @@ def test_the_journey_without_a_model(make_repo) -> None:
     repo = make_repo({"pyproject.toml": "[tool.pytest.ini_options]\n"})
     tasks = repo / "tasks"
     tasks.mkdir()
-    (tasks / "hello-shell.yaml").write_text((ROOT / "tasks" / "hello-shell.yaml").read_text()
-                                            .replace("title:", "id: hello\ntitle:", 1))
+    (tasks / "hello-shell.yaml").write_text(
+        (ROOT / "tasks" / "hello-shell.yaml").read_text().replace("title:", "id: hello\ntitle:", 1)
+    )
     git(repo, "add", "tasks")
     git(repo, "commit", "-qm", "a task")
     for line in COMMANDS:
-        if "plan" in line or "ID" not in line and "hello-shell" not in line \
-                and line not in ("coder init", "coder status"):
+        if (
+            "plan" in line
+            or "ID" not in line
+            and "hello-shell" not in line
+            and line not in ("coder init", "coder status")
+        ):
             continue
         args = shlex.split(line.replace("ID", "hello"))[1:]
         if args[0] == "revert" or (args[0] == "resume" and "revert" not in line):

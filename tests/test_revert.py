@@ -36,7 +36,9 @@ REASON = "reverted by `coder revert --to-step s2` ({mode})"
 
 def run_task(make_repo: Any, name: str = "repo") -> Path:
     repo = make_repo({"README.md": "# r\n"}, name=name)
-    code, out, err = coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, TASK, f"{name}.yaml")))
+    code, out, err = coder(
+        repo, "run", "--autonomous", "-f", str(taskfile(repo, TASK, f"{name}.yaml"))
+    )
     assert code == 0, out + err
     return repo
 
@@ -53,8 +55,14 @@ def rev(repo: Path, what: str) -> str:
 def effective(repo: Path) -> list[tuple[str, str]]:
     """(step, tree) of each step commit that still counts, read with the git CLI: a
     `Coder-Reverts: sX` commit cancels sX's newest commit before it."""
-    out = git(repo, "log", "--reverse", "--format=%H|%T|%(trailers:key=Coder-Step,valueonly,"
-              "separator=)|%(trailers:key=Coder-Reverts,valueonly,separator=)", f"main..{BRANCH}")
+    out = git(
+        repo,
+        "log",
+        "--reverse",
+        "--format=%H|%T|%(trailers:key=Coder-Step,valueonly,"
+        "separator=)|%(trailers:key=Coder-Reverts,valueonly,separator=)",
+        f"main..{BRANCH}",
+    )
     found: list[tuple[str, str]] = []
     for line in out.splitlines():
         _sha, tree, step, reverts = line.split("|")
@@ -75,8 +83,11 @@ def worktree(repo: Path) -> Path:
 
 def unchanged(repo: Path) -> tuple[str, bytes, str]:
     """What a refused revert must leave as it was: the branch, the state, the worktree."""
-    return (rev(repo, BRANCH), (repo / ".coder" / "state" / "rv.json").read_bytes(),
-            git(worktree(repo), "status", "--porcelain"))
+    return (
+        rev(repo, BRANCH),
+        (repo / ".coder" / "state" / "rv.json").read_bytes(),
+        git(worktree(repo), "status", "--porcelain"),
+    )
 
 
 def assert_reverted_to_s2(repo: Path, mode: str) -> None:
@@ -84,7 +95,11 @@ def assert_reverted_to_s2(repo: Path, mode: str) -> None:
     state = state_of(repo, "rv")
     assert state["status"] == "interrupted"
     assert [state["steps"][s]["status"] for s in ("s1", "s2", "s3", "s4")] == [
-        "success", "success", "pending", "pending"]
+        "success",
+        "success",
+        "pending",
+        "pending",
+    ]
     for step in ("s3", "s4"):
         st = state["steps"][step]
         assert st["attempts"] == 1 and st["commit"] is None
@@ -92,7 +107,10 @@ def assert_reverted_to_s2(repo: Path, mode: str) -> None:
     assert git(worktree(repo), "status", "--porcelain") == ""
     assert rev(worktree(repo), "HEAD") == rev(repo, BRANCH)
     assert sorted(p.name for p in worktree(repo).iterdir() if p.name != ".git") == [
-        "README.md", "a.txt", "b.txt"]
+        "README.md",
+        "a.txt",
+        "b.txt",
+    ]
     git(repo, "fsck", "--strict")
 
 
@@ -113,25 +131,30 @@ def assert_resume_matches(repo: Path, golden: list[tuple[str, str]]) -> None:
 
 
 def test_revert_mode_adds_revert_commits_and_resume_redoes_the_rest(
-        finished: Path, make_repo: Any) -> None:
+    finished: Path, make_repo: Any
+) -> None:
     repo = finished
     old_tip, s3, user = rev(repo, BRANCH), step_commit(repo, "s3"), snapshot(repo)
     code, out, err = coder(repo, "revert", "-t", "rv", "--to-step", "s2")
     assert code == 0, out + err
-    assert out.startswith("Reverted run rv to step s2: 2 revert commit(s) on "
-                          f"{BRANCH} (undoing s4, s3).")
+    assert out.startswith(
+        f"Reverted run rv to step s2: 2 revert commit(s) on {BRANCH} (undoing s4, s3)."
+    )
     assert "pending again: s3, s4; redo them with `coder resume -t rv`" in out
     assert git(repo, "log", "-2", "--format=%(trailers)", BRANCH) == (
-        "Coder-Task: rv\nCoder-Reverts: s3\n\nCoder-Task: rv\nCoder-Reverts: s4\n\n")
+        "Coder-Task: rv\nCoder-Reverts: s3\n\nCoder-Task: rv\nCoder-Reverts: s4\n\n"
+    )
     assert rev(repo, f"{BRANCH}~2") == old_tip  # history kept
     assert git(repo, "log", "-1", "--format=%b", BRANCH).startswith(
-        f"This reverts commit {s3} (step s3, attempt 1)")
+        f"This reverts commit {s3} (step s3, attempt 1)"
+    )
     assert_reverted_to_s2(repo, "revert")
     assert snapshot(repo) == user  # the user's checkout is never touched
 
     again = coder(repo, "revert", "-t", "rv", "--to-step", "s2")
-    assert again[0] == 0 and again[1].startswith(f"Nothing to revert: {BRANCH} is already at "
-                                                 "step s2")
+    assert again[0] == 0 and again[1].startswith(
+        f"Nothing to revert: {BRANCH} is already at step s2"
+    )
 
     fresh = run_task(make_repo, "fresh")
     golden = effective(fresh)
@@ -146,17 +169,24 @@ def test_revert_mode_adds_revert_commits_and_resume_redoes_the_rest(
 def test_reset_mode_moves_the_branch_back_and_keeps_the_old_tip(finished: Path) -> None:
     repo = finished
     old_tip, golden = rev(repo, BRANCH), effective(finished)
-    code, out, err = coder(repo, "revert", "-t", "rv", "--to-step", "s2", "--mode", "reset",
-                           "--json")
+    code, out, err = coder(
+        repo, "revert", "-t", "rv", "--to-step", "s2", "--mode", "reset", "--json"
+    )
     assert code == 0, out + err
     data = json.loads(out)
     assert (data["outcome"], data["previous_tip"], data["undone"], data["pending"]) == (
-        "reverted", old_tip, ["s4", "s3"], ["s3", "s4"])
+        "reverted",
+        old_tip,
+        ["s4", "s3"],
+        ["s3", "s4"],
+    )
     assert rev(repo, BRANCH) == step_commit(repo, "s2") == data["tip"]
     assert git(repo, "reflog", "-1", "--format=%gs", BRANCH) == "coder: revert rv to s2 (reset)\n"
     assert rev(repo, f"{BRANCH}@{{1}}") == old_tip
     reason = state_of(repo, "rv")["steps"]["s4"]["reasons"][-1]
-    assert reason == f"{REASON.format(mode='reset')}; the branch was at {old_tip}, kept in its reflog"
+    assert (
+        reason == f"{REASON.format(mode='reset')}; the branch was at {old_tip}, kept in its reflog"
+    )
     assert_reverted_to_s2(repo, "reset")
     assert_resume_matches(repo, golden)
 
@@ -166,22 +196,27 @@ def test_reverting_to_the_last_step_is_a_no_op(finished: Path) -> None:
     before = unchanged(finished)
     code, out, _ = coder(finished, "revert", "-t", "rv", "--to-step", "s4")
     assert code == 0
-    assert out == (f"Nothing to revert: {BRANCH} is already at step s4 "
-                   f"({before[0][:12]}) and no later step has work to redo.\n")
+    assert out == (
+        f"Nothing to revert: {BRANCH} is already at step s4 "
+        f"({before[0][:12]}) and no later step has work to redo.\n"
+    )
     assert unchanged(finished) == before
     assert state_of(finished, "rv")["status"] == "success"
 
 
 def test_a_step_without_a_commit_cuts_after_the_last_commit_before_it(make_repo: Any) -> None:
     repo = make_repo()
-    path = taskfile(repo, """
+    path = taskfile(
+        repo,
+        """
         id: nc
         title: t
         graph:
           - {id: a, kind: shell, cmd: "echo a > a.txt"}
           - {id: b, kind: shell, cmd: "true", depends_on: [a]}
           - {id: c, kind: shell, cmd: "echo c > c.txt", depends_on: [b]}
-    """)
+    """,
+    )
     assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == 0
     code, out, err = coder(repo, "revert", "-t", "nc", "--to-step", "b", "--mode", "reset")
     assert code == 0, out + err
@@ -190,7 +225,10 @@ def test_a_step_without_a_commit_cuts_after_the_last_commit_before_it(make_repo:
     assert [steps[s]["status"] for s in "abc"] == ["success", "success", "pending"]
     assert coder(repo, "resume", "-t", "nc")[0] == 0
     assert git(repo, "ls-tree", "--name-only", "agent/nc-t").split() == [
-        "README.md", "a.txt", "c.txt"]
+        "README.md",
+        "a.txt",
+        "c.txt",
+    ]
 
 
 def test_the_cut_follows_branch_order_when_it_differs_from_dag_order() -> None:
@@ -202,7 +240,8 @@ def test_the_cut_follows_branch_order_when_it_differs_from_dag_order() -> None:
     assert plan_revert(order, "c", landed, "base") == RevertPlan("sha-b", (), ())
     assert plan_revert(order, "b", landed, "base") == RevertPlan("sha-b", (), ())
     assert plan_revert(order, "a", landed, "base") == RevertPlan(
-        "sha-a", (c("c"), c("b")), ("b", "c"))
+        "sha-a", (c("c"), c("b")), ("b", "c")
+    )
     assert plan_revert(order, "a", [], "base") == RevertPlan("base", (), ("b", "c"))
 
 
@@ -260,8 +299,10 @@ def test_a_merged_run_is_refused(finished: Path, killed: bool) -> None:
     before = unchanged(finished)
     code, _, err = coder(finished, "revert", "-t", "rv", "--to-step", "s2")
     assert code == 2
-    assert (f"coder: error: run rv was merged into main at {rev(finished, 'main')[:12]}; revert "
-            "the merge on main instead (git revert coder/rv)") in err
+    assert (
+        f"coder: error: run rv was merged into main at {rev(finished, 'main')[:12]}; revert "
+        "the merge on main instead (git revert coder/rv)"
+    ) in err
     assert unchanged(finished) == before
     if not killed:
         assert state_of(finished, "rv")["merge"]["commit"] == rev(finished, "main")
@@ -270,15 +311,24 @@ def test_a_merged_run_is_refused(finished: Path, killed: bool) -> None:
 def coder_process(repo: Path, *args: str, crash: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODER_CRASH")}
     env["CODER_CRASH_AT"] = crash
-    return subprocess.run([sys.executable, "-m", "coder", *args], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "coder", *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 # --- kill -9 inside a revert -------------------------------------------------------------------
 
 
 CRASHES = [(point, "revert") for point in REVERT_POINTS] + [
-    ("checkpoint#1", "revert"), ("revert_after_ref", "reset")]
+    ("checkpoint#1", "revert"),
+    ("revert_after_ref", "reset"),
+]
 
 
 def test_the_crash_list_covers_every_revert_point() -> None:
@@ -287,10 +337,10 @@ def test_the_crash_list_covers_every_revert_point() -> None:
 
 @pytest.mark.parametrize(("at", "mode"), CRASHES, ids=[f"{a}-{m}" for a, m in CRASHES])
 def test_kill_9_inside_revert_then_a_second_revert_finishes(
-        finished: Path, at: str, mode: str) -> None:
+    finished: Path, at: str, mode: str
+) -> None:
     repo, golden, old_tip = finished, effective(finished), rev(finished, BRANCH)
-    result = coder_process(repo, "revert", "-t", "rv", "--to-step", "s2", "--mode", mode,
-                           crash=at)
+    result = coder_process(repo, "revert", "-t", "rv", "--to-step", "s2", "--mode", mode, crash=at)
     assert result.returncode == -9, result.stdout + result.stderr
     moved = at not in ("revert_before_ref",)
     assert (rev(repo, BRANCH) != old_tip) == moved  # one ref move: all of the undo or none
@@ -302,7 +352,8 @@ def test_kill_9_inside_revert_then_a_second_revert_finishes(
         assert "finished the interrupted revert: worktree" in out
     assert_reverted_to_s2(repo, mode)
     assert git(repo, "rev-list", "--count", f"{old_tip}..{BRANCH}") == (
-        "2\n" if mode == "revert" else "0\n")  # never a revert commit made twice
+        "2\n" if mode == "revert" else "0\n"
+    )  # never a revert commit made twice
     assert_resume_matches(repo, golden)
 
 

@@ -47,18 +47,31 @@ def state_of(repo: Path, task_id: str) -> dict[str, Any]:
 
 def step_commits(repo: Path, branch: str) -> list[tuple[str, str, str]]:
     """(step id, attempt, subject) of each commit on the branch after main, oldest first."""
-    out = git(repo, "log", "--reverse", "--format=%(trailers:key=Coder-Step,valueonly,separator=)"
-              "|%(trailers:key=Coder-Attempt,valueonly,separator=)|%s", f"main..{branch}")
+    out = git(
+        repo,
+        "log",
+        "--reverse",
+        "--format=%(trailers:key=Coder-Step,valueonly,separator=)"
+        "|%(trailers:key=Coder-Attempt,valueonly,separator=)|%s",
+        f"main..{branch}",
+    )
     return [tuple(line.split("|", 2)) for line in out.splitlines()]  # type: ignore[misc]
 
 
 def snapshot(repo: Path) -> dict[str, Any]:
     """Everything a user could notice about their own checkout."""
-    files = {p.relative_to(repo).as_posix(): p.read_bytes() for p in repo.rglob("*")
-             if p.is_file() and ".git" not in p.parts and ".coder" not in p.parts}
-    return {"files": files, "status": git(repo, "status", "--porcelain"),
-            "head": git(repo, "symbolic-ref", "HEAD"), "index": git(repo, "diff", "--cached"),
-            "main": git(repo, "rev-parse", "main")}
+    files = {
+        p.relative_to(repo).as_posix(): p.read_bytes()
+        for p in repo.rglob("*")
+        if p.is_file() and ".git" not in p.parts and ".coder" not in p.parts
+    }
+    return {
+        "files": files,
+        "status": git(repo, "status", "--porcelain"),
+        "head": git(repo, "symbolic-ref", "HEAD"),
+        "index": git(repo, "diff", "--cached"),
+        "main": git(repo, "rev-parse", "main"),
+    }
 
 
 SEQUENCE = """
@@ -88,11 +101,15 @@ def test_one_commit_per_changing_step_with_trailers(make_repo) -> None:
     trailers = git(repo, "log", "-1", "--format=%(trailers)", branch)
     assert trailers == "Coder-Task: seq\nCoder-Step: delete\nCoder-Attempt: 1\n\n"
     assert git(repo, "ls-tree", "-r", "--name-only", branch).split() == [
-        ".gitignore", "README.md", "new.txt"]
+        ".gitignore",
+        "README.md",
+        "new.txt",
+    ]
     git(repo, "fsck", "--strict")
     worktree = repo / ".coder" / "worktrees" / "seq"
     assert f"{worktree}  " in git(repo, "worktree", "list") or str(worktree) in git(
-        repo, "worktree", "list")
+        repo, "worktree", "list"
+    )
     assert (worktree / "build" / "out.bin").exists()  # ignored output stays, uncommitted
     state = state_of(repo, "seq")
     assert state["status"] == "success"
@@ -121,30 +138,39 @@ def test_the_users_checkout_is_never_touched(make_repo) -> None:
 
 def test_coder_dir_is_never_committed_and_user_gitignore_untouched(make_repo) -> None:
     repo = make_repo({"README.md": "# r\n", ".gitignore": "*.log\n"})
-    path = taskfile(repo, """
+    path = taskfile(
+        repo,
+        """
         id: t1
         title: t
         graph:
           - {kind: shell, cmd: "mkdir -p .coder && echo x > .coder/sneaky && echo y > a.txt"}
-    """)
+    """,
+    )
     code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
     assert code == 0, out + err
     assert git(repo, "ls-tree", "-r", "--name-only", "agent/t1-t").split() == [
-        ".gitignore", "README.md", "a.txt"]
+        ".gitignore",
+        "README.md",
+        "a.txt",
+    ]
     assert (repo / ".gitignore").read_text() == "*.log\n"
 
 
 def test_retries_then_success_records_the_reason(make_repo, tmp_path: Path) -> None:
     repo = make_repo()
     counter = tmp_path / "count"
-    path = taskfile(repo, f"""
+    path = taskfile(
+        repo,
+        f"""
         id: flaky
         title: flaky step
         graph:
           - kind: shell
             retries: 2
             cmd: echo x >> {counter}; echo partial > partial.txt; test $(wc -l < {counter}) -ge 2
-    """)
+    """,
+    )
     code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
     assert code == 0, out + err
     step = state_of(repo, "flaky")["steps"]["s1"]
@@ -156,20 +182,25 @@ def test_retries_then_success_records_the_reason(make_repo, tmp_path: Path) -> N
 
 def test_revert_and_stop_discards_the_failed_step(make_repo) -> None:
     repo = make_repo()
-    path = taskfile(repo, """
+    path = taskfile(
+        repo,
+        """
         id: stop
         title: stops
         graph:
           - {kind: shell, cmd: "echo one > one.txt"}
           - {kind: shell, cmd: "echo half > half.txt && echo oops >&2 && exit 3"}
           - {kind: shell, cmd: "echo never > never.txt"}
-    """)
+    """,
+    )
     code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
     assert code == 1
     state = state_of(repo, "stop")
     assert [s["status"] for s in state["steps"].values()] == ["success", "failed", "pending"]
-    assert state["steps"]["s2"]["error"] == "`echo half > half.txt && echo oops >&2 && exit 3`" \
+    assert (
+        state["steps"]["s2"]["error"] == "`echo half > half.txt && echo oops >&2 && exit 3`"
         " exited with 3; output ends: oops"
+    )
     assert state["error"].startswith("step s2 failed: ")
     worktree = repo / ".coder" / "worktrees" / "stop"
     assert not (worktree / "half.txt").exists() and not (worktree / "never.txt").exists()
@@ -179,12 +210,15 @@ def test_revert_and_stop_discards_the_failed_step(make_repo) -> None:
 
 def test_skip_strategy_skips_dependents_and_the_rest_goes_on(tmp_path: Path, make_repo) -> None:
     repo = make_repo()
-    code, out, err = coder(repo, "run", "--autonomous", "-f",
-                           str(ROOT / "tasks" / "parallel-levels.yaml"))
+    code, out, err = coder(
+        repo, "run", "--autonomous", "-f", str(ROOT / "tasks" / "parallel-levels.yaml")
+    )
     assert code == 0, out + err
     steps = state_of(repo, "parallel-demo")["steps"]
     assert steps["optional"]["status"] == "skipped"
-    assert steps["optional"]["reasons"][-1].startswith("skipped after failing: `false` exited with 1")
+    assert steps["optional"]["reasons"][-1].startswith(
+        "skipped after failing: `false` exited with 1"
+    )
     assert steps["after-optional"]["status"] == "skipped"
     assert steps["after-optional"]["reasons"] == ["skipped: depends on skipped step optional"]
     assert steps["index"]["status"] == "success"
@@ -192,8 +226,14 @@ def test_skip_strategy_skips_dependents_and_the_rest_goes_on(tmp_path: Path, mak
 
 def test_fail_fast_stops_even_a_skip_step(make_repo) -> None:
     repo = make_repo()
-    code, _, _ = coder(repo, "run", "--autonomous", "--fail-fast", "-f",
-                       str(ROOT / "tasks" / "parallel-levels.yaml"))
+    code, _, _ = coder(
+        repo,
+        "run",
+        "--autonomous",
+        "--fail-fast",
+        "-f",
+        str(ROOT / "tasks" / "parallel-levels.yaml"),
+    )
     assert code == 1
     assert state_of(repo, "parallel-demo")["steps"]["optional"]["status"] == "failed"
 
@@ -207,14 +247,17 @@ def test_parallel_levels_land_in_file_order_with_the_same_result(make_repo) -> N
     assert [c[0] for c in step_commits(parallel, branch)] == ["setup", "docs", "data", "index"]
     assert step_commits(parallel, branch) == step_commits(sequential, branch)
     assert git(parallel, "rev-parse", f"{branch}^{{tree}}") == git(
-        sequential, "rev-parse", f"{branch}^{{tree}}")
+        sequential, "rev-parse", f"{branch}^{{tree}}"
+    )
     assert "parallel-demo--" not in git(parallel, "worktree", "list")  # scratch worktrees gone
     git(parallel, "fsck", "--strict")
 
 
 def test_asserts_fail_the_step(make_repo) -> None:
     repo = make_repo()
-    path = taskfile(repo, """
+    path = taskfile(
+        repo,
+        """
         id: asserts
         title: t
         graph:
@@ -224,17 +267,26 @@ def test_asserts_fail_the_step(make_repo) -> None:
               - {type: file_exists, path: a.txt}
               - {type: text_in_file, path: a.txt, contains: goodbye}
               - {type: file_not_exists, path: README.md}
-    """)
+    """,
+    )
     assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == 1
     assert state_of(repo, "asserts")["steps"]["s1"]["error"] == (
         "assert text_in_file a.txt: 'goodbye' not found; "
-        "assert file_not_exists README.md: the file exists")
+        "assert file_not_exists README.md: the file exists"
+    )
 
 
 def test_success_criteria(make_repo) -> None:
-    repo = make_repo({"README.md": "# r\n", "tests/conftest.py": "",
-                      "tests/test_x.py": "def test_x():\n    assert False\n"})
-    path = taskfile(repo, """
+    repo = make_repo(
+        {
+            "README.md": "# r\n",
+            "tests/conftest.py": "",
+            "tests/test_x.py": "def test_x():\n    assert False\n",
+        }
+    )
+    path = taskfile(
+        repo,
+        """
         id: crit
         title: t
         success:
@@ -242,12 +294,15 @@ def test_success_criteria(make_repo) -> None:
           require_green_tests: true
         graph:
           - {kind: shell, cmd: "echo x > a.txt"}
-    """)
+    """,
+    )
     code, out, _ = coder(repo, "run", "--autonomous", "-f", str(path))
     assert code == 1
     error = state_of(repo, "crit")["error"]
-    assert error == ("required file docs/guide.md is missing; require_green_tests: "
-                     "`python -m pytest -q` exited with 1")
+    assert error == (
+        "required file docs/guide.md is missing; require_green_tests: "
+        "`python -m pytest -q` exited with 1"
+    )
 
 
 def test_test_step_counts_and_log_artifact(make_repo) -> None:
@@ -264,16 +319,21 @@ def test_test_step_counts_and_log_artifact(make_repo) -> None:
 def test_a_step_that_edits_git_config_or_hooks_fails_and_is_undone(make_repo) -> None:
     repo = make_repo()
     config_before = (repo / ".git" / "config").read_bytes()
-    path = taskfile(repo, """
+    path = taskfile(
+        repo,
+        """
         id: hook
         title: t
         graph:
           - {kind: shell, cmd: "echo 'exit 0' > ../../../.git/hooks/post-commit && echo y > y.txt"}
-    """)
+    """,
+    )
     assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == 1
     error = state_of(repo, "hook")["steps"]["s1"]["error"]
-    assert error == ("the step changed .git/hooks/post-commit; .git belongs to coder's executor "
-                     "(the original was restored)")
+    assert error == (
+        "the step changed .git/hooks/post-commit; .git belongs to coder's executor "
+        "(the original was restored)"
+    )
     assert not (repo / ".git" / "hooks" / "post-commit").exists()
     assert (repo / ".git" / "config").read_bytes() == config_before
 
@@ -281,12 +341,15 @@ def test_a_step_that_edits_git_config_or_hooks_fails_and_is_undone(make_repo) ->
 def test_secrets_in_command_output_never_reach_state_or_logs(make_repo) -> None:
     repo = make_repo()
     secret = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
-    path = taskfile(repo, f"""
+    path = taskfile(
+        repo,
+        f"""
         id: leak
         title: t
         graph:
           - {{kind: shell, cmd: "echo token={secret} && exit 1"}}
-    """)
+    """,
+    )
     assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == 1
     for file in (repo / ".coder").rglob("*"):
         if file.is_file() and file.suffix in (".json", ".jsonl", ".log"):
@@ -319,15 +382,19 @@ def nothing_created(repo: Path) -> bool:
     return branches == ["main"] and not tasks
 
 
-@pytest.mark.parametrize(("cmd", "message"), [
-    ("docker ps", "`docker` is not in allowed_commands"),
-    ("echo hi; curl http://example.com", "`curl` is a network program"),
-    ("echo $(wget -qO- x)", "`wget` is a network program"),
-    ("bash -c 'nc -l 80'", "`nc` is a network program"),
-    ("echo `ssh host`", "`ssh` is a network program"),
-])
+@pytest.mark.parametrize(
+    ("cmd", "message"),
+    [
+        ("docker ps", "`docker` is not in allowed_commands"),
+        ("echo hi; curl http://example.com", "`curl` is a network program"),
+        ("echo $(wget -qO- x)", "`wget` is a network program"),
+        ("bash -c 'nc -l 80'", "`nc` is a network program"),
+        ("echo `ssh host`", "`ssh` is a network program"),
+    ],
+)
 def test_commands_outside_the_policy_are_refused_before_anything_happens(
-        make_repo, cmd: str, message: str) -> None:
+    make_repo, cmd: str, message: str
+) -> None:
     repo = make_repo()
     path = taskfile(repo, f"title: t\ngraph:\n  - {{kind: shell, cmd: {json.dumps(cmd)}}}\n")
     code, _, err = coder(repo, "run", "--autonomous", "-f", str(path))
@@ -338,12 +405,15 @@ def test_commands_outside_the_policy_are_refused_before_anything_happens(
 
 def test_a_hung_command_with_background_children_is_killed(make_repo) -> None:
     repo = make_repo()
-    path = taskfile(repo, """
+    path = taskfile(
+        repo,
+        """
         id: hung
         title: t
         graph:
           - {kind: shell, timeout: 1, cmd: "sleep 1000.51 & sleep 1000.52"}
-    """)
+    """,
+    )
     code, _, _ = coder(repo, "run", "--autonomous", "-f", str(path))
     assert code == 1
     assert "timed out" in state_of(repo, "hung")["steps"]["s1"]["error"]
@@ -352,7 +422,8 @@ def test_a_hung_command_with_background_children_is_killed(make_repo) -> None:
 
 
 def test_invalid_taskfile_model_steps_and_missing_autonomous(
-        make_repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_repo, monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo = make_repo()
     bad = taskfile(repo, "title: t\ngraph:\n  - {kind: shel}\n")
     code, _, err = coder(repo, "run", "--autonomous", "-f", str(bad))
@@ -391,13 +462,16 @@ def test_resume_of_unknown_or_finished_runs(make_repo) -> None:
 def test_resume_after_a_failure_retries_the_failed_step(make_repo, tmp_path: Path) -> None:
     repo = make_repo()
     flag = tmp_path / "fixed"
-    path = taskfile(repo, f"""
+    path = taskfile(
+        repo,
+        f"""
         id: again
         title: t
         graph:
           - {{kind: shell, cmd: "echo a > a.txt"}}
           - {{kind: shell, cmd: "test -f {flag} && echo b > b.txt"}}
-    """)
+    """,
+    )
     assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == 1
     flag.write_text("the user fixed the environment")
     code, out, err = coder(repo, "resume", "-t", "again")
@@ -416,4 +490,8 @@ def test_status_lists_runs(make_repo) -> None:
     code, out, _ = coder(repo, "status", "--json")
     [row] = json.loads(out)
     assert (row["id"], row["status"], row["progress"], row["title"]) == (
-        "st", "success", "1/1", "Status demo")
+        "st",
+        "success",
+        "1/1",
+        "Status demo",
+    )

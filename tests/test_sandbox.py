@@ -90,8 +90,9 @@ def test_environment_is_scrubbed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 def test_output_is_capped_with_a_note(tmp_path: Path) -> None:
     policy = Policy(output_cap=1024)
-    result = run(f"{PYTHON} -c \"print('A' * 600 + 'B' * 20000 + 'C' * 600, end='')\"",
-                 tmp_path, policy)
+    result = run(
+        f"{PYTHON} -c \"print('A' * 600 + 'B' * 20000 + 'C' * 600, end='')\"", tmp_path, policy
+    )
     assert result.ok and result.truncated
     assert result.stdout.startswith("A" * 512) and result.stdout.endswith("C" * 512)
     assert "\n[... 20176 bytes omitted ...]\n" in result.stdout
@@ -106,8 +107,9 @@ def test_invalid_utf8_is_replaced(tmp_path: Path) -> None:
 def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     marker = sleep_marker()
     started = time.monotonic()
-    result = run(f"sleep {marker} & sleep {marker} & echo started; sleep {marker}", tmp_path,
-                 timeout=1)
+    result = run(
+        f"sleep {marker} & sleep {marker} & echo started; sleep {marker}", tmp_path, timeout=1
+    )
     assert time.monotonic() - started < 4
     assert result.timed_out and result.exit_code is None and not result.ok
     assert result.stdout == "started\n"
@@ -124,8 +126,9 @@ def test_background_children_do_not_outlive_the_command(tmp_path: Path) -> None:
     assert_none_survive(marker)
 
 
-def test_a_child_ignoring_sigterm_is_killed(tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_child_ignoring_sigterm_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(sandbox, "_KILL_GRACE_S", 0.3)  # SIGKILL follows sooner than in real use
     marker = sleep_marker()
     started = time.monotonic()
@@ -140,9 +143,12 @@ def test_a_process_leaving_the_group_does_not_hang_the_call(tmp_path: Path) -> N
     marker = sleep_marker()
     started = time.monotonic()
     try:
-        result = run(f"{PYTHON} -c \"import subprocess; "
-                     f"subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\"; "
-                     "echo hi", tmp_path)
+        result = run(
+            f'{PYTHON} -c "import subprocess; '
+            f"subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\"; "
+            "echo hi",
+            tmp_path,
+        )
         assert time.monotonic() - started < 3
         assert result.ok and result.stdout == "hi\n"
         assert "output may be incomplete" in result.note
@@ -186,14 +192,18 @@ def loopback_server() -> Iterator[int]:
 
 
 def connect_cmd(port: int) -> str:
-    return (f"{PYTHON} -c \"import socket; "
-            f"socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\"")
+    return (
+        f'{PYTHON} -c "import socket; '
+        f"socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\""
+    )
 
 
 def test_network_is_unreachable_when_off(tmp_path: Path, loopback_server: int) -> None:
     if not network_isolation_available():
-        pytest.skip("the kernel does not allow an unprivileged network namespace "
-                    "(unshare -rn); only the command allowlist applies")
+        pytest.skip(
+            "the kernel does not allow an unprivileged network namespace "
+            "(unshare -rn); only the command allowlist applies"
+        )
     result = run(connect_cmd(loopback_server), tmp_path)
     assert result.exit_code != 0
     assert "OSError" in result.stderr  # e.g. [Errno 101] Network is unreachable

@@ -24,7 +24,9 @@ def problems(path: Path) -> list[str]:
 
 
 def test_minimal_taskfile_gets_friendly_defaults(tmp_path: Path) -> None:
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         title: Add a Health Endpoint!
         graph:
           - kind: shell
@@ -32,7 +34,8 @@ def test_minimal_taskfile_gets_friendly_defaults(tmp_path: Path) -> None:
           - kind: edit
             goal: change things
           - kind: test
-    """)
+    """,
+    )
     task = taskfile.load(path)
     assert task.id.startswith("T-") and len(task.id) == len("T-20260101-120000-abcd")
     assert task.branch == f"agent/{task.id}-add-a-health-endpoint"
@@ -47,13 +50,16 @@ def test_minimal_taskfile_gets_friendly_defaults(tmp_path: Path) -> None:
 
 
 def test_explicit_depends_on_turns_off_the_sequence_default(tmp_path: Path) -> None:
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         title: t
         graph:
           - {id: a, kind: shell, cmd: "true"}
           - {id: b, kind: shell, cmd: "true"}
           - {id: c, kind: shell, cmd: "true", depends_on: [a, b]}
-    """)
+    """,
+    )
     task = taskfile.load(path)
     assert task.deps() == {"a": (), "b": (), "c": ("a", "b")}
 
@@ -74,7 +80,9 @@ def test_durations(tmp_path: Path) -> None:
 
 
 def test_every_problem_is_reported_at_once_with_positions(tmp_path: Path) -> None:
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         title: Demo
         graph:
           - id: s1
@@ -98,7 +106,8 @@ def test_every_problem_is_reported_at_once_with_positions(tmp_path: Path) -> Non
             on_fail: {strategy: fix_and_retry, max_cycles: 2}
             assert:
               - {type: text_in_file, path: ../x}
-    """)
+    """,
+    )
     assert problems(path) == [
         "task.yaml:4:11: graph[0].kind (step s1): 'shel' is not one of analyze, edit, doc, shell,"
         " test, custom (did you mean 'shell'?)",
@@ -117,63 +126,88 @@ def test_every_problem_is_reported_at_once_with_positions(tmp_path: Path) -> Non
 
 
 def test_unknown_dependency_suggests_the_closest_id(tmp_path: Path) -> None:
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         title: t
         graph:
           - {id: build, kind: shell, cmd: make}
           - {id: test, kind: test, depends_on: [biuld]}
-    """)
+    """,
+    )
     assert problems(path) == [
-        "task.yaml:4:41: step 'test' depends on unknown step 'biuld' (did you mean 'build'?)"]
+        "task.yaml:4:41: step 'test' depends on unknown step 'biuld' (did you mean 'build'?)"
+    ]
 
 
 def test_long_cycle_is_printed_as_a_path(tmp_path: Path) -> None:
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         title: t
         graph:
           - {id: s1, kind: shell, cmd: "true", depends_on: [s3]}
           - {id: s2, kind: shell, cmd: "true", depends_on: [s1]}
           - {id: s3, kind: shell, cmd: "true", depends_on: [s2]}
           - {id: s4, kind: shell, cmd: "true", depends_on: [s4]}
-    """)
+    """,
+    )
     assert problems(path) == [
         "task.yaml:3:52: dependency cycle: s1 -> s2 -> s3 -> s1",
         "task.yaml:6:53: step 's4' depends on itself",
     ]
 
 
-@pytest.mark.parametrize(("snippet", "expected"), [
-    ("title: t\ngraph: []\n", "task.yaml:2:8: graph: [] should be non-empty"),
-    ("graph:\n  - {kind: shell, cmd: x}\n", "task.yaml:1:1: missing required field 'title'"),
-    ("title: t\ngraph:\n  - {kind: shell, cmd: x}\nbranch: main\n",
-     "task.yaml:4:9: branch: 'main' is not a valid branch: it must start with agent/"
-     " (e.g. agent/add-health)"),
-    ("title: t\ngraph:\n  - {kind: test, on_fail: {strategy: skip, max_cycles: 2}}\n",
-     "task.yaml:3:44: step 's1': max_cycles only applies with strategy fix_and_retry"),
-    ("title: t\ngraph:\n  - {kind: edit, goal: g, on_fail: {strategy: fix_and_retry}}\n",
-     "task.yaml:3:47: step 's1': fix_and_retry applies to test steps (use retries for an edit"
-     " step)"),
-    ("title: t\ngraph:\n  - {kind: shell, cmd: x, cwd: /etc}\n",
-     "task.yaml:3:32: graph[0].cwd: '/etc' must be a path inside the repository (relative,"
-     " without ..)"),
-    ("title: t\nsuccess: {required_files: [../../x]}\ngraph:\n  - {kind: test}\n",
-     "task.yaml:2:28: success.required_files[0]: '../../x' must be a path inside the repository"
-     " (relative, without ..)"),
-    ("- just\n- a list\n", "task.yaml:1:1: a taskfile must be a mapping with `title` and `graph`,"
-     " not a list"),
-])
+@pytest.mark.parametrize(
+    ("snippet", "expected"),
+    [
+        ("title: t\ngraph: []\n", "task.yaml:2:8: graph: [] should be non-empty"),
+        ("graph:\n  - {kind: shell, cmd: x}\n", "task.yaml:1:1: missing required field 'title'"),
+        (
+            "title: t\ngraph:\n  - {kind: shell, cmd: x}\nbranch: main\n",
+            "task.yaml:4:9: branch: 'main' is not a valid branch: it must start with agent/"
+            " (e.g. agent/add-health)",
+        ),
+        (
+            "title: t\ngraph:\n  - {kind: test, on_fail: {strategy: skip, max_cycles: 2}}\n",
+            "task.yaml:3:44: step 's1': max_cycles only applies with strategy fix_and_retry",
+        ),
+        (
+            "title: t\ngraph:\n  - {kind: edit, goal: g, on_fail: {strategy: fix_and_retry}}\n",
+            "task.yaml:3:47: step 's1': fix_and_retry applies to test steps (use retries for an edit"
+            " step)",
+        ),
+        (
+            "title: t\ngraph:\n  - {kind: shell, cmd: x, cwd: /etc}\n",
+            "task.yaml:3:32: graph[0].cwd: '/etc' must be a path inside the repository (relative,"
+            " without ..)",
+        ),
+        (
+            "title: t\nsuccess: {required_files: [../../x]}\ngraph:\n  - {kind: test}\n",
+            "task.yaml:2:28: success.required_files[0]: '../../x' must be a path inside the repository"
+            " (relative, without ..)",
+        ),
+        (
+            "- just\n- a list\n",
+            "task.yaml:1:1: a taskfile must be a mapping with `title` and `graph`, not a list",
+        ),
+    ],
+)
 def test_single_problems(tmp_path: Path, snippet: str, expected: str) -> None:
     assert problems(write(tmp_path, snippet)) == [expected]
 
 
 def test_yaml_1_1_traps_stay_strings(tmp_path: Path) -> None:
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         title: t
         created_at: 2026-01-01T10:00:00Z
         graph:
           - {kind: edit, goal: yes}
           - {kind: edit, goal: 2024-05-01}
-    """)
+    """,
+    )
     task = taskfile.load(path)
     assert [s.goal for s in task.steps] == ["yes", "2024-05-01"]
     assert task.created_at == "2026-01-01T10:00:00Z"
@@ -198,15 +232,18 @@ def test_yaml_syntax_error_has_the_parser_position(tmp_path: Path) -> None:
 
 def test_empty_file(tmp_path: Path) -> None:
     path = write(tmp_path, "")
-    assert problems(path) == ["task.yaml:1:1: file is empty; a taskfile needs at least `title`"
-                              " and `graph` (a list of steps)"]
+    assert problems(path) == [
+        "task.yaml:1:1: file is empty; a taskfile needs at least `title`"
+        " and `graph` (a list of steps)"
+    ]
 
 
 def test_missing_file_and_directory(tmp_path: Path) -> None:
     assert problems(tmp_path / "nope.yaml") == ["nope.yaml:1:1: no such file (check the path)"]
     (tmp_path / "dir.yaml").mkdir()
     assert problems(tmp_path / "dir.yaml") == [
-        "dir.yaml:1:1: is a directory, not a file (pass the YAML file inside it)"]
+        "dir.yaml:1:1: is a directory, not a file (pass the YAML file inside it)"
+    ]
 
 
 def test_binary_junk(tmp_path: Path) -> None:
@@ -218,8 +255,7 @@ def test_binary_junk(tmp_path: Path) -> None:
 def test_non_utf8_names_the_byte_and_position(tmp_path: Path) -> None:
     path = tmp_path / "task.yaml"
     path.write_bytes(b"title: caf\xe9\ngraph: []\n")
-    assert problems(path) == [
-        "task.yaml:1:11: not valid UTF-8 (byte 0xe9); save the file as UTF-8"]
+    assert problems(path) == ["task.yaml:1:11: not valid UTF-8 (byte 0xe9); save the file as UTF-8"]
 
 
 def test_huge_file_is_refused_before_reading(tmp_path: Path) -> None:
@@ -237,7 +273,8 @@ def test_billion_laughs_is_refused(tmp_path: Path) -> None:
         lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
     path = write(tmp_path, "\n".join(lines) + "\n")
     assert problems(path) == [
-        "task.yaml:1:1: document expands to more than 200,000 nodes (YAML aliases nested too deeply)"]
+        "task.yaml:1:1: document expands to more than 200,000 nodes (YAML aliases nested too deeply)"
+    ]
 
 
 def test_recursive_alias_is_refused(tmp_path: Path) -> None:
@@ -245,12 +282,15 @@ def test_recursive_alias_is_refused(tmp_path: Path) -> None:
 
 
 def test_modest_aliases_are_fine(tmp_path: Path) -> None:
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         title: t
         graph:
           - &check {kind: shell, cmd: "make check"}
           - *check
-    """)
+    """,
+    )
     assert [s.cmd for s in taskfile.load(path).steps] == ["make check", "make check"]
 
 

@@ -314,28 +314,48 @@ def counts(report: Report) -> tuple[int | None, ...]:
 # --- counts --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("output, framework, expected", [
-    (PYTEST_OUTPUT, "pytest", (4, 1, 2, 1)),  # xfailed -> skipped, deselected ignored
-    (PYTEST_COLOURED_TAIL, "pytest", (1, 1, 1, 0)),
-    ("....                                                                     [100%]\n"
-     "4 passed in 0.01s\n", "pytest", (4, 0, 0, 0)),
-    ("=" * 19 + " 2 failed, 10 passed, 3 warnings in 12.31s (0:00:12) " + "=" * 19 + "\n",
-     "pytest", (10, 2, 0, 0)),
-    ("============================ no tests ran in 0.01s =============================\n",
-     "pytest", (0, 0, 0, 0)),
-    ("collecting ... \rcollected 3 items\r\n...\r\n\x1b[32m3 passed\x1b[0m in 0.10s\r\n",
-     "pytest", (3, 0, 0, 0)),  # CRLF, redraws and colour codes
-    (UNITTEST_OUTPUT, "unittest", (3, 1, 2, 1)),
-    ("\n----------------------------------------------------------------------\n"
-     "Ran 5 tests in 0.001s\n\nOK (skipped=1)\n", "unittest", (4, 0, 1, 0)),
-    ("Ran 1 test in 0.000s\n\nOK\n", "unittest", (1, 0, 0, 0)),
-    (VITEST_OUTPUT, "vitest", (12, 1, 1, 0)),
-    (VITEST_GREEN, "vitest", (10, 0, 0, 0)),
-    (JEST_OUTPUT, "jest", (5, 1, 1, 0)),
-    (JEST_SUITE_BROKEN, "jest", (0, 0, 0, 1)),  # a suite that failed to run is an error
-    (GO_VERBOSE, "go", (2, 2, 1, 0)),  # top-level tests; subtests are in their parent
-    (CARGO_OUTPUT, "cargo", (4, 1, 1, 0)),  # summed over the three `test result:` lines
-])
+@pytest.mark.parametrize(
+    "output, framework, expected",
+    [
+        (PYTEST_OUTPUT, "pytest", (4, 1, 2, 1)),  # xfailed -> skipped, deselected ignored
+        (PYTEST_COLOURED_TAIL, "pytest", (1, 1, 1, 0)),
+        (
+            "....                                                                     [100%]\n"
+            "4 passed in 0.01s\n",
+            "pytest",
+            (4, 0, 0, 0),
+        ),
+        (
+            "=" * 19 + " 2 failed, 10 passed, 3 warnings in 12.31s (0:00:12) " + "=" * 19 + "\n",
+            "pytest",
+            (10, 2, 0, 0),
+        ),
+        (
+            "============================ no tests ran in 0.01s =============================\n",
+            "pytest",
+            (0, 0, 0, 0),
+        ),
+        (
+            "collecting ... \rcollected 3 items\r\n...\r\n\x1b[32m3 passed\x1b[0m in 0.10s\r\n",
+            "pytest",
+            (3, 0, 0, 0),
+        ),  # CRLF, redraws and colour codes
+        (UNITTEST_OUTPUT, "unittest", (3, 1, 2, 1)),
+        (
+            "\n----------------------------------------------------------------------\n"
+            "Ran 5 tests in 0.001s\n\nOK (skipped=1)\n",
+            "unittest",
+            (4, 0, 1, 0),
+        ),
+        ("Ran 1 test in 0.000s\n\nOK\n", "unittest", (1, 0, 0, 0)),
+        (VITEST_OUTPUT, "vitest", (12, 1, 1, 0)),
+        (VITEST_GREEN, "vitest", (10, 0, 0, 0)),
+        (JEST_OUTPUT, "jest", (5, 1, 1, 0)),
+        (JEST_SUITE_BROKEN, "jest", (0, 0, 0, 1)),  # a suite that failed to run is an error
+        (GO_VERBOSE, "go", (2, 2, 1, 0)),  # top-level tests; subtests are in their parent
+        (CARGO_OUTPUT, "cargo", (4, 1, 1, 0)),  # summed over the three `test result:` lines
+    ],
+)
 def test_parse_output_counts(output: str, framework: str, expected: tuple[int, ...]) -> None:
     assert counts(testing.parse_output(output, framework)) == expected
     detected = testing.parse_output(output)  # no hint: every parser is tried
@@ -372,9 +392,11 @@ def test_green_runs_carry_no_failures_unless_the_exit_code_says_otherwise() -> N
     assert testing.parse_output(VITEST_GREEN).failures == ()
     assert testing.parse_output(VITEST_GREEN, exit_code=0).failures == ()
     # all tests pass but the command still failed (here pytest-cov's threshold): show the tail
-    log = ("..........                                                               [100%]\n"
-           "FAIL Required test coverage of 90% not reached. Total coverage: 72.00%\n"
-           "10 passed in 0.52s\n")
+    log = (
+        "..........                                                               [100%]\n"
+        "FAIL Required test coverage of 90% not reached. Total coverage: 72.00%\n"
+        "10 passed in 0.52s\n"
+    )
     report = testing.parse_output(log, "pytest", exit_code=1)
     assert counts(report) == (10, 0, 0, 0)
     assert any("Required test coverage of 90%" in s for s in report.failures)
@@ -423,12 +445,16 @@ def test_vitest_sections_are_the_fail_blocks_without_colour_codes() -> None:
 
 def test_go_sections_hold_the_output_before_and_after_the_fail_line() -> None:
     sub, table = testing.failing_sections(GO_VERBOSE, "go")
-    assert sub.splitlines() == ["    calc_test.go:14: Sub(5, 3) = 8; want 2",
-                                "--- FAIL: TestSub (0.00s)"]
-    assert table.splitlines() == ["    calc_test.go:27: Abs(-2) = -2; want 2",
-                                  "--- FAIL: TestTable (0.00s)",
-                                  "    --- PASS: TestTable/zero (0.00s)",
-                                  "    --- FAIL: TestTable/negative (0.00s)"]
+    assert sub.splitlines() == [
+        "    calc_test.go:14: Sub(5, 3) = 8; want 2",
+        "--- FAIL: TestSub (0.00s)",
+    ]
+    assert table.splitlines() == [
+        "    calc_test.go:27: Abs(-2) = -2; want 2",
+        "--- FAIL: TestTable (0.00s)",
+        "    --- PASS: TestTable/zero (0.00s)",
+        "    --- FAIL: TestTable/negative (0.00s)",
+    ]
     build, quiet = testing.failing_sections(GO_QUIET, "go")
     assert build == "# example.com/calc/broken\nbroken/broken.go:5:9: undefined: strconv.Itoa2"
     assert quiet == "--- FAIL: TestSub (0.00s)\n    calc_test.go:14: Sub(5, 3) = 8; want 2"
@@ -450,11 +476,18 @@ def test_sections_are_capped_with_a_note_naming_what_was_cut() -> None:
         f"{'_' * 20} test_case_{i:02d} {'_' * 20}\n\n    def test_case_{i:02d}():\n"
         + "".join(f"        step({j})\n" for j in range(20))
         + f">       assert compute({i}) == {i + 1}\nE       assert {i} == {i + 1}\n\n"
-        for i in range(40))
-    log = ("=== FAILURES ===\n" + blocks + "=== short test summary info ===\n"
-           + "".join(f"FAILED tests/test_many.py::test_case_{i:02d} - assert {i} == {i + 1}\n"
-                     for i in range(40))
-           + "=== 40 failed in 1.00s ===\n")
+        for i in range(40)
+    )
+    log = (
+        "=== FAILURES ===\n"
+        + blocks
+        + "=== short test summary info ===\n"
+        + "".join(
+            f"FAILED tests/test_many.py::test_case_{i:02d} - assert {i} == {i + 1}\n"
+            for i in range(40)
+        )
+        + "=== 40 failed in 1.00s ===\n"
+    )
     sections = testing.failing_sections(log, "pytest", limit_chars=3000)
     assert sum(map(len, sections)) <= 3000
     assert sections[0].count("FAILED tests/test_many.py") == 40  # the summary survives the cut
@@ -467,10 +500,17 @@ def test_sections_are_capped_with_a_note_naming_what_was_cut() -> None:
 
 
 def test_huge_blocks_keep_their_head_and_tail() -> None:
-    frames = "".join(f"  File \"lib.py\", line {i}, in f{i}\n    f{i + 1}()\n" for i in range(200))
-    log = ("=" * 70 + "\nERROR: test_deep (tests.test_x.T.test_deep)\n" + "-" * 70
-           + "\nTraceback (most recent call last):\n" + frames + "RecursionError: too deep\n\n"
-           + "-" * 70 + "\nRan 1 test in 0.1s\n\nFAILED (errors=1)\n")
+    frames = "".join(f'  File "lib.py", line {i}, in f{i}\n    f{i + 1}()\n' for i in range(200))
+    log = (
+        "=" * 70
+        + "\nERROR: test_deep (tests.test_x.T.test_deep)\n"
+        + "-" * 70
+        + "\nTraceback (most recent call last):\n"
+        + frames
+        + "RecursionError: too deep\n\n"
+        + "-" * 70
+        + "\nRan 1 test in 0.1s\n\nFAILED (errors=1)\n"
+    )
     (section,) = testing.failing_sections(log, "unittest")
     assert section.startswith("ERROR: test_deep") and section.endswith("RecursionError: too deep")
     assert "lines cut ...]" in section and len(section.splitlines()) < 100
@@ -479,17 +519,32 @@ def test_huge_blocks_keep_their_head_and_tail() -> None:
 # --- which framework, which command ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command, expected", [
-    ("pytest", "pytest"), ("python -m pytest -x tests/", "pytest"), ("py.test -q", "pytest"),
-    (".venv/bin/pytest -q", "pytest"), ("uv run pytest", "pytest"),
-    ("python -m unittest discover -s tests -q", "unittest"),
-    ("npx vitest run", "vitest"), ("pnpm vitest --run", "vitest"),
-    ("npx jest --ci", "jest"), ("node_modules/.bin/jest", "jest"),
-    ("go test ./...", "go"), ("go vet ./... && go test -v -run TestSub ./calc", "go"),
-    ("cargo test --workspace", "cargo"), ("cargo +nightly test", "cargo"),
-    ("npm test", None), ("npm run test", None), ("yarn test", None), ("pnpm test", None),
-    ("make test", None), ("pip install pytest-xdist", None), ("gotest", None),
-])
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        ("pytest", "pytest"),
+        ("python -m pytest -x tests/", "pytest"),
+        ("py.test -q", "pytest"),
+        (".venv/bin/pytest -q", "pytest"),
+        ("uv run pytest", "pytest"),
+        ("python -m unittest discover -s tests -q", "unittest"),
+        ("npx vitest run", "vitest"),
+        ("pnpm vitest --run", "vitest"),
+        ("npx jest --ci", "jest"),
+        ("node_modules/.bin/jest", "jest"),
+        ("go test ./...", "go"),
+        ("go vet ./... && go test -v -run TestSub ./calc", "go"),
+        ("cargo test --workspace", "cargo"),
+        ("cargo +nightly test", "cargo"),
+        ("npm test", None),
+        ("npm run test", None),
+        ("yarn test", None),
+        ("pnpm test", None),
+        ("make test", None),
+        ("pip install pytest-xdist", None),
+        ("gotest", None),
+    ],
+)
 def test_framework_of(command: str, expected: str | None) -> None:
     assert testing.framework_of(command) == expected
 
@@ -506,11 +561,17 @@ def test_command_precedence_cmd_framework_configured_detected(tmp_path: Path) ->
     assert testing.test_command(root=tmp_path) == "go test ./..."
 
 
-@pytest.mark.parametrize("framework, expected", [
-    ("pytest", "python -m pytest -q"), ("unittest", "python -m unittest discover -q"),
-    ("vitest", "npx vitest run"), ("jest", "npx jest"), ("go", "go test ./..."),
-    ("cargo", "cargo test"),
-])
+@pytest.mark.parametrize(
+    "framework, expected",
+    [
+        ("pytest", "python -m pytest -q"),
+        ("unittest", "python -m unittest discover -q"),
+        ("vitest", "npx vitest run"),
+        ("jest", "npx jest"),
+        ("go", "go test ./..."),
+        ("cargo", "cargo test"),
+    ],
+)
 def test_command_for_each_framework(tmp_path: Path, framework: str, expected: str) -> None:
     assert testing.test_command(root=tmp_path, framework=framework) == expected
     assert testing.framework_of(expected) == framework  # the parser gets the right hint
@@ -518,10 +579,14 @@ def test_command_for_each_framework(tmp_path: Path, framework: str, expected: st
 
 def test_command_unittest_uses_the_tests_folder_and_args_are_quoted(tmp_path: Path) -> None:
     (tmp_path / "tests").mkdir()
-    assert (testing.test_command(root=tmp_path, framework="unittest", args=["-k", "cart total"])
-            == "python -m unittest discover -s tests -q -k 'cart total'")
-    assert (testing.test_command(root=tmp_path, cmd="pytest", args=["tests/a b.py", "-x;rm -rf /"])
-            == "pytest 'tests/a b.py' '-x;rm -rf /'")
+    assert (
+        testing.test_command(root=tmp_path, framework="unittest", args=["-k", "cart total"])
+        == "python -m unittest discover -s tests -q -k 'cart total'"
+    )
+    assert (
+        testing.test_command(root=tmp_path, cmd="pytest", args=["tests/a b.py", "-x;rm -rf /"])
+        == "pytest 'tests/a b.py' '-x;rm -rf /'"
+    )
 
 
 def test_no_test_command_is_an_error_with_a_hint(tmp_path: Path) -> None:
@@ -545,9 +610,15 @@ def test_report_summary_and_dict() -> None:
     assert Report(0, 0, 0, 2, None, ()).summary() == "2 errors"
     assert Report(0, 0, 0, 0, "jest", ()).summary() == "no tests ran"
     assert Report(None, None, None, None, None, ()).summary() == "no counts found"
-    assert report.as_dict() == {"passed": 12, "failed": 1, "skipped": 2, "errors": 0,
-                                "framework": "pytest", "failures": ["FAILED t.py::x"],
-                                "unit": "tests"}
+    assert report.as_dict() == {
+        "passed": 12,
+        "failed": 1,
+        "skipped": 2,
+        "errors": 0,
+        "framework": "pytest",
+        "failures": ["FAILED t.py::x"],
+        "unit": "tests",
+    }
 
 
 # --- real runs ---------------------------------------------------------------------------------
@@ -590,16 +661,25 @@ def calc_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("runner, argv", [
-    ("pytest", ["-m", "pytest", "-q", "-p", "no:cacheprovider"]),
-    ("unittest", ["-m", "unittest", "discover", "-s", "tests", "-q"]),
-])
+@pytest.mark.parametrize(
+    "runner, argv",
+    [
+        ("pytest", ["-m", "pytest", "-q", "-p", "no:cacheprovider"]),
+        ("unittest", ["-m", "unittest", "discover", "-s", "tests", "-q"]),
+    ],
+)
 def test_real_runs_parse_exactly(calc_project: Path, runner: str, argv: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # the venv's plugins (xdist, ...) are not needed
-    done = subprocess.run([sys.executable, *argv], cwd=calc_project, env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, *argv],
+        cwd=calc_project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     output = done.stdout + "\n" + done.stderr
     assert done.returncode == 1, output
 

@@ -42,6 +42,7 @@ def call(ctx: ToolContext, name: str, **args: Any) -> ToolResult:
 
 # --------------------------------------------------------------------------- registry
 
+
 def test_every_tool_name_is_valid_for_mcp_and_ollama() -> None:
     names = default_registry().names()
     assert len(names) == 12
@@ -62,8 +63,9 @@ def test_definitions_have_the_ollama_function_shape_and_survive_its_client() -> 
         assert schema["type"] == "object" and schema["additionalProperties"] is False
         # What the ollama client would send: every property intact (that proves flatness).
         sent = OllamaTool.model_validate(defn).model_dump(exclude_none=True)
-        assert sent["function"]["parameters"].get("properties", {}) == schema["properties"], \
-            fn["name"]
+        assert sent["function"]["parameters"].get("properties", {}) == schema["properties"], fn[
+            "name"
+        ]
         assert list(sent["function"]["parameters"].get("required", [])) == schema["required"]
         for spec in schema["properties"].values():
             assert set(spec) <= {"type", "description", "enum", "items"}
@@ -143,6 +145,7 @@ def test_handler_failures_become_error_results() -> None:
     def raises(exc: BaseException) -> Tool:
         def handler(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             raise exc
+
         return Tool(f"t{len(reg.names())}", "d", params({}), handler, read_only=True)
 
     ctx = ToolContext(root=Path("/nonexistent"), policy=Policy(), redactor=Redactor())
@@ -163,6 +166,7 @@ def test_handler_failures_become_error_results() -> None:
 
 def test_a_cancelled_step_runs_no_tool(ctx: ToolContext) -> None:
     import threading
+
     ctx.cancel = threading.Event()
     ctx.cancel.set()
     result = call(ctx, "fs_write", path="new.txt", content="x")
@@ -172,8 +176,15 @@ def test_a_cancelled_step_runs_no_tool(ctx: ToolContext) -> None:
 
 def test_tool_sets_per_step_kind() -> None:
     analyze = tools_for_kind("analyze")
-    assert analyze == ["fs_read", "fs_glob", "fs_grep", "git_status", "git_diff", "git_log",
-                       "step_complete"]
+    assert analyze == [
+        "fs_read",
+        "fs_glob",
+        "fs_grep",
+        "git_status",
+        "git_diff",
+        "git_log",
+        "step_complete",
+    ]
     edit = tools_for_kind("edit")
     assert set(edit) == set(analyze) | {"fs_write", "fs_edit", "fs_apply_patch", "tests_run"}
     assert tools_for_kind("doc") == edit
@@ -189,7 +200,10 @@ def test_tool_sets_per_step_kind() -> None:
     assert [t.name for t in reg if t.terminal] == ["step_complete"]
     assert step_complete.parameters["required"] == ["summary"]
     assert set(step_complete.parameters["properties"]) == {
-        "summary", "files_changed", "no_change_reason"}
+        "summary",
+        "files_changed",
+        "no_change_reason",
+    }
 
 
 def test_step_complete_echoes_the_claim(ctx: ToolContext) -> None:
@@ -199,10 +213,22 @@ def test_step_complete_echoes_the_claim(ctx: ToolContext) -> None:
     assert result.data["files_changed"] == []
 
 
-@pytest.mark.parametrize("path", [
-    "README.md", "docs/guide/setup.py", "doc/conf.py", "pkg/docs/x.yaml", "notes.txt",
-    "CHANGELOG", "LICENSE", "Contributing.md", "guide.rst", "manual.adoc", "readme",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "README.md",
+        "docs/guide/setup.py",
+        "doc/conf.py",
+        "pkg/docs/x.yaml",
+        "notes.txt",
+        "CHANGELOG",
+        "LICENSE",
+        "Contributing.md",
+        "guide.rst",
+        "manual.adoc",
+        "readme",
+    ],
+)
 def test_doc_filter_allows_documentation(path: str) -> None:
     assert doc_write_filter(path) is None
 
@@ -215,6 +241,7 @@ def test_doc_filter_refuses_code(path: str) -> None:
 
 # --------------------------------------------------------------------------- secrets
 
+
 def aws_key_id() -> str:
     return "AKIA" + "".join(chr(ord("A") + (i * 7) % 26) for i in range(16))
 
@@ -223,10 +250,12 @@ def aws_key_id() -> str:
 def secret_ctx(make_repo) -> tuple[ToolContext, str, str]:
     key = aws_key_id()
     token = "tok" + "9f8e7d6c5b4a" + "Qz"  # a bare value the formats would not all catch
-    root = make_repo({
-        "config.py": f"ENDPOINT = 'https://example.com'\nAWS_ID = '{key}'\n",
-        "README.md": "# sample\n",
-    })
+    root = make_repo(
+        {
+            "config.py": f"ENDPOINT = 'https://example.com'\nAWS_ID = '{key}'\n",
+            "README.md": "# sample\n",
+        }
+    )
     (root / ".env").write_text(f"API_TOKEN={token}\nDEBUG=1\n")
     (root / "sub").mkdir()
     (root / "sub" / "notes.txt").write_text(f"the token is {token}\n")
@@ -272,6 +301,7 @@ def test_a_redactor_failure_fails_closed(ctx: ToolContext) -> None:
 
 # --------------------------------------------------------------------------- shell
 
+
 def test_shell_run_returns_exit_code_and_output(ctx: ToolContext) -> None:
     result = call(ctx, "shell_run", cmd="echo hello; echo oops >&2; exit 3")
     assert result.ok
@@ -307,13 +337,20 @@ def test_shell_run_timeout_is_capped_by_the_configuration(ctx: ToolContext) -> N
 
 @pytest.fixture
 def test_repo(make_repo) -> ToolContext:
-    root = make_repo({
-        "tests/test_math.py": (
-            "def test_ok():\n    print('PASSING-OUTPUT')\n    assert 1 + 1 == 2\n\n"
-            "def test_bad():\n    value = 41\n    assert value == 42, 'MEANING'\n"),
-    })
-    return ToolContext(root=root, policy=Policy(), redactor=Redactor(),
-                       test_command=f"{PYTHON} -m pytest -q -p no:cacheprovider")
+    root = make_repo(
+        {
+            "tests/test_math.py": (
+                "def test_ok():\n    print('PASSING-OUTPUT')\n    assert 1 + 1 == 2\n\n"
+                "def test_bad():\n    value = 41\n    assert value == 42, 'MEANING'\n"
+            ),
+        }
+    )
+    return ToolContext(
+        root=root,
+        policy=Policy(),
+        redactor=Redactor(),
+        test_command=f"{PYTHON} -m pytest -q -p no:cacheprovider",
+    )
 
 
 def test_tests_run_red_returns_counts_and_failing_sections_only(test_repo: ToolContext) -> None:
@@ -335,6 +372,7 @@ def test_tests_run_green_is_one_line(test_repo: ToolContext) -> None:
 
 
 # --------------------------------------------------------------------------- git
+
 
 def test_git_status_diff_and_log(ctx: ToolContext) -> None:
     root = ctx.root

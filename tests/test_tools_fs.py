@@ -31,12 +31,14 @@ def mul(a, b):
 
 @pytest.fixture
 def ctx(make_repo, tmp_path: Path) -> ToolContext:
-    root = make_repo({
-        "README.md": "# sample\n",
-        "src/app.txt": APP,
-        "src/calc.py": CODE,
-        "src/pkg/deep.py": "X = 1\n",
-    })
+    root = make_repo(
+        {
+            "README.md": "# sample\n",
+            "src/app.txt": APP,
+            "src/calc.py": CODE,
+            "src/pkg/deep.py": "X = 1\n",
+        }
+    )
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.txt").write_text("outside data\n")
@@ -56,8 +58,13 @@ def read(ctx: ToolContext, rel: str) -> str:
 
 # --------------------------------------------------------------------------- path guard
 
-ESCAPES = ["../outside/secret.txt", "/etc/passwd", "link_out.txt", "dir_out/secret.txt",
-           "src/../../outside/secret.txt"]
+ESCAPES = [
+    "../outside/secret.txt",
+    "/etc/passwd",
+    "link_out.txt",
+    "dir_out/secret.txt",
+    "src/../../outside/secret.txt",
+]
 
 
 @pytest.mark.parametrize("path", ESCAPES)
@@ -68,8 +75,16 @@ def test_reads_cannot_leave_the_worktree(ctx: ToolContext, path: str) -> None:
     assert "paths must stay inside the repository" in (result.hint or "")
 
 
-PROTECTED = [".git/config", ".git/hooks/pre-commit", ".coder/x", ".env", "config/.env.production",
-             "key.pem", "deploy/id_rsa", "src/my_secret.py"]
+PROTECTED = [
+    ".git/config",
+    ".git/hooks/pre-commit",
+    ".coder/x",
+    ".env",
+    "config/.env.production",
+    "key.pem",
+    "deploy/id_rsa",
+    "src/my_secret.py",
+]
 
 
 @pytest.mark.parametrize("path", [*ESCAPES, "dir_out/new.txt", *PROTECTED])
@@ -78,8 +93,7 @@ def test_writes_are_refused_outside_and_to_protected_paths(ctx: ToolContext, pat
     for result in (
         call(ctx, "fs_write", path=path, content="x\n"),
         call(ctx, "fs_edit", path=path, search="a", replace="b"),
-        call(ctx, "fs_apply_patch", patch=f"--- /dev/null\n+++ b/{path}\n"
-                                          "@@ -0,0 +1 @@\n+x\n"),
+        call(ctx, "fs_apply_patch", patch=f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+x\n"),
     ):
         assert not result.ok, (path, result)
         assert "refusing to write" in result.content or "escapes" in result.content
@@ -103,14 +117,20 @@ def test_doc_steps_write_only_docs(ctx: ToolContext) -> None:
     assert call(ctx, "fs_write", path="docs/usage.md", content="# Usage\n").ok
     assert not call(ctx, "fs_edit", path="src/calc.py", search="a + b", replace="b + a").ok
     assert call(ctx, "fs_edit", path="README.md", search="# sample", replace="# Sample").ok
-    patch = call(ctx, "fs_apply_patch", patch=(
-        "--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-# Sample\n+# Title\n"
-        "--- a/src/calc.py\n+++ b/src/calc.py\n@@ -2 +2 @@\n-    return a + b\n+    return 0\n"))
+    patch = call(
+        ctx,
+        "fs_apply_patch",
+        patch=(
+            "--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-# Sample\n+# Title\n"
+            "--- a/src/calc.py\n+++ b/src/calc.py\n@@ -2 +2 @@\n-    return a + b\n+    return 0\n"
+        ),
+    )
     assert not patch.ok and "src/calc.py" in patch.content
     assert read(ctx, "README.md") == "# Sample\n"  # nothing applied
 
 
 # --------------------------------------------------------------------------- fs_read
+
 
 def test_fs_read_numbers_lines_and_pages(ctx: ToolContext) -> None:
     whole = call(ctx, "fs_read", path="src/app.txt")
@@ -148,6 +168,7 @@ def test_fs_read_cuts_huge_lines(ctx: ToolContext) -> None:
 
 # --------------------------------------------------------------------------- fs_write
 
+
 def test_fs_write_creates_new_files_only(ctx: ToolContext) -> None:
     result = call(ctx, "fs_write", path="pkg/sub/mod.py", content="A = 1\nB = 2\n")
     assert result.ok and result.content == "created pkg/sub/mod.py (2 lines, 12 bytes)"
@@ -163,10 +184,15 @@ def test_fs_write_creates_new_files_only(ctx: ToolContext) -> None:
 
 # --------------------------------------------------------------------------- fs_edit
 
+
 def test_fs_edit_replaces_a_unique_match(ctx: ToolContext) -> None:
-    result = call(ctx, "fs_edit", path="src/calc.py",
-                  search="def sub(a, b):\n    return a - b\n",
-                  replace="def sub(a, b):\n    \"\"\"a minus b\"\"\"\n    return a - b\n")
+    result = call(
+        ctx,
+        "fs_edit",
+        path="src/calc.py",
+        search="def sub(a, b):\n    return a - b\n",
+        replace='def sub(a, b):\n    """a minus b"""\n    return a - b\n',
+    )
     assert result.ok, result.as_text()
     assert result.content.startswith("edited src/calc.py: replaced 1 occurrence; lines 3-9")
     assert '    6|     """a minus b"""' in result.content
@@ -176,8 +202,13 @@ def test_fs_edit_replaces_a_unique_match(ctx: ToolContext) -> None:
 
 def test_fs_edit_no_match_shows_the_closest_lines(ctx: ToolContext) -> None:
     before = read(ctx, "src/calc.py")
-    result = call(ctx, "fs_edit", path="src/calc.py",
-                  search="def mul(x, y):\n    return x * y\n", replace="pass\n")
+    result = call(
+        ctx,
+        "fs_edit",
+        path="src/calc.py",
+        search="def mul(x, y):\n    return x * y\n",
+        replace="pass\n",
+    )
     assert not result.ok
     assert "Closest match, lines 9-10" in result.content
     assert "    9| def mul(a, b):" in result.content and "   10|     return a * b" in result.content
@@ -186,16 +217,22 @@ def test_fs_edit_no_match_shows_the_closest_lines(ctx: ToolContext) -> None:
 
 
 def test_fs_edit_whitespace_difference_is_called_out(ctx: ToolContext) -> None:
-    result = call(ctx, "fs_edit", path="src/calc.py",
-                  search="def add(a, b):\n  return a + b", replace="x")
+    result = call(
+        ctx, "fs_edit", path="src/calc.py", search="def add(a, b):\n  return a + b", replace="x"
+    )
     assert not result.ok
     assert "lines 1-2 match it except for whitespace" in result.content
     assert "indentation" in result.content
 
 
 def test_fs_edit_line_number_prefixes_get_a_hint(ctx: ToolContext) -> None:
-    result = call(ctx, "fs_edit", path="src/calc.py",
-                  search="    1| def add(a, b):\n    2|     return a + b", replace="x")
+    result = call(
+        ctx,
+        "fs_edit",
+        path="src/calc.py",
+        search="    1| def add(a, b):\n    2|     return a + b",
+        replace="x",
+    )
     assert not result.ok and "line-number prefixes" in (result.hint or "")
 
 
@@ -206,8 +243,9 @@ def test_fs_edit_several_matches_are_listed(ctx: ToolContext) -> None:
     assert "occurs 3 times" in result.content and "at lines 1, 5, 9" in result.content
     assert "replace_all" in (result.hint or "")
     assert read(ctx, "src/calc.py") == before
-    every = call(ctx, "fs_edit", path="src/calc.py", search="(a, b):", replace="(x, y):",
-                 replace_all=True)
+    every = call(
+        ctx, "fs_edit", path="src/calc.py", search="(a, b):", replace="(x, y):", replace_all=True
+    )
     assert every.ok and "replaced 3 occurrences" in every.content
     assert read(ctx, "src/calc.py").count("(x, y):") == 3
 
@@ -231,8 +269,13 @@ def test_fs_edit_keeps_crlf_and_mode(ctx: ToolContext) -> None:
 
 
 def test_fs_edit_explains_a_redacted_search(ctx: ToolContext) -> None:
-    result = call(ctx, "fs_edit", path="src/calc.py",
-                  search="KEY = '[REDACTED:known_secret]'", replace="KEY = 1")
+    result = call(
+        ctx,
+        "fs_edit",
+        path="src/calc.py",
+        search="KEY = '[REDACTED:known_secret]'",
+        replace="KEY = 1",
+    )
     assert not result.ok and "REDACTED" in (result.hint or "")
 
 
@@ -262,16 +305,20 @@ def test_fs_apply_patch_applies_and_dry_run_changes_nothing(ctx: ToolContext) ->
 
 def test_fs_apply_patch_accepts_plain_headers_fences_and_wrong_numbers(ctx: ToolContext) -> None:
     # No `diff --git` line, a markdown fence, a wrong start line and wrong counts.
-    patch = ("```diff\n--- a/src/app.txt\n+++ b/src/app.txt\n@@ -1,9 +1,9 @@\n line 7\n"
-             "-line 8\n+line eight\n+line 8.5\n line 9\n```\n")
+    patch = (
+        "```diff\n--- a/src/app.txt\n+++ b/src/app.txt\n@@ -1,9 +1,9 @@\n line 7\n"
+        "-line 8\n+line eight\n+line 8.5\n line 9\n```\n"
+    )
     result = call(ctx, "fs_apply_patch", patch=patch)
     assert result.ok, result.as_text()
     assert "line 7\nline eight\nline 8.5\nline 9\n" in read(ctx, "src/app.txt")
 
 
 def test_fs_apply_patch_creates_and_deletes_files(ctx: ToolContext) -> None:
-    patch = ("--- /dev/null\n+++ b/docs/new.md\n@@ -0,0 +1,2 @@\n+# New\n+text\n"
-             "--- a/src/pkg/deep.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-X = 1\n")
+    patch = (
+        "--- /dev/null\n+++ b/docs/new.md\n@@ -0,0 +1,2 @@\n+# New\n+text\n"
+        "--- a/src/pkg/deep.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-X = 1\n"
+    )
     result = call(ctx, "fs_apply_patch", patch=patch)
     assert result.ok, result.as_text()
     assert "A docs/new.md (+2 -0)" in result.content
@@ -283,8 +330,10 @@ def test_fs_apply_patch_creates_and_deletes_files(ctx: ToolContext) -> None:
 
 
 def test_fs_apply_patch_reports_the_failing_hunk(ctx: ToolContext) -> None:
-    patch = ("--- a/src/app.txt\n+++ b/src/app.txt\n@@ -1,2 +1,2 @@\n line 1\n-line 2\n+two\n"
-             "@@ -8,3 +8,3 @@\n line 8\n-line nine\n+nine\n line 10\n")
+    patch = (
+        "--- a/src/app.txt\n+++ b/src/app.txt\n@@ -1,2 +1,2 @@\n line 1\n-line 2\n+two\n"
+        "@@ -8,3 +8,3 @@\n line 8\n-line nine\n+nine\n line 10\n"
+    )
     result = call(ctx, "fs_apply_patch", patch=patch)
     assert not result.ok
     assert "hunk 2 of 2 for src/app.txt" in result.content
@@ -302,8 +351,10 @@ def test_fs_apply_patch_is_all_or_nothing_across_files(ctx: ToolContext) -> None
 
 
 def test_fs_apply_patch_refuses_git_paths_and_garbage(ctx: ToolContext) -> None:
-    patch = ("diff --git a/.git/config b/.git/config\n--- a/.git/config\n+++ b/.git/config\n"
-             "@@ -1 +1 @@\n-[core]\n+[core]\n+\thooksPath = /tmp\n")
+    patch = (
+        "diff --git a/.git/config b/.git/config\n--- a/.git/config\n+++ b/.git/config\n"
+        "@@ -1 +1 @@\n-[core]\n+[core]\n+\thooksPath = /tmp\n"
+    )
     result = call(ctx, "fs_apply_patch", patch=patch)
     assert not result.ok and ".git" in result.content
     assert "hooksPath" not in read(ctx, ".git/config")
@@ -315,6 +366,7 @@ def test_fs_apply_patch_refuses_git_paths_and_garbage(ctx: ToolContext) -> None:
 
 # --------------------------------------------------------------------------- fs_glob
 
+
 def test_fs_glob_matches_sorted_and_skips_noise(ctx: ToolContext) -> None:
     root = ctx.root
     (root / "node_modules" / "lib").mkdir(parents=True)
@@ -325,8 +377,12 @@ def test_fs_glob_matches_sorted_and_skips_noise(ctx: ToolContext) -> None:
     (root / "build" / "gen.py").write_text("")
     (root / ".gitignore").write_text("build/\n")
     result = call(ctx, "fs_glob", pattern="**/*.py")
-    assert result.content.splitlines() == ["link_in.py", "src/calc.py", "src/pkg/deep.py",
-                                           "[3 files]"]
+    assert result.content.splitlines() == [
+        "link_in.py",
+        "src/calc.py",
+        "src/pkg/deep.py",
+        "[3 files]",
+    ]
     assert call(ctx, "fs_glob", pattern="*.py").content == result.content  # any depth
     assert call(ctx, "fs_glob", pattern="src/*.py").content.splitlines()[0] == "src/calc.py"
     listing = call(ctx, "fs_glob", pattern="src").content.splitlines()
@@ -351,12 +407,16 @@ def test_glob_regex() -> None:
 
 # --------------------------------------------------------------------------- fs_grep
 
+
 def test_fs_grep_finds_lines_with_limits_and_filters(ctx: ToolContext) -> None:
     result = call(ctx, "fs_grep", pattern=r"return a [-*]")
-    assert result.content.splitlines() == ["src/calc.py:6:     return a - b",
-                                           "src/calc.py:10:     return a * b"]
+    assert result.content.splitlines() == [
+        "src/calc.py:6:     return a - b",
+        "src/calc.py:10:     return a * b",
+    ]
     assert call(ctx, "fs_grep", pattern="LINE 1$", ignore_case=True).content.startswith(
-        "src/app.txt:1: line 1")
+        "src/app.txt:1: line 1"
+    )
     only = call(ctx, "fs_grep", pattern="line|def", glob="*.txt")
     assert {ln.split(":")[0] for ln in only.content.splitlines()} == {"src/app.txt"}
     limited = call(ctx, "fs_grep", pattern="line", limit=3)
@@ -380,8 +440,9 @@ def test_fs_grep_regex_error_has_a_hint(ctx: ToolContext) -> None:
     assert "literal=true" in (result.hint or "")
 
 
-def test_fs_grep_stops_a_catastrophic_regex(ctx: ToolContext,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fs_grep_stops_a_catastrophic_regex(
+    ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(fs_module, "GREP_TIMEOUT_S", 1.0)
     (ctx.root / "evil.txt").write_text("a" * 40 + "!\n")
     result = call(ctx, "fs_grep", pattern=r"(a+)+$", glob="evil.txt")
@@ -390,30 +451,45 @@ def test_fs_grep_stops_a_catastrophic_regex(ctx: ToolContext,
 
 def test_fs_apply_patch_tolerates_bare_headers_blank_context_and_crlf(ctx: ToolContext) -> None:
     # A bare @@, and a blank context line whose leading space the model dropped.
-    result = call(ctx, "fs_apply_patch", patch=(
-        "--- a/src/calc.py\n+++ b/src/calc.py\n@@\n     return a - b\n\n\n"
-        "-def mul(a, b):\n+def times(a, b):\n"))
+    result = call(
+        ctx,
+        "fs_apply_patch",
+        patch=(
+            "--- a/src/calc.py\n+++ b/src/calc.py\n@@\n     return a - b\n\n\n"
+            "-def mul(a, b):\n+def times(a, b):\n"
+        ),
+    )
     assert result.ok, result.as_text()
     assert "def times(a, b):" in read(ctx, "src/calc.py")
-    ambiguous = call(ctx, "fs_apply_patch", patch=(
-        "--- a/src/calc.py\n+++ b/src/calc.py\n@@\n-def add(a, b):\n+def plus(a, b):\n"
-        "@@\n-\n+# blank\n"))
+    ambiguous = call(
+        ctx,
+        "fs_apply_patch",
+        patch=(
+            "--- a/src/calc.py\n+++ b/src/calc.py\n@@\n-def add(a, b):\n+def plus(a, b):\n"
+            "@@\n-\n+# blank\n"
+        ),
+    )
     assert not ambiguous.ok and "matches at lines" in ambiguous.content
     (ctx.root / "dos.txt").write_bytes(b"one\r\ntwo\r\nthree\r\n")
-    crlf = call(ctx, "fs_apply_patch",
-                patch="--- a/dos.txt\n+++ b/dos.txt\n@@ -2 +2 @@\n-two\n+2\n")
+    crlf = call(
+        ctx, "fs_apply_patch", patch="--- a/dos.txt\n+++ b/dos.txt\n@@ -2 +2 @@\n-two\n+2\n"
+    )
     assert crlf.ok, crlf.as_text()
     assert (ctx.root / "dos.txt").read_bytes() == b"one\r\n2\r\nthree\r\n"
 
 
 def test_fs_apply_patch_follows_links_inside_the_worktree(ctx: ToolContext) -> None:
-    patch = ("--- a/link_in.py\n+++ b/link_in.py\n@@ -2 +2 @@\n-    return a + b\n"
-             "+    return b + a\n")
+    patch = (
+        "--- a/link_in.py\n+++ b/link_in.py\n@@ -2 +2 @@\n-    return a + b\n+    return b + a\n"
+    )
     result = call(ctx, "fs_apply_patch", patch=patch)
     assert result.ok and "M src/calc.py" in result.content
     assert os.path.islink(ctx.root / "link_in.py") and "b + a" in read(ctx, "src/calc.py")
-    delete = call(ctx, "fs_apply_patch", patch="--- a/link_in.py\n+++ /dev/null\n@@ -1 +0,0 @@\n"
-                                               "-def add(a, b):\n")
+    delete = call(
+        ctx,
+        "fs_apply_patch",
+        patch="--- a/link_in.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-def add(a, b):\n",
+    )
     assert not delete.ok and "symbolic link" in delete.content
 
 

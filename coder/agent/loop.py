@@ -28,8 +28,9 @@ FOLDED = "[folded to save context:"
 
 
 def estimate_tokens(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> int:
-    size = sum(len(str(m.get("content", ""))) + len(json.dumps(m.get("tool_calls", "")))
-               for m in messages)
+    size = sum(
+        len(str(m.get("content", ""))) + len(json.dumps(m.get("tool_calls", ""))) for m in messages
+    )
     return (size + len(json.dumps(tools))) // CHARS_PER_TOKEN + 8 * len(messages)
 
 
@@ -43,8 +44,10 @@ def _truncation_warning(reply: ChatResult, estimate: int) -> str | None:
         return "the reply hit the length limit (done_reason=length); it may be cut short"
     sent = reply.usage.prompt_tokens
     if sent and estimate > 2000 and sent < estimate // 2:
-        return (f"the server evaluated {sent} prompt tokens for a request of about {estimate}: "
-                "it probably dropped part of the conversation (num_ctx too small?)")
+        return (
+            f"the server evaluated {sent} prompt tokens for a request of about {estimate}: "
+            "it probably dropped part of the conversation (num_ctx too small?)"
+        )
     return None
 
 
@@ -74,10 +77,18 @@ Verifier = Callable[[dict[str, Any]], str | None]  # step_complete arguments -> 
 
 
 class AgentLoop:
-    def __init__(self, provider: ModelProvider, *, tools: Sequence[dict[str, Any]],
-                 allowed: Sequence[str], run_tool: ToolRunner, verify: Verifier,
-                 limits: Limits = Limits(), cancel: threading.Event | None = None,
-                 on_call: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        provider: ModelProvider,
+        *,
+        tools: Sequence[dict[str, Any]],
+        allowed: Sequence[str],
+        run_tool: ToolRunner,
+        verify: Verifier,
+        limits: Limits = Limits(),
+        cancel: threading.Event | None = None,
+        on_call: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.provider = provider
         self.tools = list(tools)
         self.known = [t["function"]["name"] for t in self.tools]
@@ -103,8 +114,13 @@ class AgentLoop:
                 return result
             folded = self._fit(messages)
             if folded:
-                self.on_call({"event": "context.compacted", "folded": folded,
-                              "estimate": estimate_tokens(messages, self.tools)})
+                self.on_call(
+                    {
+                        "event": "context.compacted",
+                        "folded": folded,
+                        "estimate": estimate_tokens(messages, self.tools),
+                    }
+                )
             estimate = estimate_tokens(messages, self.tools)
             reply = self.provider.chat(messages, tools=self.tools)
             result.turns += 1
@@ -114,13 +130,20 @@ class AgentLoop:
                 self.on_call({"event": "context.warning", "warning": warning})
             calls = list(reply.tool_calls) or calls_in_text(reply.content, self.known)
             messages.append(_assistant_message(reply, calls))
-            self.on_call({"turn": result.turns, "calls": [c.name for c in calls],
-                          "usage": reply.usage.as_dict()})
+            self.on_call(
+                {
+                    "turn": result.turns,
+                    "calls": [c.name for c in calls],
+                    "usage": reply.usage.as_dict(),
+                }
+            )
             if not calls:
                 nudges += 1
                 if nudges > self.limits.max_nudges:
-                    result.error = (f"the model answered {nudges} times without calling a tool "
-                                    "(it must finish with step_complete)")
+                    result.error = (
+                        f"the model answered {nudges} times without calling a tool "
+                        "(it must finish with step_complete)"
+                    )
                     return result
                 messages.append({"role": "user", "content": prompts.NUDGE_NO_TOOL})
                 continue
@@ -129,15 +152,20 @@ class AgentLoop:
                 repeats = repeats + 1 if key == last_call else 1
                 last_call = key
                 if repeats >= self.limits.max_repeats:
-                    result.error = (f"the model repeated the same {call.name} call {repeats} times; "
-                                    "stopping the step")
+                    result.error = (
+                        f"the model repeated the same {call.name} call {repeats} times; "
+                        "stopping the step"
+                    )
                     return result
                 if repeats == self.limits.max_repeats - 1:
-                    messages.append(_tool_message(call.name, prompts.nudge_repeat(call.name, repeats)))
+                    messages.append(
+                        _tool_message(call.name, prompts.nudge_repeat(call.name, repeats))
+                    )
                     continue
                 if call.name not in self.allowed:
-                    messages.append(_tool_message(call.name,
-                                                  prompts.not_for_this_step(call.name, self.allowed)))
+                    messages.append(
+                        _tool_message(call.name, prompts.not_for_this_step(call.name, self.allowed))
+                    )
                     continue
                 if call.name == TERMINAL:
                     rejection = self.verify(call.arguments)
@@ -174,9 +202,15 @@ class AgentLoop:
             text = messages[i]["content"]
             keep = max(200, len(text) - excess * CHARS_PER_TOKEN - 200)
             if keep < len(text):
-                messages[i] = {**messages[i], "content": text[: keep // 2] + (
-                    f"\n[... {len(text) - keep} characters cut to fit the context window; "
-                    "ask for a smaller part (fs_read with offset/limit) ...]\n") + text[-keep // 2:]}
+                messages[i] = {
+                    **messages[i],
+                    "content": text[: keep // 2]
+                    + (
+                        f"\n[... {len(text) - keep} characters cut to fit the context window; "
+                        "ask for a smaller part (fs_read with offset/limit) ...]\n"
+                    )
+                    + text[-keep // 2 :],
+                }
                 changed += 1
         return changed
 
@@ -196,8 +230,9 @@ class AgentLoop:
 def _assistant_message(reply: ChatResult, calls: Sequence[ToolCall]) -> dict[str, Any]:
     message = reply.as_message()
     if calls and not reply.tool_calls:  # recovered from text: record them as real calls
-        message["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}}
-                                 for c in calls]
+        message["tool_calls"] = [
+            {"function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        ]
     return message
 
 

@@ -29,7 +29,7 @@ a task at a time, using only the tools you are given. Rules:
 def system_prompt(*, repo_map: Sequence[str], task: Mapping[str, Any]) -> str:
     return (
         f"{RULES}\n"
-        f"<repository files=\"{len(repo_map)}\">\n{format_repo_map(repo_map)}\n</repository>\n\n"
+        f'<repository files="{len(repo_map)}">\n{format_repo_map(repo_map)}\n</repository>\n\n'
         f"<task>\n{json.dumps(_task_view(task), indent=1, sort_keys=True)}\n</task>\n"
     )
 
@@ -42,7 +42,9 @@ def format_repo_map(paths: Sequence[str]) -> str:
     for path in paths:
         top = path.split("/", 1)[0] + ("/" if "/" in path else "")
         by_dir[top] = by_dir.get(top, 0) + 1
-    return "\n".join(f"{d} ({n} files)" if d.endswith("/") else d for d, n in sorted(by_dir.items()))
+    return "\n".join(
+        f"{d} ({n} files)" if d.endswith("/") else d for d, n in sorted(by_dir.items())
+    )
 
 
 def _task_view(task: Mapping[str, Any]) -> dict[str, Any]:
@@ -50,8 +52,14 @@ def _task_view(task: Mapping[str, Any]) -> dict[str, Any]:
     return {k: task[k] for k in keep if k in task}
 
 
-def step_message(*, step: Mapping[str, Any], tools: Iterable[str], notes: Mapping[str, str],
-                 attempt: int, previous_error: str | None = None) -> str:
+def step_message(
+    *,
+    step: Mapping[str, Any],
+    tools: Iterable[str],
+    notes: Mapping[str, str],
+    attempt: int,
+    previous_error: str | None = None,
+) -> str:
     """The first user message of a step: the dynamic part, after the prefix."""
     lines = [f"Step {step['id']} ({step['kind']}): {step['goal']}"]
     if step.get("changes"):
@@ -59,42 +67,66 @@ def step_message(*, step: Mapping[str, Any], tools: Iterable[str], notes: Mappin
         lines.append(f"Files expected to change: {expected}")
     kind = step["kind"]
     if kind == "analyze":
-        lines.append("This step is read-only: study the code and finish with step_complete, putting "
-                     "your findings (what later steps need to know) in the summary.")
+        lines.append(
+            "This step is read-only: study the code and finish with step_complete, putting "
+            "your findings (what later steps need to know) in the summary."
+        )
     elif kind == "doc":
         lines.append("Only documentation files may be changed in this step.")
     for step_id, text in notes.items():
-        lines.append(f"<notes from=\"{step_id}\">\n{text}\n</notes>")
+        lines.append(f'<notes from="{step_id}">\n{text}\n</notes>')
     if attempt > 1:
-        lines.append(f"This is attempt {attempt}; the previous attempt was discarded"
-                     + (f" because: {previous_error}" if previous_error else "") + ".")
+        lines.append(
+            f"This is attempt {attempt}; the previous attempt was discarded"
+            + (f" because: {previous_error}" if previous_error else "")
+            + "."
+        )
     lines.append(f"Tools for this step: {', '.join(tools)}.")
     return "\n".join(lines)
 
 
-NUDGE_NO_TOOL = ("Continue by calling a tool. When the step is done, call step_complete with a "
-                 "summary and files_changed.")
+NUDGE_NO_TOOL = (
+    "Continue by calling a tool. When the step is done, call step_complete with a "
+    "summary and files_changed."
+)
 
 
 def nudge_repeat(name: str, times: int) -> str:
-    return (f"You have called {name} with the same arguments {times} times in a row; the result will "
-            "not change. Do something different, or call step_complete if the step is done.")
+    return (
+        f"You have called {name} with the same arguments {times} times in a row; the result will "
+        "not change. Do something different, or call step_complete if the step is done."
+    )
 
 
 def not_for_this_step(name: str, allowed: Iterable[str]) -> str:
     return f"error: {name} is not available in this step.\nhint: use one of: {', '.join(allowed)}"
 
 
-def fix_message(*, step: Mapping[str, Any], command: str, failures: Sequence[str], summary: str,
-                cycle: int, max_cycles: int, tools: Iterable[str], same_as_before: bool) -> str:
+def fix_message(
+    *,
+    step: Mapping[str, Any],
+    command: str,
+    failures: Sequence[str],
+    summary: str,
+    cycle: int,
+    max_cycles: int,
+    tools: Iterable[str],
+    same_as_before: bool,
+) -> str:
     """A fix cycle of a test step: only the failing sections, not the whole log."""
-    lines = [f"Step {step['id']} (test): {step['goal']}",
-             f"The tests fail ({summary}) when running `{command}`. Fix cycle {cycle} of "
-             f"{max_cycles}: change the code so they pass. Change a test only if the test itself "
-             "is wrong.",
-             "<test-output>", *failures, "</test-output>"]
+    lines = [
+        f"Step {step['id']} (test): {step['goal']}",
+        f"The tests fail ({summary}) when running `{command}`. Fix cycle {cycle} of "
+        f"{max_cycles}: change the code so they pass. Change a test only if the test itself "
+        "is wrong.",
+        "<test-output>",
+        *failures,
+        "</test-output>",
+    ]
     if same_as_before:
         lines.append("The previous fix did not change these failures: try a different approach.")
-    lines.append(f"Tools for this step: {', '.join(tools)}. When you are done, call step_complete "
-                 "with a summary and files_changed; coder then reruns the tests.")
+    lines.append(
+        f"Tools for this step: {', '.join(tools)}. When you are done, call step_complete "
+        "with a summary and files_changed; coder then reruns the tests."
+    )
     return "\n".join(lines)

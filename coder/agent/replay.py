@@ -28,18 +28,26 @@ def request_digest(messages: list[dict[str, Any]]) -> str:
 
 
 def reply_to_dict(result: ChatResult) -> dict[str, Any]:
-    return {"content": result.content, "thinking": result.thinking,
-            "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in result.tool_calls],
-            "done_reason": result.done_reason, "usage": result.usage.as_dict()}
+    return {
+        "content": result.content,
+        "thinking": result.thinking,
+        "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in result.tool_calls],
+        "done_reason": result.done_reason,
+        "usage": result.usage.as_dict(),
+    }
 
 
 def reply_from_dict(data: dict[str, Any]) -> ChatResult:
     usage = {k: v for k, v in (data.get("usage") or {}).items() if k in Usage.__dataclass_fields__}
-    return ChatResult(content=data.get("content", ""),
-                      tool_calls=tuple(ToolCall(c["name"], dict(c.get("arguments") or {}))
-                                       for c in data.get("tool_calls", [])),
-                      thinking=data.get("thinking", ""), usage=Usage(**usage),
-                      done_reason=data.get("done_reason"))
+    return ChatResult(
+        content=data.get("content", ""),
+        tool_calls=tuple(
+            ToolCall(c["name"], dict(c.get("arguments") or {})) for c in data.get("tool_calls", [])
+        ),
+        thinking=data.get("thinking", ""),
+        usage=Usage(**usage),
+        done_reason=data.get("done_reason"),
+    )
 
 
 class RecordingProvider:
@@ -57,8 +65,13 @@ class RecordingProvider:
     def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> ChatResult:
         result = self.inner.chat(messages, **kwargs)
         with self._lock:
-            self.calls.append({"step": self.step, "request": request_digest(messages),
-                               "reply": reply_to_dict(result)})
+            self.calls.append(
+                {
+                    "step": self.step,
+                    "request": request_digest(messages),
+                    "reply": reply_to_dict(result),
+                }
+            )
             self._save()
         return result
 
@@ -82,8 +95,10 @@ class ReplayProvider:
             self.calls = list(data["calls"])
             self.model = str(data.get("model", "replay"))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InvalidInput(f"{path}: not a coder recording ({exc})",
-                               hint="record one with `coder run --record FILE`") from None
+            raise InvalidInput(
+                f"{path}: not a coder recording ({exc})",
+                hint="record one with `coder run --record FILE`",
+            ) from None
         self.path = Path(path)
         self.queues: dict[str, list[dict[str, Any]]] = {}
         for call in self.calls:
@@ -101,15 +116,21 @@ class ReplayProvider:
             queue = self.queues.get(self.step, [])
             served = self.served.get(self.step, 0)
             if served >= len(queue):
-                raise ModelError(f"the recording {self.path} has no reply left for step "
-                                 f"{self.step or '?'} (call {served + 1}); the run diverged from "
-                                 "the recorded one")
+                raise ModelError(
+                    f"the recording {self.path} has no reply left for step "
+                    f"{self.step or '?'} (call {served + 1}); the run diverged from "
+                    "the recorded one"
+                )
             self.served[self.step] = served + 1
         return reply_from_dict(queue[served])
 
     def warm_up(self) -> dict[str, Any]:
-        return {"provider": "replay", "model": self.model, "recording": str(self.path),
-                "calls": len(self.calls)}
+        return {
+            "provider": "replay",
+            "model": self.model,
+            "recording": str(self.path),
+            "calls": len(self.calls),
+        }
 
     def close(self) -> None:
         pass

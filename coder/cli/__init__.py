@@ -59,7 +59,9 @@ def report_error(ctx: click.Context, exc: CoderError) -> None:
         traceback.print_exception(exc, file=sys.stderr)
 
 
-@click.group(cls=CoderGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=CoderGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.version_option(__version__, "-V", "--version", prog_name="coder")
 @click.option("--debug", is_flag=True, envvar="CODER_DEBUG", help="Show tracebacks for errors.")
 @click.pass_context
@@ -94,8 +96,14 @@ def json_option(func: Any) -> Any:
         ctx.find_root().ensure_object(dict)["json"] = value
         return value
 
-    return click.option("--json", "as_json", is_flag=True, callback=remember, expose_value=True,
-                        help="Print the result as JSON.")(func)
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        callback=remember,
+        expose_value=True,
+        help="Print the result as JSON.",
+    )(func)
 
 
 def emit_json(data: Any) -> None:
@@ -105,10 +113,34 @@ def emit_json(data: Any) -> None:
 
 
 from coder.cli import (  # noqa: E402  (registration needs `main` defined)
-    demo_cmd, history, mcp_cmd, merge_cmd, plan_cmd, project, revert_cmd, runs, tasks)
+    demo_cmd,
+    history,
+    mcp_cmd,
+    merge_cmd,
+    plan_cmd,
+    project,
+    revert_cmd,
+    runs,
+    tasks,
+)
 
-for command in (project.init, plan_cmd.plan, tasks.validate, tasks.show, runs.run, runs.resume,
-                runs.stop, runs.status, merge_cmd.merge, revert_cmd.revert,
-                history.diff, history.logs, history.clean, project.config, project.doctor,
-                mcp_cmd.mcp, demo_cmd.demo):
+for command in (
+    project.init,
+    plan_cmd.plan,
+    tasks.validate,
+    tasks.show,
+    runs.run,
+    runs.resume,
+    runs.stop,
+    runs.status,
+    merge_cmd.merge,
+    revert_cmd.revert,
+    history.diff,
+    history.logs,
+    history.clean,
+    project.config,
+    project.doctor,
+    mcp_cmd.mcp,
+    demo_cmd.demo,
+):
     main.add_command(command)

@@ -12,13 +12,18 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
-
-@click.command(epilog="\b\nExamples:\n  coder demo\n  coder demo --keep ./calc-demo\n"
-               "  coder demo --live          # the same task with your Ollama model")
-@click.option("--keep", type=PathType(file_okay=False),
-              help="Create the demo repository here (default: a temporary directory).")
-@click.option("--live", is_flag=True, help="Use the configured Ollama model instead of the "
-              "recorded replies.")
+@click.command(
+    epilog="\b\nExamples:\n  coder demo\n  coder demo --keep ./calc-demo\n"
+    "  coder demo --live          # the same task with your Ollama model"
+)
+@click.option(
+    "--keep",
+    type=PathType(file_okay=False),
+    help="Create the demo repository here (default: a temporary directory).",
+)
+@click.option(
+    "--live", is_flag=True, help="Use the configured Ollama model instead of the recorded replies."
+)
 @json_option
 def demo(keep: Path | None, live: bool, as_json: bool) -> None:
     """Run a sample task end to end: analyze, edit, a failing test, the fix, docs, merge.
@@ -33,32 +38,50 @@ def demo(keep: Path | None, live: bool, as_json: bool) -> None:
     progress = Progress(quiet=as_json)
     if not as_json:
         mode = "your Ollama model" if live else "a recorded model (no Ollama needed)"
-        click.echo(f"coder demo: a sample calculator project, a task to add multiply, and "
-                   f"{mode}.\n", err=True)
+        click.echo(
+            f"coder demo: a sample calculator project, a task to add multiply, and {mode}.\n",
+            err=True,
+        )
     try:
-        result = demo_mod.run(target=keep, live=live, console=progress,
-                              notify=None if as_json else lambda line: click.echo(f"  {line}",
-                                                                                  err=True))
+        result = demo_mod.run(
+            target=keep,
+            live=live,
+            console=progress,
+            notify=None if as_json else lambda line: click.echo(f"  {line}", err=True),
+        )
     finally:
         progress.close()
     state, task_id = result.run.state, result.run.task_id
     if as_json:
-        emit_json({"repo": str(result.repo), "task_id": task_id, "status": result.run.status,
-                   "branch": state["branch"], "commits": result.commits,
-                   "merge": result.merge.to_dict() if result.merge else None})
+        emit_json(
+            {
+                "repo": str(result.repo),
+                "task_id": task_id,
+                "status": result.run.status,
+                "branch": state["branch"],
+                "commits": result.commits,
+                "merge": result.merge.to_dict() if result.merge else None,
+            }
+        )
     else:
         click.echo(summary_table(state))
         click.echo(f"\nStep commits on {state['branch']}:")
         for line in result.commits:
             click.echo(f"  {line}")
         if result.merge and result.merge.commit:
-            click.echo(f"\nSquash-merged into main as {result.merge.commit[:8]} "
-                       f"(tag {result.merge.tag}), tests green on the merged tree:")
+            click.echo(
+                f"\nSquash-merged into main as {result.merge.commit[:8]} "
+                f"(tag {result.merge.tag}), tests green on the merged tree:"
+            )
             click.echo("\n".join(f"  {line}" for line in result.stat.rstrip().splitlines()))
         click.echo(f"\nThe demo repository is {result.repo}. Look around:")
         click.echo(f"  cd {result.repo}")
-        for command in (f"coder show -t {task_id}", f"coder diff -t {task_id} --step s3",
-                        f"coder logs -t {task_id}", "git log --oneline --graph --all"):
+        for command in (
+            f"coder show -t {task_id}",
+            f"coder diff -t {task_id} --step s3",
+            f"coder logs -t {task_id}",
+            "git log --oneline --graph --all",
+        ):
             click.echo(f"  {command}")
     if result.run.status != "success" or not (result.merge and result.merge.commit):
         raise SystemExit(1)

@@ -27,12 +27,16 @@ def show_run(task_id: str, as_json: bool) -> None:
     click.echo(f"{state['title']}")
     click.echo(f"  id        {state['task_id']}")
     click.echo(f"  status    {status}" + (f": {state['error']}" if state.get("error") else ""))
-    click.echo(f"  branch    {state['branch']} (from {state['base']} at {state['base_commit'][:8]})")
+    click.echo(
+        f"  branch    {state['branch']} (from {state['base']} at {state['base_commit'][:8]})"
+    )
     click.echo(f"  worktree  {state['worktree']}")
     if state.get("merge"):
         merge = state["merge"]
-        click.echo(f"  merged    {merge.get('mode')} into {merge.get('base')} as "
-                   f"{str(merge.get('commit'))[:8]} (tag {merge.get('tag')})")
+        click.echo(
+            f"  merged    {merge.get('mode')} into {merge.get('base')} as "
+            f"{str(merge.get('commit'))[:8]} (tag {merge.get('tag')})"
+        )
     usage = usage_line(state)
     if usage:
         click.echo(f"  model     {usage}")
@@ -59,7 +63,9 @@ def diff(task_id: str, step: str | None, stat: bool) -> None:
 
 @click.command(epilog="\b\nExamples:\n  coder logs -t T-1\n  coder logs -t T-1 --follow --json")
 @task_option
-@click.option("--follow", "-F", is_flag=True, help="Keep printing new events while the run goes on.")
+@click.option(
+    "--follow", "-F", is_flag=True, help="Keep printing new events while the run goes on."
+)
 @json_option
 def logs(task_id: str, follow: bool, as_json: bool) -> None:
     """Print a run's structured event log."""
@@ -90,8 +96,10 @@ def format_event(event: dict[str, Any]) -> str:
     skip = {"timestamp", "level", "event", "task_id", "step_id", "logger"}
     rest = " ".join(f"{k}={v}" for k, v in event.items() if k not in skip and v not in ("", None))
     stamp = str(event.get("timestamp", ""))[11:19]
-    return f"{stamp} {event.get('level', ''):<7} {event.get('step_id', ''):<10} " \
-           f"{event.get('event', '')} {rest}".rstrip()
+    return (
+        f"{stamp} {event.get('level', ''):<7} {event.get('step_id', ''):<10} "
+        f"{event.get('event', '')} {rest}".rstrip()
+    )
 
 
 @click.command(epilog="\b\nExample:\n  coder clean -t T-1 --delete-branch")
@@ -106,8 +114,7 @@ def clean(task_id: str, keep_branch: bool, delete_branch: bool, as_json: bool) -
     """
     from coder import history
 
-    result = history.clean(cwd(), task_id, keep_branch=keep_branch,
-                           delete_branch=delete_branch)
+    result = history.clean(cwd(), task_id, keep_branch=keep_branch, delete_branch=delete_branch)
     if as_json:
         emit_json(result)
         return

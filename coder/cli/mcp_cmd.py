@@ -20,17 +20,23 @@ Examples:
 """
 
 
-@click.group(epilog="\b\nExamples:\n  coder mcp serve --root .\n  coder mcp serve --http --port 3323\n"
-             "  coder mcp list --json")
+@click.group(
+    epilog="\b\nExamples:\n  coder mcp serve --root .\n  coder mcp serve --http --port 3323\n"
+    "  coder mcp list --json"
+)
 def mcp() -> None:
     """MCP: serve coder's tools, or list the external MCP servers runs use."""
 
 
 @mcp.command(epilog=SERVE_EPILOG)
-@click.option("--root", type=PathType(exists=True, file_okay=False),
-              help="The repository the tools work on (default: the current repository).")
-@click.option("--http", is_flag=True,
-              help="Serve streamable HTTP on 127.0.0.1 (at /mcp) instead of stdio.")
+@click.option(
+    "--root",
+    type=PathType(exists=True, file_okay=False),
+    help="The repository the tools work on (default: the current repository).",
+)
+@click.option(
+    "--http", is_flag=True, help="Serve streamable HTTP on 127.0.0.1 (at /mcp) instead of stdio."
+)
 @click.option("--port", type=click.IntRange(1, 65535), help="HTTP port (default 3323).")
 def serve(root: Path | None, http: bool, port: int | None) -> None:
     """Serve coder's tools and task control over MCP.
@@ -48,8 +54,9 @@ def serve(root: Path | None, http: bool, port: int | None) -> None:
     if root is None:
         root = config_mod.find_project_root(cwd())
         if root is None:
-            raise InvalidInput("not inside a git repository",
-                               hint="run it in a repository, or pass --root DIR")
+            raise InvalidInput(
+                "not inside a git repository", hint="run it in a repository, or pass --root DIR"
+            )
     run_server(root.resolve(), http=http, port=port or DEFAULT_PORT)
 
 
@@ -69,8 +76,9 @@ def list_servers(as_json: bool) -> None:
         if as_json:
             emit_json([])
         else:
-            click.echo("No MCP servers configured; add them under `mcp_servers` in "
-                       "coder.config.json.")
+            click.echo(
+                "No MCP servers configured; add them under `mcp_servers` in coder.config.json."
+            )
         return
     with McpBridge(servers, cwd=cfg.project_root or cwd()) as bridge:
         statuses = bridge.servers

@@ -22,13 +22,20 @@ Examples:
 
 @click.command(epilog=MERGE_EPILOG)
 @click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
-@click.option("--if-green", is_flag=True,
-              help="First run the success criteria (tests, required files) on the exact merge "
-              "result in a temporary worktree; land nothing if they fail.")
-@click.option("--mode", type=click.Choice(["squash", "no-ff", "ff-only"]), default="squash",
-              show_default=True,
-              help="squash: one new commit; no-ff: a merge commit; ff-only: move base to the "
-              "run's tip if base has not moved.")
+@click.option(
+    "--if-green",
+    is_flag=True,
+    help="First run the success criteria (tests, required files) on the exact merge "
+    "result in a temporary worktree; land nothing if they fail.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["squash", "no-ff", "ff-only"]),
+    default="squash",
+    show_default=True,
+    help="squash: one new commit; no-ff: a merge commit; ff-only: move base to the "
+    "run's tip if base has not moved.",
+)
 @json_option
 def merge(task_id: str, if_green: bool, mode: str, as_json: bool) -> None:
     """Land a successful run on its base branch and tag it coder/ID.
@@ -39,8 +46,9 @@ def merge(task_id: str, if_green: bool, mode: str, as_json: bool) -> None:
     from coder import merge as merge_service
 
     notify = None if as_json else (lambda message: click.echo(message, err=True))
-    result = merge_service.merge_run(task_id, cwd=cwd(), mode=mode, if_green=if_green,
-                                     notify=notify)
+    result = merge_service.merge_run(
+        task_id, cwd=cwd(), mode=mode, if_green=if_green, notify=notify
+    )
     if as_json:
         emit_json(result.to_dict())
     else:
@@ -51,19 +59,31 @@ def describe(result: Any) -> str:
     """A `MergeResult` as a few lines of text (also used by `coder run --merge-on-success`)."""
     commit = (result.commit or "")[:12]
     if result.outcome == "nothing_to_merge":
-        lines = [(f"Nothing to merge: {result.base} already has every change of run "
-                  f"{result.task_id}.")]
+        lines = [
+            (f"Nothing to merge: {result.base} already has every change of run {result.task_id}.")
+        ]
     elif result.outcome == "already_merged":
-        lines = [(f"Run {result.task_id} already merged at {commit} ({result.mode} into "
-                  f"{result.base}, tag {result.tag}).")]
+        lines = [
+            (
+                f"Run {result.task_id} already merged at {commit} ({result.mode} into "
+                f"{result.base}, tag {result.tag})."
+            )
+        ]
         if result.finished:
             lines.append(f"  finished the interrupted merge: {', '.join(result.finished)}")
     else:
         checked = ", checked green" if result.verified else ""
-        lines = [(f"Merged run {result.task_id} into {result.base} ({result.mode}{checked}) "
-                  f"as {commit}, tagged {result.tag}."),
-                 f"  {len(result.files)} file(s) changed"]
-        lines.append(f"  checkout {result.checkout} updated" if result.checkout else
-                     f"  {result.base} is not checked out; only the branch moved")
+        lines = [
+            (
+                f"Merged run {result.task_id} into {result.base} ({result.mode}{checked}) "
+                f"as {commit}, tagged {result.tag}."
+            ),
+            f"  {len(result.files)} file(s) changed",
+        ]
+        lines.append(
+            f"  checkout {result.checkout} updated"
+            if result.checkout
+            else f"  {result.base} is not checked out; only the branch moved"
+        )
     lines += [f"  warning: {w}" for w in result.warnings]
     return "\n".join(lines)

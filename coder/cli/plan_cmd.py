@@ -28,18 +28,34 @@ plan_attempts tries (the last draft is kept as tasks/ID.draft.yaml) or the run f
 
 @click.command(epilog=PLAN_EPILOG)
 @click.argument("prompt", required=False, metavar="[SPEC_OR_PROMPT]")
-@click.option("-f", "--file", "spec_file", type=PathType(),
-              help="Read the spec from FILE (Markdown or text).")
-@click.option("--out", type=PathType(dir_okay=False),
-              help="Write the taskfile here (default: tasks/ID.yaml at the repository root).")
+@click.option(
+    "-f", "--file", "spec_file", type=PathType(), help="Read the spec from FILE (Markdown or text)."
+)
+@click.option(
+    "--out",
+    type=PathType(dir_okay=False),
+    help="Write the taskfile here (default: tasks/ID.yaml at the repository root).",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
-@click.option("--run", "run_after", is_flag=True,
-              help="Run the plan right away, as `coder run --autonomous -f FILE` does.")
+@click.option(
+    "--run",
+    "run_after",
+    is_flag=True,
+    help="Run the plan right away, as `coder run --autonomous -f FILE` does.",
+)
 @click.option("--model", help="Ollama model (overrides config and CODER_MODEL).")
 @json_option
-def plan(prompt: str | None, spec_file: Path | None, out: Path | None, force: bool,
-         dry_run: bool, run_after: bool, model: str | None, as_json: bool) -> None:
+def plan(
+    prompt: str | None,
+    spec_file: Path | None,
+    out: Path | None,
+    force: bool,
+    dry_run: bool,
+    run_after: bool,
+    model: str | None,
+    as_json: bool,
+) -> None:
     """Turn a spec or a prompt into a validated taskfile in tasks/.
 
     The model answers with JSON constrained by the taskfile schema; each draft is checked as
@@ -77,30 +93,45 @@ def _summary(result: Any, cwd: Path) -> str:
 
     where = shown(result.path, cwd) if result.path else "(dry run: not written)"
     usage = result.usage
-    return (f"Planned {where}: {result.title} ({len(result.document['graph'])} steps, "
-            f"{result.attempts} attempt{'s' * (result.attempts != 1)}, "
-            f"{usage.prompt_tokens} prompt + {usage.eval_tokens} generated tokens)")
+    return (
+        f"Planned {where}: {result.title} ({len(result.document['graph'])} steps, "
+        f"{result.attempts} attempt{'s' * (result.attempts != 1)}, "
+        f"{usage.prompt_tokens} prompt + {usage.eval_tokens} generated tokens)"
+    )
 
 
 def _as_dict(result: Any, cwd: Path) -> dict[str, Any]:
     from coder.plan import shown
 
-    return {"task_id": result.task_id, "title": result.title,
-            "path": shown(result.path, cwd) if result.path else None,
-            "written": result.path is not None, "attempts": result.attempts,
-            "model": result.model, "usage": result.usage.as_dict(),
-            "steps": [{k: s.get(k) for k in ("id", "kind", "goal", "depends_on")}
-                      for s in result.document["graph"]],
-            "taskfile": result.text}
+    return {
+        "task_id": result.task_id,
+        "title": result.title,
+        "path": shown(result.path, cwd) if result.path else None,
+        "written": result.path is not None,
+        "attempts": result.attempts,
+        "model": result.model,
+        "usage": result.usage.as_dict(),
+        "steps": [
+            {k: s.get(k) for k in ("id", "kind", "goal", "depends_on")}
+            for s in result.document["graph"]
+        ],
+        "taskfile": result.text,
+    }
 
 
 def _failed(exc: Any, as_json: bool) -> NoReturn:
     """Every remaining problem (as `coder validate` prints them), then the error line."""
     if as_json:
-        emit_json({"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code,
-                   "problems": [p.as_dict() for p in exc.problems],
-                   "draft": str(exc.draft) if exc.draft else None,
-                   "attempts": exc.attempts})
+        emit_json(
+            {
+                "error": exc.message,
+                "hint": exc.hint,
+                "exit_code": exc.exit_code,
+                "problems": [p.as_dict() for p in exc.problems],
+                "draft": str(exc.draft) if exc.draft else None,
+                "attempts": exc.attempts,
+            }
+        )
         raise SystemExit(EXIT_FAILED)
     for problem in exc.problems:
         click.echo(str(problem), err=True)
@@ -114,12 +145,12 @@ def _run(result: Any, model: str | None, as_json: bool) -> None:
     from coder.plan import shown
 
     click.echo(_summary(result, cwd()), err=as_json)  # stdout stays one JSON document
-    click.echo(f"Running it: coder run --autonomous -f {shown(result.path, cwd())}",
-               err=True)
+    click.echo(f"Running it: coder run --autonomous -f {shown(result.path, cwd())}", err=True)
     progress = _progress(as_json)
     try:
-        run = runs.start(result.path, cwd=cwd(), console=progress,
-                         options=runs.RunOptions(model=model))
+        run = runs.start(
+            result.path, cwd=cwd(), console=progress, options=runs.RunOptions(model=model)
+        )
     finally:
         progress.close()
     _finish(run, as_json)

@@ -97,8 +97,9 @@ class Progress:
             return
         now = time.monotonic()
         running = ", ".join(f"{s} {now - t:.1f}s" for s, t in self.current.items())
-        self.stream.write(f"  … {running} · {self.done}/{self.total} done · "
-                          f"{now - self.started:.0f}s elapsed")
+        self.stream.write(
+            f"  … {running} · {self.done}/{self.total} done · {now - self.started:.0f}s elapsed"
+        )
 
     def _clear(self) -> None:
         if self.live:
@@ -113,5 +114,10 @@ class Progress:
 
 
 def _colour(name: str) -> str | None:
-    return {"step.succeeded": "green", "step.failed": "red", "step.skipped": "yellow",
-            "step.interrupted": "yellow", "step.retry": "yellow"}.get(name)
+    return {
+        "step.succeeded": "green",
+        "step.failed": "red",
+        "step.skipped": "yellow",
+        "step.interrupted": "yellow",
+        "step.retry": "yellow",
+    }.get(name)

@@ -17,12 +17,20 @@ def init(force: bool, as_json: bool) -> None:
 
     result = project.init(cwd(), force=force)
     if as_json:
-        emit_json({"root": str(result.root), "config": str(result.config_path),
-                   "config_written": result.config_written, "excluded": result.excluded,
-                   "detected": result.config})
+        emit_json(
+            {
+                "root": str(result.root),
+                "config": str(result.config_path),
+                "config_written": result.config_written,
+                "excluded": result.excluded,
+                "detected": result.config,
+            }
+        )
         return
-    click.echo(f"Prepared {result.root / project.CODER_DIR}/ "
-               f"({'added to' if result.excluded else 'already in'} .git/info/exclude)")
+    click.echo(
+        f"Prepared {result.root / project.CODER_DIR}/ "
+        f"({'added to' if result.excluded else 'already in'} .git/info/exclude)"
+    )
     if result.config_written:
         click.echo(f"Wrote {result.config_path}")
         for key in ("model", "ollama_host", "test_command"):
@@ -47,8 +55,13 @@ def config(as_json: bool) -> None:
 
     cfg = config_mod.load()
     if as_json:
-        emit_json({"values": dict(cfg.values), "sources": dict(cfg.sources),
-                   "files": [str(f) for f in cfg.files]})
+        emit_json(
+            {
+                "values": dict(cfg.values),
+                "sources": dict(cfg.sources),
+                "files": [str(f) for f in cfg.files],
+            }
+        )
         return
     width = max(map(len, cfg.values))
     for key, value in cfg.values.items():

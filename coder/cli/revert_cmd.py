@@ -23,12 +23,21 @@ Examples:
 
 @click.command(epilog=REVERT_EPILOG)
 @click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
-@click.option("--to-step", "to_step", required=True, metavar="STEP",
-              help="Keep this step and the ones before it; undo every later one.")
-@click.option("--mode", type=click.Choice(["revert", "reset"]), default="revert",
-              show_default=True,
-              help="revert: add one revert commit per undone step (history kept); reset: move "
-              "the branch back (the old tip stays in the reflog).")
+@click.option(
+    "--to-step",
+    "to_step",
+    required=True,
+    metavar="STEP",
+    help="Keep this step and the ones before it; undo every later one.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["revert", "reset"]),
+    default="revert",
+    show_default=True,
+    help="revert: add one revert commit per undone step (history kept); reset: move "
+    "the branch back (the old tip stays in the reflog).",
+)
 @json_option
 def revert(task_id: str, to_step: str, mode: str, as_json: bool) -> None:
     """Put a run's branch back at the state right after STEP.
@@ -49,21 +58,29 @@ def describe(result: Any) -> str:
     """A `RevertResult` as a few lines of text."""
     cut = result.target[:12]
     if result.outcome == "reverted" and result.mode == "reset":
-        lines = [f"Reset {result.branch} to {cut} (right after step {result.to_step}); it was "
-                 f"at {result.previous_tip[:12]}, kept in the reflog."]
+        lines = [
+            f"Reset {result.branch} to {cut} (right after step {result.to_step}); it was "
+            f"at {result.previous_tip[:12]}, kept in the reflog."
+        ]
     elif result.outcome == "reverted":
-        lines = [f"Reverted run {result.task_id} to step {result.to_step}: "
-                 f"{len(result.revert_commits)} revert commit(s) on {result.branch} "
-                 f"(undoing {', '.join(result.undone)})."]
+        lines = [
+            f"Reverted run {result.task_id} to step {result.to_step}: "
+            f"{len(result.revert_commits)} revert commit(s) on {result.branch} "
+            f"(undoing {', '.join(result.undone)})."
+        ]
     elif result.pending:
         lines = [f"{result.branch} is already at step {result.to_step} ({cut})."]
     else:
-        lines = [f"Nothing to revert: {result.branch} is already at step {result.to_step} "
-                 f"({cut}) and no later step has work to redo."]
+        lines = [
+            f"Nothing to revert: {result.branch} is already at step {result.to_step} "
+            f"({cut}) and no later step has work to redo."
+        ]
     if result.finished:
         lines.append(f"  finished the interrupted revert: {', '.join(result.finished)}")
     if result.pending:
-        lines.append(f"  pending again: {', '.join(result.pending)}; redo them with "
-                     f"`coder resume -t {result.task_id}`")
+        lines.append(
+            f"  pending again: {', '.join(result.pending)}; redo them with "
+            f"`coder resume -t {result.task_id}`"
+        )
     lines += [f"  warning: {w}" for w in result.warnings]
     return "\n".join(lines)

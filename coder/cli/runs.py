@@ -23,32 +23,56 @@ Examples:
 
 
 def run_options(func: Any) -> Any:
-    for option in reversed([
-        click.option("--max-parallel", type=click.IntRange(1, 32),
-                     help="Run up to N independent steps of a level at once (default 1)."),
-        click.option("--fail-fast", is_flag=True,
-                     help="Stop at the first failing step, even one whose on_fail is skip."),
-        click.option("--model", help="Ollama model (overrides config and CODER_MODEL)."),
-        click.option("--record", type=PathType(dir_okay=False),
-                     help="Record the model's replies to FILE (for --replay)."),
-        click.option("--replay", type=PathType(dir_okay=False),
-                     help="Answer model calls from a recording instead of Ollama."),
-    ]):
+    for option in reversed(
+        [
+            click.option(
+                "--max-parallel",
+                type=click.IntRange(1, 32),
+                help="Run up to N independent steps of a level at once (default 1).",
+            ),
+            click.option(
+                "--fail-fast",
+                is_flag=True,
+                help="Stop at the first failing step, even one whose on_fail is skip.",
+            ),
+            click.option("--model", help="Ollama model (overrides config and CODER_MODEL)."),
+            click.option(
+                "--record",
+                type=PathType(dir_okay=False),
+                help="Record the model's replies to FILE (for --replay).",
+            ),
+            click.option(
+                "--replay",
+                type=PathType(dir_okay=False),
+                help="Answer model calls from a recording instead of Ollama.",
+            ),
+        ]
+    ):
         func = option(func)
     return func
 
 
 @click.command(epilog=RUN_EPILOG)
-@click.option("-f", "--file", "path", required=True, type=PathType(),
-              help="The taskfile (YAML).")
+@click.option("-f", "--file", "path", required=True, type=PathType(), help="The taskfile (YAML).")
 @click.option("--autonomous", is_flag=True, help="Run every step without asking.")
-@click.option("--merge-on-success", is_flag=True,
-              help="When the run succeeds, merge it as `coder merge --if-green` does.")
+@click.option(
+    "--merge-on-success",
+    is_flag=True,
+    help="When the run succeeds, merge it as `coder merge --if-green` does.",
+)
 @run_options
 @json_option
-def run(path: Path, autonomous: bool, merge_on_success: bool, max_parallel: int | None,
-        fail_fast: bool, model: str | None, record: Path | None, replay: Path | None,
-        as_json: bool) -> None:
+def run(
+    path: Path,
+    autonomous: bool,
+    merge_on_success: bool,
+    max_parallel: int | None,
+    fail_fast: bool,
+    model: str | None,
+    record: Path | None,
+    replay: Path | None,
+    as_json: bool,
+) -> None:
     """Run a taskfile on its own branch, one commit per step.
 
     Exit 0 when the run succeeded, 1 when a step or the success criteria failed, 130 when it
@@ -59,14 +83,19 @@ def run(path: Path, autonomous: bool, merge_on_success: bool, max_parallel: int 
     approve = None
     if not autonomous:
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
-            raise InvalidInput("without --autonomous, coder asks before each step, which needs a "
-                               "terminal; pass --autonomous to run every step without asking")
+            raise InvalidInput(
+                "without --autonomous, coder asks before each step, which needs a "
+                "terminal; pass --autonomous to run every step without asking"
+            )
         approve = approval_prompt
     progress = _progress(as_json)
     try:
-        result = runs.start(path, cwd=cwd(), console=progress,
-                            options=runs.RunOptions(max_parallel, fail_fast, model, record, replay,
-                                                    approve))
+        result = runs.start(
+            path,
+            cwd=cwd(),
+            console=progress,
+            options=runs.RunOptions(max_parallel, fail_fast, model, record, replay, approve),
+        )
     finally:
         progress.close()
     _finish(result, as_json, _merge_on_success(result, as_json) if merge_on_success else None)
@@ -76,8 +105,15 @@ def run(path: Path, autonomous: bool, merge_on_success: bool, max_parallel: int 
 @click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
 @run_options
 @json_option
-def resume(task_id: str, max_parallel: int | None, fail_fast: bool, model: str | None,
-           record: Path | None, replay: Path | None, as_json: bool) -> None:
+def resume(
+    task_id: str,
+    max_parallel: int | None,
+    fail_fast: bool,
+    model: str | None,
+    record: Path | None,
+    replay: Path | None,
+    as_json: bool,
+) -> None:
     """Continue a run that crashed, was killed or was stopped.
 
     Finished steps never run again; a step caught mid-way is checked against git: committed
@@ -87,9 +123,12 @@ def resume(task_id: str, max_parallel: int | None, fail_fast: bool, model: str |
 
     progress = _progress(as_json)
     try:
-        result = runs.resume(task_id, cwd=cwd(), console=progress,
-                             options=runs.RunOptions(max_parallel, fail_fast, model, record,
-                                                     replay))
+        result = runs.resume(
+            task_id,
+            cwd=cwd(),
+            console=progress,
+            options=runs.RunOptions(max_parallel, fail_fast, model, record, replay),
+        )
     finally:
         progress.close()
     _finish(result, as_json)
@@ -107,7 +146,9 @@ def stop(task_id: str, wait: float, as_json: bool) -> None:
     if as_json:
         emit_json({"task_id": task_id, "stopped_pid": pid})
     else:
-        click.echo(f"Stopped run {task_id} (pid {pid}); continue it with `coder resume -t {task_id}`")
+        click.echo(
+            f"Stopped run {task_id} (pid {pid}); continue it with `coder resume -t {task_id}`"
+        )
 
 
 @click.command(epilog="\b\nExamples:\n  coder status\n  coder status --json")
@@ -130,9 +171,17 @@ def status(as_json: bool) -> None:
         status = "running" if running else item["status"]
         if status == "running" and not running:  # the state says so, but no runner holds it
             status = "interrupted (runner gone; coder resume)"
-        rows.append({"id": item["task_id"], "title": item["title"], "status": status,
-                     "progress": f"{done}/{len(steps)}", "branch": item["branch"],
-                     "updated_at": item["updated_at"], "error": item.get("error")})
+        rows.append(
+            {
+                "id": item["task_id"],
+                "title": item["title"],
+                "status": status,
+                "progress": f"{done}/{len(steps)}",
+                "branch": item["branch"],
+                "updated_at": item["updated_at"],
+                "error": item.get("error"),
+            }
+        )
     if as_json:
         emit_json(rows)
         return
@@ -140,8 +189,10 @@ def status(as_json: bool) -> None:
         click.echo("No runs yet. Start one with `coder run --autonomous -f TASKFILE`.")
         return
     for row in rows:
-        click.echo(f"{row['id']:<28} {row['status']:<11} {row.get('progress', ''):>7}  "
-                   f"{row.get('title', row.get('error', ''))}")
+        click.echo(
+            f"{row['id']:<28} {row['status']:<11} {row.get('progress', ''):>7}  "
+            f"{row.get('title', row.get('error', ''))}"
+        )
 
 
 def approval_prompt(step: Any, run: Any) -> str:
@@ -150,10 +201,13 @@ def approval_prompt(step: Any, run: Any) -> str:
 
     what = f"`{step.cmd}`" if step.cmd else step.goal
     while True:
-        answer = click.prompt(f"\nstep {step.id} ({step.kind}): {what}\n"
-                              "  [r]un  [s]kip  [d]iff so far  [q]uit", default="r",
-                              type=click.Choice(["r", "s", "d", "q"]), show_choices=False,
-                              err=True)
+        answer = click.prompt(
+            f"\nstep {step.id} ({step.kind}): {what}\n  [r]un  [s]kip  [d]iff so far  [q]uit",
+            default="r",
+            type=click.Choice(["r", "s", "d", "q"]),
+            show_choices=False,
+            err=True,
+        )
         if answer == "d":
             repo = gitops.open_repo(run.worktree)
             text = gitops.diff_patch(repo, run.state["base_commit"], worktree=run.worktree)
@@ -177,23 +231,39 @@ def _merge_on_success(result: Any, as_json: bool) -> tuple[dict[str, Any], str, 
     if result.status != "success":
         return None
     try:
-        landed = merge.merge_run(result.task_id, cwd=cwd(), if_green=True,
-                                 notify=None if as_json else lambda m: click.echo(m, err=True))
+        landed = merge.merge_run(
+            result.task_id,
+            cwd=cwd(),
+            if_green=True,
+            notify=None if as_json else lambda m: click.echo(m, err=True),
+        )
     except CoderError as exc:
         text = f"Not merged: {exc.message}" + (f"\n  hint: {exc.hint}" if exc.hint else "")
-        return {"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}, text, \
-            exc.exit_code
+        return (
+            {"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code},
+            text,
+            exc.exit_code,
+        )
     return landed.to_dict(), describe(landed), EXIT_OK
 
 
-def _finish(result: Any, as_json: bool, merged: tuple[dict[str, Any], str, int] | None = None
-            ) -> None:
+def _finish(
+    result: Any, as_json: bool, merged: tuple[dict[str, Any], str, int] | None = None
+) -> None:
     state = result.state
     if as_json:
-        emit_json({"task_id": result.task_id, "status": result.status,
-                   "branch": state["branch"], "worktree": state["worktree"],
-                   "error": state.get("error"), "warnings": list(result.warnings),
-                   "steps": state["steps"], **({"merge": merged[0]} if merged else {})})
+        emit_json(
+            {
+                "task_id": result.task_id,
+                "status": result.status,
+                "branch": state["branch"],
+                "worktree": state["worktree"],
+                "error": state.get("error"),
+                "warnings": list(result.warnings),
+                "steps": state["steps"],
+                **({"merge": merged[0]} if merged else {}),
+            }
+        )
     else:
         click.echo(summary_table(state))
         click.echo("")
@@ -220,9 +290,11 @@ def usage_line(state: dict[str, Any]) -> str:
     if not total.get("calls"):
         return ""
     speed = total.get("eval_tokens", 0) / total["eval_s"] if total.get("eval_s") else 0
-    return (f"{int(total['calls'])} calls, {int(total.get('prompt_tokens', 0))} prompt + "
-            f"{int(total.get('eval_tokens', 0))} generated tokens, {speed:.1f} tokens/s, "
-            f"{total.get('load_s', 0):.1f}s loading")
+    return (
+        f"{int(total['calls'])} calls, {int(total.get('prompt_tokens', 0))} prompt + "
+        f"{int(total.get('eval_tokens', 0))} generated tokens, {speed:.1f} tokens/s, "
+        f"{total.get('load_s', 0):.1f}s loading"
+    )
 
 
 def summary_table(state: dict[str, Any]) -> str:
@@ -234,9 +306,17 @@ def summary_table(state: dict[str, Any]) -> str:
         usage = st.get("usage") or {}
         tokens = usage.get("prompt_tokens", 0) + usage.get("eval_tokens", 0)
         note = st.get("error") or st.get("summary") or ""
-        rows.append((step["id"], step["kind"], st["status"], str(st.get("attempts", 0)),
-                     f"{duration:.1f}s" if duration is not None else "-",
-                     str(tokens) if usage else "-",
-                     (st.get("commit") or "-")[:8], note.splitlines()[0][:60] if note else ""))
+        rows.append(
+            (
+                step["id"],
+                step["kind"],
+                st["status"],
+                str(st.get("attempts", 0)),
+                f"{duration:.1f}s" if duration is not None else "-",
+                str(tokens) if usage else "-",
+                (st.get("commit") or "-")[:8],
+                note.splitlines()[0][:60] if note else "",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)

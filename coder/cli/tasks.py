@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 taskfile_option = click.option(
-    "-f", "--file", "path", required=True, type=PathType(dir_okay=True),
-    help="The taskfile (YAML).")
+    "-f", "--file", "path", required=True, type=PathType(dir_okay=True), help="The taskfile (YAML)."
+)
 
 
 @click.command(epilog="\b\nExample:\n  coder validate -f tasks/hello-shell.yaml")
@@ -31,8 +31,11 @@ def validate(path: Path, as_json: bool) -> None:
 
     problems, task = taskfile.check_file(path)
     if as_json:
-        result: dict[str, object] = {"file": str(path), "valid": not problems,
-                                     "problems": [p.as_dict() for p in problems]}
+        result: dict[str, object] = {
+            "file": str(path),
+            "valid": not problems,
+            "problems": [p.as_dict() for p in problems],
+        }
         if task:
             result.update(id=task.id, steps=len(task.steps))
         emit_json(result)
@@ -44,15 +47,17 @@ def validate(path: Path, as_json: bool) -> None:
         assert task is not None
         levels = graph.levels(graph.build(task.deps()))
         steps, count = len(task.steps), len(levels)
-        click.echo(f"{path}: valid ({steps} step{'s' * (steps != 1)} in {count} "
-                   f"level{'s' * (count != 1)})")
+        click.echo(
+            f"{path}: valid ({steps} step{'s' * (steps != 1)} in {count} level{'s' * (count != 1)})"
+        )
     if problems:
         raise SystemExit(EXIT_USAGE)
 
 
-@click.command(epilog="\b\nExamples:\n  coder show -f tasks/hello-shell.yaml\n  coder show -t T-1 --json")
-@click.option("-f", "--file", "path", type=PathType(),
-              help="A taskfile: show its DAG.")
+@click.command(
+    epilog="\b\nExamples:\n  coder show -f tasks/hello-shell.yaml\n  coder show -t T-1 --json"
+)
+@click.option("-f", "--file", "path", type=PathType(), help="A taskfile: show its DAG.")
 @click.option("-t", "--task", "task_id", help="A run: show its steps, commits and reasons.")
 @json_option
 def show(path: Path | None, task_id: str | None, as_json: bool) -> None:
@@ -77,14 +82,28 @@ def show(path: Path | None, task_id: str | None, as_json: bool) -> None:
     model_note = "" if task.model else f" (from {cfg.sources['model']})"
     base = task.base or "the current branch"
     if as_json:
-        emit_json({
-            "id": task.id, "id_generated": not task.source.get("id"), "title": task.title,
-            "branch": task.branch, "base": task.base, "model": model, "order": order,
-            "levels": levels,
-            "steps": [{"id": s.id, "kind": s.kind, "goal": s.goal,
-                       "depends_on": list(s.depends_on), "level": _level_of(s.id, levels)}
-                      for s in task.steps],
-        })
+        emit_json(
+            {
+                "id": task.id,
+                "id_generated": not task.source.get("id"),
+                "title": task.title,
+                "branch": task.branch,
+                "base": task.base,
+                "model": model,
+                "order": order,
+                "levels": levels,
+                "steps": [
+                    {
+                        "id": s.id,
+                        "kind": s.kind,
+                        "goal": s.goal,
+                        "depends_on": list(s.depends_on),
+                        "level": _level_of(s.id, levels),
+                    }
+                    for s in task.steps
+                ],
+            }
+        )
         return
     click.echo(f"{task.title}")
     click.echo(f"  id      {task.id}{id_note}")

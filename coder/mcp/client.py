@@ -66,11 +66,23 @@ class ServerStatus:
     tools: list[ExternalTool] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "command": self.command, "args": self.args, "ok": self.ok,
-                "error": self.error,
-                "tools": [{"name": t.name, "tool": t.tool, "description": t.description,
-                           "input_schema": t.input_schema, "parameters": t.parameters}
-                          for t in self.tools]}
+        return {
+            "name": self.name,
+            "command": self.command,
+            "args": self.args,
+            "ok": self.ok,
+            "error": self.error,
+            "tools": [
+                {
+                    "name": t.name,
+                    "tool": t.tool,
+                    "description": t.description,
+                    "input_schema": t.input_schema,
+                    "parameters": t.parameters,
+                }
+                for t in self.tools
+            ],
+        }
 
 
 @dataclass
@@ -98,8 +110,14 @@ class _Connection:
 class McpBridge:
     """Started external MCP servers and a synchronous way to call their tools."""
 
-    def __init__(self, servers: Sequence[Mapping[str, Any]], *, cwd: Path,
-                 startup_timeout: float = STARTUP_TIMEOUT, warn: Warn | None = None) -> None:
+    def __init__(
+        self,
+        servers: Sequence[Mapping[str, Any]],
+        *,
+        cwd: Path,
+        startup_timeout: float = STARTUP_TIMEOUT,
+        warn: Warn | None = None,
+    ) -> None:
         self.cwd = cwd
         self.warnings: list[str] = []
         self._warn_sink = warn
@@ -107,20 +125,27 @@ class McpBridge:
         self.tools: dict[str, ExternalTool] = {}
         self._closed = False
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run_loop, name="coder-mcp-client",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run_loop, name="coder-mcp-client", daemon=True)
         self._thread.start()
         atexit.register(self.close)  # a run that fails before its end still stops the servers
         for spec in servers:
             name = str(spec["name"])
-            status = ServerStatus(name, str(spec["command"]),
-                                  [str(a) for a in spec.get("args") or []])
+            status = ServerStatus(
+                name, str(spec["command"]), [str(a) for a in spec.get("args") or []]
+            )
             if name in self._conns:
-                self._warn("mcp.server_failed", f"MCP server {name!r} is listed twice in "
-                           "mcp_servers; the second entry is ignored", server=name)
+                self._warn(
+                    "mcp.server_failed",
+                    f"MCP server {name!r} is listed twice in "
+                    "mcp_servers; the second entry is ignored",
+                    server=name,
+                )
                 continue
-            self._conns[name] = _Connection(spec, status, tempfile.TemporaryFile(
-                "w+", encoding="utf-8", prefix=f"coder-mcp-{name}-"))
+            self._conns[name] = _Connection(
+                spec,
+                status,
+                tempfile.TemporaryFile("w+", encoding="utf-8", prefix=f"coder-mcp-{name}-"),
+            )
         try:
             asyncio.run_coroutine_threadsafe(self._start_all(startup_timeout), self._loop).result()
         except BaseException:
@@ -138,42 +163,65 @@ class McpBridge:
 
     def registry_tools(self) -> list[Tool]:
         """The external tools as registry tools (read_only=False: their effects are unknown)."""
-        return [Tool(name=t.name, description=t.description, parameters=t.parameters,
-                     handler=self._handler(t.name), read_only=False)
-                for t in self.tools.values()]
+        return [
+            Tool(
+                name=t.name,
+                description=t.description,
+                parameters=t.parameters,
+                handler=self._handler(t.name),
+                read_only=False,
+            )
+            for t in self.tools.values()
+        ]
 
     def secrets(self) -> list[str]:
         """Secret-looking values handed to the servers' environments (API keys, tokens), to be
         redacted from what the servers return before the model or the logs see it."""
-        return [str(v) for c in self._conns.values()
-                for k, v in (c.spec.get("env") or {}).items() if _SECRET_NAME.search(str(k))]
+        return [
+            str(v)
+            for c in self._conns.values()
+            for k, v in (c.spec.get("env") or {}).items()
+            if _SECRET_NAME.search(str(k))
+        ]
 
-    def call(self, name: str, arguments: Mapping[str, Any], timeout: float = CALL_TIMEOUT,
-             cancel: threading.Event | None = None) -> ToolResult:
+    def call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        timeout: float = CALL_TIMEOUT,
+        cancel: threading.Event | None = None,
+    ) -> ToolResult:
         """Call an external tool by its namespaced name; every failure is an error result."""
         tool = self.tools.get(name)
         if tool is None:
-            return ToolResult.error(f"unknown external tool {name!r}",
-                                    hint=f"external tools: {', '.join(self.tools) or 'none'}")
+            return ToolResult.error(
+                f"unknown external tool {name!r}",
+                hint=f"external tools: {', '.join(self.tools) or 'none'}",
+            )
         conn = self._conns[tool.server]
         if conn.dead is not None or conn.client is None or self._closed:
             return ToolResult.error(
                 f"MCP server {tool.server} is not running ({conn.dead or 'closed'}); "
-                f"{name} is unavailable", hint="carry on with the other tools")
+                f"{name} is unavailable",
+                hint="carry on with the other tools",
+            )
         problem = argument_problem(tool.input_schema, arguments, name)
         if problem:
-            return ToolResult.error(problem, hint=_signature(tool),
-                                    data={"server": tool.server, "forwarded": False})
+            return ToolResult.error(
+                problem, hint=_signature(tool), data={"server": tool.server, "forwarded": False}
+            )
         future = asyncio.run_coroutine_threadsafe(
             conn.client.call_tool(tool.tool, dict(arguments), read_timeout_seconds=timeout),
-            self._loop)
+            self._loop,
+        )
         deadline = time.monotonic() + timeout + 5  # the SDK times out first; this is a backstop
         while not future.done():
             concurrent.futures.wait([future], timeout=0.1)
             if cancel is not None and cancel.is_set() and not future.done():
                 future.cancel()
-                return ToolResult.error(f"the step is being stopped; the call to {name} was "
-                                        "abandoned")
+                return ToolResult.error(
+                    f"the step is being stopped; the call to {name} was abandoned"
+                )
             if time.monotonic() > deadline and not future.done():
                 future.cancel()
                 return _timed_out(name, timeout)
@@ -195,7 +243,8 @@ class McpBridge:
             if self._loop.is_running():
                 try:
                     asyncio.run_coroutine_threadsafe(self._stop_all(), self._loop).result(
-                        timeout=SHUTDOWN_TIMEOUT + 5)
+                        timeout=SHUTDOWN_TIMEOUT + 5
+                    )
                 except (concurrent.futures.TimeoutError, RuntimeError):
                     pass
             self._loop.call_soon_threadsafe(self._loop.stop)  # queued if not running yet
@@ -244,8 +293,10 @@ class McpBridge:
             conn.task.cancel()
             await asyncio.gather(conn.task, return_exceptions=True)
             tail = conn.stderr_tail()
-            self._failed(conn, f"it did not answer within {timeout:.0f}s"
-                         + (f" (stderr: {tail})" if tail else ""))
+            self._failed(
+                conn,
+                f"it did not answer within {timeout:.0f}s" + (f" (stderr: {tail})" if tail else ""),
+            )
 
     async def _own(self, conn: _Connection) -> None:
         """Open the connection, list the tools, hold it until close()."""
@@ -257,13 +308,17 @@ class McpBridge:
         assert conn.listed is not None and conn.stop is not None
         spec = conn.spec
         params = StdioServerParameters(
-            command=str(spec["command"]), args=[str(a) for a in spec.get("args") or []],
+            command=str(spec["command"]),
+            args=[str(a) for a in spec.get("args") or []],
             env={str(k): str(v) for k, v in (spec.get("env") or {}).items()} or None,
-            cwd=str(self.cwd))
+            cwd=str(self.cwd),
+        )
         try:
-            async with Client(stdio_client(params, errlog=conn.errlog), cache=None,
-                              client_info=Implementation(name="coder", version=__version__)
-                              ) as client:
+            async with Client(
+                stdio_client(params, errlog=conn.errlog),
+                cache=None,
+                client_info=Implementation(name="coder", version=__version__),
+            ) as client:
                 tools: list[Any] = []
                 cursor = None
                 while True:  # the listing may come in pages
@@ -310,26 +365,41 @@ class McpBridge:
             if allow is not None and t.name not in allow and name not in allow:
                 continue
             if not NAME_RE.match(name):
-                self._warn("mcp.tool_skipped", f"MCP server {server}: tool {t.name!r} has no "
-                           f"usable name ({name!r}); it is not offered", server=server)
+                self._warn(
+                    "mcp.tool_skipped",
+                    f"MCP server {server}: tool {t.name!r} has no "
+                    f"usable name ({name!r}); it is not offered",
+                    server=server,
+                )
                 continue
             if name in self.tools:
-                self._warn("mcp.tool_skipped", f"MCP server {server}: tool {t.name!r} clashes "
-                           f"with {name}; it is not offered", server=server)
+                self._warn(
+                    "mcp.tool_skipped",
+                    f"MCP server {server}: tool {t.name!r} clashes with {name}; it is not offered",
+                    server=server,
+                )
                 continue
             schema = dict(t.input_schema or {})
             description = " ".join((t.description or t.title or t.name).split())
             self.tools[name] = ExternalTool(
-                name=name, server=server, tool=t.name, input_schema=schema,
+                name=name,
+                server=server,
+                tool=t.name,
+                input_schema=schema,
                 description=_clip(f"[MCP server {server}] {description}", MAX_DESCRIPTION_CHARS),
-                parameters=flatten_schema(schema))
+                parameters=flatten_schema(schema),
+            )
             offered.append(self.tools[name])
         if allow is not None:
             known = {t.name for t in conn.status.tools} | {
-                _namespaced(server, t.name) for t in conn.status.tools}
+                _namespaced(server, t.name) for t in conn.status.tools
+            }
             for missing in [a for a in allow if a not in known]:
-                self._warn("mcp.allow_unknown", f"MCP server {server} has no tool {missing!r} "
-                           "(named in its allow list)", server=server)
+                self._warn(
+                    "mcp.allow_unknown",
+                    f"MCP server {server} has no tool {missing!r} (named in its allow list)",
+                    server=server,
+                )
         conn.status.tools = offered
 
     def _handler(self, name: str) -> Callable[[ToolContext, dict[str, Any]], ToolResult]:
@@ -339,24 +409,35 @@ class McpBridge:
 
         return handler
 
-    def _call_failed(self, conn: _Connection, tool: ExternalTool, exc: BaseException,
-                     timeout: float) -> ToolResult:
+    def _call_failed(
+        self, conn: _Connection, tool: ExternalTool, exc: BaseException, timeout: float
+    ) -> ToolResult:
         from mcp.shared.exceptions import MCPError
         from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
         exc = _leaf(exc)
         if isinstance(exc, MCPError) and exc.code == REQUEST_TIMEOUT:
             return _timed_out(tool.name, timeout)
-        if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED or \
-                isinstance(exc, (OSError, EOFError)):
+        if (
+            isinstance(exc, MCPError)
+            and exc.code == CONNECTION_CLOSED
+            or isinstance(exc, (OSError, EOFError))
+        ):
             tail = conn.stderr_tail()
             conn.dead = f"it exited during a call to {tool.tool}" + (
-                f" (stderr: {tail})" if tail else "")
-            self._warn("mcp.server_died", f"MCP server {tool.server} died ({conn.dead}); its "
-                       "tools answer with an error for the rest of the run", server=tool.server)
-            return ToolResult.error(f"MCP server {tool.server} died during the call to "
-                                    f"{tool.name}; its tools are no longer available",
-                                    hint="carry on with the other tools")
+                f" (stderr: {tail})" if tail else ""
+            )
+            self._warn(
+                "mcp.server_died",
+                f"MCP server {tool.server} died ({conn.dead}); its "
+                "tools answer with an error for the rest of the run",
+                server=tool.server,
+            )
+            return ToolResult.error(
+                f"MCP server {tool.server} died during the call to "
+                f"{tool.name}; its tools are no longer available",
+                hint="carry on with the other tools",
+            )
         message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
         return ToolResult.error(f"{tool.name} failed: {message}", data={"server": tool.server})
 
@@ -364,8 +445,12 @@ class McpBridge:
         conn.status.ok = False
         conn.status.error = reason
         conn.dead = reason
-        self._warn("mcp.server_failed", f"MCP server {conn.status.name} could not be started: "
-                   f"{reason}; the run goes on without its tools", server=conn.status.name)
+        self._warn(
+            "mcp.server_failed",
+            f"MCP server {conn.status.name} could not be started: "
+            f"{reason}; the run goes on without its tools",
+            server=conn.status.name,
+        )
 
     def _warn(self, event: str, message: str, **fields: Any) -> None:
         self.warnings.append(message)
@@ -374,6 +459,7 @@ class McpBridge:
 
 
 # --------------------------------------------------------------------------- for runs
+
 
 def extend_registry(base: Registry, bridge: McpBridge) -> Registry:
     """A new registry: `base`'s tools then the external ones (the cached default registry is
@@ -386,25 +472,32 @@ def extend_registry(base: Registry, bridge: McpBridge) -> Registry:
     return registry
 
 
-def attach(agent: Any, servers: Sequence[Mapping[str, Any]], *, cwd: Path, log: Any,
-           redactor: Redactor | None = None) -> McpBridge:
+def attach(
+    agent: Any,
+    servers: Sequence[Mapping[str, Any]],
+    *,
+    cwd: Path,
+    log: Any,
+    redactor: Redactor | None = None,
+) -> McpBridge:
     """Start the run's MCP servers and add their tools to the agent session, before any step
     runs (the tool list is part of the run-wide prefix). Problems go to the event log."""
     # As run.warning (with the MCP event as `kind`), so the console shows them too.
-    bridge = McpBridge(servers, cwd=cwd,
-                       warn=lambda kind, f: log.warning("run.warning", kind=kind, **f))
+    bridge = McpBridge(
+        servers, cwd=cwd, warn=lambda kind, f: log.warning("run.warning", kind=kind, **f)
+    )
     if redactor is not None:
         redactor.add(*bridge.secrets())
     agent.registry = extend_registry(agent.registry, bridge)
     agent.tools = agent.registry.definitions()
     for status in bridge.servers:
         if status.ok:
-            log.info("mcp.server_ready", server=status.name,
-                     tools=[t.name for t in status.tools])
+            log.info("mcp.server_ready", server=status.name, tools=[t.name for t in status.tools])
     return bridge
 
 
 # --------------------------------------------------------------------------- conversions
+
 
 def _namespaced(server: str, tool: str) -> str:
     return re.sub(r"[^a-z0-9_]", "_", f"{server}{SEPARATOR}{tool}".lower())
@@ -413,14 +506,19 @@ def _namespaced(server: str, tool: str) -> str:
 def _signature(tool: ExternalTool) -> str:
     props = tool.parameters["properties"]
     required = set(tool.parameters.get("required", ()))
-    parts = [f"{k} ({v['type'] if isinstance(v['type'], str) else '|'.join(v['type'])}"
-             f"{', required' if k in required else ''})" for k, v in props.items()]
+    parts = [
+        f"{k} ({v['type'] if isinstance(v['type'], str) else '|'.join(v['type'])}"
+        f"{', required' if k in required else ''})"
+        for k, v in props.items()
+    ]
     return f"{tool.name} takes: {', '.join(parts) or 'no arguments'}"
 
 
 def _timed_out(name: str, timeout: float) -> ToolResult:
-    return ToolResult.error(f"{name} timed out after {timeout:g}s",
-                            hint="try a smaller request, or carry on without this tool")
+    return ToolResult.error(
+        f"{name} timed out after {timeout:g}s",
+        hint="try a smaller request, or carry on without this tool",
+    )
 
 
 def _to_result(tool: ExternalTool, result: Any) -> ToolResult:

@@ -19,13 +19,33 @@ from jsonschema.validators import validator_for
 
 ALL_TYPES = ["string", "number", "integer", "boolean", "object", "array"]
 _SCALARS = ("string", "number", "integer", "boolean", "null")
-_NOTED = ("default", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-          "minLength", "maxLength", "pattern", "format", "minItems", "maxItems", "uniqueItems",
-          "multipleOf")
+_NOTED = (
+    "default",
+    "const",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "multipleOf",
+)
 _MAX_DEPTH = 3
 _MAX_REFS = 16
-_JSON_TYPE = {str: "string", bool: "boolean", int: "integer", float: "number",
-              type(None): "null", list: "array", dict: "object"}
+_JSON_TYPE = {
+    str: "string",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    type(None): "null",
+    list: "array",
+    dict: "object",
+}
 
 
 def flatten_schema(schema: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -41,8 +61,9 @@ def flatten_schema(schema: Mapping[str, Any] | None) -> dict[str, Any]:
     return flat
 
 
-def argument_problem(schema: Mapping[str, Any], arguments: Mapping[str, Any],
-                     tool: str) -> str | None:
+def argument_problem(
+    schema: Mapping[str, Any], arguments: Mapping[str, Any], tool: str
+) -> str | None:
     """Why `arguments` do not fit the tool's original schema (one line), or None.
     A schema that is itself invalid cannot be checked: the server judges the call."""
     try:
@@ -54,11 +75,15 @@ def argument_problem(schema: Mapping[str, Any], arguments: Mapping[str, Any],
     if error is None:
         return None
     where = ".".join(str(p) for p in error.absolute_path)
-    return f"argument {where!r} of {tool}: {error.message}" if where else \
-        f"arguments of {tool}: {error.message}"
+    return (
+        f"argument {where!r} of {tool}: {error.message}"
+        if where
+        else f"arguments of {tool}: {error.message}"
+    )
 
 
 # --------------------------------------------------------------------------- internals
+
 
 def _resolve(spec: Any, root: Mapping[str, Any]) -> dict[str, Any]:
     """Follow local `$ref`s (`#/$defs/X`, `#/definitions/X`) and merge a single `allOf`;
@@ -97,8 +122,9 @@ def _variants(spec: dict[str, Any], root: Mapping[str, Any]) -> tuple[list[dict[
     return [o for o in resolved if o.get("type") != "null"], nullable
 
 
-def _merged(spec: dict[str, Any],
-            root: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _merged(
+    spec: dict[str, Any], root: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """`spec` with a single non-null anyOf alternative merged in; else the alternatives."""
     variants, _ = _variants(spec, root)
     base = {k: v for k, v in spec.items() if k not in ("anyOf", "oneOf")}
@@ -125,8 +151,11 @@ def _types(spec: dict[str, Any], variants: list[dict[str, Any]]) -> list[str]:
         return ["object"]
     if "items" in spec:
         return ["array"]
-    values = spec.get("enum") if isinstance(spec.get("enum"), list) else (
-        [spec["const"]] if "const" in spec else None)
+    values = (
+        spec.get("enum")
+        if isinstance(spec.get("enum"), list)
+        else ([spec["const"]] if "const" in spec else None)
+    )
     if values:
         return sorted({_JSON_TYPE.get(type(v), "string") for v in values})
     return list(ALL_TYPES)
@@ -139,8 +168,10 @@ def _type_value(types: list[str]) -> str | list[str]:
 def _flat_property(key: str, spec: Any, root: Mapping[str, Any]) -> dict[str, Any]:
     resolved, variants = _merged(_resolve(spec, root), root)
     types = _types(resolved, variants)
-    flat: dict[str, Any] = {"type": _type_value(types),
-                            "description": _describe(resolved, variants, root, 0, key)}
+    flat: dict[str, Any] = {
+        "type": _type_value(types),
+        "description": _describe(resolved, variants, root, 0, key),
+    }
     enum = resolved.get("enum")
     if _scalar_enum(enum):
         flat["enum"] = list(enum)
@@ -156,8 +187,13 @@ def _flat_property(key: str, spec: Any, root: Mapping[str, Any]) -> dict[str, An
     return flat
 
 
-def _describe(spec: dict[str, Any], variants: list[dict[str, Any]], root: Mapping[str, Any],
-              depth: int, key: str = "") -> str:
+def _describe(
+    spec: dict[str, Any],
+    variants: list[dict[str, Any]],
+    root: Mapping[str, Any],
+    depth: int,
+    key: str = "",
+) -> str:
     """The property's description with what the flat form cannot carry."""
     parts = []
     text = spec.get("description")
@@ -165,8 +201,11 @@ def _describe(spec: dict[str, Any], variants: list[dict[str, Any]], root: Mappin
     if not text and isinstance(title, str) and _squash(title) != _squash(key):
         text = title  # pydantic titles just repeat the name ("Point" for point): skipped
     first = " ".join(text.split()).rstrip(".") if isinstance(text, str) else ""
-    notes = [f"{name}: {_short(spec[name])}" for name in _NOTED
-             if name in spec and not (name == "default" and spec[name] is None)]
+    notes = [
+        f"{name}: {_short(spec[name])}"
+        for name in _NOTED
+        if name in spec and not (name == "default" and spec[name] is None)
+    ]
     if notes:
         first = (first + " " if first else "") + "(" + "; ".join(notes) + ")"
     if first:
@@ -178,8 +217,12 @@ def _describe(spec: dict[str, Any], variants: list[dict[str, Any]], root: Mappin
     elif spec.get("items") is not None:
         item, item_variants = _merged(_resolve(spec["items"], root), root)
         if item_variants or isinstance(item.get("properties"), Mapping):
-            parts.append("Each item: " + _summary({**item, "anyOf": item_variants}
-                                                   if item_variants else item, root, depth + 1))
+            parts.append(
+                "Each item: "
+                + _summary(
+                    {**item, "anyOf": item_variants} if item_variants else item, root, depth + 1
+                )
+            )
     return " ".join(parts)
 
 
@@ -213,8 +256,11 @@ def _summary(spec: dict[str, Any], root: Mapping[str, Any], depth: int) -> str:
 
 
 def _scalar_enum(values: Any) -> bool:
-    return isinstance(values, list) and bool(values) and all(
-        isinstance(v, (str, int, float, bool)) for v in values)
+    return (
+        isinstance(values, list)
+        and bool(values)
+        and all(isinstance(v, (str, int, float, bool)) for v in values)
+    )
 
 
 def _squash(text: str) -> str:

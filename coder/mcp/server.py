@@ -45,8 +45,12 @@ def tool_context(root: Path) -> ToolContext:
     from coder.redact import Redactor
 
     cfg = config_mod.load(root)
-    return ToolContext(root=root, policy=Policy.from_config(cfg.values), redactor=Redactor(),
-                       test_command=cfg.get("test_command"))
+    return ToolContext(
+        root=root,
+        policy=Policy.from_config(cfg.values),
+        redactor=Redactor(),
+        test_command=cfg.get("test_command"),
+    )
 
 
 def to_call_result(result: ToolResult) -> Any:
@@ -57,8 +61,11 @@ def to_call_result(result: ToolResult) -> Any:
         text += f"\nhint: {result.hint}"
     data = {k: v for k, v in result.data.items() if k != "traceback"}  # coder's, not the client's
     structured = json.loads(json.dumps(data, default=str)) if data else None
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
-                                structured_content=structured, is_error=not result.ok)
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        structured_content=structured,
+        is_error=not result.ok,
+    )
 
 
 def build_server(root: Path) -> Any:
@@ -71,17 +78,24 @@ def build_server(root: Path) -> Any:
 
     registry = server_registry()
     ctx = tool_context(root)
-    listed = [types.Tool(name=t.name, description=t.description, input_schema=t.parameters,
-                         annotations=types.ToolAnnotations(read_only_hint=t.read_only))
-              for t in registry]
+    listed = [
+        types.Tool(
+            name=t.name,
+            description=t.description,
+            input_schema=t.parameters,
+            annotations=types.ToolAnnotations(read_only_hint=t.read_only),
+        )
+        for t in registry
+    ]
 
     async def list_tools(_ctx: Any, _params: Any) -> Any:
         return types.ListToolsResult(tools=listed)
 
     async def call_tool(_ctx: Any, params: Any) -> Any:
         # Tools block (commands, git, waiting for a run to start): keep the loop free.
-        result = await anyio.to_thread.run_sync(registry.call, params.name,
-                                                params.arguments or {}, ctx)
+        result = await anyio.to_thread.run_sync(
+            registry.call, params.name, params.arguments or {}, ctx
+        )
         return to_call_result(result)
 
     def input_schema(name: str) -> dict[str, Any] | None:
@@ -89,12 +103,18 @@ def build_server(root: Path) -> Any:
         return None if tool is None else tool.parameters
 
     return Server(
-        "coder", version=__version__,
-        instructions=(f"coder's tools on the repository at {root}. Paths are relative to it. "
-                      "The policy of coder runs applies: paths stay inside the repository, only "
-                      "allowed commands run, without network, and secrets are redacted. "
-                      "task_validate/task_run/task_status/task_stop drive coder runs."),
-        on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=input_schema)
+        "coder",
+        version=__version__,
+        instructions=(
+            f"coder's tools on the repository at {root}. Paths are relative to it. "
+            "The policy of coder runs applies: paths stay inside the repository, only "
+            "allowed commands run, without network, and secrets are redacted. "
+            "task_validate/task_run/task_status/task_stop drive coder runs."
+        ),
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        get_tool_input_schema=input_schema,
+    )
 
 
 def serve(root: Path, *, http: bool = False, port: int = DEFAULT_PORT) -> None:
@@ -104,8 +124,7 @@ def serve(root: Path, *, http: bool = False, port: int = DEFAULT_PORT) -> None:
     server = build_server(root)
     if http:
         _check_port(port)
-        print(f"coder mcp: serving {root} at http://{HOST}:{port}/mcp", file=sys.stderr,
-              flush=True)
+        print(f"coder mcp: serving {root} at http://{HOST}:{port}/mcp", file=sys.stderr, flush=True)
         anyio.run(_serve_http, server, port)
     else:
         anyio.run(_serve_stdio, server)
@@ -131,5 +150,6 @@ def _check_port(port: int) -> None:
         try:
             probe.bind((HOST, port))
         except OSError as exc:
-            raise EnvironmentProblem(f"cannot listen on {HOST}:{port}: {exc.strerror}",
-                                     hint="pass another --port") from None
+            raise EnvironmentProblem(
+                f"cannot listen on {HOST}:{port}: {exc.strerror}", hint="pass another --port"
+            ) from None

@@ -54,6 +54,7 @@ def _repo(ctx: ToolContext) -> tuple[Any, Path]:
 
 # --------------------------------------------------------------------------- handlers
 
+
 def task_validate(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     from coder import graph, taskfile
 
@@ -62,15 +63,23 @@ def task_validate(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     if problems:
         lines = [str(p) for p in problems]
         count = f"{len(problems)} problem{'s' * (len(problems) != 1)}"
-        return ToolResult.error("\n".join(lines) + f"\n{rel}: {count}",
-                                hint="fix the taskfile, then validate it again",
-                                data={"valid": False, "problems": [p.as_dict() for p in problems]})
+        return ToolResult.error(
+            "\n".join(lines) + f"\n{rel}: {count}",
+            hint="fix the taskfile, then validate it again",
+            data={"valid": False, "problems": [p.as_dict() for p in problems]},
+        )
     assert task is not None
     levels = graph.levels(graph.build(task.deps()))
-    return ToolResult(ok=True, content=f"{rel}: valid ({len(task.steps)} steps in "
-                      f"{len(levels)} levels)",
-                      data={"valid": True, "id": task.id if task.source.get("id") else None,
-                            "steps": len(task.steps), "levels": levels})
+    return ToolResult(
+        ok=True,
+        content=f"{rel}: valid ({len(task.steps)} steps in {len(levels)} levels)",
+        data={
+            "valid": True,
+            "id": task.id if task.source.get("id") else None,
+            "steps": len(task.steps),
+            "levels": levels,
+        },
+    )
 
 
 def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
@@ -83,9 +92,11 @@ def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     project.ensure_coder_dir(coder_dir.parent)
     gitops.ensure_excluded(repo, f"/{project.CODER_DIR}/")
     if StateStore(coder_dir).exists(task.id) or runs.manifest_path(coder_dir, task.id).exists():
-        raise InvalidInput(f"a run of task {task.id} already exists",
-                           hint=f"follow it with task_status, continue it with `coder resume -t "
-                           f"{task.id}`, or remove it with `coder clean -t {task.id}`")
+        raise InvalidInput(
+            f"a run of task {task.id} already exists",
+            hint=f"follow it with task_status, continue it with `coder resume -t "
+            f"{task.id}`, or remove it with `coder clean -t {task.id}`",
+        )
     work = coder_dir / "mcp"
     work.mkdir(exist_ok=True)
     run_file = _taskfile(ctx, rel)
@@ -101,8 +112,14 @@ def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     if args.get("merge_on_success"):
         cmd.append("--merge-on-success")
     with open(log, "wb") as out:
-        process = subprocess.Popen(cmd, cwd=coder_dir.parent, stdin=subprocess.DEVNULL,
-                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            cmd,
+            cwd=coder_dir.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     launch = _Launch(process, log, bool(args.get("merge_on_success")))
     with _lock:
         _launched[task.id] = launch
@@ -113,11 +130,20 @@ def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     if not manifest.exists() and process.poll() is not None:
         raise _not_started(task.id, launch)
     state = "running" if manifest.exists() else "starting"
-    return ToolResult(ok=True, content=(
-        f"run {task.id} {'started' if state == 'running' else 'is starting'} on branch "
-        f"{task.branch} (pid {process.pid}); follow it with task_status(id={task.id!r})"),
-        data={"task_id": task.id, "status": state, "branch": task.branch, "pid": process.pid,
-              "log": str(log)})
+    return ToolResult(
+        ok=True,
+        content=(
+            f"run {task.id} {'started' if state == 'running' else 'is starting'} on branch "
+            f"{task.branch} (pid {process.pid}); follow it with task_status(id={task.id!r})"
+        ),
+        data={
+            "task_id": task.id,
+            "status": state,
+            "branch": task.branch,
+            "pid": process.pid,
+            "log": str(log),
+        },
+    )
 
 
 def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
@@ -132,8 +158,11 @@ def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         state = StateStore(coder_dir).load(task_id)
     except UnknownTask:
         if alive:
-            return ToolResult(ok=True, content=f"run {task_id}: starting",
-                              data={"task_id": task_id, "status": "starting", "steps": []})
+            return ToolResult(
+                ok=True,
+                content=f"run {task_id}: starting",
+                data={"task_id": task_id, "status": "starting", "steps": []},
+            )
         if launch is not None:
             raise _not_started(task_id, launch) from None
         raise
@@ -141,15 +170,28 @@ def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     running = alive or read_lock_owner(coder_dir, task_id) is not None
     status = "running" if running else state["status"]
     kinds = {s["id"]: s["kind"] for s in state["task"]["graph"]}
-    steps = [{"id": sid, "kind": kinds.get(sid), "status": st["status"],
-              "attempts": st.get("attempts", 0), "commit": st.get("commit"),
-              "error": st.get("error")} for sid, st in state["steps"].items()]
+    steps = [
+        {
+            "id": sid,
+            "kind": kinds.get(sid),
+            "status": st["status"],
+            "attempts": st.get("attempts", 0),
+            "commit": st.get("commit"),
+            "error": st.get("error"),
+        }
+        for sid, st in state["steps"].items()
+    ]
     done = sum(1 for s in steps if s["status"] in ("success", "skipped"))
-    lines = [f"run {task_id}: {status} ({done}/{len(steps)} steps done) on branch "
-             f"{state['branch']}" + (f"; error: {state['error']}" if state.get("error") else "")]
-    lines += [f"  {s['id']}  {s['kind']}  {s['status']}"
-              + (f"  commit {s['commit'][:8]}" if s["commit"] else "")
-              + (f"  ({s['error']})" if s["error"] else "") for s in steps]
+    lines = [
+        f"run {task_id}: {status} ({done}/{len(steps)} steps done) on branch "
+        f"{state['branch']}" + (f"; error: {state['error']}" if state.get("error") else "")
+    ]
+    lines += [
+        f"  {s['id']}  {s['kind']}  {s['status']}"
+        + (f"  commit {s['commit'][:8]}" if s["commit"] else "")
+        + (f"  ({s['error']})" if s["error"] else "")
+        for s in steps
+    ]
     merge = state.get("merge")
     extra: dict[str, Any] = {}
     if merge and merge.get("commit"):
@@ -157,10 +199,21 @@ def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     elif launch is not None and launch.merge and not alive and status == "success":
         extra["merge_error"] = _log_line(launch, "Not merged: ") or "not merged"
         lines.append(extra["merge_error"])
-    return ToolResult(ok=True, content="\n".join(lines), data={
-        "task_id": task_id, "title": state.get("title"), "status": status,
-        "branch": state["branch"], "base": state.get("base"), "error": state.get("error"),
-        "merge": merge, "steps": steps, **extra})
+    return ToolResult(
+        ok=True,
+        content="\n".join(lines),
+        data={
+            "task_id": task_id,
+            "title": state.get("title"),
+            "status": status,
+            "branch": state["branch"],
+            "base": state.get("base"),
+            "error": state.get("error"),
+            "merge": merge,
+            "steps": steps,
+            **extra,
+        },
+    )
 
 
 def task_stop(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
@@ -176,8 +229,11 @@ def task_stop(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             launch.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-    return ToolResult(ok=True, content=f"stopped run {task_id} (pid {pid}); continue it with "
-                      f"`coder resume -t {task_id}`", data={"task_id": task_id, "pid": pid})
+    return ToolResult(
+        ok=True,
+        content=f"stopped run {task_id} (pid {pid}); continue it with `coder resume -t {task_id}`",
+        data={"task_id": task_id, "pid": pid},
+    )
 
 
 def _log_line(launch: _Launch, prefix: str) -> str | None:
@@ -202,15 +258,16 @@ def _not_started(task_id: str, launch: _Launch) -> CoderError:
     message = hint = None
     for line in text.splitlines():
         if line.startswith("coder: error: "):
-            message = line[len("coder: error: "):]
+            message = line[len("coder: error: ") :]
         elif line.strip().startswith("hint: ") and message is not None and hint is None:
-            hint = line.strip()[len("hint: "):]
+            hint = line.strip()[len("hint: ") :]
     code = launch.process.poll()
     if message is None:
         tail = " | ".join(text.strip().splitlines()[-3:])
         message = f"`coder run` exited with code {code}" + (f": {tail}" if tail else "")
-    return RunNotStarted(f"run {task_id} did not start: {message}",
-                         hint=hint or f"see {launch.log}")
+    return RunNotStarted(
+        f"run {task_id} did not start: {message}", hint=hint or f"see {launch.log}"
+    )
 
 
 # --------------------------------------------------------------------------- tools
@@ -219,30 +276,55 @@ _ID = prop("string", "The run's task id (as returned by task_run or shown by `co
 _PATH = prop("string", "Taskfile path, relative to the repository root (e.g. tasks/feature.yaml).")
 
 TASK_TOOLS = (
-    Tool(name="task_validate",
-         description=("Check a coder taskfile (YAML) like `coder validate`: every problem at "
-                      "once, each as FILE:LINE:COL: message."),
-         parameters=params({"path": _PATH}, required=["path"]),
-         handler=task_validate, read_only=True),
-    Tool(name="task_run",
-         description=("Start `coder run --autonomous` on a taskfile in the background: the "
-                      "steps run on their own agent/ branch and worktree (the checkout is not "
-                      "touched), one commit per step. Returns the run's task id at once; "
-                      "follow it with task_status."),
-         parameters=params({
-             "path": _PATH,
-             "merge_on_success": prop("boolean", "Squash-merge the branch into its base when "
-                                      "the run is green (default false)."),
-         }, required=["path"]),
-         handler=task_run, read_only=False),
-    Tool(name="task_status",
-         description=("The state of a run: its status (starting, running, success, failed, "
-                      "interrupted), and each step's status, attempts and commit."),
-         parameters=params({"id": _ID}, required=["id"]),
-         handler=task_status, read_only=True),
-    Tool(name="task_stop",
-         description=("Stop a running run gracefully (the current step is checkpointed); "
-                      "continue it later with `coder resume -t ID`."),
-         parameters=params({"id": _ID}, required=["id"]),
-         handler=task_stop, read_only=False),
+    Tool(
+        name="task_validate",
+        description=(
+            "Check a coder taskfile (YAML) like `coder validate`: every problem at "
+            "once, each as FILE:LINE:COL: message."
+        ),
+        parameters=params({"path": _PATH}, required=["path"]),
+        handler=task_validate,
+        read_only=True,
+    ),
+    Tool(
+        name="task_run",
+        description=(
+            "Start `coder run --autonomous` on a taskfile in the background: the "
+            "steps run on their own agent/ branch and worktree (the checkout is not "
+            "touched), one commit per step. Returns the run's task id at once; "
+            "follow it with task_status."
+        ),
+        parameters=params(
+            {
+                "path": _PATH,
+                "merge_on_success": prop(
+                    "boolean",
+                    "Squash-merge the branch into its base when the run is green (default false).",
+                ),
+            },
+            required=["path"],
+        ),
+        handler=task_run,
+        read_only=False,
+    ),
+    Tool(
+        name="task_status",
+        description=(
+            "The state of a run: its status (starting, running, success, failed, "
+            "interrupted), and each step's status, attempts and commit."
+        ),
+        parameters=params({"id": _ID}, required=["id"]),
+        handler=task_status,
+        read_only=True,
+    ),
+    Tool(
+        name="task_stop",
+        description=(
+            "Stop a running run gracefully (the current step is checkpointed); "
+            "continue it later with `coder resume -t ID`."
+        ),
+        parameters=params({"id": _ID}, required=["id"]),
+        handler=task_stop,
+        read_only=False,
+    ),
 )

@@ -56,8 +56,13 @@ def runner_for(kind: str) -> Callable[[StepContext], StepOutcome]:
     from coder.steps import model, shell, test
 
     runners: dict[str, Callable[[StepContext], StepOutcome]] = {
-        "shell": shell.run, "test": test.run, "analyze": model.run, "edit": model.run,
-        "doc": model.run, "custom": model.run}
+        "shell": shell.run,
+        "test": test.run,
+        "analyze": model.run,
+        "edit": model.run,
+        "doc": model.run,
+        "custom": model.run,
+    }
     if kind not in runners:
         raise KeyError(kind)
     return runners[kind]

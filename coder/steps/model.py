@@ -40,18 +40,28 @@ def run(ctx: StepContext) -> StepOutcome:
 
     if ctx.agent is None:
         return StepOutcome(False, f"{ctx.step.kind} steps need a model; none is configured")
-    allowed = allowed_tools(ctx.step, tools_for_kind(ctx.step.kind, ctx.agent.registry),
-                            ctx.agent.registry.names())
+    allowed = allowed_tools(
+        ctx.step, tools_for_kind(ctx.step.kind, ctx.agent.registry), ctx.agent.registry.names()
+    )
     if ctx.step.tools is not None and allowed == [TERMINAL]:
-        ctx.log.warning("run.warning", message=f"step {ctx.step.id}: its tools list "
-                        f"({', '.join(ctx.step.tools)}) matches no available tool")
-    first = prompts.step_message(step=_step_view(ctx), tools=allowed, notes=notes_for(ctx),
-                                 attempt=ctx.attempt, previous_error=ctx.previous_error)
+        ctx.log.warning(
+            "run.warning",
+            message=f"step {ctx.step.id}: its tools list "
+            f"({', '.join(ctx.step.tools)}) matches no available tool",
+        )
+    first = prompts.step_message(
+        step=_step_view(ctx),
+        tools=allowed,
+        notes=notes_for(ctx),
+        attempt=ctx.attempt,
+        previous_error=ctx.previous_error,
+    )
     result = converse(ctx, kind=ctx.step.kind, allowed=allowed, first_message=first)
     usage = result.usage.as_dict()
     if not result.ok:
-        return StepOutcome(False, result.error, cancelled=result.error == "interrupted",
-                           usage=usage)
+        return StepOutcome(
+            False, result.error, cancelled=result.error == "interrupted", usage=usage
+        )
     if ctx.step.kind == "analyze":
         notes_path(ctx.artifacts, ctx.step.id).write_text(result.summary + "\n", encoding="utf-8")
     return StepOutcome(True, summary=result.summary, usage=usage)
@@ -69,34 +79,53 @@ def allowed_tools(step: Step, kind_tools: list[str], names: list[str]) -> list[s
     return [n for n in names if n == TERMINAL or (n in listed and n in usable)]
 
 
-def converse(ctx: StepContext, *, kind: str, allowed: list[str], first_message: str,
-             transcript: str = ".transcript.json") -> LoopResult:
+def converse(
+    ctx: StepContext,
+    *,
+    kind: str,
+    allowed: list[str],
+    first_message: str,
+    transcript: str = ".transcript.json",
+) -> LoopResult:
     """One conversation with the model for this step: the run's prefix, then `first_message`,
     then tool calls until an accepted step_complete or a bound. The (redacted) transcript is
     kept as an artifact."""
     from coder.tools.registry import ToolContext, doc_write_filter
 
     session: AgentSession = ctx.agent
-    tool_ctx = ToolContext(root=ctx.workdir, policy=ctx.policy, redactor=ctx.redactor,
-                           cancel=ctx.cancel, test_command=ctx.config.get("test_command"),
-                           write_filter=doc_write_filter if kind == "doc" else None,
-                           command_timeout=ctx.step.timeout_s, owner=ctx.owner)
-    messages = [{"role": "system", "content": session.system},
-                {"role": "user", "content": first_message}]
+    tool_ctx = ToolContext(
+        root=ctx.workdir,
+        policy=ctx.policy,
+        redactor=ctx.redactor,
+        cancel=ctx.cancel,
+        test_command=ctx.config.get("test_command"),
+        write_filter=doc_write_filter if kind == "doc" else None,
+        command_timeout=ctx.step.timeout_s,
+        owner=ctx.owner,
+    )
+    messages = [
+        {"role": "system", "content": session.system},
+        {"role": "user", "content": first_message},
+    ]
 
     def run_tool(name: str, arguments: dict[str, Any]) -> str:
         result = session.registry.call(name, arguments, tool_ctx)
-        ctx.log.info("tool.called", tool=name, ok=result.ok,
-                     arguments=json.dumps(arguments)[:300])
+        ctx.log.info("tool.called", tool=name, ok=result.ok, arguments=json.dumps(arguments)[:300])
         return result.as_text()
 
     begin = getattr(session.provider, "begin_step", None)
     if begin is not None:  # recording and replay file replies under their step
         begin(ctx.step.id)
-    loop = AgentLoop(session.provider, tools=session.tools, allowed=allowed, run_tool=run_tool,
-                     verify=lambda claim: verify_claim(ctx, tool_ctx, claim, kind=kind),
-                     limits=limits_for(ctx), cancel=ctx.cancel,
-                     on_call=lambda e: _log_model_event(ctx, e))
+    loop = AgentLoop(
+        session.provider,
+        tools=session.tools,
+        allowed=allowed,
+        run_tool=run_tool,
+        verify=lambda claim: verify_claim(ctx, tool_ctx, claim, kind=kind),
+        limits=limits_for(ctx),
+        cancel=ctx.cancel,
+        on_call=lambda e: _log_model_event(ctx, e),
+    )
     try:
         return loop.run(messages)
     except ModelUnavailable:
@@ -104,12 +133,14 @@ def converse(ctx: StepContext, *, kind: str, allowed: list[str], first_message: 
     except ModelError as exc:
         return LoopResult(ok=False, error=f"model call failed: {exc.message}", messages=messages)
     finally:
-        ctx.artifact(transcript).write_text(ctx.redactor.redact(json.dumps(messages, indent=1)),
-                                            encoding="utf-8")
+        ctx.artifact(transcript).write_text(
+            ctx.redactor.redact(json.dumps(messages, indent=1)), encoding="utf-8"
+        )
 
 
-def verify_claim(ctx: StepContext, tool_ctx: ToolContext, claim: dict[str, Any], *,
-                 kind: str) -> str | None:
+def verify_claim(
+    ctx: StepContext, tool_ctx: ToolContext, claim: dict[str, Any], *, kind: str
+) -> str | None:
     """Why the model's step_complete claim does not hold, or None when it does. `kind` is the
     role the model plays (a test step's fix cycle verifies like an edit)."""
     changed = gitops.changed_paths(ctx.workdir)
@@ -117,17 +148,26 @@ def verify_claim(ctx: StepContext, tool_ctx: ToolContext, claim: dict[str, Any],
     if not summary:
         return "give a summary of what you did (and, for an analyze step, what you found)"
     if kind == "analyze":
-        return f"an analyze step must not change files (changed: {', '.join(changed)})" \
-            if changed else None
-    claimed = [str(p).strip().lstrip("./") if str(p).startswith("./") else str(p).strip()
-               for p in claim.get("files_changed") or []]
+        return (
+            f"an analyze step must not change files (changed: {', '.join(changed)})"
+            if changed
+            else None
+        )
+    claimed = [
+        str(p).strip().lstrip("./") if str(p).startswith("./") else str(p).strip()
+        for p in claim.get("files_changed") or []
+    ]
     bogus = [p for p in claimed if not is_repo_relative(p) or p not in changed]
     if bogus:
-        return (f"files_changed lists {', '.join(bogus)}, which did not change (changed files: "
-                f"{', '.join(changed) or 'none'}); make the change or correct the list")
+        return (
+            f"files_changed lists {', '.join(bogus)}, which did not change (changed files: "
+            f"{', '.join(changed) or 'none'}); make the change or correct the list"
+        )
     if not changed and kind in ("edit", "doc", "fix") and not claim.get("no_change_reason"):
-        return ("no file was changed; make the edit with fs_edit/fs_write, or, if no change is "
-                "needed, call step_complete again with no_change_reason saying why")
+        return (
+            "no file was changed; make the edit with fs_edit/fs_write, or, if no change is "
+            "needed, call step_complete again with no_change_reason saying why"
+        )
     if changed and kind == "edit" and ctx.task.policies.get("run_tests_after_each_edit"):
         return _tests_after_edit(ctx, tool_ctx)
     return None
@@ -143,8 +183,10 @@ def _tests_after_edit(ctx: StepContext, tool_ctx: ToolContext) -> str | None:
     ctx.log.info("tests.after_edit", green=result.data["green"])
     if result.data["green"]:
         return None
-    return (f"the tests fail after your change:\n{result.content}\nFix them, then call "
-            "step_complete again.")
+    return (
+        f"the tests fail after your change:\n{result.content}\nFix them, then call "
+        "step_complete again."
+    )
 
 
 def _log_model_event(ctx: StepContext, event: dict[str, Any]) -> None:
@@ -155,13 +197,16 @@ def _log_model_event(ctx: StepContext, event: dict[str, Any]) -> None:
 def limits_for(ctx: StepContext) -> Limits:
     """The step's budgets: the step's own timeout, else the taskfile's policies, else config."""
     policies, cfg = ctx.task.policies, ctx.config
-    seconds = ctx.step.timeout_s or (parse_duration(policies["timeout"]) if "timeout" in policies
-                                     else int(cfg["step_timeout"]))
+    seconds = ctx.step.timeout_s or (
+        parse_duration(policies["timeout"]) if "timeout" in policies else int(cfg["step_timeout"])
+    )
     num_ctx = ctx.agent.facts.get("num_ctx") if ctx.agent is not None else None
-    return Limits(max_turns=int(policies.get("max_turns", cfg["max_turns"])),
-                  max_seconds=float(seconds),
-                  max_tokens=policies.get("max_tokens", cfg["max_step_tokens"]),
-                  context_tokens=num_ctx)
+    return Limits(
+        max_turns=int(policies.get("max_turns", cfg["max_turns"])),
+        max_seconds=float(seconds),
+        max_tokens=policies.get("max_tokens", cfg["max_step_tokens"]),
+        context_tokens=num_ctx,
+    )
 
 
 def notes_path(artifacts: Path, step_id: str) -> Path:

@@ -27,19 +27,35 @@ def run_in_step(ctx: StepContext, cmd: str) -> sandbox.CommandResult:
     timeout = step.timeout_s or _policy_timeout(ctx) or ctx.policy.command_timeout
     timer = crash_during("during_command", step.id)
     try:
-        result = sandbox.run_command(cmd, cwd=cwd, policy=ctx.policy, timeout=timeout,
-                                     env=dict(step.env), cancel=ctx.cancel, root=ctx.workdir,
-                                     owner=ctx.owner)
+        result = sandbox.run_command(
+            cmd,
+            cwd=cwd,
+            policy=ctx.policy,
+            timeout=timeout,
+            env=dict(step.env),
+            cancel=ctx.cancel,
+            root=ctx.workdir,
+            owner=ctx.owner,
+        )
     finally:
         if timer:
             timer.cancel()
     log = ctx.artifact(".log")
-    log.write_text(ctx.redactor.redact(
-        f"$ {cmd}\n# exit {result.exit_code}  {result.duration_s:.2f}s  {result.note}\n"
-        f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}\n"), encoding="utf-8")
-    ctx.log.info("command.finished", cmd=cmd, exit_code=result.exit_code,
-                 duration_s=round(result.duration_s, 3), timed_out=result.timed_out,
-                 log=str(log))
+    log.write_text(
+        ctx.redactor.redact(
+            f"$ {cmd}\n# exit {result.exit_code}  {result.duration_s:.2f}s  {result.note}\n"
+            f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}\n"
+        ),
+        encoding="utf-8",
+    )
+    ctx.log.info(
+        "command.finished",
+        cmd=cmd,
+        exit_code=result.exit_code,
+        duration_s=round(result.duration_s, 3),
+        timed_out=result.timed_out,
+        log=str(log),
+    )
     return result
 
 

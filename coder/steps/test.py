@@ -16,8 +16,13 @@ from coder.steps.shell import describe_failure, run_in_step
 
 def command_for(ctx: StepContext) -> str:
     step = ctx.step
-    return testing.test_command(root=ctx.workdir, framework=step.framework, cmd=step.cmd,
-                                args=step.args, configured=ctx.config.get("test_command"))
+    return testing.test_command(
+        root=ctx.workdir,
+        framework=step.framework,
+        cmd=step.cmd,
+        args=step.args,
+        configured=ctx.config.get("test_command"),
+    )
 
 
 def run(ctx: StepContext) -> StepOutcome:
@@ -36,23 +41,33 @@ def _run_tests(ctx: StepContext, cmd: str) -> tuple[StepOutcome, testing.TestRep
         return StepOutcome(False, "interrupted while running the tests", cancelled=True), None
     if result.timed_out:
         return StepOutcome(False, describe_failure(result)), None
-    report = testing.parse_output(result.stdout + "\n" + result.stderr,
-                                  ctx.step.framework or testing.framework_of(cmd),
-                                  exit_code=result.exit_code)
+    report = testing.parse_output(
+        result.stdout + "\n" + result.stderr,
+        ctx.step.framework or testing.framework_of(cmd),
+        exit_code=result.exit_code,
+    )
     failed = (report.failed or 0) + (report.errors or 0) if report.found else None
-    tests = {"passed": report.passed, "failed": failed, "skipped": report.skipped,
-             "exit_code": result.exit_code}
+    tests = {
+        "passed": report.passed,
+        "failed": failed,
+        "skipped": report.skipped,
+        "exit_code": result.exit_code,
+    }
     if result.ok and report.found and not (report.passed or report.failed or report.errors):
-        return StepOutcome(False, f"no tests ran (`{cmd}`); a test step needs tests to prove "
-                           "anything", tests=tests), report
+        return StepOutcome(
+            False, f"no tests ran (`{cmd}`); a test step needs tests to prove anything", tests=tests
+        ), report
     if result.ok:
         return StepOutcome(True, summary=f"tests green: {report.summary()}", tests=tests), report
     error = f"tests failed: {report.summary()} (`{cmd}` exited with {result.exit_code})"
-    return StepOutcome(False, error, tests=tests, details={"failures": list(report.failures)}), report
+    return StepOutcome(
+        False, error, tests=tests, details={"failures": list(report.failures)}
+    ), report
 
 
-def _fix_cycles(ctx: StepContext, cmd: str, outcome: StepOutcome,
-                report: testing.TestReport) -> StepOutcome:
+def _fix_cycles(
+    ctx: StepContext, cmd: str, outcome: StepOutcome, report: testing.TestReport
+) -> StepOutcome:
     from coder.agent import prompts
     from coder.steps.model import converse
     from coder.tools.registry import tools_for_kind
@@ -65,30 +80,63 @@ def _fix_cycles(ctx: StepContext, cmd: str, outcome: StepOutcome,
     for cycle in range(1, max_cycles + 1):
         failures = report.failures or (outcome.error or "",)
         message = prompts.fix_message(
-            step={"id": ctx.step.id, "goal": ctx.step.goal}, command=cmd, failures=failures,
-            summary=report.summary(), cycle=cycle, max_cycles=max_cycles, tools=allowed,
-            same_as_before=_failing_names(failures) == previous_names)
+            step={"id": ctx.step.id, "goal": ctx.step.goal},
+            command=cmd,
+            failures=failures,
+            summary=report.summary(),
+            cycle=cycle,
+            max_cycles=max_cycles,
+            tools=allowed,
+            same_as_before=_failing_names(failures) == previous_names,
+        )
         ctx.log.info("fix.cycle", cycle=cycle, failing=report.summary())
-        result = converse(ctx, kind="fix", allowed=allowed, first_message=message,
-                          transcript=f".fix{cycle}.transcript.json")
+        result = converse(
+            ctx,
+            kind="fix",
+            allowed=allowed,
+            first_message=message,
+            transcript=f".fix{cycle}.transcript.json",
+        )
         usage = _add(usage, result.usage.as_dict())
         if not result.ok:
-            return StepOutcome(False, f"fix cycle {cycle}: {result.error}", tests=outcome.tests,
-                               cancelled=result.error == "interrupted", usage=usage)
+            return StepOutcome(
+                False,
+                f"fix cycle {cycle}: {result.error}",
+                tests=outcome.tests,
+                cancelled=result.error == "interrupted",
+                usage=usage,
+            )
         digest = _worktree_digest(ctx)
         if digest == previous_diff:
-            return StepOutcome(False, f"fix cycle {cycle} changed nothing; stopping early "
-                               f"({report.summary()})", tests=outcome.tests, usage=usage)
+            return StepOutcome(
+                False,
+                f"fix cycle {cycle} changed nothing; stopping early ({report.summary()})",
+                tests=outcome.tests,
+                usage=usage,
+            )
         previous_diff, previous_names = digest, _failing_names(failures)
         outcome, new_report = _run_tests(ctx, cmd)
         if outcome.ok or outcome.cancelled or new_report is None:
-            summary = f"{outcome.summary} after {cycle} fix cycle{'s' * (cycle > 1)}" \
-                if outcome.ok else outcome.summary
-            return StepOutcome(outcome.ok, outcome.error, summary=summary, tests=outcome.tests,
-                               cancelled=outcome.cancelled, usage=usage)
+            summary = (
+                f"{outcome.summary} after {cycle} fix cycle{'s' * (cycle > 1)}"
+                if outcome.ok
+                else outcome.summary
+            )
+            return StepOutcome(
+                outcome.ok,
+                outcome.error,
+                summary=summary,
+                tests=outcome.tests,
+                cancelled=outcome.cancelled,
+                usage=usage,
+            )
         report = new_report
-    return StepOutcome(False, f"tests still failing after {max_cycles} fix cycles: "
-                       f"{report.summary()}", tests=outcome.tests, usage=usage)
+    return StepOutcome(
+        False,
+        f"tests still failing after {max_cycles} fix cycles: {report.summary()}",
+        tests=outcome.tests,
+        usage=usage,
+    )
 
 
 def _failing_names(failures: tuple[str, ...]) -> set[str]:

@@ -43,13 +43,29 @@ GREP_MAX_FILE_BYTES = 2 << 20
 GREP_MAX_LINE = 10_000  # longer lines are searched in their first GREP_MAX_LINE chars
 GREP_SHOW_CHARS = 300
 MAX_WALK_FILES = 200_000
-SKIP_DIRS = frozenset({
-    ".git", ".coder", "node_modules", ".venv", "venv", "__pycache__", ".mypy_cache",
-    ".pytest_cache", ".ruff_cache", ".tox", ".nox", ".hg", ".svn", ".idea", ".eggs",
-})
+SKIP_DIRS = frozenset(
+    {
+        ".git",
+        ".coder",
+        "node_modules",
+        ".venv",
+        "venv",
+        "__pycache__",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".tox",
+        ".nox",
+        ".hg",
+        ".svn",
+        ".idea",
+        ".eggs",
+    }
+)
 
 
 # --------------------------------------------------------------------------- shared helpers
+
 
 def real_root(ctx: ToolContext) -> str:
     return os.path.realpath(ctx.root)
@@ -67,8 +83,10 @@ def resolve(ctx: ToolContext, path: str, *, write: bool) -> tuple[Path, str]:
         for name in sorted(names):
             reason = ctx.write_filter(name)
             if reason:
-                raise PolicyViolation(f"refusing to write {path}: {reason}",
-                                      hint="choose a file this step is allowed to change")
+                raise PolicyViolation(
+                    f"refusing to write {path}: {reason}",
+                    hint="choose a file this step is allowed to change",
+                )
     return real, rel
 
 
@@ -92,11 +110,11 @@ def closest_match(lines: list[str], target: list[str]) -> tuple[int, int, float]
     matcher.set_seq2(want)
     scored = []
     for i in range(0, len(lines) - n + 1):
-        matcher.set_seq1("\n".join(lines[i:i + n]))
+        matcher.set_seq1("\n".join(lines[i : i + n]))
         scored.append((matcher.quick_ratio(), i))
     best: tuple[int, int, float] | None = None
     for _, i in sorted(scored, key=lambda s: (-s[0], s[1]))[:8]:
-        matcher.set_seq1("\n".join(lines[i:i + n]))
+        matcher.set_seq1("\n".join(lines[i : i + n]))
         ratio = matcher.ratio()
         if best is None or ratio > best[2]:
             best = (i, i + n, ratio)
@@ -127,6 +145,7 @@ def _line_of(text: str, pos: int) -> int:
 
 # --------------------------------------------------------------------------- fs_read
 
+
 def _cut(line: str) -> str:
     if len(line) <= MAX_LINE_CHARS:
         return line
@@ -136,8 +155,10 @@ def _cut(line: str) -> str:
 def fs_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     real, rel = resolve(ctx, args["path"], write=False)
     if real.is_dir():
-        return ToolResult.error(f"{rel} is a directory, not a file",
-                                hint=f'list its files with fs_glob(pattern="{rel}/*")')
+        return ToolResult.error(
+            f"{rel} is a directory, not a file",
+            hint=f'list its files with fs_glob(pattern="{rel}/*")',
+        )
     if not real.exists():
         return ToolResult.error(f"no such file: {rel}", hint="find files with fs_glob or fs_grep")
     if not real.is_file():
@@ -151,9 +172,11 @@ def fs_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     total = 0
     with open(real, "rb") as f:
         if is_binary(f.read(8192)):
-            return ToolResult.error(f"{rel} is a binary file",
-                                    hint="only text files can be read; use shell_run for tools "
-                                    "like `od` or `file` in custom steps")
+            return ToolResult.error(
+                f"{rel} is a binary file",
+                hint="only text files can be read; use shell_run for tools "
+                "like `od` or `file` in custom steps",
+            )
         f.seek(0)
         for total, raw in enumerate(f, 1):
             if offset <= total < offset + limit and chars < READ_CHAR_BUDGET:
@@ -163,19 +186,23 @@ def fs_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     if total == 0:
         return ToolResult(True, f"[{rel} is empty]", data={"path": rel, "lines": 0})
     if offset > total:
-        return ToolResult.error(f"offset {offset} is past the end of {rel} ({total} lines)",
-                                hint=f"call fs_read with an offset between 1 and {total}")
+        return ToolResult.error(
+            f"offset {offset} is past the end of {rel} ({total} lines)",
+            hint=f"call fs_read with an offset between 1 and {total}",
+        )
     last = offset + len(shown) - 1
     if last < total:
         footer = f"[lines {offset}-{last} of {total}; call fs_read with offset={last + 1} for more]"
     else:
         footer = f"[lines {offset}-{last} of {total}]"
     body = numbered(shown, offset, width=max(5, len(str(last))))
-    return ToolResult(True, f"{body}\n{footer}",
-                      data={"path": rel, "first": offset, "last": last, "lines": total})
+    return ToolResult(
+        True, f"{body}\n{footer}", data={"path": rel, "first": offset, "last": last, "lines": total}
+    )
 
 
 # --------------------------------------------------------------------------- fs_write
+
 
 def fs_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     path, content = args["path"], args["content"]
@@ -183,12 +210,16 @@ def fs_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         return ToolResult.error(f"{path} names a directory", hint="give a file path")
     real, rel = resolve(ctx, path, write=True)
     if os.path.lexists(real):
-        return ToolResult.error(f"{rel} already exists; fs_write only creates new files",
-                                hint="to change an existing file use fs_edit (or fs_apply_patch)")
+        return ToolResult.error(
+            f"{rel} already exists; fs_write only creates new files",
+            hint="to change an existing file use fs_edit (or fs_apply_patch)",
+        )
     data = content.encode("utf-8", errors="surrogateescape")
     if len(data) > MAX_WRITE_BYTES:
-        return ToolResult.error(f"content is {len(data)} bytes; the limit is {MAX_WRITE_BYTES}",
-                                hint="split it into several files")
+        return ToolResult.error(
+            f"content is {len(data)} bytes; the limit is {MAX_WRITE_BYTES}",
+            hint="split it into several files",
+        )
     real.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".coder-tmp")
     try:
@@ -205,8 +236,9 @@ def fs_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     finally:
         os.unlink(tmp)
     lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
-    return ToolResult(True, f"created {rel} ({lines} lines, {len(data)} bytes)",
-                      data={"files_changed": [rel]})
+    return ToolResult(
+        True, f"created {rel} ({lines} lines, {len(data)} bytes)", data={"files_changed": [rel]}
+    )
 
 
 # --------------------------------------------------------------------------- fs_edit
@@ -225,36 +257,47 @@ def _occurrences(text: str, search: str) -> list[int]:
 def _no_match(rel: str, text: str, search: str) -> ToolResult:
     lines = text.split("\n")
     target = search.strip("\n").split("\n")
-    hint = ("search must match the file exactly, whitespace included: copy it from fs_read "
-            "output without the line numbers, and read the file again if it may have changed")
+    hint = (
+        "search must match the file exactly, whitespace included: copy it from fs_read "
+        "output without the line numbers, and read the file again if it may have changed"
+    )
     if "[REDACTED" in search:
-        hint = ("your search contains a [REDACTED:...] placeholder: the file holds a secret there "
-                "that you cannot see. Choose a search block of nearby lines without it")
+        hint = (
+            "your search contains a [REDACTED:...] placeholder: the file holds a secret there "
+            "that you cannot see. Choose a search block of nearby lines without it"
+        )
     elif all(_LINE_NUMBER_PREFIX.match(t) for t in target if t.strip()):
-        hint = ("remove the line-number prefixes (like '   12| ') that fs_read adds; they are "
-                "not part of the file")
+        hint = (
+            "remove the line-number prefixes (like '   12| ') that fs_read adds; they are "
+            "not part of the file"
+        )
     stripped = [t.strip() for t in target]
     file_stripped = [t.strip() for t in lines]
     n = len(target)
     for i in range(0, len(lines) - n + 1):
-        if file_stripped[i] == stripped[0] and file_stripped[i:i + n] == stripped:
+        if file_stripped[i] == stripped[0] and file_stripped[i : i + n] == stripped:
             return ToolResult.error(
                 f"search text not found in {rel}, but lines {i + 1}-{i + n} match it except for "
                 f"whitespace (indentation, tabs vs spaces or trailing spaces):\n"
-                + numbered(lines[i:i + n], i + 1),
+                + numbered(lines[i : i + n], i + 1),
                 hint="copy the exact whitespace of those lines into search (and keep the "
-                     "file's indentation in replace)")
+                "file's indentation in replace)",
+            )
     best = closest_match(lines, target)
     if best is None or best[2] < 0.3:
         head = lines[:20]
         return ToolResult.error(
             f"search text not found in {rel}, and nothing similar; the file starts with:\n"
-            + numbered(head, 1), hint=hint)
+            + numbered(head, 1),
+            hint=hint,
+        )
     start, end, ratio = best
     return ToolResult.error(
         f"search text not found in {rel}. Closest match, lines {start + 1}-{end} "
         f"({ratio:.0%} similar):\n" + numbered(lines[start:end], start + 1),
-        hint=hint, data={"closest": [start + 1, end]})
+        hint=hint,
+        data={"closest": [start + 1, end]},
+    )
 
 
 def _many_matches(rel: str, text: str, starts: list[int], search: str) -> ToolResult:
@@ -264,14 +307,15 @@ def _many_matches(rel: str, text: str, starts: list[int], search: str) -> ToolRe
     shown = []
     for line in at[:5]:
         first = max(1, line - 1)
-        shown.append(numbered(lines[first - 1:line + span], first))
+        shown.append(numbered(lines[first - 1 : line + span], first))
     listed = ", ".join(map(str, at[:20])) + (" ..." if len(at) > 20 else "")
     return ToolResult.error(
         f"search text occurs {len(at)} times in {rel} (at lines {listed}):\n"
         + "\n  ...\n".join(shown),
         hint="include a few more surrounding lines in search (and replace) so it matches exactly "
-             "once, or set replace_all=true to change every occurrence",
-        data={"lines": at})
+        "once, or set replace_all=true to change every occurrence",
+        data={"lines": at},
+    )
 
 
 def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
@@ -281,14 +325,17 @@ def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     if real.is_dir():
         return ToolResult.error(f"{rel} is a directory", hint="give a file path")
     if not real.exists():
-        return ToolResult.error(f"no such file: {rel}",
-                                hint="to create a new file use fs_write; fs_glob lists files")
+        return ToolResult.error(
+            f"no such file: {rel}", hint="to create a new file use fs_write; fs_glob lists files"
+        )
     if not real.is_file():
         return ToolResult.error(f"{rel} is not a regular file", hint="only files can be edited")
     if not search:
-        return ToolResult.error("search is empty",
-                                hint="search must be existing text of the file (to create a file "
-                                     "use fs_write; to append, search for the last lines)")
+        return ToolResult.error(
+            "search is empty",
+            hint="search must be existing text of the file (to create a file "
+            "use fs_write; to append, search for the last lines)",
+        )
     raw = real.read_bytes()
     if is_binary(raw):
         return ToolResult.error(f"{rel} is a binary file", hint="only text files can be edited")
@@ -298,8 +345,10 @@ def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         text = text.replace("\r\n", "\n")
         search, replace = search.replace("\r\n", "\n"), replace.replace("\r\n", "\n")
     if search == replace:
-        return ToolResult.error("search and replace are identical: nothing would change",
-                                hint="put the new text in replace")
+        return ToolResult.error(
+            "search and replace are identical: nothing would change",
+            hint="put the new text in replace",
+        )
     starts = _occurrences(text, search)
     if not starts:
         return _no_match(rel, text, search)
@@ -309,7 +358,7 @@ def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         new = text.replace(search, replace)
         count = text.count(search)
     else:
-        new, count = text[:starts[0]] + replace + text[starts[0] + len(search):], 1
+        new, count = text[: starts[0]] + replace + text[starts[0] + len(search) :], 1
     out = new.replace("\n", "\r\n") if crlf else new
     write_atomic(real, out.encode("utf-8", errors="surrogateescape"))
     # Show the edited region (first occurrence) so the model can check it without a re-read.
@@ -322,11 +371,13 @@ def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     return ToolResult(
         True,
         f"edited {rel}: replaced {count} occurrence{'s' if count > 1 else ''}; lines {lo}-{hi} "
-        f"now read:\n" + numbered(lines[lo - 1:hi], lo),
-        data={"files_changed": [rel], "replacements": count})
+        f"now read:\n" + numbered(lines[lo - 1 : hi], lo),
+        data={"files_changed": [rel], "replacements": count},
+    )
 
 
 # --------------------------------------------------------------------------- walking, globs
+
 
 def glob_regex(pattern: str) -> re.Pattern[str]:
     """A glob as a regex over repo-relative posix paths: `*` and `?` stay within one path
@@ -348,12 +399,12 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
             out.append("[^/]")
             i += 1
         elif c == "[" and (j := pattern.find("]", i + 2)) > 0:
-            body = pattern[i + 1:j]
+            body = pattern[i + 1 : j]
             body = "^" + body[1:] if body.startswith("!") else body
             out.append("[" + body.replace("\\", "\\\\") + "]")
             i = j + 1
         elif c == "{" and (j := pattern.find("}", i)) > 0 and "," in pattern[i:j]:
-            out.append("(?:" + "|".join(re.escape(a) for a in pattern[i + 1:j].split(",")) + ")")
+            out.append("(?:" + "|".join(re.escape(a) for a in pattern[i + 1 : j].split(",")) + ")")
             i = j + 1
         else:
             out.append(re.escape(c))
@@ -366,6 +417,7 @@ def _ignored_dirs(root: str) -> Callable[[str], bool] | None:
     """A predicate telling git-ignored directories (build/, dist/, ...), or None without git."""
     try:
         import pygit2
+
         repo = pygit2.Repository(root, pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
     except Exception:  # noqa: BLE001 - no repository (or an unreadable one): skip the check
         return None
@@ -375,6 +427,7 @@ def _ignored_dirs(root: str) -> Callable[[str], bool] | None:
             return bool(repo.path_is_ignored(rel_dir + "/"))
         except Exception:  # noqa: BLE001
             return False
+
     return ignored
 
 
@@ -399,8 +452,11 @@ def walk_files(root: str, *, links: bool = True) -> Iterator[str]:
             rel = rel_dir + entry.name
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    if (entry.name not in SKIP_DIRS and not entry.name.endswith(".egg-info")
-                            and not (ignored and ignored(rel))):
+                    if (
+                        entry.name not in SKIP_DIRS
+                        and not entry.name.endswith(".egg-info")
+                        and not (ignored and ignored(rel))
+                    ):
                         subdirs.append(rel + "/")
                     continue
                 if entry.is_symlink():
@@ -422,15 +478,18 @@ def _normalize_glob(ctx: ToolContext, pattern: str) -> str:
     root = real_root(ctx)
     pattern = pattern.strip()
     if pattern.startswith(root.rstrip("/") + "/"):
-        pattern = pattern[len(root.rstrip("/")) + 1:]
+        pattern = pattern[len(root.rstrip("/")) + 1 :]
     if pattern.startswith("/") or pattern.startswith("../") or "/../" in pattern:
-        raise PolicyViolation(f"glob {pattern!r} leaves the repository",
-                              hint="patterns are relative to the repository root, e.g. src/**/*.py")
+        raise PolicyViolation(
+            f"glob {pattern!r} leaves the repository",
+            hint="patterns are relative to the repository root, e.g. src/**/*.py",
+        )
     pattern = pattern.removeprefix("./")
     if pattern in ("", "."):
         return "**"
-    if pattern.endswith("/") or (not re.search(r"[*?\[{]", pattern)
-                                 and os.path.isdir(os.path.join(root, pattern))):
+    if pattern.endswith("/") or (
+        not re.search(r"[*?\[{]", pattern) and os.path.isdir(os.path.join(root, pattern))
+    ):
         return pattern.rstrip("/") + "/**"  # a directory: everything below it
     return pattern
 
@@ -441,13 +500,21 @@ def fs_glob(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     rx = glob_regex(pattern)
     matches = sorted(p for p in walk_files(real_root(ctx)) if rx.fullmatch(p))
     if not matches:
-        return ToolResult(True, f"no files match {pattern!r}",
-                          data={"count": 0}, hint="try a broader pattern such as **/*.py")
+        return ToolResult(
+            True,
+            f"no files match {pattern!r}",
+            data={"count": 0},
+            hint="try a broader pattern such as **/*.py",
+        )
     shown = matches[:limit]
-    footer = (f"[{len(matches)} files]" if len(matches) <= limit else
-              f"[showing the first {limit} of {len(matches)} files; narrow the pattern]")
-    return ToolResult(True, "\n".join(shown) + "\n" + footer,
-                      data={"count": len(matches), "files": shown})
+    footer = (
+        f"[{len(matches)} files]"
+        if len(matches) <= limit
+        else f"[showing the first {limit} of {len(matches)} files; narrow the pattern]"
+    )
+    return ToolResult(
+        True, "\n".join(shown) + "\n" + footer, data={"count": len(matches), "files": shown}
+    )
 
 
 # --------------------------------------------------------------------------- fs_grep
@@ -502,22 +569,34 @@ def fs_grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         return ToolResult.error(
             f"invalid regular expression {pattern!r}: {exc}",
             hint="fs_grep takes a Python regex: escape ( ) [ ] { } . * + ? | \\ with a backslash, "
-                 "or set literal=true to search plain text")
+            "or set literal=true to search plain text",
+        )
     root = real_root(ctx)
     files = sorted(walk_files(root, links=False))  # a link inside would only repeat its target
     if args.get("glob"):
         rx = glob_regex(_normalize_glob(ctx, args["glob"]))
         files = [f for f in files if rx.fullmatch(f)]
-    request = json.dumps({
-        "pattern": regex, "flags": flags, "limit": limit, "max_bytes": GREP_MAX_FILE_BYTES,
-        "max_line": GREP_MAX_LINE, "show": GREP_SHOW_CHARS,
-        "files": [[f, os.path.join(root, f)] for f in files]})
+    request = json.dumps(
+        {
+            "pattern": regex,
+            "flags": flags,
+            "limit": limit,
+            "max_bytes": GREP_MAX_FILE_BYTES,
+            "max_line": GREP_MAX_LINE,
+            "show": GREP_SHOW_CHARS,
+            "files": [[f, os.path.join(root, f)] for f in files],
+        }
+    )
     timed_out = False
     try:
-        proc = subprocess.run([sys.executable, "-I", "-S", "-u", "-c", _GREP_WORKER],
-                              input=request.encode(), capture_output=True,
-                              timeout=GREP_TIMEOUT_S, env={},
-                              check=False)
+        proc = subprocess.run(
+            [sys.executable, "-I", "-S", "-u", "-c", _GREP_WORKER],
+            input=request.encode(),
+            capture_output=True,
+            timeout=GREP_TIMEOUT_S,
+            env={},
+            check=False,
+        )
         out, err = proc.stdout, proc.stderr
     except subprocess.TimeoutExpired as exc:
         timed_out, out, err = True, exc.stdout or b"", b""
@@ -531,18 +610,27 @@ def fs_grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     lines = [f"{rel}:{no}: {text}" for rel, no, text in rows]
     notes = []
     if timed_out:
-        notes.append(f"search stopped after {GREP_TIMEOUT_S:g}s: the pattern is too slow "
-                     "(avoid nested repetition like (a+)+ or many .* in a row); partial results")
+        notes.append(
+            f"search stopped after {GREP_TIMEOUT_S:g}s: the pattern is too slow "
+            "(avoid nested repetition like (a+)+ or many .* in a row); partial results"
+        )
     if stats.get("more"):
         notes.append(f"showing the first {limit} matches; narrow the pattern or use glob=")
-    skipped = [f"{stats[k]} {what}" for k, what in (
-        ("binary", "binary"), ("large", f"larger than {GREP_MAX_FILE_BYTES >> 20} MB"))
-        if stats.get(k)]
+    skipped = [
+        f"{stats[k]} {what}"
+        for k, what in (
+            ("binary", "binary"),
+            ("large", f"larger than {GREP_MAX_FILE_BYTES >> 20} MB"),
+        )
+        if stats.get(k)
+    ]
     if skipped:
         notes.append("skipped files: " + ", ".join(skipped))
     if stats.get("long_lines"):
-        notes.append(f"{stats['long_lines']} lines longer than {GREP_MAX_LINE} chars were "
-                     "searched only in their beginning")
+        notes.append(
+            f"{stats['long_lines']} lines longer than {GREP_MAX_LINE} chars were "
+            "searched only in their beginning"
+        )
     head = "\n".join(lines) if lines else f"no matches for {pattern!r} in {len(files)} files"
     text = head + "".join(f"\n[{n}]" for n in notes)
     data = {"count": len(rows), "files_searched": len(files), "timed_out": timed_out}
@@ -555,62 +643,100 @@ def fs_grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 FS_READ = Tool(
     name="fs_read",
-    description=("Read a text file with line numbers, a page at a time (default 400 lines); "
-                 "the footer tells the offset of the next page. Line numbers are not part of "
-                 "the file."),
-    parameters=params({
-        "path": prop("string", "File path relative to the repository root."),
-        "offset": prop("integer", "First line to read, 1-based (default 1)."),
-        "limit": prop("integer", "Number of lines to read (default 400, at most 2000)."),
-    }, required=["path"]),
-    handler=fs_read, read_only=True,
+    description=(
+        "Read a text file with line numbers, a page at a time (default 400 lines); "
+        "the footer tells the offset of the next page. Line numbers are not part of "
+        "the file."
+    ),
+    parameters=params(
+        {
+            "path": prop("string", "File path relative to the repository root."),
+            "offset": prop("integer", "First line to read, 1-based (default 1)."),
+            "limit": prop("integer", "Number of lines to read (default 400, at most 2000)."),
+        },
+        required=["path"],
+    ),
+    handler=fs_read,
+    read_only=True,
 )
 FS_WRITE = Tool(
     name="fs_write",
-    description=("Create a NEW file with the given content (parent directories are created). It "
-                 "refuses to overwrite: to change an existing file use fs_edit."),
-    parameters=params({
-        "path": prop("string", "Path of the new file, relative to the repository root."),
-        "content": prop("string", "The complete file content."),
-    }, required=["path", "content"]),
-    handler=fs_write, read_only=False,
+    description=(
+        "Create a NEW file with the given content (parent directories are created). It "
+        "refuses to overwrite: to change an existing file use fs_edit."
+    ),
+    parameters=params(
+        {
+            "path": prop("string", "Path of the new file, relative to the repository root."),
+            "content": prop("string", "The complete file content."),
+        },
+        required=["path", "content"],
+    ),
+    handler=fs_write,
+    read_only=False,
 )
 FS_EDIT = Tool(
     name="fs_edit",
-    description=("Change an existing file: replace the exact text `search` with `replace`. "
-                 "search must match exactly once (whitespace included, no line numbers); "
-                 "include surrounding lines to make it unique. One change per call."),
-    parameters=params({
-        "path": prop("string", "File path relative to the repository root."),
-        "search": prop("string", "Exact existing text to find (one or more whole lines is best)."),
-        "replace": prop("string", "Text to put in its place (empty string deletes it)."),
-        "replace_all": prop("boolean", "Replace every occurrence instead of requiring exactly "
-                                       "one (default false)."),
-    }, required=["path", "search", "replace"]),
-    handler=fs_edit, read_only=False,
+    description=(
+        "Change an existing file: replace the exact text `search` with `replace`. "
+        "search must match exactly once (whitespace included, no line numbers); "
+        "include surrounding lines to make it unique. One change per call."
+    ),
+    parameters=params(
+        {
+            "path": prop("string", "File path relative to the repository root."),
+            "search": prop(
+                "string", "Exact existing text to find (one or more whole lines is best)."
+            ),
+            "replace": prop("string", "Text to put in its place (empty string deletes it)."),
+            "replace_all": prop(
+                "boolean",
+                "Replace every occurrence instead of requiring exactly one (default false).",
+            ),
+        },
+        required=["path", "search", "replace"],
+    ),
+    handler=fs_edit,
+    read_only=False,
 )
 FS_GLOB = Tool(
     name="fs_glob",
-    description=("List files whose path matches a glob, sorted (e.g. src/**/*.py; *.md matches at "
-                 "any depth; a directory name lists everything below it). Skips .git, git-ignored "
-                 "and dependency/cache directories."),
-    parameters=params({
-        "pattern": prop("string", "Glob relative to the repository root: * ? ** [abc] {a,b}."),
-        "limit": prop("integer", "Maximum number of paths to list (default 200)."),
-    }, required=["pattern"]),
-    handler=fs_glob, read_only=True,
+    description=(
+        "List files whose path matches a glob, sorted (e.g. src/**/*.py; *.md matches at "
+        "any depth; a directory name lists everything below it). Skips .git, git-ignored "
+        "and dependency/cache directories."
+    ),
+    parameters=params(
+        {
+            "pattern": prop("string", "Glob relative to the repository root: * ? ** [abc] {a,b}."),
+            "limit": prop("integer", "Maximum number of paths to list (default 200)."),
+        },
+        required=["pattern"],
+    ),
+    handler=fs_glob,
+    read_only=True,
 )
 FS_GREP = Tool(
     name="fs_grep",
-    description=("Search file contents with a Python regular expression; prints path:line: text "
-                 "for each matching line (default at most 100). Binary and files over 2 MB are "
-                 "skipped."),
-    parameters=params({
-        "pattern": prop("string", "Python regular expression (or plain text with literal=true)."),
-        "glob": prop("string", "Only search files matching this glob, e.g. **/*.py (optional)."),
-        "limit": prop("integer", "Maximum number of matching lines (default 100)."),
-        "ignore_case": prop("boolean", "Case-insensitive search (default false)."),
-        "literal": prop("boolean", "Treat pattern as plain text, not a regex (default false)."),
-    }, required=["pattern"]),
-    handler=fs_grep, read_only=True,
+    description=(
+        "Search file contents with a Python regular expression; prints path:line: text "
+        "for each matching line (default at most 100). Binary and files over 2 MB are "
+        "skipped."
+    ),
+    parameters=params(
+        {
+            "pattern": prop(
+                "string", "Python regular expression (or plain text with literal=true)."
+            ),
+            "glob": prop(
+                "string", "Only search files matching this glob, e.g. **/*.py (optional)."
+            ),
+            "limit": prop("integer", "Maximum number of matching lines (default 100)."),
+            "ignore_case": prop("boolean", "Case-insensitive search (default false)."),
+            "literal": prop("boolean", "Treat pattern as plain text, not a regex (default false)."),
+        },
+        required=["pattern"],
+    ),
+    handler=fs_grep,
+    read_only=True,
 )

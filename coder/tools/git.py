@@ -28,8 +28,12 @@ from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
 
 DIFF_CAP = 30_000  # chars of git_diff output
 _CODER_DIR = ".coder"
-_WORKDIR_FLAGS = (DiffOption.INCLUDE_UNTRACKED | DiffOption.RECURSE_UNTRACKED_DIRS
-                  | DiffOption.SHOW_UNTRACKED_CONTENT | DiffOption.INCLUDE_TYPECHANGE)
+_WORKDIR_FLAGS = (
+    DiffOption.INCLUDE_UNTRACKED
+    | DiffOption.RECURSE_UNTRACKED_DIRS
+    | DiffOption.SHOW_UNTRACKED_CONTENT
+    | DiffOption.INCLUDE_TYPECHANGE
+)
 
 
 def _repo(ctx: ToolContext) -> pygit2.Repository:
@@ -49,11 +53,19 @@ def _coder_path(path: str) -> bool:
 
 # --------------------------------------------------------------------------- git_status
 
-_INDEX_CODES = ((FileStatus.INDEX_NEW, "A"), (FileStatus.INDEX_MODIFIED, "M"),
-                (FileStatus.INDEX_DELETED, "D"), (FileStatus.INDEX_RENAMED, "R"),
-                (FileStatus.INDEX_TYPECHANGE, "T"))
-_WT_CODES = ((FileStatus.WT_MODIFIED, "M"), (FileStatus.WT_DELETED, "D"),
-             (FileStatus.WT_RENAMED, "R"), (FileStatus.WT_TYPECHANGE, "T"))
+_INDEX_CODES = (
+    (FileStatus.INDEX_NEW, "A"),
+    (FileStatus.INDEX_MODIFIED, "M"),
+    (FileStatus.INDEX_DELETED, "D"),
+    (FileStatus.INDEX_RENAMED, "R"),
+    (FileStatus.INDEX_TYPECHANGE, "T"),
+)
+_WT_CODES = (
+    (FileStatus.WT_MODIFIED, "M"),
+    (FileStatus.WT_DELETED, "D"),
+    (FileStatus.WT_RENAMED, "R"),
+    (FileStatus.WT_TYPECHANGE, "T"),
+)
 
 
 def _porcelain(flags: int) -> str:
@@ -67,17 +79,24 @@ def _porcelain(flags: int) -> str:
 
 def git_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     repo = _repo(ctx)
-    status = {p: f for p, f in repo.status(untracked_files="all", ignored=False).items()
-              if f != FileStatus.CURRENT and not f & FileStatus.IGNORED and not _coder_path(p)}
+    status = {
+        p: f
+        for p, f in repo.status(untracked_files="all", ignored=False).items()
+        if f != FileStatus.CURRENT and not f & FileStatus.IGNORED and not _coder_path(p)
+    }
     where = "HEAD (no commits yet)" if repo.head_is_unborn else f"HEAD {str(repo.head.target)[:7]}"
     if not status:
         return ToolResult(True, f"no changes against {where}", data={"changed": []})
     lines = [f"{_porcelain(f)} {p}" for p, f in sorted(status.items())]
-    return ToolResult(True, f"changes against {where} (?? = new file):\n" + "\n".join(lines),
-                      data={"changed": sorted(status)})
+    return ToolResult(
+        True,
+        f"changes against {where} (?? = new file):\n" + "\n".join(lines),
+        data={"changed": sorted(status)},
+    )
 
 
 # --------------------------------------------------------------------------- git_diff
+
 
 def git_diff(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     repo = _repo(ctx)
@@ -101,8 +120,11 @@ def git_diff(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         patches.append(patch)
     what = "staged changes" if args.get("staged") else "changes"
     if not patches:
-        return ToolResult(True, f"no {what}" + (f" in {only}" if only else "") + " against HEAD",
-                          data={"files": []})
+        return ToolResult(
+            True,
+            f"no {what}" + (f" in {only}" if only else "") + " against HEAD",
+            data={"files": []},
+        )
     stats = []
     for p in patches:
         _, added, removed = p.line_stats
@@ -111,14 +133,20 @@ def git_diff(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     text = "".join(p.text or "" for p in patches)
     if len(text) > DIFF_CAP:
         cut = text.rfind("\n", 0, DIFF_CAP) + 1 or DIFF_CAP
-        text = (text[:cut] + f"[diff cut at {DIFF_CAP} chars of {len(text)}; call git_diff "
-                "with path=<file> to see one file]\n")
+        text = (
+            text[:cut] + f"[diff cut at {DIFF_CAP} chars of {len(text)}; call git_diff "
+            "with path=<file> to see one file]\n"
+        )
     head = f"{len(patches)} file(s) with {what}: " + ", ".join(stats)
-    return ToolResult(True, f"{head}\n{text}".rstrip("\n"),
-                      data={"files": [p.delta.new_file.path for p in patches]})
+    return ToolResult(
+        True,
+        f"{head}\n{text}".rstrip("\n"),
+        data={"files": [p.delta.new_file.path for p in patches]},
+    )
 
 
 # --------------------------------------------------------------------------- git_log
+
 
 def git_log(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     repo = _repo(ctx)
@@ -128,7 +156,8 @@ def git_log(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     lines, ids = [], []
     for commit in repo.walk(repo.head.target, SortMode.TOPOLOGICAL | SortMode.TIME):
         when = datetime.fromtimestamp(
-            commit.commit_time, timezone(timedelta(minutes=commit.commit_time_offset)))
+            commit.commit_time, timezone(timedelta(minutes=commit.commit_time_offset))
+        )
         subject = (commit.message or "").strip().split("\n", 1)[0]
         lines.append(f"{str(commit.id)[:7]} {when:%Y-%m-%d} {subject}")
         ids.append(str(commit.id))
@@ -138,6 +167,7 @@ def git_log(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 
 # --------------------------------------------------------------------------- patches
+
 
 class PatchProblem(InvalidInput):
     """The patch text cannot be understood or does not match the files."""
@@ -178,14 +208,19 @@ def _strip_path(raw: str, prefix: str) -> str | None:
         path = path[1:-1]
     if path == "/dev/null":
         return None
-    return path[len(prefix):] if path.startswith(prefix) else path
+    return path[len(prefix) :] if path.startswith(prefix) else path
 
 
 def _file_header_at(lines: list[str], i: int) -> bool:
-    return (i + 1 < len(lines) and lines[i].startswith("--- ")
-            and lines[i + 1].startswith("+++ ")
-            and (lines[i].startswith(("--- a/", "--- /dev/null"))
-                 or lines[i + 1].startswith(("+++ b/", "+++ /dev/null"))))
+    return (
+        i + 1 < len(lines)
+        and lines[i].startswith("--- ")
+        and lines[i + 1].startswith("+++ ")
+        and (
+            lines[i].startswith(("--- a/", "--- /dev/null"))
+            or lines[i + 1].startswith(("+++ b/", "+++ /dev/null"))
+        )
+    )
 
 
 def _more_hunk_lines(lines: list[str], i: int) -> bool:
@@ -193,8 +228,7 @@ def _more_hunk_lines(lines: list[str], i: int) -> bool:
     j = i
     while j < len(lines) and lines[j] == "":
         j += 1
-    return (j < len(lines) and lines[j][:1] in (" ", "-", "+")
-            and not _file_header_at(lines, j))
+    return j < len(lines) and lines[j][:1] in (" ", "-", "+") and not _file_header_at(lines, j)
 
 
 def parse_patch(text: str) -> list[_FilePatch]:
@@ -227,7 +261,8 @@ def parse_patch(text: str) -> list[_FilePatch]:
                     f"patch line {i + 1}: {'bad hunk header' if not m else 'hunk before --- / +++'}"
                     f" {line[:80]!r}",
                     hint="each file needs `--- a/PATH` and `+++ b/PATH` lines, then hunks starting "
-                         "with `@@ -OLD,COUNT +NEW,COUNT @@`")
+                    "with `@@ -OLD,COUNT +NEW,COUNT @@`",
+                )
             hunk = _Hunk(old_start=int(m.group(1)) if m else None, tail=m.group(5) if m else "")
             i += 1
             while i < len(lines):
@@ -249,8 +284,10 @@ def parse_patch(text: str) -> list[_FilePatch]:
                 cur.binary = True
             i += 1
     if not files:
-        raise PatchProblem("no file changes found in the patch",
-                           hint="send a unified diff: `--- a/PATH`, `+++ b/PATH`, then @@ hunks")
+        raise PatchProblem(
+            "no file changes found in the patch",
+            hint="send a unified diff: `--- a/PATH`, `+++ b/PATH`, then @@ hunks",
+        )
     return files
 
 
@@ -268,12 +305,17 @@ def _place_hunks(fp: _FilePatch, current: list[str]) -> list[tuple[int, _Hunk]]:
         old = hunk.side(" -")
         if not old:  # pure insertion: after line old_start
             if hunk.old_start is None:
-                raise PatchProblem(f"hunk {number} for {fp.path} has no context lines and no line "
-                                   "number", hint="add a few unchanged lines around the change")
+                raise PatchProblem(
+                    f"hunk {number} for {fp.path} has no context lines and no line number",
+                    hint="add a few unchanged lines around the change",
+                )
             start = min(max(hunk.old_start, floor), len(current))
         else:
-            hits = [s for s in range(floor, len(current) - len(old) + 1)
-                    if current[s] == old[0] and current[s:s + len(old)] == old]
+            hits = [
+                s
+                for s in range(floor, len(current) - len(old) + 1)
+                if current[s] == old[0] and current[s : s + len(old)] == old
+            ]
             if not hits:
                 raise _hunk_problem(fp, number, hunk, old, current)
             if hunk.old_start is None and len(hits) > 1:
@@ -281,7 +323,8 @@ def _place_hunks(fp: _FilePatch, current: list[str]) -> list[tuple[int, _Hunk]]:
                     f"hunk {number} for {fp.path} matches at lines "
                     f"{', '.join(str(h + 1) for h in hits[:10])}",
                     hint="give the hunk a line number (@@ -LINE,COUNT +LINE,COUNT @@) or more "
-                         "context lines")
+                    "context lines",
+                )
             want = max((hunk.old_start or 1) - 1, 0)
             start = min(hits, key=lambda s: (abs(s - want), s))  # like patch's offset search
         placed.append((start, hunk))
@@ -289,27 +332,40 @@ def _place_hunks(fp: _FilePatch, current: list[str]) -> list[tuple[int, _Hunk]]:
     return placed
 
 
-def _hunk_problem(fp: _FilePatch, number: int, hunk: _Hunk, old: list[str],
-                  current: list[str]) -> PatchProblem:
+def _hunk_problem(
+    fp: _FilePatch, number: int, hunk: _Hunk, old: list[str], current: list[str]
+) -> PatchProblem:
     shown = "\n".join(old[:30])
-    msg = (f"hunk {number} of {len(fp.hunks)} for {fp.path} ({hunk.header()}) does not match the "
-           f"file. Its context and '-' lines are:\n{shown}\n")
+    msg = (
+        f"hunk {number} of {len(fp.hunks)} for {fp.path} ({hunk.header()}) does not match the "
+        f"file. Its context and '-' lines are:\n{shown}\n"
+    )
     stripped, file_stripped = [o.strip() for o in old], [c.strip() for c in current]
-    near = next((s for s in range(len(current) - len(old) + 1)
-                 if file_stripped[s:s + len(old)] == stripped), None)
+    near = next(
+        (
+            s
+            for s in range(len(current) - len(old) + 1)
+            if file_stripped[s : s + len(old)] == stripped
+        ),
+        None,
+    )
     best = closest_match(current, old)
     if near is not None:
-        msg += (f"Lines {near + 1}-{near + len(old)} match them except for whitespace:\n"
-                + numbered(current[near:near + len(old)], near + 1))
+        msg += f"Lines {near + 1}-{near + len(old)} match them except for whitespace:\n" + numbered(
+            current[near : near + len(old)], near + 1
+        )
     elif best is not None:
         s, e, ratio = best
         msg += f"Closest text in the file, lines {s + 1}-{e} ({ratio:.0%} similar):\n"
         msg += numbered(current[s:e], s + 1)
     else:
         msg += f"{fp.path} is empty."
-    return PatchProblem(msg, hint="context and '-' lines must match the current file exactly "
-                                  "(whitespace included). Re-read the file with fs_read and make "
-                                  "the patch again, or use fs_edit for a small change")
+    return PatchProblem(
+        msg,
+        hint="context and '-' lines must match the current file exactly "
+        "(whitespace included). Re-read the file with fs_read and make "
+        "the patch again, or use fs_edit for a small change",
+    )
 
 
 def _render(fp: _FilePatch, placed: list[tuple[int, _Hunk]], crlf: bool, mode: int) -> str:
@@ -326,8 +382,9 @@ def _render(fp: _FilePatch, placed: list[tuple[int, _Hunk]], crlf: bool, mode: i
         n_old, n_new = len(hunk.side(" -")), len(hunk.side(" +"))
         old_hdr = start + 1 if n_old else start
         new_hdr = start + delta + (1 if n_new else 0)
-        out.append(f"@@ -{old_hdr},{n_old} +{new_hdr},{n_new} @@" + (f" {hunk.tail}" if hunk.tail
-                                                                    else ""))
+        out.append(
+            f"@@ -{old_hdr},{n_old} +{new_hdr},{n_new} @@" + (f" {hunk.tail}" if hunk.tail else "")
+        )
         cr = "\r" if crlf else ""
         out += [ln if ln.startswith("\\") else ln + cr for ln in hunk.lines]
         delta += n_new - n_old
@@ -348,7 +405,8 @@ def _prepare(ctx: ToolContext, files: list[_FilePatch]) -> tuple[str, list[str],
         if fp.old and fp.new and fp.old != fp.new:
             raise PatchProblem(
                 f"renaming {fp.old} to {fp.new} is not supported",
-                hint="delete the old file (a section with `+++ /dev/null`) and create the new one")
+                hint="delete the old file (a section with `+++ /dev/null`) and create the new one",
+            )
         for path in {p for p in (fp.old, fp.new) if p}:
             resolve(ctx, path, write=True)  # raises PolicyViolation: before anything is written
         real, rel = resolve(ctx, fp.path, write=True)
@@ -357,20 +415,26 @@ def _prepare(ctx: ToolContext, files: list[_FilePatch]) -> tuple[str, list[str],
         # Patch the file the path really names (a symlink inside the worktree is followed).
         fp.old, fp.new = (rel if fp.old else None), (rel if fp.new else None)
         if rel in seen:
-            raise PatchProblem(f"the patch changes {rel} in two sections",
-                               hint="put all hunks of one file in one section")
+            raise PatchProblem(
+                f"the patch changes {rel} in two sections",
+                hint="put all hunks of one file in one section",
+            )
         seen.add(rel)
         if not fp.hunks and fp.old is not None:
             raise PatchProblem(f"no hunks for {rel}")
         mode, crlf, current = 0o100644, False, []
         if fp.old is None:
             if os.path.lexists(real):
-                raise PatchProblem(f"{rel} already exists, but the patch creates it",
-                                   hint="make the patch against the existing file, or use fs_edit")
+                raise PatchProblem(
+                    f"{rel} already exists, but the patch creates it",
+                    hint="make the patch against the existing file, or use fs_edit",
+                )
         else:
             if not real.is_file():
-                raise PatchProblem(f"{rel} does not exist (or is not a file)",
-                                   hint="for a new file use `--- /dev/null`, or use fs_write")
+                raise PatchProblem(
+                    f"{rel} does not exist (or is not a file)",
+                    hint="for a new file use `--- /dev/null`, or use fs_write",
+                )
             data = real.read_bytes().decode("utf-8", errors="surrogateescape")
             crlf = "\r\n" in data and data.count("\r\n") == data.count("\n")
             current = _file_lines(data.replace("\r\n", "\n") if crlf else data)
@@ -393,13 +457,18 @@ def fs_apply_patch(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         diff = pygit2.Diff.parse_diff(text)
         repo.applies(diff, ApplyLocation.WORKDIR, raise_error=True)
     except pygit2.GitError as exc:
-        raise PatchProblem(f"the patch does not apply: {exc}",
-                           hint="re-read the files and make the patch again, or use fs_edit") \
-            from None
+        raise PatchProblem(
+            f"the patch does not apply: {exc}",
+            hint="re-read the files and make the patch again, or use fs_edit",
+        ) from None
     if args.get("dry_run"):
-        return ToolResult(True, "the patch applies cleanly; it would change: "
-                          + ", ".join(summary) + " (nothing was written)",
-                          data={"would_change": paths})
+        return ToolResult(
+            True,
+            "the patch applies cleanly; it would change: "
+            + ", ".join(summary)
+            + " (nothing was written)",
+            data={"would_change": paths},
+        )
     try:
         repo.apply(diff, ApplyLocation.WORKDIR)
     except pygit2.GitError as exc:
@@ -412,37 +481,55 @@ def fs_apply_patch(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 GIT_STATUS = Tool(
     name="git_status",
     description="List the files changed since the last commit (M modified, A added, D deleted, "
-                "?? new file).",
+    "?? new file).",
     parameters=params({}),
-    handler=git_status, read_only=True,
+    handler=git_status,
+    read_only=True,
 )
 GIT_DIFF = Tool(
     name="git_diff",
-    description=(f"Show the uncommitted changes as a unified diff, new files included (cut at "
-                 f"{DIFF_CAP} characters; pass path to see one file or directory)."),
-    parameters=params({
-        "path": prop("string", "Only this file or directory (optional)."),
-        "staged": prop("boolean", "Only changes staged in the git index (default false)."),
-    }),
-    handler=git_diff, read_only=True,
+    description=(
+        f"Show the uncommitted changes as a unified diff, new files included (cut at "
+        f"{DIFF_CAP} characters; pass path to see one file or directory)."
+    ),
+    parameters=params(
+        {
+            "path": prop("string", "Only this file or directory (optional)."),
+            "staged": prop("boolean", "Only changes staged in the git index (default false)."),
+        }
+    ),
+    handler=git_diff,
+    read_only=True,
 )
 GIT_LOG = Tool(
     name="git_log",
     description="Show recent commits, newest first: short id, date and subject.",
-    parameters=params({
-        "limit": prop("integer", "Number of commits (default 10, at most 100)."),
-    }),
-    handler=git_log, read_only=True,
+    parameters=params(
+        {
+            "limit": prop("integer", "Number of commits (default 10, at most 100)."),
+        }
+    ),
+    handler=git_log,
+    read_only=True,
 )
 FS_APPLY_PATCH = Tool(
     name="fs_apply_patch",
-    description=("Apply a unified diff (--- a/PATH, +++ b/PATH, @@ hunks) to one or more files; "
-                 "all or nothing. Use /dev/null to create or delete a file; dry_run=true only "
-                 "checks it."),
-    parameters=params({
-        "patch": prop("string", "The unified diff text."),
-        "dry_run": prop("boolean", "Check that it applies and report what would change, "
-                                   "without writing (default false)."),
-    }, required=["patch"]),
-    handler=fs_apply_patch, read_only=False,
+    description=(
+        "Apply a unified diff (--- a/PATH, +++ b/PATH, @@ hunks) to one or more files; "
+        "all or nothing. Use /dev/null to create or delete a file; dry_run=true only "
+        "checks it."
+    ),
+    parameters=params(
+        {
+            "patch": prop("string", "The unified diff text."),
+            "dry_run": prop(
+                "boolean",
+                "Check that it applies and report what would change, "
+                "without writing (default false).",
+            ),
+        },
+        required=["patch"],
+    ),
+    handler=fs_apply_patch,
+    read_only=False,
 )

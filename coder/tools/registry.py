@@ -50,8 +50,9 @@ class ToolResult:
     hint: str | None = None
 
     @classmethod
-    def error(cls, message: str, hint: str | None = None,
-              data: dict[str, Any] | None = None) -> ToolResult:
+    def error(
+        cls, message: str, hint: str | None = None, data: dict[str, Any] | None = None
+    ) -> ToolResult:
         return cls(ok=False, content=message, data=dict(data or {}), hint=hint)
 
     def as_text(self) -> str:
@@ -88,15 +89,24 @@ class Tool:
 
     def definition(self) -> dict[str, Any]:
         """Ollama's (and OpenAI's) function-tool shape."""
-        return {"type": "function", "function": {
-            "name": self.name, "description": self.description,
-            "parameters": copy.deepcopy(self.parameters)}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": copy.deepcopy(self.parameters),
+            },
+        }
 
 
 def params(properties: dict[str, dict[str, Any]], required: Iterable[str] = ()) -> dict[str, Any]:
     """A flat object schema (see the module docstring)."""
-    return {"type": "object", "properties": properties, "required": list(required),
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(required),
+        "additionalProperties": False,
+    }
 
 
 def prop(type_: str, description: str, **extra: Any) -> dict[str, Any]:
@@ -104,6 +114,7 @@ def prop(type_: str, description: str, **extra: Any) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- .env secrets
+
 
 def is_env_file(name: str) -> bool:
     """`.env` and `.env.*` (the names whose values `secrets_from_env_file` understands)."""
@@ -140,6 +151,7 @@ def register_env_files(root: Path, redactor: Redactor) -> None:
 
 
 # --------------------------------------------------------------------------- registry
+
 
 class Registry:
     def __init__(self) -> None:
@@ -186,7 +198,8 @@ class Registry:
             close = difflib.get_close_matches(str(name), list(self._tools), n=1, cutoff=0.5)
             return ToolResult.error(
                 f"unknown tool {name!r}" + (f"; did you mean {close[0]}?" if close else ""),
-                hint=f"available tools: {', '.join(self._tools)}")
+                hint=f"available tools: {', '.join(self._tools)}",
+            )
         if ctx.cancel is not None and ctx.cancel.is_set():
             return ToolResult.error("the step is being stopped; the tool was not run")
         if arguments is None:
@@ -197,8 +210,9 @@ class Registry:
             except ValueError:
                 pass
         if not isinstance(arguments, dict):
-            return ToolResult.error(f"arguments of {name} must be a JSON object",
-                                    hint=_signature(tool))
+            return ToolResult.error(
+                f"arguments of {name} must be a JSON object", hint=_signature(tool)
+            )
         args = _coerce(tool, arguments)
         errors = sorted(self._validators[name].iter_errors(args), key=_error_rank)
         if errors:
@@ -209,9 +223,14 @@ class Registry:
         try:
             return tool.handler(ctx, args)
         except PolicyViolation as exc:
-            return ToolResult.error(exc.message, hint=exc.hint or (
-                "paths must stay inside the repository (symlinks included); .git/, .coder/ and "
-                "secret-looking files (.env*, *.pem, *.key, *secret*) cannot be written"))
+            return ToolResult.error(
+                exc.message,
+                hint=exc.hint
+                or (
+                    "paths must stay inside the repository (symlinks included); .git/, .coder/ and "
+                    "secret-looking files (.env*, *.pem, *.key, *secret*) cannot be written"
+                ),
+            )
         except CoderError as exc:
             return ToolResult.error(exc.message, hint=exc.hint)
         except OSError as exc:
@@ -220,7 +239,8 @@ class Registry:
             return ToolResult.error(
                 f"internal error in {name}: {type(exc).__name__}: {exc}",
                 hint="this is a bug in coder, not in your call; try another way",
-                data={"traceback": traceback.format_exc()})
+                data={"traceback": traceback.format_exc()},
+            )
 
 
 def _redacted(result: ToolResult, redactor: Redactor) -> ToolResult:
@@ -240,8 +260,10 @@ def _check_flat(tool: Tool) -> None:
     for key, spec in p["properties"].items():
         extra = set(spec) - _PROPERTY_KEYS
         if extra:
-            raise ValueError(f"{tool.name}.{key}: the ollama client drops {sorted(extra)}; "
-                             "keep properties flat (type, description, enum, items)")
+            raise ValueError(
+                f"{tool.name}.{key}: the ollama client drops {sorted(extra)}; "
+                "keep properties flat (type, description, enum, items)"
+            )
         if "type" not in spec or "description" not in spec:
             raise ValueError(f"{tool.name}.{key}: every property needs a type and a description")
         items = spec.get("items")
@@ -281,13 +303,22 @@ def _error_rank(e: ValidationError) -> tuple[int, str]:
     return order.get(str(e.validator), 3), e.json_path
 
 
-_JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", list: "array",
-               dict: "object", type(None): "null"}
+_JSON_TYPES = {
+    str: "string",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    list: "array",
+    dict: "object",
+    type(None): "null",
+}
 
 
 def _describe(e: ValidationError, tool: Tool) -> str:
-    field_name = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p))
-                         for i, p in enumerate(e.absolute_path))
+    field_name = "".join(
+        f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p))
+        for i, p in enumerate(e.absolute_path)
+    )
     if e.validator == "additionalProperties":
         extra = sorted(set(e.instance) - set(tool.parameters["properties"]))
         return f"unknown argument(s) for {tool.name}: {', '.join(extra)}"
@@ -297,8 +328,10 @@ def _describe(e: ValidationError, tool: Tool) -> str:
     if e.validator == "type":
         got = _JSON_TYPES.get(type(e.instance), type(e.instance).__name__)
         shown = json.dumps(e.instance)[:60]
-        return (f"argument {field_name!r} of {tool.name} must be of type {e.validator_value}, "
-                f"got {got} {shown}")
+        return (
+            f"argument {field_name!r} of {tool.name} must be of type {e.validator_value}, "
+            f"got {got} {shown}"
+        )
     if e.validator == "enum":
         return f"argument {field_name!r} of {tool.name} must be one of {e.validator_value}"
     return f"argument {field_name or '(arguments)'!r} of {tool.name}: {e.message}"
@@ -306,8 +339,10 @@ def _describe(e: ValidationError, tool: Tool) -> str:
 
 def _signature(tool: Tool) -> str:
     required = set(tool.parameters.get("required", ()))
-    parts = [f"{k} ({v['type']}{', required' if k in required else ''})"
-             for k, v in tool.parameters["properties"].items()]
+    parts = [
+        f"{k} ({v['type']}{', required' if k in required else ''})"
+        for k, v in tool.parameters["properties"].items()
+    ]
     return f"{tool.name} takes: {', '.join(parts) or 'no arguments'}"
 
 
@@ -318,10 +353,12 @@ def _os_error(exc: OSError, ctx: ToolContext) -> ToolResult:
         real_root = os.path.realpath(ctx.root)
         where = os.path.relpath(name, real_root) if name.startswith(real_root) else name
     what = exc.strerror or str(exc)
-    hints = {FileNotFoundError: "check the path (fs_glob lists files)",
-             IsADirectoryError: "that is a directory; list it with fs_glob",
-             NotADirectoryError: "a part of the path is a file, not a directory",
-             PermissionError: "the file is not accessible"}
+    hints = {
+        FileNotFoundError: "check the path (fs_glob lists files)",
+        IsADirectoryError: "that is a directory; list it with fs_glob",
+        NotADirectoryError: "a part of the path is a file, not a directory",
+        PermissionError: "the file is not accessible",
+    }
     hint = next((h for cls, h in hints.items() if isinstance(exc, cls)), None)
     return ToolResult.error(f"{what}: {where}" if where else what, hint=hint)
 
@@ -329,8 +366,16 @@ def _os_error(exc: OSError, ctx: ToolContext) -> ToolResult:
 # --------------------------------------------------------------------------- tool sets
 
 DOC_PATTERNS: tuple[str, ...] = (
-    "*.md", "*.rst", "*.txt", "*.adoc", "docs/**", "doc/**",
-    "README*", "CHANGELOG*", "CONTRIBUTING*", "LICENSE*",
+    "*.md",
+    "*.rst",
+    "*.txt",
+    "*.adoc",
+    "docs/**",
+    "doc/**",
+    "README*",
+    "CHANGELOG*",
+    "CONTRIBUTING*",
+    "LICENSE*",
 )
 _DOC_SUFFIXES = (".md", ".rst", ".txt", ".adoc")
 _DOC_NAMES = ("readme", "changelog", "contributing", "license")
@@ -348,8 +393,7 @@ def doc_write_filter(path: str) -> str | None:
         return None
     if any(p.lower() in _DOC_DIRS for p in parts[:-1]):
         return None
-    return (f"{path} is not documentation; this step may only write docs "
-            f"({', '.join(DOC_PATTERNS)})")
+    return f"{path} is not documentation; this step may only write docs ({', '.join(DOC_PATTERNS)})"
 
 
 TERMINAL_TOOL = "step_complete"
@@ -367,8 +411,10 @@ def tools_for_kind(kind: str, registry: Registry | None = None) -> list[str]:
     elif kind == "custom":
         names = set(reg.names())
     else:
-        raise InvalidInput(f"step kind {kind!r} has no model tools",
-                           hint="model steps are analyze, edit, doc and custom")
+        raise InvalidInput(
+            f"step kind {kind!r} has no model tools",
+            hint="model steps are analyze, edit, doc and custom",
+        )
     names.add(TERMINAL_TOOL)
     return [n for n in reg.names() if n in names]
 
@@ -377,23 +423,39 @@ def _step_complete(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     # The agent loop intercepts this call and checks the claim against the real diff; this
     # handler only serves other callers (MCP) and records the claim as data.
     files = list(args.get("files_changed") or [])
-    return ToolResult(ok=True, content="step_complete received: " + args["summary"].strip(),
-                      data={"summary": args["summary"], "files_changed": files,
-                            "no_change_reason": args.get("no_change_reason")})
+    return ToolResult(
+        ok=True,
+        content="step_complete received: " + args["summary"].strip(),
+        data={
+            "summary": args["summary"],
+            "files_changed": files,
+            "no_change_reason": args.get("no_change_reason"),
+        },
+    )
 
 
 STEP_COMPLETE = Tool(
     name=TERMINAL_TOOL,
-    description=("Finish the step. Give a short summary and the files you changed; if no file "
-                 "had to change, say why in no_change_reason. The claim is checked against "
-                 "the real changes."),
-    parameters=params({
-        "summary": prop("string", "What you did and found, in a few sentences."),
-        "files_changed": prop("array", "Repository-relative paths you changed (empty if none).",
-                              items={"type": "string"}),
-        "no_change_reason": prop("string", "Why no file had to change (only when none did)."),
-    }, required=["summary"]),
-    handler=_step_complete, read_only=True, terminal=True,
+    description=(
+        "Finish the step. Give a short summary and the files you changed; if no file "
+        "had to change, say why in no_change_reason. The claim is checked against "
+        "the real changes."
+    ),
+    parameters=params(
+        {
+            "summary": prop("string", "What you did and found, in a few sentences."),
+            "files_changed": prop(
+                "array",
+                "Repository-relative paths you changed (empty if none).",
+                items={"type": "string"},
+            ),
+            "no_change_reason": prop("string", "Why no file had to change (only when none did)."),
+        },
+        required=["summary"],
+    ),
+    handler=_step_complete,
+    read_only=True,
+    terminal=True,
 )
 
 
@@ -404,8 +466,19 @@ def default_registry() -> Registry:
     from coder.tools import fs, git, shell  # here: those modules import this one
 
     reg = Registry()
-    for tool in (fs.FS_READ, fs.FS_GLOB, fs.FS_GREP, git.GIT_STATUS, git.GIT_DIFF, git.GIT_LOG,
-                 fs.FS_WRITE, fs.FS_EDIT, git.FS_APPLY_PATCH, shell.TESTS_RUN, shell.SHELL_RUN,
-                 STEP_COMPLETE):
+    for tool in (
+        fs.FS_READ,
+        fs.FS_GLOB,
+        fs.FS_GREP,
+        git.GIT_STATUS,
+        git.GIT_DIFF,
+        git.GIT_LOG,
+        fs.FS_WRITE,
+        fs.FS_EDIT,
+        git.FS_APPLY_PATCH,
+        shell.TESTS_RUN,
+        shell.SHELL_RUN,
+        STEP_COMPLETE,
+    ):
         reg.register(tool)
     return reg

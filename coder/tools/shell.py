@@ -26,7 +26,7 @@ def _tail(text: str, cap: int = TAIL_CHARS) -> tuple[str, bool]:
         return text, False
     cut = text[-cap:]
     newline = cut.find("\n")
-    return (cut[newline + 1:] if 0 <= newline < 200 else cut), True
+    return (cut[newline + 1 :] if 0 <= newline < 200 else cut), True
 
 
 def _stream(label: str, text: str) -> str:
@@ -50,11 +50,14 @@ def _run(ctx: ToolContext, cmd: str, cwd_arg: str | None, timeout: int) -> Comma
     if cwd_arg:
         cwd, rel = resolve(ctx, cwd_arg, write=False)
         if not cwd.is_dir():
-            raise PolicyViolation(f"cwd {rel} is not a directory",
-                                  hint="cwd is a directory relative to the repository root")
+            raise PolicyViolation(
+                f"cwd {rel} is not a directory",
+                hint="cwd is a directory relative to the repository root",
+            )
     extra: dict[str, Any] = {"owner": ctx.owner} if ctx.owner is not None else {}
-    return run_command(cmd, cwd=cwd, policy=ctx.policy, timeout=timeout, cancel=ctx.cancel,
-                       root=ctx.root, **extra)
+    return run_command(
+        cmd, cwd=cwd, policy=ctx.policy, timeout=timeout, cancel=ctx.cancel, root=ctx.root, **extra
+    )
 
 
 def _status_line(result: CommandResult) -> str:
@@ -71,7 +74,8 @@ def _refused(exc: PolicyViolation) -> ToolResult:
     return ToolResult.error(
         "command refused by policy; nothing was run",
         hint=f"{exc.message}. The policy is fixed for this run: commands have no network, and "
-             "only allowed programs (python, pytest, git, grep, sed, ls, ...) can be used")
+        "only allowed programs (python, pytest, git, grep, sed, ls, ...) can be used",
+    )
 
 
 def shell_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
@@ -84,13 +88,20 @@ def shell_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         if str(exc.message).startswith("command refused"):
             return _refused(exc)
         raise
-    text = "\n".join([_status_line(result), _stream("stdout", result.stdout),
-                      _stream("stderr", result.stderr)])
-    data = {"exit_code": result.exit_code, "timed_out": result.timed_out,
-            "duration_s": round(result.duration_s, 3)}
+    text = "\n".join(
+        [_status_line(result), _stream("stdout", result.stdout), _stream("stderr", result.stderr)]
+    )
+    data = {
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "duration_s": round(result.duration_s, 3),
+    }
     if result.timed_out:
-        return ToolResult.error(text, hint="the command was killed; run something shorter or "
-                                           "pass a larger timeout", data=data)
+        return ToolResult.error(
+            text,
+            hint="the command was killed; run something shorter or pass a larger timeout",
+            data=data,
+        )
     return ToolResult(True, text, data=data)
 
 
@@ -98,8 +109,10 @@ def tests_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     try:
         extra = shlex.split(args.get("args") or "")
     except ValueError as exc:
-        return ToolResult.error(f"cannot split args: {exc}",
-                                hint="args is a command-line fragment such as `-k name tests/x.py`")
+        return ToolResult.error(
+            f"cannot split args: {exc}",
+            hint="args is a command-line fragment such as `-k name tests/x.py`",
+        )
     cmd = test_command(root=ctx.root, configured=ctx.test_command, args=extra)
     try:
         result = _run(ctx, cmd, None, _limit(ctx, None))
@@ -109,8 +122,12 @@ def tests_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         raise
     output = result.stdout + ("\n" if result.stdout and result.stderr else "") + result.stderr
     report = parse_output(output, framework_of(cmd), exit_code=result.exit_code)
-    data = {"cmd": cmd, "exit_code": result.exit_code, "timed_out": result.timed_out,
-            **{k: getattr(report, k) for k in ("passed", "failed", "skipped", "errors")}}
+    data = {
+        "cmd": cmd,
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        **{k: getattr(report, k) for k in ("passed", "failed", "skipped", "errors")},
+    }
     data["green"] = result.ok and not report.failed and not report.errors
     if data["green"]:
         return ToolResult(True, f"tests passed: {report.summary()} ({cmd})", data=data)
@@ -121,26 +138,47 @@ def tests_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 SHELL_RUN = Tool(
     name="shell_run",
-    description=("Run a bash command in the repository (no network; only allowed programs; "
-                 "cd does not persist between calls). Returns the exit code and the last "
-                 f"{TAIL_CHARS} characters of stdout and stderr."),
-    parameters=params({
-        "cmd": prop("string", "The command line, e.g. `ls -la src` or "
-                              "`python -m pytest -q tests/test_x.py`."),
-        "cwd": prop("string", "Directory to run in, relative to the repository root (default: "
-                              "the root)."),
-        "timeout": prop("integer", "Seconds before the command is killed (default and maximum: "
-                                   "the configured command timeout)."),
-    }, required=["cmd"]),
-    handler=shell_run, read_only=False,
+    description=(
+        "Run a bash command in the repository (no network; only allowed programs; "
+        "cd does not persist between calls). Returns the exit code and the last "
+        f"{TAIL_CHARS} characters of stdout and stderr."
+    ),
+    parameters=params(
+        {
+            "cmd": prop(
+                "string",
+                "The command line, e.g. `ls -la src` or `python -m pytest -q tests/test_x.py`.",
+            ),
+            "cwd": prop(
+                "string",
+                "Directory to run in, relative to the repository root (default: the root).",
+            ),
+            "timeout": prop(
+                "integer",
+                "Seconds before the command is killed (default and maximum: "
+                "the configured command timeout).",
+            ),
+        },
+        required=["cmd"],
+    ),
+    handler=shell_run,
+    read_only=False,
 )
 TESTS_RUN = Tool(
     name="tests_run",
-    description=("Run the project's tests (the configured or detected test command). Returns the "
-                 "counts, plus only the failing tests' output when something fails."),
-    parameters=params({
-        "args": prop("string", "Extra arguments for the test command, e.g. `tests/test_x.py` or "
-                               "`-k name` (optional)."),
-    }),
-    handler=tests_run, read_only=False,
+    description=(
+        "Run the project's tests (the configured or detected test command). Returns the "
+        "counts, plus only the failing tests' output when something fails."
+    ),
+    parameters=params(
+        {
+            "args": prop(
+                "string",
+                "Extra arguments for the test command, e.g. `tests/test_x.py` or "
+                "`-k name` (optional).",
+            ),
+        }
+    ),
+    handler=tests_run,
+    read_only=False,
 )
