@@ -84,7 +84,6 @@ def start(
         else _missing_base(base)
     )
     task = task.resolved(base=base, model=str(cfg["model"]))
-    agent = open_agent(task, cfg, repo, base_commit, options)  # no model: we stop here
     coder_dir = project.ensure_coder_dir(root)
     gitops.ensure_excluded(repo, f"/{project.CODER_DIR}/")
     store = StateStore(coder_dir)
@@ -103,45 +102,51 @@ def start(
                 f"branch {task.branch} already exists",
                 hint="set another `id` or `branch` in the taskfile, or delete the branch",
             )
-        manifest = {
-            "task_id": task.id,
-            "task": task.to_dict(),
-            "taskfile": str(path),
-            "base": base,
-            "base_commit": base_commit,
-            "branch": task.branch,
-            "worktree": str(worktree),
-            "created_at": now_iso(),
-        }
-        write_atomic(
-            manifest_path(coder_dir, task.id), json.dumps(manifest, indent=2).encode("utf-8")
-        )
-        gitops.create_worktree(
-            repo, name=task.id, path=worktree, branch=task.branch, start=base_commit
-        )
-        crashpoint("after_worktree")
-        state = initial_state(manifest)
-        store.save(state)
-        warnings = []
-        if gitops.signature(repo)[1]:
-            warnings.append(
-                "git user.name/user.email are not set; commits are authored by "
-                "coder <coder@localhost> (set them with `git config user.name ...`)"
+        agent = open_agent(task, cfg, repo, base_commit, options)  # no model: we stop here
+        try:  # the manifest first, then the branch and worktree, then the first checkpoint
+            manifest = {
+                "task_id": task.id,
+                "task": task.to_dict(),
+                "taskfile": str(path),
+                "base": base,
+                "base_commit": base_commit,
+                "branch": task.branch,
+                "worktree": str(worktree),
+                "created_at": now_iso(),
+            }
+            write_atomic(
+                manifest_path(coder_dir, task.id), json.dumps(manifest, indent=2).encode("utf-8")
             )
-        return _execute(
-            task,
-            root,
-            coder_dir,
-            worktree,
-            state,
-            store,
-            cfg,
-            policy,
-            options,
-            console,
-            warnings=tuple(warnings),
-            agent=agent,
-        )
+            gitops.create_worktree(
+                repo, name=task.id, path=worktree, branch=task.branch, start=base_commit
+            )
+            crashpoint("after_worktree")
+            state = initial_state(manifest)
+            store.save(state)
+            warnings = []
+            if gitops.signature(repo)[1]:
+                warnings.append(
+                    "git user.name/user.email are not set; commits are authored by "
+                    "coder <coder@localhost> (set them with `git config user.name ...`)"
+                )
+            return _execute(
+                task,
+                root,
+                coder_dir,
+                worktree,
+                state,
+                store,
+                cfg,
+                policy,
+                options,
+                console,
+                warnings=tuple(warnings),
+                agent=agent,
+            )
+        except BaseException:
+            if agent is not None:  # _execute closes it too; closing twice is harmless
+                agent.provider.close()
+            raise
 
 
 def _missing_base(base: str) -> str:
