@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
 from coder import gitops, taskfile, yamldoc
+from coder.policy import SHELL_BUILTINS
 from coder.errors import InvalidInput, RunFailed
 from coder.yamldoc import Problem
 
@@ -113,24 +114,6 @@ LANGUAGES = {
     ".vue": "Vue",
     ".svelte": "Svelte",
 }
-# Named in the allowlist, but not programs a plan needs to be told about.
-SHELL_BUILTINS = frozenset(
-    {
-        "cd",
-        "export",
-        "set",
-        "unset",
-        "shift",
-        "exit",
-        "return",
-        "read",
-        "wait",
-        "type",
-        "command",
-        "exec",
-        "trap",
-    }
-)
 # Key order of the written file: what a reader wants first.
 TASK_KEYS = ("id", "title", "spec", "base", "policies", "success", "graph")
 STEP_KEYS = (

@@ -28,6 +28,25 @@ from typing import Any
 
 from coder.errors import InvalidInput
 
+# Shell builtins that appear in everyday command lines (allowed; not programs to tell a
+# planning model about).
+SHELL_BUILTINS: tuple[str, ...] = (
+    "cd",
+    "export",
+    "set",
+    "unset",
+    "shift",
+    "exit",
+    "return",
+    "read",
+    "wait",
+    ":",
+    "type",
+    "command",
+    "exec",
+    "trap",
+)
+
 # Programs a coding agent needs offline. pip, tox, ... are absent on purpose: they reach the
 # network. sh/bash are only accepted as `bash -c '<script>'`, whose script is checked too.
 DEFAULT_ALLOWED_COMMANDS: tuple[str, ...] = (
@@ -50,21 +69,7 @@ DEFAULT_ALLOWED_COMMANDS: tuple[str, ...] = (
     "git",
     "sh",
     "bash",
-    # shell builtins that appear in everyday command lines
-    "cd",
-    "export",
-    "set",
-    "unset",
-    "shift",
-    "exit",
-    "return",
-    "read",
-    "wait",
-    ":",
-    "type",
-    "command",
-    "exec",
-    "trap",
+    *SHELL_BUILTINS,
     # coreutils-like tools
     "echo",
     "printf",

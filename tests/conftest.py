@@ -67,6 +67,23 @@ def git(repo: Path, *args: str) -> str:
     return out.stdout
 
 
+def coder(repo: Path, *args: str) -> tuple[int, str, str]:
+    """`coder ARGS` in-process in `repo` (exit code, stdout, stderr); a crash is re-raised."""
+    from click.testing import CliRunner
+
+    from coder.cli import main
+
+    cwd = os.getcwd()
+    os.chdir(repo)
+    try:
+        result = CliRunner().invoke(main, list(args))
+    finally:
+        os.chdir(cwd)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
 @pytest.fixture
 def make_repo(tmp_path: Path):
     """Factory: a git repo with `files` committed on main."""
@@ -113,3 +130,27 @@ def fake(monkeypatch: pytest.MonkeyPatch):
     with FakeOllama() as server:
         monkeypatch.setenv("OLLAMA_HOST", server.url)
         yield server
+
+
+@pytest.fixture(scope="session")
+def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """coder built as a wheel and installed from it (not editable) into a directory of its
+    own: (the wheel, the directory to put on PYTHONPATH)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    tmp = tmp_path_factory.mktemp("wheel")
+    pip = [sys.executable, "-m", "pip", "-q"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(root)],
+        check=True,
+        capture_output=True,
+    )
+    [wheel] = (tmp / "dist").glob("coder-*.whl")
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--target", str(tmp / "site"), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    return wheel, tmp / "site"

@@ -18,48 +18,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """coder installed from its wheel (not editable) into a directory of its own."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp / "dist"),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    [wheel] = (tmp / "dist").glob("coder-*.whl")
+def installed(installed_wheel: tuple[Path, Path]) -> Path:
+    wheel, site = installed_wheel
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {
         "coder/_demo/task.yaml",
         "coder/_demo/recording.json",
         "coder/_demo/project/calc.py",
     } <= names
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "-q",
-            "--target",
-            str(tmp / "site"),
-            str(wheel),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return tmp / "site"
+    return site
 
 
 def test_demo_runs_offline_from_the_wheel(installed: Path, tmp_path: Path) -> None:

@@ -14,13 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from coder.cli import main
 from coder.crashpoints import MERGE_POINTS
 from coder.schemas import validator
 from coder.state import TaskLock
-from tests.conftest import git
+from tests.conftest import coder, git
 
 # The project's tests (unittest, found by detection) allow at most two items: a run adding
 # one is green, a base adding one is green, the two merged are red.
@@ -56,18 +54,6 @@ RED_TASK = "id: {id}\ntitle: Breaks\ngraph:\n  - {{kind: shell, cmd: 'echo x > x
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def coder(repo: Path, *args: str) -> tuple[int, str, str]:
-    cwd = os.getcwd()
-    os.chdir(repo)
-    try:
-        result = CliRunner().invoke(main, list(args))
-    finally:
-        os.chdir(cwd)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
 
 
 def coder_process(

@@ -33,42 +33,12 @@ def test_bundled_task_schema_has_no_refs_and_still_validates() -> None:
     assert len(list(Draft202012Validator(bundled).iter_errors(bad))) == 2
 
 
-def test_wheel_ships_the_schemas_and_an_installed_copy_uses_them(tmp_path: Path) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path / "dist"),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    [wheel] = (tmp_path / "dist").glob("coder-*.whl")
+def test_wheel_ships_the_schemas_and_an_installed_copy_uses_them(
+    installed_wheel: tuple[Path, Path], tmp_path: Path
+) -> None:
+    wheel, site = installed_wheel
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"coder/schemas/{n}.schema.json" for n in schemas.NAMES} <= names
-    site = tmp_path / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "-q",
-            "--target",
-            str(site),
-            str(wheel),
-        ],
-        check=True,
-        capture_output=True,
-    )
     probe = (
         "import coder, coder.schemas as s; print(s.schema_dir());"
         "from coder.cli import main; main(['validate', '-f', %r])"

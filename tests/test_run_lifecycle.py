@@ -4,33 +4,18 @@ changing step with trailers, the user's checkout untouched, strategies, checks, 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from coder.cli import main
 from coder.schemas import validator
-from tests.conftest import git
+from tests.conftest import coder, git
 from tests.fake_ollama import down_url
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def coder(repo: Path, *args: str) -> tuple[int, str, str]:
-    cwd = os.getcwd()
-    os.chdir(repo)
-    try:
-        result = CliRunner().invoke(main, list(args))
-    finally:
-        os.chdir(cwd)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
 
 
 def taskfile(repo: Path, text: str, name: str = "task.yaml") -> Path:
