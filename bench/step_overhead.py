@@ -255,7 +255,7 @@ def profile_steps(repo: Path, tmp: Path, paths: list[str], top: int = 30) -> Non
     import cProfile
     import pstats
 
-    from coder import executor, runs
+    from coder.run import executor, runs
 
     profiler = cProfile.Profile()
     original = executor.Executor._run_in_place

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import gitops
 from coder.errors import InvalidInput
+from coder.git import ops as gitops
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def prepare(target: Path | None) -> Path:
 def run(
     *, target: Path | None = None, live: bool = False, console: Any = None, notify: Any = None
 ) -> DemoResult:
-    from coder import merge, runs
+    from coder.run import merge, runs
 
     demo = assets()
     repo_dir = prepare(target)

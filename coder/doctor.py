@@ -35,7 +35,7 @@ def run_checks(cwd: Path, *, model: str | None = None) -> list[Check]:
 def _git(cwd: Path) -> Check:
     import pygit2
 
-    from coder import gitops
+    from coder.git import ops as gitops
 
     try:
         repo = gitops.open_repo(cwd)
@@ -77,7 +77,7 @@ def _test_command(cwd: Path, cfg: config_mod.Config) -> Check:
 
 
 def _sandbox() -> Check:
-    from coder.sandbox import network_isolation_available
+    from coder.policy.sandbox import network_isolation_available
 
     if network_isolation_available():
         return Check(
@@ -96,7 +96,7 @@ def _sandbox() -> Check:
 
 
 def _ollama(cfg: config_mod.Config) -> list[Check]:
-    from coder.agent.ollama import OllamaProvider
+    from coder.models.ollama import OllamaProvider
 
     host, model = str(cfg["ollama_host"]), str(cfg["model"])
     with OllamaProvider(

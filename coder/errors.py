@@ -2,6 +2,7 @@
 
     CoderError                 exit 2 unless a subclass says otherwise
     ├── InvalidInput           2  a taskfile, config file or argument is wrong
+    │   └── PolicyViolation    2  a command, path or setting refused by policy
     ├── EnvironmentProblem     3  no git repo, Ollama unreachable, model missing, ...
     │   └── ConcurrentRun      3  another runner holds the task lock
     ├── RunFailed              1  the run executed and its checks are red
@@ -31,6 +32,10 @@ class CoderError(Exception):
 
 class InvalidInput(CoderError):
     exit_code = EXIT_USAGE
+
+
+class PolicyViolation(InvalidInput):
+    """A command, path or setting refused by policy; the message names the thing and the fix."""
 
 
 class EnvironmentProblem(CoderError):

@@ -28,7 +28,7 @@ class InitResult:
 def init(cwd: Path, *, force: bool = False, env: dict[str, str] | None = None) -> InitResult:
     """Create `.coder/` and a `coder.config.json` with detected defaults. Idempotent: an
     existing config is kept unless `force`."""
-    from coder import gitops
+    from coder.git import ops as gitops
 
     repo = gitops.open_repo(cwd)
     root = gitops.repo_root(repo)

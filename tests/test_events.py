@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import structlog
 
-from coder.events import EventLog, follow_events, log_path, read_events
 from coder.redact import SCAN_FAILED, Redactor
+from coder.run.events import EventLog, follow_events, log_path, read_events
 from coder.schemas import validator
 
 AWS_ID = "AK" + "IA" + "ABCDEFGHIJKLMNOP"

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from coder import taskfile
-from tests.conftest import git
-from tests.conftest import sample_files
+from tests.conftest import git, sample_files
 from tests.test_run_lifecycle import coder, state_of
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""coder.gitops against real repositories, checked with the real git CLI."""
+"""coder.git.ops against real repositories, checked with the real git CLI."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pygit2
 import pytest
 from pygit2.enums import ConfigLevel
 
-from coder import gitops
 from coder.errors import EnvironmentProblem, InvalidInput, RunFailed
-from coder.gitops import BranchMoved
+from coder.git import ops as gitops
+from coder.git.ops import BranchMoved
 from tests.conftest import git
 
 BRANCH = "agent/t1-demo"

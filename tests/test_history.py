@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coder.state import TaskLock
+from coder.run.state import TaskLock
 from tests.conftest import git
 from tests.test_run_lifecycle import coder, taskfile
 

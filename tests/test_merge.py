@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from coder.crashpoints import MERGE_POINTS
+from coder.run.state import TaskLock
 from coder.schemas import validator
-from coder.state import TaskLock
 from tests.conftest import coder, git
 
 # The project's tests (unittest, found by detection) allow at most two items: a run adding
@@ -393,7 +393,7 @@ def test_base_not_checked_out_anywhere_only_the_ref_moves(make_repo) -> None:
 def test_checkout_plan_writes_only_paths_at_old_or_half_written(make_repo) -> None:
     """gitland.plan_checkout_update, path by path: still old -> pending; file new but index old
     (a crash between the two writes) -> pending; both new -> done; anything else -> blocked."""
-    from coder import gitland
+    from coder.git import land as gitland
 
     repo = make_repo({"a": "a\n", "b": "b\n", "c": "c\n", "d": "d\n", "gone": "x\n"})
     old = rev(repo, "main")

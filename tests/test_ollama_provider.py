@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from coder.agent.ollama import OllamaProvider, normalize_host
-from coder.agent.provider import (
+from coder.errors import EXIT_ENVIRONMENT, EXIT_FAILED
+from coder.models.ollama import OllamaProvider, normalize_host
+from coder.models.provider import (
     ChatEvent,
     ChatResult,
     Done,
@@ -24,7 +25,6 @@ from coder.agent.provider import (
     ToolCallEvent,
     Usage,
 )
-from coder.errors import EXIT_ENVIRONMENT, EXIT_FAILED
 from tests.fake_ollama import (
     LOAD_NS,
     NS_PER_EVAL_TOKEN,
@@ -411,7 +411,7 @@ def test_usage_values() -> None:
 
 def test_importing_the_provider_does_not_import_ollama() -> None:
     code = (
-        "import sys, coder.agent.ollama, coder.agent.provider; "
+        "import sys, coder.models.ollama, coder.models.provider; "
         "print(sorted(m for m in ('ollama', 'httpx') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -15,9 +15,8 @@ import pytest
 import yaml
 
 from coder import schemas
-from tests.conftest import git
+from tests.conftest import git, sample_files
 from tests.fake_ollama import FakeOllama, Reply, down_url
-from tests.conftest import sample_files
 from tests.test_run_lifecycle import coder, state_of, step_commits
 
 PROMPT = "Add multiply(a, b) to calc.py, with a test and a line in the README."
@@ -390,7 +389,9 @@ def test_an_existing_out_file_is_kept_unless_forced(fake: FakeOllama, sample: Pa
 
 
 def test_the_context_leaves_out_vendored_and_binary_files(make_repo) -> None:
-    from coder import config, gitops, plan
+    from coder import config
+    from coder.git import ops as gitops
+    from coder.plan import service as plan
 
     repo = make_repo(
         {

@@ -7,18 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from coder.errors import InvalidInput
-from coder.policy import (
-    DEFAULT_ALLOWED_COMMANDS,
-    NETWORK_PROGRAMS,
-    Policy,
-    PolicyViolation,
-    check_command,
-    is_protected,
-    programs_in,
-    resolve_in_root,
-    scrub_env,
-)
+from coder.errors import InvalidInput, PolicyViolation
+from coder.policy.commands import DEFAULT_ALLOWED_COMMANDS, NETWORK_PROGRAMS, Policy, check_command
+from coder.policy.env import scrub_env
+from coder.policy.paths import is_protected, resolve_in_root
+from coder.policy.shell import programs_in
 
 POLICY = Policy()
 NET_OFF_CURL = "`curl` is a network program and the network is off"

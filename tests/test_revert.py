@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from coder import gitops
 from coder.crashpoints import REVERT_POINTS
-from coder.revert import RevertPlan, plan_revert
-from coder.state import TaskLock
+from coder.git import ops as gitops
+from coder.run.revert import RevertPlan, plan_revert
+from coder.run.state import TaskLock
 from tests.conftest import git
 from tests.test_run_lifecycle import coder, snapshot, state_of, taskfile
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from coder import sandbox
-from coder.errors import InvalidInput
-from coder.policy import Policy, PolicyViolation
-from coder.sandbox import CommandResult, network_isolation_available, run_command
+from coder.errors import InvalidInput, PolicyViolation
+from coder.policy import sandbox
+from coder.policy.commands import Policy
+from coder.policy.sandbox import CommandResult, network_isolation_available, run_command
 
 POLICY = Policy()
 PYTHON = shlex.quote(sys.executable)  # its basename, `python`, is on the default allowlist

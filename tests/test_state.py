@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from coder.errors import EXIT_ENVIRONMENT, ConcurrentRun, EnvironmentProblem, InvalidInput
-from coder.schemas import validator
-from coder.state import (
+from coder.run.state import (
     CorruptState,
     StateStore,
     TaskLock,
@@ -27,6 +26,7 @@ from coder.state import (
     read_lock_owner,
     write_atomic,
 )
+from coder.schemas import validator
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 SHA2 = "89abcdef0123456789abcdef0123456789abcdef"
@@ -274,7 +274,7 @@ def test_list_load_all_delete(store: StateStore) -> None:
 HOLDER = r"""
 import os, subprocess, sys, time
 from pathlib import Path
-from coder.state import TaskLock
+from coder.run.state import TaskLock
 
 coder_dir, task_id, mode = sys.argv[1:4]
 lock = TaskLock(Path(coder_dir), task_id).acquire()

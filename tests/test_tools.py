@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from ollama._types import Tool as OllamaTool
 
-from coder.errors import InvalidInput
-from coder.policy import Policy, PolicyViolation
+from coder.errors import InvalidInput, PolicyViolation
+from coder.policy.commands import Policy
 from coder.redact import Redactor
 from coder.tools import (
     Registry,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from coder.policy import Policy
+from coder.policy.commands import Policy
 from coder.redact import Redactor
 from coder.tools import ToolContext, ToolResult, default_registry, doc_write_filter
 from coder.tools import fs as fs_module

@@ -1,2 +1,8 @@
-"""The model layer: the provider seam (`provider`), the Ollama provider (`ollama`) and, later,
-the agent loop that drives a provider through a step."""
+"""The agent: a model driven through one step with tools.
+
+    loop.py      the bounded loop: ask the model, run its tool calls, check its claim
+    prompts.py   the cache-stable prompt prefix and the per-step messages
+    repair.py    tool calls recovered from JSON written as text
+
+May import: tools, models, policy and the base modules. Never run, plan, mcp or CLI.
+"""

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coder.agent import prompts
-from coder.agent.provider import ChatResult, ModelProvider, ToolCall, Usage
 from coder.agent.repair import calls_in_text
+from coder.models.provider import ChatResult, ModelProvider, ToolCall, Usage
 
 TERMINAL = "step_complete"
 CHARS_PER_TOKEN = 4  # a conservative estimate for code and English

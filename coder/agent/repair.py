@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from coder.agent.provider import ToolCall
+from coder.models.provider import ToolCall
 
 MAX_SCAN = 200_000  # characters of text examined; a reply longer than this is not a tool call
 

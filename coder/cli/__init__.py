@@ -3,6 +3,8 @@
 Only click is imported at start-up; each command imports what it needs when it runs, so
 `coder --help` stays fast. Expected failures (`CoderError`) become one line on stderr and a
 documented exit code; `--debug` (or CODER_DEBUG=1) shows the traceback as well.
+
+May import: every service. Nothing imports the CLI.
 """
 
 from __future__ import annotations

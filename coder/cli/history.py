@@ -13,8 +13,8 @@ task_option = click.option("-t", "--task", "task_id", required=True, help="The r
 
 
 def show_run(task_id: str, as_json: bool) -> None:
-    from coder import history
     from coder.cli.runs import summary_table, usage_line
+    from coder.run import history
 
     view = history.open_run(cwd(), task_id)
     state = view.state
@@ -55,7 +55,7 @@ def show_run(task_id: str, as_json: bool) -> None:
 @click.option("--stat", is_flag=True, help="Files changed and line counts instead of the patch.")
 def diff(task_id: str, step: str | None, stat: bool) -> None:
     """Show a run's accumulated diff (base..branch) or one step's diff."""
-    from coder import history
+    from coder.run import history
 
     text = history.diff(history.open_run(cwd(), task_id), step=step, stat=stat)
     click.echo(text, nl=not text.endswith("\n"))
@@ -69,8 +69,8 @@ def diff(task_id: str, step: str | None, stat: bool) -> None:
 @json_option
 def logs(task_id: str, follow: bool, as_json: bool) -> None:
     """Print a run's structured event log."""
-    from coder import events, history
-    from coder.state import read_lock_owner
+    from coder.run import events, history
+    from coder.run.state import read_lock_owner
 
     view = history.open_run(cwd(), task_id)
     if follow:
@@ -112,7 +112,7 @@ def clean(task_id: str, keep_branch: bool, delete_branch: bool, as_json: bool) -
 
     The branch goes too when the run was merged (unless --keep-branch) or with --delete-branch.
     """
-    from coder import history
+    from coder.run import history
 
     result = history.clean(cwd(), task_id, keep_branch=keep_branch, delete_branch=delete_branch)
     if as_json:

@@ -43,7 +43,7 @@ def merge(task_id: str, if_green: bool, mode: str, as_json: bool) -> None:
     If the base branch is checked out, its files follow; your uncommitted edits to other files
     are kept as they are, and edits to files the merge changes make it refuse.
     """
-    from coder import merge as merge_service
+    from coder.run import merge as merge_service
 
     notify = None if as_json else (lambda message: click.echo(message, err=True))
     result = merge_service.merge_run(

@@ -62,7 +62,7 @@ def plan(
     `coder validate` does (plus allowed commands and paths inside the repository) and sent
     back with its problems until it is valid, up to `plan_attempts` times.
     """
-    from coder import plan as planner
+    from coder.plan import service as planner
 
     if run_after and dry_run:
         raise click.UsageError("--run and --dry-run cannot be combined")
@@ -89,7 +89,7 @@ def plan(
 
 
 def _summary(result: Any, cwd: Path) -> str:
-    from coder.plan import shown
+    from coder.plan.service import shown
 
     where = shown(result.path, cwd) if result.path else "(dry run: not written)"
     usage = result.usage
@@ -101,7 +101,7 @@ def _summary(result: Any, cwd: Path) -> str:
 
 
 def _as_dict(result: Any, cwd: Path) -> dict[str, Any]:
-    from coder.plan import shown
+    from coder.plan.service import shown
 
     return {
         "task_id": result.task_id,
@@ -140,16 +140,20 @@ def _failed(exc: Any, as_json: bool) -> NoReturn:
 
 def _run(result: Any, model: str | None, as_json: bool) -> None:
     """`coder run --autonomous -f PATH`, with the run command's progress and summary."""
-    from coder import runs
     from coder.cli.runs import _finish, _progress
-    from coder.plan import shown
+    from coder.mcp.client import attach_configured
+    from coder.plan.service import shown
+    from coder.run import runs
 
     click.echo(_summary(result, cwd()), err=as_json)  # stdout stays one JSON document
     click.echo(f"Running it: coder run --autonomous -f {shown(result.path, cwd())}", err=True)
     progress = _progress(as_json)
     try:
         run = runs.start(
-            result.path, cwd=cwd(), console=progress, options=runs.RunOptions(model=model)
+            result.path,
+            cwd=cwd(),
+            console=progress,
+            options=runs.RunOptions(model=model, attach_tools=attach_configured),
         )
     finally:
         progress.close()

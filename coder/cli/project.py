@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import click
 
 from coder.cli import cwd, emit_json, json_option

@@ -78,7 +78,8 @@ def run(
     Exit 0 when the run succeeded, 1 when a step or the success criteria failed, 130 when it
     was stopped (resume it with `coder resume -t ID`).
     """
-    from coder import runs
+    from coder.mcp.client import attach_configured
+    from coder.run import runs
 
     approve = None
     if not autonomous:
@@ -94,7 +95,15 @@ def run(
             path,
             cwd=cwd(),
             console=progress,
-            options=runs.RunOptions(max_parallel, fail_fast, model, record, replay, approve),
+            options=runs.RunOptions(
+                max_parallel,
+                fail_fast,
+                model,
+                record,
+                replay,
+                approve,
+                attach_tools=attach_configured,
+            ),
         )
     finally:
         progress.close()
@@ -119,7 +128,8 @@ def resume(
     Finished steps never run again; a step caught mid-way is checked against git: committed
     means done, otherwise its partial changes are discarded and it runs again.
     """
-    from coder import runs
+    from coder.mcp.client import attach_configured
+    from coder.run import runs
 
     progress = _progress(as_json)
     try:
@@ -127,7 +137,9 @@ def resume(
             task_id,
             cwd=cwd(),
             console=progress,
-            options=runs.RunOptions(max_parallel, fail_fast, model, record, replay),
+            options=runs.RunOptions(
+                max_parallel, fail_fast, model, record, replay, attach_tools=attach_configured
+            ),
         )
     finally:
         progress.close()
@@ -140,7 +152,7 @@ def resume(
 @json_option
 def stop(task_id: str, wait: float, as_json: bool) -> None:
     """Stop a run gracefully; the current step is checkpointed."""
-    from coder import runs
+    from coder.run import runs
 
     pid = runs.stop(task_id, cwd=cwd(), wait=wait)
     if as_json:
@@ -155,8 +167,9 @@ def stop(task_id: str, wait: float, as_json: bool) -> None:
 @json_option
 def status(as_json: bool) -> None:
     """List the runs in this repository."""
-    from coder import gitops, project
-    from coder.state import CorruptState, StateStore, read_lock_owner
+    from coder import project
+    from coder.git import ops as gitops
+    from coder.run.state import CorruptState, StateStore, read_lock_owner
 
     root = gitops.repo_root(gitops.open_repo(cwd()))
     coder_dir = project.coder_dir(root)
@@ -197,7 +210,7 @@ def status(as_json: bool) -> None:
 
 def approval_prompt(step: Any, run: Any) -> str:
     """Ask before a step: [r]un, [s]kip, [d]iff so far, [q]uit."""
-    from coder import gitops
+    from coder.git import ops as gitops
 
     what = f"`{step.cmd}`" if step.cmd else step.goal
     while True:
@@ -224,9 +237,9 @@ def _progress(as_json: bool) -> Any:
 
 def _merge_on_success(result: Any, as_json: bool) -> tuple[dict[str, Any], str, int] | None:
     """`run --merge-on-success`: (JSON, text, exit code) of merging a green run; None if red."""
-    from coder import merge
     from coder.cli.merge_cmd import describe
     from coder.errors import CoderError
+    from coder.run import merge
 
     if result.status != "success":
         return None

@@ -496,6 +496,14 @@ def attach(
     return bridge
 
 
+def attach_configured(
+    agent: Any, cfg: Mapping[str, Any], *, cwd: Path, log: Any, redactor: Redactor | None = None
+) -> McpBridge | None:
+    """`RunOptions.attach_tools` for the CLI: the config's `mcp_servers`, if it lists any."""
+    servers = cfg.get("mcp_servers")
+    return attach(agent, servers, cwd=cwd, log=log, redactor=redactor) if servers else None
+
+
 # --------------------------------------------------------------------------- conversions
 
 

@@ -41,7 +41,7 @@ def server_registry() -> Registry:
 def tool_context(root: Path) -> ToolContext:
     """The context of every call: the repository's config, as a run would use it."""
     from coder import config as config_mod
-    from coder.policy import Policy
+    from coder.policy.commands import Policy
     from coder.redact import Redactor
 
     cfg = config_mod.load(root)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from coder.errors import CoderError, EnvironmentProblem, InvalidInput
-from coder.policy import resolve_in_root
+from coder.policy.paths import resolve_in_root
 from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
 
 START_WAIT = 5.0  # seconds task_run waits for the run to be created (or to fail early)
@@ -46,7 +46,8 @@ def _taskfile(ctx: ToolContext, rel: str) -> Path:
 
 def _repo(ctx: ToolContext) -> tuple[Any, Path]:
     """The pygit2 repository at the server's root and its `.coder/` directory."""
-    from coder import gitops, project
+    from coder import project
+    from coder.git import ops as gitops
 
     repo = gitops.open_repo(Path(ctx.root))
     return repo, project.coder_dir(gitops.repo_root(repo))
@@ -83,8 +84,10 @@ def task_validate(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 
 def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
-    from coder import gitops, project, runs, taskfile
-    from coder.state import StateStore
+    from coder import project, taskfile
+    from coder.git import ops as gitops
+    from coder.run import runs
+    from coder.run.state import StateStore
 
     rel = args["path"]
     task = taskfile.load(_taskfile(ctx, rel), rel)
@@ -147,7 +150,7 @@ def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 
 def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
-    from coder.state import StateStore, UnknownTask, read_lock_owner
+    from coder.run.state import StateStore, UnknownTask, read_lock_owner
 
     task_id = args["id"]
     _repo_obj, coder_dir = _repo(ctx)
@@ -217,7 +220,7 @@ def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 
 def task_stop(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
-    from coder import runs
+    from coder.run import runs
 
     task_id = args["id"]
     _repo_obj, coder_dir = _repo(ctx)

@@ -4,7 +4,7 @@
                  redaction), tools_for_kind, doc_write_filter, default_registry()
     fs.py        fs_read, fs_write, fs_edit, fs_glob, fs_grep
     git.py       git_status, git_diff, git_log, fs_apply_patch (libgit2 applies it)
-    shell.py     shell_run, tests_run (through coder.sandbox)
+    shell.py     shell_run, tests_run (through coder.policy.sandbox)
 
 Typical use::
 
@@ -12,6 +12,8 @@ Typical use::
     ctx = ToolContext(root=worktree, policy=policy, redactor=redactor)
     tools = reg.definitions(tools_for_kind("edit"))     # for the model
     text = reg.call(name, arguments, ctx).as_text()     # never raises for a model mistake
+
+May import: policy, git, models' value types and the base modules. Never agent, run or CLI.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ import difflib
 import json
 import os
 import re
-import stat
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from coder.policy import PolicyViolation, resolve_in_root
+from coder.durable import write_atomic
+from coder.errors import PolicyViolation
+from coder.policy.paths import resolve_in_root
 from coder.tools.registry import (
     Tool,
     ToolContext,
@@ -119,24 +120,6 @@ def closest_match(lines: list[str], target: list[str]) -> tuple[int, int, float]
         if best is None or ratio > best[2]:
             best = (i, i + n, ratio)
     return best
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` in one step (temp file in the same directory + os.replace), keeping
-    its permission bits, so a crash or a failed edit never leaves a half-written file."""
-    mode = stat.S_IMODE(os.stat(path).st_mode) if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".coder-tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _line_of(text: str, pos: int) -> int:
@@ -360,7 +343,9 @@ def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     else:
         new, count = text[: starts[0]] + replace + text[starts[0] + len(search) :], 1
     out = new.replace("\n", "\r\n") if crlf else new
-    write_atomic(real, out.encode("utf-8", errors="surrogateescape"))
+    write_atomic(
+        real, out.encode("utf-8", errors="surrogateescape"), new_mode=0o644, crash_point=None
+    )
     # Show the edited region (first occurrence) so the model can check it without a re-read.
     first = _line_of(new, starts[0])
     last = first + (replace[:-1] if replace.endswith("\n") else replace).count("\n")

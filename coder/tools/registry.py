@@ -32,8 +32,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
-from coder.errors import CoderError, InvalidInput
-from coder.policy import Policy, PolicyViolation
+from coder.errors import CoderError, InvalidInput, PolicyViolation
+from coder.policy.commands import Policy
 from coder.redact import Redactor
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")

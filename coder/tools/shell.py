@@ -1,5 +1,5 @@
 """Command tools: `shell_run` (custom steps only) and `tests_run`, both through the sandbox
-(`coder.sandbox.run_command`: allowlist, no network, scrubbed environment, timeout,
+(`coder.policy.sandbox.run_command`: allowlist, no network, scrubbed environment, timeout,
 process-group kill, capped output). A refused command is an error result whose hint is the
 policy's own explanation; nothing runs.
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from coder.policy import PolicyViolation
-from coder.sandbox import CommandResult, run_command
-from coder.testing import framework_of, parse_output, test_command
+from coder.errors import PolicyViolation
+from coder.policy.sandbox import CommandResult, run_command
+from coder.testreport import framework_of, parse_output, test_command
 from coder.tools.fs import resolve
 from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
 

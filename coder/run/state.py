@@ -12,20 +12,18 @@ The pid written in the file is for messages and `coder stop`; the flock is what 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
 import re
 import socket
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from coder.crashpoints import crashpoint
+from coder.durable import fsync_dir, write_atomic
 from coder.errors import ConcurrentRun, EnvironmentProblem, InvalidInput
 from coder.schemas import validator
 
@@ -45,53 +43,6 @@ def check_task_id(task_id: str) -> str:
             hint="task ids are 1-64 letters, digits, '-' or '_', starting with a letter or digit",
         )
     return task_id
-
-
-# --- durable writes -------------------------------------------------------------------------
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so that a crash at any instant leaves either the old or the
-    new content: temp file in the same directory, write, fsync, `os.replace`, fsync the
-    directory. On any failure the temp file is removed and the old file is untouched.
-
-    A new file is created private (0600); an existing file keeps its mode."""
-    path = Path(path)
-    directory = path.parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.fchmod(fd, os.stat(path).st_mode & 0o7777)
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        crashpoint("checkpoint")  # test-only: the crash tests kill coder here
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable. Some filesystems cannot fsync a directory (EINVAL)."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:
-            raise
-    finally:
-        os.close(fd)
 
 
 # --- state files ----------------------------------------------------------------------------
@@ -220,7 +171,7 @@ class StateStore:
         path = self.path(task_id)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
 
 
 # --- the task lock --------------------------------------------------------------------------

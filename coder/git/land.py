@@ -18,7 +18,7 @@ from pathlib import Path
 import pygit2
 
 from coder.errors import EnvironmentProblem, RunFailed
-from coder.gitops import (
+from coder.git.ops import (
     TRAILER_TASK,
     BranchMoved,
     _branch_ref,

@@ -3,7 +3,7 @@
 Files per run, under `.coder/`:
     tasks/<id>.json       the run's manifest: the resolved taskfile, base commit, branch,
                           worktree. Written once, before anything else, never changed.
-    state/<id>.json       the checkpoint (coder.state), rewritten atomically after every step
+    state/<id>.json       the checkpoint (coder.run.state), rewritten atomically after every step
                           transition; can be rebuilt from the manifest and the branch's trailers.
     worktrees/<id>/       the git worktree on the run's branch: all work happens there.
     logs/<id>.jsonl       the event log. artifacts/<id>/: per-step diffs and command logs.
@@ -23,10 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from coder import config as config_mod
-from coder import gitland, gitops, project, taskfile
+from coder import project, taskfile
 from coder.crashpoints import crashpoint
+from coder.durable import write_atomic
 from coder.errors import EnvironmentProblem, InvalidInput
-from coder.state import CorruptState, StateStore, TaskLock, UnknownTask, now_iso, write_atomic
+from coder.git import land as gitland
+from coder.git import ops as gitops
+from coder.run.state import CorruptState, StateStore, TaskLock, UnknownTask, now_iso
 
 Console = Callable[[dict[str, Any]], None]
 
@@ -39,6 +42,10 @@ class RunOptions:
     record: Path | None = None  # write the model's replies here
     replay: Path | None = None  # answer model calls from this recording instead of Ollama
     approve: Any = None  # interactive mode: Callable[[Step, RunContext], "run"|"skip"|"quit"]
+    # Extra tools for the model, handed in by the layer above (the CLI passes the external MCP
+    # servers'): called as attach_tools(agent, cfg, cwd=worktree, log=log, redactor=redactor)
+    # before the first step; returns something with close(), or None.
+    attach_tools: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -164,11 +171,10 @@ def open_agent(
     if not any(s.uses_model for s in task.steps):
         return None
     from coder.agent import prompts
-    from coder.agent.ollama import OllamaProvider
-    from coder.steps.model import AgentSession
+    from coder.models.ollama import OllamaProvider
+    from coder.models.replay import RecordingProvider, ReplayProvider
+    from coder.run.steps.model import AgentSession
     from coder.tools.registry import default_registry
-
-    from coder.agent.replay import RecordingProvider, ReplayProvider
 
     provider: Any
     if options.replay is not None:
@@ -203,7 +209,7 @@ def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Any:
     network off but never on; only coder.config.json widens permissions."""
     from dataclasses import replace
 
-    from coder.policy import Policy
+    from coder.policy.commands import Policy
 
     policy = Policy.from_config(cfg.values)
     if task.policies.get("allow_network") is False:
@@ -213,15 +219,15 @@ def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Any:
 
 def preflight(task: taskfile.Task, policy: Any, root: Path, cfg: config_mod.Config) -> None:
     """Refuse a run whose commands the policy forbids, before anything is created."""
-    from coder import testing
+    from coder import testreport
     from coder.errors import CoderError
-    from coder.policy import check_command
+    from coder.policy.commands import check_command
 
     for step in task.steps:
         if step.kind == "shell":
             cmd = step.cmd
         elif step.kind == "test":
-            cmd = testing.test_command(
+            cmd = testreport.test_command(
                 root=root,
                 framework=step.framework,
                 cmd=step.cmd,
@@ -268,7 +274,7 @@ def resume(
     task_id: str, *, cwd: Path, options: RunOptions, console: Console | None = None
 ) -> RunResult:
     """Continue a run after a crash, a kill or a stop: finished steps never run again."""
-    from coder import sandbox
+    from coder.policy import sandbox
 
     repo = gitops.open_repo(cwd)
     root = gitops.repo_root(repo)
@@ -433,9 +439,9 @@ def _execute(
     warnings: tuple[str, ...],
     agent: Any = None,
 ) -> RunResult:
-    from coder.events import EventLog
-    from coder.executor import Executor, RunContext
     from coder.redact import Redactor
+    from coder.run.events import EventLog
+    from coder.run.executor import Executor, RunContext
 
     redactor = Redactor()
     with EventLog(coder_dir, task.id, redactor=redactor, console=console) as log:
@@ -461,17 +467,17 @@ def _execute(
         )
         if agent is not None:
             log.info("model.ready", **agent.facts)
-        mcp = None
+        attached = None
         try:
-            if agent is not None and cfg.get("mcp_servers"):  # their tools join the prefix
-                from coder.mcp.client import attach
-
-                mcp = attach(agent, cfg["mcp_servers"], cwd=worktree, log=log, redactor=redactor)
+            if agent is not None and options.attach_tools is not None:  # they join the prefix
+                attached = options.attach_tools(
+                    agent, cfg, cwd=worktree, log=log, redactor=redactor
+                )
             with _stop_on_signals(run.stop, log):
                 status = Executor(run).execute()
         finally:
-            if mcp is not None:
-                mcp.close()
+            if attached is not None:
+                attached.close()
             if agent is not None:
                 agent.provider.close()
     return RunResult(task.id, status, state, warnings)
@@ -502,7 +508,7 @@ def _stop_on_signals(stop: threading.Event, log: Any) -> Iterator[None]:
 def stop(task_id: str, *, cwd: Path, wait: float = 30.0) -> int:
     """Ask the runner of `task_id` to stop (SIGTERM) and wait for it to checkpoint and exit.
     Returns the runner's pid."""
-    from coder.state import pid_alive, read_lock_owner
+    from coder.run.state import pid_alive, read_lock_owner
 
     root = gitops.repo_root(gitops.open_repo(cwd))
     coder_dir = project.coder_dir(root)

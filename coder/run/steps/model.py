@@ -9,17 +9,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coder import gitops
 from coder.agent import prompts
 from coder.agent.loop import TERMINAL, AgentLoop, Limits, LoopResult
-from coder.agent.provider import ModelError, ModelUnavailable
-from coder.steps import StepContext, StepOutcome
+from coder.git import ops as gitops
+from coder.models.provider import ModelError, ModelUnavailable
+from coder.run.steps import StepContext, StepOutcome
 from coder.taskfile import Step, is_repo_relative, parse_duration
 
 EXTERNAL_SEPARATOR = "__"  # external MCP tools are <server>__<tool> (coder.mcp.client)
 
 if TYPE_CHECKING:
-    from coder.agent.provider import ModelProvider
+    from coder.models.provider import ModelProvider
     from coder.tools.registry import Registry, ToolContext
 
 

@@ -22,7 +22,7 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
-from coder.agent.provider import (
+from coder.models.provider import (
     ChatEvent,
     ChatResult,
     Done,

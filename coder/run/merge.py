@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import gitland, gitops, project
+from coder import project
 from coder.crashpoints import crashpoint
 from coder.errors import (
     CoderError,
@@ -36,8 +36,10 @@ from coder.errors import (
     InvalidInput,
     RunFailed,
 )
-from coder.runs import load_manifest
-from coder.state import StateStore, TaskLock, now_iso
+from coder.git import land as gitland
+from coder.git import ops as gitops
+from coder.run.runs import load_manifest
+from coder.run.state import StateStore, TaskLock, now_iso
 
 MODES = ("squash", "no-ff", "ff-only")
 Notify = Callable[[str], None]
@@ -89,7 +91,7 @@ def merge_run(
     notify: Notify | None = None,
 ) -> MergeResult:
     """Land run `task_id` on its base branch (see the module docstring)."""
-    from coder.events import EventLog
+    from coder.run.events import EventLog
 
     if mode not in MODES:
         raise InvalidInput(f"unknown merge mode {mode!r}", hint=f"use one of: {', '.join(MODES)}")
@@ -337,7 +339,7 @@ class _Merge:
     def _verify(self, commit: str) -> None:
         from coder import config as config_mod
         from coder import taskfile
-        from coder.runs import policy_for
+        from coder.run.runs import policy_for
 
         task = taskfile.from_dict(self.manifest["task"])
         cfg = config_mod.load(self.root)
@@ -437,8 +439,8 @@ class _Merge:
 def merge_message(manifest: dict[str, Any], state: dict[str, Any], mode: str) -> str:
     """Title, the steps (one line each, as their commits are titled), then the trailers."""
     from coder import taskfile
-    from coder.executor import commit_title
     from coder.redact import redact
+    from coder.run.executor import commit_title
 
     task = taskfile.from_dict(manifest["task"])
     lines = []
@@ -464,8 +466,8 @@ def green_problems(
 ) -> list[str]:
     """The success criteria against `worktree`: required files, and the tests (always: green
     means the tests passed, whether or not the task's own criteria asked for them)."""
-    from coder import success
     from coder.redact import redact
+    from coder.run import success
 
     problems = success.missing_files(task, worktree)
     try:

@@ -18,25 +18,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coder import gitops, graph
+from coder import graph
 from coder.crashpoints import crashpoint
 from coder.errors import CoderError
-from coder.state import now_iso
-from coder.steps import StepContext, StepOutcome, runner_for
-from coder.steps.checks import GitGuard, failed_asserts
+from coder.git import ops as gitops
+from coder.run.state import now_iso
+from coder.run.steps import StepContext, StepOutcome, runner_for
+from coder.run.steps.checks import GitGuard, failed_asserts
 
 if TYPE_CHECKING:
     from coder.config import Config
-    from coder.events import EventLog
-    from coder.policy import Policy
+    from coder.policy.commands import Policy
     from coder.redact import Redactor
-    from coder.state import StateStore
+    from coder.run.events import EventLog
+    from coder.run.state import StateStore
     from coder.taskfile import Step, Task
 
 
 @dataclass
 class RunContext:
-    """Everything one run needs; built by `coder.runs` for `run` and `resume`."""
+    """Everything one run needs; built by `coder.run.runs` for `run` and `resume`."""
 
     task: Task
     repo_root: Path
@@ -66,7 +67,7 @@ class RunContext:
     @property
     def owner(self) -> str:
         """Carried by every command of the run, so a resume can end those a crash left."""
-        from coder.sandbox import owner_token
+        from coder.policy.sandbox import owner_token
 
         return owner_token(self.coder_dir, self.task.id)
 
@@ -517,7 +518,7 @@ class Executor:
 
 def success_problems(ex: Executor) -> list[str]:
     """The task's `success` criteria, checked against the finished worktree."""
-    from coder import success
+    from coder.run import success
 
     worktree = ex.run.worktree
     problems = success.missing_files(ex.task, worktree)

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from coder.policy import Policy
-    from coder.sandbox import CommandResult
+    from coder.policy.commands import Policy
+    from coder.policy.sandbox import CommandResult
     from coder.taskfile import Task
 
 
@@ -24,10 +24,10 @@ def missing_files(task: Task, worktree: Path) -> list[str]:
 
 def test_command(task: Task, worktree: Path, cfg: Any) -> str:
     """The command that proves the task green (InvalidInput when there is none)."""
-    from coder import testing
+    from coder import testreport
 
     step = next((s for s in task.steps if s.kind == "test"), None)
-    return testing.test_command(
+    return testreport.test_command(
         root=worktree,
         configured=cfg.get("test_command"),
         framework=step.framework if step else None,
@@ -45,7 +45,7 @@ def run_tests(
     owner: str | None = None,
 ) -> tuple[str | None, CommandResult]:
     """Run the tests; the problem (None when green) and the command's result."""
-    from coder import sandbox
+    from coder.policy import sandbox
 
     result = sandbox.run_command(
         cmd, cwd=worktree, policy=policy, cancel=cancel, root=worktree, owner=owner

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from coder import config, testing
+from coder import config, testreport
 from coder.errors import InvalidInput
 
-# `testing.TestReport` / `testing.test_command` are used through the module so pytest does not
+# `testreport.TestReport` / `testreport.test_command` are used through the module so pytest does not
 # try to collect them from this file.
-Report = testing.TestReport
+Report = testreport.TestReport
 
 PYTEST_OUTPUT = """\
 ============================= test session starts ==============================
@@ -357,47 +357,47 @@ def counts(report: Report) -> tuple[int | None, ...]:
     ],
 )
 def test_parse_output_counts(output: str, framework: str, expected: tuple[int, ...]) -> None:
-    assert counts(testing.parse_output(output, framework)) == expected
-    detected = testing.parse_output(output)  # no hint: every parser is tried
+    assert counts(testreport.parse_output(output, framework)) == expected
+    detected = testreport.parse_output(output)  # no hint: every parser is tried
     assert (detected.framework, counts(detected)) == (framework, expected)
 
 
 def test_go_without_verbose_counts_packages_and_says_so() -> None:
-    report = testing.parse_output(GO_QUIET, "go")
+    report = testreport.parse_output(GO_QUIET, "go")
     assert counts(report) == (1, 1, 0, 1) and report.unit == "packages"
     assert report.summary() == "1 passed, 1 failed, 1 error (counted in packages)"
 
 
 def test_tap_output_is_not_mistaken_for_go_packages() -> None:
-    report = testing.parse_output("TAP version 13\nok 1 - adds\nnot ok 2 - subtracts\n1..2\n")
+    report = testreport.parse_output("TAP version 13\nok 1 - adds\nnot ok 2 - subtracts\n1..2\n")
     assert report.summary() == "no counts found" and report.framework is None
 
 
 def test_a_wrong_hint_still_finds_the_real_summary() -> None:
-    report = testing.parse_output(CARGO_OUTPUT, "pytest")
+    report = testreport.parse_output(CARGO_OUTPUT, "pytest")
     assert report.framework == "cargo" and counts(report) == (4, 1, 1, 0)
 
 
 def test_output_without_a_summary_has_no_counts_and_keeps_its_tail() -> None:
     log = "".join(f"building step {i}\n" for i in range(100)) + "Segmentation fault (core dumped)\n"
-    report = testing.parse_output(log, "pytest")
+    report = testreport.parse_output(log, "pytest")
     assert counts(report) == (None, None, None, None) and report.framework == "pytest"
     assert report.summary() == "no counts found"
     (tail,) = report.failures
     assert tail.splitlines()[-1] == "Segmentation fault (core dumped)"
-    assert len(tail.splitlines()) == testing.FALLBACK_LINES and "building step 40\n" not in tail
+    assert len(tail.splitlines()) == testreport.FALLBACK_LINES and "building step 40\n" not in tail
 
 
 def test_green_runs_carry_no_failures_unless_the_exit_code_says_otherwise() -> None:
-    assert testing.parse_output(VITEST_GREEN).failures == ()
-    assert testing.parse_output(VITEST_GREEN, exit_code=0).failures == ()
+    assert testreport.parse_output(VITEST_GREEN).failures == ()
+    assert testreport.parse_output(VITEST_GREEN, exit_code=0).failures == ()
     # all tests pass but the command still failed (here pytest-cov's threshold): show the tail
     log = (
         "..........                                                               [100%]\n"
         "FAIL Required test coverage of 90% not reached. Total coverage: 72.00%\n"
         "10 passed in 0.52s\n"
     )
-    report = testing.parse_output(log, "pytest", exit_code=1)
+    report = testreport.parse_output(log, "pytest", exit_code=1)
     assert counts(report) == (10, 0, 0, 0)
     assert any("Required test coverage of 90%" in s for s in report.failures)
 
@@ -406,7 +406,7 @@ def test_green_runs_carry_no_failures_unless_the_exit_code_says_otherwise() -> N
 
 
 def test_pytest_sections_are_the_summary_lines_then_the_failure_blocks() -> None:
-    summary, error, failure = testing.failing_sections(PYTEST_OUTPUT, "pytest")
+    summary, error, failure = testreport.failing_sections(PYTEST_OUTPUT, "pytest")
     assert summary.splitlines() == [
         "FAILED tests/test_api.py::test_parse_date"
         " - AssertionError: assert datetime.date(2024, 3, 1) is None",
@@ -420,23 +420,23 @@ def test_pytest_sections_are_the_summary_lines_then_the_failure_blocks() -> None
 
 
 def test_unittest_sections_are_the_fail_and_error_blocks() -> None:
-    error, failure = testing.failing_sections(UNITTEST_OUTPUT, "unittest")
+    error, failure = testreport.failing_sections(UNITTEST_OUTPUT, "unittest")
     assert error.startswith("ERROR: test_load") and error.endswith("'missing.json'")
     assert failure.startswith("FAIL: test_total") and failure.endswith("AssertionError: 25 != 30")
     assert "Ran 7 tests" not in failure and "test_add" not in error + failure
 
 
 def test_jest_sections_skip_console_blocks_and_repeats() -> None:
-    (section,) = testing.failing_sections(JEST_OUTPUT, "jest")
+    (section,) = testreport.failing_sections(JEST_OUTPUT, "jest")
     assert section.startswith("  ● sum › adds 1 + 2 to equal 4")
     assert "Received: 3" in section and "at Object.toBe (src/sum.test.js:4:21)" in section
     assert "console.log" not in section and "Summary of all failing" not in section
-    (broken,) = testing.parse_output(JEST_SUITE_BROKEN).failures
+    (broken,) = testreport.parse_output(JEST_SUITE_BROKEN).failures
     assert "Test suite failed to run" in broken and "Unexpected token" in broken
 
 
 def test_vitest_sections_are_the_fail_blocks_without_colour_codes() -> None:
-    (section,) = testing.failing_sections(VITEST_OUTPUT, "vitest")
+    (section,) = testreport.failing_sections(VITEST_OUTPUT, "vitest")
     assert "\x1b" not in section
     assert section.startswith(" FAIL  src/math.test.ts > math > divides by zero safely")
     assert "expect(divide(1, 0)).toBe(0)" in section and "+ Infinity" in section
@@ -444,7 +444,7 @@ def test_vitest_sections_are_the_fail_blocks_without_colour_codes() -> None:
 
 
 def test_go_sections_hold_the_output_before_and_after_the_fail_line() -> None:
-    sub, table = testing.failing_sections(GO_VERBOSE, "go")
+    sub, table = testreport.failing_sections(GO_VERBOSE, "go")
     assert sub.splitlines() == [
         "    calc_test.go:14: Sub(5, 3) = 8; want 2",
         "--- FAIL: TestSub (0.00s)",
@@ -455,16 +455,18 @@ def test_go_sections_hold_the_output_before_and_after_the_fail_line() -> None:
         "    --- PASS: TestTable/zero (0.00s)",
         "    --- FAIL: TestTable/negative (0.00s)",
     ]
-    build, quiet = testing.failing_sections(GO_QUIET, "go")
+    build, quiet = testreport.failing_sections(GO_QUIET, "go")
     assert build == "# example.com/calc/broken\nbroken/broken.go:5:9: undefined: strconv.Itoa2"
     assert quiet == "--- FAIL: TestSub (0.00s)\n    calc_test.go:14: Sub(5, 3) = 8; want 2"
 
 
 def test_cargo_sections_are_the_stdout_blocks_and_compile_errors() -> None:
-    (section,) = testing.failing_sections(CARGO_OUTPUT, "cargo")
+    (section,) = testreport.failing_sections(CARGO_OUTPUT, "cargo")
     assert section.startswith("---- tests::subtracts stdout ----")
     assert "sub is broken" in section and section.endswith("display a backtrace")
-    report = testing.parse_output(CARGO_COMPILE_ERROR)  # no summary: the cargo blocks still match
+    report = testreport.parse_output(
+        CARGO_COMPILE_ERROR
+    )  # no summary: the cargo blocks still match
     assert counts(report) == (None, None, None, None)
     mismatch, could_not = report.failures
     assert mismatch.startswith("error[E0308]: mismatched types") and "found `&str`" in mismatch
@@ -488,14 +490,14 @@ def test_sections_are_capped_with_a_note_naming_what_was_cut() -> None:
         )
         + "=== 40 failed in 1.00s ===\n"
     )
-    sections = testing.failing_sections(log, "pytest", limit_chars=3000)
+    sections = testreport.failing_sections(log, "pytest", limit_chars=3000)
     assert sum(map(len, sections)) <= 3000
     assert sections[0].count("FAILED tests/test_many.py") == 40  # the summary survives the cut
     note = sections[-1]
     assert "test_case_00" in sections[1] and "test_case_39" not in "".join(sections[1:-1])
     assert note.startswith("[output cut to 3000 chars: ")
     assert "more failing section(s) left out: test_case_" in note and note.endswith(" more]")
-    uncut = testing.failing_sections(log, "pytest", limit_chars=10**6)
+    uncut = testreport.failing_sections(log, "pytest", limit_chars=10**6)
     assert len(uncut) == 41 and not uncut[-1].startswith("[output cut")
 
 
@@ -511,7 +513,7 @@ def test_huge_blocks_keep_their_head_and_tail() -> None:
         + "-" * 70
         + "\nRan 1 test in 0.1s\n\nFAILED (errors=1)\n"
     )
-    (section,) = testing.failing_sections(log, "unittest")
+    (section,) = testreport.failing_sections(log, "unittest")
     assert section.startswith("ERROR: test_deep") and section.endswith("RecursionError: too deep")
     assert "lines cut ...]" in section and len(section.splitlines()) < 100
 
@@ -546,19 +548,19 @@ def test_huge_blocks_keep_their_head_and_tail() -> None:
     ],
 )
 def test_framework_of(command: str, expected: str | None) -> None:
-    assert testing.framework_of(command) == expected
+    assert testreport.framework_of(command) == expected
 
 
 def test_command_precedence_cmd_framework_configured_detected(tmp_path: Path) -> None:
     (tmp_path / "go.mod").write_text("module example.com/calc\n")
     every = {"cmd": "make check", "framework": "cargo", "configured": "tox -e py311"}
-    assert testing.test_command(root=tmp_path, **every) == "make check"
+    assert testreport.test_command(root=tmp_path, **every) == "make check"
     every.pop("cmd")
-    assert testing.test_command(root=tmp_path, **every) == "cargo test"
+    assert testreport.test_command(root=tmp_path, **every) == "cargo test"
     every.pop("framework")
-    assert testing.test_command(root=tmp_path, **every) == "tox -e py311"
-    assert testing.test_command(root=tmp_path) == config.detect_test_command(tmp_path)
-    assert testing.test_command(root=tmp_path) == "go test ./..."
+    assert testreport.test_command(root=tmp_path, **every) == "tox -e py311"
+    assert testreport.test_command(root=tmp_path) == config.detect_test_command(tmp_path)
+    assert testreport.test_command(root=tmp_path) == "go test ./..."
 
 
 @pytest.mark.parametrize(
@@ -573,31 +575,31 @@ def test_command_precedence_cmd_framework_configured_detected(tmp_path: Path) ->
     ],
 )
 def test_command_for_each_framework(tmp_path: Path, framework: str, expected: str) -> None:
-    assert testing.test_command(root=tmp_path, framework=framework) == expected
-    assert testing.framework_of(expected) == framework  # the parser gets the right hint
+    assert testreport.test_command(root=tmp_path, framework=framework) == expected
+    assert testreport.framework_of(expected) == framework  # the parser gets the right hint
 
 
 def test_command_unittest_uses_the_tests_folder_and_args_are_quoted(tmp_path: Path) -> None:
     (tmp_path / "tests").mkdir()
     assert (
-        testing.test_command(root=tmp_path, framework="unittest", args=["-k", "cart total"])
+        testreport.test_command(root=tmp_path, framework="unittest", args=["-k", "cart total"])
         == "python -m unittest discover -s tests -q -k 'cart total'"
     )
     assert (
-        testing.test_command(root=tmp_path, cmd="pytest", args=["tests/a b.py", "-x;rm -rf /"])
+        testreport.test_command(root=tmp_path, cmd="pytest", args=["tests/a b.py", "-x;rm -rf /"])
         == "pytest 'tests/a b.py' '-x;rm -rf /'"
     )
 
 
 def test_no_test_command_is_an_error_with_a_hint(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput) as info:
-        testing.test_command(root=tmp_path)
+        testreport.test_command(root=tmp_path)
     assert info.value.message == f"no test command could be found in {tmp_path}"
     hint = info.value.hint or ""
     assert "`test_command` in coder.config.json" in hint
     assert "`cmd`" in hint and "`framework`" in hint
     with pytest.raises(InvalidInput, match="unknown test framework 'mocha'"):
-        testing.test_command(root=tmp_path, framework="mocha")
+        testreport.test_command(root=tmp_path, framework="mocha")
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -683,12 +685,12 @@ def test_real_runs_parse_exactly(calc_project: Path, runner: str, argv: list[str
     output = done.stdout + "\n" + done.stderr
     assert done.returncode == 1, output
 
-    hint = testing.framework_of(" ".join(["python", *argv]))
-    report = testing.parse_output(output, hint, exit_code=done.returncode)
+    hint = testreport.framework_of(" ".join(["python", *argv]))
+    report = testreport.parse_output(output, hint, exit_code=done.returncode)
     assert report.framework == runner and counts(report) == (1, 1, 1, 0), output
-    assert testing.parse_output(output) == report  # the same without any hint
+    assert testreport.parse_output(output) == report  # the same without any hint
 
     sections = "\n".join(report.failures)
     assert "test_sub_fails" in sections and "sub is broken" in sections
     assert "test_add_passes" not in sections and "test_mul_skipped" not in sections
-    assert testing.failing_sections(output, None) == report.failures
+    assert testreport.failing_sections(output, None) == report.failures

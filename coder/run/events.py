@@ -29,7 +29,7 @@ import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from coder.redact import SCAN_FAILED, Redactor
-from coder.state import check_task_id
+from coder.run.state import check_task_id
 
 Console = Callable[[dict[str, Any]], None]
 

@@ -33,11 +33,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import gitland, gitops, graph, project, taskfile
+from coder import graph, project, taskfile
 from coder.crashpoints import crashpoint
 from coder.errors import CoderError, ConcurrentRun, EnvironmentProblem, InvalidInput
-from coder.runs import load_manifest
-from coder.state import StateStore, TaskLock
+from coder.git import land as gitland
+from coder.git import ops as gitops
+from coder.run.runs import load_manifest
+from coder.run.state import StateStore, TaskLock
 
 MODES = ("revert", "reset")
 
@@ -75,7 +77,7 @@ class RevertResult:
 
 def revert_run(task_id: str, *, cwd: Path, to_step: str, mode: str = "revert") -> RevertResult:
     """Bring run `task_id` back to the state right after `to_step` (see the module docstring)."""
-    from coder.events import EventLog
+    from coder.run.events import EventLog
 
     if mode not in MODES:
         raise InvalidInput(f"unknown revert mode {mode!r}", hint=f"use one of: {', '.join(MODES)}")
@@ -209,7 +211,7 @@ class _Revert:
     # --- refusals ----------------------------------------------------------------------------
 
     def _refuse_merged(self) -> None:
-        from coder.merge import tag_name
+        from coder.run.merge import tag_name
 
         record = self.state.get("merge") or {}
         tag = tag_name(self.task_id)
@@ -268,7 +270,7 @@ class _Revert:
     def _repair_worktree(self, tip: str) -> None:
         """What resume repairs too: a deleted worktree, a crash's index.lock, and commands a
         killed runner left running (they would write into the worktree behind our back)."""
-        from coder import sandbox
+        from coder.policy import sandbox
 
         if not (self.worktree / ".git").is_file():
             gitops.create_worktree(

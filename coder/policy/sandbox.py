@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from coder.errors import EnvironmentProblem, InvalidInput
-from coder.policy import Policy, PolicyViolation, check_command, scrub_env
+from coder.errors import EnvironmentProblem, InvalidInput, PolicyViolation
+from coder.policy.commands import Policy, check_command
+from coder.policy.env import scrub_env
 
 _KILL_GRACE_S = 2.0  # between SIGTERM and SIGKILL
 _POLL_S = 0.05  # how often the waiting loop looks at the cancel event and the clock

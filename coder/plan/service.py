@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -26,17 +25,19 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
-from coder import gitops, taskfile, yamldoc
-from coder.policy import SHELL_BUILTINS
+from coder import taskfile, yamldoc
+from coder.durable import write_atomic
 from coder.errors import InvalidInput, RunFailed
+from coder.git import ops as gitops
+from coder.policy.commands import SHELL_BUILTINS
 from coder.yamldoc import Problem
 
 if TYPE_CHECKING:
     import pygit2
 
-    from coder.agent.ollama import OllamaProvider
-    from coder.agent.provider import ChatEvent, Usage
-    from coder.policy import Policy
+    from coder.models.ollama import OllamaProvider
+    from coder.models.provider import ChatEvent, Usage
+    from coder.policy.commands import Policy
 
 Notify = Callable[[str], None]
 
@@ -680,9 +681,9 @@ def plan_problems(
 def _command_problems(
     i: int, step: dict[str, Any], ctx: ProjectContext, policy: Policy, cfg: config_mod.Config
 ) -> list[tuple[list[Any], str]]:
-    from coder import testing
+    from coder import testreport
     from coder.errors import CoderError
-    from coder.policy import check_command
+    from coder.policy.commands import check_command
 
     kind, cmd = step.get("kind"), step.get("cmd")
     if kind == "shell" and isinstance(cmd, str):
@@ -692,7 +693,7 @@ def _command_problems(
         framework = step.get("framework")
         args = step.get("args")
         try:
-            cmd = testing.test_command(
+            cmd = testreport.test_command(
                 root=ctx.root,
                 cmd=cmd if isinstance(cmd, str) else None,
                 framework=framework if isinstance(framework, str) else None,
@@ -721,7 +722,8 @@ def _command_problems(
 def _path_problems(
     i: int, step: dict[str, Any], ctx: ProjectContext, policy: Policy, created: set[str]
 ) -> list[tuple[list[Any], str]]:
-    from coder.policy import PolicyViolation, resolve_in_root
+    from coder.errors import PolicyViolation
+    from coder.policy.paths import resolve_in_root
 
     found: list[tuple[list[Any], str]] = []
     files = set(ctx.files)
@@ -842,9 +844,7 @@ def shown(path: Path, cwd: Path) -> str:
 def write_text(path: Path, text: str) -> None:
     """Write through a temporary file and a rename, so a crash never leaves half a taskfile."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, text.encode("utf-8"), new_mode=0o644, crash_point=None)
 
 
 # --- the service ---------------------------------------------------------------------------
@@ -855,7 +855,7 @@ def plan(
 ) -> PlanResult:
     """Ask the model for a taskfile until it is valid (or the attempts run out), then write it
     (unless a dry run). Raises BadSpec (2), ModelUnavailable (3), ModelError or PlanFailed (1)."""
-    from coder.policy import Policy
+    from coder.policy.commands import Policy
 
     say = notify or (lambda message: None)
     cfg = config_mod.load(cwd, flags={"model": options.model})
@@ -875,7 +875,7 @@ def plan(
 
 
 def _provider(cfg: config_mod.Config) -> OllamaProvider:
-    from coder.agent.ollama import OllamaProvider
+    from coder.models.ollama import OllamaProvider
 
     return OllamaProvider(
         str(cfg["model"]),
@@ -901,7 +901,7 @@ class _Planner:
     say: Notify
 
     def run(self, provider: OllamaProvider) -> PlanResult:
-        from coder.agent.provider import Usage
+        from coder.models.provider import Usage
         from coder.schemas import bundled
 
         system = system_prompt(self.ctx, self.policy)
@@ -960,7 +960,7 @@ class _Planner:
             )
 
     def _on_event(self, event: ChatEvent) -> None:
-        from coder.agent.provider import Retrying
+        from coder.models.provider import Retrying
 
         if isinstance(event, Retrying):
             self.say(f"model call failed ({event.reason}); retrying in {event.delay_s:.1f}s")

@@ -1,236 +1,22 @@
-"""Every safety rule about commands, environment and paths, in one place.
+"""Which programs would bash run for a command line?
 
-Three guards live here:
-
-* the command allowlist (`check_command`): a small shell parser finds every program a command
-  line would run (through `;`, pipes, substitutions, `bash -c`, `env`, `xargs`, `find -exec`,
-  ...) and refuses what is not allowed or cannot be checked;
-* the environment scrubber (`scrub_env`): commands see basic variables only, never secrets;
-* the path guard (`resolve_in_root`, `is_protected`): model-supplied paths stay inside the
-  worktree (through symlinks) and never write `.git/`, `.coder/` or secret-looking files.
-
-What the allowlist can and cannot do: it bounds which programs a command line names, so the
-model cannot casually run `curl` or `docker`. It is not a sandbox: an allowed interpreter can
-do anything (`python3 -c "import socket ..."`, awk's `system()`, a Makefile recipe, a script the
-model wrote). "No network" is enforced by the network namespace in `coder.sandbox`; the
-allowlist is the first, explicit layer and the only one where no namespace is available.
+A small shell lexer and walker: it keeps the text of literal words, marks words whose value is
+only known at run time, lexes every substitution and `bash -c` script as a command list of its
+own, and unwraps `env`, `xargs`, `find -exec`, `timeout`, ... to the program they run. Anything
+it cannot follow is refused (`PolicyViolation`) rather than guessed. `commands.check_command`
+decides whether the programs found are allowed.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from coder.errors import InvalidInput
-
-# Shell builtins that appear in everyday command lines (allowed; not programs to tell a
-# planning model about).
-SHELL_BUILTINS: tuple[str, ...] = (
-    "cd",
-    "export",
-    "set",
-    "unset",
-    "shift",
-    "exit",
-    "return",
-    "read",
-    "wait",
-    ":",
-    "type",
-    "command",
-    "exec",
-    "trap",
-)
-
-# Programs a coding agent needs offline. pip, tox, ... are absent on purpose: they reach the
-# network. sh/bash are only accepted as `bash -c '<script>'`, whose script is checked too.
-DEFAULT_ALLOWED_COMMANDS: tuple[str, ...] = (
-    # languages, test runners, build tools, version control
-    "python",
-    "python3",
-    "pytest",
-    "ruff",
-    "mypy",
-    "black",
-    "node",
-    "npm",
-    "npx",
-    "tsc",
-    "go",
-    "gofmt",
-    "cargo",
-    "rustc",
-    "make",
-    "git",
-    "sh",
-    "bash",
-    *SHELL_BUILTINS,
-    # coreutils-like tools
-    "echo",
-    "printf",
-    "cat",
-    "ls",
-    "mkdir",
-    "rmdir",
-    "cp",
-    "mv",
-    "rm",
-    "touch",
-    "ln",
-    "sed",
-    "awk",
-    "grep",
-    "egrep",
-    "fgrep",
-    "find",
-    "head",
-    "tail",
-    "wc",
-    "sort",
-    "uniq",
-    "diff",
-    "cmp",
-    "patch",
-    "test",
-    "[",
-    "true",
-    "false",
-    "sleep",
-    "tr",
-    "cut",
-    "basename",
-    "dirname",
-    "pwd",
-    "env",
-    "xargs",
-    "timeout",
-    "tee",
-    "chmod",
-    "realpath",
-    "readlink",
-    "stat",
-    "du",
-    "date",
-    "which",
-    "file",
-    "od",
-    "seq",
-    "expr",
-    "paste",
-    "join",
-    "comm",
-    "tac",
-    "rev",
-    "nl",
-    "fold",
-    "mktemp",
-    "nice",
-    "nohup",
-    "tar",
-    "gzip",
-    "gunzip",
-    "zcat",
-    "unzip",
-    "id",
-    "uname",
-    "printenv",
-)
-
-# Refused while the network is off, even if a user put them in allowed_commands.
-NETWORK_PROGRAMS: frozenset[str] = frozenset(
-    {
-        "curl",
-        "wget",
-        "nc",
-        "ncat",
-        "netcat",
-        "socat",
-        "ssh",
-        "scp",
-        "sftp",
-        "rsync",
-        "telnet",
-        "ftp",
-        "lftp",
-        "tftp",
-        "ping",
-        "ping6",
-        "dig",
-        "nslookup",
-        "host",
-        "whois",
-        "aria2c",
-        "axel",
-        "http",
-        "https",
-        "xh",
-        "openssl",
-        "ssh-keyscan",
-        "mosh",
-    }
-)
+from coder.errors import PolicyViolation
 
 
-class PolicyViolation(InvalidInput):
-    """A command, path or setting refused by policy; the message names the thing and the fix."""
-
-
-@dataclass(frozen=True)
-class Policy:
-    allowed_commands: frozenset[str] = frozenset(DEFAULT_ALLOWED_COMMANDS)
-    allow_network: bool = False
-    env_passthrough: frozenset[str] = frozenset()
-    protected_paths: tuple[str, ...] = ()  # extra globs, matched against root-relative paths
-    output_cap: int = 65536  # bytes kept per stream
-    command_timeout: int = 600  # seconds
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> Policy:
-        """Build the policy from coder config keys; missing keys keep the defaults.
-
-        `allowed_commands` EXTENDS `DEFAULT_ALLOWED_COMMANDS` (it never removes a default).
-        Names are compared by basename, so `/usr/bin/docker` in the config means `docker`.
-        Network programs (curl, ssh, ...) additionally need `allow_network: true`.
-        """
-
-        def strings(key: str) -> list[str]:
-            value = cfg.get(key) or []
-            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-                raise InvalidInput(f"config key {key} must be a list of strings, got {value!r}")
-            return list(value)
-
-        def integer(key: str, default: int, minimum: int) -> int:
-            value = cfg.get(key, default)
-            if value is None:
-                return default
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise InvalidInput(
-                    f"config key {key} must be an integer >= {minimum}, got {value!r}"
-                )
-            return value
-
-        allow_network = cfg.get("allow_network", False)
-        if not isinstance(allow_network, bool):
-            raise InvalidInput(
-                f"config key allow_network must be true or false, got {allow_network!r}"
-            )
-        extra = {_basename(name) for name in strings("allowed_commands")}
-        return cls(
-            allowed_commands=frozenset(DEFAULT_ALLOWED_COMMANDS) | extra,
-            allow_network=allow_network,
-            env_passthrough=frozenset(strings("env_passthrough")),
-            protected_paths=tuple(strings("protected_paths")),
-            output_cap=integer("output_cap", 65536, 1024),
-            command_timeout=integer("command_timeout", 600, 1),
-        )
-
-
-def _refuse(why: str) -> PolicyViolation:
+def refuse(why: str) -> PolicyViolation:
     return PolicyViolation(f"command refused: {why}")
 
 
@@ -239,7 +25,7 @@ def _odd_backslashes(line: str) -> bool:
     return (len(line) - len(line.rstrip("\\"))) % 2 == 1
 
 
-def _basename(path: str) -> str:
+def basename(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
@@ -299,7 +85,7 @@ _Token = _Word | str
 class _Lexer:
     def __init__(self, src: str, nested: list[list[_Token]], depth: int) -> None:
         if depth > _MAX_DEPTH:
-            raise _refuse("substitutions are nested too deeply to check")
+            raise refuse("substitutions are nested too deeply to check")
         self.s = src
         self.n = len(src)
         self.nested = nested  # token lists of every substitution found, shared by sub-lexers
@@ -320,7 +106,7 @@ class _Lexer:
                 i += 2 if s[i] == "\\" else 1
             if i >= n:
                 if close or parens:
-                    raise _refuse("unbalanced parentheses")
+                    raise refuse("unbalanced parentheses")
                 return tokens, i
             c = s[i]
             if c == "#":  # a comment runs to the end of the line
@@ -345,12 +131,12 @@ class _Lexer:
                 elif close == ")":
                     return tokens, i + 1
                 elif re.search(r"(^|[\s;&|(])case\s", s):  # `pat)` of a case statement
-                    raise _refuse(
+                    raise refuse(
                         "`case` is not supported in commands (use if/elif, or a "
                         "script run by an allowed interpreter)"
                     )
                 else:
-                    raise _refuse("unbalanced parentheses")
+                    raise refuse("unbalanced parentheses")
             elif s.startswith(("<(", ">("), i):  # process substitution: a command list
                 inner, j = self.lex_list(i + 2, ")")
                 self.nested.append(inner)
@@ -372,7 +158,7 @@ class _Lexer:
                     word, i = self.word(i)
                     tokens.append(word)
                     if word.dynamic or not word.text:  # bash would not expand it: `<<$X`
-                        raise _refuse("a here-document delimiter must be a plain word")
+                        raise refuse("a here-document delimiter must be a plain word")
                     expands = word.raw == word.text  # a quoted delimiter means a literal body
                     self.heredocs.append((word.text, expands, op == "<<-"))
 
@@ -391,7 +177,7 @@ class _Lexer:
             elif c == "'":
                 j = s.find("'", i + 1)
                 if j < 0:
-                    raise _refuse("unbalanced single quote")
+                    raise refuse("unbalanced single quote")
                 text.append(s[i + 1 : j])
                 i = j + 1
             elif c == '"':
@@ -435,7 +221,7 @@ class _Lexer:
             else:
                 text.append(c)
                 i += 1
-        raise _refuse("unbalanced double quote")
+        raise refuse("unbalanced double quote")
 
     def backtick(self, i: int) -> int:
         """`...` : undo its backslash escapes and lex the inside as a command list."""
@@ -449,7 +235,7 @@ class _Lexer:
                 inner.append(s[i])
                 i += 1
         if i >= n:
-            raise _refuse("unbalanced backtick")
+            raise refuse("unbalanced backtick")
         tokens, _ = self.sub("".join(inner)).lex_list(0, None)
         self.nested.append(tokens)
         return i + 1
@@ -472,7 +258,7 @@ class _Lexer:
             while j < self.n and s[j] != "'":
                 j += 2 if s[j] == "\\" else 1
             if j >= self.n:
-                raise _refuse("unbalanced single quote")
+                raise refuse("unbalanced single quote")
             return s[i + 2 : j], True, j + 1
         if nxt == '"' and not in_dquote:  # $"..." is a translated "..."
             return self.dquote(i + 2)
@@ -484,7 +270,7 @@ class _Lexer:
                 depth += {"[": 1, "]": -1}.get(s[j], 0)
                 j += 1
             if j >= self.n:
-                raise _refuse("unbalanced $[")
+                raise refuse("unbalanced $[")
             self.sub(s[i + 2 : j]).scan_expansions()
             return "", True, j + 1
         return "$", False, i + 1
@@ -509,7 +295,7 @@ class _Lexer:
                 i += 1
                 if depth == 0:
                     return i
-        raise _refuse("unbalanced ${")
+        raise refuse("unbalanced ${")
 
     def arith_end(self, i: int) -> int:
         """Index of the `))` closing an arithmetic `$((`/`((` whose second `(` is at i - 1, or
@@ -629,7 +415,7 @@ def _programs_of(tokens: Sequence[_Token], depth: int) -> list[str]:
                 ):
                     i += 1
                 if i >= len(tokens):
-                    raise _refuse("`[[` without a closing `]]`")
+                    raise refuse("`[[` without a closing `]]`")
             elif t.text in _KEYWORDS:
                 if t.text == "time":  # `time -p cmd`
                     while (
@@ -641,7 +427,7 @@ def _programs_of(tokens: Sequence[_Token], depth: int) -> list[str]:
             elif t.text in ("for", "select"):
                 header = True
             elif t.text in ("case", "function"):
-                raise _refuse(
+                raise refuse(
                     f"`{t.text}` is not supported in commands (use if/elif, or a "
                     "script run by an allowed interpreter)"
                 )
@@ -651,7 +437,7 @@ def _programs_of(tokens: Sequence[_Token], depth: int) -> list[str]:
             i += 1  # the next word is the redirection target, not a program
         elif t == "(":
             if words:
-                raise _refuse(
+                raise refuse(
                     "unexpected `(` (function definitions and array assignments are not supported)"
                 )
         elif t != _ARITH:  # a separator: `;` `&&` `||` `|` `&` newline `)`
@@ -664,25 +450,25 @@ def _programs_of(tokens: Sequence[_Token], depth: int) -> list[str]:
 
 def _program_name(w: _Word) -> str:
     if w.dynamic:
-        raise _refuse(
+        raise refuse(
             f"the program `{w.raw}` is given by a variable or substitution, which "
             "cannot be checked (write the program name literally)"
         )
     if (w.glob and w.text != "[") or w.brace:
-        raise _refuse(
+        raise refuse(
             f"the program `{w.raw}` is a pattern the shell would expand, which "
             "cannot be checked (write the program name literally)"
         )
-    name = _basename(w.text)
+    name = basename(w.text)
     if not name:
-        raise _refuse(f"`{w.raw}` is not a program name")
+        raise refuse(f"`{w.raw}` is not a program name")
     return name
 
 
 def _check_assignment(w: _Word) -> None:
     m = _ASSIGNMENT.match(w.raw)
     if m and m.group(1) in _DANGEROUS_VARS:
-        raise _refuse(
+        raise refuse(
             f"setting {m.group(1)} can make the shell run commands that cannot be "
             "checked (remove the assignment)"
         )
@@ -727,7 +513,7 @@ def _then(
 def _env(args: Sequence[_Word], depth: int) -> list[str]:
     j = _skip_options(args, "uCS", frozenset({"--unset", "--chdir", "--split-string"}))
     if any(re.match(r"-[^-]*S|--split-string", a.text) for a in args[:j]):
-        raise _refuse("`env -S` splits a string into a command, which cannot be checked")
+        raise refuse("`env -S` splits a string into a command, which cannot be checked")
     while j < len(args) and args[j].text == "-":  # `env -` is `env -i`
         j += 1
     return _simple(args[j:], depth)  # _simple skips (and checks) the NAME=value words
@@ -754,7 +540,7 @@ def _xargs(args: Sequence[_Word], depth: int) -> list[str]:
     # xargs appends its input to the command: `xargs env` or `xargs find .` would take the
     # program (or a `-exec prog`) from that input.
     if programs and (programs[-1] in _PROGRAM_TAKERS or "find" in programs):
-        raise _refuse(
+        raise refuse(
             f"`xargs {args[j].raw}` would take the program to run from its input, "
             "which cannot be checked (name the program after it)"
         )
@@ -791,7 +577,7 @@ def _shell(args: Sequence[_Word], depth: int) -> list[str]:
         else:
             break
     if not has_c:
-        raise _refuse(
+        raise refuse(
             "a shell may only run as `bash -c '<script>'`, whose script is checked "
             "(run the commands directly, or run a script as ./name.sh and add "
             "name.sh to allowed_commands in coder.config.json)"
@@ -799,7 +585,7 @@ def _shell(args: Sequence[_Word], depth: int) -> list[str]:
     if j >= len(args):
         return []
     if args[j].dynamic:
-        raise _refuse(
+        raise refuse(
             f"the script of `-c` is built at run time ({args[j].raw}), which cannot "
             "be checked (write it literally)"
         )
@@ -811,7 +597,7 @@ def _trap(args: Sequence[_Word], depth: int) -> list[str]:
     if len(rest) < 2 or rest[0].text == "-":  # `trap SIG` / `trap - SIG` reset a handler
         return []
     if rest[0].dynamic:
-        raise _refuse("the action of `trap` is built at run time, which cannot be checked")
+        raise refuse("the action of `trap` is built at run time, which cannot be checked")
     return _programs(rest[0].text, depth + 1)
 
 
@@ -867,21 +653,21 @@ def _simple(words: Sequence[_Word], depth: int) -> list[str]:
         return []
     name = _program_name(words[k])
     if name in _CODE_RUNNERS:
-        raise _refuse(_CODE_RUNNERS[name])
+        raise refuse(_CODE_RUNNERS[name])
     unwrap = _WRAPPERS.get(name)
     return [name] + (unwrap(words[k + 1 :], depth) if unwrap else [])
 
 
 def _programs(cmd: str, depth: int) -> list[str]:
     if depth > _MAX_DEPTH:
-        raise _refuse("commands are nested too deeply to check")
+        raise refuse("commands are nested too deeply to check")
     if "\0" in cmd:
-        raise _refuse("the command contains a NUL byte")
+        raise refuse("the command contains a NUL byte")
     nested: list[list[_Token]] = []
     try:
         tokens, _ = _Lexer(cmd, nested, depth).lex_list(0, None)
     except RecursionError:  # thousands of nested $( or ${: refuse rather than crash
-        raise _refuse("substitutions are nested too deeply to check") from None
+        raise refuse("substitutions are nested too deeply to check") from None
     programs = _programs_of(tokens, depth)
     for inner in nested:  # grows no further: every substitution was lexed above
         programs += _programs_of(inner, depth)
@@ -895,147 +681,3 @@ def programs_in(cmd: str) -> list[str]:
     parentheses, a program named by a variable or substitution, `case`, functions, ...
     """
     return _programs(cmd, 0)
-
-
-def check_command(cmd: str, policy: Policy) -> None:
-    """Raise PolicyViolation unless every program in `cmd` is allowed by `policy`."""
-    for name in programs_in(cmd):
-        listed = name in policy.allowed_commands
-        if name in NETWORK_PROGRAMS and not policy.allow_network:
-            fix = "set allow_network: true" + ("" if listed else " and add it to allowed_commands")
-            raise _refuse(
-                f"`{name}` is a network program and the network is off "
-                f"({fix} in coder.config.json to allow it)"
-            )
-        if not listed:
-            raise _refuse(
-                f"`{name}` is not in allowed_commands "
-                "(add it to allowed_commands in coder.config.json)"
-            )
-
-
-# --------------------------------------------------------------------------------------------
-# Environment
-# --------------------------------------------------------------------------------------------
-
-# Basic variables plus toolchain locations (not secrets; go/cargo/java break without them).
-_BASIC_ENV = frozenset(
-    {
-        "PATH",
-        "HOME",
-        "USER",
-        "LOGNAME",
-        "SHELL",
-        "LANG",
-        "LANGUAGE",
-        "TERM",
-        "TZ",
-        "TMPDIR",
-        "VIRTUAL_ENV",
-        "GOPATH",
-        "GOROOT",
-        "GOCACHE",
-        "GOMODCACHE",
-        "CARGO_HOME",
-        "RUSTUP_HOME",
-        "JAVA_HOME",
-        "PYENV_ROOT",
-        "NVM_DIR",
-    }
-)
-_SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
-
-
-def scrub_env(
-    policy: Policy, extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """The environment for a command: basic variables of `base` (default os.environ) minus
-    anything secret-looking, plus `policy.env_passthrough` names, plus `extra` (a step's
-    explicit env from the taskfile, applied last and trusted as written)."""
-    base = os.environ if base is None else base
-    env = {
-        name: value
-        for name, value in base.items()
-        if (name in _BASIC_ENV or name.startswith("LC_")) and not _SECRET_NAME.search(name)
-    }
-    env.update({name: base[name] for name in policy.env_passthrough if name in base})
-    env["GIT_TERMINAL_PROMPT"] = "0"  # never hang on a credential prompt
-    env["PYTHONDONTWRITEBYTECODE"] = "1"  # keep __pycache__ out of the worktree diff
-    env.update(extra or {})
-    return env
-
-
-# --------------------------------------------------------------------------------------------
-# Paths
-# --------------------------------------------------------------------------------------------
-
-# Names (of any path component, case-insensitive) that are never written.
-_SECRET_GLOBS = (
-    ".env",
-    ".env.*",
-    "*.pem",
-    "*.key",
-    "*.p12",
-    "*.pfx",
-    "id_rsa*",
-    "id_dsa*",
-    "id_ecdsa*",
-    "id_ed25519*",
-    "*secret*",
-    ".netrc",
-    ".pypirc",
-)
-
-
-def is_protected(rel_posix: str, policy: Policy) -> str | None:
-    """Why the model may not write `rel_posix` (a root-relative posix path), or None."""
-    parts = [p for p in rel_posix.split("/") if p not in ("", ".")]
-    lowered = [p.lower() for p in parts]
-    if ".git" in lowered:
-        return ".git belongs to coder's executor"
-    if ".coder" in lowered:
-        return ".coder holds coder's own state"
-    if lowered == ["coder.config.json"]:  # a repo file must never widen coder's permissions
-        return "coder.config.json sets coder's own permissions; only the user edits it"
-    for part in lowered:
-        for glob in _SECRET_GLOBS:
-            if fnmatch.fnmatchcase(part, glob):
-                return f"it looks like a secrets file (matches {glob})"
-    rel = "/".join(parts)
-    for glob in policy.protected_paths:
-        # `vendor` or `vendor/` also protects everything below it
-        if fnmatch.fnmatchcase(rel, glob) or fnmatch.fnmatchcase(rel, glob.rstrip("/") + "/*"):
-            return f"it matches protected_paths glob {glob!r} in coder.config.json"
-    return None
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def resolve_in_root(root: Path, rel: str, *, write: bool, policy: Policy) -> Path:
-    """The absolute, symlink-resolved path of `rel` inside `root`, or PolicyViolation.
-
-    Refuses paths that leave the worktree lexically (`..`, absolute paths) or through a
-    symlink (including a symlinked parent of a file that does not exist yet); with write=True
-    also refuses protected paths (see `is_protected`), checked on both the name given and the
-    resolved target.
-    """
-    if not rel or "\0" in rel:
-        raise PolicyViolation(f"invalid path: {rel!r}")
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(os.path.join(real_root, rel))  # an absolute rel replaces the root
-    lexical = os.path.normpath(os.path.join(real_root, rel))
-    if not _inside(real, real_root):
-        if _inside(lexical, real_root):
-            raise PolicyViolation(f"path escapes the worktree through a symlink: {rel} -> {real}")
-        raise PolicyViolation(f"path escapes the worktree: {rel}")
-    if write:
-        if real == real_root:
-            raise PolicyViolation(f"refusing to write {rel}: it is the worktree itself")
-        shown = [real] + ([lexical] if _inside(lexical, real_root) else [])
-        for path in shown:
-            reason = is_protected(Path(os.path.relpath(path, real_root)).as_posix(), policy)
-            if reason:
-                raise PolicyViolation(f"refusing to write {rel}: {reason}")
-    return Path(real)

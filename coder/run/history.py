@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import gitops, project
+from coder import project
 from coder.errors import ConcurrentRun, InvalidInput
-from coder.runs import load_manifest, manifest_path
-from coder.state import CorruptState, StateStore, read_lock_owner
+from coder.git import ops as gitops
+from coder.run.runs import load_manifest, manifest_path
+from coder.run.state import CorruptState, StateStore, read_lock_owner
 
 
 @dataclass(frozen=True)

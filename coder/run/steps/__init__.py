@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from coder.config import Config
-    from coder.events import EventLog
-    from coder.policy import Policy
+    from coder.policy.commands import Policy
     from coder.redact import Redactor
+    from coder.run.events import EventLog
     from coder.taskfile import Step, Task
 
 
@@ -32,7 +32,7 @@ class StepContext:
     cancel: threading.Event
     log: EventLog
     redactor: Redactor
-    owner: str | None = None  # marks the step's commands (coder.sandbox.kill_owned)
+    owner: str | None = None  # marks the step's commands (coder.policy.sandbox.kill_owned)
     agent: Any = None  # steps.model.AgentSession when the run has model steps
     previous_error: str | None = None  # why the previous attempt failed, for the model
 
@@ -53,7 +53,7 @@ class StepOutcome:
 
 
 def runner_for(kind: str) -> Callable[[StepContext], StepOutcome]:
-    from coder.steps import model, shell, test
+    from coder.run.steps import model, shell, test
 
     runners: dict[str, Callable[[StepContext], StepOutcome]] = {
         "shell": shell.run,

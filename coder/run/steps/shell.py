@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from coder import sandbox
 from coder.crashpoints import crash_during
-from coder.policy import resolve_in_root
-from coder.steps import StepContext, StepOutcome
+from coder.policy import sandbox
+from coder.policy.paths import resolve_in_root
+from coder.run.steps import StepContext, StepOutcome
 
 
 def run(ctx: StepContext) -> StepOutcome:

@@ -9,14 +9,15 @@ import hashlib
 import re
 from typing import Any
 
-from coder import gitops, testing
-from coder.steps import StepContext, StepOutcome
-from coder.steps.shell import describe_failure, run_in_step
+from coder import testreport
+from coder.git import ops as gitops
+from coder.run.steps import StepContext, StepOutcome
+from coder.run.steps.shell import describe_failure, run_in_step
 
 
 def command_for(ctx: StepContext) -> str:
     step = ctx.step
-    return testing.test_command(
+    return testreport.test_command(
         root=ctx.workdir,
         framework=step.framework,
         cmd=step.cmd,
@@ -35,15 +36,15 @@ def run(ctx: StepContext) -> StepOutcome:
     return _fix_cycles(ctx, cmd, outcome, report)
 
 
-def _run_tests(ctx: StepContext, cmd: str) -> tuple[StepOutcome, testing.TestReport | None]:
+def _run_tests(ctx: StepContext, cmd: str) -> tuple[StepOutcome, testreport.TestReport | None]:
     result = run_in_step(ctx, cmd)
     if result.cancelled:
         return StepOutcome(False, "interrupted while running the tests", cancelled=True), None
     if result.timed_out:
         return StepOutcome(False, describe_failure(result)), None
-    report = testing.parse_output(
+    report = testreport.parse_output(
         result.stdout + "\n" + result.stderr,
-        ctx.step.framework or testing.framework_of(cmd),
+        ctx.step.framework or testreport.framework_of(cmd),
         exit_code=result.exit_code,
     )
     failed = (report.failed or 0) + (report.errors or 0) if report.found else None
@@ -66,10 +67,10 @@ def _run_tests(ctx: StepContext, cmd: str) -> tuple[StepOutcome, testing.TestRep
 
 
 def _fix_cycles(
-    ctx: StepContext, cmd: str, outcome: StepOutcome, report: testing.TestReport
+    ctx: StepContext, cmd: str, outcome: StepOutcome, report: testreport.TestReport
 ) -> StepOutcome:
     from coder.agent import prompts
-    from coder.steps.model import converse
+    from coder.run.steps.model import converse
     from coder.tools.registry import tools_for_kind
 
     allowed = tools_for_kind("edit")

@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from coder.agent.provider import ChatResult, ModelError, ModelProvider, ToolCall, Usage
 from coder.errors import InvalidInput
+from coder.models.provider import ChatResult, ModelError, ModelProvider, ToolCall, Usage
 
 FORMAT = 1
 
@@ -76,7 +76,7 @@ class RecordingProvider:
         return result
 
     def _save(self) -> None:
-        from coder.state import write_atomic
+        from coder.durable import write_atomic
 
         data = {"format": FORMAT, "model": self.model, "calls": self.calls}
         self.path.parent.mkdir(parents=True, exist_ok=True)

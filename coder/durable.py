@@ -1,0 +1,66 @@
+"""The one durable write: nothing else in coder writes a file that must survive a crash.
+
+Temp file in the same directory, write, fsync, `os.replace`, fsync the directory: a crash at any
+instant leaves either the old or the new content, never half of either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+from coder.crashpoints import crashpoint
+
+
+def write_atomic(
+    path: Path, data: bytes, *, new_mode: int = 0o600, crash_point: str | None = "checkpoint"
+) -> None:
+    """Replace `path` with `data` so that a crash at any instant leaves either the old or the
+    new content: temp file in the same directory, write, fsync, `os.replace`, fsync the
+    directory. On any failure the temp file is removed and the old file is untouched.
+
+    A new file gets `new_mode` (private by default: coder's state; the file tools pass 0644
+    for the user's files); an existing file keeps its mode. `crash_point` names the test-only
+    crash hook between the write and the rename."""
+    path = Path(path)
+    directory = path.parent
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        try:
+            try:
+                os.fchmod(fd, os.stat(path).st_mode & 0o7777)
+            except FileNotFoundError:
+                os.fchmod(fd, new_mode)
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if crash_point:
+            crashpoint(crash_point)  # test-only: the crash tests kill coder here
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable. Some filesystems cannot fsync a directory (EINVAL)."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)

@@ -1,0 +1,9 @@
+"""The model layer: how coder talks to a language model.
+
+    provider.py   the provider seam (a small Protocol) and its value types (messages, tool
+                  calls, usage, model facts)
+    ollama.py     the Ollama provider (the official `ollama` client)
+    replay.py     record a run's model replies, or answer from a recording
+
+May import: the base modules and config. Never tools, agent, run or CLI.
+"""

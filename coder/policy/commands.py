@@ -1,0 +1,232 @@
+"""The command allowlist: which programs a step or the model may run.
+
+`check_command` finds every program a command line would run (`shell.programs_in`) and refuses
+what is not allowed. What the allowlist can and cannot do: it bounds which programs a command
+line names, so the model cannot casually run `curl` or `docker`. It is not a sandbox: an
+allowed interpreter can do anything (`python3 -c "import socket ..."`, awk's `system()`, a
+Makefile recipe, a script the model wrote). The network namespace in `policy.sandbox` is the
+wall; the allowlist is the first, explicit layer and the clear error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from coder.errors import InvalidInput
+from coder.policy.shell import basename, programs_in, refuse
+
+# Shell builtins that appear in everyday command lines (allowed; not programs to tell a
+# planning model about).
+SHELL_BUILTINS: tuple[str, ...] = (
+    "cd",
+    "export",
+    "set",
+    "unset",
+    "shift",
+    "exit",
+    "return",
+    "read",
+    "wait",
+    ":",
+    "type",
+    "command",
+    "exec",
+    "trap",
+)
+
+# Programs a coding agent needs offline. pip, tox, ... are absent on purpose: they reach the
+# network. sh/bash are only accepted as `bash -c '<script>'`, whose script is checked too.
+DEFAULT_ALLOWED_COMMANDS: tuple[str, ...] = (
+    # languages, test runners, build tools, version control
+    "python",
+    "python3",
+    "pytest",
+    "ruff",
+    "mypy",
+    "black",
+    "node",
+    "npm",
+    "npx",
+    "tsc",
+    "go",
+    "gofmt",
+    "cargo",
+    "rustc",
+    "make",
+    "git",
+    "sh",
+    "bash",
+    *SHELL_BUILTINS,
+    # coreutils-like tools
+    "echo",
+    "printf",
+    "cat",
+    "ls",
+    "mkdir",
+    "rmdir",
+    "cp",
+    "mv",
+    "rm",
+    "touch",
+    "ln",
+    "sed",
+    "awk",
+    "grep",
+    "egrep",
+    "fgrep",
+    "find",
+    "head",
+    "tail",
+    "wc",
+    "sort",
+    "uniq",
+    "diff",
+    "cmp",
+    "patch",
+    "test",
+    "[",
+    "true",
+    "false",
+    "sleep",
+    "tr",
+    "cut",
+    "basename",
+    "dirname",
+    "pwd",
+    "env",
+    "xargs",
+    "timeout",
+    "tee",
+    "chmod",
+    "realpath",
+    "readlink",
+    "stat",
+    "du",
+    "date",
+    "which",
+    "file",
+    "od",
+    "seq",
+    "expr",
+    "paste",
+    "join",
+    "comm",
+    "tac",
+    "rev",
+    "nl",
+    "fold",
+    "mktemp",
+    "nice",
+    "nohup",
+    "tar",
+    "gzip",
+    "gunzip",
+    "zcat",
+    "unzip",
+    "id",
+    "uname",
+    "printenv",
+)
+
+# Refused while the network is off, even if a user put them in allowed_commands.
+NETWORK_PROGRAMS: frozenset[str] = frozenset(
+    {
+        "curl",
+        "wget",
+        "nc",
+        "ncat",
+        "netcat",
+        "socat",
+        "ssh",
+        "scp",
+        "sftp",
+        "rsync",
+        "telnet",
+        "ftp",
+        "lftp",
+        "tftp",
+        "ping",
+        "ping6",
+        "dig",
+        "nslookup",
+        "host",
+        "whois",
+        "aria2c",
+        "axel",
+        "http",
+        "https",
+        "xh",
+        "openssl",
+        "ssh-keyscan",
+        "mosh",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Policy:
+    allowed_commands: frozenset[str] = frozenset(DEFAULT_ALLOWED_COMMANDS)
+    allow_network: bool = False
+    env_passthrough: frozenset[str] = frozenset()
+    protected_paths: tuple[str, ...] = ()  # extra globs, matched against root-relative paths
+    output_cap: int = 65536  # bytes kept per stream
+    command_timeout: int = 600  # seconds
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> Policy:
+        """Build the policy from coder config keys; missing keys keep the defaults.
+
+        `allowed_commands` EXTENDS `DEFAULT_ALLOWED_COMMANDS` (it never removes a default).
+        Names are compared by basename, so `/usr/bin/docker` in the config means `docker`.
+        Network programs (curl, ssh, ...) additionally need `allow_network: true`.
+        """
+
+        def strings(key: str) -> list[str]:
+            value = cfg.get(key) or []
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise InvalidInput(f"config key {key} must be a list of strings, got {value!r}")
+            return list(value)
+
+        def integer(key: str, default: int, minimum: int) -> int:
+            value = cfg.get(key, default)
+            if value is None:
+                return default
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise InvalidInput(
+                    f"config key {key} must be an integer >= {minimum}, got {value!r}"
+                )
+            return value
+
+        allow_network = cfg.get("allow_network", False)
+        if not isinstance(allow_network, bool):
+            raise InvalidInput(
+                f"config key allow_network must be true or false, got {allow_network!r}"
+            )
+        extra = {basename(name) for name in strings("allowed_commands")}
+        return cls(
+            allowed_commands=frozenset(DEFAULT_ALLOWED_COMMANDS) | extra,
+            allow_network=allow_network,
+            env_passthrough=frozenset(strings("env_passthrough")),
+            protected_paths=tuple(strings("protected_paths")),
+            output_cap=integer("output_cap", 65536, 1024),
+            command_timeout=integer("command_timeout", 600, 1),
+        )
+
+
+def check_command(cmd: str, policy: Policy) -> None:
+    """Raise PolicyViolation unless every program in `cmd` is allowed by `policy`."""
+    for name in programs_in(cmd):
+        listed = name in policy.allowed_commands
+        if name in NETWORK_PROGRAMS and not policy.allow_network:
+            fix = "set allow_network: true" + ("" if listed else " and add it to allowed_commands")
+            raise refuse(
+                f"`{name}` is a network program and the network is off "
+                f"({fix} in coder.config.json to allow it)"
+            )
+        if not listed:
+            raise refuse(
+                f"`{name}` is not in allowed_commands "
+                "(add it to allowed_commands in coder.config.json)"
+            )

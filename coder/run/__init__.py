@@ -1,0 +1,12 @@
+"""Runs: a taskfile executed on its branch, and what a user does with a run afterwards.
+
+    runs.py        start, resume (reconciled with git), stop; the manifest and preflight
+    executor.py    scheduling the DAG and the step protocol (start, act, verify, commit, record)
+    steps/         what each step kind does in a working directory
+    state.py       checkpoints and the task lock; events.py the JSONL event log
+    success.py     the task's success criteria (also `merge --if-green`)
+    merge.py       landing a run on its base; revert.py rolling a run back; history.py reading
+                   runs for status, show, diff and logs
+
+May import: agent, tools, models, git, policy and the base modules. Never plan, mcp or CLI.
+"""

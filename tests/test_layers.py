@@ -1,0 +1,103 @@
+"""The package's layers import one way: from the CLI down, never up.
+
+Every `import coder.x` / `from coder.x import ...` in every module (at module level, inside
+functions and under TYPE_CHECKING alike) is read with `ast` and checked against the layer map
+below. A new module must be placed in the map; a new upward import fails here with the file,
+line and both layers named.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import coder
+
+PACKAGE = Path(coder.__file__).resolve().parent
+
+# Lowest first. A module may import its own layer and the layers below it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # base: no coder imports above this line
+    ("coder", "errors", "schemas", "yamldoc", "redact", "durable", "crashpoints"),
+    # the domain: configuration, taskfiles and their graph, test reports
+    ("config", "taskfile", "graph", "testreport"),
+    # safety rules and git
+    ("policy", "git", "project"),
+    ("models",),
+    ("tools",),
+    ("agent",),
+    ("run",),
+    # services over runs
+    ("plan", "mcp", "doctor", "demo"),
+    ("cli", "__main__"),
+)
+LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def unit_of(module: str) -> str:
+    """`coder.run.steps.model` -> `run`; `coder` -> `coder`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "coder"]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "coder":  # `from coder import config`: each name is a module
+                found += [(node.lineno, f"coder.{a.name}") for a in node.names]
+            elif node.module.startswith("coder."):
+                found.append((node.lineno, node.module))
+    return found
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted({unit_of(module_name(p)) for p in MODULES} - set(LAYER_OF))
+    assert not missing, f"add these to LAYERS in {__file__}: {missing}"
+
+
+def test_every_package_says_what_it_may_import() -> None:
+    undocumented = [
+        str(init.relative_to(PACKAGE.parent))
+        for init in PACKAGE.glob("*/__init__.py")
+        if "May import" not in init.read_text(encoding="utf-8")
+    ]
+    assert not undocumented, f"package docstrings without a 'May import' line: {undocumented}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_no_upward_import(path: Path) -> None:
+    me = unit_of(module_name(path))
+    upward = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {me} (layer {LAYER_OF[me]}) imports "
+        f"{target} (layer {LAYER_OF[unit_of(target)]})"
+        for line, target in imports_of(path)
+        if LAYER_OF.get(unit_of(target), 0) > LAYER_OF[me]
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
+    """The test above can fail: an upward import in a scratch module is found."""
+    scratch = tmp_path / "scratch.py"
+    scratch.write_text(
+        "def f():\n    from coder.run import runs\n    import coder.cli\n", encoding="utf-8"
+    )
+    assert imports_of(scratch) == [(2, "coder.run"), (3, "coder.cli")]
+    assert LAYER_OF[unit_of("coder.cli")] > LAYER_OF[unit_of("coder.policy.sandbox")]
