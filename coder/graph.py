@@ -7,14 +7,19 @@ by the step's position in the taskfile.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeAlias
 
 import networkx as nx
 
+Graph: TypeAlias = (
+    "nx.DiGraph[str]"  # nodes: step ids (str), with a `position` attribute (file order)
+)
 
-def build(deps: Mapping[str, Sequence[str]]) -> nx.DiGraph:
+
+def build(deps: Mapping[str, Sequence[str]]) -> Graph:
     """`deps` maps each step id (in file order) to the ids it depends on; unknown ids are
     ignored here (the taskfile checks report them)."""
-    g = nx.DiGraph()
+    g: Graph = nx.DiGraph()
     for position, step in enumerate(deps):
         g.add_node(step, position=position)
     for step, needs in deps.items():
@@ -24,7 +29,7 @@ def build(deps: Mapping[str, Sequence[str]]) -> nx.DiGraph:
     return g
 
 
-def cycles(g: nx.DiGraph) -> list[list[str]]:
+def cycles(g: Graph) -> list[list[str]]:
     """One cycle per strongly connected component, each as a closed path [a, b, a]."""
     found = []
     for component in nx.strongly_connected_components(g):
@@ -38,19 +43,19 @@ def cycles(g: nx.DiGraph) -> list[list[str]]:
     return sorted(found, key=lambda p: g.nodes[p[0]]["position"])
 
 
-def order(g: nx.DiGraph) -> list[str]:
+def order(g: Graph) -> list[str]:
     """Topological order, file order among independent steps."""
     return list(nx.lexicographical_topological_sort(g, key=lambda n: g.nodes[n]["position"]))
 
 
-def levels(g: nx.DiGraph) -> list[list[str]]:
+def levels(g: Graph) -> list[list[str]]:
     """Parallel levels: every step of a level only needs steps of earlier levels."""
     return [
         sorted(gen, key=lambda n: g.nodes[n]["position"]) for gen in nx.topological_generations(g)
     ]
 
 
-def descendants(g: nx.DiGraph, steps: Iterable[str]) -> set[str]:
+def descendants(g: Graph, steps: Iterable[str]) -> set[str]:
     """Every step that needs one of `steps`, directly or not."""
     out: set[str] = set()
     for step in steps:
@@ -58,6 +63,6 @@ def descendants(g: nx.DiGraph, steps: Iterable[str]) -> set[str]:
     return out
 
 
-def ancestors(g: nx.DiGraph, step: str) -> set[str]:
+def ancestors(g: Graph, step: str) -> set[str]:
     """Every step that `step` needs, directly or not."""
     return set(nx.ancestors(g, step))

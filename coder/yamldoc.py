@@ -51,7 +51,7 @@ class DocumentError(Exception):
 _Base: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
 
 
-class _Loader(_Base):  # type: ignore[misc, valid-type]
+class _Loader(_Base):  # type: ignore[misc]
     """SafeLoader with YAML 1.2 booleans (only true/false) and no timestamps: `on`, `yes` and
     `2024-05-01` stay strings, so they can't silently change type under the schema."""
 

@@ -10,55 +10,22 @@ May import: every service. Nothing imports the CLI.
 from __future__ import annotations
 
 import os
-import sys
-from typing import Any
 
 import click
 
 from coder import __version__
-from coder.errors import EXIT_INTERRUPTED, CoderError
-
-EPILOG = """\b
-Exit codes: 0 ok, 1 the run failed, 2 bad usage or invalid input,
-3 environment problem (no git repo, Ollama unreachable, model missing), 130 interrupted.
-
-\b
-Examples:
-  coder init
-  coder validate -f tasks/hello-shell.yaml
-  coder run --autonomous -f tasks/hello-shell.yaml
-  coder status
-"""
-
-
-class CoderGroup(click.Group):
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except CoderError as exc:
-            report_error(ctx, exc)
-            ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("coder: interrupted", err=True)
-            ctx.exit(EXIT_INTERRUPTED)
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(self.commands)  # registration order: the journey order, not alphabetical
-
-
-def report_error(ctx: click.Context, exc: CoderError) -> None:
-    obj = ctx.ensure_object(dict)
-    if obj.get("json"):
-        import json
-
-        click.echo(json.dumps({"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}))
-    click.echo(f"coder: error: {exc.message}", err=True)
-    if exc.hint:
-        click.echo(f"  hint: {exc.hint}", err=True)
-    if obj.get("debug"):
-        import traceback
-
-        traceback.print_exception(exc, file=sys.stderr)
+from coder.cli import (
+    demo_cmd,
+    history,
+    mcp_cmd,
+    merge_cmd,
+    plan_cmd,
+    project,
+    revert_cmd,
+    runs,
+    tasks,
+)
+from coder.cli.common import EPILOG, CoderGroup
 
 
 @click.group(
@@ -75,56 +42,6 @@ def main(ctx: click.Context, debug: bool) -> None:
     """
     ctx.ensure_object(dict)["debug"] = debug or os.environ.get("CODER_DEBUG") == "1"
 
-
-class PathType(click.Path):
-    """click.Path giving a pathlib.Path, without importing pathlib at start-up."""
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        from pathlib import Path
-
-        return Path(super().convert(value, param, ctx))
-
-
-def cwd() -> Any:
-    from pathlib import Path
-
-    return Path.cwd()
-
-
-def json_option(func: Any) -> Any:
-    """`--json`: print data as JSON on stdout (errors too, as {"error": ...})."""
-
-    def remember(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
-        ctx.find_root().ensure_object(dict)["json"] = value
-        return value
-
-    return click.option(
-        "--json",
-        "as_json",
-        is_flag=True,
-        callback=remember,
-        expose_value=True,
-        help="Print the result as JSON.",
-    )(func)
-
-
-def emit_json(data: Any) -> None:
-    import json
-
-    click.echo(json.dumps(data, indent=2, default=str))
-
-
-from coder.cli import (  # noqa: E402  (registration needs `main` defined)
-    demo_cmd,
-    history,
-    mcp_cmd,
-    merge_cmd,
-    plan_cmd,
-    project,
-    revert_cmd,
-    runs,
-    tasks,
-)
 
 for command in (
     project.init,

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from coder.cli import PathType, emit_json, json_option
+from coder.cli.common import PathType, emit_json, json_option
 
 if TYPE_CHECKING:
     from pathlib import Path

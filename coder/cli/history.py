@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from coder.cli import cwd, emit_json, json_option
+from coder.cli.common import cwd, emit_json, json_option
 
 task_option = click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
 
@@ -74,14 +74,15 @@ def logs(task_id: str, follow: bool, as_json: bool) -> None:
 
     view = history.open_run(cwd(), task_id)
     if follow:
-        grace = {"until": None}
+        grace_until: float | None = None
 
         def finished() -> bool:  # stop a moment after the runner lets go of its lock
+            nonlocal grace_until
             if read_lock_owner(view.coder_dir, task_id) is not None:
-                grace["until"] = None
+                grace_until = None
                 return False
-            grace["until"] = grace["until"] or time.monotonic() + 0.5
-            return time.monotonic() > grace["until"]
+            grace_until = grace_until or time.monotonic() + 0.5
+            return time.monotonic() > grace_until
 
         stream = events.follow_events(view.coder_dir, task_id, stop=finished)
     else:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from coder.cli import PathType, cwd, emit_json, json_option
+from coder.cli.common import PathType, cwd, emit_json, json_option
 from coder.errors import EXIT_ENVIRONMENT, InvalidInput
 
 if TYPE_CHECKING:

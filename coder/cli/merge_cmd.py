@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from coder.cli import cwd, emit_json, json_option
+from coder.cli.common import cwd, emit_json, json_option
 
 MERGE_EPILOG = """\b
 Exit codes: 0 merged (or already merged, or nothing to merge), 1 --if-green found the

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from coder.cli import PathType, cwd, emit_json, json_option
+from coder.cli.common import PathType, cwd, emit_json, json_option
 from coder.errors import EXIT_FAILED
 
 if TYPE_CHECKING:

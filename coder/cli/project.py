@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from coder.cli import cwd, emit_json, json_option
+from coder.cli.common import cwd, emit_json, json_option
 
 
 @click.command(epilog="\b\nExample:\n  cd my-repo && coder init")

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from coder.cli import cwd, emit_json, json_option
+from coder.cli.common import cwd, emit_json, json_option
 
 REVERT_EPILOG = """\b
 Exit codes: 0 reverted (or already there), 2 unknown task or step, or a run that was

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from coder.cli import PathType, cwd, emit_json, json_option
+from coder.cli.common import PathType, cwd, emit_json, json_option
 from coder.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InvalidInput
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ def status(as_json: bool) -> None:
 
     root = gitops.repo_root(gitops.open_repo(cwd()))
     coder_dir = project.coder_dir(root)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for item in StateStore(coder_dir).load_all():
         if isinstance(item, CorruptState):
             rows.append({"id": item.task_id, "status": "corrupt", "error": item.message})

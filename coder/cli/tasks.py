@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from coder.cli import PathType, emit_json, json_option
+from coder.cli.common import PathType, emit_json, json_option
 from coder.errors import EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ def show(path: Path | None, task_id: str | None, as_json: bool) -> None:
         show_run(task_id, as_json)
         return
 
+    assert path is not None  # click: -f or -t is required (checked above)
     task = taskfile.load(path)
     cfg = config_mod.load()
     dag = graph.build(task.deps())

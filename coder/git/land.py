@@ -354,7 +354,9 @@ def left_behind_at(repo: pygit2.Repository, worktree: Path, *, reflog_prefix: st
     branch = _branch_ref(w, Path(worktree)).removeprefix("refs/heads/")
     tip = branch_tip(repo, branch)
     old = landed_from_reflog(repo, branch, tip, prefix=reflog_prefix) if tip else None
-    if old is None or old == tip or not changed <= set(changed_files_between(repo, old, tip)):
+    if tip is None or old is None or old == tip:
+        return None
+    if not changed <= set(changed_files_between(repo, old, tip)):
         return None
     plan = plan_checkout_update(Path(worktree), old, str(tip))
     return None if plan.blocked or plan.busy else old

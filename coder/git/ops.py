@@ -520,7 +520,7 @@ def _stage(w: pygit2.Repository, worktree: Path, step_id: str) -> pygit2.Oid:
         index.remove_all([CODER_DIR])  # even if a command force-added something there
         # write_tree() first: it fills the index's tree cache, which write() then persists,
         # so the next step only re-hashes the trees it touched (~15 ms saved at 20k files).
-        tree = index.write_tree()
+        tree: pygit2.Oid = index.write_tree()
         index.write()
         return tree
 
@@ -887,7 +887,9 @@ def diff_patch(
     w = _open_worktree(worktree, writing=False) if worktree is not None else repo
     d = _tree(w, old).diff_to_workdir(_WORKDIR_FLAGS)
     # .coder/ is normally ignored via info/exclude; drop it here too in case it is not.
-    return "".join(p.text or "" for p in d if not _under_coder_dir(p.delta.new_file.path))
+    return "".join(
+        p.text or "" for p in d if p is not None and not _under_coder_dir(p.delta.new_file.path)
+    )
 
 
 def diff_stat(repo: pygit2.Repository, old: str, new: str) -> str:
@@ -916,7 +918,7 @@ def tree_paths(repo: pygit2.Repository, commit: str) -> list[str]:
     def walk(tree: pygit2.Tree, prefix: str) -> None:
         for entry in tree:
             if entry.type_str == "tree":
-                walk(repo[entry.id], f"{prefix}{entry.name}/")
+                walk(repo[entry.id].peel(pygit2.Tree), f"{prefix}{entry.name}/")
             else:
                 paths.append(f"{prefix}{entry.name}")
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from coder.mcp.flatten import argument_problem, flatten_schema
 from coder.tools.registry import NAME_RE, Registry, Tool, ToolContext, ToolResult
@@ -63,7 +63,8 @@ class ServerStatus:
     args: list[str]
     ok: bool = False
     error: str | None = None
-    tools: list[ExternalTool] = field(default_factory=list)
+    # the server's own listing (mcp Tool objects) once started, then the ExternalTools offered
+    tools: list[Any] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -89,7 +90,7 @@ class ServerStatus:
 class _Connection:
     spec: Mapping[str, Any]
     status: ServerStatus
-    errlog: IO[str]
+    errlog: TextIO
     client: Any = None
     stop: asyncio.Event | None = None
     task: asyncio.Task[None] | None = None

@@ -52,7 +52,8 @@ def flatten_schema(schema: Mapping[str, Any] | None) -> dict[str, Any]:
     """The flat object schema (registry form) for an MCP tool's `inputSchema`."""
     root: Mapping[str, Any] = schema if isinstance(schema, Mapping) else {}
     body = _resolve(root, root)
-    props = body.get("properties") if isinstance(body.get("properties"), Mapping) else {}
+    found = body.get("properties")
+    props: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     required = [r for r in body.get("required") or [] if isinstance(r, str) and r in props]
     out = {str(key): _flat_property(str(key), spec, root) for key, spec in props.items()}
     flat: dict[str, Any] = {"type": "object", "properties": out, "required": required}
@@ -68,7 +69,7 @@ def argument_problem(
     A schema that is itself invalid cannot be checked: the server judges the call."""
     try:
         cls = validator_for(schema)
-        cls.check_schema(schema)
+        cls.check_schema(dict(schema))
         error = js_exceptions.best_match(cls(schema).iter_errors(dict(arguments)))
     except Exception:  # noqa: BLE001 - an invalid schema, an unresolvable $ref: the server judges
         return None
@@ -97,7 +98,8 @@ def _resolve(spec: Any, root: Mapping[str, Any]) -> dict[str, Any]:
     all_of = spec.get("allOf")
     if isinstance(all_of, list) and len(all_of) == 1:
         spec = {**_resolve(all_of[0], root), **{k: v for k, v in spec.items() if k != "allOf"}}
-    return spec
+    resolved: dict[str, Any] = spec
+    return resolved
 
 
 def _pointer(root: Mapping[str, Any], ref: Any) -> dict[str, Any]:
@@ -173,7 +175,7 @@ def _flat_property(key: str, spec: Any, root: Mapping[str, Any]) -> dict[str, An
         "description": _describe(resolved, variants, root, 0, key),
     }
     enum = resolved.get("enum")
-    if _scalar_enum(enum):
+    if enum is not None and _scalar_enum(enum):
         flat["enum"] = list(enum)
     if types == ["array"]:
         item, item_variants = _merged(_resolve(resolved.get("items"), root), root)

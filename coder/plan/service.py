@@ -570,7 +570,8 @@ def render(doc: Mapping[str, Any], header: str = "") -> str:
         width=100,
         default_flow_style=False,
     )
-    lines, out, in_graph = body.splitlines(), [], False
+    lines, in_graph = body.splitlines(), False
+    out: list[str] = []
     for line in lines:
         if in_graph and line.startswith("  - ") and out and not out[-1].endswith(":"):
             out.append("")
@@ -970,7 +971,8 @@ class _Planner:
         data, problem = parse_answer(answer, done_reason, shown(draft_path(fallback), self.cwd))
         if problem is not None or not isinstance(data, dict):
             if problem is None:
-                kind = {list: "list", str: "string"}.get(type(data), "value")
+                kinds: dict[type, str] = {list: "list", str: "string"}
+                kind = kinds.get(type(data), "value")
                 problem = Problem(
                     shown(draft_path(fallback), self.cwd),
                     1,

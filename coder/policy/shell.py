@@ -202,7 +202,8 @@ class _Lexer:
     def dquote(self, i: int) -> tuple[str, bool, int]:
         """Inside "...": only $, backticks and \\ are special. Returns (text, dynamic, end)."""
         s, n = self.s, self.n
-        text, dynamic = [], False
+        text: list[str] = []
+        dynamic = False
         while i < n:
             c = s[i]
             if c == '"':
@@ -395,6 +396,14 @@ _CODE_RUNNERS = {
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh"})
 
 
+def _is_plain(token: _Token, text: str) -> bool:
+    return isinstance(token, _Word) and token.plain and token.text == text
+
+
+def _is_option(token: _Token) -> bool:
+    return isinstance(token, _Word) and token.text.startswith("-")
+
+
 def _programs_of(tokens: Sequence[_Token], depth: int) -> list[str]:
     """Split a token list into simple commands and collect their programs."""
     programs: list[str] = []
@@ -410,19 +419,13 @@ def _programs_of(tokens: Sequence[_Token], depth: int) -> list[str]:
                 words.append(t)
             elif t.text == "[[":  # `&&`, `||`, `(`, `<` inside [[ ]] are not shell operators
                 i += 1
-                while i < len(tokens) and not (
-                    isinstance(tokens[i], _Word) and tokens[i].plain and tokens[i].text == "]]"
-                ):
+                while i < len(tokens) and not _is_plain(tokens[i], "]]"):
                     i += 1
                 if i >= len(tokens):
                     raise refuse("`[[` without a closing `]]`")
             elif t.text in _KEYWORDS:
                 if t.text == "time":  # `time -p cmd`
-                    while (
-                        i + 1 < len(tokens)
-                        and isinstance(tokens[i + 1], _Word)
-                        and tokens[i + 1].text.startswith("-")
-                    ):
+                    while i + 1 < len(tokens) and _is_option(tokens[i + 1]):
                         i += 1
             elif t.text in ("for", "select"):
                 header = True

@@ -107,11 +107,13 @@ def git_diff(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     if tree is None:  # no commit yet: everything is new
         tree = repo[repo.TreeBuilder().write()].peel(pygit2.Tree)
     if args.get("staged"):
-        diff = repo.diff(tree, cached=True)
+        diff = tree.diff_to_index(repo.index)
     else:
         diff = tree.diff_to_workdir(_WORKDIR_FLAGS)
     patches = []
     for patch in diff:
+        if patch is None:  # libgit2 gives no patch for an unchanged (e.g. mode-only) entry
+            continue
         path = patch.delta.new_file.path or patch.delta.old_file.path
         if _coder_path(path):
             continue

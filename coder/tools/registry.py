@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
@@ -320,10 +320,11 @@ def _describe(e: ValidationError, tool: Tool) -> str:
         for i, p in enumerate(e.absolute_path)
     )
     if e.validator == "additionalProperties":
-        extra = sorted(set(e.instance) - set(tool.parameters["properties"]))
+        extra = sorted(set(cast(dict[str, Any], e.instance)) - set(tool.parameters["properties"]))
         return f"unknown argument(s) for {tool.name}: {', '.join(extra)}"
     if e.validator == "required":
-        missing = [r for r in e.validator_value if r not in e.instance]
+        given = cast(dict[str, Any], e.instance)
+        missing = [r for r in cast(list[str], e.validator_value) if r not in given]
         return f"missing required argument(s) for {tool.name}: {', '.join(missing)}"
     if e.validator == "type":
         got = _JSON_TYPES.get(type(e.instance), type(e.instance).__name__)

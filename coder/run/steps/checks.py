@@ -23,7 +23,7 @@ def failed_asserts(asserts: tuple[Assertion, ...], workdir: Path) -> list[str]:
             except OSError:
                 failures.append(f"assert text_in_file {a.path}: cannot read the file")
                 continue
-            if a.contains not in text:
+            if a.contains is not None and a.contains not in text:
                 failures.append(f"assert text_in_file {a.path}: {a.contains!r} not found")
     return failures
 
