@@ -94,8 +94,8 @@ CACHED_GOAL = 0.90
 def journey() -> tuple[str, list[Reply]]:
     """JOURNEY and the replies of test_analyze_edit_failing_test_fix_doc_merge: analyze, edit
     (a buggy multiply and its test), the failing test's fix cycle, then the doc step."""
-    from tests.test_agent_fix import JOURNEY, edit_replies
-    from tests.test_agent_run import call, done
+    from tests.agent.test_agent_fix import JOURNEY, edit_replies
+    from tests.helpers import call, done
 
     return JOURNEY, [
         *edit_replies(),

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from coder.cli import main
 from tests.conftest import git
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "tasks").glob("*.yaml"))
 
 

@@ -13,8 +13,7 @@ import pytest
 
 from tests.conftest import git
 from tests.fake_ollama import down_url
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +83,7 @@ def test_demo_text_output_says_where_to_look(installed: Path, tmp_path: Path) ->
 def test_demo_refuses_a_non_empty_directory(tmp_path: Path) -> None:
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "file").write_text("x")
-    from tests.test_run_lifecycle import coder
+    from tests.conftest import coder
 
     code, _, err = coder(tmp_path, "demo", "--keep", str(tmp_path / "busy"))
     assert code == 2 and "is not empty" in err

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import coder
 from tests.fake_ollama import FakeOllama, down_url
-from tests.test_run_lifecycle import coder
 
 
 def checks(repo: Path, *args: str) -> tuple[int, dict[str, dict[str, str]]]:

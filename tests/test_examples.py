@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 
 from coder import taskfile
-from tests.conftest import git, sample_files
-from tests.test_run_lifecycle import coder, state_of
+from tests.conftest import coder, git, sample_files
+from tests.helpers import ROOT, state_of
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "tasks").glob("*.yaml"))
 
 

@@ -13,8 +13,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from coder import schemas
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 @pytest.mark.parametrize("name", schemas.NAMES)

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from coder.cli import main
-from tests.conftest import git
-from tests.test_run_lifecycle import coder
+from tests.conftest import coder, git
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
 

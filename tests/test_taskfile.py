@@ -9,6 +9,7 @@ import pytest
 
 from coder import taskfile, yamldoc
 from coder.taskfile import InvalidTaskfile
+from tests.helpers import ROOT
 
 
 def write(tmp_path: Path, text: str, name: str = "task.yaml") -> Path:
@@ -65,7 +66,7 @@ def test_explicit_depends_on_turns_off_the_sequence_default(tmp_path: Path) -> N
 
 
 def test_to_dict_round_trips_through_the_schema(tmp_path: Path) -> None:
-    task = taskfile.load(Path(__file__).parent.parent / "tasks" / "add-health-endpoint.yaml")
+    task = taskfile.load(ROOT / "tasks" / "add-health-endpoint.yaml")
     doc = task.resolved(base="main", model="m").to_dict()
     again = taskfile.from_dict(doc)
     assert again.steps == task.steps

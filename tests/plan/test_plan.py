@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from coder import schemas
-from tests.conftest import git, sample_files
+from tests.conftest import coder, git, sample_files
 from tests.fake_ollama import FakeOllama, Reply, down_url
-from tests.test_run_lifecycle import coder, state_of, step_commits
+from tests.helpers import state_of, step_commits
 
 PROMPT = "Add multiply(a, b) to calc.py, with a test and a line in the README."
 

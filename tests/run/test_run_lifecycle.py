@@ -5,59 +5,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from coder.schemas import validator
 from tests.conftest import coder, git
 from tests.fake_ollama import down_url
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def taskfile(repo: Path, text: str, name: str = "task.yaml") -> Path:
-    path = repo.parent / name
-    path.write_text(textwrap.dedent(text).lstrip())
-    return path
-
-
-def state_of(repo: Path, task_id: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((repo / ".coder" / "state" / f"{task_id}.json").read_text())
-    assert list(validator("state").iter_errors(data)) == []
-    return data
-
-
-def step_commits(repo: Path, branch: str) -> list[tuple[str, str, str]]:
-    """(step id, attempt, subject) of each commit on the branch after main, oldest first."""
-    out = git(
-        repo,
-        "log",
-        "--reverse",
-        "--format=%(trailers:key=Coder-Step,valueonly,separator=)"
-        "|%(trailers:key=Coder-Attempt,valueonly,separator=)|%s",
-        f"main..{branch}",
-    )
-    return [tuple(line.split("|", 2)) for line in out.splitlines()]  # type: ignore[misc]
-
-
-def snapshot(repo: Path) -> dict[str, Any]:
-    """Everything a user could notice about their own checkout."""
-    files = {
-        p.relative_to(repo).as_posix(): p.read_bytes()
-        for p in repo.rglob("*")
-        if p.is_file() and ".git" not in p.parts and ".coder" not in p.parts
-    }
-    return {
-        "files": files,
-        "status": git(repo, "status", "--porcelain"),
-        "head": git(repo, "symbolic-ref", "HEAD"),
-        "index": git(repo, "diff", "--cached"),
-        "main": git(repo, "rev-parse", "main"),
-    }
-
+from tests.helpers import ROOT, snapshot, state_of, step_commits, taskfile
 
 SEQUENCE = """
     id: seq

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import coder
 from tests.fake_ollama import FakeOllama, estimate_prompt_tokens
-from tests.test_agent_run import call, chat_requests, done
-from tests.test_run_lifecycle import coder, state_of, taskfile
+from tests.helpers import call, chat_requests, done, state_of, taskfile
 
 
 def test_turn_budget(fake: FakeOllama, sample: Path) -> None:

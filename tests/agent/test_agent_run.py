@@ -6,24 +6,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import git, sample_files
+from tests.conftest import coder, git, sample_files
 from tests.fake_ollama import FakeOllama, Reply, down_url
-from tests.test_run_lifecycle import coder, state_of, step_commits, taskfile
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def call(name: str, **arguments: Any) -> Reply:
-    return Reply(tool_calls=[{"name": name, "arguments": arguments}])
-
-
-def done(summary: str, *files: str, **extra: Any) -> Reply:
-    return call("step_complete", summary=summary, files_changed=list(files), **extra)
-
+from tests.helpers import call, chat_requests, done, state_of, step_commits, taskfile
 
 FEATURE = """
     id: mul
@@ -57,10 +45,6 @@ def feature_script() -> list[Reply]:
         ),
         done("documented multiply", "README.md"),
     ]
-
-
-def chat_requests(fake: FakeOllama) -> list[dict[str, Any]]:
-    return [b for b in fake.chat_bodies() if b.get("messages")]
 
 
 def test_analyze_edit_test_doc_runs_to_green(fake: FakeOllama, sample: Path) -> None:

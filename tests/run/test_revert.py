@@ -17,8 +17,8 @@ from coder.crashpoints import REVERT_POINTS
 from coder.git import ops as gitops
 from coder.run.revert import RevertPlan, plan_revert
 from coder.run.state import TaskLock
-from tests.conftest import git
-from tests.test_run_lifecycle import coder, snapshot, state_of, taskfile
+from tests.conftest import coder, git
+from tests.helpers import snapshot, state_of, taskfile
 
 TASK = """
     id: rv

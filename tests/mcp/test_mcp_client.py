@@ -14,13 +14,12 @@ from typing import Any
 import pytest
 
 from coder.taskfile import Step
+from tests.conftest import coder
 from tests.fake_ollama import FakeOllama
-from tests.test_agent_run import call, chat_requests, done
-from tests.test_run_lifecycle import coder, state_of, taskfile
+from tests.helpers import ROOT, call, chat_requests, done, state_of, taskfile
 
 pytest.importorskip("mcp")
 
-ROOT = Path(__file__).resolve().parent.parent
 ECHO = {
     "name": "echo",
     "command": sys.executable,

@@ -12,10 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import git
-from tests.test_run_lifecycle import coder, taskfile
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import coder, git
+from tests.helpers import ROOT, taskfile
 
 TASK = """
     id: ask

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from coder.run.state import TaskLock
-from tests.conftest import git
-from tests.test_run_lifecycle import coder, taskfile
+from tests.conftest import coder, git
+from tests.helpers import taskfile
 
 TASK = """
     id: h1

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import git
+from tests.conftest import coder, git
 from tests.fake_ollama import FakeOllama
-from tests.test_agent_run import call, chat_requests, done
-from tests.test_run_lifecycle import coder, state_of, step_commits, taskfile
+from tests.helpers import call, chat_requests, done, state_of, step_commits, taskfile
 
 BUGGY = "\n\ndef multiply(a: float, b: float) -> float:\n    return a ** b\n"
 TEST = (
