@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coder.errors import InvalidInput
+from coder.errors import DocumentError, InvalidInput
 
 PROJECT_FILE = "coder.config.json"
 DEFAULT_MODEL = "qwen2.5-coder:7b"
@@ -153,7 +153,7 @@ def _config_problem(path: Path, text: str, error: Any) -> str:
         message = f"unknown setting {unknown[0]!r}" if unknown else message
     try:  # JSON is YAML, so the YAML composer gives us line:col for the field
         line, col = yamldoc.parse(text, str(path)).position(list(error.absolute_path))
-    except yamldoc.DocumentError:
+    except DocumentError:
         line, col = 1, 1
     return f"{path}:{line}:{col}: {field}: {message}"
 

@@ -1,18 +1,41 @@
-"""Errors whose message is safe to show the user.
+"""Every error coder raises on purpose, in one place. The message is safe to show the user.
 
-    CoderError                 exit 2 unless a subclass says otherwise
-    ├── InvalidInput           2  a taskfile, config file or argument is wrong
-    │   └── PolicyViolation    2  a command, path or setting refused by policy
-    ├── EnvironmentProblem     3  no git repo, Ollama unreachable, model missing, ...
-    │   └── ConcurrentRun      3  another runner holds the task lock
-    ├── RunFailed              1  the run executed and its checks are red
-    └── Interrupted          130  stopped by a signal; state is checkpointed
+    CoderError                   exit 2 unless a subclass says otherwise
+    ├── InvalidInput             2  a taskfile, config file or argument is wrong
+    │   ├── PolicyViolation      2  a command, path or setting refused by policy
+    │   ├── DocumentError        2  a file that cannot be read as one YAML document
+    │   ├── InvalidTaskfile      2  a taskfile's problems, each with FILE:LINE:COL
+    │   ├── UnknownTask          2  no run with that task id in this project
+    │   ├── MergedRun            2  revert of a run that already landed on its base
+    │   ├── BadSpec              2  `coder plan`: the spec is missing, empty or unreadable
+    │   └── PatchProblem         2  fs_apply_patch: the patch does not parse or apply
+    ├── EnvironmentProblem       3  something outside the run broke; the run stops as `error`
+    │   ├── ConcurrentRun        3  another runner holds the task lock
+    │   ├── CorruptState         3  a state file that cannot be read as a checkpoint
+    │   ├── BranchMoved          3  the agent branch is not where coder left it
+    │   ├── ModelUnavailable     3  the model host is unreachable or lacks the model
+    │   ├── MergeConflict        3  the base moved and changed the same lines
+    │   ├── CheckoutInTheWay     3  uncommitted changes in the base checkout block a merge
+    │   └── RunNotStarted        3  an MCP `task_run` whose `coder run` exited before starting
+    └── RunFailed                1  the work ran and did not succeed
+        ├── ModelError           1  a model call failed after retries: its step fails
+        └── PlanFailed           1  `coder plan` found no valid taskfile within its attempts
 
-The CLI turns each into one line on stderr (plus a hint) and the exit code; anything else is a
-bug and gets a traceback.
+A step that meets an EnvironmentProblem is not failed: the run stops as `error` (exit 3) with
+everything kept for `coder resume` (DESIGN.md invariant 10). Any other CoderError raised by a
+step is the step's own failure. The CLI turns each into one line on stderr (plus a hint) and
+the exit code; anything else is a bug and gets a traceback. A stopped run is not an error: it
+ends with status `interrupted` and exit 130.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from coder.yamldoc import Problem
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -30,12 +53,56 @@ class CoderError(Exception):
         self.hint = hint
 
 
+# --- bad input (2) --------------------------------------------------------------------------
+
+
 class InvalidInput(CoderError):
     exit_code = EXIT_USAGE
 
 
 class PolicyViolation(InvalidInput):
     """A command, path or setting refused by policy; the message names the thing and the fix."""
+
+
+class DocumentError(InvalidInput):
+    """The file could not be read as a YAML document; `problem` says where and why."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(str(problem))
+        self.problem = problem
+
+
+class InvalidTaskfile(InvalidInput):
+    def __init__(self, problems: list[Problem]) -> None:
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        super().__init__(f"{first}{more}", hint="run `coder validate -f FILE` to see every problem")
+        self.problems = problems
+
+
+class UnknownTask(InvalidInput):
+    def __init__(self, task_id: str, known: list[str]) -> None:
+        listing = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
+        super().__init__(
+            f"no task {task_id!r} in this project",
+            hint=f"known tasks: {listing}" if known else "run `coder status` to list tasks",
+        )
+        self.task_id = task_id
+
+
+class MergedRun(InvalidInput):
+    """The run already landed on its base branch: undoing its branch would not undo that."""
+
+
+class BadSpec(InvalidInput):
+    """The spec is missing, empty, unreadable or too large."""
+
+
+class PatchProblem(InvalidInput):
+    """The patch text cannot be understood or does not match the files."""
+
+
+# --- the environment (3) --------------------------------------------------------------------
 
 
 class EnvironmentProblem(CoderError):
@@ -46,9 +113,81 @@ class ConcurrentRun(EnvironmentProblem):
     pass
 
 
+class CorruptState(EnvironmentProblem):
+    """A state file that cannot be read as a valid checkpoint (torn, edited, wrong schema)."""
+
+    def __init__(self, path: Path, task_id: str, reason: str) -> None:
+        super().__init__(
+            f"state file {display_path(path)} is corrupt ({reason}); run "
+            f"`coder resume -t {task_id}` to rebuild it from the branch's commits",
+            hint=f"or delete {display_path(path)} and start the task again",
+        )
+        self.path = path
+        self.task_id = task_id
+        self.reason = reason
+
+
+class BranchMoved(EnvironmentProblem):
+    """The agent branch is not where coder left it (someone committed or reset it)."""
+
+
+class ModelUnavailable(EnvironmentProblem):
+    """The model host cannot be reached, or it does not have the model."""
+
+
+class MergeConflict(EnvironmentProblem):
+    """The base branch moved since the run started and changed the same lines."""
+
+
+class CheckoutInTheWay(EnvironmentProblem):
+    """The user's uncommitted changes in the checkout of base touch files the merge changes."""
+
+
+class RunNotStarted(EnvironmentProblem):
+    """`coder run` exited before creating the run; the message is its own error line."""
+
+
+# --- the work did not succeed (1) -----------------------------------------------------------
+
+
 class RunFailed(CoderError):
     exit_code = EXIT_FAILED
 
 
-class Interrupted(CoderError):
-    exit_code = EXIT_INTERRUPTED
+class ModelError(RunFailed):
+    """The model call failed (after retries, or refused outright): the step fails cleanly."""
+
+
+class PlanFailed(RunFailed):
+    """The model did not produce a valid taskfile within the allowed attempts."""
+
+    def __init__(
+        self, problems: list[Problem], attempts: int, draft: Path | None, draft_text: str
+    ) -> None:
+        where = f"; the last draft is in {draft}" if draft else ""
+        super().__init__(
+            f"the model did not produce a valid taskfile in {attempts} attempt"
+            f"{'s' * (attempts != 1)} ({len(problems)} problem{'s' * (len(problems) != 1)} "
+            f"left){where}",
+            hint="rephrase or narrow the spec, try a larger model (--model), raise plan_attempts"
+            " in coder.config.json"
+            + (
+                f", or fix the draft by hand and check it with `coder validate -f {draft}`"
+                if draft
+                else ""
+            ),
+        )
+        self.problems = problems
+        self.attempts = attempts
+        self.draft = draft
+        self.draft_text = draft_text
+
+
+def display_path(path: Path) -> str:
+    """`.coder/state/X.json` when under the working directory, else the absolute path."""
+    from pathlib import Path
+
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)

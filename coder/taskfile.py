@@ -17,19 +17,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from coder import yamldoc
-from coder.errors import InvalidInput
+from coder.errors import DocumentError, InvalidInput, InvalidTaskfile
 from coder.yamldoc import Document, Problem
 
 MODEL_KINDS = ("analyze", "edit", "doc", "custom")
 MAX_PROBLEMS = 200
-
-
-class InvalidTaskfile(InvalidInput):
-    def __init__(self, problems: list[Problem]) -> None:
-        first = problems[0]
-        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-        super().__init__(f"{first}{more}", hint="run `coder validate -f FILE` to see every problem")
-        self.problems = problems
 
 
 @dataclass(frozen=True)
@@ -148,7 +140,7 @@ def check_file(path: Path, name: str | None = None) -> tuple[list[Problem], Task
     name = name or str(path)
     try:
         doc = yamldoc.load(path, name)
-    except yamldoc.DocumentError as exc:
+    except DocumentError as exc:
         return [exc.problem], None
     return check_document(doc)
 

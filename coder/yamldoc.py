@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from coder.errors import DocumentError
+
 MAX_BYTES = 4 * 1024 * 1024
 MAX_NODES = 200_000  # after alias expansion; a 10,000-step taskfile stays far below
 
@@ -38,14 +40,6 @@ class Problem:
             "path": self.path,
             "message": self.message,
         }
-
-
-class DocumentError(Exception):
-    """The file could not be read as a YAML document; `problem` says where and why."""
-
-    def __init__(self, problem: Problem) -> None:
-        super().__init__(str(problem))
-        self.problem = problem
 
 
 _Base: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster

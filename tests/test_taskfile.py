@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from coder import taskfile, yamldoc
-from coder.taskfile import InvalidTaskfile
+from coder.errors import InvalidTaskfile
 from tests.helpers import ROOT
 
 

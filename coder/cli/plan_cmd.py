@@ -62,6 +62,7 @@ def plan(
     `coder validate` does (plus allowed commands and paths inside the repository) and sent
     back with its problems until it is valid, up to `plan_attempts` times.
     """
+    from coder.errors import PlanFailed
     from coder.plan import service as planner
 
     if run_after and dry_run:
@@ -72,7 +73,7 @@ def plan(
     say = (lambda message: None) if as_json else (lambda message: click.echo(message, err=True))
     try:
         result = planner.plan(spec, cwd=here, options=options, notify=say)
-    except planner.PlanFailed as exc:
+    except PlanFailed as exc:
         _failed(exc, as_json)
     if run_after:
         assert result.path is not None

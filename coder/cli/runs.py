@@ -168,8 +168,9 @@ def stop(task_id: str, wait: float, as_json: bool) -> None:
 def status(as_json: bool) -> None:
     """List the runs in this repository."""
     from coder import project
+    from coder.errors import CorruptState
     from coder.git import ops as gitops
-    from coder.run.state import CorruptState, StateStore, read_lock_owner
+    from coder.run.state import StateStore, read_lock_owner
 
     root = gitops.repo_root(gitops.open_repo(cwd()))
     coder_dir = project.coder_dir(root)

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pygit2
 
-from coder.errors import EnvironmentProblem, RunFailed
+from coder.errors import BranchMoved, EnvironmentProblem, RunFailed
 from coder.git.ops import (
     TRAILER_TASK,
-    BranchMoved,
     _branch_ref,
     _checked_out_at,
     _environment_error,

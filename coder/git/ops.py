@@ -34,7 +34,7 @@ from typing import TypeVar
 import pygit2
 from pygit2.enums import DiffOption, DiffStatsFormat, FileStatus, ResetMode, SortMode
 
-from coder.errors import EXIT_ENVIRONMENT, CoderError, EnvironmentProblem, InvalidInput, RunFailed
+from coder.errors import BranchMoved, EnvironmentProblem, InvalidInput, RunFailed
 
 CODER_DIR = ".coder"
 FALLBACK_NAME = "coder"
@@ -46,12 +46,6 @@ TRAILER_REVERTS = "Coder-Reverts"  # on `coder revert`'s commits: the step whose
 REFLOG_REVERT = "coder: revert"  # how `coder revert`'s branch moves start in the reflog
 
 _T = TypeVar("_T")
-
-
-class BranchMoved(CoderError):
-    """The agent branch is not where coder left it (someone committed or reset it)."""
-
-    exit_code = EXIT_ENVIRONMENT
 
 
 # --------------------------------------------------------------------------- opening

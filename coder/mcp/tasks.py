@@ -18,15 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coder.errors import CoderError, EnvironmentProblem, InvalidInput
+from coder.errors import CoderError, InvalidInput, RunNotStarted
 from coder.policy.paths import resolve_in_root
 from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
 
 START_WAIT = 5.0  # seconds task_run waits for the run to be created (or to fail early)
-
-
-class RunNotStarted(EnvironmentProblem):
-    """`coder run` exited before creating the run; the message is its own error line."""
 
 
 @dataclass
@@ -150,7 +146,8 @@ def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 
 def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
-    from coder.run.state import StateStore, UnknownTask, read_lock_owner
+    from coder.errors import UnknownTask
+    from coder.run.state import StateStore, read_lock_owner
 
     task_id = args["id"]
     _repo_obj, coder_dir = _repo(ctx)

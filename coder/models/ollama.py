@@ -22,12 +22,11 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
+from coder.errors import ModelError, ModelUnavailable
 from coder.models.provider import (
     ChatEvent,
     ChatResult,
     Done,
-    ModelError,
-    ModelUnavailable,
     Retrying,
     TextDelta,
     ToolCall,

@@ -24,18 +24,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
-from coder.errors import EXIT_FAILED, CoderError, EnvironmentProblem
-
-
-class ModelUnavailable(EnvironmentProblem):
-    """The model host cannot be reached, or it does not have the model."""
-
-
-class ModelError(CoderError):
-    """The model call failed (after retries, or refused outright): the step fails cleanly."""
-
-    exit_code = EXIT_FAILED
-
 
 @dataclass(frozen=True)
 class ToolCall:

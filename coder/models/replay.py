@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from coder.errors import InvalidInput
-from coder.models.provider import ChatResult, ModelError, ModelProvider, ToolCall, Usage
+from coder.errors import InvalidInput, ModelError
+from coder.models.provider import ChatResult, ModelProvider, ToolCall, Usage
 
 FORMAT = 1
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from coder import config as config_mod
 from coder import taskfile, yamldoc
 from coder.durable import write_atomic
-from coder.errors import InvalidInput, RunFailed
+from coder.errors import BadSpec, DocumentError, InvalidInput, PlanFailed
 from coder.git import ops as gitops
 from coder.policy.commands import SHELL_BUILTINS
 from coder.yamldoc import Problem
@@ -138,35 +138,6 @@ STEP_KEYS = (
 DROPPED_KEYS = ("branch", "model", "created_at")
 
 
-class BadSpec(InvalidInput):
-    """The spec is missing, empty, unreadable or too large (exit 2)."""
-
-
-class PlanFailed(RunFailed):
-    """The model did not produce a valid taskfile within the allowed attempts (exit 1)."""
-
-    def __init__(
-        self, problems: list[Problem], attempts: int, draft: Path | None, draft_text: str
-    ) -> None:
-        where = f"; the last draft is in {draft}" if draft else ""
-        super().__init__(
-            f"the model did not produce a valid taskfile in {attempts} attempt"
-            f"{'s' * (attempts != 1)} ({len(problems)} problem{'s' * (len(problems) != 1)} "
-            f"left){where}",
-            hint="rephrase or narrow the spec, try a larger model (--model), raise plan_attempts"
-            " in coder.config.json"
-            + (
-                f", or fix the draft by hand and check it with `coder validate -f {draft}`"
-                if draft
-                else ""
-            ),
-        )
-        self.problems = problems
-        self.attempts = attempts
-        self.draft = draft
-        self.draft_text = draft_text
-
-
 @dataclass(frozen=True)
 class Spec:
     text: str
@@ -231,7 +202,7 @@ def read_spec(prompt: str | None, file: Path | None, cwd: Path) -> Spec:
     if file is not None:
         try:
             text = yamldoc.read_text(cwd / file, str(file))
-        except yamldoc.DocumentError as exc:
+        except DocumentError as exc:
             raise BadSpec(f"cannot read the spec: {exc.problem}") from None
         source = str(file)
     elif prompt is not None:
@@ -627,7 +598,7 @@ def check_draft(
     """`coder validate`'s checks, then the planner's own, all problems at once."""
     try:
         doc = yamldoc.parse(text, name)
-    except yamldoc.DocumentError as exc:
+    except DocumentError as exc:
         return [exc.problem], None
     problems, task = taskfile.check_document(doc)
     if isinstance(doc.data, dict):

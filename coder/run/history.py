@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from coder import project
-from coder.errors import ConcurrentRun, InvalidInput
+from coder.errors import ConcurrentRun, CorruptState, InvalidInput
 from coder.git import ops as gitops
 from coder.run.runs import load_manifest, manifest_path
-from coder.run.state import CorruptState, StateStore, read_lock_owner
+from coder.run.state import StateStore, read_lock_owner
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,12 @@ from typing import Any
 from coder import project
 from coder.crashpoints import crashpoint
 from coder.errors import (
+    CheckoutInTheWay,
     CoderError,
     ConcurrentRun,
     EnvironmentProblem,
     InvalidInput,
+    MergeConflict,
     RunFailed,
 )
 from coder.git import land as gitland
@@ -43,14 +45,6 @@ from coder.run.state import StateStore, TaskLock, now_iso
 
 MODES = ("squash", "no-ff", "ff-only")
 Notify = Callable[[str], None]
-
-
-class MergeConflict(EnvironmentProblem):
-    """The base branch moved since the run started and changed the same lines."""
-
-
-class CheckoutInTheWay(EnvironmentProblem):
-    """The user's uncommitted changes in the checkout of base touch files the merge changes."""
 
 
 @dataclass(frozen=True)

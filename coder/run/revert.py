@@ -35,17 +35,13 @@ from typing import Any
 
 from coder import graph, project, taskfile
 from coder.crashpoints import crashpoint
-from coder.errors import CoderError, ConcurrentRun, EnvironmentProblem, InvalidInput
+from coder.errors import CoderError, ConcurrentRun, EnvironmentProblem, InvalidInput, MergedRun
 from coder.git import land as gitland
 from coder.git import ops as gitops
 from coder.run.runs import load_manifest
 from coder.run.state import StateStore, TaskLock
 
 MODES = ("revert", "reset")
-
-
-class MergedRun(InvalidInput):
-    """The run already landed on its base branch: undoing its branch would not undo that."""
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from coder import config as config_mod
 from coder import project, taskfile
 from coder.crashpoints import crashpoint
 from coder.durable import write_atomic
-from coder.errors import EnvironmentProblem, InvalidInput
+from coder.errors import CorruptState, EnvironmentProblem, InvalidInput, UnknownTask
 from coder.git import land as gitland
 from coder.git import ops as gitops
-from coder.run.state import CorruptState, StateStore, TaskLock, UnknownTask, now_iso
+from coder.run.state import StateStore, TaskLock, now_iso
 
 Console = Callable[[dict[str, Any]], None]
 

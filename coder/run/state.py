@@ -24,7 +24,14 @@ from types import TracebackType
 from typing import Any, Self
 
 from coder.durable import fsync_dir, write_atomic
-from coder.errors import ConcurrentRun, EnvironmentProblem, InvalidInput
+from coder.errors import (
+    ConcurrentRun,
+    CorruptState,
+    EnvironmentProblem,
+    InvalidInput,
+    UnknownTask,
+    display_path,
+)
 from coder.schemas import validator
 
 TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # as in task.schema.json
@@ -46,38 +53,6 @@ def check_task_id(task_id: str) -> str:
 
 
 # --- state files ----------------------------------------------------------------------------
-
-
-class UnknownTask(InvalidInput):
-    def __init__(self, task_id: str, known: list[str]) -> None:
-        listing = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
-        super().__init__(
-            f"no task {task_id!r} in this project",
-            hint=f"known tasks: {listing}" if known else "run `coder status` to list tasks",
-        )
-        self.task_id = task_id
-
-
-class CorruptState(EnvironmentProblem):
-    """A state file that cannot be read as a valid checkpoint (torn, edited, wrong schema)."""
-
-    def __init__(self, path: Path, task_id: str, reason: str) -> None:
-        super().__init__(
-            f"state file {_display(path)} is corrupt ({reason}); run `coder resume -t {task_id}` "
-            "to rebuild it from the branch's commits",
-            hint=f"or delete {_display(path)} and start the task again",
-        )
-        self.path = path
-        self.task_id = task_id
-        self.reason = reason
-
-
-def _display(path: Path) -> str:
-    """`.coder/state/X.json` when under the working directory, else the absolute path."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except (ValueError, OSError):
-        return str(path)
 
 
 def _validation_problem(schema: str, instance: Any) -> str | None:
@@ -116,7 +91,7 @@ class StateStore:
         except FileNotFoundError:
             raise UnknownTask(task_id, self.list_ids()) from None
         except OSError as exc:
-            raise EnvironmentProblem(f"cannot read state file {_display(path)}: {exc}") from exc
+            raise EnvironmentProblem(f"cannot read state file {display_path(path)}: {exc}") from exc
         return self._parse(path, task_id, raw)
 
     def _parse(self, path: Path, task_id: str, raw: bytes) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any
 import pygit2
 from pygit2.enums import ApplyLocation, DiffOption, FileStatus, RepositoryOpenFlag, SortMode
 
-from coder.errors import EnvironmentProblem, InvalidInput
+from coder.errors import EnvironmentProblem, PatchProblem
 from coder.tools.fs import closest_match, numbered, real_root, resolve
 from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
 
@@ -169,10 +169,6 @@ def git_log(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 
 # --------------------------------------------------------------------------- patches
-
-
-class PatchProblem(InvalidInput):
-    """The patch text cannot be understood or does not match the files."""
 
 
 @dataclass

@@ -10,9 +10,8 @@ import pygit2
 import pytest
 from pygit2.enums import ConfigLevel
 
-from coder.errors import EnvironmentProblem, InvalidInput, RunFailed
+from coder.errors import BranchMoved, EnvironmentProblem, InvalidInput, RunFailed
 from coder.git import ops as gitops
-from coder.git.ops import BranchMoved
 from tests.conftest import git
 
 BRANCH = "agent/t1-demo"

@@ -10,15 +10,13 @@ from typing import Any
 
 import pytest
 
-from coder.errors import EXIT_ENVIRONMENT, EXIT_FAILED
+from coder.errors import EXIT_ENVIRONMENT, EXIT_FAILED, ModelError, ModelUnavailable
 from coder.models.ollama import OllamaProvider, normalize_host
 from coder.models.provider import (
     ChatEvent,
     ChatResult,
     Done,
-    ModelError,
     ModelProvider,
-    ModelUnavailable,
     Retrying,
     TextDelta,
     ToolCall,

@@ -15,17 +15,15 @@ from typing import Any
 
 import pytest
 
-from coder.errors import EXIT_ENVIRONMENT, ConcurrentRun, EnvironmentProblem, InvalidInput
-from coder.run.state import (
+from coder.errors import (
+    EXIT_ENVIRONMENT,
+    ConcurrentRun,
     CorruptState,
-    StateStore,
-    TaskLock,
+    EnvironmentProblem,
+    InvalidInput,
     UnknownTask,
-    now_iso,
-    pid_alive,
-    read_lock_owner,
-    write_atomic,
 )
+from coder.run.state import StateStore, TaskLock, now_iso, pid_alive, read_lock_owner, write_atomic
 from coder.schemas import validator
 
 SHA = "0123456789abcdef0123456789abcdef01234567"

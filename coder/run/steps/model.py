@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from coder.agent import prompts
 from coder.agent.loop import TERMINAL, AgentLoop, Limits, LoopResult
+from coder.errors import ModelError, ModelUnavailable
 from coder.git import ops as gitops
-from coder.models.provider import ModelError, ModelUnavailable
 from coder.run.steps import StepContext, StepOutcome
 from coder.taskfile import Step, is_repo_relative, parse_duration
 
