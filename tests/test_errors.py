@@ -28,7 +28,9 @@ def test_no_error_class_is_defined_outside_coder_errors() -> None:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
                 continue
-            bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+            bases = {
+                b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases
+            }
             if bases & EXCEPTION_BASES:
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.name}")
     assert not found, "move these into coder/errors.py:\n" + "\n".join(found)
