@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # base: no coder imports above this line
     ("coder", "errors", "schemas", "yamldoc", "redact", "durable", "crashpoints"),
     # the domain: configuration, taskfiles and their graph, test reports
-    ("config", "taskfile", "graph", "testreport"),
+    ("config", "taskfile", "graph", "diagram", "testreport"),
     # safety rules and git
     ("policy", "git", "project"),
     ("models",),

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from coder.cli.common import PathType, emit_json, json_option
+from coder.cli.common import PathType, cwd, emit_json, json_option
 from coder.errors import EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -55,18 +55,34 @@ def validate(path: Path, as_json: bool) -> None:
 
 
 @click.command(
-    epilog="\b\nExamples:\n  coder show -f tasks/hello-shell.yaml\n  coder show -t T-1 --json"
+    epilog="\b\nExamples:\n  coder show -f tasks/hello-shell.yaml --graph\n"
+    "  coder show -t T-1 --json\n  coder show -t T-1 --format mermaid > dag.mmd"
 )
 @click.option("-f", "--file", "path", type=PathType(), help="A taskfile: show its DAG.")
 @click.option("-t", "--task", "task_id", help="A run: show its steps, commits and reasons.")
+@click.option("--graph", is_flag=True, help="Draw the DAG by levels (a run's statuses coloured).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "mermaid", "dot"]),
+    default="text",
+    show_default=True,
+    help="The DAG as Mermaid or Graphviz DOT (implies --graph).",
+)
 @json_option
-def show(path: Path | None, task_id: str | None, as_json: bool) -> None:
+def show(path: Path | None, task_id: str | None, graph: bool, fmt: str, as_json: bool) -> None:
     """Show a taskfile's DAG (-f) or a run's progress (-t)."""
     from coder import config as config_mod
-    from coder import graph, taskfile
+    from coder import graph as dag_mod
+    from coder import taskfile
 
     if (path is None) == (task_id is None):
         raise click.UsageError("pass exactly one of -f FILE (a taskfile) or -t ID (a run)")
+    if as_json and (graph or fmt != "text"):
+        raise click.UsageError("--json and --graph/--format are alternatives: pass one")
+    if graph or fmt != "text":
+        draw_graph(path, task_id, fmt)
+        return
     if task_id is not None:
         from coder.cli.history import show_run
 
@@ -76,8 +92,8 @@ def show(path: Path | None, task_id: str | None, as_json: bool) -> None:
     assert path is not None  # click: -f or -t is required (checked above)
     task = taskfile.load(path)
     cfg = config_mod.load()
-    dag = graph.build(task.deps())
-    order, levels = graph.order(dag), graph.levels(dag)
+    dag = dag_mod.build(task.deps())
+    order, levels = dag_mod.order(dag), dag_mod.levels(dag)
     id_note = "" if task.source.get("id") else " (generated; fixed when the run starts)"
     model = task.model or cfg["model"]
     model_note = "" if task.model else f" (from {cfg.sources['model']})"
@@ -120,6 +136,50 @@ def show(path: Path | None, task_id: str | None, as_json: bool) -> None:
             s = steps[sid]
             needs = f"  <- {', '.join(s.depends_on)}" if s.depends_on else ""
             click.echo(f"  {sid:<{width}}  {s.kind:<7}  {_one_line(s.goal)}{needs}")
+
+
+def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
+    """`show --graph` / `--format`: the taskfile's or the run's DAG as a picture."""
+    from coder import diagram
+
+    if task_id is not None:
+        from coder.run import history
+
+        state = history.open_run(cwd(), task_id).state
+        nodes, title = diagram.nodes_of_run(state), state["title"]
+        header = f"{title}\n  run {task_id}: {state['status']} on {state['branch']}\n"
+    else:
+        from coder import taskfile
+
+        assert path is not None
+        task = taskfile.load(path)
+        nodes, title, header = diagram.nodes_of_task(task), task.title, f"{task.title}\n"
+    if fmt == "mermaid":
+        click.echo(diagram.mermaid(nodes), nl=False)
+    elif fmt == "dot":
+        click.echo(diagram.dot(nodes, title=title), nl=False)
+    else:
+        import shutil
+
+        width = shutil.get_terminal_size((100, 24)).columns
+        click.echo(header)
+        click.echo(diagram.text(nodes, width=width, style=status_style), nl=False)
+
+
+STATUS_COLOURS = {
+    "success": "green",
+    "failed": "red",
+    "error": "red",
+    "running": "cyan",
+    "interrupted": "yellow",
+    "skipped": "yellow",
+}
+
+
+def status_style(status: str, text: str) -> str:
+    """A status's colour (click strips it when stdout is not a terminal)."""
+    colour = STATUS_COLOURS.get(status)
+    return click.style(text, fg=colour) if colour else click.style(text, dim=True)
 
 
 def _level_of(step_id: str, levels: list[list[str]]) -> int:
