@@ -44,6 +44,8 @@ DEFAULTS: dict[str, Any] = {
     "run_timeout": None,
     "mcp_servers": [],
     "plan_attempts": 3,
+    "sandbox": "on",
+    "limits": None,
 }
 
 # environment variable -> config key

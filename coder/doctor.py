@@ -27,7 +27,7 @@ class Check:
 
 def run_checks(cwd: Path, *, model: str | None = None) -> list[Check]:
     cfg = config_mod.load(cwd, flags={"model": model})
-    checks = [_git(cwd), _test_command(cwd, cfg), _sandbox()]
+    checks = [_git(cwd), _test_command(cwd, cfg), *_sandbox(cfg)]
     checks += _ollama(cfg)
     return checks
 
@@ -76,23 +76,52 @@ def _test_command(cwd: Path, cfg: config_mod.Config) -> Check:
     )
 
 
-def _sandbox() -> Check:
+def _sandbox(cfg: config_mod.Config) -> list[Check]:
+    """Which protection commands get: the kernel sandbox (Landlock) and the network wall."""
+    from coder.policy import confine
     from coder.policy.sandbox import network_isolation_available
 
-    if network_isolation_available():
-        return Check(
+    found = confine.support()
+    off = cfg.get("sandbox") == "off"
+    if off:
+        files = Check(
+            "command sandbox",
+            "warn",
+            f'OFF ("sandbox": "off" from {cfg.sources["sandbox"]}): commands can write '
+            "anywhere you can, including your checkout, .git and $HOME",
+            'remove "sandbox": "off" where it is set'
+            + ("" if found.available else " once this machine has Landlock"),
+        )
+    elif found.available:
+        files = Check(
             "command sandbox",
             "ok",
-            "commands run in a private network namespace "
-            "(no network), with a timeout and process-group kill",
+            f"Landlock ABI {found.abi}: commands write only their worktree, its git admin "
+            "dir and a private TMPDIR; no signals or sockets reach outside",
         )
-    return Check(
-        "command sandbox",
-        "warn",
-        "this kernel does not allow unprivileged network "
-        "namespaces: only the command allowlist keeps commands off the network",
-        "enable user namespaces (sysctl kernel.unprivileged_userns_clone=1) if you can",
-    )
+    else:
+        files = Check(
+            "command sandbox",
+            "fail",
+            f"{found.problem}; runs refuse to run commands",
+            'use Linux 6.2+ with Landlock enabled, or run unconfined with "sandbox": "off" '
+            "in coder.config.json (or --no-sandbox)",
+        )
+    if network_isolation_available():
+        how = {
+            "thread": "a private network namespace, capabilities dropped",
+            "per-command": "a private user and network namespace per command",
+        }.get(found.netns, "a private network namespace per command")
+        net = Check("command network", "ok", f"off by default: {how}")
+    else:
+        net = Check(
+            "command network",
+            "warn",
+            "this kernel does not allow unprivileged network namespaces: only the "
+            "allowlist and Landlock's TCP rules keep commands off the network",
+            "enable user namespaces (sysctl kernel.unprivileged_userns_clone=1) if you can",
+        )
+    return [files, net]
 
 
 def _ollama(cfg: config_mod.Config) -> list[Check]:

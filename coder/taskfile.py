@@ -418,7 +418,7 @@ def _kind_problems(i: int, sid: str, raw: dict[str, Any], report: Any) -> None:
         "cmd": ("shell", "test"),
         "framework": ("test",),
         "args": ("test",),
-        "changes": ("edit", "doc", "custom"),
+        "changes": ("edit", "doc", "custom", "shell"),
         "env": ("shell", "test"),
         "cwd": ("shell", "test"),
     }

@@ -46,6 +46,12 @@ def run_options(func: Any) -> Any:
                 type=PathType(dir_okay=False),
                 help="Answer model calls from a recording instead of Ollama.",
             ),
+            click.option(
+                "--no-sandbox",
+                is_flag=True,
+                help="Run commands without the kernel sandbox (for a machine that has none; "
+                "see `coder doctor`).",
+            ),
         ]
     ):
         func = option(func)
@@ -71,6 +77,7 @@ def run(
     model: str | None,
     record: Path | None,
     replay: Path | None,
+    no_sandbox: bool,
     as_json: bool,
 ) -> None:
     """Run a taskfile on its own branch, one commit per step.
@@ -103,6 +110,7 @@ def run(
                 replay,
                 approve,
                 attach_tools=attach_configured,
+                sandbox="off" if no_sandbox else None,
             ),
         )
     finally:
@@ -121,6 +129,7 @@ def resume(
     model: str | None,
     record: Path | None,
     replay: Path | None,
+    no_sandbox: bool,
     as_json: bool,
 ) -> None:
     """Continue a run that crashed, was killed or was stopped.
@@ -138,7 +147,13 @@ def resume(
             cwd=cwd(),
             console=progress,
             options=runs.RunOptions(
-                max_parallel, fail_fast, model, record, replay, attach_tools=attach_configured
+                max_parallel,
+                fail_fast,
+                model,
+                record,
+                replay,
+                attach_tools=attach_configured,
+                sandbox="off" if no_sandbox else None,
             ),
         )
     finally:

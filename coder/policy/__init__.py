@@ -4,8 +4,9 @@
     commands.py   the command allowlist (`Policy`, `check_command`)
     env.py        the environment a command sees (secrets scrubbed)
     paths.py      model-supplied paths stay in the worktree; protected paths are not written
-    sandbox.py    the one way coder runs a command: policy checked, network off, timeout,
-                  process-group kill, capped output
+    sandbox.py    the one way coder runs a command: policy checked, confined, network off,
+                  resource limits, timeout, process-group kill, capped output
+    confine.py    the kernel sandbox (Landlock) every command runs in, applied by a thread
 
 May import: the base modules (errors, redact, ...). Never git, models, tools, run or CLI.
 """

@@ -166,6 +166,38 @@ NETWORK_PROGRAMS: frozenset[str] = frozenset(
 
 
 @dataclass(frozen=True)
+class Limits:
+    """Resource limits of each command (0: none). The defaults stop a runaway command without
+    getting in the way of a real build or test suite."""
+
+    cpu_seconds: int = 600  # CPU time
+    memory_mb: int = 16384  # address space (AddressSanitizer needs 0: it maps terabytes)
+    file_size_mb: int = 1024  # largest file a command may write
+    processes: int = 4096  # processes of the user (the kernel counts all of them; root exempt)
+
+    @classmethod
+    def from_config(cls, value: Any) -> Limits:
+        if value is None:
+            return cls()
+        if not isinstance(value, Mapping):
+            raise InvalidInput(f"config key limits must be an object, got {value!r}")
+        defaults = cls()
+        fields = {}
+        for key, number in value.items():
+            if not hasattr(defaults, key):
+                raise InvalidInput(
+                    f"config key limits.{key} is unknown "
+                    "(cpu_seconds, memory_mb, file_size_mb, processes)"
+                )
+            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+                raise InvalidInput(
+                    f"config key limits.{key} must be an integer >= 0, got {number!r}"
+                )
+            fields[key] = number
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
 class Policy:
     allowed_commands: frozenset[str] = frozenset(DEFAULT_ALLOWED_COMMANDS)
     allow_network: bool = False
@@ -173,6 +205,8 @@ class Policy:
     protected_paths: tuple[str, ...] = ()  # extra globs, matched against root-relative paths
     output_cap: int = 65536  # bytes kept per stream
     command_timeout: int = 600  # seconds
+    sandbox: bool = True  # run commands in the kernel sandbox (coder.policy.confine)
+    limits: Limits = Limits()
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Policy:
@@ -204,6 +238,9 @@ class Policy:
             raise InvalidInput(
                 f"config key allow_network must be true or false, got {allow_network!r}"
             )
+        sandbox = cfg.get("sandbox", "on")
+        if sandbox not in ("on", "off"):
+            raise InvalidInput(f'config key sandbox must be "on" or "off", got {sandbox!r}')
         extra = {basename(name) for name in strings("allowed_commands")}
         return cls(
             allowed_commands=frozenset(DEFAULT_ALLOWED_COMMANDS) | extra,
@@ -212,6 +249,8 @@ class Policy:
             protected_paths=tuple(strings("protected_paths")),
             output_cap=integer("output_cap", 65536, 1024),
             command_timeout=integer("command_timeout", 600, 1),
+            sandbox=sandbox == "on",
+            limits=Limits.from_config(cfg.get("limits")),
         )
 
 

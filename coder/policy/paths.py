@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,8 +36,16 @@ _SECRET_GLOBS = (
 )
 
 
+# Files that steer git or CI: a step that changes them changes what runs outside coder.
+_GIT_ADMIN = (".gitmodules", ".gitattributes")
+_CI_FILES = (".gitlab-ci.yml",)
+_CI_DIRS = ((".github", "workflows"),)
+
+
 def is_protected(rel_posix: str, policy: Policy) -> str | None:
-    """Why the model may not write `rel_posix` (a root-relative posix path), or None."""
+    """Why `rel_posix` (a root-relative posix path) is protected, or None: the one rule for
+    what the model's file tools never write and what a step commit may not add or change
+    unless the step's `changes` names the path (`protected_changes`)."""
     parts = [p for p in rel_posix.split("/") if p not in ("", ".")]
     lowered = [p.lower() for p in parts]
     if ".git" in lowered:
@@ -45,6 +54,12 @@ def is_protected(rel_posix: str, policy: Policy) -> str | None:
         return ".coder holds coder's own state"
     if lowered == ["coder.config.json"]:  # a repo file must never widen coder's permissions
         return "coder.config.json sets coder's own permissions; only the user edits it"
+    if lowered[-1:] and lowered[-1] in _GIT_ADMIN:
+        return f"{parts[-1]} steers git (submodules, filters)"
+    if lowered in ([f] for f in _CI_FILES) or any(
+        tuple(lowered[i : i + len(d)]) == d for d in _CI_DIRS for i in range(len(lowered))
+    ):
+        return "it is a CI workflow file: it runs on your CI, outside coder's sandbox"
     for part in lowered:
         for glob in _SECRET_GLOBS:
             if fnmatch.fnmatchcase(part, glob):
@@ -55,6 +70,21 @@ def is_protected(rel_posix: str, policy: Policy) -> str | None:
         if fnmatch.fnmatchcase(rel, glob) or fnmatch.fnmatchcase(rel, glob.rstrip("/") + "/*"):
             return f"it matches protected_paths glob {glob!r} in coder.config.json"
     return None
+
+
+def protected_changes(changed: Iterable[str], named: Collection[str], policy: Policy) -> list[str]:
+    """The problems with a step's changed paths: each protected one its `changes` does not
+    name (by exact path)."""
+    wanted = {p.strip("/").removeprefix("./") for p in named}
+    problems = []
+    for rel in changed:
+        reason = is_protected(rel, policy)
+        if reason and rel not in wanted:
+            problems.append(
+                f"the step changed protected path {rel} ({reason}); nothing was committed. "
+                f"Name it in the step's `changes` if the step is meant to change it"
+            )
+    return problems
 
 
 def _inside(path: str, root: str) -> bool:

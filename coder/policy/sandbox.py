@@ -17,20 +17,21 @@ in `CODER_RUN_OWNER`, and resume, holding the task lock, ends whatever still car
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from coder.errors import EnvironmentProblem, InvalidInput, PolicyViolation
-from coder.policy.commands import Policy, check_command
+from coder.policy.commands import Limits, Policy, check_command
 from coder.policy.env import scrub_env
 
 _KILL_GRACE_S = 2.0  # between SIGTERM and SIGKILL
@@ -55,37 +56,51 @@ class CommandResult:
         return self.exit_code == 0 and not self.timed_out and not self.cancelled
 
 
-@functools.lru_cache(maxsize=1)
-def _unshare_prefix() -> tuple[str, ...] | None:
-    """argv prefix giving a command a private, empty network, or None if the kernel (or a
-    missing `unshare`) does not allow it. Probed once per process."""
-    exe = shutil.which("unshare")
-    if exe is None:
-        return None
-    # Prefer keeping our uid (util-linux >= 2.38); `-r` maps us to root inside the namespace,
-    # which changes how permission checks behave for the command.
-    for flags in (("--map-current-user", "--net"), ("-r", "-n")):
-        prefix = (exe, *flags, "--")
-        try:
-            probe = subprocess.run(
-                [*prefix, "true"],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=10,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if probe.returncode == 0:
-            return prefix
-    return None
-
-
 def network_isolation_available() -> bool:
     """Whether commands get a real network namespace while the network is off (otherwise
-    only the command allowlist keeps them off the network)."""
-    return _unshare_prefix() is not None
+    only the command allowlist and Landlock's TCP rules keep them off the network)."""
+    from coder.policy import confine
+
+    return confine.support().netns != "none" or confine.unshare_prefix() is not None
+
+
+def require_sandbox(policy: Policy) -> None:
+    """EnvironmentProblem unless commands can be confined (or the user turned that off)."""
+    from coder.policy import confine
+
+    if not policy.sandbox:
+        return
+    found = confine.support()
+    if not found.available:
+        raise EnvironmentProblem(
+            f"no kernel sandbox for commands: {found.problem}",
+            hint="run on a kernel with Landlock (Linux 6.2+), or accept running commands "
+            'unconfined with "sandbox": "off" in coder.config.json or --no-sandbox',
+        )
+
+
+def _limits_prefix(limits: Limits) -> str:
+    """`ulimit` settings that bash applies before the command (rlimits are per process, so
+    they are set in the command's own shell, never in coder). Values above the hard limits
+    coder itself runs under are lowered to them, so `ulimit` never fails."""
+    import resource
+
+    parts = []
+    for flag, rlimit, value, unit in (
+        ("-t", resource.RLIMIT_CPU, limits.cpu_seconds, 1),
+        ("-v", resource.RLIMIT_AS, limits.memory_mb, 1024),  # ulimit -v counts KiB
+        ("-f", resource.RLIMIT_FSIZE, limits.file_size_mb, 1024),  # bash -f: 1 KiB blocks
+        ("-u", resource.RLIMIT_NPROC, limits.processes, 1),
+    ):
+        if not value:
+            continue
+        amount = value * unit
+        hard = resource.getrlimit(rlimit)[1]
+        if hard != resource.RLIM_INFINITY:
+            per_unit = 1024 if flag in ("-v", "-f") else 1
+            amount = min(amount, hard // per_unit)
+        parts.append(f"{flag} {amount}")
+    return f"ulimit {' '.join(parts)}; " if parts else ""
 
 
 class _CappedBuffer:
@@ -250,28 +265,73 @@ def run_command(
             cmd, None, "", "", 0.0, cancelled=True, note="cancelled before it started"
         )
 
-    shell = shutil.which("bash") or shutil.which("sh") or "/bin/sh"
-    argv = [shell, "-c", cmd]
-    prefix = None if policy.allow_network else _unshare_prefix()
-    if prefix is not None:
-        argv = [*prefix, *argv]
-
     command_env = scrub_env(policy, env)
     if owner is not None:
         command_env[OWNER_VAR] = owner
+    bash = shutil.which("bash")
+    shell = bash or shutil.which("sh") or "/bin/sh"
+    argv = [shell, "-c", (_limits_prefix(policy.limits) if bash else "") + cmd]
     started = time.monotonic()
+    with _spawner(policy, root or cwd, command_env) as spawn:
+        try:
+            proc = spawn(
+                argv,
+                cwd=cwd,
+                env=command_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot start {shell} for a command: {exc}") from exc
+        return _wait(proc, cmd, policy, limit, cancel, started)
+
+
+Spawn = Callable[..., "subprocess.Popen[bytes]"]
+
+
+@contextmanager
+def _spawner(policy: Policy, root: Path, env: dict[str, str]) -> Iterator[Spawn]:
+    """How to start the command: confined in the kernel sandbox for `root` (with a private
+    TMPDIR, removed afterwards), or, with the sandbox off, only in its own network namespace."""
+    if not policy.sandbox:
+        prefix = None if policy.allow_network else _unshare_prefix()
+
+        def unconfined(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+            return subprocess.Popen([*(prefix or ()), *argv], **kwargs)
+
+        yield unconfined
+        return
+    from coder.policy import confine
+
+    require_sandbox(policy)
+    spawner = confine.confinement(
+        confine.Profile(confine.writable_for(root), network=policy.allow_network)
+    )
+    tmp = tempfile.mkdtemp(prefix="cmd-", dir=spawner.tmp_root)
+    env.update(TMPDIR=tmp, TMP=tmp, TEMP=tmp)
     try:
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=command_env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot start {shell} for a command: {exc}") from exc
+        yield spawner.popen
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _unshare_prefix() -> tuple[str, ...] | None:
+    from coder.policy import confine
+
+    return confine.unshare_prefix()
+
+
+def _wait(
+    proc: subprocess.Popen[bytes],
+    cmd: str,
+    policy: Policy,
+    limit: float,
+    cancel: threading.Event | None,
+    started: float,
+) -> CommandResult:
+    """Collect the output of a started command until it ends, times out or is cancelled."""
     assert proc.stdout is not None and proc.stderr is not None
     out, err = _CappedBuffer(policy.output_cap), _CappedBuffer(policy.output_cap)
     readers = [

@@ -24,7 +24,7 @@ from coder.errors import CoderError
 from coder.git import ops as gitops
 from coder.run.state import now_iso
 from coder.run.steps import StepContext, StepOutcome, runner_for
-from coder.run.steps.checks import GitGuard, failed_asserts
+from coder.run.steps.checks import GitGuard, failed_asserts, protected_paths_changed
 
 if TYPE_CHECKING:
     from coder.config import Config
@@ -383,7 +383,7 @@ class Executor:
             agent=self.run.agent,
             previous_error=self.step_state(step.id).get("error"),
         )
-        guard = GitGuard.take(self.common_dir)
+        guard = GitGuard.take(self.common_dir, workdir)
         started = time.monotonic()
         try:
             outcome = runner_for(step.kind)(ctx)
@@ -396,11 +396,13 @@ class Executor:
             guard.restore()
             outcome = StepOutcome(
                 False,
-                f"the step changed .git/{', .git/'.join(touched)}; .git "
+                f"the step changed {', '.join(guard.describe(touched))}; .git "
                 "belongs to coder's executor (the original was restored)",
             )
         if outcome.ok:
-            failures = failed_asserts(step.asserts, workdir)
+            failures = failed_asserts(step.asserts, workdir) + protected_paths_changed(
+                step, workdir, self.run.policy
+            )
             if failures:
                 outcome = StepOutcome(False, "; ".join(failures), tests=outcome.tests)
         self.run.log.debug(

@@ -46,6 +46,7 @@ class RunOptions:
     # servers'): called as attach_tools(agent, cfg, cwd=worktree, log=log, redactor=redactor)
     # before the first step; returns something with close(), or None.
     attach_tools: Callable[..., Any] | None = None
+    sandbox: str | None = None  # "off" (--no-sandbox) overrides the config's `sandbox`
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def start(
 ) -> RunResult:
     """Validate, prepare the branch and worktree, and run the whole DAG."""
     task = taskfile.load(path)
-    cfg = config_mod.load(cwd, flags={"model": options.model})
+    cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
     repo = gitops.open_repo(cwd)
     root = gitops.repo_root(repo)
     policy = policy_for(task, cfg)
@@ -222,7 +223,9 @@ def preflight(task: taskfile.Task, policy: Any, root: Path, cfg: config_mod.Conf
     from coder import testreport
     from coder.errors import CoderError
     from coder.policy.commands import check_command
+    from coder.policy.sandbox import require_sandbox
 
+    require_sandbox(policy)
     for step in task.steps:
         if step.kind == "shell":
             cmd = step.cmd
@@ -319,7 +322,8 @@ def resume(
         worktree = Path(manifest["worktree"])
         warnings += reconcile(repo, state, manifest, worktree)
         store.save(state)
-        cfg = config_mod.load(cwd, flags={"model": options.model})
+        cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
+        sandbox.require_sandbox(policy_for(task, cfg))
         agent = open_agent(task, cfg, repo, manifest["base_commit"], options)
         return _execute(
             task,

@@ -475,7 +475,7 @@ def test_truncated_state_is_rebuilt_from_the_branch(make_repo, golden: Golden) -
 
 def test_a_second_runner_is_refused_while_one_runs(make_repo) -> None:
     repo = make_repo(BASE_FILES)
-    taskfile = write_taskfile(repo, TASKFILE.replace('"echo one > new.txt"', '"sleep 3"'))
+    taskfile = write_taskfile(repo, TASKFILE.replace('"echo one > new.txt"', '"sleep 10"'))
     runner = spawn(repo, "run", "--autonomous", "-f", str(taskfile))
     try:
         wait_for(lambda: running_step(repo, "s1"), what="s1 to start")

@@ -97,9 +97,11 @@ def test_coder_dir_is_never_committed_and_user_gitignore_untouched(make_repo) ->
     assert (repo / ".gitignore").read_text() == "*.log\n"
 
 
-def test_retries_then_success_records_the_reason(make_repo, tmp_path: Path) -> None:
+def test_retries_then_success_records_the_reason(make_repo) -> None:
     repo = make_repo()
-    counter = tmp_path / "count"
+    # Attempts are counted where the step may write and a retry does not reset: its worktree's
+    # git admin dir (anything outside the worktree is read-only to the sandboxed command).
+    counter = "$(git rev-parse --git-dir)/count"
     path = taskfile(
         repo,
         f"""
@@ -108,7 +110,7 @@ def test_retries_then_success_records_the_reason(make_repo, tmp_path: Path) -> N
         graph:
           - kind: shell
             retries: 2
-            cmd: echo x >> {counter}; echo partial > partial.txt; test $(wc -l < {counter}) -ge 2
+            cmd: echo x >> "{counter}"; echo partial > partial.txt; test $(wc -l < "{counter}") -ge 2
     """,
     )
     code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
@@ -268,7 +270,8 @@ def test_a_step_that_edits_git_config_or_hooks_fails_and_is_undone(make_repo) ->
           - {kind: shell, cmd: "echo 'exit 0' > ../../../.git/hooks/post-commit && echo y > y.txt"}
     """,
     )
-    assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == 1
+    # The kernel sandbox refuses the write itself; without it the guard is the second line.
+    assert coder(repo, "run", "--autonomous", "-f", str(path), "--no-sandbox")[0] == 1
     error = state_of(repo, "hook")["steps"]["s1"]["error"]
     assert error == (
         "the step changed .git/hooks/post-commit; .git belongs to coder's executor "

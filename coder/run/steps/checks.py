@@ -1,12 +1,23 @@
-"""Checks the executor runs around a step: asserts, and the guard that keeps `.git` the
-executor's own (a command that edits .git/config or .git/hooks fails its step)."""
+"""Checks the executor runs around a step: asserts, protected paths, and the guard that keeps
+`.git` the executor's own (a step that changed .git/config, .git/hooks, its worktree's `.git`
+file or its admin dir's HEAD fails, and the originals are put back)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from coder.taskfile import Assertion
+from coder.policy.commands import Policy
+from coder.policy.paths import protected_changes
+from coder.taskfile import Assertion, Step
+
+
+def protected_paths_changed(step: Step, workdir: Path, policy: Policy) -> list[str]:
+    """A problem for each protected path the step changed without naming it in `changes`."""
+    from coder.git import ops as gitops
+
+    named = [c.get("path", "") for c in step.changes]
+    return protected_changes(gitops.changed_paths(workdir), named, policy)
 
 
 def failed_asserts(asserts: tuple[Assertion, ...], workdir: Path) -> list[str]:
@@ -30,34 +41,49 @@ def failed_asserts(asserts: tuple[Assertion, ...], workdir: Path) -> list[str]:
 
 @dataclass(frozen=True)
 class GitGuard:
-    """A copy of the parts of .git a command could use to escape (config, hooks), so a step
-    that changed them can be failed and the originals put back."""
+    """A copy of the git files a command could use to escape or to redirect the executor's
+    next commit: the repository's config and hooks (read-only in the sandbox, but not with
+    `sandbox: off`), and the files a sandboxed command CAN write: its worktree's `.git` file
+    and its admin dir's HEAD, commondir and gitdir (a HEAD pointed at the base branch would
+    make the step commit land there). A step that changed them fails; the originals return."""
 
     common_dir: Path
-    saved: dict[str, bytes]
+    saved: dict[Path, bytes]
+    workdir: Path | None = None
 
     @classmethod
-    def take(cls, common_dir: Path) -> GitGuard:
-        return cls(common_dir, _snapshot(common_dir))
+    def take(cls, common_dir: Path, workdir: Path | None = None) -> GitGuard:
+        return cls(common_dir, _snapshot(common_dir, workdir), workdir)
 
-    def changes(self) -> list[str]:
-        now = _snapshot(self.common_dir)
+    def changes(self) -> list[Path]:
+        now = _snapshot(self.common_dir, self.workdir)
         return sorted(k for k in self.saved.keys() | now.keys() if self.saved.get(k) != now.get(k))
 
+    def describe(self, paths: list[Path]) -> list[str]:
+        """`.git/config`-style names for messages."""
+        base = self.common_dir.parent
+        return [str(p.relative_to(base)) if p.is_relative_to(base) else str(p) for p in paths]
+
     def restore(self) -> None:
-        for rel in self.changes():
-            path = self.common_dir / rel
-            if rel in self.saved:
-                path.write_bytes(self.saved[rel])
+        for path in self.changes():
+            if path in self.saved:
+                path.write_bytes(self.saved[path])
             else:
                 path.unlink(missing_ok=True)
 
 
-def _snapshot(common_dir: Path) -> dict[str, bytes]:
+def _snapshot(common_dir: Path, workdir: Path | None) -> dict[Path, bytes]:
+    paths = [common_dir / "config", *sorted((common_dir / "hooks").glob("*"))]
+    if workdir is not None and (workdir / ".git").is_file():
+        paths.append(workdir / ".git")
+        text = (workdir / ".git").read_text(encoding="utf-8", errors="replace")
+        admin = Path(text.removeprefix("gitdir:").strip())
+        admin = admin if admin.is_absolute() else workdir / admin
+        paths += [admin / "HEAD", admin / "commondir", admin / "gitdir"]
     out = {}
-    for path in [common_dir / "config", *sorted((common_dir / "hooks").glob("*"))]:
+    for path in paths:
         try:
-            out[path.relative_to(common_dir).as_posix()] = path.read_bytes()
+            out[path] = path.read_bytes()
         except OSError:
             continue
     return out

@@ -1,0 +1,304 @@
+"""The kernel filesystem sandbox every command runs in: Landlock, applied by a spawner thread.
+
+What a confined command can do: read and execute anything; write only under its profile's
+writable directories (a run's worktree, that worktree's own git admin directory, a private
+temporary directory) and to `/dev/null`-like devices; no TCP at all while the network is off,
+and no signals or abstract UNIX sockets reaching processes outside the sandbox. The user's
+checkout, the repository's refs, objects, hooks and config, `.coder/` and `$HOME` are
+read-only to it, and that holds for root too: Landlock is checked after file permissions.
+
+How it is applied, and why this way. Landlock restricts the thread that asks for it and
+everything that thread starts afterwards; the restriction cannot be lifted. So each profile
+gets one long-lived thread that restricts itself once and then only starts commands
+(`subprocess.Popen`, which forks and execs in C: no Python runs in the child, so this is safe in
+a threaded process, unlike a `preexec_fn`). A command costs what a plain `bash -c` costs; no
+launcher process sits in between. The rest of coder (the runner, git, the model client) keeps
+its own, unrestricted threads.
+
+Network. While the network is off a command also gets a private network namespace, as before
+this sandbox existed. With CAP_SYS_ADMIN (coder running as root) the spawner thread unshares
+its own network namespace and then drops every capability from the thread (bounding set
+included), so commands run as a capability-less root that cannot load modules, reboot or undo
+the sandbox. Without it, each command runs under `unshare --map-current-user --net` (a user and
+network namespace per command); `unshare` must write its own uid map under `/proc`, so in that
+mode the ruleset also lets commands write under `/proc`, where an unprivileged user can only
+touch their own processes (Landlock still denies ptrace-like access to processes outside the
+sandbox).
+
+`landlockpy` is the binding (ctypes, no compiler, follows each new Landlock ABI). ABI 3 or newer
+is required: before it, truncating a file was not covered.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import errno
+import functools
+import os
+import queue
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coder.errors import EnvironmentProblem
+
+MIN_ABI = 3  # truncate(2) is only covered from ABI 3 on
+_KEEP_THREADS = 16  # idle spawner threads kept (one per profile); older ones are stopped
+# Devices any command may open for writing: the ones a shell and a test suite expect.
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/ptmx")
+_DEVICE_DIRS = ("/dev/pts", "/dev/shm")  # pseudo-terminals; POSIX shared memory (semaphores)
+
+_CLONE_NEWNET = 0x40000000
+_PR_CAPBSET_DROP = 24
+_CAP_VERSION_3 = 0x20080522
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a confined command may write, and whether it may use the network."""
+
+    writable: tuple[str, ...]  # real paths of directories
+    network: bool = False
+
+
+@dataclass(frozen=True)
+class Support:
+    """What this machine offers, for `coder doctor` and for refusing to run without it."""
+
+    abi: int  # Landlock ABI version; 0 when the kernel has none
+    netns: str  # "thread" (own namespace, capabilities dropped), "per-command", or "none"
+    problem: str | None  # why commands cannot be confined here, or None
+
+    @property
+    def available(self) -> bool:
+        return self.problem is None
+
+
+@functools.lru_cache(maxsize=1)
+def support() -> Support:
+    """Probed once per process: the Landlock ABI and how commands get a network namespace."""
+    try:
+        import landlockpy
+    except ImportError:
+        return Support(0, "none", "the landlockpy package is not installed")
+    try:
+        abi = landlockpy.abi_version()
+    except OSError as exc:
+        return Support(0, "none", f"Landlock is not usable: {exc}")
+    netns = _netns_mode()
+    if abi == 0:
+        return Support(0, netns, "this kernel has no Landlock (Linux 5.13+ with lsm=landlock)")
+    if abi < MIN_ABI:
+        return Support(
+            abi, netns, f"this kernel's Landlock ABI {abi} is too old (needs {MIN_ABI}, Linux 6.2+)"
+        )
+    return Support(abi, netns, None)
+
+
+def _netns_mode() -> str:
+    result: list[str] = []
+
+    def probe() -> None:  # a throwaway thread: its namespace dies with it
+        result.append("thread" if _libc().unshare(_CLONE_NEWNET) == 0 else "")
+
+    thread = threading.Thread(target=probe, name="coder-netns-probe")
+    thread.start()
+    thread.join()
+    if result and result[0]:
+        return "thread"
+    return "per-command" if unshare_prefix() is not None else "none"
+
+
+@functools.lru_cache(maxsize=1)
+def unshare_prefix() -> tuple[str, ...] | None:
+    """argv prefix giving a command a private, empty network (`unshare`), or None if the
+    kernel or a missing `unshare` does not allow it. Probed once per process."""
+    exe = shutil.which("unshare")
+    if exe is None:
+        return None
+    # Prefer keeping our uid (util-linux >= 2.38); `-r` maps us to root inside the namespace.
+    for flags in (("--map-current-user", "--net"), ("-r", "-n")):
+        prefix = (exe, *flags, "--")
+        try:
+            probe = subprocess.run(
+                [*prefix, "true"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if probe.returncode == 0:
+            return prefix
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def writable_for(root: Path) -> tuple[str, ...]:
+    """The directories a command in worktree `root` may write: the worktree and, for a linked
+    worktree, its own admin directory (`.git/worktrees/<id>`: index, HEAD), never the
+    repository's shared refs, objects, hooks or config."""
+    real = os.path.realpath(root)
+    dirs = [real]
+    gitfile = Path(real, ".git")
+    if gitfile.is_file():
+        text = gitfile.read_text(encoding="utf-8", errors="replace").strip()
+        if text.startswith("gitdir:"):
+            admin = os.path.realpath(os.path.join(real, text[len("gitdir:") :].strip()))
+            if os.path.basename(os.path.dirname(admin)) == "worktrees" and os.path.isdir(admin):
+                dirs.append(admin)
+    return tuple(dirs)
+
+
+class Confinement:
+    """One profile's spawner thread: restricts itself once, then starts commands."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.tmp_root = tempfile.mkdtemp(prefix="coder-sandbox-")
+        self._requests: queue.SimpleQueue[tuple[list[str], dict[str, Any], Future[Any]] | None]
+        self._requests = queue.SimpleQueue()
+        self._ready: Future[None] = Future()
+        self.per_command_netns = False
+        thread = threading.Thread(target=self._serve, name="coder-sandbox", daemon=True)
+        thread.start()
+        self._ready.result()  # raises what confining the thread raised
+
+    def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        """Start `argv` confined (Popen's keyword arguments). Raises what Popen raises."""
+        if not self.profile.network and self.per_command_netns:
+            prefix = unshare_prefix()
+            assert prefix is not None
+            argv = [*prefix, *argv]
+        done: Future[subprocess.Popen[bytes]] = Future()
+        self._requests.put((argv, kwargs, done))
+        return done.result()
+
+    def stop(self) -> None:
+        self._requests.put(None)
+
+    def _serve(self) -> None:
+        try:
+            self._confine_this_thread()
+        except BaseException as exc:
+            self._ready.set_exception(exc)
+            return
+        self._ready.set_result(None)
+        while (request := self._requests.get()) is not None:
+            argv, kwargs, done = request
+            try:
+                done.set_result(subprocess.Popen(argv, **kwargs))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+    def _confine_this_thread(self) -> None:
+        from landlockpy import AccessFS, AccessNet, Ruleset, Scope
+
+        found = support()
+        if not found.available:
+            raise EnvironmentProblem(f"no command sandbox: {found.problem}")
+        if not self.profile.network:
+            if found.netns == "thread":
+                if _libc().unshare(_CLONE_NEWNET) != 0:
+                    raise EnvironmentProblem(
+                        f"cannot give commands a private network: {_errno_text()}"
+                    )
+            else:
+                self.per_command_netns = found.netns == "per-command"
+        _drop_capabilities()
+        read = AccessFS.READ_FILE | AccessFS.READ_DIR | AccessFS.EXECUTE
+        device = AccessFS.READ_FILE | AccessFS.WRITE_FILE | AccessFS.IOCTL_DEV
+        full = ~(AccessFS.MAKE_CHAR | AccessFS.MAKE_BLOCK | AccessFS.IOCTL_DEV)
+        handled_net = AccessNet.NONE if self.profile.network else None  # None: every right
+        scoped = Scope.SIGNAL | Scope.ABSTRACT_UNIX_SOCKET  # nothing outside is signalled
+        with Ruleset(handled_net=handled_net, scoped=scoped) as rs:
+            rs.allow_path("/", read)
+            for path in (*self.profile.writable, self.tmp_root):
+                rs.allow_path(path, AccessFS(full & rs.handled_fs))
+            for path in _existing(_DEVICES):
+                rs.allow_path(path, device)
+            for path in _existing(_DEVICE_DIRS):
+                rs.allow_path(path, read | device | AccessFS(full & rs.handled_fs))
+            if self.per_command_netns:  # unshare writes /proc/self/{uid,gid}_map, setgroups
+                rs.allow_path("/proc", read | AccessFS.WRITE_FILE)
+            rs.restrict()
+
+
+def _existing(paths: Iterable[str]) -> list[str]:
+    return [p for p in paths if os.path.exists(p)]
+
+
+def _errno_text() -> str:
+    return os.strerror(ctypes.get_errno())
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def _drop_capabilities() -> None:
+    """Empty this thread's capability bounding set and its capability sets, so what it starts
+    has none, even as root (capabilities are per thread). A no-op for an unprivileged user."""
+    libc = _libc()
+    for cap in range(64):
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            if err == errno.EINVAL:  # past the last capability this kernel knows
+                break
+            if err == errno.EPERM:  # no CAP_SETPCAP: we hold nothing to drop
+                break
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise EnvironmentProblem(f"cannot drop capabilities for commands: {_errno_text()}")
+
+
+_confinements: OrderedDict[Profile, Confinement] = OrderedDict()
+_lock = threading.Lock()
+
+
+def confinement(profile: Profile) -> Confinement:
+    """The spawner for `profile` (created on first use; a few idle ones are kept)."""
+    with _lock:
+        found = _confinements.get(profile)
+        if found is not None:
+            _confinements.move_to_end(profile)
+            return found
+        created = Confinement(profile)
+        _confinements[profile] = created
+        while len(_confinements) > _KEEP_THREADS:
+            _, oldest = _confinements.popitem(last=False)
+            oldest.stop()
+            _tmp_roots.append(oldest.tmp_root)
+        return created
+
+
+_tmp_roots: list[str] = []
+
+
+@atexit.register
+def _remove_tmp_roots() -> None:
+    for root in [*_tmp_roots, *(c.tmp_root for c in _confinements.values())]:
+        shutil.rmtree(root, ignore_errors=True)

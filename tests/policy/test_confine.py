@@ -1,0 +1,91 @@
+"""The kernel sandbox with real processes: what a confined command may write, its
+capabilities, signals, resource limits, and the refusal to run unconfined by accident."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from coder.errors import EnvironmentProblem, InvalidInput
+from coder.policy import confine, sandbox
+from coder.policy.commands import Limits, Policy
+from coder.policy.sandbox import run_command
+from tests.conftest import coder, git
+from tests.helpers import taskfile
+
+needs_sandbox = pytest.mark.skipif(
+    not confine.support().available,
+    reason=f"no kernel sandbox here: {confine.support().problem}",
+)
+POLICY = Policy(allowed_commands=Policy().allowed_commands | {"kill", "dd", "ulimit"})
+
+
+@needs_sandbox
+def test_only_the_root_and_tmpdir_are_writable(tmp_path: Path) -> None:
+    root, outside = tmp_path / "wt", tmp_path / "outside.txt"
+    root.mkdir()
+    outside.write_text("keep\n")
+    result = run_command(
+        f'echo a > in.txt; echo b > "$TMPDIR/t" && echo tmp-ok; echo c > {outside}; : > {outside}',
+        cwd=root,
+        policy=POLICY,
+        root=root,
+    )
+    assert (root / "in.txt").read_text() == "a\n"
+    assert "tmp-ok" in result.stdout
+    assert result.stderr.count("Permission denied") == 2, result.stderr
+    assert outside.read_text() == "keep\n"
+
+
+@needs_sandbox
+def test_no_capabilities_and_no_signals_outside(tmp_path: Path) -> None:
+    result = run_command(
+        f"grep CapEff /proc/self/status; kill -0 {os.getpid()} || echo refused",
+        cwd=tmp_path,
+        policy=POLICY,
+        root=tmp_path,
+    )
+    assert "CapEff:\t0000000000000000" in result.stdout
+    assert "refused" in result.stdout
+
+
+@needs_sandbox
+def test_resource_limits_apply_to_the_command(tmp_path: Path) -> None:
+    policy = Policy(allowed_commands=POLICY.allowed_commands, limits=Limits(file_size_mb=1))
+    result = run_command(
+        "dd if=/dev/zero of=big bs=1M count=3 2>/dev/null; echo $?; ulimit -f",
+        cwd=tmp_path,
+        policy=policy,
+        root=tmp_path,
+    )
+    assert result.stdout.split() == ["153", "1024"]  # 128 + SIGXFSZ; 1 MiB in 1 KiB blocks
+    assert (tmp_path / "big").stat().st_size == 1024 * 1024
+
+
+def test_limits_from_config() -> None:
+    assert Policy.from_config({"limits": {"memory_mb": 0}}).limits == Limits(memory_mb=0)
+    with pytest.raises(InvalidInput, match="limits.cpu is unknown"):
+        Limits.from_config({"cpu": 1})
+    with pytest.raises(InvalidInput, match="limits.processes must be an integer >= 0"):
+        Limits.from_config({"processes": -1})
+
+
+def test_without_a_sandbox_commands_are_refused_unless_turned_off(
+    make_repo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = confine.Support(0, "none", "this kernel has no Landlock")
+    monkeypatch.setattr(confine, "support", lambda: missing)
+    with pytest.raises(EnvironmentProblem, match="no kernel sandbox for commands"):
+        sandbox.require_sandbox(Policy())
+    sandbox.require_sandbox(Policy(sandbox=False))
+
+    repo = make_repo()
+    path = taskfile(repo, "title: t\ngraph:\n  - {kind: shell, cmd: echo x > x.txt}\n")
+    code, _, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == 3 and "no kernel sandbox for commands: this kernel has no Landlock" in err
+    assert '"sandbox": "off"' in err and not (repo / ".coder" / "tasks").exists()
+    assert git(repo, "branch", "--list", "agent/*") == ""
+    code, _, err = coder(repo, "run", "--autonomous", "-f", str(path), "--no-sandbox")
+    assert code == 0, err

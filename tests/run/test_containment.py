@@ -1,0 +1,236 @@
+"""Containment, tried as a hostile user would: a step's command or the model's `shell_run`
+cannot touch anything outside its worktree (the user's checkout, refs, `$HOME`, `.coder/`), and
+a step cannot commit protected paths. Each reproduction of issue 12 is a test: the attempt is
+refused or fails its step, and everything outside is byte-identical afterwards."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coder.policy import confine
+from tests.conftest import coder, git
+from tests.helpers import call, done, snapshot, state_of, taskfile
+
+pytestmark = pytest.mark.skipif(
+    not confine.support().available,
+    reason=f"no kernel sandbox here: {confine.support().problem}",
+)
+
+
+def hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under `root` (symlinks by target)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            out[str(path.relative_to(root))] = "-> " + str(path.readlink())
+        elif path.is_file():
+            out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def user_repo(make_repo: Any) -> Path:
+    """A repo with one commit, uncommitted work and an untracked file in the checkout, and
+    another run's state under .coder/."""
+    repo = make_repo({"work.txt": "committed\n", "README.md": "# r\n"})
+    (repo / "work.txt").write_text("uncommitted edit\n")
+    (repo / "notes.txt").write_text("untracked notes\n")
+    (repo / ".coder" / "state").mkdir(parents=True)
+    (repo / ".coder" / "state" / "other.json").write_text('{"other": "run"}\n')
+    with (repo / ".git" / "info" / "exclude").open("a") as exclude:
+        exclude.write("/.coder/\n")  # as coder does, so the checkout's status is comparable
+    return repo
+
+
+class Outside:
+    """Everything outside the worktree a command could damage, taken before and compared."""
+
+    def __init__(self, repo: Path, home: Path) -> None:
+        self.repo, self.home = repo, home
+        self.before = self.take()
+
+    def take(self) -> dict[str, Any]:
+        return {
+            "checkout": snapshot(self.repo),
+            "refs": git(self.repo, "for-each-ref", "--format=%(refname) %(objectname)"),
+            "git": hashes(self.repo / ".git" / "hooks")
+            | {"config": hashlib.sha256((self.repo / ".git" / "config").read_bytes()).hexdigest()},
+            "home": hashes(self.home),
+            "other_state": (self.repo / ".coder" / "state" / "other.json").read_bytes(),
+        }
+
+    def assert_unchanged(self) -> None:
+        after = self.take()
+        refs_before = [r for r in self.before["refs"].splitlines() if "agent/" not in r]
+        refs_after = [r for r in after["refs"].splitlines() if "agent/" not in r]
+        assert refs_after == refs_before  # the run's own branch is the only ref that moves
+        for key in ("checkout", "git", "home", "other_state"):
+            assert after[key] == self.before[key], key
+
+
+def run_shell(repo: Path, cmd: str, *extra: str, changes: str = "") -> tuple[int, dict[str, Any]]:
+    path = taskfile(
+        repo,
+        f"""
+        id: esc
+        title: escape attempt
+        graph:
+          - id: s1
+            kind: shell
+            cmd: {json.dumps(cmd)}
+            {changes}
+        """,
+    )
+    code, _out, _err = coder(repo, "run", "--autonomous", "-f", str(path), *extra)
+    return code, state_of(repo, "esc")["steps"]["s1"]
+
+
+def step_log(repo: Path) -> str:
+    return (repo / ".coder" / "artifacts" / "esc" / "s1-attempt1.log").read_text()
+
+
+def test_a_step_cannot_delete_the_users_files_or_write_home(make_repo, isolated_home) -> None:
+    repo = user_repo(make_repo)
+    outside = Outside(repo, isolated_home)
+    code, step = run_shell(
+        repo,
+        "rm ../../../notes.txt; git -C ../../.. checkout -- work.txt; echo hi > ~/pwned.txt",
+    )
+    assert code == 1 and step["status"] == "failed"
+    log = step_log(repo)
+    assert "rm: cannot remove '../../../notes.txt': Permission denied" in log
+    assert "pwned.txt: Permission denied" in log
+    outside.assert_unchanged()
+    assert not (isolated_home / "pwned.txt").exists()
+    assert (repo / "work.txt").read_text() == "uncommitted edit\n"
+
+
+def test_a_step_cannot_move_the_base_branch(make_repo, isolated_home) -> None:
+    repo = user_repo(make_repo)
+    outside = Outside(repo, isolated_home)
+    code, step = run_shell(repo, "echo x > x.txt && git update-ref refs/heads/main HEAD")
+    assert code == 1 and "exited with 128" in step["error"]
+    assert "Permission denied" in step_log(repo)
+    outside.assert_unchanged()
+
+
+@pytest.mark.parametrize("target", ["/tmp/coder-escape-x", "../x", "../../state/other.json"])
+def test_writes_outside_the_worktree_fail(make_repo, isolated_home, target: str) -> None:
+    repo = user_repo(make_repo)
+    outside = Outside(repo, isolated_home)
+    code, step = run_shell(repo, f"echo pwned > {target}")
+    assert code == 1 and step["status"] == "failed"
+    assert "Permission denied" in step_log(repo)
+    outside.assert_unchanged()
+    assert not Path("/tmp/coder-escape-x").exists()
+    assert not (repo / ".coder" / "worktrees" / "x").exists()
+
+
+def test_the_worktree_its_git_admin_dir_and_tmpdir_are_writable(make_repo) -> None:
+    repo = make_repo()
+    code, step = run_shell(
+        repo,
+        'echo ok > made.txt && git status --short && echo t > "$TMPDIR/t" && cat "$TMPDIR/t"'
+        " && echo quiet > /dev/null",
+    )
+    assert code == 0, step
+    assert git(repo, "show", "agent/esc-escape-attempt:made.txt") == "ok\n"
+    assert "?? made.txt" in step_log(repo)
+
+
+def test_the_admin_dir_head_cannot_redirect_the_step_commit(make_repo, isolated_home) -> None:
+    """The admin dir is writable (git status needs its index); pointing its HEAD at main
+    would make the executor's commit land on main. The guard fails the step and undoes it."""
+    repo = user_repo(make_repo)
+    outside = Outside(repo, isolated_home)
+    code, step = run_shell(
+        repo, 'echo x > x.txt && echo "ref: refs/heads/main" > "$(git rev-parse --git-dir)/HEAD"'
+    )
+    assert code == 1
+    assert "the step changed .git/worktrees/esc/HEAD" in step["error"]
+    outside.assert_unchanged()
+    admin_head = (repo / ".git" / "worktrees" / "esc" / "HEAD").read_text()
+    assert admin_head == "ref: refs/heads/agent/esc-escape-attempt\n"
+
+
+def test_the_model_cannot_reset_the_users_checkout(make_repo, isolated_home, fake) -> None:
+    repo = user_repo(make_repo)
+    outside = Outside(repo, isolated_home)
+    fake.enqueue(call("shell_run", cmd="git -C ../../.. reset -q --hard"), done("tried"))
+    path = taskfile(
+        repo,
+        """
+        id: esc
+        title: model escape
+        graph:
+          - {id: s1, kind: custom, goal: reset the checkout}
+        """,
+    )
+    coder(repo, "run", "--autonomous", "-f", str(path))
+    tool_reply = [m for m in fake.chat_bodies()[-1]["messages"] if m["role"] == "tool"][0]
+    assert "Permission denied" in tool_reply["content"]
+    outside.assert_unchanged()
+    assert (repo / "work.txt").read_text() == "uncommitted edit\n"
+
+
+PROTECTED_WRITES = {
+    "coder.config.json": "echo '{\"allow_network\": true}' > coder.config.json",
+    ".env.local": "echo TOKEN=x > .env.local",
+    "id_rsa": "echo key > id_rsa",
+    ".github/workflows/ci.yml": "mkdir -p .github/workflows && echo on: push > "
+    ".github/workflows/ci.yml",
+    ".gitlab-ci.yml": "echo job: x > .gitlab-ci.yml",
+    "deploy.pem": "echo cert > deploy.pem",
+}
+
+
+@pytest.mark.parametrize("rel", sorted(PROTECTED_WRITES))
+def test_a_step_commit_of_a_protected_path_fails(make_repo, rel: str) -> None:
+    repo = make_repo()
+    code, step = run_shell(repo, PROTECTED_WRITES[rel] + " && echo fine > ok.txt")
+    assert code == 1 and step["commit"] is None
+    assert step["error"].startswith(f"the step changed protected path {rel} (")
+    assert "Name it in the step's `changes`" in step["error"]
+    assert git(repo, "rev-parse", "agent/esc-escape-attempt") == git(repo, "rev-parse", "main")
+
+
+def test_a_protected_path_the_step_names_in_changes_is_committed(make_repo) -> None:
+    repo = make_repo()
+    code, step = run_shell(
+        repo,
+        PROTECTED_WRITES[".github/workflows/ci.yml"],
+        changes="changes: [{path: .github/workflows/ci.yml}]",
+    )
+    assert code == 0, step
+    assert git(repo, "show", "agent/esc-escape-attempt:.github/workflows/ci.yml") == "on: push\n"
+
+
+def test_the_model_cannot_land_a_config_or_secrets_through_merge(make_repo, fake) -> None:
+    repo = make_repo({"calc.py": "x = 1\n"})
+    widen = json.dumps({"allow_network": True, "allowed_commands": ["curl"]})
+    fake.enqueue(
+        call("shell_run", cmd=f"echo '{widen}' > coder.config.json"),
+        call("shell_run", cmd="echo SECRET=1 > .env.local && echo k > id_rsa"),
+        done("widened", "coder.config.json", ".env.local", "id_rsa"),
+    )
+    path = taskfile(
+        repo,
+        """
+        id: esc
+        title: model widens
+        graph:
+          - {id: s1, kind: custom, goal: edit the config}
+        """,
+    )
+    code, _, _ = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == 1
+    error = state_of(repo, "esc")["steps"]["s1"]["error"]
+    assert "protected path coder.config.json" in error
+    assert "protected path .env.local" in error and "protected path id_rsa" in error
+    merged, _, err = coder(repo, "merge", "-t", "esc", "--if-green")
+    assert merged == 2 and "only a successful run can be merged" in err
+    assert git(repo, "ls-tree", "-r", "--name-only", "main").split() == ["calc.py"]
