@@ -258,25 +258,31 @@ def profile_steps(repo: Path, tmp: Path, paths: list[str], top: int = 30) -> Non
     from coder.run import executor, runs
 
     profiler = cProfile.Profile()
-    original = executor.Executor._run_in_place
+    stages = ("_attempts", "_record")  # the step pipeline: start ... commit, then record
+    originals = {name: getattr(executor.Executor, name) for name in stages}
 
-    def profiled(self: Any, step: Any) -> None:
-        if step.id == "w0":
-            return original(self, step)
-        profiler.enable()
-        try:
-            return original(self, step)
-        finally:
-            profiler.disable()
+    def profiled(original: Any) -> Any:
+        def stage(self: Any, step: Any, *args: Any) -> Any:
+            if step.id == "w0":
+                return original(self, step, *args)
+            profiler.enable()
+            try:
+                return original(self, step, *args)
+            finally:
+                profiler.disable()
+
+        return stage
 
     task_id = "bench-profile"
     taskfile = tmp / f"{task_id}.yaml"
     write_taskfile(taskfile, task_id, paths)
-    executor.Executor._run_in_place = profiled  # type: ignore[method-assign]
+    for name, original in originals.items():
+        setattr(executor.Executor, name, profiled(original))
     try:
         result = runs.start(taskfile, cwd=repo, options=runs.RunOptions())
     finally:
-        executor.Executor._run_in_place = original  # type: ignore[method-assign]
+        for name, original in originals.items():
+            setattr(executor.Executor, name, original)
     if result.status != "success":
         raise SystemExit(f"profiled run ended {result.status}: {result.state.get('error')}")
     stats = pstats.Stats(profiler)

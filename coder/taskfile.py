@@ -68,6 +68,9 @@ class Task:
     created_at: str | None = None
     policies: Mapping[str, Any] = field(default_factory=dict)
     success: Mapping[str, Any] = field(default_factory=dict)
+    # No step declares depends_on: each step follows the one before it, in order only (a
+    # skipped step does not stop the next). With depends_on, a dependency is a requirement.
+    sequential: bool = False
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def step(self, step_id: str) -> Step:
@@ -95,17 +98,14 @@ class Task:
             doc["policies"] = dict(self.policies)
         if self.success:
             doc["success"] = dict(self.success)
-        doc["graph"] = [_step_dict(s) for s in self.steps]
+        doc["graph"] = [_step_dict(s, self.sequential) for s in self.steps]
         return doc
 
 
-def _step_dict(s: Step) -> dict[str, Any]:
-    d: dict[str, Any] = {
-        "id": s.id,
-        "kind": s.kind,
-        "goal": s.goal,
-        "depends_on": list(s.depends_on),
-    }
+def _step_dict(s: Step, sequential: bool) -> dict[str, Any]:
+    d: dict[str, Any] = {"id": s.id, "kind": s.kind, "goal": s.goal}
+    if not sequential:  # written out, the file order would become requirements
+        d["depends_on"] = list(s.depends_on)
     optional = {
         "timeout": s.timeout_s,
         "retries": s.retries,
@@ -222,6 +222,7 @@ def from_dict(data: Mapping[str, Any]) -> Task:
         created_at=data.get("created_at"),
         policies=dict(data.get("policies", {})),
         success=dict(data.get("success", {})),
+        sequential=sequential,
         source=data,
     )
 

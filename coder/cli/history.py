@@ -15,6 +15,7 @@ task_option = click.option("-t", "--task", "task_id", required=True, help="The r
 def show_run(task_id: str, as_json: bool) -> None:
     from coder.cli.runs import summary_table, usage_line
     from coder.run import history
+    from coder.run.state import skipped_note
 
     view = history.open_run(cwd(), task_id)
     state = view.state
@@ -27,6 +28,9 @@ def show_run(task_id: str, as_json: bool) -> None:
     click.echo(f"{state['title']}")
     click.echo(f"  id        {state['task_id']}")
     click.echo(f"  status    {status}" + (f": {state['error']}" if state.get("error") else ""))
+    note = skipped_note(state["steps"])
+    if note:
+        click.echo(f"  skipped   {note}")
     click.echo(
         f"  branch    {state['branch']} (from {state['base']} at {state['base_commit'][:8]})"
     )

@@ -21,6 +21,7 @@ SHOWN = {
     "step.failed": "FAILED",
     "step.skipped": "skipped",
     "step.interrupted": "interrupted",
+    "step.errored": "ERROR",
     "run.stop_requested": "stopping",
     "run.finished": "run finished",
 }
@@ -117,6 +118,7 @@ def _colour(name: str) -> str | None:
     return {
         "step.succeeded": "green",
         "step.failed": "red",
+        "step.errored": "red",
         "step.skipped": "yellow",
         "step.interrupted": "yellow",
         "step.retry": "yellow",

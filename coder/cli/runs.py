@@ -8,12 +8,23 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from coder.cli.common import PathType, cwd, emit_json, json_option
-from coder.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InvalidInput
+from coder.errors import (
+    EXIT_ENVIRONMENT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    InvalidInput,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-EXIT_FOR = {"success": EXIT_OK, "failed": EXIT_FAILED, "interrupted": EXIT_INTERRUPTED}
+EXIT_FOR = {
+    "success": EXIT_OK,
+    "failed": EXIT_FAILED,
+    "error": EXIT_ENVIRONMENT,
+    "interrupted": EXIT_INTERRUPTED,
+}
 
 RUN_EPILOG = """\b
 Examples:
@@ -82,8 +93,9 @@ def run(
 ) -> None:
     """Run a taskfile on its own branch, one commit per step.
 
-    Exit 0 when the run succeeded, 1 when a step or the success criteria failed, 130 when it
-    was stopped (resume it with `coder resume -t ID`).
+    Exit 0 when the run succeeded, 1 when a step or the success criteria failed, 3 when an
+    environment problem stopped it (model host gone, branch moved, disk full), 130 when it
+    was stopped; resume the last two with `coder resume -t ID`.
     """
     from coder.mcp.client import attach_configured
     from coder.run import runs
@@ -279,7 +291,10 @@ def _merge_on_success(result: Any, as_json: bool) -> tuple[dict[str, Any], str, 
 def _finish(
     result: Any, as_json: bool, merged: tuple[dict[str, Any], str, int] | None = None
 ) -> None:
+    from coder.run.state import skipped_note
+
     state = result.state
+    note = skipped_note(state["steps"])
     if as_json:
         emit_json(
             {
@@ -288,6 +303,7 @@ def _finish(
                 "branch": state["branch"],
                 "worktree": state["worktree"],
                 "error": state.get("error"),
+                "skipped": skipped_steps(state),
                 "warnings": list(result.warnings),
                 "steps": state["steps"],
                 **({"merge": merged[0]} if merged else {}),
@@ -297,17 +313,28 @@ def _finish(
         click.echo(summary_table(state))
         click.echo("")
         line = f"Run {result.task_id}: {result.status}"
+        if note and not state.get("error"):
+            line += f", {note}"
         if state.get("error"):
             line += f" ({state['error']})"
         click.echo(line)
         click.echo(f"  branch   {state['branch']}\n  worktree {state['worktree']}")
         if usage_line(state):
             click.echo(f"  model    {usage_line(state)}")
-        if result.status == "interrupted" or result.status == "failed":
+        if result.status in ("interrupted", "failed", "error"):
             click.echo(f"  continue with `coder resume -t {result.task_id}`")
         if merged:
             click.echo(merged[1])
     raise SystemExit(merged[2] if merged else EXIT_FOR.get(result.status, EXIT_FAILED))
+
+
+def skipped_steps(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each skipped step with why (`cause`: failed, user or requirement) and its error."""
+    return [
+        {"step_id": sid, "cause": st.get("skip_cause") or "failed", "error": st.get("error")}
+        for sid, st in state["steps"].items()
+        if st["status"] == "skipped"
+    ]
 
 
 def usage_line(state: dict[str, Any]) -> str:

@@ -479,22 +479,18 @@ def _embedded_object(text: str) -> dict[str, Any] | None:
 
 
 def normalise(data: dict[str, Any], spec: Spec, task_id: str) -> dict[str, Any]:
-    """The document to write: coder's fields set, readable key order, and the defaults a
-    reader would otherwise have to know (step ids by position; a sequence when no step has
-    depends_on) made explicit. Unknown keys are kept so the schema check reports them."""
+    """The document to write: coder's fields set, readable key order, and step ids by
+    position made explicit. A graph without depends_on stays without: written out, the file
+    order would become requirements (a skipped step would skip the rest). Unknown keys are
+    kept so the schema check reports them."""
     doc: dict[str, Any] = {k: v for k, v in data.items() if k not in DROPPED_KEYS}
     doc["id"], doc["spec"] = task_id, spec.text
     graph = doc.get("graph")
     if isinstance(graph, list) and all(isinstance(s, dict) for s in graph):
-        sequential = not any("depends_on" in s for s in graph)
-        ids = [s.get("id", f"s{i}") for i, s in enumerate(graph, 1)]
-        steps = []
-        for i, raw in enumerate(graph):
-            step = {"id": ids[i], **raw}
-            if sequential:
-                step["depends_on"] = [ids[i - 1]] if i else []
-            steps.append(_ordered(step, STEP_KEYS))
-        doc["graph"] = steps
+        doc["graph"] = [
+            _ordered({"id": raw.get("id", f"s{i}"), **raw}, STEP_KEYS)
+            for i, raw in enumerate(graph, 1)
+        ]
     return _ordered(doc, TASK_KEYS)
 
 

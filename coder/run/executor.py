@@ -1,10 +1,24 @@
-"""The scheduler: walks the task DAG and runs each step through the step protocol.
+"""The executor: walks the task DAG and runs each step through the one step pipeline.
 
-For each ready step: checkpoint `running` (with the branch tip it starts from), act, verify,
-commit (the branch moves only if it is still at that tip), checkpoint `success`. A step that
-fails is retried, skipped or stops the run, as its `on_fail` says; its partial changes are
-always discarded. The commit is the durable proof that a step is done: `runs.reconcile` relies
-on it after a crash.
+    start    checkpoint `running`, with the branch tip the attempt starts from
+    act      the step kind's runner, in the step's working directory
+    verify   .git untouched, then every check in steps/checks.CHECKS (asserts, protected
+             paths, ...)
+    commit   one commit of what the step changed, or none when it changed nothing
+    record   land the commit, checkpoint the outcome, tell the schedule
+
+A step works in the run's worktree when it runs alone (its commit moves the branch by
+compare-and-swap), or in a scratch worktree when it runs beside others of its level (its commit
+is cherry-picked onto the branch, by compare-and-swap, once the level is done, in file order).
+The landing is the only difference: both go through `_attempts` and `_record`, with the same
+events.
+
+An attempt ends `ok`, `failed` (its own command, tests or checks: retried, skipped or stopping
+the run as its `on_fail` says), `cancelled` (a stop: the step runs again on resume) or
+`errored` (an EnvironmentProblem: the model host gone, the branch moved, the disk full; the
+run stops as `error` and the step runs again on resume). The partial changes of an attempt
+that did not succeed are always discarded. The commit is the durable proof that a step is
+done: `runs.reconcile` relies on it after a crash.
 """
 
 from __future__ import annotations
@@ -16,15 +30,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from coder import graph
 from coder.crashpoints import crashpoint
-from coder.errors import CoderError
+from coder.errors import CoderError, EnvironmentProblem
 from coder.git import ops as gitops
-from coder.run.state import now_iso
+from coder.run.schedule import Schedule
+from coder.run.state import SKIP_PHRASES, now_iso, skipped_note
 from coder.run.steps import StepContext, StepOutcome, runner_for
-from coder.run.steps.checks import GitGuard, failed_asserts, protected_paths_changed
+from coder.run.steps.checks import CHECKS, GitGuard, Verification
 
 if TYPE_CHECKING:
     from coder.config import Config
@@ -72,17 +86,46 @@ class RunContext:
         return owner_token(self.coder_dir, self.task.id)
 
 
+@dataclass(frozen=True)
+class Attempted:
+    """How a step's last attempt ended, before it is recorded."""
+
+    outcome: StepOutcome
+    tip: str  # the tip the attempt started from
+    commit: str | None = None  # the step's commit, not landed yet for a scratch worktree
+
+
+class Place(Protocol):
+    """Where a step works, and how its commit reaches the branch."""
+
+    workdir: Path
+
+    def start(self) -> str:
+        """The commit an attempt starts from."""
+
+    def commit(self, step: Step, attempt: int, outcome: StepOutcome, tip: str) -> str | None:
+        """Commit the attempt's changes (None when it changed nothing)."""
+
+    def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
+        """Put the commit on the branch: (the commit now on it, the commit before it)."""
+
+
 class Executor:
     def __init__(self, run: RunContext) -> None:
         self.run = run
         self.task = run.task
         self.repo = gitops.open_repo(run.repo_root)
         self.common_dir = gitops.common_dir(self.repo)
-        self.dag = graph.build(self.task.deps())
-        self.order = graph.order(self.dag)
         self.steps = {s.id: s for s in self.task.steps}
+        self.schedule = Schedule(
+            self.task, {sid: st["status"] for sid, st in run.state["steps"].items()}
+        )
         self.halted = False
+        self.error: str | None = None  # the environment problem that stopped the run
         self._lock = threading.RLock()
+        steps = run.state["steps"].values()
+        self._tokens = sum(_tokens(s) for s in steps)  # run budgets, kept up to date
+        self._seconds = sum(s.get("duration_s") or 0 for s in steps)
 
     # --- state helpers ------------------------------------------------------------------
 
@@ -101,20 +144,26 @@ class Executor:
             if isinstance(fields.get(key), str):
                 fields[key] = self.run.redactor.redact(fields[key])
         with self._lock:
-            self.step_state(step_id).update(fields)
+            record = self.step_state(step_id)
+            if "duration_s" in fields:
+                self._seconds += (fields["duration_s"] or 0) - (record.get("duration_s") or 0)
+            record.update(fields)
             self.checkpoint()
 
     def _add_usage(self, step_id: str, usage: dict[str, Any]) -> None:
         """Usage accumulates over a step's attempts (they all cost model time)."""
         keys = ("calls", "prompt_tokens", "eval_tokens", "prompt_s", "eval_s", "load_s", "total_s")
         with self._lock:
-            total = self.step_state(step_id).get("usage") or dict.fromkeys(keys, 0)
-            self.step_state(step_id)["usage"] = {
+            record = self.step_state(step_id)
+            total = record.get("usage") or dict.fromkeys(keys, 0)
+            before = _tokens(record)
+            record["usage"] = {
                 k: round(total.get(k, 0) + usage.get(k, 0), 6)
                 if isinstance(usage.get(k, 0), float)
                 else total.get(k, 0) + usage.get(k, 0)
                 for k in keys
             }
+            self._tokens += _tokens(record) - before
 
     def _reason(self, step_id: str, reason: str) -> None:
         with self._lock:
@@ -130,34 +179,36 @@ class Executor:
         self.checkpoint(validate=True)
         self.run.log.info(
             "run.started",
-            steps=len(self.order),
+            steps=len(self.steps),
             branch=self.run.branch,
             worktree=str(self.run.worktree),
         )
+        try:
+            self._skip_required(self.schedule.blocked)
+            self._walk()
+        except EnvironmentProblem as exc:
+            self._stop_for(exc.message)
+        return self._finish()
+
+    def _walk(self) -> None:
         while not self.halted and not self.run.stop.is_set():
-            self._skip_blocked()
-            ready = [
-                s
-                for s in self.order
-                if self.status(s) == "pending"
-                and all(self.status(d) == "success" for d in self.steps[s].depends_on)
-            ]
-            if not ready:
-                break
             exhausted = self._run_budget_exhausted()
             if exhausted:
                 self.run.state["error"] = exhausted
                 self.run.log.error("run.budget_exhausted", reason=exhausted)
                 self.halted = True
-                break
-            batch = ready[: self.run.max_parallel if self.run.approve is None else 1]
+                return
+            batch = self.schedule.take(self.run.max_parallel if self.run.approve is None else 1)
+            if not batch:
+                return
             if self.run.approve is not None and not self._approved(self.steps[batch[0]]):
                 continue
             if len(batch) == 1:
-                self._run_in_place(self.steps[batch[0]])
+                step = self.steps[batch[0]]
+                place = InPlace(self)
+                self._record(step, self._attempts(step, place), place)
             else:
-                self._run_batch([self.steps[s] for s in batch])
-        return self._finish()
+                self._run_level([self.steps[s] for s in batch])
 
     def _approved(self, step: Step) -> bool:
         """Interactive mode: ask before a step that writes or runs something (analyze steps
@@ -170,9 +221,7 @@ class Executor:
         if decision == "run":
             return True
         if decision == "skip":
-            self._reason(step.id, "skipped by the user at the approval prompt")
-            self._update(step.id, status="skipped", ended_at=now_iso())
-            self.run.log.info("step.skipped", step_id=step.id, reason="skipped by the user")
+            self._skip(step.id, "user", "skipped by the user at the approval prompt")
         else:
             self.run.log.warning("run.stop_requested", reason="quit at the approval prompt")
             self.run.stop.set()
@@ -185,105 +234,27 @@ class Executor:
         policies, cfg = self.task.policies, self.run.config
         max_tokens = policies.get("run_max_tokens", cfg.get("run_max_tokens"))
         timeout = policies.get("run_timeout", cfg.get("run_timeout"))
-        steps = self.run.state["steps"].values()
-        used = sum(
-            (s.get("usage") or {}).get("prompt_tokens", 0)
-            + (s.get("usage") or {}).get("eval_tokens", 0)
-            for s in steps
-        )
-        spent = sum(s.get("duration_s") or 0 for s in steps)
-        if max_tokens is not None and used >= int(max_tokens):
-            return f"run token budget exhausted ({used} of {max_tokens} tokens)"
-        if timeout is not None and spent >= parse_duration(timeout):
-            return f"run time budget exhausted ({spent:.0f}s of {parse_duration(timeout)}s)"
+        if max_tokens is not None and self._tokens >= int(max_tokens):
+            return f"run token budget exhausted ({self._tokens} of {max_tokens} tokens)"
+        if timeout is not None and self._seconds >= parse_duration(timeout):
+            return f"run time budget exhausted ({self._seconds:.0f}s of {parse_duration(timeout)}s)"
         return None
 
-    def _skip_blocked(self) -> None:
-        for sid in self.order:
-            if self.status(sid) != "pending":
-                continue
-            skipped = [d for d in self.steps[sid].depends_on if self.status(d) == "skipped"]
-            if skipped:
-                reason = f"skipped: depends on skipped step {skipped[0]}"
-                self._reason(sid, reason)
-                self._update(sid, status="skipped", ended_at=now_iso())
-                self.run.log.info("step.skipped", step_id=sid, reason=reason)
-
-    # --- one step, in the run's worktree ------------------------------------------------
-
-    def _run_in_place(self, step: Step) -> None:
-        failures = 0
-        while True:
-            tip = self._tip()
-            attempt = self._start(step, tip)
-            outcome = self._attempt(step, self.run.worktree, attempt)
-            if not outcome.ok and (outcome.cancelled or self.run.stop.is_set()):
-                gitops.discard_changes(self.run.worktree, tip)
-                self._interrupted(step, outcome)
-                return
-            if outcome.ok:
-                crashpoint("after_checks", step.id)
-                try:
-                    commit = gitops.commit_step(
-                        self.run.worktree,
-                        task_id=self.task.id,
-                        step_id=step.id,
-                        attempt=attempt,
-                        title=commit_title(step),
-                        body=commit_body(step, outcome),
-                        expected_tip=tip,
-                    )
-                except CoderError as exc:  # the branch moved under us: stop, keep everything
-                    self._fail(step, StepOutcome(False, exc.message), halt=True)
-                    return
-                crashpoint("after_commit", step.id)
-                self._succeed(step, outcome, commit, tip)
-                return
-            gitops.discard_changes(self.run.worktree, tip)
-            failures += 1
-            if failures <= self._retries(step):
-                self._reason(
-                    step.id,
-                    f"attempt {attempt} failed: {outcome.error}; retrying "
-                    f"({failures} of {self._retries(step)} retries)",
-                )
-                self.run.log.warning(
-                    "step.retry", step_id=step.id, attempt=attempt, error=outcome.error or ""
-                )
-                continue
-            self._fail(step, outcome)
-            return
-
-    # --- independent steps of one level, each in a scratch worktree ----------------------
-
-    def _run_batch(self, steps: list[Step]) -> None:
-        """Steps of one level run concurrently, each in its own scratch worktree from the same
-        tip; their commits are then replayed onto the branch in file order, so the history is
-        the same whatever finished first."""
+    def _run_level(self, steps: list[Step]) -> None:
+        """Independent steps run concurrently, each in its own scratch worktree from the same
+        tip; their commits then land in file order, so the history is the same whatever
+        finished first."""
         tip = self._tip()
-        scratch: dict[str, Path] = {}
+        places: dict[str, Scratch] = {}
         try:
             for step in steps:
-                scratch[step.id] = gitops.add_scratch_worktree(
-                    self.repo,
-                    name=f"{self.task.id}--{step.id}",
-                    path=self.run.coder_dir / "worktrees" / f"{self.task.id}--{step.id}",
-                    commit=tip,
-                )
+                places[step.id] = Scratch(self, step, tip)
             with ThreadPoolExecutor(max_workers=len(steps)) as pool:
-                futures = {
-                    s.id: pool.submit(self._scratch_attempts, s, scratch[s.id], tip) for s in steps
-                }
+                futures = {s.id: pool.submit(self._attempts, s, places[s.id]) for s in steps}
                 results = {sid: f.result() for sid, f in futures.items()}
             for step in steps:
-                outcome, commit = results[step.id]
-                if not outcome.ok:
-                    if outcome.cancelled or self.run.stop.is_set():
-                        self._interrupted(step, outcome)
-                    else:
-                        self._fail(step, outcome)
-                    continue
-                if self.halted:  # an earlier step of the level failed: this one is not landed
+                done = results[step.id]
+                if self.halted and done.outcome.ok:  # an earlier step of the level failed
                     self._reason(
                         step.id,
                         "finished, but not landed: an earlier step of its level "
@@ -291,62 +262,36 @@ class Executor:
                     )
                     self._update(step.id, status="pending", ended_at=now_iso())
                     continue
-                current = self._tip()
-                try:
-                    landed = (
-                        gitops.cherry_pick(self.run.worktree, commit, expected_tip=current)
-                        if commit
-                        else None
-                    )
-                except CoderError as exc:
-                    self._fail(step, StepOutcome(False, exc.message))
-                    continue
-                crashpoint("after_commit", step.id)
-                self._succeed(step, outcome, landed, current)
+                self._record(step, done, places[step.id])
         finally:
             for step in steps:
                 gitops.remove_worktree(self.repo, f"{self.task.id}--{step.id}")
 
-    def _scratch_attempts(
-        self, step: Step, workdir: Path, tip: str
-    ) -> tuple[StepOutcome, str | None]:
+    # --- the step pipeline --------------------------------------------------------------
+
+    def _attempts(self, step: Step, place: Place) -> Attempted:
+        """Start, act, verify and commit, again while the step's retries allow."""
         failures = 0
         while True:
+            tip = place.start()
             attempt = self._start(step, tip)
-            outcome = self._attempt(step, workdir, attempt)
-            if outcome.ok:
-                crashpoint("after_checks", step.id)
-                commit = gitops.commit_detached(
-                    workdir,
-                    task_id=self.task.id,
-                    step_id=step.id,
-                    attempt=attempt,
-                    title=commit_title(step),
-                    body=commit_body(step, outcome),
-                    parent=tip,
-                )
-                return outcome, commit
-            gitops.discard_changes(workdir, tip)
+            try:
+                outcome, commit = self._attempt(step, place, attempt, tip)
+            except EnvironmentProblem as exc:
+                return Attempted(StepOutcome(False, exc.message, errored=True), tip)
+            if outcome.result != "failed" or self.run.stop.is_set():
+                return Attempted(outcome, tip, commit)
             failures += 1
-            if outcome.cancelled or self.run.stop.is_set() or failures > self._retries(step):
-                return outcome, None
+            if failures > self._retries(step):
+                return Attempted(outcome, tip)
             self._reason(
                 step.id,
                 f"attempt {attempt} failed: {outcome.error}; retrying "
                 f"({failures} of {self._retries(step)} retries)",
             )
-
-    # --- the step protocol's pieces -----------------------------------------------------
-
-    def _tip(self) -> str:
-        tip = gitops.branch_tip(self.repo, self.run.branch)
-        assert tip is not None, f"branch {self.run.branch} disappeared"
-        return tip
-
-    def _retries(self, step: Step) -> int:
-        if step.retries is not None:
-            return step.retries
-        return int(self.task.policies.get("retries", 0))
+            self.run.log.warning(
+                "step.retry", step_id=step.id, attempt=attempt, error=outcome.error or ""
+            )
 
     def _start(self, step: Step, tip: str) -> int:
         with self._lock:
@@ -366,8 +311,28 @@ class Executor:
         crashpoint("before_step", step.id)
         return attempt
 
-    def _attempt(self, step: Step, workdir: Path, attempt: int) -> StepOutcome:
-        """Act and verify; every failure becomes an outcome the strategy can act on."""
+    def _attempt(
+        self, step: Step, place: Place, attempt: int, tip: str
+    ) -> tuple[StepOutcome, str | None]:
+        """One attempt: act, verify, then commit what it did or discard it."""
+        guard = GitGuard.take(self.common_dir, place.workdir)
+        started = time.monotonic()
+        outcome = self._verify(step, place.workdir, self._act(step, place.workdir, attempt), guard)
+        self.run.log.debug(
+            "step.acted",
+            step_id=step.id,
+            ok=outcome.ok,
+            duration_s=round(time.monotonic() - started, 3),
+        )
+        if not outcome.ok:
+            gitops.discard_changes(place.workdir, tip)
+            return outcome, None
+        crashpoint("after_checks", step.id)
+        return outcome, place.commit(step, attempt, outcome, tip)
+
+    def _act(self, step: Step, workdir: Path, attempt: int) -> StepOutcome:
+        """The step kind's runner. A CoderError it raises is the step's own failure (its
+        command refused, no test command, ...), except an EnvironmentProblem: that errors."""
         ctx = StepContext(
             task=self.task,
             step=step,
@@ -383,35 +348,72 @@ class Executor:
             agent=self.run.agent,
             previous_error=self.step_state(step.id).get("error"),
         )
-        guard = GitGuard.take(self.common_dir, workdir)
-        started = time.monotonic()
         try:
             outcome = runner_for(step.kind)(ctx)
-        except CoderError as exc:  # policy refusals, missing test command, ...
+        except EnvironmentProblem:
+            raise
+        except CoderError as exc:
             outcome = StepOutcome(False, exc.message)
         if outcome.usage:
             self._add_usage(step.id, outcome.usage)
-        touched = guard.changes()
+        return outcome
+
+    def _verify(
+        self, step: Step, workdir: Path, outcome: StepOutcome, guard: GitGuard
+    ) -> StepOutcome:
+        """The one verify stage, between act and commit. .git is put back whatever the step
+        did; a step that acted successfully then passes every check in CHECKS, or fails with
+        all their problems."""
+        touched = guard.restore()
         if touched:
-            guard.restore()
-            outcome = StepOutcome(
+            return StepOutcome(
                 False,
                 f"the step changed {', '.join(guard.describe(touched))}; .git "
                 "belongs to coder's executor (the original was restored)",
             )
-        if outcome.ok:
-            failures = failed_asserts(step.asserts, workdir) + protected_paths_changed(
-                step, workdir, self.run.policy
-            )
-            if failures:
-                outcome = StepOutcome(False, "; ".join(failures), tests=outcome.tests)
-        self.run.log.debug(
-            "step.acted",
-            step_id=step.id,
-            ok=outcome.ok,
-            duration_s=round(time.monotonic() - started, 3),
-        )
+        if not outcome.ok:
+            return outcome
+        seen = Verification(self.task, step, workdir, self.run.policy, self.run.config)
+        problems = [problem for check in CHECKS for problem in check(seen)]
+        if problems:
+            return StepOutcome(False, "; ".join(problems), tests=outcome.tests)
         return outcome
+
+    def _record(self, step: Step, done: Attempted, place: Place) -> None:
+        """Land the step's commit and checkpoint how the step ended."""
+        outcome = done.outcome
+        if outcome.errored:
+            self._errored(step, outcome.error or "environment problem", place.workdir, done.tip)
+            return
+        if not outcome.ok and (outcome.cancelled or self.run.stop.is_set()):
+            self._interrupted(step, outcome)
+            return
+        if not outcome.ok:
+            self._fail(step, outcome)
+            return
+        try:
+            landed, parent = place.land(done.commit, done.tip)
+        except EnvironmentProblem as exc:
+            self._errored(step, exc.message, None, done.tip)
+            return
+        except CoderError as exc:  # parallel steps edited the same lines
+            self._fail(step, StepOutcome(False, exc.message))
+            return
+        crashpoint("after_commit", step.id)
+        self._succeed(step, outcome, landed, parent)
+
+    def _tip(self) -> str:
+        tip = gitops.branch_tip(self.repo, self.run.branch)
+        if tip is None:
+            raise EnvironmentProblem(f"branch {self.run.branch} disappeared during the run")
+        return tip
+
+    def _retries(self, step: Step) -> int:
+        if step.retries is not None:
+            return step.retries
+        return int(self.task.policies.get("retries", 0))
+
+    # --- how a step ended ---------------------------------------------------------------
 
     def _succeed(self, step: Step, outcome: StepOutcome, commit: str | None, parent: str) -> None:
         if commit:
@@ -434,23 +436,21 @@ class Executor:
         self.run.log.info(
             "step.succeeded", step_id=step.id, commit=commit or "", summary=outcome.summary or ""
         )
+        self._skip_required(self.schedule.resolve(step.id, "success"))
 
-    def _fail(self, step: Step, outcome: StepOutcome, *, halt: bool = False) -> None:
+    def _fail(self, step: Step, outcome: StepOutcome) -> None:
         error = outcome.error or "failed"
-        strategy = step.strategy
-        if strategy == "skip" and not self.run.fail_fast and not halt:
-            self._reason(step.id, f"skipped after failing: {error} (on_fail: skip)")
-            self._update(
+        if step.strategy == "skip" and not self.run.fail_fast:
+            self._skip(
                 step.id,
-                status="skipped",
-                ended_at=now_iso(),
+                "failed",
+                f"skipped after failing: {error} (on_fail: skip)",
                 error=error,
                 duration_s=self._duration(step.id),
                 tests=outcome.tests,
             )
-            self.run.log.warning("step.skipped", step_id=step.id, reason=error)
             return
-        if strategy == "fix_and_retry" and self.run.agent is None:
+        if step.strategy == "fix_and_retry" and self.run.agent is None:
             self._reason(
                 step.id,
                 "fix_and_retry needs a model and this run has none (no model "
@@ -464,8 +464,26 @@ class Executor:
             duration_s=self._duration(step.id),
             tests=outcome.tests,
         )
-        self.run.log.error("step.failed", step_id=step.id, error=error, strategy=strategy)
+        self.run.log.error("step.failed", step_id=step.id, error=error, strategy=step.strategy)
         self.halted = True
+
+    def _skip(self, step_id: str, cause: str, reason: str, **fields: Any) -> None:
+        """Record a skip by the step's own on_fail or by the user, and go on after it."""
+        self._mark_skipped(step_id, cause, reason, **fields)
+        self._skip_required(self.schedule.resolve(step_id, "skipped"))
+
+    def _skip_required(self, blocked: list[tuple[str, str]]) -> None:
+        for step_id, required in blocked:
+            self._mark_skipped(
+                step_id, "requirement", f"skipped: depends on skipped step {required}"
+            )
+
+    def _mark_skipped(self, step_id: str, cause: str, reason: str, **fields: Any) -> None:
+        assert cause in SKIP_PHRASES, cause
+        self._reason(step_id, reason)
+        self._update(step_id, status="skipped", skip_cause=cause, ended_at=now_iso(), **fields)
+        level = self.run.log.warning if cause == "failed" else self.run.log.info
+        level("step.skipped", step_id=step_id, reason=fields.get("error") or reason, cause=cause)
 
     def _interrupted(self, step: Step, outcome: StepOutcome) -> None:
         self._reason(
@@ -482,6 +500,36 @@ class Executor:
         )
         self.run.log.warning("step.interrupted", step_id=step.id)
 
+    def _errored(self, step: Step, error: str, workdir: Path | None, tip: str) -> None:
+        """An environment problem stopped the step: not its failure. Its changes are
+        discarded when git still lets us; otherwise it stays `running`, and resume discards
+        them as after a crash. Either way `coder resume` runs it again."""
+        try:
+            if workdir is not None:
+                gitops.discard_changes(workdir, tip)
+        except EnvironmentProblem:
+            self._reason(step.id, f"stopped by an environment problem: {error}")
+        else:
+            self._reason(
+                step.id,
+                f"stopped by an environment problem: {error}; its changes were discarded "
+                "and `coder resume` runs it again",
+            )
+            self._update(
+                step.id,
+                status="interrupted",
+                ended_at=now_iso(),
+                duration_s=self._duration(step.id),
+                error=error,
+            )
+        self.run.log.error("step.errored", step_id=step.id, error=error)
+        self._stop_for(error)
+
+    def _stop_for(self, error: str) -> None:
+        self.halted = True
+        if self.error is None:
+            self.error = error
+
     def _duration(self, step_id: str) -> float | None:
         from datetime import datetime
 
@@ -495,27 +543,99 @@ class Executor:
 
     def _finish(self) -> str:
         crashpoint("before_finish")
-        statuses = [self.status(s) for s in self.order]
-        error = None
-        if "failed" in statuses:
-            failed = [s for s in self.order if self.status(s) == "failed"]
-            status, error = (
-                "failed",
-                f"step {failed[0]} failed: {self.step_state(failed[0])['error']}",
-            )
-        elif self.run.stop.is_set() or "interrupted" in statuses:
-            status = "interrupted"
-        elif "pending" in statuses or "running" in statuses:
-            status, error = "failed", self.run.state.get("error") or "some steps could not run"
-        else:
-            problems = success_problems(self)
-            status, error = ("failed", "; ".join(problems)) if problems else ("success", None)
+        status, error = self._verdict()
         self.run.state.update(
             status=status, error=self.run.redactor.redact(error) if error else None
         )
         self.checkpoint(validate=True)
-        self.run.log.info("run.finished", status=status, error=error or "")
+        note = skipped_note(self.run.state["steps"])
+        self.run.log.info("run.finished", status=status, error=error or "", skipped=note or "")
         return status
+
+    def _verdict(self) -> tuple[str, str | None]:
+        """The run's status and what went wrong: an environment problem first (the run is not
+        judged then), a failed step, a stop, steps left over, no step done, red criteria."""
+        if self.error is not None:
+            return "error", self.error
+        records = self.run.state["steps"]
+        failed = [s for s, r in records.items() if r["status"] == "failed"]
+        if failed:
+            return "failed", f"step {failed[0]} failed: {records[failed[0]]['error']}"
+        if self.run.stop.is_set() or any(r["status"] == "interrupted" for r in records.values()):
+            return "interrupted", None
+        if any(r["status"] in ("pending", "running") for r in records.values()):
+            return "failed", self.run.state.get("error") or "some steps could not run"
+        if not any(r["status"] == "success" for r in records.values()):
+            return "failed", f"no step did its work ({skipped_note(records)})"
+        try:
+            problems = success_problems(self)
+        except EnvironmentProblem as exc:
+            return "error", exc.message
+        return ("failed", "; ".join(problems)) if problems else ("success", None)
+
+
+class InPlace:
+    """A step running alone: it works in the run's worktree, and its commit moves the branch
+    from the tip the attempt started at (compare-and-swap: BranchMoved if it moved)."""
+
+    def __init__(self, ex: Executor) -> None:
+        self.ex = ex
+        self.workdir = ex.run.worktree
+
+    def start(self) -> str:
+        return self.ex._tip()
+
+    def commit(self, step: Step, attempt: int, outcome: StepOutcome, tip: str) -> str | None:
+        return gitops.commit_step(
+            self.workdir,
+            task_id=self.ex.task.id,
+            step_id=step.id,
+            attempt=attempt,
+            title=commit_title(step),
+            body=commit_body(step, outcome),
+            expected_tip=tip,
+        )
+
+    def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
+        return commit, tip  # the commit moved the branch already
+
+
+class Scratch:
+    """A step running beside others of its level: it works in a scratch worktree (detached at
+    the level's tip); its commit is cherry-picked onto the branch once the level is done."""
+
+    def __init__(self, ex: Executor, step: Step, tip: str) -> None:
+        self.ex = ex
+        self.tip = tip
+        name = f"{ex.task.id}--{step.id}"
+        self.workdir = gitops.add_scratch_worktree(
+            ex.repo, name=name, path=ex.run.coder_dir / "worktrees" / name, commit=tip
+        )
+
+    def start(self) -> str:
+        return self.tip
+
+    def commit(self, step: Step, attempt: int, outcome: StepOutcome, tip: str) -> str | None:
+        return gitops.commit_detached(
+            self.workdir,
+            task_id=self.ex.task.id,
+            step_id=step.id,
+            attempt=attempt,
+            title=commit_title(step),
+            body=commit_body(step, outcome),
+            parent=tip,
+        )
+
+    def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
+        current = self.ex._tip()
+        if commit is None:
+            return None, current
+        return gitops.cherry_pick(self.ex.run.worktree, commit, expected_tip=current), current
+
+
+def _tokens(record: dict[str, Any]) -> int:
+    usage = record.get("usage") or {}
+    return int(usage.get("prompt_tokens", 0)) + int(usage.get("eval_tokens", 0))
 
 
 def success_problems(ex: Executor) -> list[str]:
@@ -527,6 +647,8 @@ def success_problems(ex: Executor) -> list[str]:
     if ex.task.success.get("require_green_tests"):
         try:
             cmd = success.test_command(ex.task, worktree, ex.run.config)
+        except EnvironmentProblem:
+            raise
         except CoderError as exc:
             return [*problems, f"require_green_tests: {exc.message}"]
         problem, result = success.run_tests(

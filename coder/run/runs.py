@@ -52,7 +52,7 @@ class RunOptions:
 @dataclass(frozen=True)
 class RunResult:
     task_id: str
-    status: str  # success | failed | interrupted
+    status: str  # success | failed | error | interrupted
     state: dict[str, Any]
     warnings: tuple[str, ...] = ()
 

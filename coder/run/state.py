@@ -18,6 +18,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -50,6 +51,30 @@ def check_task_id(task_id: str) -> str:
             hint="task ids are 1-64 letters, digits, '-' or '_', starting with a letter or digit",
         )
     return task_id
+
+
+# Why a step was skipped, as said in a run's summary ("1 step skipped after failing: s2").
+SKIP_PHRASES = {
+    "failed": "after failing",  # its own on_fail: skip
+    "user": "by the user",  # at the approval prompt
+    "requirement": "because a step they require was skipped",  # explicit depends_on
+}
+
+
+def skipped_note(steps: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """What a run skipped and why, in one line (None when nothing was skipped):
+    `1 step skipped after failing: s2; 2 steps skipped because ...: s3, s4`."""
+    by_cause: dict[str, list[str]] = {}
+    for step_id, record in steps.items():
+        if record["status"] == "skipped":
+            by_cause.setdefault(record.get("skip_cause") or "failed", []).append(step_id)
+    parts = []
+    for cause, phrase in SKIP_PHRASES.items():
+        ids = by_cause.get(cause, [])
+        if ids:
+            listed = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+            parts.append(f"{len(ids)} step{'s' * (len(ids) != 1)} skipped {phrase}: {listed}")
+    return "; ".join(parts) or None
 
 
 # --- state files ----------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 A step never commits and never touches the branch: the executor does both. A step reports an
 outcome; failures of the step itself (red checks, non-zero exit) are outcomes, not exceptions.
+A problem of the environment (the model host gone, git failing) is raised as an
+EnvironmentProblem: the executor turns it into an `errored` outcome that stops the run.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from coder.config import Config
@@ -41,6 +43,9 @@ class StepContext:
         return self.artifacts / f"{self.step.id}-attempt{self.attempt}{suffix}"
 
 
+Result = Literal["ok", "failed", "errored", "cancelled"]
+
+
 @dataclass(frozen=True)
 class StepOutcome:
     ok: bool
@@ -50,6 +55,14 @@ class StepOutcome:
     cancelled: bool = False
     details: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, Any] | None = None  # model usage of this attempt (agent.provider.Usage)
+    errored: bool = False  # set by the executor only, from an EnvironmentProblem
+
+    @property
+    def result(self) -> Result:
+        """ok; failed (the step's own doing); errored (the environment); cancelled (a stop)."""
+        if self.ok:
+            return "ok"
+        return "errored" if self.errored else "cancelled" if self.cancelled else "failed"
 
 
 def runner_for(kind: str) -> Callable[[StepContext], StepOutcome]:

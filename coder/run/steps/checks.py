@@ -1,23 +1,61 @@
-"""Checks the executor runs around a step: asserts, protected paths, and the guard that keeps
-`.git` the executor's own (a step that changed .git/config, .git/hooks, its worktree's `.git`
-file or its admin dir's HEAD fails, and the originals are put back)."""
+"""What the executor's verify stage checks after a step acted, before its commit.
+
+Each check takes a `Verification` (what the step was and where it worked) and returns its
+problems; a step with any problem fails, with all of them. Adding a check is a function here and
+one line in CHECKS. Around every step, `GitGuard` keeps `.git` the executor's own (a step that
+changed .git/config, .git/hooks, its worktree's `.git` file or its admin dir's HEAD fails, and
+the originals are put back).
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from coder.policy.commands import Policy
 from coder.policy.paths import protected_changes
-from coder.taskfile import Assertion, Step
+from coder.taskfile import Assertion
+
+if TYPE_CHECKING:
+    from coder.config import Config
+    from coder.policy.commands import Policy
+    from coder.taskfile import Step, Task
 
 
-def protected_paths_changed(step: Step, workdir: Path, policy: Policy) -> list[str]:
+class Verification:
+    """What a check sees: the step, its working directory, the run's policy and config."""
+
+    def __init__(
+        self, task: Task, step: Step, workdir: Path, policy: Policy, config: Config
+    ) -> None:
+        self.task, self.step, self.workdir = task, step, workdir
+        self.policy, self.config = policy, config
+
+    @functools.cached_property
+    def changed(self) -> list[str]:
+        """The paths the step changed (computed once, for every check that asks)."""
+        from coder.git import ops as gitops
+
+        return gitops.changed_paths(self.workdir)
+
+
+def asserts_hold(seen: Verification) -> list[str]:
+    """The step's `assert` list."""
+    return failed_asserts(seen.step.asserts, seen.workdir)
+
+
+def protected_paths_untouched(seen: Verification) -> list[str]:
     """A problem for each protected path the step changed without naming it in `changes`."""
-    from coder.git import ops as gitops
+    named = [c.get("path", "") for c in seen.step.changes]
+    return protected_changes(seen.changed, named, seen.policy)
 
-    named = [c.get("path", "") for c in step.changes]
-    return protected_changes(gitops.changed_paths(workdir), named, policy)
+
+CHECKS: tuple[Callable[[Verification], list[str]], ...] = (
+    asserts_hold,
+    protected_paths_untouched,
+)
 
 
 def failed_asserts(asserts: tuple[Assertion, ...], workdir: Path) -> list[str]:
@@ -64,12 +102,15 @@ class GitGuard:
         base = self.common_dir.parent
         return [str(p.relative_to(base)) if p.is_relative_to(base) else str(p) for p in paths]
 
-    def restore(self) -> None:
-        for path in self.changes():
+    def restore(self) -> list[Path]:
+        """Put back what changed; returns it."""
+        changed = self.changes()
+        for path in changed:
             if path in self.saved:
                 path.write_bytes(self.saved[path])
             else:
                 path.unlink(missing_ok=True)
+        return changed
 
 
 def _snapshot(common_dir: Path, workdir: Path | None) -> dict[Path, bytes]:

@@ -1,0 +1,181 @@
+"""How a run ends (DESIGN.md invariant 10, RELIABILITY row 18): a step fails for its own
+reasons only; an environment problem stops the run as `error` (exit 3) with everything kept for
+resume; skips say why, and only an explicit depends_on makes a skip spread."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from coder.errors import EXIT_ENVIRONMENT, EXIT_FAILED
+from tests.conftest import coder, git
+from tests.fake_ollama import FakeOllama, Reply
+from tests.helpers import call, done, state_of, step_commits, taskfile
+
+MISSING = Reply(http_status=404, error="model 'qwen2.5-coder:7b' not found")
+
+
+def test_a_model_gone_mid_run_stops_the_run_as_error_not_a_skipped_step(
+    fake: FakeOllama, sample: Path
+) -> None:
+    """The reproduction: Ollama answers 404 "model not found" to a step with retries: 2 and
+    on_fail: skip. Before, the step was tried three times, skipped, and the run ended success
+    (exit 0)."""
+    path = taskfile(
+        sample,
+        """
+        id: gone
+        title: model disappears
+        graph:
+          - {id: s1, kind: shell, cmd: "echo one > one.txt"}
+          - id: s2
+            kind: edit
+            goal: Add multiply(a, b) to calc.py
+            retries: 2
+            on_fail: {strategy: skip}
+          - {id: s3, kind: shell, cmd: "echo three > three.txt"}
+        """,
+    )
+    fake.enqueue(MISSING, MISSING, MISSING)
+    code, out, err = coder(sample, "run", "--autonomous", "--json", "-f", str(path))
+    assert code == EXIT_ENVIRONMENT, out + err
+    result = json.loads(out)
+    assert result["status"] == "error" and "not found" in result["error"]
+    assert result["skipped"] == []
+    state = state_of(sample, "gone")
+    assert state["status"] == "error"
+    s2 = state["steps"]["s2"]
+    assert s2["status"] == "interrupted" and s2["attempts"] == 1  # not retried, not skipped
+    assert "stopped by an environment problem" in s2["reasons"][-1]
+    assert state["steps"]["s3"]["status"] == "pending"
+    assert fake.pending == 2  # one call, no retries of an environment problem
+    branch = "agent/gone-model-disappears"
+    assert [c[0] for c in step_commits(sample, branch)] == ["s1"]
+
+    # the model is back: resume finishes the run, s1 is not redone
+    assert fake.next_reply() == fake.next_reply() == MISSING
+    fake.enqueue(
+        call("fs_edit", path="calc.py", search="    return a - b\n", replace="    return b\n"),
+        done("changed subtract", "calc.py"),
+    )
+    code, out, err = coder(sample, "resume", "-t", "gone")
+    assert code == 0, out + err
+    assert [c[0] for c in step_commits(sample, branch)] == ["s1", "s2", "s3"]
+    state = state_of(sample, "gone")
+    assert state["status"] == "success" and state["steps"]["s1"]["attempts"] == 1
+
+
+def test_a_branch_moved_under_the_run_is_an_error_not_a_failure(make_repo) -> None:
+    """Someone commits to the agent branch while s2 runs: the commit's compare-and-swap
+    refuses, the run stops as `error` and nothing of theirs is lost."""
+    from coder.run import runs
+
+    repo = make_repo()
+    path = taskfile(
+        repo,
+        """
+        id: moved
+        title: t
+        graph:
+          - {id: s1, kind: shell, cmd: "echo one > one.txt"}
+          - {id: s2, kind: shell, cmd: "echo two > two.txt"}
+        """,
+    )
+    branch = "agent/moved-t"
+
+    def someone_commits(event: dict[str, Any]) -> None:
+        if event["event"] == "step.started" and event.get("step_id") == "s2":
+            theirs = git(repo, "commit-tree", "-m", "theirs", f"{branch}^{{tree}}", "-p", branch)
+            git(repo, "update-ref", f"refs/heads/{branch}", theirs.strip())
+
+    result = runs.start(path, cwd=repo, options=runs.RunOptions(), console=someone_commits)
+    assert result.status == "error"
+    assert "moved" in (result.state["error"] or "")
+    assert result.state["steps"]["s2"]["status"] in ("interrupted", "running")
+    assert result.state["steps"]["s2"]["status"] != "failed"
+    assert git(repo, "log", "-1", "--format=%s", branch).strip() == "theirs"
+
+
+SEQUENCE = """
+    id: seq
+    title: optional second step
+    graph:
+      - {id: s1, kind: shell, cmd: "echo one > one.txt"}
+      - {id: s2, kind: shell, cmd: "false", on_fail: {strategy: skip}}
+      - {id: s3, kind: shell, cmd: "echo three > three.txt"}
+      - {id: s4, kind: shell, cmd: "echo four > four.txt"}
+"""
+
+
+def test_an_implicit_sequence_orders_but_a_skipped_step_does_not_stop_the_rest(
+    make_repo,
+) -> None:
+    repo = make_repo()
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, SEQUENCE)))
+    assert code == 0, out + err
+    assert "Run seq: success, 1 step skipped after failing: s2" in out
+    assert [c[0] for c in step_commits(repo, "agent/seq-optional-second-step")] == [
+        "s1",
+        "s3",
+        "s4",
+    ]
+    state = state_of(repo, "seq")
+    assert state["steps"]["s2"]["skip_cause"] == "failed"
+    # the resolved task keeps the sequence implicit, so a resume sees the same rule
+    manifest = json.loads((repo / ".coder" / "tasks" / "seq.json").read_text())
+    assert all("depends_on" not in s for s in manifest["task"]["graph"])
+
+
+def test_the_json_summary_lists_what_was_skipped_and_why(make_repo) -> None:
+    """With depends_on, a dependency is a requirement: s4 needs the skipped s2."""
+    repo = make_repo()
+    path = taskfile(
+        repo,
+        """
+        id: req
+        title: requirements
+        graph:
+          - {id: s1, kind: shell, cmd: "echo one > one.txt", depends_on: []}
+          - {id: s2, kind: shell, cmd: "false", on_fail: {strategy: skip}, depends_on: [s1]}
+          - {id: s3, kind: shell, cmd: "echo three > three.txt", depends_on: [s1]}
+          - {id: s4, kind: shell, cmd: "echo four > four.txt", depends_on: [s2]}
+        """,
+    )
+    code, out, err = coder(repo, "run", "--autonomous", "--json", "-f", str(path))
+    assert code == 0, out + err
+    result = json.loads(out)
+    assert result["status"] == "success"
+    assert result["skipped"] == [
+        {"step_id": "s2", "cause": "failed", "error": "`false` exited with 1"},
+        {"step_id": "s4", "cause": "requirement", "error": None},
+    ]
+    steps = state_of(repo, "req")["steps"]
+    assert steps["s3"]["status"] == "success"
+    assert steps["s4"]["reasons"] == ["skipped: depends on skipped step s2"]
+    code, out, _ = coder(repo, "show", "-t", "req")
+    assert (
+        "skipped   1 step skipped after failing: s2; 1 step skipped because a step they "
+        "require was skipped: s4"
+    ) in out
+
+
+def test_a_run_where_no_step_did_its_work_fails(make_repo) -> None:
+    """Every step skipped after failing (a model too weak for the task) is not a success."""
+    repo = make_repo()
+    path = taskfile(
+        repo,
+        """
+        id: weak
+        title: nothing works
+        graph:
+          - {kind: shell, cmd: "false", on_fail: {strategy: skip}}
+          - {kind: shell, cmd: "exit 4", on_fail: {strategy: skip}}
+        """,
+    )
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == EXIT_FAILED, out + err
+    state = state_of(repo, "weak")
+    assert state["status"] == "failed"
+    assert state["error"] == "no step did its work (2 steps skipped after failing: s1, s2)"
+    assert "Run weak: failed (no step did its work" in out
