@@ -72,15 +72,18 @@ def nodes_of_task(task: Any) -> list[Node]:
 def nodes_of_run(state: Mapping[str, Any]) -> list[Node]:
     """Nodes of a run, from the state `coder show -t --json` prints (its task's graph and its
     steps' status, attempts and commit), in file order."""
+    from coder import taskfile
+
     nodes = []
-    for step in state["task"]["graph"]:
-        st = state["steps"].get(step["id"], {})
+    # through the Task: a file without depends_on runs in file order (no edges written down)
+    for step in taskfile.from_dict(state["task"]).steps:
+        st = state["steps"].get(step.id, {})
         nodes.append(
             Node(
-                step["id"],
-                step["kind"],
-                step.get("goal", ""),
-                tuple(step.get("depends_on", ())),
+                step.id,
+                step.kind,
+                step.goal,
+                step.depends_on,
                 status=st.get("status", "pending"),
                 attempts=int(st.get("attempts") or 0),
                 commit=st.get("commit"),

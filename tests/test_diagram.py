@@ -272,3 +272,22 @@ def test_colours_on_a_terminal_and_none_in_a_pipe(
 def test_json_and_graph_are_alternatives(repo: Path) -> None:
     code, out, err = coder(repo, "show", "-f", str(taskfile(repo, DIAMOND)), "--graph", "--json")
     assert code == 2 and "alternatives" in err
+
+
+def test_a_run_of_a_file_without_depends_on_is_drawn_as_its_sequence(repo: Path) -> None:
+    """The run keeps an implicit sequence implicit (no depends_on written into its resolved
+    task, so a skip does not spread); the picture still shows the order."""
+    path = taskfile(
+        repo,
+        """
+        id: seq
+        title: t
+        graph:
+          - {id: a, kind: shell, cmd: "true"}
+          - {id: b, kind: shell, cmd: "true"}
+        """,
+    )
+    assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == 0
+    code, out, err = coder(repo, "show", "-t", "seq", "--format", "mermaid")
+    assert code == 0, err
+    assert [line.strip() for line in out.splitlines() if "-->" in line] == ["step_a --> step_b"]
