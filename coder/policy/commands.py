@@ -10,12 +10,15 @@ wall; the allowlist is the first, explicit layer and the clear error.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from coder.errors import InvalidInput
-from coder.policy.shell import basename, programs_in, refuse
+from coder.policy.shell import basename, program_words, refuse
 
 # Shell builtins that appear in everyday command lines (allowed; not programs to tell a
 # planning model about).
@@ -203,6 +206,9 @@ class Policy:
     allow_network: bool = False
     env_passthrough: frozenset[str] = frozenset()
     protected_paths: tuple[str, ...] = ()  # extra globs, matched against root-relative paths
+    # programs inside the worktree that may run (`allowed_commands` entries with a `/` that
+    # are not absolute, e.g. `./build.sh`), as worktree-relative paths
+    allowed_paths: frozenset[str] = frozenset()
     output_cap: int = 65536  # bytes kept per stream
     command_timeout: int = 600  # seconds
     sandbox: bool = True  # run commands in the kernel sandbox (coder.policy.confine)
@@ -241,10 +247,15 @@ class Policy:
         sandbox = cfg.get("sandbox", "on")
         if sandbox not in ("on", "off"):
             raise InvalidInput(f'config key sandbox must be "on" or "off", got {sandbox!r}')
-        extra = {basename(name) for name in strings("allowed_commands")}
+        listed = strings("allowed_commands")
+        extra = {basename(name) for name in listed}
+        inside = {
+            os.path.normpath(name) for name in listed if "/" in name and not name.startswith("/")
+        }
         return cls(
             allowed_commands=frozenset(DEFAULT_ALLOWED_COMMANDS) | extra,
             allow_network=allow_network,
+            allowed_paths=frozenset(inside),
             env_passthrough=frozenset(strings("env_passthrough")),
             protected_paths=tuple(strings("protected_paths")),
             output_cap=integer("output_cap", 65536, 1024),
@@ -254,9 +265,52 @@ class Policy:
         )
 
 
-def check_command(cmd: str, policy: Policy) -> None:
-    """Raise PolicyViolation unless every program in `cmd` is allowed by `policy`."""
-    for name in programs_in(cmd):
+# Bash runs these itself when they are named without a path: PATH plays no part.
+_BASH_BUILTINS = frozenset(
+    {
+        *SHELL_BUILTINS,
+        "echo",
+        "printf",
+        "test",
+        "[",
+        "true",
+        "false",
+        "pwd",
+        "kill",
+        "ulimit",
+        "umask",
+        "times",
+        "let",
+        "declare",
+        "typeset",
+        "local",
+        "readonly",
+        "getopts",
+        "hash",
+        "alias",
+        "jobs",
+    }
+)
+
+
+def check_command(
+    cmd: str,
+    policy: Policy,
+    *,
+    root: Path | None = None,
+    cwd: Path | None = None,
+    path: str | None = None,
+) -> None:
+    """Raise PolicyViolation unless every program in `cmd` is allowed by `policy`.
+
+    Without `root` this is pure (names only: what a dry run shows). With the worktree `root`,
+    the `cwd` the command runs in and the `path` (PATH) it gets, each program is also resolved
+    as bash would: a program inside the worktree (`./cat`, `bin/x`, or found there through
+    PATH) is refused unless `allowed_commands` lists its path, and one named by a path
+    elsewhere (`/tmp/x/cat`) must be the very file its name finds on PATH.
+    """
+    for word in program_words(cmd):
+        name = basename(word)
         listed = name in policy.allowed_commands
         if name in NETWORK_PROGRAMS and not policy.allow_network:
             fix = "set allow_network: true" + ("" if listed else " and add it to allowed_commands")
@@ -269,3 +323,40 @@ def check_command(cmd: str, policy: Policy) -> None:
                 f"`{name}` is not in allowed_commands "
                 "(add it to allowed_commands in coder.config.json)"
             )
+        if root is not None:
+            _check_resolves(word, policy, Path(root), Path(cwd or root), path)
+
+
+def _check_resolves(word: str, policy: Policy, root: Path, cwd: Path, path: str | None) -> None:
+    name = basename(word)
+    real_root = os.path.realpath(root)
+    found = shutil.which(name, path=path)
+    found_real = os.path.realpath(found) if found else None
+    if "/" not in word:
+        if name in _BASH_BUILTINS or found_real is None:
+            return  # a builtin, or "command not found" at run time
+        if _inside(found_real, real_root):
+            raise refuse(
+                f"`{name}` would run {found}, inside the worktree, which a step or the model "
+                "could have written (fix PATH, or run it by its path and add that path to "
+                "allowed_commands in coder.config.json)"
+            )
+        return
+    target = os.path.realpath(os.path.join(cwd, os.path.expanduser(word)))
+    if _inside(target, real_root):
+        rel = os.path.relpath(target, real_root)
+        if rel in policy.allowed_paths:
+            return
+        raise refuse(
+            f"`{word}` is a program inside the worktree, which a step or the model could have "
+            f"written (add `./{rel}` to allowed_commands in coder.config.json to allow it)"
+        )
+    if target != found_real:
+        where = f"`{name}` on PATH is {found}" if found else f"no `{name}` is on PATH"
+        raise refuse(
+            f"`{word}` is not the `{name}` allowed commands run ({where}); run it by its name"
+        )
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")

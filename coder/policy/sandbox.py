@@ -248,7 +248,8 @@ def run_command(
     InvalidInput for a bad cwd or timeout, EnvironmentProblem if no shell can be started.
     A non-zero exit, a timeout or a cancel is reported in the result, never raised.
     """
-    check_command(cmd, policy)
+    command_env = scrub_env(policy, env)
+    check_command(cmd, policy, root=Path(root or cwd), cwd=Path(cwd), path=command_env.get("PATH"))
     cwd = Path(cwd)
     if root is not None:
         real_root, real_cwd = os.path.realpath(root), os.path.realpath(cwd)
@@ -265,7 +266,6 @@ def run_command(
             cmd, None, "", "", 0.0, cancelled=True, note="cancelled before it started"
         )
 
-    command_env = scrub_env(policy, env)
     if owner is not None:
         command_env[OWNER_VAR] = owner
     bash = shutil.which("bash")

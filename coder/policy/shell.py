@@ -13,11 +13,9 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from coder.errors import PolicyViolation
+from coder.policy.escapes import ESCAPE_CHECKS, refuse
 
-
-def refuse(why: str) -> PolicyViolation:
-    return PolicyViolation(f"command refused: {why}")
+__all__ = ["basename", "program_words", "programs_in", "refuse"]
 
 
 def _odd_backslashes(line: str) -> bool:
@@ -386,6 +384,13 @@ _DANGEROUS_VARS = frozenset(
         "GIT_EXTERNAL_DIFF",
         "GIT_ASKPASS",
         "SSH_ASKPASS",
+        "GIT_EXEC_PATH",
+        "GIT_PAGER",
+        "PAGER",
+        "GIT_EDITOR",
+        "GIT_SEQUENCE_EDITOR",
+        "EDITOR",
+        "VISUAL",
     }
 )
 _CODE_RUNNERS = {
@@ -451,7 +456,8 @@ def _programs_of(tokens: Sequence[_Token], depth: int) -> list[str]:
     return programs
 
 
-def _program_name(w: _Word) -> str:
+def _program_word(w: _Word) -> str:
+    """The program as written (`cat`, `./cat`, `/usr/bin/cat`), if it can be checked."""
     if w.dynamic:
         raise refuse(
             f"the program `{w.raw}` is given by a variable or substitution, which "
@@ -462,15 +468,14 @@ def _program_name(w: _Word) -> str:
             f"the program `{w.raw}` is a pattern the shell would expand, which "
             "cannot be checked (write the program name literally)"
         )
-    name = basename(w.text)
-    if not name:
+    if not basename(w.text):
         raise refuse(f"`{w.raw}` is not a program name")
-    return name
+    return w.text
 
 
 def _check_assignment(w: _Word) -> None:
     m = _ASSIGNMENT.match(w.raw)
-    if m and m.group(1) in _DANGEROUS_VARS:
+    if m and (m.group(1) in _DANGEROUS_VARS or m.group(1).startswith("GIT_CONFIG")):
         raise refuse(
             f"setting {m.group(1)} can make the shell run commands that cannot be "
             "checked (remove the assignment)"
@@ -542,7 +547,8 @@ def _xargs(args: Sequence[_Word], depth: int) -> list[str]:
     programs = _simple(args[j:], depth)
     # xargs appends its input to the command: `xargs env` or `xargs find .` would take the
     # program (or a `-exec prog`) from that input.
-    if programs and (programs[-1] in _PROGRAM_TAKERS or "find" in programs):
+    names = [basename(p) for p in programs]
+    if names and (names[-1] in _PROGRAM_TAKERS or "find" in names):
         raise refuse(
             f"`xargs {args[j].raw}` would take the program to run from its input, "
             "which cannot be checked (name the program after it)"
@@ -643,6 +649,7 @@ _WRAPPERS: dict[str, Callable[[Sequence[_Word], int], list[str]]] = {
     "time": _then("fo", frozenset({"--format", "--output"})),
     **{name: _shell for name in _SHELLS},
     **{name: _declare for name in ("export", "declare", "typeset", "local", "readonly")},
+    **ESCAPE_CHECKS,
 }
 
 
@@ -654,11 +661,12 @@ def _simple(words: Sequence[_Word], depth: int) -> list[str]:
         k += 1
     if k == len(words):
         return []
-    name = _program_name(words[k])
+    word = _program_word(words[k])
+    name = basename(word)
     if name in _CODE_RUNNERS:
         raise refuse(_CODE_RUNNERS[name])
     unwrap = _WRAPPERS.get(name)
-    return [name] + (unwrap(words[k + 1 :], depth) if unwrap else [])
+    return [word] + (unwrap(words[k + 1 :], depth) if unwrap else [])
 
 
 def _programs(cmd: str, depth: int) -> list[str]:
@@ -677,10 +685,18 @@ def _programs(cmd: str, depth: int) -> list[str]:
     return programs
 
 
-def programs_in(cmd: str) -> list[str]:
-    """Every program (by basename) bash would run for `cmd`, in order of appearance.
+def program_words(cmd: str) -> list[str]:
+    """Every program bash would run for `cmd`, as written (`cat`, `./cat`, `/bin/cat`), in
+    order of appearance.
 
     Raises PolicyViolation for what cannot be checked: eval/source, unbalanced quotes or
-    parentheses, a program named by a variable or substitution, `case`, functions, ...
+    parentheses, a program named by a variable or substitution, `case`, functions, and the
+    options of allowed programs that run other programs (`git -c`, sed's `e`, tar's
+    `--to-command`, ...: see `escapes`).
     """
     return _programs(cmd, 0)
+
+
+def programs_in(cmd: str) -> list[str]:
+    """`program_words`, by basename."""
+    return [basename(word) for word in _programs(cmd, 0)]

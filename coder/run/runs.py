@@ -223,9 +223,11 @@ def preflight(task: taskfile.Task, policy: Any, root: Path, cfg: config_mod.Conf
     from coder import testreport
     from coder.errors import CoderError
     from coder.policy.commands import check_command
+    from coder.policy.env import scrub_env
     from coder.policy.sandbox import require_sandbox
 
     require_sandbox(policy)
+    path = scrub_env(policy).get("PATH")
     for step in task.steps:
         if step.kind == "shell":
             cmd = step.cmd
@@ -240,7 +242,9 @@ def preflight(task: taskfile.Task, policy: Any, root: Path, cfg: config_mod.Conf
         else:
             continue
         try:
-            check_command(str(cmd), policy)
+            # programs resolve against the checkout: the worktree will hold the same files
+            cwd = root / (step.cwd or ".")
+            check_command(str(cmd), policy, root=root, cwd=cwd, path=path)
         except CoderError as exc:
             raise InvalidInput(f"step {step.id}: {exc.message}", hint=exc.hint) from None
 

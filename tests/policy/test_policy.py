@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -349,3 +350,81 @@ def test_is_protected() -> None:
         is_protected("docs/.env.example", POLICY) == "it looks like a secrets file (matches .env.*)"
     )
     assert is_protected("./.GIT/config", POLICY) == ".git belongs to coder's executor"
+
+
+# --- programs resolve, and allowed programs cannot run others -------------------------------
+
+
+@pytest.mark.parametrize(
+    "cmd, why",
+    [
+        ("git -c alias.x='!whoami > f' x", "`git -c` overrides git's configuration"),
+        ("git -c core.pager=whoami log", "`git -c` overrides git's configuration"),
+        ("git --config-env=core.editor=E commit", "`git --config-env=core.editor=E` overrides"),
+        ("git config alias.x '!whoami'", "`git config alias.*` / `core.*`"),
+        ("git fetch --upload-pack=whoami origin", "runs a program named in its options"),
+        ("git clone -u whoami src dst", "`git clone -u` runs a program"),
+        ("git rebase -x whoami main", "`git rebase -x` runs a program"),
+        ("git submodule foreach whoami", "`git submodule` runs commands given to it"),
+        ("GIT_CONFIG_COUNT=1 git status", "setting GIT_CONFIG_COUNT"),
+        ("sed -n '1e whoami' f", "sed's `e` command runs a command"),
+        ("sed 's/a/b/e' f", "`s///e` runs a command"),
+        ("sed -e p -e '/x/w out' f", "sed's `w` command writes a file"),
+        ("sed -f script.sed f", "`sed -f` reads its script from a file"),
+        ("tar --checkpoint=1 --checkpoint-action=exec=whoami -cf x.tar .", "`tar --checkpoint-act"),
+        ("tar --to-command=whoami -xf x.tar", "`tar --to-command=whoami` runs a program"),
+        ("tar -I whoami -cf x.tar .", "`tar -I` runs a program"),
+        ("find . -exec whoami \\;", "`whoami` is not in allowed_commands"),
+        ("ls | xargs whoami", "`whoami` is not in allowed_commands"),
+        ("env FOO=1 nice -n 5 timeout 5 whoami", "`whoami` is not in allowed_commands"),
+    ],
+)
+def test_exec_escapes_of_allowed_programs_are_refused(cmd: str, why: str) -> None:
+    with pytest.raises(PolicyViolation) as err:
+        check_command(cmd, POLICY)
+    assert why in err.value.message
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "git log --oneline -5 && git diff --stat",
+        "git -C sub status",
+        "git add -u",
+        "sed -i 's/we/they/g; s/a/b/' f",
+        "sed -n '1,5p;/^#/d' f",
+        "tar -czf out.tgz src && tar xzf out.tgz",
+        "tar --checkpoint=100 -cf x.tar .",
+    ],
+)
+def test_everyday_uses_of_those_programs_pass(cmd: str) -> None:
+    check_command(cmd, POLICY)
+
+
+def test_programs_resolve_to_what_path_finds(tmp_path: Path) -> None:
+    root = tmp_path / "wt"
+    (root / "tools").mkdir(parents=True)
+    (root / "tools" / "build.sh").write_text("#!/bin/sh\n")
+    path = os.environ["PATH"]
+
+    def check(cmd: str, policy: Policy = POLICY) -> None:
+        check_command(cmd, policy, root=root, cwd=root, path=path)
+
+    cat = os.path.realpath(str(shutil.which("cat", path=path)))
+    check("cat a.txt")
+    check(f"{cat} a.txt")  # the very file `cat` finds on PATH
+    for cmd in ("cp /usr/bin/whoami ./cat && ./cat", "sub/../cat", f"{root}/cat"):
+        with pytest.raises(PolicyViolation, match="is a program inside the worktree"):
+            check(cmd)
+    by_name = Policy.from_config({"allowed_commands": ["build.sh"]})
+    with pytest.raises(PolicyViolation, match=r"add `\./tools/build.sh` to allowed_commands"):
+        check("./tools/build.sh", by_name)
+    check("./tools/build.sh", Policy.from_config({"allowed_commands": ["./tools/build.sh"]}))
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(PolicyViolation, match="is not the `cat` allowed commands run"):
+        check(f"{tmp_path}/elsewhere/cat")
+    with pytest.raises(PolicyViolation, match="would run .*inside the worktree"):
+        (root / "bin").mkdir()
+        (root / "bin" / "ls").write_text("")
+        (root / "bin" / "ls").chmod(0o755)
+        check_command("ls", POLICY, root=root, cwd=root, path=f"{root}/bin:{path}")

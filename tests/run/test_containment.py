@@ -234,3 +234,34 @@ def test_the_model_cannot_land_a_config_or_secrets_through_merge(make_repo, fake
     merged, _, err = coder(repo, "merge", "-t", "esc", "--if-green")
     assert merged == 2 and "only a successful run can be merged" in err
     assert git(repo, "ls-tree", "-r", "--name-only", "main").split() == ["calc.py"]
+
+
+def test_a_program_copied_into_the_worktree_is_refused(make_repo, isolated_home) -> None:
+    repo = user_repo(make_repo)
+    outside = Outside(repo, isolated_home)
+    path = taskfile(
+        repo, 'title: t\ngraph:\n  - {kind: shell, cmd: "cp /usr/bin/whoami ./cat && ./cat"}\n'
+    )
+    code, _, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == 2
+    assert "step s1: command refused: `./cat` is a program inside the worktree" in err
+    assert not (repo / ".coder" / "tasks").exists()  # refused before anything was created
+    outside.assert_unchanged()
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "git -c alias.x='!whoami > f' x",
+        "sed -n '1e whoami' README.md",
+        "tar --checkpoint=1 --checkpoint-action=exec=whoami -cf x.tar README.md",
+    ],
+)
+def test_the_model_cannot_run_a_program_through_an_allowed_one(make_repo, fake, cmd: str) -> None:
+    repo = make_repo()
+    fake.enqueue(call("shell_run", cmd=cmd), done("tried"))
+    path = taskfile(repo, "id: esc\ntitle: t\ngraph:\n  - {id: s1, kind: custom, goal: g}\n")
+    coder(repo, "run", "--autonomous", "-f", str(path))
+    tool_reply = [m for m in fake.chat_bodies()[-1]["messages"] if m["role"] == "tool"][0]
+    assert "command refused by policy; nothing was run" in tool_reply["content"]
+    assert not (repo / ".coder" / "worktrees" / "esc" / "f").exists()
