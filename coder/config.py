@@ -46,6 +46,11 @@ DEFAULTS: dict[str, Any] = {
     "plan_attempts": 3,
     "sandbox": "on",
     "limits": None,
+    "instruction_files": ["AGENTS.md", "CLAUDE.md", "CONVENTIONS.md"],
+    "instructions_max_chars": 12000,
+    "repo_map_tokens": None,
+    "lint_command": None,
+    "embedding_model": None,
 }
 
 # environment variable -> config key

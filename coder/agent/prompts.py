@@ -10,8 +10,6 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-MAX_MAP_ENTRIES = 400
-
 RULES = """\
 You are coder, an autonomous coding agent working in a git worktree. You complete one step of
 a task at a time, using only the tools you are given. Rules:
@@ -25,25 +23,22 @@ a task at a time, using only the tools you are given. Rules:
   Your claim is checked against the real changes; an unsupported claim is rejected.
 """
 
+MAP_NOTE = (
+    "The map lists the code most relevant to this task: under each file, definitions as "
+    "`line| first line`; then other files by name. Find more with code_search (by what code "
+    "does) or fs_grep (exact text); read with fs_read."
+)
 
-def system_prompt(*, repo_map: Sequence[str], task: Mapping[str, Any]) -> str:
+
+def system_prompt(
+    *, repo_map: str, files: int, task: Mapping[str, Any], instructions: str = ""
+) -> str:
+    """The run's prefix: rules, the project's instructions, the repository map, the task."""
     return (
         f"{RULES}\n"
-        f'<repository files="{len(repo_map)}">\n{format_repo_map(repo_map)}\n</repository>\n\n'
+        + (f"{instructions}\n\n" if instructions else "")
+        + f'<repository files="{files}">\n{MAP_NOTE}\n{repo_map}\n</repository>\n\n'
         f"<task>\n{json.dumps(_task_view(task), indent=1, sort_keys=True)}\n</task>\n"
-    )
-
-
-def format_repo_map(paths: Sequence[str]) -> str:
-    """The tracked files; past MAX_MAP_ENTRIES, whole directories are summarised by count."""
-    if len(paths) <= MAX_MAP_ENTRIES:
-        return "\n".join(paths)
-    by_dir: dict[str, int] = {}
-    for path in paths:
-        top = path.split("/", 1)[0] + ("/" if "/" in path else "")
-        by_dir[top] = by_dir.get(top, 0) + 1
-    return "\n".join(
-        f"{d} ({n} files)" if d.endswith("/") else d for d, n in sorted(by_dir.items())
     )
 
 
@@ -59,12 +54,16 @@ def step_message(
     notes: Mapping[str, str],
     attempt: int,
     previous_error: str | None = None,
+    focus: Sequence[str] = (),
 ) -> str:
-    """The first user message of a step: the dynamic part, after the prefix."""
+    """The first user message of a step: the dynamic part, after the prefix. `focus`: where
+    its work likely is (agent.prefix.step_focus)."""
     lines = [f"Step {step['id']} ({step['kind']}): {step['goal']}"]
     if step.get("changes"):
         expected = ", ".join(f"{c['path']} ({c.get('mode', 'patch')})" for c in step["changes"])
         lines.append(f"Files expected to change: {expected}")
+    if focus:
+        lines.append("Likely relevant code for this step:\n" + "\n".join(f"- {f}" for f in focus))
     kind = step["kind"]
     if kind == "analyze":
         lines.append(

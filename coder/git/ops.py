@@ -918,3 +918,19 @@ def tree_paths(repo: pygit2.Repository, commit: str) -> list[str]:
 
     walk(_tree(repo, commit), "")
     return sorted(paths)
+
+
+def tree_blobs(repo: pygit2.Repository, tree_id: str) -> list[tuple[str, str]]:
+    """(path, blob id) of every regular file of a tree, sorted by path; symlinks and
+    submodules are left out (the code index reads file contents)."""
+    blobs: list[tuple[str, str]] = []
+
+    def walk(tree: pygit2.Tree, prefix: str) -> None:
+        for entry in tree:
+            if entry.type_str == "tree":
+                walk(repo[entry.id].peel(pygit2.Tree), f"{prefix}{entry.name}/")
+            elif entry.type_str == "blob" and entry.filemode in (0o100644, 0o100755):
+                blobs.append((f"{prefix}{entry.name}", str(entry.id)))
+
+    walk(repo[tree_id].peel(pygit2.Tree), "")
+    return sorted(blobs)

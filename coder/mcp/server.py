@@ -41,15 +41,19 @@ def server_registry() -> Registry:
 def tool_context(root: Path) -> ToolContext:
     """The context of every call: the repository's config, as a run would use it."""
     from coder import config as config_mod
+    from coder import project
     from coder.policy.commands import Policy
     from coder.redact import Redactor
+    from coder.tools.settings import code_settings
 
     cfg = config_mod.load(root)
+    coder_dir = project.coder_dir(root)
     return ToolContext(
         root=root,
         policy=Policy.from_config(cfg.values),
         redactor=Redactor(),
         test_command=cfg.get("test_command"),
+        **code_settings(cfg, {}, coder_dir / "cache" if coder_dir.is_dir() else None),
     )
 
 

@@ -177,6 +177,7 @@ class ProjectContext:
     readme: str | None
     commits: tuple[str, ...]
     branches: frozenset[str] = field(default_factory=frozenset)
+    instructions: str = ""  # AGENTS.md and friends (coder.context.instructions), rendered
 
 
 # --- the spec ------------------------------------------------------------------------------
@@ -249,6 +250,7 @@ def gather_context(repo: pygit2.Repository, root: Path, cfg: config_mod.Config) 
         languages=_languages(listed),
         test_command=cfg.get("test_command") or config_mod.detect_test_command(root),
         readme=_readme(repo, head, files) if head else None,
+        instructions=_instructions(repo, head, cfg) if head else "",
         commits=_recent_subjects(repo, head) if head else (),
         branches=frozenset(repo.branches.local),
     )
@@ -274,6 +276,17 @@ def _languages(paths: Iterable[str]) -> tuple[tuple[str, int], ...]:
         if language:
             counts[language] = counts.get(language, 0) + 1
     return tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _instructions(repo: pygit2.Repository, head: str, cfg: config_mod.Config) -> str:
+    from coder.context import instructions
+
+    return instructions.read(
+        repo,
+        head,
+        names=tuple(cfg.get("instruction_files") or instructions.DEFAULT_FILES),
+        max_chars=int(cfg.get("instructions_max_chars") or instructions.DEFAULT_MAX_CHARS),
+    ).render()
 
 
 def _readme(repo: pygit2.Repository, head: str, files: tuple[str, ...]) -> str | None:
@@ -385,6 +398,8 @@ def system_prompt(ctx: ProjectContext, policy: Policy) -> str:
         f"test command: {ctx.test_command or 'none detected'}",
         f'<files count="{len(ctx.listed)}">\n{format_tree(ctx.listed)}\n</files>',
     ]
+    if ctx.instructions:
+        parts.append(ctx.instructions)
     if ctx.readme:
         parts.append(f"<readme>\n{ctx.readme}\n</readme>")
     if ctx.commits:

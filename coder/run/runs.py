@@ -171,7 +171,7 @@ def open_agent(
     model fails before anything is created) and the prefix every request starts with."""
     if not any(s.uses_model for s in task.steps):
         return None
-    from coder.agent import prompts
+    from coder.agent import prefix
     from coder.models.ollama import OllamaProvider
     from coder.models.replay import RecordingProvider, ReplayProvider
     from coder.run.steps.model import AgentSession
@@ -199,10 +199,15 @@ def open_agent(
         provider.close()
         raise
     registry = default_registry()
-    system = prompts.system_prompt(
-        repo_map=gitops.tree_paths(repo, base_commit), task=task.to_dict()
+    built = prefix.build(
+        repo,
+        base_commit,
+        task.to_dict(),
+        cfg,
+        num_ctx=facts.get("num_ctx"),
+        cache_dir=project.coder_dir(gitops.repo_root(repo)) / "cache",
     )
-    return AgentSession(provider, registry, system, registry.definitions(), facts)
+    return AgentSession(provider, registry, built.system, registry.definitions(), facts)
 
 
 def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Any:

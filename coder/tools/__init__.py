@@ -4,7 +4,9 @@
                  redaction), tools_for_kind, doc_write_filter, default_registry()
     fs.py        fs_read, fs_write, fs_edit, fs_glob, fs_grep
     git.py       git_status, git_diff, git_log, fs_apply_patch (libgit2 applies it)
+    search.py    code_search (coder.context.search: BM25, optionally with embeddings)
     shell.py     shell_run, tests_run (through coder.policy.sandbox)
+    feedback.py  after every edit: the syntax veto and the linter's new findings
 
 Typical use::
 
@@ -13,7 +15,7 @@ Typical use::
     tools = reg.definitions(tools_for_kind("edit"))     # for the model
     text = reg.call(name, arguments, ctx).as_text()     # never raises for a model mistake
 
-May import: policy, git, models' value types and the base modules. Never agent, run or CLI.
+May import: context, policy, git, models' value types and the base modules. Never agent, run or CLI.
 """
 
 from __future__ import annotations

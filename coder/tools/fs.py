@@ -24,6 +24,7 @@ from typing import Any
 from coder.durable import write_atomic
 from coder.errors import PolicyViolation
 from coder.policy.paths import resolve_in_root
+from coder.tools import feedback
 from coder.tools.registry import (
     Tool,
     ToolContext,
@@ -203,6 +204,9 @@ def fs_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             f"content is {len(data)} bytes; the limit is {MAX_WRITE_BYTES}",
             hint="split it into several files",
         )
+    refused = feedback.veto(ctx, rel, None, data)
+    if refused is not None:
+        return refused
     real.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".coder-tmp")
     try:
@@ -219,8 +223,11 @@ def fs_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     finally:
         os.unlink(tmp)
     lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
+    lint = feedback.Lint(ctx).after([rel])
     return ToolResult(
-        True, f"created {rel} ({lines} lines, {len(data)} bytes)", data={"files_changed": [rel]}
+        True,
+        f"created {rel} ({lines} lines, {len(data)} bytes)" + (f"\n{lint}" if lint else ""),
+        data={"files_changed": [rel]},
     )
 
 
@@ -342,10 +349,13 @@ def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         count = text.count(search)
     else:
         new, count = text[: starts[0]] + replace + text[starts[0] + len(search) :], 1
-    out = new.replace("\n", "\r\n") if crlf else new
-    write_atomic(
-        real, out.encode("utf-8", errors="surrogateescape"), new_mode=0o644, crash_point=None
-    )
+    out = (new.replace("\n", "\r\n") if crlf else new).encode("utf-8", errors="surrogateescape")
+    refused = feedback.veto(ctx, rel, raw, out)
+    if refused is not None:
+        return refused
+    lint = feedback.Lint(ctx)
+    lint.before([rel])
+    write_atomic(real, out, new_mode=0o644, crash_point=None)
     # Show the edited region (first occurrence) so the model can check it without a re-read.
     first = _line_of(new, starts[0])
     last = first + (replace[:-1] if replace.endswith("\n") else replace).count("\n")
@@ -353,10 +363,11 @@ def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     if lines[-1] == "":
         lines.pop()  # the "line" after the final newline
     lo, hi = max(1, first - 2), min(len(lines), last + 2, first - 2 + SNIPPET_LINES)
+    notes = lint.after([rel])
     return ToolResult(
         True,
         f"edited {rel}: replaced {count} occurrence{'s' if count > 1 else ''}; lines {lo}-{hi} "
-        f"now read:\n" + numbered(lines[lo - 1 : hi], lo),
+        f"now read:\n" + numbered(lines[lo - 1 : hi], lo) + (f"\n{notes}" if notes else ""),
         data={"files_changed": [rel], "replacements": count},
     )
 

@@ -17,12 +17,15 @@ import os
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pygit2
 from pygit2.enums import ApplyLocation, DiffOption, FileStatus, RepositoryOpenFlag, SortMode
 
+from coder.durable import write_atomic
 from coder.errors import EnvironmentProblem, PatchProblem
+from coder.tools import feedback
 from coder.tools.fs import closest_match, numbered, real_root, resolve
 from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
 
@@ -467,11 +470,49 @@ def fs_apply_patch(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             + " (nothing was written)",
             data={"would_change": paths},
         )
+    root = real_root(ctx)
+    before = {p: _snapshot(os.path.join(root, p)) for p in paths}
+    lint = feedback.Lint(ctx)
+    lint.before(p for p in paths if before[p] is not None)
     try:
         repo.apply(diff, ApplyLocation.WORKDIR)
     except pygit2.GitError as exc:
         raise PatchProblem(f"the patch did not apply: {exc}") from None
-    return ToolResult(True, "applied: " + ", ".join(summary), data={"files_changed": paths})
+    for path in paths:
+        after = _snapshot(os.path.join(root, path))
+        refused = None if after is None else feedback.veto(ctx, path, _data(before[path]), after[0])
+        if refused is not None:  # all or nothing: every file back as it was
+            for rel, old in before.items():
+                _restore(os.path.join(root, rel), old)
+            return refused
+    notes = lint.after(p for p in paths if os.path.lexists(os.path.join(root, p)))
+    return ToolResult(
+        True,
+        "applied: " + ", ".join(summary) + (f"\n{notes}" if notes else ""),
+        data={"files_changed": paths},
+    )
+
+
+def _snapshot(path: str) -> tuple[bytes, int] | None:
+    """A file's content and mode (None: no such file)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(), os.fstat(f.fileno()).st_mode & 0o7777
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+
+
+def _data(snapshot: tuple[bytes, int] | None) -> bytes | None:
+    return None if snapshot is None else snapshot[0]
+
+
+def _restore(path: str, snapshot: tuple[bytes, int] | None) -> None:
+    if snapshot is None:
+        if os.path.lexists(path):
+            os.unlink(path)
+        return
+    write_atomic(Path(path), snapshot[0], new_mode=snapshot[1], crash_point=None)
+    os.chmod(path, snapshot[1])
 
 
 # --------------------------------------------------------------------------- definitions

@@ -24,7 +24,7 @@ import os
 import re
 import threading
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -72,7 +72,14 @@ class ToolContext:
     command_timeout: int | None = None  # cap for shell_run/tests_run; None: the policy's
     read_limit: int = 400  # lines per fs_read page
     owner: str | None = None  # sandbox owner token, so `coder resume` can kill leftovers
+    cache_dir: Path | None = None  # .coder/cache: code_search's index (None: in memory only)
+    veto_syntax_errors: bool = True  # refuse an edit that leaves a new syntax error
+    lint_after_edit: bool = True  # lint each edited file (configured or detected linter)
+    lint_command: str | None = None  # configured, with {file}; None means detect
+    embedder: Callable[[Sequence[str]], list[list[float]]] | None = None  # hybrid code_search
+    embed_key: str = ""  # the embedding model (names its vector cache)
     _env_scanned: bool = field(default=False, init=False, repr=False)
+    _edits: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)  # lint memo
 
 
 Handler = Callable[[ToolContext, dict[str, Any]], ToolResult]
@@ -464,13 +471,14 @@ STEP_COMPLETE = Tool(
 def default_registry() -> Registry:
     """The standard tool set, built once. Callers must not register into it; build a
     `Registry()` of their own (e.g. with MCP tools) instead."""
-    from coder.tools import fs, git, shell  # here: those modules import this one
+    from coder.tools import fs, git, search, shell  # here: those modules import this one
 
     reg = Registry()
     for tool in (
         fs.FS_READ,
         fs.FS_GLOB,
         fs.FS_GREP,
+        search.CODE_SEARCH,
         git.GIT_STATUS,
         git.GIT_DIFF,
         git.GIT_LOG,

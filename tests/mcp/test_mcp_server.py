@@ -64,6 +64,7 @@ def test_stdio_tools_with_the_run_policy(make_repo, tmp_path: Path) -> None:
                 "fs_apply_patch",
                 "fs_glob",
                 "fs_grep",
+                "code_search",
                 "shell_run",
                 "tests_run",
                 "git_status",

@@ -439,3 +439,22 @@ def test_a_test_step_without_a_test_command_is_re_asked(fake: FakeOllama, make_r
     assert (
         "No test command was detected in this project" in chats(fake)[0]["messages"][0]["content"]
     )
+
+
+def test_the_planner_reads_the_project_instructions(fake: FakeOllama, make_repo) -> None:
+    files = sample_files()
+    files["AGENTS.md"] = "Every change ships with a test in tests/.\n"
+    files["docs/AGENTS.md"] = "Docs are written in British English.\n"
+    files["AGENTS.local.md"] = "not an instruction file\n"
+    repo = make_repo(files)
+    (repo / "AGENTS.md").write_text("an uncommitted edit is not read\n")
+    fake.enqueue(answer(plan_doc()))
+    code, out, err = coder(repo, "plan", PROMPT)
+    assert code == 0, out + err
+    system = chats(fake)[0]["messages"][0]["content"]
+    assert (
+        '<instructions path="AGENTS.md" applies-to="the whole repository">\n'
+        "Every change ships with a test in tests/.\n</instructions>"
+    ) in system
+    assert 'applies-to="files under docs/">\nDocs are written in British English.' in system
+    assert "not an instruction file" not in system and "uncommitted" not in system

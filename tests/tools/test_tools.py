@@ -45,7 +45,7 @@ def call(ctx: ToolContext, name: str, **args: Any) -> ToolResult:
 
 def test_every_tool_name_is_valid_for_mcp_and_ollama() -> None:
     names = default_registry().names()
-    assert len(names) == 12
+    assert len(names) == 13
     for name in names:
         assert re.fullmatch(r"[a-z][a-z0-9_]*", name), name
         assert len(name) <= 64
@@ -180,6 +180,7 @@ def test_tool_sets_per_step_kind() -> None:
         "fs_read",
         "fs_glob",
         "fs_grep",
+        "code_search",
         "git_status",
         "git_diff",
         "git_log",

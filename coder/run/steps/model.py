@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from coder.agent import prompts
 from coder.agent.loop import TERMINAL, AgentLoop, Limits, LoopResult
+from coder.agent.prefix import step_focus
 from coder.errors import ModelError, ModelUnavailable
 from coder.git import ops as gitops
 from coder.run.steps import StepContext, StepOutcome
@@ -55,6 +56,12 @@ def run(ctx: StepContext) -> StepOutcome:
         notes=notes_for(ctx),
         attempt=ctx.attempt,
         previous_error=ctx.previous_error,
+        focus=step_focus(
+            ctx.workdir,
+            ctx.step.goal or "",
+            [c["path"] for c in ctx.step.changes],
+            cache_dir=cache_dir(ctx),
+        ),
     )
     result = converse(ctx, kind=ctx.step.kind, allowed=allowed, first_message=first)
     usage = result.usage.as_dict()
@@ -91,6 +98,7 @@ def converse(
     then tool calls until an accepted step_complete or a bound. The (redacted) transcript is
     kept as an artifact."""
     from coder.tools.registry import ToolContext, doc_write_filter
+    from coder.tools.settings import code_settings
 
     session: AgentSession = ctx.agent
     tool_ctx = ToolContext(
@@ -102,6 +110,7 @@ def converse(
         write_filter=doc_write_filter if kind == "doc" else None,
         command_timeout=ctx.step.timeout_s,
         owner=ctx.owner,
+        **code_settings(ctx.config, ctx.task.policies, cache_dir(ctx)),
     )
     messages = [
         {"role": "system", "content": session.system},
@@ -207,6 +216,11 @@ def limits_for(ctx: StepContext) -> Limits:
         max_tokens=policies.get("max_tokens", cfg["max_step_tokens"]),
         context_tokens=num_ctx,
     )
+
+
+def cache_dir(ctx: StepContext) -> Path:
+    """.coder/cache (artifacts are .coder/artifacts/<task id>/)."""
+    return ctx.artifacts.parent.parent / "cache"
 
 
 def notes_path(artifacts: Path, step_id: str) -> Path:

@@ -1,0 +1,112 @@
+"""The run's cache-stable prefix, and the per-step focus that goes after it.
+
+The prefix is built once per run from the base commit: the rules, the project's instructions
+(AGENTS.md ...), the ranked repository map and the taskfile. The map is personalised toward
+the WHOLE task (its title, spec, every step's goal and `changes`), not toward one step: a map
+per step would change the prefix between steps and throw away the server's KV cache each time,
+and a task's steps are about the same part of the code anyway. What is specific to one step
+goes after the prefix, in its first message: `step_focus`, the code_search hits for its goal
+and the files its `changes` name. So the prefix stays byte-identical for every step of a run
+(bench/prompt_cache.py checks it) and each step still starts pointed at its own code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coder.agent import prompts
+from coder.redact import Redactor
+
+if TYPE_CHECKING:
+    import pygit2
+
+FOCUS_HITS = 5
+
+
+@dataclass(frozen=True)
+class Prefix:
+    system: str
+    map_files: int
+    map_tokens: int
+    map_seconds: float
+    map_cached: bool
+    instruction_files: tuple[str, ...]
+
+
+def build(
+    repo: pygit2.Repository,
+    base_commit: str,
+    task: Mapping[str, Any],
+    cfg: Mapping[str, Any] | Any,
+    *,
+    num_ctx: int | None,
+    cache_dir: Path | None,
+) -> Prefix:
+    """The system prompt every request of the run starts with (see the module docstring)."""
+    from coder.context import instructions, repomap
+
+    focus = repomap.Focus.of_task(task)
+    found = instructions.read(
+        repo,
+        base_commit,
+        names=tuple(cfg.get("instruction_files") or instructions.DEFAULT_FILES),
+        max_chars=int(cfg.get("instructions_max_chars") or instructions.DEFAULT_MAX_CHARS),
+        prefer=sorted(focus.files),
+    )
+    budget = cfg.get("repo_map_tokens")
+    budget = repomap.default_budget(num_ctx) if budget is None else int(budget)
+    repo_map = repomap.build(repo, base_commit, budget=budget, focus=focus, cache_dir=cache_dir)
+    system = prompts.system_prompt(
+        repo_map=repo_map.text,
+        files=repo_map.files,
+        instructions=found.render(),
+        task=task,
+    )
+    system = _redactor(repo, base_commit).redact(system)
+    return Prefix(
+        system,
+        repo_map.files,
+        repo_map.tokens,
+        repo_map.seconds,
+        repo_map.cached,
+        tuple(i.path for i in found.files),
+    )
+
+
+def _redactor(repo: pygit2.Repository, commit: str) -> Redactor:
+    """The built-in secret formats plus the values of the commit's `.env*` files (at the root
+    and one level down, as the tools register them in a worktree)."""
+    import pygit2
+
+    from coder.git.ops import tree_blobs
+    from coder.tools.registry import is_env_file
+
+    redactor = Redactor()
+    tree = str(repo.revparse_single(commit).peel(pygit2.Tree).id)
+    for path, blob in tree_blobs(repo, tree):
+        if path.count("/") <= 1 and is_env_file(path.rsplit("/", 1)[-1]):
+            text = repo[blob].peel(pygit2.Blob).data.decode("utf-8", errors="replace")
+            redactor.add_env_file(text)
+    return redactor
+
+
+def step_focus(
+    root: Path, goal: str, changes: list[str], *, cache_dir: Path | None = None
+) -> list[str]:
+    """Where a step's work likely is: the files its `changes` name, then the code_search hits
+    for its goal (path:lines and the definition), as lines for its first message."""
+    from coder.context import search
+
+    lines = [f"{path} (expected to change)" for path in changes]
+    if goal.strip() and search.tokenize(goal):
+        try:
+            hits = search.search(root, goal, k=FOCUS_HITS, cache_dir=cache_dir)
+        except Exception:  # noqa: BLE001 - a hint only: a broken index must not stop a step
+            hits = []
+        for hit in hits:
+            c = hit.chunk
+            lines.append(f"{c.path}:{c.start}-{c.end}" + (f" ({c.name})" if c.name else ""))
+    return lines

@@ -1,0 +1,378 @@
+"""code_search: BM25 over code chunks, optionally fused with embedding similarity.
+
+Chunks: in a file tree-sitter reads, each definition is a chunk (a class without the methods
+that have chunks of their own), and the lines outside any definition (imports, module code)
+are cut into windows; other text files are cut into windows of WINDOW lines. A chunk's tokens
+are its words split at snake_case and camelCase boundaries, lower-cased and lightly stemmed,
+plus its path and its definition's name, so "parse the config file" finds `def load_config`
+in `config/parser.py`.
+
+The index covers the working directory as it is: files unchanged since HEAD are read from the
+HEAD tree, changed and new ones from disk. Chunks are cached per blob id (`blobcache.py`), so a
+new tree re-chunks only the files that changed, and the BM25 index (bm25s) is rebuilt from the
+cached tokens when the set of files changes and kept in memory for the state it was built for.
+
+Hybrid: with an embedder (an embedding model configured), BM25's best CANDIDATES chunks are
+embedded (vectors cached by chunk content), ranked by cosine similarity to the query, and the
+two rankings are fused by reciprocal rank (k=60). Without one, the ranking is BM25's alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import os
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from coder.context.blobcache import BlobCache
+from coder.context.languages import language_of
+from coder.context.repomap import MAX_TAG_BYTES, _vendored
+from coder.context.tags import Definition, extract
+from coder.durable import write_atomic
+from coder.redact import redact
+
+if TYPE_CHECKING:
+    import numpy
+
+VERSION = 1
+WINDOW = 40  # lines per window chunk
+MAX_CHUNK_LINES = 120  # a longer definition is split into windows
+CANDIDATES = 100  # BM25 hits re-ranked by embeddings
+RRF_K = 60
+TEXT_SUFFIXES = frozenset(
+    ".md .rst .txt .adoc .toml .yaml .yml .json .cfg .ini .sh .bash .sql .html .css .scss "
+    ".vue .svelte .kt .swift .scala .lua .ex .exs .erl .hs .ml .clj .r .jl .pl .dart .gradle "
+    ".xml .proto .graphql .tf .mk".split()
+)
+TEXT_NAMES = frozenset({"makefile", "dockerfile", "readme", "license", "changelog"})
+
+Embedder = Callable[[Sequence[str]], list[list[float]]]
+
+_STOP = frozenset(
+    """a an and are as at be by for from has have if in into is it its of on or that the this
+    to was were will with not no can do does self none true false return def class import
+    get set""".split()
+)
+_WORDS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+")
+_CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+
+
+def stem(word: str) -> str:
+    """A light stemmer (plurals, -ing, -ed, a final e), enough for "parses", "parsed" and
+    "parsing" to meet "parse"."""
+    if len(word) > 4 and word.endswith("ies"):
+        word = word[:-3] + "y"
+    elif len(word) > 4 and word.endswith(("sses", "shes", "ches", "xes", "zes")):
+        word = word[:-2]
+    elif len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    elif len(word) > 5 and word.endswith("ing"):
+        word = word[:-3]
+    elif len(word) > 4 and word.endswith("ied"):
+        word = word[:-3] + "y"
+    elif len(word) > 4 and word.endswith("ed"):
+        word = word[:-2]
+    return word[:-1] if len(word) > 4 and word.endswith("e") else word
+
+
+@functools.lru_cache(maxsize=65536)
+def _word_tokens(word: str) -> tuple[str, ...]:
+    parts = [p for piece in word.split("_") for p in _CAMEL.findall(piece)]
+    out = [stem(p.lower()) for p in parts if len(p) > 1 or p.isdigit()]
+    if len(parts) > 1:
+        out.append(word.lower().strip("_"))
+    return tuple(t for t in out if t not in _STOP)
+
+
+def tokenize(text: str) -> list[str]:
+    tokens: list[str] = []
+    for word in _WORDS.findall(text):
+        tokens.extend(_word_tokens(word))
+    return tokens
+
+
+@dataclass(frozen=True)
+class Chunk:
+    path: str
+    start: int  # 1-based, inclusive
+    end: int
+    name: str  # the definition ("" for a window)
+
+
+@dataclass(frozen=True)
+class Hit:
+    chunk: Chunk
+    score: float
+
+
+# --------------------------------------------------------------------------- chunking
+
+
+def chunk_file(path: str, data: bytes) -> list[tuple[int, int, str, list[str]]]:
+    """(start, end, name, tokens) of each chunk of one file's content."""
+    text = data.decode("utf-8", errors="replace")
+    lines = redact(text).split("\n")  # no secret becomes a token (or a cache entry)
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        return []
+    language = language_of(path)
+    spans: list[tuple[int, int, str]] = []
+    if language is not None:
+        spans = _definition_spans(extract(language, data).definitions, len(lines))
+    path_tokens = tokenize(path)
+    out = []
+    for start, end, name in spans or _windows(1, len(lines), ""):
+        body = "\n".join(lines[start - 1 : end])
+        if not body.strip():
+            continue
+        out.append((start, end, name, path_tokens + tokenize(name) * 2 + tokenize(body)))
+    return out
+
+
+def _definition_spans(defs: Sequence[Definition], total: int) -> list[tuple[int, int, str]]:
+    """Each definition's own lines (nested definitions cut out), and windows over the rest."""
+    owner = [""] * (total + 2)  # the innermost definition owning each line
+    for d in sorted(defs, key=lambda d: (d.line, -d.end)):  # outer first, inner overwrite
+        for line in range(d.line, min(d.end, total) + 1):
+            owner[line] = f"{d.name}@{d.line}"
+    spans: list[tuple[int, int, str]] = []
+    line = 1
+    while line <= total:
+        start, key = line, owner[line]
+        while line + 1 <= total and owner[line + 1] == key:
+            line += 1
+        spans.extend(_windows(start, line, key.rsplit("@", 1)[0]))
+        line += 1
+    return spans
+
+
+def _windows(first: int, last: int, name: str) -> list[tuple[int, int, str]]:
+    size = MAX_CHUNK_LINES if name else WINDOW
+    return [(s, min(last, s + size - 1), name) for s in range(first, last + 1, size)]
+
+
+def _indexable(path: str) -> bool:
+    if _vendored(path):
+        return False
+    pure = PurePosixPath(path)
+    return (
+        language_of(path) is not None
+        or pure.suffix.lower() in TEXT_SUFFIXES
+        or pure.stem.lower() in TEXT_NAMES
+    )
+
+
+# --------------------------------------------------------------------------- the index
+
+
+class CodeIndex:
+    """BM25 over the chunks of a set of files ((path, blob id) -> content)."""
+
+    def __init__(self, chunks: list[Chunk], tokens: list[list[str]]) -> None:
+        import bm25s  # type: ignore[import-untyped]
+
+        self.chunks = chunks
+        self._bm25 = bm25s.BM25()
+        self._bm25.index(tokens or [[""]], show_progress=False)
+        self._vocab: dict[str, int] = self._bm25.vocab_dict
+
+    def bm25(self, query: str, k: int) -> list[Hit]:
+        import numpy as np
+
+        terms = [t for t in tokenize(query) if t in self._vocab]
+        if not terms or not self.chunks:
+            return []
+        scores = self._bm25.get_scores(terms)
+        top = np.argsort(-scores, kind="stable")[:k]
+        return [Hit(self.chunks[i], float(scores[i])) for i in top if scores[i] > 0]
+
+
+def search(
+    root: Path,
+    query: str,
+    *,
+    k: int = 10,
+    cache_dir: Path | None = None,
+    embedder: Embedder | None = None,
+    embed_key: str = "",
+) -> list[Hit]:
+    """The k best chunks of the working directory `root` for `query`."""
+    index = index_for(root, cache_dir)
+    hits = index.bm25(query, CANDIDATES if embedder else k)
+    if embedder is None or not hits:
+        return hits[:k]
+    return fuse(hits, query, root, embedder, cache_dir, embed_key)[:k]
+
+
+_indexes: dict[str, CodeIndex] = {}  # state digest -> index (the latest few)
+_lock = threading.Lock()
+
+
+def index_for(root: Path, cache_dir: Path | None) -> CodeIndex:
+    files = worktree_files(root)
+    digest = hashlib.sha256(
+        "\n".join(f"{p}\0{b}" for p, b, _ in files).encode() + str(cache_dir).encode()
+    ).hexdigest()
+    with _lock:
+        index = _indexes.get(digest)
+    if index is not None:
+        return index
+    cache = BlobCache(cache_dir / f"chunks-v{VERSION}.json" if cache_dir else None)
+    chunks: list[Chunk] = []
+    tokens: list[list[str]] = []
+    keep = []
+    for path, blob, read in files:
+        key = f"{blob}:{path}"  # a chunk's tokens include its path
+        entry = cache.get(key)
+        if entry is None:
+            data = read()
+            entry = [] if data is None else [list(c) for c in chunk_file(path, data)]
+            cache.put(key, entry)
+        keep.append(key)
+        for start, end, name, toks in entry:
+            chunks.append(Chunk(path, start, end, name))
+            tokens.append(toks)
+    cache.save(keep)
+    index = CodeIndex(chunks, tokens)
+    with _lock:
+        if len(_indexes) >= 4:
+            _indexes.pop(next(iter(_indexes)))
+        _indexes[digest] = index
+    return index
+
+
+def worktree_files(root: Path) -> list[tuple[str, str, Callable[[], bytes | None]]]:
+    """(path, blob id, reader) of every indexable file of the working directory: HEAD's
+    blobs for clean files, the hash of the file on disk for changed or new ones."""
+    import pygit2
+    from pygit2.enums import FileStatus
+
+    from coder.git.ops import tree_blobs
+
+    repo = pygit2.Repository(str(root))
+    base: dict[str, str] = {}
+    if not repo.head_is_unborn:
+        base = dict(tree_blobs(repo, str(repo.head.peel(pygit2.Tree).id)))
+    changed = {
+        path: flags
+        for path, flags in repo.status(untracked_files="all").items()
+        if not flags & FileStatus.IGNORED
+    }
+    out: list[tuple[str, str, Callable[[], bytes | None]]] = []
+    for path in sorted(set(base) | set(changed)):
+        if not _indexable(path) or path.startswith(".coder/"):
+            continue
+        if path not in changed:
+            blob = base[path]
+            out.append((path, blob, functools.partial(_blob_data, repo, blob)))
+            continue
+        data = _file_data(root / path)
+        if data is not None:
+            out.append((path, str(pygit2.hash(data)), functools.partial(lambda d: d, data)))
+    return out
+
+
+def _blob_data(repo: Any, blob: str) -> bytes | None:
+    import pygit2
+
+    data: bytes = repo[blob].peel(pygit2.Blob).data
+    return None if len(data) > MAX_TAG_BYTES or b"\0" in data[:8192] else data
+
+
+def _file_data(path: Path) -> bytes | None:
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_TAG_BYTES:
+            return None
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return None if b"\0" in data[:8192] else data
+
+
+# --------------------------------------------------------------------------- hybrid
+
+
+def fuse(
+    hits: list[Hit],
+    query: str,
+    root: Path,
+    embedder: Embedder,
+    cache_dir: Path | None,
+    embed_key: str,
+) -> list[Hit]:
+    """BM25's ranking and the embedding ranking of the same candidates, fused by reciprocal
+    rank: score = sum over rankings of 1 / (RRF_K + rank)."""
+    import numpy as np
+
+    texts = [_chunk_text(root, h.chunk) for h in hits]
+    vectors = _embeddings(texts, embedder, cache_dir, embed_key)
+    (query_vector,) = embedder([query])
+    q = np.asarray(query_vector, dtype=np.float32)
+    sims = vectors @ q / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(q) + 1e-9)
+    dense_rank = {int(i): r for r, i in enumerate(np.argsort(-sims, kind="stable"))}
+    fused = [
+        Hit(h.chunk, 1.0 / (RRF_K + i + 1) + 1.0 / (RRF_K + dense_rank[i] + 1))
+        for i, h in enumerate(hits)
+    ]
+    return sorted(fused, key=lambda h: -h.score)
+
+
+def _chunk_text(root: Path, chunk: Chunk) -> str:
+    try:
+        lines = (root / chunk.path).read_text(encoding="utf-8", errors="replace").split("\n")
+    except OSError:
+        lines = []
+    return f"{chunk.path}\n" + "\n".join(lines[chunk.start - 1 : chunk.end])[:4000]
+
+
+def _embeddings(
+    texts: list[str], embedder: Embedder, cache_dir: Path | None, embed_key: str
+) -> numpy.ndarray:
+    """Vectors of `texts`, from the cache (by content and model) or the embedder."""
+    import numpy as np
+
+    keys = [hashlib.sha1(t.encode()).hexdigest() for t in texts]
+    path = None
+    if cache_dir is not None:
+        slug = re.sub(r"[^A-Za-z0-9_.-]", "_", embed_key) or "default"
+        path = cache_dir / f"embeddings-{slug}.npz"
+    known = _load_vectors(path)
+    missing = [i for i, key in enumerate(keys) if key not in known]
+    if missing:
+        for i, vector in zip(missing, embedder([texts[i] for i in missing]), strict=True):
+            known[keys[i]] = np.asarray(vector, dtype=np.float32)
+        _save_vectors(path, known)
+    return np.stack([known[key] for key in keys])
+
+
+def _load_vectors(path: Path | None) -> dict[str, numpy.ndarray]:
+    import numpy as np
+
+    if path is None or not path.is_file():
+        return {}
+    try:
+        with np.load(path) as data:
+            return dict(zip(data["keys"].tolist(), data["vectors"], strict=True))
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def _save_vectors(path: Path | None, vectors: dict[str, numpy.ndarray]) -> None:
+    import numpy as np
+
+    if path is None:
+        return
+    buffer = io.BytesIO()
+    np.savez(buffer, keys=np.array(list(vectors)), vectors=np.stack(list(vectors.values())))
+    try:
+        os.makedirs(path.parent, exist_ok=True)
+        write_atomic(path, buffer.getvalue(), crash_point=None)
+    except OSError:
+        pass

@@ -1,0 +1,94 @@
+"""The first syntax error of a source file, and how to show it to a model.
+
+tree-sitter parses every language of `languages.py` the same way and marks what it could not
+parse with ERROR and MISSING nodes. Python is also compiled by Python's own parser, and an error
+counts only when both agree: a grammar that lags the language (new syntax) then never refuses
+valid code, and the message and position come from the authoritative parser.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from coder.context.languages import language_of, parse_tree
+
+CONTEXT_LINES = 3  # shown above and below the error
+
+
+@dataclass(frozen=True)
+class SyntaxProblem:
+    line: int  # 1-based
+    column: int  # 1-based
+    message: str
+
+
+def check(path: str, source: bytes) -> SyntaxProblem | None:
+    """The first syntax error of `source` (named `path`), or None when it parses or when coder
+    has no grammar for it."""
+    language = language_of(path)
+    if language is None or b"\0" in source:
+        return None
+    try:
+        problem = _tree_sitter_error(language, source)
+    except (RecursionError, MemoryError, ValueError):
+        return None
+    if problem is None or language != "python":
+        return problem
+    return _python_error(path, source)
+
+
+def _tree_sitter_error(language: str, source: bytes) -> SyntaxProblem | None:
+    root = parse_tree(language, source).root_node
+    if not root.has_error:
+        return None
+    node = _first_error(root)
+    row, col = node.start_point
+    if node.is_missing:
+        message = f"missing `{node.type}`"
+    else:
+        text = (node.text or b"").decode("utf-8", errors="replace").strip().split("\n")[0]
+        message = f"unexpected `{text[:40]}`" if text else "syntax error"
+    line = source.split(b"\n")[row] if row < source.count(b"\n") + 1 else b""
+    return SyntaxProblem(row + 1, len(line[:col].decode("utf-8", errors="replace")) + 1, message)
+
+
+def _first_error(node: Any) -> Any:
+    """The first ERROR or MISSING node in document order (descending only into subtrees that
+    contain one)."""
+    while True:
+        if node.is_error or node.is_missing:
+            return node
+        child = next((c for c in node.children if c.has_error or c.is_missing), None)
+        if child is None:
+            return node
+        node = child
+
+
+def _python_error(path: str, source: bytes) -> SyntaxProblem | None:
+    import ast
+
+    try:
+        with warnings.catch_warnings():  # invalid escapes and the like are not errors
+            warnings.simplefilter("ignore")
+            compile(source, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as exc:
+        return SyntaxProblem(exc.lineno or 1, exc.offset or 1, exc.msg)
+    except (ValueError, RecursionError, MemoryError):
+        return None
+    return None
+
+
+def show(text: str, problem: SyntaxProblem, context: int = CONTEXT_LINES) -> str:
+    """The lines around the error, numbered like fs_read, with a caret under the column."""
+    lines = text.split("\n")
+    first = max(1, problem.line - context)
+    last = min(len(lines), problem.line + context)
+    width = max(5, len(str(last)))
+    out = []
+    for number in range(first, last + 1):
+        out.append(f"{number:>{width}}| {lines[number - 1]}")
+        if number == problem.line:
+            out.append(" " * (width + 2 + max(0, problem.column - 1)) + "^ " + problem.message)
+    return "\n".join(out)
