@@ -22,7 +22,10 @@ DEFAULT_HOST = "http://127.0.0.1:11434"
 
 DEFAULTS: dict[str, Any] = {
     "model": DEFAULT_MODEL,
+    "provider": "ollama",
     "ollama_host": DEFAULT_HOST,
+    "base_url": None,
+    "api_key_env": None,
     "test_command": None,
     "num_ctx": None,
     "max_num_ctx": 32768,
@@ -30,6 +33,8 @@ DEFAULTS: dict[str, Any] = {
     "seed": None,
     "keep_alive": "30m",
     "request_timeout": 600,
+    "max_output_tokens": 4096,
+    "max_prose_chars": 600,
     "allow_network": False,
     "allowed_commands": [],
     "env_passthrough": [],

@@ -3,7 +3,6 @@ fix what is not ok."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ class Check:
 def run_checks(cwd: Path, *, model: str | None = None) -> list[Check]:
     cfg = config_mod.load(cwd, flags={"model": model})
     checks = [_git(cwd), _test_command(cwd, cfg), *_sandbox(cfg)]
-    checks += _ollama(cfg)
+    checks += _models(cfg)
     return checks
 
 
@@ -124,76 +123,97 @@ def _sandbox(cfg: config_mod.Config) -> list[Check]:
     return [files, net]
 
 
-def _ollama(cfg: config_mod.Config) -> list[Check]:
-    from coder.models.ollama import OllamaProvider
+def _models(cfg: config_mod.Config) -> list[Check]:
+    """The model server checks, once per configured endpoint."""
+    from dataclasses import replace
 
-    host, model = str(cfg["ollama_host"]), str(cfg["model"])
-    with OllamaProvider(
-        model,
-        host,
-        num_ctx=cfg["num_ctx"],
-        max_num_ctx=int(cfg["max_num_ctx"]),
-        retries=1,
-        request_timeout=15,
-    ) as provider:
-        version = _attempt("ollama host", provider.version)
-        if isinstance(version, Check):
-            return [version]
-        checks = [Check("ollama host", "ok", f"{host} (Ollama {version})")]
-        facts = _attempt("model", provider.show_facts)
-        if isinstance(facts, Check):
-            return [*checks, facts]
-        trained = facts.context_length
+    from coder.models.factory import endpoints, make_provider
+
+    try:
+        urls = endpoints(cfg)
+    except CoderError as exc:
+        return [Check("model server", "fail", exc.message, exc.hint)]
+    quick = replace(cfg, values={**cfg.values, "request_timeout": 15})
+    checks: list[Check] = []
+    for url in urls:
+        provider = make_provider(quick, url)
+        try:
+            checks += _endpoint(cfg, provider, url, label=len(urls) > 1)
+        finally:
+            provider.close()
+    return checks
+
+
+def _endpoint(cfg: config_mod.Config, provider: Any, url: str, *, label: bool) -> list[Check]:
+    """Host, model, tool support and context window at one endpoint (the model is not
+    loaded: `probe` only asks the server what it has)."""
+    from coder.errors import ModelMissing
+
+    at = f" ({url})" if label else ""
+    model = str(cfg["model"])
+    ollama = cfg.get("provider", "ollama") == "ollama"
+    host = f"{'ollama host' if ollama else 'model server'}{at}"
+    try:
+        facts = provider.probe()
+    except ModelMissing as exc:
+        return [Check(host, "ok", url), Check(f"model{at}", "fail", exc.message, exc.hint)]
+    except CoderError as exc:
+        return [Check(host, "fail", exc.message, exc.hint)]
+    version = f" ({'Ollama ' if ollama else ''}{facts.version})" if facts.version else ""
+    checks = [Check(host, "ok", url + version)]
+    trained = facts.context_length
+    checks.append(
+        Check(
+            f"model{at}",
+            "ok",
+            f"{model} is available ({facts.arch or 'unknown'} "
+            f"architecture, context {trained or 'unknown'})",
+        )
+    )
+    if not facts.capabilities:
         checks.append(
             Check(
-                "model",
+                f"tool support{at}",
+                "warn",
+                "the server does not say whether the model supports tool calling",
+                "check that the server enables tool calls (llama.cpp: --jinja; vLLM: "
+                "--enable-auto-tool-choice --tool-call-parser ...)",
+            )
+        )
+    elif "tools" in facts.capabilities:
+        checks.append(Check(f"tool support{at}", "ok", f"{model} supports tool calling"))
+    else:
+        checks.append(
+            Check(
+                f"tool support{at}",
+                "fail",
+                f"{model} does not support tool calling "
+                "(capabilities: " + ", ".join(facts.capabilities) + ")",
+                "use a model with tools, e.g. `ollama pull qwen2.5-coder:7b` and "
+                "set model in coder.config.json",
+            )
+        )
+    num_ctx = facts.num_ctx or 0
+    source = (
+        cfg.sources["num_ctx"]
+        if cfg["num_ctx"]
+        else f"the model's own, capped by max_num_ctx={cfg['max_num_ctx']}"
+    )
+    if num_ctx < MIN_USEFUL_CTX:
+        checks.append(
+            Check(
+                f"context window{at}",
+                "warn",
+                f"num_ctx {num_ctx} ({source}) is small for coding; prompts may be cut",
+                f"set num_ctx to at least {MIN_USEFUL_CTX} in coder.config.json if memory allows",
+            )
+        )
+    else:
+        checks.append(
+            Check(
+                f"context window{at}",
                 "ok",
-                f"{model} is pulled ({facts.arch or 'unknown'} "
-                f"architecture, trained context {trained or 'unknown'})",
+                f"num_ctx {num_ctx} ({source}); coder budgets prompts to it",
             )
         )
-        if "tools" in facts.capabilities:
-            checks.append(Check("tool support", "ok", f"{model} supports tool calling"))
-        else:
-            checks.append(
-                Check(
-                    "tool support",
-                    "fail",
-                    f"{model} does not support tool calling "
-                    "(capabilities: " + ", ".join(facts.capabilities) + ")",
-                    "use a model with tools, e.g. `ollama pull qwen2.5-coder:7b` and "
-                    "set model in coder.config.json",
-                )
-            )
-        num_ctx = provider.context_length()
-        source = (
-            cfg.sources["num_ctx"]
-            if cfg["num_ctx"]
-            else f"the model's own, capped by max_num_ctx={cfg['max_num_ctx']}"
-        )
-        if num_ctx < MIN_USEFUL_CTX:
-            checks.append(
-                Check(
-                    "context window",
-                    "warn",
-                    f"num_ctx {num_ctx} ({source}) is small for coding; prompts may be cut",
-                    f"set num_ctx to at least "
-                    f"{MIN_USEFUL_CTX} in coder.config.json if memory allows",
-                )
-            )
-        else:
-            checks.append(
-                Check(
-                    "context window",
-                    "ok",
-                    f"num_ctx {num_ctx} ({source}); coder sends it with every request",
-                )
-            )
-        return checks
-
-
-def _attempt(name: str, probe: Callable[[], Any]) -> Any:
-    try:
-        return probe()
-    except CoderError as exc:
-        return Check(name, "fail", exc.message, exc.hint)
+    return checks

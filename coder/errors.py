@@ -14,6 +14,8 @@
     │   ├── CorruptState         3  a state file that cannot be read as a checkpoint
     │   ├── BranchMoved          3  the agent branch is not where coder left it
     │   ├── ModelUnavailable     3  the model host is unreachable or lacks the model
+    │   │   ├── HostUnreachable  3  nothing answers at the server's address (named)
+    │   │   └── ModelMissing     3  the server lacks the model (the hint: how to get it)
     │   ├── MergeConflict        3  the base moved and changed the same lines
     │   ├── CheckoutInTheWay     3  uncommitted changes in the base checkout block a merge
     │   └── RunNotStarted        3  an MCP `task_run` whose `coder run` exited before starting
@@ -133,6 +135,19 @@ class BranchMoved(EnvironmentProblem):
 
 class ModelUnavailable(EnvironmentProblem):
     """The model host cannot be reached, or it does not have the model."""
+
+
+class HostUnreachable(ModelUnavailable):
+    """Nothing answers at the model server's address (refused, no route, DNS); with several
+    endpoints, the router takes this one out and goes on at another."""
+
+    def __init__(self, message: str, hint: str | None = None, *, endpoint: str = "") -> None:
+        super().__init__(message, hint)
+        self.endpoint = endpoint
+
+
+class ModelMissing(ModelUnavailable):
+    """The server answers but does not serve the model; the hint says how to get it."""
 
 
 class MergeConflict(EnvironmentProblem):

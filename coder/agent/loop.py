@@ -1,10 +1,21 @@
-"""The model loop of one step: ask, run the tool calls, repeat, until `step_complete` is
-accepted or a bound is hit.
+"""The model loop of one step: `run()` repeats `step()`, and `step()` is `execute(query())`
+(mini-swe-agent's shape): ask the model, run its tool calls, until `step_complete` is accepted
+or a bound is hit. Every way out is a small exception carrying its message (`LoopStop` and its
+kinds), so the loop itself has one exit.
 
 The conversation only grows (each request starts with the previous one, byte for byte), so the
 server reuses its cache. The step ends only through `step_complete`, and only when the harness
-accepts the claim (`verify`); plain text gets a nudge, a call repeated unchanged gets a nudge
-and then ends the step; tool calls written as JSON in the text are recovered.
+accepts the claim (`verify`); a reply without a tool call gets a nudge, a call repeated
+unchanged gets a nudge and then ends the step; tool calls written as JSON in the text are
+recovered.
+
+Fast verdict: a reply that streams past `max_prose_chars` of text with no tool call and nothing
+shaped like one is cut off (the stream is closed, so the server stops generating), and a model
+whose replies show no attempt at the tool format gets `max_blind_nudges` nudge(s) before the
+step fails with that reason; a reply that tried (malformed JSON, a wrong name) gets up to
+`max_nudges`.
+
+What happens is reported as typed events (`coder.agent.events`) to `on_event`.
 """
 
 from __future__ import annotations
@@ -13,18 +24,46 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coder.agent import prompts
-from coder.agent.repair import calls_in_text
-from coder.models.provider import ChatResult, ModelProvider, ToolCall, Usage
+from coder.agent.events import (
+    ContextCompacted,
+    ContextWarning,
+    EndpointSwitched,
+    LoopEvent,
+    LoopFinished,
+    ModelRetrying,
+    ModelText,
+    Nudged,
+    ToolFinished,
+    ToolStarted,
+    TurnFinished,
+    TurnStarted,
+)
+from coder.agent.repair import calls_in_text, looks_like_tool_call
+from coder.errors import ModelError
+from coder.models.provider import (
+    ChatEvent,
+    ChatResult,
+    EndpointDown,
+    ModelProvider,
+    Retrying,
+    StopReply,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+    Usage,
+)
+from coder.models.provider import estimate_tokens as estimate_text_tokens
 
 TERMINAL = "step_complete"
 CHARS_PER_TOKEN = 4  # a conservative estimate for code and English
 FILL = 0.85  # fold older tool results beyond this share of the context window
 KEEP_RECENT = 2  # the newest tool results are never folded
 FOLDED = "[folded to save context:"
+TARGET_KEYS = ("path", "cmd", "command", "pattern", "query", "name")
 
 
 def estimate_tokens(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> int:
@@ -41,9 +80,12 @@ def _fold(text: str) -> str:
 
 def _truncation_warning(reply: ChatResult, estimate: int) -> str | None:
     if reply.done_reason == "length":
-        return "the reply hit the length limit (done_reason=length); it may be cut short"
+        return (
+            "the reply hit the output cap (max_output_tokens, or the context window); "
+            "it may be cut short"
+        )
     sent = reply.usage.prompt_tokens
-    if sent and estimate > 2000 and sent < estimate // 2:
+    if sent and estimate > 2000 and sent < estimate // 2 and not reply.usage.cache_reports:
         return (
             f"the server evaluated {sent} prompt tokens for a request of about {estimate}: "
             "it probably dropped part of the conversation (num_ctx too small?)"
@@ -51,12 +93,54 @@ def _truncation_warning(reply: ChatResult, estimate: int) -> str | None:
     return None
 
 
+# -- the ways out -------------------------------------------------------------------------------
+
+
+class LoopStop(Exception):  # noqa: N818 (flow control)
+    """Ends the loop; `message` says why (it becomes the step's error)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Accepted(LoopStop):
+    """step_complete was called and its claim holds."""
+
+    def __init__(self, claim: dict[str, Any]) -> None:
+        super().__init__(str(claim.get("summary", "")).strip())
+        self.claim = claim
+
+
+class Cancelled(LoopStop):
+    def __init__(self) -> None:
+        super().__init__("interrupted")
+
+
+class LimitReached(LoopStop):
+    """A turn, time or token budget ran out."""
+
+
+class GaveUp(LoopStop):
+    """The model cannot make progress: no tool calls, or the same call over and over."""
+
+
+class ModelFailed(LoopStop):
+    """A model call failed after the provider's retries (ModelError): the step fails. An
+    unusable server or model (ModelUnavailable) is not a step's failure and propagates."""
+
+
+# -- the loop ---------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Limits:
     max_turns: int = 30
     max_seconds: float = 900.0
     max_tokens: int | None = None  # prompt + generated, summed over the step's calls
-    max_nudges: int = 3  # replies without a tool call
+    max_nudges: int = 3  # replies without a tool call (that tried the tool format)
+    max_blind_nudges: int = 1  # replies with no attempt at the tool format at all
+    max_prose_chars: int | None = 600  # cut a reply this long with nothing tool-shaped
     max_repeats: int = 3  # identical consecutive calls: nudged at 2, the step fails at 3
     context_tokens: int | None = None  # the num_ctx sent to the server; None: no budgeting
 
@@ -70,10 +154,12 @@ class LoopResult:
     usage: Usage = field(default_factory=Usage)
     turns: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # worth keeping with the step (output cap)
 
 
 ToolRunner = Callable[[str, dict[str, Any]], str]  # (name, arguments) -> text for the model
 Verifier = Callable[[dict[str, Any]], str | None]  # step_complete arguments -> rejection or None
+OnEvent = Callable[[LoopEvent], None]
 
 
 class AgentLoop:
@@ -87,7 +173,7 @@ class AgentLoop:
         verify: Verifier,
         limits: Limits = Limits(),
         cancel: threading.Event | None = None,
-        on_call: Callable[[dict[str, Any]], None] | None = None,
+        on_event: OnEvent | None = None,
     ) -> None:
         self.provider = provider
         self.tools = list(tools)
@@ -97,87 +183,152 @@ class AgentLoop:
         self.verify = verify
         self.limits = limits
         self.cancel = cancel
-        self.on_call = on_call or (lambda _event: None)
+        self.emit: OnEvent = on_event or (lambda _event: None)
 
     def run(self, messages: list[dict[str, Any]]) -> LoopResult:
         """`messages` is the prefix (system prompt) plus the step's first user message; it is
-        extended in place, so the caller keeps the transcript."""
-        result = LoopResult(ok=False, messages=messages)
-        started = time.monotonic()
-        nudges = 0
-        last_call: tuple[str, str] | None = None
-        repeats = 0
-        while True:
-            stop = self._limit_hit(result, started)
-            if stop:
-                result.error = stop
-                return result
-            folded = self._fit(messages)
-            if folded:
-                self.on_call(
-                    {
-                        "event": "context.compacted",
-                        "folded": folded,
-                        "estimate": estimate_tokens(messages, self.tools),
-                    }
-                )
-            estimate = estimate_tokens(messages, self.tools)
-            reply = self.provider.chat(messages, tools=self.tools)
-            result.turns += 1
-            result.usage = result.usage + reply.usage
-            warning = _truncation_warning(reply, estimate)
-            if warning:
-                self.on_call({"event": "context.warning", "warning": warning})
-            calls = list(reply.tool_calls) or calls_in_text(reply.content, self.known)
-            messages.append(_assistant_message(reply, calls))
-            self.on_call(
-                {
-                    "turn": result.turns,
-                    "calls": [c.name for c in calls],
-                    "usage": reply.usage.as_dict(),
-                }
+        extended in place, so the caller keeps the transcript (also when this raises)."""
+        self.messages = messages
+        self.result = LoopResult(ok=False, messages=messages)
+        self.started = time.monotonic()
+        self.nudges = self.blind = self.repeats = 0
+        self.last_call: tuple[str, str] | None = None
+        try:
+            while True:
+                self.step()
+        except Accepted as accepted:
+            self.result.ok, self.result.summary = True, accepted.message
+            self.result.claim = accepted.claim
+        except LoopStop as stop:
+            self.result.error = stop.message
+        r = self.result
+        self.emit(LoopFinished(r.turns, r.ok, r.summary if r.ok else r.error or "", r.usage))
+        return r
+
+    def step(self) -> None:
+        self.check_limits()
+        self.execute(self.query())
+
+    # -- query: one model call ---------------------------------------------------------------
+
+    def query(self) -> ChatResult:
+        folded = self._fit(self.messages)
+        estimate = estimate_tokens(self.messages, self.tools)
+        turn = self.result.turns + 1
+        if folded:
+            self.emit(ContextCompacted(turn, folded, estimate))
+        self.emit(TurnStarted(turn, estimate, time.monotonic() - self.started))
+        watcher = _StreamWatcher(self, turn)
+        began = time.monotonic()
+        try:
+            reply = self.provider.chat(self.messages, tools=self.tools, on_event=watcher)
+        except ModelError as exc:
+            raise ModelFailed(f"model call failed: {exc.message}") from exc
+        self.result.turns = turn
+        self.result.usage = self.result.usage + reply.usage
+        calls = _with_ids(list(reply.tool_calls) or calls_in_text(reply.content, self.known), turn)
+        reply = replace(reply, tool_calls=tuple(calls))
+        self.messages.append(reply.as_message())
+        warning = _truncation_warning(reply, estimate)
+        if warning:
+            self.emit(ContextWarning(turn, warning))
+            if reply.done_reason == "length":
+                self.result.notes.append(f"turn {turn}: {warning}")
+        self.emit(
+            TurnFinished(
+                turn,
+                tuple(c.name for c in calls),
+                reply.usage,
+                self.result.usage,
+                reply.done_reason,
+                time.monotonic() - began,
             )
-            if not calls:
-                nudges += 1
-                if nudges > self.limits.max_nudges:
-                    result.error = (
-                        f"the model answered {nudges} times without calling a tool "
-                        "(it must finish with step_complete)"
-                    )
-                    return result
-                messages.append({"role": "user", "content": prompts.NUDGE_NO_TOOL})
-                continue
-            for call in calls:
-                key = (call.name, json.dumps(call.arguments, sort_keys=True))
-                repeats = repeats + 1 if key == last_call else 1
-                last_call = key
-                if repeats >= self.limits.max_repeats:
-                    result.error = (
-                        f"the model repeated the same {call.name} call {repeats} times; "
-                        "stopping the step"
-                    )
-                    return result
-                if repeats == self.limits.max_repeats - 1:
-                    messages.append(
-                        _tool_message(call.name, prompts.nudge_repeat(call.name, repeats))
-                    )
-                    continue
-                if call.name not in self.allowed:
-                    messages.append(
-                        _tool_message(call.name, prompts.not_for_this_step(call.name, self.allowed))
-                    )
-                    continue
-                if call.name == TERMINAL:
-                    rejection = self.verify(call.arguments)
-                    if rejection is None:
-                        result.ok = True
-                        result.summary = str(call.arguments.get("summary", "")).strip()
-                        result.claim = dict(call.arguments)
-                        messages.append(_tool_message(call.name, "accepted"))
-                        return result
-                    messages.append(_tool_message(call.name, f"rejected: {rejection}"))
-                    continue
-                messages.append(_tool_message(call.name, self.run_tool(call.name, call.arguments)))
+        )
+        return reply
+
+    # -- execute: act on the reply -----------------------------------------------------------
+
+    def execute(self, reply: ChatResult) -> None:
+        if not reply.tool_calls:
+            self._no_tool_call(reply)
+        for call in reply.tool_calls:
+            self._execute_call(call)
+
+    def _no_tool_call(self, reply: ChatResult) -> None:
+        self.nudges += 1
+        tried = reply.done_reason != "cut" and looks_like_tool_call(reply.content, self.known)
+        self.blind += not tried
+        if self.blind > self.limits.max_blind_nudges:
+            raise GaveUp(
+                f"the model answered {self.blind} times in prose with no attempt at a tool "
+                "call; steps are done through tools (use a model that supports tool calling)"
+            )
+        if self.nudges > self.limits.max_nudges:
+            raise GaveUp(
+                f"the model answered {self.nudges} times without a usable tool call "
+                "(it must finish with step_complete)"
+            )
+        nudge = prompts.NUDGE_CUT if reply.done_reason == "cut" else prompts.NUDGE_NO_TOOL
+        self.emit(Nudged(self.result.turns, "no_tool_call", reply.done_reason or ""))
+        self.messages.append({"role": "user", "content": nudge})
+
+    def _execute_call(self, call: ToolCall) -> None:
+        turn = self.result.turns
+        key = (call.name, json.dumps(call.arguments, sort_keys=True))
+        self.repeats = self.repeats + 1 if key == self.last_call else 1
+        self.last_call = key
+        if self.repeats >= self.limits.max_repeats:
+            raise GaveUp(
+                f"the model repeated the same {call.name} call {self.repeats} times; "
+                "stopping the step"
+            )
+        if self.repeats == self.limits.max_repeats - 1:
+            self.emit(Nudged(turn, "repeated_call", call.name))
+            self._answer(call, prompts.nudge_repeat(call.name, self.repeats))
+            return
+        if call.name not in self.allowed:
+            self.emit(Nudged(turn, "not_allowed", call.name))
+            self._answer(call, prompts.not_for_this_step(call.name, self.allowed))
+            return
+        self.emit(ToolStarted(turn, call.name, _target(call.arguments)))
+        began = time.monotonic()
+        if call.name == TERMINAL:
+            rejection = self.verify(call.arguments)
+            self.emit(ToolFinished(turn, call.name, time.monotonic() - began))
+            if rejection is None:
+                self._answer(call, "accepted")
+                raise Accepted(dict(call.arguments))
+            self.emit(Nudged(turn, "rejected_claim", rejection))
+            self._answer(call, f"rejected: {rejection}")
+            return
+        text = self.run_tool(call.name, call.arguments)
+        self.emit(ToolFinished(turn, call.name, time.monotonic() - began))
+        self._answer(call, text)
+
+    def _answer(self, call: ToolCall, content: str) -> None:
+        message = {"role": "tool", "tool_name": call.name, "content": content}
+        if call.id:
+            message["tool_call_id"] = call.id
+        self.messages.append(message)
+
+    # -- bounds ------------------------------------------------------------------------------
+
+    def check_limits(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled
+        if self.result.turns >= self.limits.max_turns:
+            raise LimitReached(
+                f"turn limit reached ({self.limits.max_turns} model turns) without step_complete"
+            )
+        if time.monotonic() - self.started > self.limits.max_seconds:
+            raise LimitReached(
+                f"time limit reached ({self.limits.max_seconds:.0f}s) without step_complete"
+            )
+        used = self.result.usage.prompt_tokens + self.result.usage.eval_tokens
+        if self.limits.max_tokens is not None and used > self.limits.max_tokens:
+            raise LimitReached(
+                f"token budget exhausted ({used} of {self.limits.max_tokens} tokens)"
+            )
 
     def _fit(self, messages: list[dict[str, Any]]) -> int:
         """Ollama silently drops the oldest messages of a prompt longer than num_ctx, so coder
@@ -214,27 +365,68 @@ class AgentLoop:
                 changed += 1
         return changed
 
-    def _limit_hit(self, result: LoopResult, started: float) -> str | None:
-        if self.cancel is not None and self.cancel.is_set():
-            return "interrupted"
-        if result.turns >= self.limits.max_turns:
-            return f"turn limit reached ({self.limits.max_turns} model turns) without step_complete"
-        if time.monotonic() - started > self.limits.max_seconds:
-            return f"time limit reached ({self.limits.max_seconds:.0f}s) without step_complete"
-        used = result.usage.prompt_tokens + result.usage.eval_tokens
-        if self.limits.max_tokens is not None and used > self.limits.max_tokens:
-            return f"token budget exhausted ({used} of {self.limits.max_tokens} tokens)"
-        return None
+
+class _StreamWatcher:
+    """The provider's events during one call, turned into loop events; cuts off a reply that
+    runs past the prose bound with nothing tool-shaped in it (raises StopReply)."""
+
+    def __init__(self, loop: AgentLoop, turn: int) -> None:
+        self.loop, self.turn = loop, turn
+        self.text = ""
+        self.began = time.monotonic()
+        self.calls = 0
+
+    def __call__(self, event: ChatEvent) -> None:
+        emit = self.loop.emit
+        if isinstance(event, TextDelta):
+            self.text += event.text
+            elapsed = time.monotonic() - self.began
+            tokens = estimate_text_tokens(self.text)
+            rate = tokens / elapsed if elapsed > 0 else 0.0
+            emit(ModelText(self.turn, event.text, len(self.text), tokens, elapsed, rate))
+            self._maybe_cut()
+        elif isinstance(event, ToolCallEvent):
+            self.calls += 1
+        elif isinstance(event, Retrying):
+            self.text, self.calls = "", 0  # the attempt's text is void
+            emit(ModelRetrying(self.turn, event.attempt, event.reason, event.delay_s))
+        elif isinstance(event, EndpointDown):
+            self.text, self.calls = "", 0
+            emit(EndpointSwitched(self.turn, event.endpoint, event.next_endpoint, event.reason))
+
+    def _maybe_cut(self) -> None:
+        bound = self.loop.limits.max_prose_chars
+        if bound is None or self.calls or len(self.text) <= bound:
+            return
+        if not looks_like_tool_call(self.text, self.loop.known):
+            raise StopReply
 
 
-def _assistant_message(reply: ChatResult, calls: Sequence[ToolCall]) -> dict[str, Any]:
-    message = reply.as_message()
-    if calls and not reply.tool_calls:  # recovered from text: record them as real calls
-        message["tool_calls"] = [
-            {"function": {"name": c.name, "arguments": c.arguments}} for c in calls
-        ]
-    return message
+def _with_ids(calls: list[ToolCall], turn: int) -> list[ToolCall]:
+    """Every call gets an id (the server's when it sent one), so a tool result can name the
+    call it answers (OpenAI-compatible servers need that); generated ids are deterministic,
+    so a replayed run sends the same requests."""
+    return [c if c.id else replace(c, id=f"call_{turn}_{i}") for i, c in enumerate(calls)]
 
 
-def _tool_message(name: str, content: str) -> dict[str, Any]:
-    return {"role": "tool", "tool_name": name, "content": content}
+def _target(arguments: dict[str, Any]) -> str:
+    for key in TARGET_KEYS:
+        value = arguments.get(key)
+        if isinstance(value, str) and value:
+            return value if len(value) <= 60 else value[:57] + "..."
+    return ""
+
+
+__all__ = [
+    "TERMINAL",
+    "Accepted",
+    "AgentLoop",
+    "Cancelled",
+    "GaveUp",
+    "LimitReached",
+    "Limits",
+    "LoopResult",
+    "LoopStop",
+    "ModelFailed",
+    "estimate_tokens",
+]

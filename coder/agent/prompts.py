@@ -90,6 +90,13 @@ NUDGE_NO_TOOL = (
 )
 
 
+NUDGE_CUT = (
+    "Your reply was cut off: this step is done through tool calls, not prose. Call a tool "
+    "now (for example fs_read on a file named in the goal); when the step is done, call "
+    "step_complete with a summary and files_changed."
+)
+
+
 def nudge_repeat(name: str, times: int) -> str:
     return (
         f"You have called {name} with the same arguments {times} times in a row; the result will "

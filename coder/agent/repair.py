@@ -6,6 +6,7 @@ given as a JSON string)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -56,3 +57,20 @@ def json_objects(text: str) -> Iterator[Any]:
             continue
         yield obj
         i = text.find("{", end)
+
+
+# Text that shows an attempt at a tool call, even a malformed one: a JSON object opening with a
+# key, the usual call markers of chat templates, a fenced json block, or a tool name applied
+# like a function. Prose about code rarely has any of these.
+_CALL_SHAPE = re.compile(
+    r"""\{\s*["']|<tool_call|<function|\[TOOL_CALLS\]|```\s*(?:json|tool)|"(?:name|arguments|function)"\s*:""",
+    re.IGNORECASE,
+)
+
+
+def looks_like_tool_call(text: str, known: Iterable[str]) -> bool:
+    """Does `text` show an attempt at the tool format (the fast verdict keeps reading it)?"""
+    if _CALL_SHAPE.search(text):
+        return True
+    names = "|".join(re.escape(n) for n in known)
+    return bool(names) and re.search(rf"\b(?:{names})\s*[({{]", text) is not None

@@ -345,11 +345,20 @@ def usage_line(state: dict[str, Any]) -> str:
             total[key] = total.get(key, 0) + value
     if not total.get("calls"):
         return ""
+    from coder.models.provider import cache_share
+
     speed = total.get("eval_tokens", 0) / total["eval_s"] if total.get("eval_s") else 0
+    share = cache_share(total)
     return (
         f"{int(total['calls'])} calls, {int(total.get('prompt_tokens', 0))} prompt + "
         f"{int(total.get('eval_tokens', 0))} generated tokens, {speed:.1f} tokens/s, "
         f"{total.get('load_s', 0):.1f}s loading"
+        + (
+            f", {share:.0%} of prompt tokens from the server's cache"
+            f" ({int(total['cached_tokens'])} tokens)"
+            if share is not None
+            else ""
+        )
     )
 
 

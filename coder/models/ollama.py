@@ -6,9 +6,11 @@ What it takes care of, so callers don't have to:
   configured value, else the model's trained context length capped at `max_num_ctx`.
 - the same `options` and `keep_alive` on every request, so the loaded model (and its KV cache)
   is reused instead of reloaded;
-- failures are classified: host unreachable / model not pulled -> ModelUnavailable (exit 3);
-  5xx, mid-stream errors, dropped connections, timeouts, malformed NDJSON -> retried with
-  bounded exponential backoff, then ModelError; other refusals (400) -> ModelError at once.
+- `max_output_tokens` is sent as `num_predict`, so a rambling reply ends (done_reason length);
+- failures are classified: host unreachable -> HostUnreachable, model not pulled ->
+  ModelMissing with the exact `ollama pull` (both exit 3); 5xx, mid-stream errors, dropped
+  connections, timeouts, malformed NDJSON -> retried with bounded exponential backoff, then
+  ModelError; other refusals (400) -> ModelError at once.
 
 It logs nothing: retries are reported to the caller as `Retrying` events.
 """
@@ -19,19 +21,22 @@ import json
 import time
 from collections.abc import Callable, Generator
 from contextlib import closing
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
-from coder.errors import ModelError, ModelUnavailable
+from coder.errors import HostUnreachable, ModelError, ModelMissing, ModelUnavailable
 from coder.models.provider import (
     ChatEvent,
     ChatResult,
     Done,
+    ModelFacts,
     Retrying,
+    StopReply,
     TextDelta,
     ToolCall,
     ToolCallEvent,
     Usage,
+    estimate_tokens,
 )
 
 if TYPE_CHECKING:
@@ -43,16 +48,6 @@ DEFAULT_HOST = "http://127.0.0.1:11434"
 MAX_BACKOFF_S = 30.0
 CONNECT_TIMEOUT_S = 10.0  # a local server accepts at once; a long connect wait helps no one
 HOST_HINT = "start it with `ollama serve` or set OLLAMA_HOST / ollama_host in coder.config.json"
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What /api/show says about a model."""
-
-    model: str
-    arch: str | None
-    context_length: int | None  # trained context length
-    capabilities: tuple[str, ...]
 
 
 class _Transient(Exception):
@@ -83,6 +78,7 @@ class OllamaProvider:
         temperature: float = 0.2,
         seed: int | None = None,
         keep_alive: str = "30m",
+        max_output_tokens: int | None = None,
         request_timeout: float = 600,
         first_request_timeout: float = 900,
         retries: int = 3,
@@ -97,6 +93,7 @@ class OllamaProvider:
         self.temperature = temperature
         self.seed = seed
         self.keep_alive = keep_alive
+        self.max_output_tokens = max_output_tokens
         self.request_timeout = request_timeout
         self.first_request_timeout = first_request_timeout
         self.retries = max(1, retries)
@@ -130,7 +127,9 @@ class OllamaProvider:
             arch = info.get("general.architecture")
             length = info.get(f"{arch}.context_length") if arch else None
             self._facts = ModelFacts(
+                provider="ollama",
                 model=self.model,
+                endpoint=self.host,
                 arch=arch,
                 context_length=int(length) if length else None,
                 capabilities=tuple(shown.capabilities or ()),
@@ -156,34 +155,37 @@ class OllamaProvider:
         def get() -> str:
             response = httpx.get(f"{self.host}/api/version", timeout=self._timeout(30))
             if response.status_code != 200:
-                raise ModelUnavailable(
+                raise HostUnreachable(
                     f"{self.host} does not look like Ollama "
                     f"(GET /api/version answered {response.status_code})",
                     hint=HOST_HINT,
+                    endpoint=self.host,
                 )
             return str(response.json().get("version", "unknown"))
 
         return self._retrying(get)
 
-    def warm_up(self) -> dict[str, Any]:
-        """Check the host and the model, load the model with the options chats will use (a
-        different num_ctx would reload it), and report what the server allocated."""
+    def probe(self) -> ModelFacts:
+        """Check the host and the model without loading it (what `coder doctor` shows)."""
         version = self.version()
         facts = self.show_facts()
-        num_ctx = self.context_length()
+        return replace(
+            facts,
+            version=version,
+            num_ctx=self.context_length(),
+            max_output_tokens=self.max_output_tokens,
+        )
+
+    def warm_up(self) -> ModelFacts:
+        """Check the host and the model, load the model with the options chats will use (a
+        different num_ctx would reload it), and report what the server allocated."""
+        facts = self.probe()
         client = self._client(self.first_request_timeout)  # a cold load can take minutes
         self._retrying(
             lambda: client.chat(self.model, [], options=self._options(), keep_alive=self.keep_alive)
         )
         self._warm = True
-        return {
-            "version": version,
-            "model": self.model,
-            "context_length": facts.context_length,
-            "num_ctx": num_ctx,
-            "allocated_ctx": self._allocated_ctx(),
-            "capabilities": list(facts.capabilities),
-        }
+        return replace(facts, allocated_ctx=self._allocated_ctx())
 
     def _allocated_ctx(self) -> int | None:
         running = self._retrying(lambda: self._client(self.request_timeout).ps())
@@ -242,21 +244,30 @@ class OllamaProvider:
         thinking: list[str] = []
         calls: list[ToolCall] = []
         final: ollama.ChatResponse | None = None
+        started = time.monotonic()
         with closing(chunks):  # release the connection even if a callback raises
-            for chunk in chunks:  # read to the end, so the connection can be reused
-                message = chunk.message
-                if message.thinking:
-                    thinking.append(message.thinking)
-                if message.content:
-                    content.append(message.content)
-                    emit(TextDelta(message.content))
-                for wire in message.tool_calls or ():
-                    # Each call arrives whole, its arguments already a dict.
-                    call = ToolCall(wire.function.name, dict(wire.function.arguments))
-                    calls.append(call)
-                    emit(ToolCallEvent(call))
-                if chunk.done:
-                    final = chunk
+            try:
+                for chunk in chunks:  # read to the end, so the connection can be reused
+                    message = chunk.message
+                    if message.thinking:
+                        thinking.append(message.thinking)
+                    if message.content:
+                        content.append(message.content)
+                        emit(TextDelta(message.content))
+                    for wire in message.tool_calls or ():
+                        # Each call arrives whole, its arguments already a dict; the client
+                        # drops the server's call id (APIS.md §1).
+                        call = ToolCall(wire.function.name, dict(wire.function.arguments))
+                        calls.append(call)
+                        emit(ToolCallEvent(call))
+                    if chunk.done:
+                        final = chunk
+            except StopReply:  # closing the stream makes the server stop generating
+                text = "".join(content)
+                cut = Usage(
+                    eval_tokens=estimate_tokens(text), total_s=time.monotonic() - started, calls=1
+                )
+                return ChatResult(text, tuple(calls), "".join(thinking), cut, "cut")
         if final is None:
             raise _Transient("the stream ended before its final chunk")
         self._warm = True
@@ -271,6 +282,8 @@ class OllamaProvider:
         }
         if self.seed is not None:
             options["seed"] = self.seed
+        if self.max_output_tokens is not None:
+            options["num_predict"] = self.max_output_tokens
         return options
 
     # -- transport ----------------------------------------------------------------------------
@@ -326,7 +339,9 @@ class OllamaProvider:
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)) or _is_refusal(exc):
             # The client wraps ConnectError as ConnectionError, except when streaming.
             cause = exc.__context__ if isinstance(exc.__context__, httpx.HTTPError) else exc
-            raise ModelUnavailable(f"cannot reach Ollama at {self.host}: {cause}", hint=HOST_HINT)
+            raise HostUnreachable(
+                f"cannot reach Ollama at {self.host}: {cause}", hint=HOST_HINT, endpoint=self.host
+            )
         if isinstance(exc, httpx.TimeoutException):
             return f"timed out ({type(exc).__name__})"
         if isinstance(exc, httpx.TransportError):  # dropped connection, read error, ...
@@ -340,7 +355,7 @@ class OllamaProvider:
         if status == -1:
             return f"error in the stream: {error}"
         if status == 404 and "model" in error:
-            raise ModelUnavailable(
+            raise ModelMissing(
                 f"model '{self.model}' is not available on {self.host}: {error}",
                 hint=f"run `{self._pull_command()}`",
             )

@@ -1,27 +1,26 @@
 """The model-provider seam: typed values in and out of one chat call, and one small Protocol.
 
-Messages are plain dicts in Ollama's shape, so a transcript can be stored and replayed as is:
+Messages are plain dicts in Ollama's shape (each provider converts them to its wire format),
+so a transcript can be stored and replayed as is:
 
     {"role": "system" | "user", "content": str}
     {"role": "assistant", "content": str, "thinking"?: str,
-     "tool_calls"?: [{"function": {"name": str, "arguments": {...}}}]}
-    {"role": "tool", "tool_name": str, "content": str}
+     "tool_calls"?: [{"id": str, "function": {"name": str, "arguments": {...}}}]}
+    {"role": "tool", "tool_name": str, "tool_call_id"?: str, "content": str}
 
-(`ChatResult.as_message()` builds the assistant one.) Tools are Ollama/OpenAI function
-schemas: `{"type": "function", "function": {"name", "description", "parameters"}}`.
+Tool-call ids are kept across turns (OpenAI-compatible servers require the tool result to name
+the call it answers); the agent loop gives every call an id, the server's when it sent one.
+`ChatResult.as_message()` builds the assistant message. Tools are function schemas:
+`{"type": "function", "function": {"name", "description", "parameters"}}`.
 
-Errors a provider raises (the tree continues `coder.errors`):
-
-    CoderError
-    ├── EnvironmentProblem
-    │   └── ModelUnavailable  3  the host is unreachable or the model is not pulled
-    └── ModelError            1  the call failed after retries, or the server refused it
+Errors a provider raises live in `coder.errors` (ModelUnavailable and its two kinds,
+HostUnreachable and ModelMissing, exit 3; ModelError, the step fails).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 
@@ -29,11 +28,17 @@ from typing import Any, Protocol
 class ToolCall:
     name: str
     arguments: dict[str, Any]
+    id: str | None = None  # the server's call id, when it sent one
 
 
 @dataclass(frozen=True)
 class Usage:
-    """What model calls cost; sums with `+` across the calls of a step or a run."""
+    """What model calls cost; sums with `+` across the calls of a step or a run.
+
+    `cached_tokens` is what the server says it served from its prompt cache (OpenAI-compatible
+    `usage.prompt_tokens_details.cached_tokens`, llama.cpp `timings.cache_n`), counted over the
+    `cache_reports` calls whose server reported it (Ollama reports none): a measured figure,
+    never an estimate."""
 
     prompt_tokens: int = 0
     eval_tokens: int = 0
@@ -42,6 +47,8 @@ class Usage:
     load_s: float = 0
     total_s: float = 0
     calls: int = 0
+    cached_tokens: int = 0
+    cache_reports: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
@@ -57,6 +64,44 @@ class Usage:
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "tokens_per_s": self.tokens_per_s}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Usage:
+        """A Usage from a stored dict (unknown keys, such as tokens_per_s, are ignored)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
+
+
+def cache_share(usage: dict[str, Any] | Usage) -> float | None:
+    """The share of prompt tokens the server served from its cache, or None when no call
+    reported it."""
+    u = usage if isinstance(usage, Usage) else Usage.from_dict(usage)
+    if not u.cache_reports or not u.prompt_tokens:
+        return None
+    return u.cached_tokens / u.prompt_tokens
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a provider learned about its model when it warmed up (`warm_up()`)."""
+
+    provider: str
+    model: str
+    endpoint: str = ""
+    version: str | None = None  # the server's, where it says
+    arch: str | None = None
+    context_length: int | None = None  # trained / served context length, where reported
+    num_ctx: int | None = None  # the context coder budgets for (and sends, for Ollama)
+    allocated_ctx: int | None = None  # what the server allocated, where it says
+    capabilities: tuple[str, ...] = ()
+    max_output_tokens: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # provider-specific (recording, ...)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["capabilities"] = list(self.capabilities)
+        extra = data.pop("extra")
+        return {**{k: v for k, v in data.items() if v is not None}, **extra}
+
 
 @dataclass(frozen=True)
 class ChatResult:
@@ -64,18 +109,23 @@ class ChatResult:
     tool_calls: tuple[ToolCall, ...]
     thinking: str
     usage: Usage
-    done_reason: str | None
+    done_reason: str | None  # "stop", "length" (hit max_output_tokens), "cut" (StopReply)
 
     def as_message(self) -> dict[str, Any]:
-        """The assistant message to append to the conversation (Ollama's shape)."""
+        """The assistant message to append to the conversation."""
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.thinking:
             message["thinking"] = self.thinking
         if self.tool_calls:
-            message["tool_calls"] = [
-                {"function": {"name": c.name, "arguments": c.arguments}} for c in self.tool_calls
-            ]
+            message["tool_calls"] = [tool_call_message(c) for c in self.tool_calls]
         return message
+
+
+def tool_call_message(call: ToolCall) -> dict[str, Any]:
+    wire: dict[str, Any] = {"function": {"name": call.name, "arguments": call.arguments}}
+    if call.id:
+        wire = {"id": call.id, **wire}
+    return wire
 
 
 # Streaming events, delivered in order to `on_event` while a chat is in flight.
@@ -103,16 +153,34 @@ class Retrying:
 
 
 @dataclass(frozen=True)
+class EndpointDown:
+    """An endpoint refused the connection; it is left out for `for_s` seconds and the call
+    goes on at `next_endpoint` (deltas already delivered belong to the abandoned attempt)."""
+
+    endpoint: str
+    reason: str
+    next_endpoint: str
+    for_s: float
+
+
+@dataclass(frozen=True)
 class Done:
     result: ChatResult
 
 
-ChatEvent = TextDelta | ToolCallEvent | Retrying | Done
+ChatEvent = TextDelta | ToolCallEvent | Retrying | EndpointDown | Done
+
+
+class StopReply(Exception):  # noqa: N818 (flow control, not an error)
+    """Raised by an `on_event` callback to cut the reply off: the provider closes the stream
+    (the server stops generating) and returns what arrived, with done_reason "cut"."""
 
 
 class ModelProvider(Protocol):
-    """A chat model. `chat` streams internally, calls `on_event` per event, and returns the
-    accumulated result; it raises ModelUnavailable or ModelError, never a transport error."""
+    """A chat model at one place. `chat` streams internally, calls `on_event` per event, and
+    returns the accumulated result; it raises ModelUnavailable or ModelError, never a
+    transport error. `warm_up` checks the server and the model (ModelUnavailable with the fix
+    when either is missing) and loads it; `close` releases connections."""
 
     model: str
 
@@ -124,3 +192,27 @@ class ModelProvider(Protocol):
         format: dict[str, Any] | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult: ...
+
+    def warm_up(self) -> ModelFacts: ...
+
+    def close(self) -> None: ...
+
+
+class Models(Protocol):
+    """Where a run gets its providers: the factory's router over the configured endpoints, a
+    recording, or a fake. `for_step` gives the provider for one step's calls (a step keeps
+    to one endpoint, so its prefix stays in that server's cache; recordings file replies
+    under the step); close that provider when the step ends."""
+
+    model: str  # the default model
+
+    def for_step(self, step_id: str, model: str | None = None) -> ModelProvider: ...
+
+    def warm_up(self) -> ModelFacts: ...
+
+    def close(self) -> None: ...
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough token count for text a reply streamed (used when a stream was cut short)."""
+    return max(1, len(text) // 4) if text else 0

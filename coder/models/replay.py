@@ -11,14 +11,28 @@ stopped and resumed: a step always gets its own replies, whatever ran before it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from coder.errors import InvalidInput, ModelError
-from coder.models.provider import ChatResult, ModelProvider, ToolCall, Usage
+from coder.models.provider import (
+    ChatEvent,
+    ChatResult,
+    Done,
+    ModelFacts,
+    ModelProvider,
+    Models,
+    StopReply,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+    Usage,
+)
 
 FORMAT = 1
 
@@ -31,49 +45,51 @@ def reply_to_dict(result: ChatResult) -> dict[str, Any]:
     return {
         "content": result.content,
         "thinking": result.thinking,
-        "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in result.tool_calls],
+        "tool_calls": [
+            {"name": c.name, "arguments": c.arguments, **({"id": c.id} if c.id else {})}
+            for c in result.tool_calls
+        ],
         "done_reason": result.done_reason,
         "usage": result.usage.as_dict(),
     }
 
 
 def reply_from_dict(data: dict[str, Any]) -> ChatResult:
-    usage = {k: v for k, v in (data.get("usage") or {}).items() if k in Usage.__dataclass_fields__}
     return ChatResult(
         content=data.get("content", ""),
         tool_calls=tuple(
-            ToolCall(c["name"], dict(c.get("arguments") or {})) for c in data.get("tool_calls", [])
+            ToolCall(c["name"], dict(c.get("arguments") or {}), c.get("id"))
+            for c in data.get("tool_calls", [])
         ),
         thinking=data.get("thinking", ""),
-        usage=Usage(**usage),
+        usage=Usage.from_dict(data.get("usage")),
         done_reason=data.get("done_reason"),
     )
 
 
-class RecordingProvider:
-    def __init__(self, inner: ModelProvider, path: Path) -> None:
+class RecordingModels:
+    """Wraps the run's models; every reply is appended to the recording under its step."""
+
+    def __init__(self, inner: Models, path: Path) -> None:
         self.inner = inner
         self.model = inner.model
         self.path = path
         self.calls: list[dict[str, Any]] = []
-        self.step = ""
         self._lock = threading.Lock()
 
-    def begin_step(self, step_id: str) -> None:
-        self.step = step_id
+    def for_step(self, step_id: str, model: str | None = None) -> _StepRecorder:
+        return _StepRecorder(self, self.inner.for_step(step_id, model), step_id)
 
-    def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> ChatResult:
-        result = self.inner.chat(messages, **kwargs)
+    def record(self, step_id: str, messages: list[dict[str, Any]], result: ChatResult) -> None:
         with self._lock:
             self.calls.append(
                 {
-                    "step": self.step,
+                    "step": step_id,
                     "request": request_digest(messages),
                     "reply": reply_to_dict(result),
                 }
             )
             self._save()
-        return result
 
     def _save(self) -> None:
         from coder.durable import write_atomic
@@ -82,12 +98,33 @@ class RecordingProvider:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, json.dumps(data, indent=1).encode("utf-8"))
 
-    def __getattr__(self, name: str) -> Any:  # warm_up, context_length, close, ...
-        return getattr(self.inner, name)
+    def warm_up(self) -> ModelFacts:
+        return self.inner.warm_up()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
-class ReplayProvider:
-    """Answers from a recording, in order; facts about the 'model' come from the file."""
+class _StepRecorder:
+    def __init__(self, recording: RecordingModels, inner: ModelProvider, step_id: str) -> None:
+        self.recording, self.inner, self.step_id = recording, inner, step_id
+        self.model = inner.model
+
+    def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> ChatResult:
+        result = self.inner.chat(messages, **kwargs)
+        self.recording.record(self.step_id, messages, result)
+        return result
+
+    def warm_up(self) -> ModelFacts:
+        return self.inner.warm_up()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ReplayModels:
+    """Answers from a recording, in order per step; facts about the 'model' come from the
+    file. Later attempts of a step continue with its next replies, as when recorded."""
 
     def __init__(self, path: Path) -> None:
         try:
@@ -104,33 +141,60 @@ class ReplayProvider:
         for call in self.calls:
             self.queues.setdefault(str(call.get("step", "")), []).append(call["reply"])
         self.served: dict[str, int] = {}
-        self.step = ""
         self._lock = threading.Lock()
 
-    def begin_step(self, step_id: str) -> None:
-        """Later attempts of a step continue with its next replies, as when recorded."""
-        self.step = step_id
+    def for_step(self, step_id: str, model: str | None = None) -> _StepReplay:
+        return _StepReplay(self, step_id)
 
-    def chat(self, messages: list[dict[str, Any]], **_: Any) -> ChatResult:
+    def next_reply(self, step_id: str) -> ChatResult:
         with self._lock:
-            queue = self.queues.get(self.step, [])
-            served = self.served.get(self.step, 0)
+            queue = self.queues.get(step_id, [])
+            served = self.served.get(step_id, 0)
             if served >= len(queue):
                 raise ModelError(
                     f"the recording {self.path} has no reply left for step "
-                    f"{self.step or '?'} (call {served + 1}); the run diverged from "
+                    f"{step_id or '?'} (call {served + 1}); the run diverged from "
                     "the recorded one"
                 )
-            self.served[self.step] = served + 1
+            self.served[step_id] = served + 1
         return reply_from_dict(queue[served])
 
-    def warm_up(self) -> dict[str, Any]:
-        return {
-            "provider": "replay",
-            "model": self.model,
-            "recording": str(self.path),
-            "calls": len(self.calls),
-        }
+    def warm_up(self) -> ModelFacts:
+        return ModelFacts(
+            provider="replay",
+            model=self.model,
+            extra={"recording": str(self.path), "calls": len(self.calls)},
+        )
+
+    def close(self) -> None:
+        pass
+
+
+class _StepReplay:
+    def __init__(self, replay: ReplayModels, step_id: str) -> None:
+        self.replay, self.step_id, self.model = replay, step_id, replay.model
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        on_event: Callable[[ChatEvent], None] | None = None,
+        **_: Any,
+    ) -> ChatResult:
+        """The recorded reply, streamed to `on_event` as a whole (a recorded reply is already
+        what it was: a StopReply from the callback changes nothing)."""
+        result = self.replay.next_reply(self.step_id)
+        if on_event is not None:
+            with contextlib.suppress(StopReply):
+                if result.content:
+                    on_event(TextDelta(result.content))
+                for call in result.tool_calls:
+                    on_event(ToolCallEvent(call))
+            on_event(Done(result))
+        return result
+
+    def warm_up(self) -> ModelFacts:
+        return self.replay.warm_up()
 
     def close(self) -> None:
         pass

@@ -35,8 +35,7 @@ from coder.yamldoc import Problem
 if TYPE_CHECKING:
     import pygit2
 
-    from coder.models.ollama import OllamaProvider
-    from coder.models.provider import ChatEvent, Usage
+    from coder.models.provider import ChatEvent, Models, Usage
     from coder.policy.commands import Policy
 
 Notify = Callable[[str], None]
@@ -853,23 +852,13 @@ def plan(
     ctx = gather_context(repo, root, cfg)
     policy = Policy.from_config(cfg.values)
     planner = _Planner(spec, cwd, options, cfg, ctx, policy, out, say)
-    with _provider(cfg) as provider:
-        return planner.run(provider)
+    from coder.models.factory import open_models
 
-
-def _provider(cfg: config_mod.Config) -> OllamaProvider:
-    from coder.models.ollama import OllamaProvider
-
-    return OllamaProvider(
-        str(cfg["model"]),
-        str(cfg["ollama_host"]),
-        num_ctx=cfg["num_ctx"],
-        max_num_ctx=int(cfg["max_num_ctx"]),
-        temperature=float(cfg["temperature"]),
-        seed=cfg["seed"],
-        keep_alive=str(cfg["keep_alive"]),
-        request_timeout=float(cfg["request_timeout"]),
-    )
+    models = open_models(cfg)
+    try:
+        return planner.run(models)
+    finally:
+        models.close()
 
 
 @dataclass
@@ -883,12 +872,14 @@ class _Planner:
     out: Path | None
     say: Notify
 
-    def run(self, provider: OllamaProvider) -> PlanResult:
+    def run(self, models: Models) -> PlanResult:
         from coder.models.provider import Usage
         from coder.schemas import bundled
 
         system = system_prompt(self.ctx, self.policy)
-        num_ctx = provider.context_length()  # Ollama down or model missing: exit 3 here
+        facts = models.warm_up()  # server down or model missing: exit 3 here
+        num_ctx = facts.num_ctx or int(self.cfg["max_num_ctx"])
+        provider = models.for_step("plan")
         self._check_size(system, num_ctx)
         attempts = int(self.cfg.get("plan_attempts") or 3)
         schema = bundled("task")
@@ -897,7 +888,7 @@ class _Planner:
             {"role": "user", "content": spec_message(self.spec)},
         ]
         fallback_id = taskfile.generate_id()
-        self.say(f"Planning with {provider.model} at {provider.host} (context {num_ctx} tokens)")
+        self.say(f"Planning with {facts.model} at {facts.endpoint} (context {num_ctx} tokens)")
         usage, last = Usage(), None
         for attempt in range(1, attempts + 1):
             messages = (

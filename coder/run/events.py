@@ -32,6 +32,9 @@ from coder.redact import SCAN_FAILED, Redactor
 from coder.run.state import check_task_id
 
 Console = Callable[[dict[str, Any]], None]
+# A live view: receives the bound context (task_id, step_id, ...) and a typed event that is
+# not written to the file (coder.agent.events: streamed text, the tool in progress, ...).
+LiveView = Callable[[dict[str, Any], object], None]
 
 EVENT_NAME = re.compile(r"[a-z_]+(?:\.[a-z_]+)*")
 _FIRST_KEYS = ("timestamp", "level", "event", "task_id", "step_id")
@@ -92,10 +95,11 @@ class _Sink:
     """The wrapped logger: appends whole lines (one write each, under a lock), then hands the
     event to the console. Every level method is the same method."""
 
-    def __init__(self, path: Path, console: Console | None) -> None:
+    def __init__(self, path: Path, console: Console | None, live: LiveView | None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._console = console
+        self.live = live
         flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC  # RDWR: to peek at the end
         self._fd: int | None = os.open(path, flags, 0o600)
         size = os.fstat(self._fd).st_size
@@ -130,7 +134,9 @@ class EventLog:
 
     `bind(**fields)` gives a child that adds those fields to every event and shares the file;
     closing the log (or leaving its `with` block) is the root's job, a child's close is a no-op.
-    `console`, if given, receives every event as written (after redaction)."""
+    `console`, if given, receives every event as written (after redaction); `live`, if given,
+    receives the typed events passed to `live()` (never written, so never redacted: a live
+    view shows them on the user's own terminal only)."""
 
     def __init__(
         self,
@@ -138,12 +144,14 @@ class EventLog:
         task_id: str,
         redactor: Redactor | None = None,
         console: Console | None = None,
+        live: LiveView | None = None,
     ) -> None:
         self.task_id = check_task_id(task_id)
         self.path = log_path(coder_dir, task_id)
         self.redactor = redactor if redactor is not None else Redactor()
-        self._sink = _Sink(self.path, console)
+        self._sink = _Sink(self.path, console, live)
         self._owner = True
+        self._fields: dict[str, Any] = {"task_id": task_id}
         self._logger: Any = structlog.wrap_logger(
             self._sink,
             processors=[
@@ -164,7 +172,13 @@ class EventLog:
         child.task_id, child.path, child.redactor = self.task_id, self.path, self.redactor
         child._sink, child._owner = self._sink, False
         child._logger = self._logger.bind(**fields)
+        child._fields = {**self._fields, **fields}
         return child
+
+    def live(self, event: object) -> None:
+        """Hand a typed event to the live view, if there is one (nothing is written)."""
+        if self._sink.live is not None:
+            self._sink.live(self._fields, event)
 
     def debug(self, event: str, **fields: Any) -> None:
         self._logger.debug(event, **fields)

@@ -152,7 +152,17 @@ class Executor:
 
     def _add_usage(self, step_id: str, usage: dict[str, Any]) -> None:
         """Usage accumulates over a step's attempts (they all cost model time)."""
-        keys = ("calls", "prompt_tokens", "eval_tokens", "prompt_s", "eval_s", "load_s", "total_s")
+        keys = (
+            "calls",
+            "prompt_tokens",
+            "eval_tokens",
+            "prompt_s",
+            "eval_s",
+            "load_s",
+            "total_s",
+            "cached_tokens",
+            "cache_reports",
+        )
         with self._lock:
             record = self.step_state(step_id)
             total = record.get("usage") or dict.fromkeys(keys, 0)

@@ -47,6 +47,9 @@ class RunOptions:
     # before the first step; returns something with close(), or None.
     attach_tools: Callable[..., Any] | None = None
     sandbox: str | None = None  # "off" (--no-sandbox) overrides the config's `sandbox`
+    # The live view: gets each typed model-loop event (coder.agent.events) with its step's
+    # context (run.events.LiveView); nothing it gets is written to the log.
+    live: Callable[[dict[str, Any], object], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ def start(
             )
         except BaseException:
             if agent is not None:  # _execute closes it too; closing twice is harmless
-                agent.provider.close()
+                agent.models.close()
             raise
 
 
@@ -172,31 +175,15 @@ def open_agent(
     if not any(s.uses_model for s in task.steps):
         return None
     from coder.agent import prefix
-    from coder.models.ollama import OllamaProvider
-    from coder.models.replay import RecordingProvider, ReplayProvider
+    from coder.models.factory import open_models
     from coder.run.steps.model import AgentSession
     from coder.tools.registry import default_registry
 
-    provider: Any
-    if options.replay is not None:
-        provider = ReplayProvider(options.replay)
-    else:
-        provider = OllamaProvider(
-            str(task.model),
-            str(cfg["ollama_host"]),
-            num_ctx=cfg["num_ctx"],
-            max_num_ctx=int(cfg["max_num_ctx"]),
-            temperature=float(cfg["temperature"]),
-            seed=cfg["seed"],
-            keep_alive=str(cfg["keep_alive"]),
-            request_timeout=float(cfg["request_timeout"]),
-        )
-    if options.record is not None:
-        provider = RecordingProvider(provider, options.record)
+    models = open_models(cfg, model=task.model, replay=options.replay, record=options.record)
     try:
-        facts = provider.warm_up()
+        facts = models.warm_up()
     except BaseException:
-        provider.close()
+        models.close()
         raise
     registry = default_registry()
     built = prefix.build(
@@ -204,10 +191,10 @@ def open_agent(
         base_commit,
         task.to_dict(),
         cfg,
-        num_ctx=facts.get("num_ctx"),
+        num_ctx=facts.num_ctx,
         cache_dir=project.coder_dir(gitops.repo_root(repo)) / "cache",
     )
-    return AgentSession(provider, registry, built.system, registry.definitions(), facts)
+    return AgentSession(models, registry, built.system, registry.definitions(), facts)
 
 
 def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Any:
@@ -457,7 +444,7 @@ def _execute(
     from coder.run.executor import Executor, RunContext
 
     redactor = Redactor()
-    with EventLog(coder_dir, task.id, redactor=redactor, console=console) as log:
+    with EventLog(coder_dir, task.id, redactor=redactor, console=console, live=options.live) as log:
         for warning in warnings:
             log.warning("run.warning", message=warning)
         run = RunContext(
@@ -479,7 +466,7 @@ def _execute(
             approve=options.approve,
         )
         if agent is not None:
-            log.info("model.ready", **agent.facts)
+            log.info("model.ready", **agent.facts.as_dict())
         attached = None
         try:
             if agent is not None and options.attach_tools is not None:  # they join the prefix
@@ -492,7 +479,7 @@ def _execute(
             if attached is not None:
                 attached.close()
             if agent is not None:
-                agent.provider.close()
+                agent.models.close()
     return RunResult(task.id, status, state, warnings)
 
 

@@ -347,9 +347,12 @@ def test_callback_exceptions_propagate_unretried(fake: FakeOllama, make: MakePro
 
 def test_warm_up_loads_the_model_and_reports_facts(fake: FakeOllama, make: MakeProvider) -> None:
     facts = make(max_num_ctx=16384).warm_up()
-    assert facts == {
-        "version": "0.33.0",
+    assert facts.as_dict() == {
+        "provider": "ollama",
         "model": MODEL,
+        "endpoint": fake.url,
+        "version": "0.33.0",
+        "arch": "qwen2",
         "context_length": 32768,
         "num_ctx": 16384,
         "allocated_ctx": 16384,
@@ -365,7 +368,7 @@ def test_warm_up_reports_what_the_server_allocated() -> None:
     models = {"big:latest": {"context_length": 131072, "allocated_ctx": 8192, "arch": "llama"}}
     with FakeOllama(models=models) as fake, OllamaProvider("big", fake.url) as provider:
         facts = provider.warm_up()
-    assert (facts["context_length"], facts["num_ctx"], facts["allocated_ctx"]) == (
+    assert (facts.context_length, facts.num_ctx, facts.allocated_ctx) == (
         131072,
         32768,
         8192,
@@ -403,6 +406,8 @@ def test_usage_values() -> None:
         "load_s": 0,
         "total_s": 0,
         "calls": 1,
+        "cached_tokens": 0,
+        "cache_reports": 0,
         "tokens_per_s": 20.0,
     }
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coder.agent import events as ev
 from coder.agent import prompts
 from coder.agent.loop import TERMINAL, AgentLoop, Limits, LoopResult
 from coder.agent.prefix import step_focus
@@ -20,20 +21,21 @@ from coder.taskfile import Step, is_repo_relative, parse_duration
 EXTERNAL_SEPARATOR = "__"  # external MCP tools are <server>__<tool> (coder.mcp.client)
 
 if TYPE_CHECKING:
-    from coder.models.provider import ModelProvider
+    from coder.models.provider import ModelFacts, Models
+    from coder.run.events import EventLog
     from coder.tools.registry import Registry, ToolContext
 
 
 @dataclass
 class AgentSession:
-    """What every model step of a run shares: the provider, the tool registry and the
+    """What every model step of a run shares: the models, the tool registry and the
     byte-stable prefix (system prompt and tool definitions, fixed for the whole run)."""
 
-    provider: ModelProvider
+    models: Models
     registry: Registry
     system: str
     tools: list[dict[str, Any]]
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: ModelFacts
 
 
 def run(ctx: StepContext) -> StepOutcome:
@@ -93,10 +95,12 @@ def converse(
     allowed: list[str],
     first_message: str,
     transcript: str = ".transcript.json",
+    cycle: int | None = None,
 ) -> LoopResult:
     """One conversation with the model for this step: the run's prefix, then `first_message`,
     then tool calls until an accepted step_complete or a bound. The (redacted) transcript is
-    kept as an artifact."""
+    kept as an artifact. The loop's events go to the event log and the live view, with the
+    fix `cycle` (of a test step) attached."""
     from coder.tools.registry import ToolContext, doc_write_filter
     from coder.tools.settings import code_settings
 
@@ -122,28 +126,63 @@ def converse(
         ctx.log.info("tool.called", tool=name, ok=result.ok, arguments=json.dumps(arguments)[:300])
         return result.as_text()
 
-    begin = getattr(session.provider, "begin_step", None)
-    if begin is not None:  # recording and replay file replies under their step
-        begin(ctx.step.id)
+    log = ctx.log.bind(fix_cycle=cycle) if cycle is not None else ctx.log
+    provider = session.models.for_step(ctx.step.id)
     loop = AgentLoop(
-        session.provider,
+        provider,
         tools=session.tools,
         allowed=allowed,
         run_tool=run_tool,
         verify=lambda claim: verify_claim(ctx, tool_ctx, claim, kind=kind),
         limits=limits_for(ctx),
         cancel=ctx.cancel,
-        on_call=lambda e: _log_model_event(ctx, e),
+        on_event=lambda event: report(log, event),
     )
     try:
         return loop.run(messages)
-    except ModelUnavailable:
-        raise
-    except ModelError as exc:
-        return LoopResult(ok=False, error=f"model call failed: {exc.message}", messages=messages)
     finally:
+        provider.close()
         ctx.artifact(transcript).write_text(
             ctx.redactor.redact(json.dumps(messages, indent=1)), encoding="utf-8"
+        )
+
+
+def report(log: EventLog, event: ev.LoopEvent) -> None:
+    """Every loop event to the live view; to the event log, what is worth keeping (a line
+    per model turn, nudge, warning, retry or endpoint switch; never per token)."""
+    log.live(event)
+    if isinstance(event, ev.TurnFinished):
+        log.info(
+            "model.turn",
+            turn=event.turn,
+            calls=list(event.calls),
+            usage=event.usage.as_dict(),
+            done_reason=event.done_reason,
+            duration_s=round(event.duration_s, 3),
+        )
+    elif isinstance(event, ev.Nudged):
+        log.info("model.nudged", turn=event.turn, reason=event.reason, detail=event.detail)
+    elif isinstance(event, ev.ContextCompacted):
+        log.warning(
+            "context.compacted", turn=event.turn, folded=event.folded, estimate=event.estimate
+        )
+    elif isinstance(event, ev.ContextWarning):
+        log.warning("context.warning", turn=event.turn, warning=event.message)
+    elif isinstance(event, ev.ModelRetrying):
+        log.warning(
+            "model.retrying",
+            turn=event.turn,
+            attempt=event.attempt,
+            reason=event.reason,
+            delay_s=event.delay_s,
+        )
+    elif isinstance(event, ev.EndpointSwitched):
+        log.warning(
+            "model.endpoint_down",
+            turn=event.turn,
+            endpoint=event.endpoint,
+            next_endpoint=event.next_endpoint,
+            reason=event.reason,
         )
 
 
@@ -198,22 +237,18 @@ def _tests_after_edit(ctx: StepContext, tool_ctx: ToolContext) -> str | None:
     )
 
 
-def _log_model_event(ctx: StepContext, event: dict[str, Any]) -> None:
-    name = event.pop("event", "model.turn")
-    (ctx.log.warning if name != "model.turn" else ctx.log.info)(name, **event)
-
-
 def limits_for(ctx: StepContext) -> Limits:
     """The step's budgets: the step's own timeout, else the taskfile's policies, else config."""
     policies, cfg = ctx.task.policies, ctx.config
     seconds = ctx.step.timeout_s or (
         parse_duration(policies["timeout"]) if "timeout" in policies else int(cfg["step_timeout"])
     )
-    num_ctx = ctx.agent.facts.get("num_ctx") if ctx.agent is not None else None
+    num_ctx = ctx.agent.facts.num_ctx if ctx.agent is not None else None
     return Limits(
         max_turns=int(policies.get("max_turns", cfg["max_turns"])),
         max_seconds=float(seconds),
         max_tokens=policies.get("max_tokens", cfg["max_step_tokens"]),
+        max_prose_chars=cfg.get("max_prose_chars", Limits.max_prose_chars),
         context_tokens=num_ctx,
     )
 

@@ -97,6 +97,7 @@ def _fix_cycles(
             allowed=allowed,
             first_message=message,
             transcript=f".fix{cycle}.transcript.json",
+            cycle=cycle,
         )
         usage = _add(usage, result.usage.as_dict())
         if not result.ok:

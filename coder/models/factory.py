@@ -1,0 +1,96 @@
+"""One place that builds model providers from the configuration.
+
+    open_models(cfg)          the run's models: a Router over the configured endpoints (one
+                              provider per endpoint and model, built on first use), wrapped
+                              for --record, or a recording for --replay
+    make_provider(cfg, e, m)  one provider for model `m` at endpoint `e` (doctor checks each)
+    endpoints(cfg)            the configured endpoints, normalized
+
+Adding a provider is one module plus one entry in PROVIDERS: a function that takes the config,
+an endpoint and a model and returns a `ModelProvider`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from coder.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from coder.config import Config
+    from coder.models.provider import ModelProvider, Models
+
+
+def _ollama(cfg: Config, endpoint: str, model: str) -> ModelProvider:
+    from coder.models.ollama import OllamaProvider
+
+    return OllamaProvider(
+        model,
+        endpoint,
+        num_ctx=cfg["num_ctx"],
+        max_num_ctx=int(cfg["max_num_ctx"]),
+        temperature=float(cfg["temperature"]),
+        seed=cfg["seed"],
+        keep_alive=str(cfg["keep_alive"]),
+        max_output_tokens=cfg.get("max_output_tokens"),
+        request_timeout=float(cfg["request_timeout"]),
+    )
+
+
+PROVIDERS: dict[str, Callable[[Config, str, str], ModelProvider]] = {
+    "ollama": _ollama,
+}
+
+
+def endpoints(cfg: Config) -> list[str]:
+    """`base_url` (one URL or a list), else, for Ollama, `ollama_host`."""
+    from coder.config import normalize_host
+
+    configured = cfg.get("base_url")
+    if configured is None:
+        if cfg.get("provider", "ollama") != "ollama":
+            raise InvalidInput(
+                f"provider {cfg['provider']!r} needs base_url",
+                hint='set "base_url" in coder.config.json, e.g. "http://127.0.0.1:8080/v1"',
+            )
+        return [str(cfg["ollama_host"])]
+    urls = [configured] if isinstance(configured, str) else list(configured)
+    if cfg.get("provider", "ollama") == "ollama":
+        return [normalize_host(u) for u in urls]
+    return [u.rstrip("/") for u in urls]
+
+
+def make_provider(cfg: Config, endpoint: str, model: str | None = None) -> ModelProvider:
+    name = str(cfg.get("provider", "ollama"))
+    if name not in PROVIDERS:
+        raise InvalidInput(
+            f"unknown provider {name!r}", hint=f"use one of: {', '.join(sorted(PROVIDERS))}"
+        )
+    return PROVIDERS[name](cfg, endpoint, model or str(cfg["model"]))
+
+
+def open_models(
+    cfg: Config,
+    *,
+    model: str | None = None,
+    replay: Path | None = None,
+    record: Path | None = None,
+) -> Models:
+    """The models of a run (or a plan): `model` is the default one (else the config's)."""
+    from coder.models.replay import RecordingModels, ReplayModels
+    from coder.models.router import Router
+
+    models: Models
+    if replay is not None:
+        models = ReplayModels(replay)
+    else:
+        models = Router(
+            lambda endpoint, name: make_provider(cfg, endpoint, name),
+            endpoints(cfg),
+            model or str(cfg["model"]),
+        )
+    if record is not None:
+        models = RecordingModels(models, record)
+    return models

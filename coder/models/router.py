@@ -1,0 +1,210 @@
+"""Several endpoints behind one model source: step affinity, spreading, failover.
+
+The distributed part is the inference engine's job (vLLM, SGLang, llama.cpp, several Ollama
+hosts); coder's is to route so each server's prompt cache stays warm:
+
+- a step keeps to one endpoint for all its calls (`for_step` pins it), so its growing prefix
+  stays in that server's KV cache;
+- parallel steps spread: a new step goes to the endpoint with the fewest steps pinned to it and
+  requests in flight (ties: the order of the config);
+- an endpoint that refuses connections (HostUnreachable) is left out for `cooldown_s`, and the
+  step's call goes on at another endpoint, reported to the caller as an `EndpointDown` event;
+  only when every endpoint refused does the call fail (HostUnreachable naming them all).
+
+With one endpoint all this reduces to a pass-through.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from coder.errors import HostUnreachable
+from coder.models.provider import (
+    ChatEvent,
+    ChatResult,
+    EndpointDown,
+    ModelFacts,
+    ModelProvider,
+)
+
+MakeProvider = Callable[[str, str], ModelProvider]  # (endpoint, model) -> provider
+COOLDOWN_S = 30.0
+
+
+class Router:
+    """The run's models over `endpoints`; `model` is the default one."""
+
+    def __init__(
+        self,
+        make: MakeProvider,
+        endpoints: list[str],
+        model: str,
+        *,
+        cooldown_s: float = COOLDOWN_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("a router needs at least one endpoint")
+        self.make = make
+        self.endpoints = list(dict.fromkeys(endpoints))
+        self.model = model
+        self.cooldown_s = cooldown_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._providers: dict[tuple[str, str], ModelProvider] = {}
+        self._down_until: dict[str, float] = {}
+        self._pinned: Counter[str] = Counter()
+        self._in_flight: Counter[str] = Counter()
+
+    # -- the Models seam -------------------------------------------------------------------
+
+    def for_step(self, step_id: str, model: str | None = None) -> StepProvider:
+        """A provider pinned to one endpoint for the step's calls; close it when the step
+        ends (that releases the pin, not the connection)."""
+        return StepProvider(self, step_id, model or self.model)
+
+    def warm_up(self) -> ModelFacts:
+        """Warm the default model on every endpoint at once. Endpoints that refuse are left
+        out (named in the facts' `endpoints_down`); a missing model anywhere is an error, as
+        is no endpoint answering. The facts are those of the first endpoint that answered."""
+        if len(self.endpoints) == 1:
+            return self.provider(self.endpoints[0], self.model).warm_up()
+
+        def warm(endpoint: str) -> ModelFacts | HostUnreachable:
+            try:
+                return self.provider(endpoint, self.model).warm_up()
+            except HostUnreachable as exc:
+                return exc
+
+        with ThreadPoolExecutor(len(self.endpoints)) as pool:
+            results = list(pool.map(warm, self.endpoints))
+        facts = [r for r in results if isinstance(r, ModelFacts)]
+        down = [e for e, r in zip(self.endpoints, results) if isinstance(r, HostUnreachable)]
+        for endpoint in down:
+            self.mark_down(endpoint)
+        if not facts:
+            raise self.all_down(results)
+        extra = {**facts[0].extra, "endpoints": self.endpoints}
+        if down:
+            extra["endpoints_down"] = down
+        return replace(facts[0], extra=extra)
+
+    def close(self) -> None:
+        with self._lock:
+            providers, self._providers = list(self._providers.values()), {}
+        for provider in providers:
+            provider.close()
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def provider(self, endpoint: str, model: str) -> ModelProvider:
+        with self._lock:
+            key = (endpoint, model)
+            if key not in self._providers:
+                self._providers[key] = self.make(endpoint, model)
+            return self._providers[key]
+
+    def pick(self, exclude: Collection[str] = (), *, even_down: bool = False) -> str | None:
+        """The least busy endpoint that is up and not excluded (None: there is none); it
+        counts as pinned until `release`. `even_down`: when every endpoint is cooling down,
+        take one anyway (it may be back)."""
+        with self._lock:
+            now = self._clock()
+            left = [e for e in self.endpoints if e not in exclude]
+            up = [e for e in left if self._down_until.get(e, 0.0) <= now]
+            up = up or (left if even_down else [])
+            if not up:
+                return None
+            chosen = min(up, key=lambda e: self._pinned[e] + self._in_flight[e])
+            self._pinned[chosen] += 1
+            return chosen
+
+    def release(self, endpoint: str) -> None:
+        with self._lock:
+            self._pinned[endpoint] -= 1
+
+    @contextmanager
+    def in_flight(self, endpoint: str) -> Iterator[None]:
+        with self._lock:
+            self._in_flight[endpoint] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight[endpoint] -= 1
+
+    def mark_down(self, endpoint: str) -> None:
+        with self._lock:
+            self._down_until[endpoint] = self._clock() + self.cooldown_s
+
+    def all_down(self, failures: list[Any]) -> HostUnreachable:
+        if len(self.endpoints) == 1 and isinstance(failures[0], HostUnreachable):
+            return failures[0]
+        reasons = "; ".join(f.message for f in failures if isinstance(f, HostUnreachable))
+        hint = next((f.hint for f in failures if isinstance(f, HostUnreachable)), None)
+        return HostUnreachable(
+            f"no model server answers ({', '.join(self.endpoints)}): {reasons}",
+            hint=hint,
+            endpoint=", ".join(self.endpoints),
+        )
+
+
+class StepProvider:
+    """A `ModelProvider` for one step: every call goes to the step's endpoint, and moves to
+    another only when that one refuses connections."""
+
+    def __init__(self, router: Router, step_id: str, model: str) -> None:
+        self.router = router
+        self.step_id = step_id
+        self.model = model
+        self._endpoint: str | None = None
+
+    @property
+    def endpoint(self) -> str:
+        if self._endpoint is None:
+            self._endpoint = self.router.pick(even_down=True)
+            assert self._endpoint is not None  # a router has at least one endpoint
+        return self._endpoint
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        format: dict[str, Any] | str | None = None,
+        on_event: Callable[[ChatEvent], None] | None = None,
+    ) -> ChatResult:
+        emit = on_event or (lambda event: None)
+        failures: list[Any] = []
+        while True:
+            endpoint = self.endpoint
+            provider = self.router.provider(endpoint, self.model)
+            try:
+                with self.router.in_flight(endpoint):
+                    return provider.chat(messages, tools=tools, format=format, on_event=on_event)
+            except HostUnreachable as exc:
+                failures.append(exc)
+                self.router.mark_down(endpoint)
+                self.router.release(endpoint)
+                self._endpoint = None
+                tried = {f.endpoint for f in failures} | {endpoint}
+                following = self.router.pick(exclude=tried)
+                if following is None:
+                    raise self.router.all_down(failures) from None
+                self._endpoint = following
+                emit(EndpointDown(endpoint, exc.message, following, self.router.cooldown_s))
+
+    def warm_up(self) -> ModelFacts:
+        return self.router.provider(self.endpoint, self.model).warm_up()
+
+    def close(self) -> None:
+        if self._endpoint is not None:
+            self.router.release(self._endpoint)
+            self._endpoint = None
