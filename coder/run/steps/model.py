@@ -13,7 +13,6 @@ from coder.agent import events as ev
 from coder.agent import prompts
 from coder.agent.loop import TERMINAL, AgentLoop, Limits, LoopResult
 from coder.agent.prefix import step_focus
-from coder.errors import ModelError, ModelUnavailable
 from coder.git import ops as gitops
 from coder.run.steps import StepContext, StepOutcome
 from coder.taskfile import Step, is_repo_relative, parse_duration
