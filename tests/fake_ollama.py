@@ -73,6 +73,9 @@ class Reply:
     drop_connection_mid_stream: bool = False  # some chunks, half a line, then close the socket
     malformed_line: bool = False  # some chunks, then a line that is not JSON
     delay_s: float = 0.0  # wait before answering (to provoke client timeouts)
+    # Faults of the OpenAI-compatible fake (tests/fake_openai.py) only.
+    end_early: bool = False  # some chunks, then a clean end: no final chunk, no [DONE]
+    no_done: bool = False  # the whole reply, but the closing `data: [DONE]` never comes
 
     @classmethod
     def coerce(cls, value: Reply | dict[str, Any] | str) -> Reply:

@@ -13,14 +13,14 @@ task_option = click.option("-t", "--task", "task_id", required=True, help="The r
 
 
 def show_run(task_id: str, as_json: bool) -> None:
-    from coder.cli.runs import summary_table, usage_line
+    from coder.cli.runs import run_usage, summary_table, usage_line
     from coder.run import history
     from coder.run.state import skipped_note
 
     view = history.open_run(cwd(), task_id)
     state = view.state
     if as_json:
-        emit_json({**state, "running_pid": view.running_pid})
+        emit_json({**state, "running_pid": view.running_pid, "usage": run_usage(state)})
         return
     status = f"running (pid {view.running_pid})" if view.running_pid else state["status"]
     if status == "running":  # the state says so, but no runner holds the lock

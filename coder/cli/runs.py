@@ -306,6 +306,7 @@ def _finish(
                 "skipped": skipped_steps(state),
                 "warnings": list(result.warnings),
                 "steps": state["steps"],
+                "usage": run_usage(state),
                 **({"merge": merged[0]} if merged else {}),
             }
         )
@@ -337,25 +338,31 @@ def skipped_steps(state: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def usage_line(state: dict[str, Any]) -> str:
-    """The run's model usage: calls, tokens, generation speed, load time ("" without calls)."""
-    total: dict[str, float] = {}
-    for st in state["steps"].values():
-        for key, value in (st.get("usage") or {}).items():
-            total[key] = total.get(key, 0) + value
-    if not total.get("calls"):
-        return ""
-    from coder.models.provider import cache_share
+def run_usage(state: dict[str, Any]) -> dict[str, Any]:
+    """The run's model usage summed over its steps, with `cache_share`: the share of prompt
+    tokens the server reported serving from its cache (null when it reported none)."""
+    from coder.models.provider import Usage, cache_share
 
-    speed = total.get("eval_tokens", 0) / total["eval_s"] if total.get("eval_s") else 0
-    share = cache_share(total)
+    total = Usage()
+    for st in state["steps"].values():
+        total = total + Usage.from_dict(st.get("usage"))
+    return {**total.as_dict(), "cache_share": cache_share(total)}
+
+
+def usage_line(state: dict[str, Any]) -> str:
+    """The run's model usage: calls, tokens, generation speed, load time, and the server's
+    cache reuse where it reports it ("" without calls)."""
+    total = run_usage(state)
+    if not total["calls"]:
+        return ""
+    share = total["cache_share"]
     return (
-        f"{int(total['calls'])} calls, {int(total.get('prompt_tokens', 0))} prompt + "
-        f"{int(total.get('eval_tokens', 0))} generated tokens, {speed:.1f} tokens/s, "
-        f"{total.get('load_s', 0):.1f}s loading"
+        f"{total['calls']} calls, {total['prompt_tokens']} prompt + "
+        f"{total['eval_tokens']} generated tokens, {total['tokens_per_s']:.1f} tokens/s, "
+        f"{total['load_s']:.1f}s loading"
         + (
             f", {share:.0%} of prompt tokens from the server's cache"
-            f" ({int(total['cached_tokens'])} tokens)"
+            f" ({total['cached_tokens']} tokens)"
             if share is not None
             else ""
         )

@@ -12,11 +12,12 @@ an endpoint and a model and returns a `ModelProvider`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from coder.errors import InvalidInput
+from coder.errors import EnvironmentProblem, InvalidInput
 
 if TYPE_CHECKING:
     from coder.config import Config
@@ -39,9 +40,39 @@ def _ollama(cfg: Config, endpoint: str, model: str) -> ModelProvider:
     )
 
 
+def _openai(cfg: Config, endpoint: str, model: str) -> ModelProvider:
+    from coder.models.openai import OpenAIProvider
+
+    return OpenAIProvider(
+        model,
+        endpoint,
+        api_key=api_key(cfg),
+        num_ctx=cfg["num_ctx"],
+        temperature=float(cfg["temperature"]),
+        seed=cfg["seed"],
+        max_output_tokens=cfg.get("max_output_tokens"),
+        request_timeout=float(cfg["request_timeout"]),
+    )
+
+
 PROVIDERS: dict[str, Callable[[Config, str, str], ModelProvider]] = {
     "ollama": _ollama,
+    "openai": _openai,
 }
+
+
+def api_key(cfg: Config, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of the variable `api_key_env` names (the key itself is never in a file)."""
+    name = cfg.get("api_key_env")
+    if not name:
+        return None
+    value = (os.environ if environ is None else environ).get(name)
+    if not value:
+        raise EnvironmentProblem(
+            f"api_key_env names {name}, which is not set",
+            hint=f"export {name}=... (the model server's API key), or remove api_key_env",
+        )
+    return value
 
 
 def endpoints(cfg: Config) -> list[str]:

@@ -30,7 +30,6 @@ from coder.models.provider import (
     ChatResult,
     Done,
     ModelFacts,
-    Retrying,
     StopReply,
     TextDelta,
     ToolCall,
@@ -38,6 +37,7 @@ from coder.models.provider import (
     Usage,
     estimate_tokens,
 )
+from coder.models.retry import RetryPolicy, Transient
 
 if TYPE_CHECKING:
     import ollama
@@ -45,13 +45,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
-MAX_BACKOFF_S = 30.0
 CONNECT_TIMEOUT_S = 10.0  # a local server accepts at once; a long connect wait helps no one
 HOST_HINT = "start it with `ollama serve` or set OLLAMA_HOST / ollama_host in coder.config.json"
-
-
-class _Transient(Exception):
-    """A failure worth retrying; its message is the reason."""
 
 
 def normalize_host(host: str | None) -> str:
@@ -269,7 +264,7 @@ class OllamaProvider:
                 )
                 return ChatResult(text, tuple(calls), "".join(thinking), cut, "cut")
         if final is None:
-            raise _Transient("the stream ended before its final chunk")
+            raise Transient("the stream ended before its final chunk")
         self._warm = True
         return ChatResult(
             "".join(content), tuple(calls), "".join(thinking), _usage(final), final.done_reason
@@ -306,33 +301,24 @@ class OllamaProvider:
         self, action: Callable[[], T], emit: Callable[[ChatEvent], None] | None = None
     ) -> T:
         """Run `action`, retrying transient failures with bounded exponential backoff."""
-        reason = ""
-        for attempt in range(1, self.retries + 1):
-            try:
-                return action()
-            except Exception as exc:
-                transient = self._classify(exc)  # raises fatal ones as ModelUnavailable/Error
-                if transient is None:
-                    raise  # not a transport failure: a bug or the caller's own exception
-                reason = transient
-            if attempt == self.retries:
-                break
-            delay = min(self.backoff * 2 ** (attempt - 1), MAX_BACKOFF_S)
-            if emit is not None:
-                emit(Retrying(attempt, reason, delay))
-            self._sleep(delay)
-        raise ModelError(
-            f"the call to {self.model} at {self.host} failed after {self.retries} "
-            f"attempt(s): {reason}",
-            hint="see the Ollama server log (`journalctl -u ollama`, or ~/.ollama/logs/server.log)",
-        )
+
+        def failed(reason: str) -> ModelError:
+            return ModelError(
+                f"the call to {self.model} at {self.host} failed after {self.retries} "
+                f"attempt(s): {reason}",
+                hint="see the Ollama server log (`journalctl -u ollama`, or "
+                "~/.ollama/logs/server.log)",
+            )
+
+        policy = RetryPolicy(self.retries, self.backoff, self._sleep)
+        return policy.run(action, self._classify, failed, emit)
 
     def _classify(self, exc: Exception) -> str | None:
         """The reason to retry `exc`, or None if it is not ours; raises for fatal failures."""
         import httpx
         import ollama
 
-        if isinstance(exc, _Transient):
+        if isinstance(exc, Transient):
             return str(exc)
         if isinstance(exc, ollama.ResponseError):
             return self._classify_response(exc)

@@ -444,6 +444,10 @@ def _execute(
     from coder.run.executor import Executor, RunContext
 
     redactor = Redactor()
+    if agent is not None and options.replay is None:  # the server's API key stays secret
+        from coder.models.factory import api_key
+
+        redactor.add(*filter(None, [api_key(cfg)]))
     with EventLog(coder_dir, task.id, redactor=redactor, console=console, live=options.live) as log:
         for warning in warnings:
             log.warning("run.warning", message=warning)

@@ -1,0 +1,463 @@
+"""A protocol-faithful fake OpenAI-compatible server (llama.cpp's `llama-server`, vLLM, ...) for
+tests, driven with the real `openai` SDK over HTTP on 127.0.0.1.
+
+What it speaks, as those servers do:
+- `POST /v1/chat/completions`: with `stream: true`, server-sent events (`data: {chunk}\\n\\n`,
+  chunked transfer encoding): a first chunk with the role, word-sized content deltas, each tool
+  call as a first delta (index, id, type, name, empty arguments) then its JSON arguments split
+  over several deltas, a last chunk with `finish_reason` (stop | tool_calls | length), a usage
+  chunk (`choices: []`) when `stream_options.include_usage` is set, then `data: [DONE]`;
+  without streaming, one `chat.completion` object;
+- usage with `prompt_tokens_details.cached_tokens` from its own prefix cache (the longest
+  common prefix, in characters / 4, of the rendered request with what its `slots` hold, as a
+  server's KV cache would reuse), and llama.cpp's `timings` (cache_n, prompt_n, prompt_ms,
+  predicted_n, predicted_ms);
+- `GET /v1/models` (vLLM's `max_model_len` on each model), llama.cpp's `GET /props`
+  (`default_generation_settings.n_ctx`), `GET /health`;
+- errors as `{"error": {"message", "type", "code"}}` with the status (404 for an unknown model,
+  400 for tools on a model without them); scripted faults from `Reply` (tests/fake_ollama.py):
+  `http_status`, `error_mid_stream` (an error event after the first delta), a dropped
+  connection, a malformed line, `end_early` (a clean end before the final chunk), `no_done`
+  (the whole reply without the closing `[DONE]`), `delay_s`.
+
+    with FakeOpenAI() as fake:
+        fake.enqueue(Reply(content="hi"), Reply(tool_calls=[{"name": "f", "arguments": {}}]))
+        openai.OpenAI(base_url=fake.url, api_key="x").chat.completions.create(...)
+        fake.chat_bodies()[0]["messages"]; fake.cached[0]
+
+Run as a script (a separate process; prints `listening on URL`):
+
+    python tests/fake_openai.py --port 0 --script replies.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import sys
+import threading
+from collections import deque
+from collections.abc import Iterator
+from contextlib import suppress
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from types import FrameType
+from typing import Any, Self
+
+if __name__ == "__main__":  # run as a script: make `tests` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.fake_ollama import (  # noqa: E402
+    NO_REPLY_LEFT,
+    RecordedRequest,
+    Reply,
+    _pieces,
+    _Server,
+)
+
+MODEL = "qwen2.5-coder-7b-instruct"
+DEFAULT_MODELS: dict[str, dict[str, Any]] = {
+    MODEL: {"context_length": 32768, "capabilities": ["tools"]},
+}
+MS_PER_PROMPT_TOKEN = 0.25  # 4000 tokens/s prompt processing
+MS_PER_EVAL_TOKEN = 20.0  # 50 tokens/s generation
+CREATED = 1_767_225_600
+
+
+def render(body: dict[str, Any]) -> str:
+    """The request as a server's prompt would hold it: the tools, then each message, in order
+    (what a KV cache can reuse is a common prefix of this)."""
+    messages = "".join(json.dumps(m, sort_keys=True) for m in body.get("messages") or [])
+    return json.dumps(body.get("tools") or [], sort_keys=True) + messages
+
+
+def common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class PrefixCache:
+    """A server's prompt cache in miniature: `slots` prompts kept; a request reuses the longest
+    common prefix with any of them and then takes over that slot (least recently used when
+    none matches)."""
+
+    def __init__(self, slots: int = 1) -> None:
+        self.slots: deque[str] = deque(maxlen=max(1, slots))
+        self._lock = threading.Lock()
+
+    def use(self, prompt: str) -> int:
+        """Characters of `prompt` served from the cache."""
+        with self._lock:
+            best, where = 0, None
+            for i, held in enumerate(self.slots):
+                n = common_prefix(held, prompt)
+                if n > best:
+                    best, where = n, i
+            if where is not None:
+                del self.slots[where]
+            self.slots.append(prompt)
+            return best
+
+
+class FakeOpenAI:
+    def __init__(
+        self,
+        models: dict[str, dict[str, Any]] | None = None,
+        replies: list[Reply | dict[str, Any] | str] | None = None,
+        port: int = 0,
+        slots: int = 1,
+    ) -> None:
+        self.models = dict(DEFAULT_MODELS if models is None else models)
+        self.requests: list[RecordedRequest] = []
+        self.cache = PrefixCache(slots)
+        self.cached: list[int] = []  # tokens served from the cache, per chat request
+        self.prompt: list[int] = []  # prompt tokens, per chat request
+        self._replies: deque[Reply] = deque()
+        self._lock = threading.Lock()
+        self._ids = 0
+        self._server = _Server(("127.0.0.1", port), _Handler)
+        self._server.fake = self  # type: ignore[assignment]
+        self._thread: threading.Thread | None = None
+        self.enqueue(*(replies or []))
+
+    @property
+    def url(self) -> str:
+        """The base URL clients use (the /v1 URL)."""
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def start(self) -> Self:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.02,), name="fake-openai"
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.stopping.set()
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._server.close_connections()
+        self._server.server_close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def enqueue(self, *replies: Reply | dict[str, Any] | str) -> None:
+        with self._lock:
+            self._replies.extend(Reply.coerce(r) for r in replies)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._replies)
+
+    def chat_bodies(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [r.body for r in self.requests if r.path.endswith("/chat/completions")]
+
+    def record(self, request: RecordedRequest) -> None:
+        with self._lock:
+            self.requests.append(request)
+
+    def next_reply(self) -> Reply | None:
+        with self._lock:
+            return self._replies.popleft() if self._replies else None
+
+    def next_id(self, prefix: str) -> str:
+        with self._lock:
+            self._ids += 1
+            return f"{prefix}{self._ids:08x}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    @property
+    def fake(self) -> FakeOpenAI:
+        return self.server.fake  # type: ignore[return-value]
+
+    def do_GET(self) -> None:
+        self.fake.record(RecordedRequest("GET", self.path, None, b""))
+        if self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [self._model(n) for n in self.fake.models]})
+        elif self.path == "/props":
+            ctx = next(iter(self.fake.models.values()), {}).get("context_length", 4096)
+            self._json(
+                200,
+                {
+                    "default_generation_settings": {"n_ctx": ctx},
+                    "total_slots": self.fake.cache.slots.maxlen,
+                    "build_info": "b9999-fake",
+                },
+            )
+        elif self.path == "/health":
+            self._json(200, {"status": "ok"})
+        else:
+            self._error(404, "File Not Found", "not_found_error")
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        self.fake.record(RecordedRequest("POST", self.path, body, raw))
+        if self.path != "/v1/chat/completions":
+            self._error(404, "File Not Found", "not_found_error")
+        elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            self._error(400, "'messages' is required", "invalid_request_error")
+        elif body.get("model") not in self.fake.models:
+            self._error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        elif body.get("tools") and "tools" not in self.fake.models[body["model"]].get(
+            "capabilities", []
+        ):
+            self._error(
+                400,
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                "to be set",
+                "BadRequestError",
+            )
+        else:
+            self._chat(body)
+
+    def _model(self, name: str) -> dict[str, Any]:
+        conf = self.fake.models[name]
+        return {
+            "id": name,
+            "object": "model",
+            "created": CREATED,
+            "owned_by": "fake",
+            "max_model_len": conf.get("context_length", 4096),
+        }
+
+    # -- chat ---------------------------------------------------------------------------------
+
+    def _chat(self, body: dict[str, Any]) -> None:
+        reply = self.fake.next_reply()
+        if reply is None:
+            self._error(500, NO_REPLY_LEFT, "server_error")
+            return
+        if reply.delay_s and self.server.stopping.wait(reply.delay_s):
+            return
+        if reply.http_status is not None:
+            self._error(reply.http_status, reply.error, "server_error")
+            return
+        prompt = render(body)
+        cached_chars = self.fake.cache.use(prompt)
+        usage = self._usage(body, reply, len(prompt) // 4, cached_chars // 4)
+        completion_id = self.fake.next_id("chatcmpl-")
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            self._stream(
+                list(self._chunks(body, reply, completion_id)), reply, usage, include_usage
+            )
+        else:
+            self._json(200, self._whole(body, reply, completion_id, usage))
+
+    def _usage(
+        self, body: dict[str, Any], reply: Reply, prompt: int, cached: int
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        if reply.prompt_eval_count is not None:
+            prompt = reply.prompt_eval_count
+        cached = min(cached, prompt)
+        generated = reply.eval_count
+        if generated is None:
+            text = reply.content + (json.dumps(reply.tool_calls) if reply.tool_calls else "")
+            generated = max(1, len(text) // 4)
+        with self.fake._lock:
+            self.fake.cached.append(cached)
+            self.fake.prompt.append(prompt)
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": generated,
+            "total_tokens": prompt + generated,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+        timings = {
+            "cache_n": cached,
+            "prompt_n": prompt - cached,
+            "prompt_ms": (prompt - cached) * MS_PER_PROMPT_TOKEN,
+            "predicted_n": generated,
+            "predicted_ms": generated * MS_PER_EVAL_TOKEN,
+        }
+        return usage, timings
+
+    def _chunk(self, body: dict[str, Any], cid: str, delta: dict[str, Any], finish: Any) -> Any:
+        return {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": CREATED,
+            "model": body["model"],
+            "system_fingerprint": "fp_fake",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+
+    def _chunks(self, body: dict[str, Any], reply: Reply, cid: str) -> Iterator[dict[str, Any]]:
+        """Every chunk but the final one (finish_reason) and the usage chunk."""
+        yield self._chunk(body, cid, {"role": "assistant", "content": ""}, None)
+        for piece in _pieces(reply.content):
+            yield self._chunk(body, cid, {"content": piece}, None)
+        for index, call in enumerate(reply.tool_calls):
+            first = {
+                "index": index,
+                "id": self.fake.next_id("call_"),
+                "type": "function",
+                "function": {"name": call["name"], "arguments": ""},
+            }
+            yield self._chunk(body, cid, {"tool_calls": [first]}, None)
+            arguments = json.dumps(call.get("arguments", {}))
+            third = max(1, len(arguments) // 3)
+            for start in range(0, len(arguments), third):
+                piece = {
+                    "index": index,
+                    "function": {"arguments": arguments[start : start + third]},
+                }
+                yield self._chunk(body, cid, {"tool_calls": [piece]}, None)
+
+    def _finish(self, reply: Reply) -> str:
+        if reply.done_reason == "length":
+            return "length"
+        return "tool_calls" if reply.tool_calls else "stop"
+
+    def _stream(
+        self,
+        chunks: list[dict[str, Any]],
+        reply: Reply,
+        usage: tuple[dict[str, Any], dict[str, Any]],
+        include_usage: bool,
+    ) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        final = dict(chunks[0], choices=[{**chunks[0]["choices"][0], "delta": {}}])
+        final["choices"][0]["finish_reason"] = self._finish(reply)
+        final["timings"] = usage[1]  # llama.cpp puts its timings on the last chunk
+        tail = [final]
+        if include_usage:
+            tail.append(dict(chunks[0], choices=[], usage=usage[0], timings=usage[1]))
+        faulty = (
+            reply.error_mid_stream is not None
+            or reply.drop_connection_mid_stream
+            or reply.malformed_line
+            or reply.end_early
+        )
+        events = chunks[:2] if faulty else chunks + tail
+        try:
+            for event in events:
+                self._event(json.dumps(event))
+            if reply.drop_connection_mid_stream:
+                self._write_chunk(b"data: " + json.dumps(chunks[-1]).encode()[:20])
+                raise ConnectionAbortedError
+            if reply.malformed_line:
+                self._event("<html>this is not json</html>")
+            elif reply.error_mid_stream is not None:
+                self._event(
+                    json.dumps(
+                        {"error": {"message": reply.error_mid_stream, "type": "server_error"}}
+                    )
+                )
+            elif not faulty and not reply.no_done:
+                self._event("[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            self.close_connection = True
+            with suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _whole(
+        self,
+        body: dict[str, Any],
+        reply: Reply,
+        cid: str,
+        usage: tuple[dict[str, Any], dict[str, Any]],
+    ) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": self.fake.next_id("call_"),
+                    "type": "function",
+                    "function": {
+                        "name": c["name"],
+                        "arguments": json.dumps(c.get("arguments", {})),
+                    },
+                }
+                for c in reply.tool_calls
+            ]
+        return {
+            "id": cid,
+            "object": "chat.completion",
+            "created": CREATED,
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": self._finish(reply)}],
+            "usage": usage[0],
+            "timings": usage[1],
+        }
+
+    # -- responses ----------------------------------------------------------------------------
+
+    def _event(self, data: str) -> None:
+        self._write_chunk(f"data: {data}\n\n".encode())
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _json(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            self.close_connection = True
+
+    def _error(self, status: int, message: str, kind: str) -> None:
+        self._json(status, {"error": {"message": message, "type": kind, "code": status}})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Serve a fake OpenAI-compatible API.")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--script", help="JSON file: a list of replies (objects or strings)")
+    parser.add_argument("--models", help="JSON file: {model name: {context_length, ...}}")
+    args = parser.parse_args(argv)
+    replies = json.loads(Path(args.script).read_text()) if args.script else []
+    models = json.loads(Path(args.models).read_text()) if args.models else None
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    with FakeOpenAI(models=models, replies=replies, port=args.port) as fake:
+        print(f"listening on {fake.url}", flush=True)
+        with suppress(KeyboardInterrupt):
+            threading.Event().wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

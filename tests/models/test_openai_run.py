@@ -1,0 +1,154 @@
+"""`coder run`, `coder plan` and `coder doctor` against OpenAI-compatible servers (the fake,
+through the real `openai` SDK): the same journeys as with Ollama, the server's cache figures in
+the summary, `show` and `--json`, and a run that goes on when its endpoint dies."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agent.test_agent_run import FEATURE, feature_script
+from tests.conftest import coder, git
+from tests.fake_ollama import down_url
+from tests.fake_openai import MODEL, FakeOpenAI
+from tests.helpers import call, done, state_of, taskfile
+from tests.plan.test_plan import PROMPT, answer, plan_doc
+
+
+def configure(home: Path, base_url: str | list[str], **extra: Any) -> None:
+    path = home / ".config" / "coder" / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps({"provider": "openai", "base_url": base_url, "model": MODEL, **extra})
+    )
+
+
+@pytest.fixture
+def server(isolated_home: Path) -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        configure(isolated_home, fake.url)
+        yield fake
+
+
+def events(repo: Path, task_id: str) -> list[dict[str, Any]]:
+    log = repo / ".coder" / "logs" / f"{task_id}.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines() if line]
+
+
+def test_a_run_with_the_servers_cache_figures(server: FakeOpenAI, sample: Path) -> None:
+    server.enqueue(*feature_script())
+    code, out, err = coder(sample, "run", "--autonomous", "-f", str(taskfile(sample, FEATURE)))
+    assert code == 0, out + err
+    assert server.pending == 0
+    assert git(sample, "show", "agent/mul-add-multiply-to-calc:calc.py").count("def multiply") == 1
+    state = state_of(sample, "mul")
+    usage = [state["steps"][s]["usage"] for s in ("s1", "s2", "s4")]
+    assert [u["cached_tokens"] for u in usage] == [
+        sum(server.cached[0:2]),
+        sum(server.cached[2:4]),
+        sum(server.cached[4:6]),
+    ]
+    assert all(u["cache_reports"] == 2 for u in usage)
+    share = sum(server.cached) / sum(server.prompt)
+    assert (
+        f"{share:.0%} of prompt tokens from the server's cache ({sum(server.cached)} tokens)" in out
+    )
+    shown = json.loads(coder(sample, "show", "-t", "mul", "--json")[1])
+    assert shown["usage"]["cache_share"] == pytest.approx(share)
+    assert shown["usage"]["cached_tokens"] == sum(server.cached)
+    assert "of prompt tokens from the server's cache" in coder(sample, "show", "-t", "mul")[1]
+
+
+def test_tool_results_name_their_call(server: FakeOpenAI, sample: Path) -> None:
+    server.enqueue(call("fs_write", path="y.txt", content="y\n"), done("wrote y", "y.txt"))
+    path = taskfile(sample, "id: ids\ntitle: t\ngraph:\n  - {kind: edit, goal: write y}\n")
+    assert coder(sample, "run", "--autonomous", "-f", str(path))[0] == 0
+    second = server.chat_bodies()[1]["messages"]
+    assistant, result = second[-2], second[-1]
+    assert result["role"] == "tool" and result["tool_call_id"] == assistant["tool_calls"][0]["id"]
+    assert assistant["tool_calls"][0]["id"].startswith("call_")  # the server's id, kept
+
+
+def test_a_plan(server: FakeOpenAI, sample: Path) -> None:
+    server.enqueue(answer(plan_doc()))
+    code, out, err = coder(sample, "plan", PROMPT)
+    assert code == 0, out + err
+    assert (sample / "tasks" / "add-multiply.yaml").is_file()
+    assert f"Planning with {MODEL} at {server.url}" in err + out
+    fmt = server.chat_bodies()[0]["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"]["type"] == "object"
+
+
+def test_a_missing_model_and_an_unreachable_server_exit_3(
+    server: FakeOpenAI, sample: Path, isolated_home: Path
+) -> None:
+    path = taskfile(sample, "title: t\nmodel: llama9-70b\ngraph:\n  - {kind: edit, goal: g}\n")
+    code, _, err = coder(sample, "run", "--autonomous", "-f", str(path))
+    assert code == 3 and f"model 'llama9-70b' is not served at {server.url}" in err
+    url = down_url() + "/v1"
+    configure(isolated_home, url)
+    code, _, err = coder(
+        sample,
+        "run",
+        "--autonomous",
+        "-f",
+        str(taskfile(sample, "title: t\ngraph:\n  - {kind: edit, goal: g}\n")),
+    )
+    assert code == 3 and url in err
+    assert not list((sample / ".coder" / "tasks").glob("*"))  # nothing was started
+
+
+def test_the_run_goes_on_when_its_endpoint_dies(sample: Path, isolated_home: Path) -> None:
+    """Two endpoints; the step's endpoint is killed after its first reply: the step's next
+    call goes to the other endpoint, with the whole conversation, and the run ends green."""
+    with FakeOpenAI() as first, FakeOpenAI() as second:
+        configure(isolated_home, [first.url, second.url])
+        first.enqueue(call("fs_write", path="y.txt", content="y\n"))
+        second.enqueue(done("wrote y", "y.txt"))
+
+        def kill_first_after_its_reply() -> None:
+            deadline = time.monotonic() + 60
+            while len(first.cached) < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.05)  # let the reply finish
+            first.stop()
+
+        killer = threading.Thread(target=kill_first_after_its_reply)
+        killer.start()
+        path = taskfile(sample, "id: fo\ntitle: t\ngraph:\n  - {kind: edit, goal: write y}\n")
+        try:
+            code, out, err = coder(sample, "run", "--autonomous", "-f", str(path))
+        finally:
+            killer.join()
+        assert code == 0, out + err
+        assert second.pending == 0
+        moved = second.chat_bodies()[0]["messages"]
+        assert moved[-1]["role"] == "tool" and "y.txt" in json.dumps(moved[-2])
+    down = [e for e in events(sample, "fo") if e["event"] == "model.endpoint_down"]
+    assert (
+        len(down) == 1
+        and down[0]["endpoint"] == first.url
+        and down[0]["next_endpoint"] == second.url
+    )
+    assert down[0]["level"] == "warning"
+
+
+def test_doctor_checks_each_endpoint(sample: Path, isolated_home: Path) -> None:
+    dead = down_url() + "/v1"
+    with FakeOpenAI() as fake:
+        configure(isolated_home, [fake.url, dead])
+        code, out, _ = coder(sample, "doctor", "--json")
+    found = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert code == 3
+    assert found[f"model server ({fake.url})"]["status"] == "ok"
+    assert found[f"model ({fake.url})"]["status"] == "ok"
+    assert found[f"context window ({fake.url})"]["detail"].startswith("num_ctx 32768")
+    assert found[f"tool support ({fake.url})"]["status"] == "warn"  # the server does not say
+    assert found[f"model server ({dead})"]["status"] == "fail"
+    assert dead in found[f"model server ({dead})"]["detail"]
