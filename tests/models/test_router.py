@@ -104,7 +104,10 @@ def test_warm_up_warms_every_endpoint_and_leaves_out_the_dead() -> None:
 
     router = Router(make, ["a", "b"], "m")
     facts = router.warm_up()
-    assert facts.num_ctx == 4096 and facts.extra == {"endpoints": ["a", "b"], "endpoints_down": ["b"]}
+    assert facts.num_ctx == 4096 and facts.extra == {
+        "endpoints": ["a", "b"],
+        "endpoints_down": ["b"],
+    }
     assert router.for_step("s1").endpoint == "a"
     only_dead = Router(lambda e, m: Dead(model=m), ["b", "c"], "m")
     with pytest.raises(HostUnreachable, match="no model server answers"):
