@@ -206,3 +206,16 @@ def display_path(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except (ValueError, OSError):
         return str(path)
+
+
+# --- flow control between modules (never shown to the user) ----------------------------------
+
+
+class StopReply(Exception):  # noqa: N818
+    """Raised by a chat's `on_event` callback to cut the reply off: the provider closes the
+    stream (the server stops generating) and returns what arrived, done_reason "cut"."""
+
+
+class Transient(Exception):  # noqa: N818
+    """A model-call failure worth retrying that a provider noticed itself (a stream that ended
+    early, ...); its message is the reason."""

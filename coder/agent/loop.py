@@ -1,7 +1,7 @@
 """The model loop of one step: `run()` repeats `step()`, and `step()` is `execute(query())`
 (mini-swe-agent's shape): ask the model, run its tool calls, until `step_complete` is accepted
-or a bound is hit. Every way out is a small exception carrying its message (`LoopStop` and its
-kinds), so the loop itself has one exit.
+or a bound is hit. Every way out is a small exception carrying its message (`_LoopStop` and its
+kinds, private to this module), so the loop itself has one exit.
 
 The conversation only grows (each request starts with the previous one, byte for byte), so the
 server reuses its cache. The step ends only through `step_complete`, and only when the harness
@@ -43,14 +43,13 @@ from coder.agent.events import (
     TurnStarted,
 )
 from coder.agent.repair import calls_in_text, looks_like_tool_call
-from coder.errors import ModelError
+from coder.errors import ModelError, StopReply
 from coder.models.provider import (
     ChatEvent,
     ChatResult,
     EndpointDown,
     ModelProvider,
     Retrying,
-    StopReply,
     TextDelta,
     ToolCall,
     ToolCallEvent,
@@ -96,7 +95,7 @@ def _truncation_warning(reply: ChatResult, estimate: int) -> str | None:
 # -- the ways out -------------------------------------------------------------------------------
 
 
-class LoopStop(Exception):  # noqa: N818 (flow control)
+class _LoopStop(Exception):  # noqa: N818 (flow control)
     """Ends the loop; `message` says why (it becomes the step's error)."""
 
     def __init__(self, message: str) -> None:
@@ -104,7 +103,7 @@ class LoopStop(Exception):  # noqa: N818 (flow control)
         self.message = message
 
 
-class Accepted(LoopStop):
+class _Accepted(_LoopStop):
     """step_complete was called and its claim holds."""
 
     def __init__(self, claim: dict[str, Any]) -> None:
@@ -112,20 +111,20 @@ class Accepted(LoopStop):
         self.claim = claim
 
 
-class Cancelled(LoopStop):
+class _Cancelled(_LoopStop):
     def __init__(self) -> None:
         super().__init__("interrupted")
 
 
-class LimitReached(LoopStop):
+class _LimitReached(_LoopStop):
     """A turn, time or token budget ran out."""
 
 
-class GaveUp(LoopStop):
+class _GaveUp(_LoopStop):
     """The model cannot make progress: no tool calls, or the same call over and over."""
 
 
-class ModelFailed(LoopStop):
+class _ModelFailed(_LoopStop):
     """A model call failed after the provider's retries (ModelError): the step fails. An
     unusable server or model (ModelUnavailable) is not a step's failure and propagates."""
 
@@ -196,10 +195,10 @@ class AgentLoop:
         try:
             while True:
                 self.step()
-        except Accepted as accepted:
+        except _Accepted as accepted:
             self.result.ok, self.result.summary = True, accepted.message
             self.result.claim = accepted.claim
-        except LoopStop as stop:
+        except _LoopStop as stop:
             self.result.error = stop.message
         r = self.result
         self.emit(LoopFinished(r.turns, r.ok, r.summary if r.ok else r.error or "", r.usage))
@@ -223,7 +222,7 @@ class AgentLoop:
         try:
             reply = self.provider.chat(self.messages, tools=self.tools, on_event=watcher)
         except ModelError as exc:
-            raise ModelFailed(f"model call failed: {exc.message}") from exc
+            raise _ModelFailed(f"model call failed: {exc.message}") from exc
         self.result.turns = turn
         self.result.usage = self.result.usage + reply.usage
         calls = _with_ids(list(reply.tool_calls) or calls_in_text(reply.content, self.known), turn)
@@ -259,12 +258,12 @@ class AgentLoop:
         tried = reply.done_reason != "cut" and looks_like_tool_call(reply.content, self.known)
         self.blind += not tried
         if self.blind > self.limits.max_blind_nudges:
-            raise GaveUp(
+            raise _GaveUp(
                 f"the model answered {self.blind} times in prose with no attempt at a tool "
                 "call; steps are done through tools (use a model that supports tool calling)"
             )
         if self.nudges > self.limits.max_nudges:
-            raise GaveUp(
+            raise _GaveUp(
                 f"the model answered {self.nudges} times without a usable tool call "
                 "(it must finish with step_complete)"
             )
@@ -278,7 +277,7 @@ class AgentLoop:
         self.repeats = self.repeats + 1 if key == self.last_call else 1
         self.last_call = key
         if self.repeats >= self.limits.max_repeats:
-            raise GaveUp(
+            raise _GaveUp(
                 f"the model repeated the same {call.name} call {self.repeats} times; "
                 "stopping the step"
             )
@@ -297,7 +296,7 @@ class AgentLoop:
             self.emit(ToolFinished(turn, call.name, time.monotonic() - began))
             if rejection is None:
                 self._answer(call, "accepted")
-                raise Accepted(dict(call.arguments))
+                raise _Accepted(dict(call.arguments))
             self.emit(Nudged(turn, "rejected_claim", rejection))
             self._answer(call, f"rejected: {rejection}")
             return
@@ -315,18 +314,18 @@ class AgentLoop:
 
     def check_limits(self) -> None:
         if self.cancel is not None and self.cancel.is_set():
-            raise Cancelled
+            raise _Cancelled
         if self.result.turns >= self.limits.max_turns:
-            raise LimitReached(
+            raise _LimitReached(
                 f"turn limit reached ({self.limits.max_turns} model turns) without step_complete"
             )
         if time.monotonic() - self.started > self.limits.max_seconds:
-            raise LimitReached(
+            raise _LimitReached(
                 f"time limit reached ({self.limits.max_seconds:.0f}s) without step_complete"
             )
         used = self.result.usage.prompt_tokens + self.result.usage.eval_tokens
         if self.limits.max_tokens is not None and used > self.limits.max_tokens:
-            raise LimitReached(
+            raise _LimitReached(
                 f"token budget exhausted ({used} of {self.limits.max_tokens} tokens)"
             )
 
@@ -419,14 +418,8 @@ def _target(arguments: dict[str, Any]) -> str:
 
 __all__ = [
     "TERMINAL",
-    "Accepted",
     "AgentLoop",
-    "Cancelled",
-    "GaveUp",
-    "LimitReached",
     "Limits",
     "LoopResult",
-    "LoopStop",
-    "ModelFailed",
     "estimate_tokens",
 ]

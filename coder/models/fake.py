@@ -22,13 +22,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from coder.errors import ModelError
+from coder.errors import ModelError, StopReply
 from coder.models.provider import (
     ChatEvent,
     ChatResult,
     Done,
     ModelFacts,
-    StopReply,
     TextDelta,
     ToolCall,
     ToolCallEvent,

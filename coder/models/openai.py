@@ -29,20 +29,26 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
-from coder.errors import HostUnreachable, ModelError, ModelMissing, ModelUnavailable
+from coder.errors import (
+    HostUnreachable,
+    ModelError,
+    ModelMissing,
+    ModelUnavailable,
+    StopReply,
+    Transient,
+)
 from coder.models.provider import (
     ChatEvent,
     ChatResult,
     Done,
     ModelFacts,
-    StopReply,
     TextDelta,
     ToolCall,
     ToolCallEvent,
     Usage,
     estimate_tokens,
 )
-from coder.models.retry import RetryPolicy, Transient
+from coder.models.retry import RetryPolicy
 
 if TYPE_CHECKING:
     import openai

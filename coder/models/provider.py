@@ -171,11 +171,6 @@ class Done:
 ChatEvent = TextDelta | ToolCallEvent | Retrying | EndpointDown | Done
 
 
-class StopReply(Exception):  # noqa: N818 (flow control, not an error)
-    """Raised by an `on_event` callback to cut the reply off: the provider closes the stream
-    (the server stops generating) and returns what arrived, with done_reason "cut"."""
-
-
 class ModelProvider(Protocol):
     """A chat model at one place. `chat` streams internally, calls `on_event` per event, and
     returns the accumulated result; it raises ModelUnavailable or ModelError, never a

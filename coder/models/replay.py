@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from coder.errors import InvalidInput, ModelError
+from coder.errors import InvalidInput, ModelError, StopReply
 from coder.models.provider import (
     ChatEvent,
     ChatResult,
@@ -27,7 +27,6 @@ from coder.models.provider import (
     ModelFacts,
     ModelProvider,
     Models,
-    StopReply,
     TextDelta,
     ToolCall,
     ToolCallEvent,

@@ -20,10 +20,6 @@ T = TypeVar("T")
 MAX_BACKOFF_S = 30.0
 
 
-class Transient(Exception):
-    """A failure worth retrying that the provider noticed itself; its message is the reason."""
-
-
 @dataclass(frozen=True)
 class RetryPolicy:
     attempts: int = 3  # at least 1

@@ -16,6 +16,7 @@ from coder.errors import (
     ModelError,
     ModelMissing,
     ModelUnavailable,
+    StopReply,
 )
 from coder.models.factory import api_key, make_provider
 from coder.models.openai import OpenAIProvider, to_wire
@@ -23,7 +24,6 @@ from coder.models.provider import (
     ChatEvent,
     Done,
     Retrying,
-    StopReply,
     TextDelta,
     ToolCall,
     ToolCallEvent,
