@@ -284,7 +284,7 @@ def profile_steps(repo: Path, tmp: Path, paths: list[str], top: int = 30) -> Non
         for name, original in originals.items():
             setattr(executor.Executor, name, original)
     if result.status != "success":
-        raise SystemExit(f"profiled run ended {result.status}: {result.state.get('error')}")
+        raise SystemExit(f"profiled run ended {result.status}: {result.state.error}")
     stats = pstats.Stats(profiler)
     per_step = stats.total_tt / len(paths)  # type: ignore[attr-defined]
     print(

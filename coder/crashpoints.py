@@ -20,7 +20,9 @@ POINTS = (
     "during_command",  # while the step's command runs (after CODER_CRASH_DELAY seconds)
     "after_checks",  # command and asserts done, before the commit
     "after_commit",  # commit on the branch, before the checkpoint that records it
-    "checkpoint",  # inside a state write: temp file written, before the rename
+    "checkpoint",  # inside a snapshot write: temp file written, before the rename
+    "journal",  # inside a journal append: half the line written (a torn tail)
+    "compaction",  # snapshot replaced, before the journal it now contains is emptied
     "before_finish",  # every step done, before the final status
 )
 
@@ -62,6 +64,12 @@ def crashpoint(point: str, step: str | None = None) -> None:
         hit = _counts[point] == target[2]
     if hit:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def armed(point: str) -> bool:
+    """Whether a crash at `point` is requested (to prepare a torn write for it)."""
+    target = _target()
+    return target is not None and target[0] == point
 
 
 def crash_during(point: str, step: str | None = None) -> threading.Timer | None:

@@ -79,16 +79,16 @@ def run(
         landed = merge.merge_run(result.task_id, cwd=repo_dir, if_green=True, notify=notify)
     repo = gitops.open_repo(repo_dir)
     state = result.state
-    tip = gitops.branch_tip(repo, state["branch"])
+    tip = gitops.branch_tip(repo, state.branch)
     commits = [
         f"{c.commit[:8]} {c.summary}"
         for c in gitops.step_commits(
-            repo, branch=state["branch"], base_commit=state["base_commit"], task_id=result.task_id
+            repo, branch=state.branch, base_commit=state.base_commit, task_id=result.task_id
         )
     ]
     stat = (
-        gitops.diff_stat(repo, state["base_commit"], landed.commit)
+        gitops.diff_stat(repo, state.base_commit, landed.commit)
         if landed and landed.commit
-        else (gitops.diff_stat(repo, state["base_commit"], tip) if tip else "")
+        else (gitops.diff_stat(repo, state.base_commit, tip) if tip else "")
     )
     return DemoResult(repo_dir, result, landed, commits, stat)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,11 @@ def taskfile(repo: Path, text: str, name: str = "task.yaml") -> Path:
 
 
 def state_of(repo: Path, task_id: str) -> dict[str, Any]:
-    """A run's state file, checked against its schema."""
-    data: dict[str, Any] = json.loads((repo / ".coder" / "state" / f"{task_id}.json").read_text())
+    """A run's state as coder reads it (the snapshot and its journal), checked against its
+    schema."""
+    from coder.run.state import StateStore
+
+    data = StateStore(repo / ".coder").load(task_id).to_dict()
     assert list(validator("state").iter_errors(data)) == []
     return data
 

@@ -58,14 +58,14 @@ def demo(keep: Path | None, live: bool, as_json: bool) -> None:
                 "repo": str(result.repo),
                 "task_id": task_id,
                 "status": result.run.status,
-                "branch": state["branch"],
+                "branch": state.branch,
                 "commits": result.commits,
                 "merge": result.merge.to_dict() if result.merge else None,
             }
         )
     else:
         click.echo(summary_table(state))
-        click.echo(f"\nStep commits on {state['branch']}:")
+        click.echo(f"\nStep commits on {state.branch}:")
         for line in result.commits:
             click.echo(f"  {line}")
         if result.merge and result.merge.commit:

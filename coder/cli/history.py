@@ -15,28 +15,25 @@ task_option = click.option("-t", "--task", "task_id", required=True, help="The r
 def show_run(task_id: str, as_json: bool) -> None:
     from coder.cli.runs import run_usage, summary_table, usage_line
     from coder.run import history
-    from coder.run.state import skipped_note
 
     view = history.open_run(cwd(), task_id)
     state = view.state
     if as_json:
-        emit_json({**state, "running_pid": view.running_pid, "usage": run_usage(state)})
+        emit_json({**state.to_dict(), "running_pid": view.running_pid, "usage": run_usage(state)})
         return
-    status = f"running (pid {view.running_pid})" if view.running_pid else state["status"]
+    status: str = f"running (pid {view.running_pid})" if view.running_pid else state.status
     if status == "running":  # the state says so, but no runner holds the lock
         status = f"interrupted (the runner is gone; continue with `coder resume -t {task_id}`)"
-    click.echo(f"{state['title']}")
-    click.echo(f"  id        {state['task_id']}")
-    click.echo(f"  status    {status}" + (f": {state['error']}" if state.get("error") else ""))
-    note = skipped_note(state["steps"])
+    click.echo(f"{state.title}")
+    click.echo(f"  id        {state.task_id}")
+    click.echo(f"  status    {status}" + (f": {state.error}" if state.error else ""))
+    note = state.skipped_note()
     if note:
         click.echo(f"  skipped   {note}")
-    click.echo(
-        f"  branch    {state['branch']} (from {state['base']} at {state['base_commit'][:8]})"
-    )
-    click.echo(f"  worktree  {state['worktree']}")
-    if state.get("merge"):
-        merge = state["merge"]
+    click.echo(f"  branch    {state.branch} (from {state.base} at {state.base_commit[:8]})")
+    click.echo(f"  worktree  {state.worktree}")
+    if state.merge:
+        merge = state.merge
         click.echo(
             f"  merged    {merge.get('mode')} into {merge.get('base')} as "
             f"{str(merge.get('commit'))[:8]} (tag {merge.get('tag')})"
@@ -46,7 +43,7 @@ def show_run(task_id: str, as_json: bool) -> None:
         click.echo(f"  model     {usage}")
     click.echo("")
     click.echo(summary_table(state))
-    reasons = [(sid, r) for sid, st in state["steps"].items() for r in st.get("reasons", [])]
+    reasons = [(sid, reason) for sid, r in state.steps.items() for reason in r.reasons]
     if reasons:
         click.echo("\nwhy steps were rerun, skipped or reconciled:")
         for sid, reason in reasons:
@@ -74,7 +71,7 @@ def diff(task_id: str, step: str | None, stat: bool) -> None:
 def logs(task_id: str, follow: bool, as_json: bool) -> None:
     """Print a run's structured event log."""
     from coder.run import events, history
-    from coder.run.state import read_lock_owner
+    from coder.run.lock import read_lock_owner
 
     view = history.open_run(cwd(), task_id)
     if follow:

@@ -19,6 +19,8 @@ from coder.errors import (
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from coder.run.state import RunState
+
 EXIT_FOR = {
     "success": EXIT_OK,
     "failed": EXIT_FAILED,
@@ -197,7 +199,8 @@ def status(as_json: bool) -> None:
     from coder import project
     from coder.errors import CorruptState
     from coder.git import ops as gitops
-    from coder.run.state import StateStore, read_lock_owner
+    from coder.run.lock import read_lock_owner
+    from coder.run.state import DONE, StateStore
 
     root = gitops.repo_root(gitops.open_repo(cwd()))
     coder_dir = project.coder_dir(root)
@@ -206,21 +209,20 @@ def status(as_json: bool) -> None:
         if isinstance(item, CorruptState):
             rows.append({"id": item.task_id, "status": "corrupt", "error": item.message})
             continue
-        steps = item["steps"].values()
-        done = sum(1 for s in steps if s["status"] in ("success", "skipped"))
-        running = read_lock_owner(coder_dir, item["task_id"]) is not None
-        status = "running" if running else item["status"]
+        done = sum(1 for r in item.steps.values() if r.status in DONE)
+        running = read_lock_owner(coder_dir, item.task_id) is not None
+        status: str = "running" if running else item.status
         if status == "running" and not running:  # the state says so, but no runner holds it
             status = "interrupted (runner gone; coder resume)"
         rows.append(
             {
-                "id": item["task_id"],
-                "title": item["title"],
+                "id": item.task_id,
+                "title": item.title,
                 "status": status,
-                "progress": f"{done}/{len(steps)}",
-                "branch": item["branch"],
-                "updated_at": item["updated_at"],
-                "error": item.get("error"),
+                "progress": f"{done}/{len(item.steps)}",
+                "branch": item.branch,
+                "updated_at": item.updated_at,
+                "error": item.error,
             }
         )
     if as_json:
@@ -251,7 +253,7 @@ def approval_prompt(step: Any, run: Any) -> str:
         )
         if answer == "d":
             repo = gitops.open_repo(run.worktree)
-            text = gitops.diff_patch(repo, run.state["base_commit"], worktree=run.worktree)
+            text = gitops.diff_patch(repo, run.state.base_commit, worktree=run.worktree)
             click.echo(text or "(no changes yet)", err=True)
             continue
         return {"r": "run", "s": "skip", "q": "quit"}[answer]
@@ -291,21 +293,18 @@ def _merge_on_success(result: Any, as_json: bool) -> tuple[dict[str, Any], str, 
 def _finish(
     result: Any, as_json: bool, merged: tuple[dict[str, Any], str, int] | None = None
 ) -> None:
-    from coder.run.state import skipped_note
-
     state = result.state
-    note = skipped_note(state["steps"])
     if as_json:
         emit_json(
             {
                 "task_id": result.task_id,
                 "status": result.status,
-                "branch": state["branch"],
-                "worktree": state["worktree"],
-                "error": state.get("error"),
+                "branch": state.branch,
+                "worktree": state.worktree,
+                "error": state.error,
                 "skipped": skipped_steps(state),
                 "warnings": list(result.warnings),
-                "steps": state["steps"],
+                "steps": state.to_dict()["steps"],
                 "usage": run_usage(state),
                 **({"merge": merged[0]} if merged else {}),
             }
@@ -314,12 +313,13 @@ def _finish(
         click.echo(summary_table(state))
         click.echo("")
         line = f"Run {result.task_id}: {result.status}"
-        if note and not state.get("error"):
+        note = state.skipped_note()
+        if note and not state.error:
             line += f", {note}"
-        if state.get("error"):
-            line += f" ({state['error']})"
+        if state.error:
+            line += f" ({state.error})"
         click.echo(line)
-        click.echo(f"  branch   {state['branch']}\n  worktree {state['worktree']}")
+        click.echo(f"  branch   {state.branch}\n  worktree {state.worktree}")
         if usage_line(state):
             click.echo(f"  model    {usage_line(state)}")
         if result.status in ("interrupted", "failed", "error"):
@@ -329,27 +329,24 @@ def _finish(
     raise SystemExit(merged[2] if merged else EXIT_FOR.get(result.status, EXIT_FAILED))
 
 
-def skipped_steps(state: dict[str, Any]) -> list[dict[str, Any]]:
+def skipped_steps(state: RunState) -> list[dict[str, Any]]:
     """Each skipped step with why (`cause`: failed, user or requirement) and its error."""
     return [
-        {"step_id": sid, "cause": st.get("skip_cause") or "failed", "error": st.get("error")}
-        for sid, st in state["steps"].items()
-        if st["status"] == "skipped"
+        {"step_id": sid, "cause": r.skip_cause or "failed", "error": r.error}
+        for sid, r in state.skipped()
     ]
 
 
-def run_usage(state: dict[str, Any]) -> dict[str, Any]:
+def run_usage(state: RunState) -> dict[str, Any]:
     """The run's model usage summed over its steps, with `cache_share`: the share of prompt
     tokens the server reported serving from its cache (null when it reported none)."""
-    from coder.models.provider import Usage, cache_share
+    from coder.models.provider import cache_share
 
-    total = Usage()
-    for st in state["steps"].values():
-        total = total + Usage.from_dict(st.get("usage"))
+    total = state.usage()
     return {**total.as_dict(), "cache_share": cache_share(total)}
 
 
-def usage_line(state: dict[str, Any]) -> str:
+def usage_line(state: RunState) -> str:
     """The run's model usage: calls, tokens, generation speed, load time, and the server's
     cache reuse where it reports it ("" without calls)."""
     total = run_usage(state)
@@ -369,24 +366,20 @@ def usage_line(state: dict[str, Any]) -> str:
     )
 
 
-def summary_table(state: dict[str, Any]) -> str:
-    steps = state["task"]["graph"]
+def summary_table(state: RunState) -> str:
     rows = [("step", "kind", "status", "tries", "time", "tokens", "commit", "note")]
-    for step in steps:
-        st = state["steps"][step["id"]]
-        duration = st.get("duration_s")
-        usage = st.get("usage") or {}
-        tokens = usage.get("prompt_tokens", 0) + usage.get("eval_tokens", 0)
-        note = st.get("error") or st.get("summary") or ""
+    for step in state.task["graph"]:
+        r = state.steps[step["id"]]
+        note = r.error or r.summary or ""
         rows.append(
             (
                 step["id"],
                 step["kind"],
-                st["status"],
-                str(st.get("attempts", 0)),
-                f"{duration:.1f}s" if duration is not None else "-",
-                str(tokens) if usage else "-",
-                (st.get("commit") or "-")[:8],
+                r.status,
+                str(r.attempts),
+                f"{r.duration_s:.1f}s" if r.duration_s is not None else "-",
+                str(r.tokens) if r.usage else "-",
+                (r.commit or "-")[:8],
                 note.splitlines()[0][:60] if note else "",
             )
         )

@@ -146,8 +146,8 @@ def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
         from coder.run import history
 
         state = history.open_run(cwd(), task_id).state
-        nodes, title = diagram.nodes_of_run(state), state["title"]
-        header = f"{title}\n  run {task_id}: {state['status']} on {state['branch']}\n"
+        nodes, title = diagram.nodes_of_run(state.to_dict()), state.title
+        header = f"{title}\n  run {task_id}: {state.status} on {state.branch}\n"
     else:
         from coder import taskfile
 

@@ -147,7 +147,8 @@ def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     from coder.errors import UnknownTask
-    from coder.run.state import StateStore, read_lock_owner
+    from coder.run.lock import read_lock_owner
+    from coder.run.state import DONE, StateStore
 
     task_id = args["id"]
     _repo_obj, coder_dir = _repo(ctx)
@@ -168,31 +169,31 @@ def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         raise
     # The runner holds the lock while it runs; our own child may still be merging after it.
     running = alive or read_lock_owner(coder_dir, task_id) is not None
-    status = "running" if running else state["status"]
-    kinds = {s["id"]: s["kind"] for s in state["task"]["graph"]}
+    status = "running" if running else state.status
+    kinds = {s["id"]: s["kind"] for s in state.task["graph"]}
     steps = [
         {
             "id": sid,
             "kind": kinds.get(sid),
-            "status": st["status"],
-            "attempts": st.get("attempts", 0),
-            "commit": st.get("commit"),
-            "error": st.get("error"),
+            "status": st.status,
+            "attempts": st.attempts,
+            "commit": st.commit,
+            "error": st.error,
         }
-        for sid, st in state["steps"].items()
+        for sid, st in state.steps.items()
     ]
-    done = sum(1 for s in steps if s["status"] in ("success", "skipped"))
+    done = sum(1 for st in state.steps.values() if st.status in DONE)
     lines = [
         f"run {task_id}: {status} ({done}/{len(steps)} steps done) on branch "
-        f"{state['branch']}" + (f"; error: {state['error']}" if state.get("error") else "")
+        f"{state.branch}" + (f"; error: {state.error}" if state.error else "")
     ]
     lines += [
-        f"  {s['id']}  {s['kind']}  {s['status']}"
-        + (f"  commit {s['commit'][:8]}" if s["commit"] else "")
-        + (f"  ({s['error']})" if s["error"] else "")
-        for s in steps
+        f"  {sid}  {kinds.get(sid)}  {st.status}"
+        + (f"  commit {st.commit[:8]}" if st.commit else "")
+        + (f"  ({st.error})" if st.error else "")
+        for sid, st in state.steps.items()
     ]
-    merge = state.get("merge")
+    merge = state.merge
     extra: dict[str, Any] = {}
     if merge and merge.get("commit"):
         lines.append(f"merged into {merge.get('base')} as {str(merge['commit'])[:8]}")
@@ -204,11 +205,11 @@ def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         content="\n".join(lines),
         data={
             "task_id": task_id,
-            "title": state.get("title"),
+            "title": state.title,
             "status": status,
-            "branch": state["branch"],
-            "base": state.get("base"),
-            "error": state.get("error"),
+            "branch": state.branch,
+            "base": state.base,
+            "error": state.error,
             "merge": merge,
             "steps": steps,
             **extra,

@@ -36,12 +36,13 @@ from coder.crashpoints import crashpoint
 from coder.errors import CoderError, EnvironmentProblem
 from coder.git import ops as gitops
 from coder.run.schedule import Schedule
-from coder.run.state import SKIP_PHRASES, now_iso, skipped_note
+from coder.run.state import RunState, RunStatus, SkipCause, StepRecord, now_iso
 from coder.run.steps import StepContext, StepOutcome, runner_for
 from coder.run.steps.checks import CHECKS, GitGuard, Verification
 
 if TYPE_CHECKING:
     from coder.config import Config
+    from coder.models.provider import Usage
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.run.events import EventLog
@@ -57,7 +58,7 @@ class RunContext:
     repo_root: Path
     coder_dir: Path
     worktree: Path
-    state: dict[str, Any]
+    state: RunState
     store: StateStore
     log: EventLog
     policy: Policy
@@ -72,7 +73,7 @@ class RunContext:
 
     @property
     def branch(self) -> str:
-        return str(self.state["branch"])
+        return self.state.branch
 
     @property
     def artifacts(self) -> Path:
@@ -117,76 +118,56 @@ class Executor:
         self.repo = gitops.open_repo(run.repo_root)
         self.common_dir = gitops.common_dir(self.repo)
         self.steps = {s.id: s for s in self.task.steps}
-        self.schedule = Schedule(
-            self.task, {sid: st["status"] for sid, st in run.state["steps"].items()}
-        )
+        self.schedule = Schedule(self.task, {sid: r.status for sid, r in run.state.steps.items()})
         self.halted = False
         self.error: str | None = None  # the environment problem that stopped the run
         self._lock = threading.RLock()
-        steps = run.state["steps"].values()
-        self._tokens = sum(_tokens(s) for s in steps)  # run budgets, kept up to date
-        self._seconds = sum(s.get("duration_s") or 0 for s in steps)
+        steps = run.state.steps.values()
+        self._tokens = sum(r.tokens for r in steps)  # run budgets, kept up to date
+        self._seconds = sum(r.duration_s or 0 for r in steps)
 
     # --- state helpers ------------------------------------------------------------------
 
-    def step_state(self, step_id: str) -> dict[str, Any]:
-        return self.run.state["steps"][step_id]  # type: ignore[no-any-return]
+    def record(self, step_id: str) -> StepRecord:
+        return self.run.state.steps[step_id]
 
-    def status(self, step_id: str) -> str:
-        return str(self.step_state(step_id)["status"])
-
-    def checkpoint(self, *, validate: bool = False) -> None:
+    def checkpoint(self) -> None:
+        """The whole state as a snapshot (the run's start and end)."""
         with self._lock:
-            self.run.store.save(self.run.state, validate=validate)
+            self.run.store.save(self.run.state)
 
-    def _update(self, step_id: str, **fields: Any) -> None:
+    def _update(self, step_id: str, **changes: Any) -> None:
+        """Change a step's record and journal it (one line, fsync'd)."""
         for key in ("error", "summary"):  # state is shown and logged: no secrets in it
-            if isinstance(fields.get(key), str):
-                fields[key] = self.run.redactor.redact(fields[key])
+            if isinstance(changes.get(key), str):
+                changes[key] = self.run.redactor.redact(changes[key])
         with self._lock:
-            record = self.step_state(step_id)
-            if "duration_s" in fields:
-                self._seconds += (fields["duration_s"] or 0) - (record.get("duration_s") or 0)
-            record.update(fields)
-            self.checkpoint()
+            record = self.record(step_id)
+            if "duration_s" in changes:
+                self._seconds += (changes["duration_s"] or 0) - (record.duration_s or 0)
+            for key, value in changes.items():
+                setattr(record, key, value)
+            self.run.store.record(self.run.state, step_id)
 
-    def _add_usage(self, step_id: str, usage: dict[str, Any]) -> None:
+    def _add_usage(self, step_id: str, usage: Usage) -> None:
         """Usage accumulates over a step's attempts (they all cost model time)."""
-        keys = (
-            "calls",
-            "prompt_tokens",
-            "eval_tokens",
-            "prompt_s",
-            "eval_s",
-            "load_s",
-            "total_s",
-            "cached_tokens",
-            "cache_reports",
-        )
         with self._lock:
-            record = self.step_state(step_id)
-            total = record.get("usage") or dict.fromkeys(keys, 0)
-            before = _tokens(record)
-            record["usage"] = {
-                k: round(total.get(k, 0) + usage.get(k, 0), 6)
-                if isinstance(usage.get(k, 0), float)
-                else total.get(k, 0) + usage.get(k, 0)
-                for k in keys
-            }
-            self._tokens += _tokens(record) - before
+            record = self.record(step_id)
+            self._tokens -= record.tokens
+            record.usage = record.usage + usage if record.usage else usage
+            self._tokens += record.tokens
 
     def _reason(self, step_id: str, reason: str) -> None:
         with self._lock:
-            self.step_state(step_id).setdefault("reasons", []).append(
-                self.run.redactor.redact(reason)
-            )
+            self.record(step_id).reasons.append(self.run.redactor.redact(reason))
 
     # --- the walk -----------------------------------------------------------------------
 
     def execute(self) -> str:
         """Run every runnable step; returns the run's final status."""
-        self.run.state.update(status="running", pid=os.getpid(), error=None)
-        self.checkpoint(validate=True)
+        state = self.run.state
+        state.status, state.pid, state.error = "running", os.getpid(), None
+        self.checkpoint()
         self.run.log.info(
             "run.started",
             steps=len(self.steps),
@@ -204,7 +185,7 @@ class Executor:
         while not self.halted and not self.run.stop.is_set():
             exhausted = self._run_budget_exhausted()
             if exhausted:
-                self.run.state["error"] = exhausted
+                self.run.state.error = exhausted
                 self.run.log.error("run.budget_exhausted", reason=exhausted)
                 self.halted = True
                 return
@@ -305,7 +286,7 @@ class Executor:
 
     def _start(self, step: Step, tip: str) -> int:
         with self._lock:
-            attempt = int(self.step_state(step.id).get("attempts", 0)) + 1
+            attempt = self.record(step.id).attempts + 1
             self._update(
                 step.id,
                 status="running",
@@ -356,7 +337,7 @@ class Executor:
             redactor=self.run.redactor,
             owner=self.run.owner,
             agent=self.run.agent,
-            previous_error=self.step_state(step.id).get("error"),
+            previous_error=self.record(step.id).error,
         )
         try:
             outcome = runner_for(step.kind)(ctx)
@@ -477,7 +458,7 @@ class Executor:
         self.run.log.error("step.failed", step_id=step.id, error=error, strategy=step.strategy)
         self.halted = True
 
-    def _skip(self, step_id: str, cause: str, reason: str, **fields: Any) -> None:
+    def _skip(self, step_id: str, cause: SkipCause, reason: str, **fields: Any) -> None:
         """Record a skip by the step's own on_fail or by the user, and go on after it."""
         self._mark_skipped(step_id, cause, reason, **fields)
         self._skip_required(self.schedule.resolve(step_id, "skipped"))
@@ -488,8 +469,7 @@ class Executor:
                 step_id, "requirement", f"skipped: depends on skipped step {required}"
             )
 
-    def _mark_skipped(self, step_id: str, cause: str, reason: str, **fields: Any) -> None:
-        assert cause in SKIP_PHRASES, cause
+    def _mark_skipped(self, step_id: str, cause: SkipCause, reason: str, **fields: Any) -> None:
         self._reason(step_id, reason)
         self._update(step_id, status="skipped", skip_cause=cause, ended_at=now_iso(), **fields)
         level = self.run.log.warning if cause == "failed" else self.run.log.info
@@ -543,7 +523,7 @@ class Executor:
     def _duration(self, step_id: str) -> float | None:
         from datetime import datetime
 
-        started = self.step_state(step_id).get("started_at")
+        started = self.record(step_id).started_at
         if not started:
             return None
         begin = datetime.fromisoformat(started.replace("Z", "+00:00"))
@@ -554,29 +534,29 @@ class Executor:
     def _finish(self) -> str:
         crashpoint("before_finish")
         status, error = self._verdict()
-        self.run.state.update(
-            status=status, error=self.run.redactor.redact(error) if error else None
-        )
-        self.checkpoint(validate=True)
-        note = skipped_note(self.run.state["steps"])
+        state = self.run.state
+        state.status = status
+        state.error = self.run.redactor.redact(error) if error else None
+        self.checkpoint()
+        note = state.skipped_note()
         self.run.log.info("run.finished", status=status, error=error or "", skipped=note or "")
         return status
 
-    def _verdict(self) -> tuple[str, str | None]:
+    def _verdict(self) -> tuple[RunStatus, str | None]:
         """The run's status and what went wrong: an environment problem first (the run is not
         judged then), a failed step, a stop, steps left over, no step done, red criteria."""
         if self.error is not None:
             return "error", self.error
-        records = self.run.state["steps"]
-        failed = [s for s, r in records.items() if r["status"] == "failed"]
+        records = self.run.state.steps
+        failed = [sid for sid, r in records.items() if r.status == "failed"]
         if failed:
-            return "failed", f"step {failed[0]} failed: {records[failed[0]]['error']}"
-        if self.run.stop.is_set() or any(r["status"] == "interrupted" for r in records.values()):
+            return "failed", f"step {failed[0]} failed: {records[failed[0]].error}"
+        if self.run.stop.is_set() or any(r.status == "interrupted" for r in records.values()):
             return "interrupted", None
-        if any(r["status"] in ("pending", "running") for r in records.values()):
-            return "failed", self.run.state.get("error") or "some steps could not run"
-        if not any(r["status"] == "success" for r in records.values()):
-            return "failed", f"no step did its work ({skipped_note(records)})"
+        if any(r.status in ("pending", "running") for r in records.values()):
+            return "failed", self.run.state.error or "some steps could not run"
+        if not any(r.status == "success" for r in records.values()):
+            return "failed", f"no step did its work ({self.run.state.skipped_note()})"
         try:
             problems = success_problems(self)
         except EnvironmentProblem as exc:
@@ -641,11 +621,6 @@ class Scratch:
         if commit is None:
             return None, current
         return gitops.cherry_pick(self.ex.run.worktree, commit, expected_tip=current), current
-
-
-def _tokens(record: dict[str, Any]) -> int:
-    usage = record.get("usage") or {}
-    return int(usage.get("prompt_tokens", 0)) + int(usage.get("eval_tokens", 0))
 
 
 def success_problems(ex: Executor) -> list[str]:

@@ -10,8 +10,9 @@ from typing import Any
 from coder import project
 from coder.errors import ConcurrentRun, CorruptState, InvalidInput
 from coder.git import ops as gitops
+from coder.run.lock import read_lock_owner
 from coder.run.runs import load_manifest, manifest_path
-from coder.run.state import StateStore, read_lock_owner
+from coder.run.state import RunState, StateStore
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class RunView:
     root: Path
     coder_dir: Path
     manifest: dict[str, Any]
-    state: dict[str, Any]
+    state: RunState
     running_pid: int | None
 
 
@@ -34,25 +35,23 @@ def open_run(cwd: Path, task_id: str) -> RunView:
 def diff(view: RunView, *, step: str | None = None, stat: bool = False) -> str:
     """The run's accumulated diff (base..branch), or one step's own commit."""
     repo = gitops.open_repo(view.root)
-    tip = gitops.branch_tip(repo, view.state["branch"])
+    state = view.state
+    tip = gitops.branch_tip(repo, state.branch)
     if tip is None:
-        raise InvalidInput(f"branch {view.state['branch']} no longer exists")
+        raise InvalidInput(f"branch {state.branch} no longer exists")
     if step is None:
-        old, new = view.state["base_commit"], tip
+        old, new = state.base_commit, tip
     else:
-        if step not in view.state["steps"]:
-            known = ", ".join(view.state["steps"])
+        if step not in state.steps:
+            known = ", ".join(state.steps)
+            raise InvalidInput(f"run {state.task_id} has no step {step!r} (its steps: {known})")
+        record = state.steps[step]
+        if not record.commit:
             raise InvalidInput(
-                f"run {view.state['task_id']} has no step {step!r} (its steps: {known})"
-            )
-        commit = view.state["steps"][step].get("commit")
-        if not commit:
-            status = view.state["steps"][step]["status"]
-            raise InvalidInput(
-                f"step {step} has no commit (status {status}; a step that changed "
+                f"step {step} has no commit (status {record.status}; a step that changed "
                 "nothing makes none)"
             )
-        old, new = gitops.resolve_commit(repo, f"{commit}^"), commit
+        old, new = gitops.resolve_commit(repo, f"{record.commit}^"), record.commit
     return gitops.diff_stat(repo, old, new) if stat else gitops.diff_patch(repo, old, new)
 
 
@@ -72,7 +71,7 @@ def clean(
             hint=f"stop it first with `coder stop -t {task_id}`",
         )
     try:
-        merged = bool((StateStore(coder_dir).load(task_id).get("merge") or {}).get("commit"))
+        merged = bool((StateStore(coder_dir).load(task_id).merge or {}).get("commit"))
     except (CorruptState, InvalidInput):
         merged = False
     # the run's own worktree, its steps' scratch worktrees and merge's check worktree: exact
@@ -84,8 +83,8 @@ def clean(
     drop_branch = delete_branch or (merged and not keep_branch)
     if drop_branch:
         gitops.delete_branch(repo, branch)
+    StateStore(coder_dir).delete(task_id)
     for path in (
-        coder_dir / "state" / f"{task_id}.json",
         coder_dir / "logs" / f"{task_id}.jsonl",
         coder_dir / "locks" / f"{task_id}.lock",
         manifest_path(coder_dir, task_id),

@@ -40,8 +40,9 @@ from coder.errors import (
 )
 from coder.git import land as gitland
 from coder.git import ops as gitops
+from coder.run.lock import TaskLock
 from coder.run.runs import load_manifest
-from coder.run.state import StateStore, TaskLock, now_iso
+from coder.run.state import RunState, StateStore, StepRecord, now_iso
 
 MODES = ("squash", "no-ff", "ff-only")
 Notify = Callable[[str], None]
@@ -148,8 +149,8 @@ class _Merge:
         self.store, self.mode, self.if_green, self.notify = store, mode, if_green, notify
         self.task_id: str = manifest["task_id"]
         self.state = store.load(self.task_id)
-        self.base: str = self.state["base"]
-        self.branch: str = self.state["branch"]
+        self.base: str = self.state.base
+        self.branch: str = self.state.branch
         self.tag = tag_name(self.task_id)
         self.warnings: list[str] = []
 
@@ -211,7 +212,7 @@ class _Merge:
 
     def _landed(self, base_tip: str, run_tip: str) -> tuple[str, str, bool] | None:
         """(commit, mode, recorded) of this run's merge if base already contains it."""
-        record = self.state.get("merge") or {}
+        record = self.state.merge or {}
         if record.get("commit"):
             if gitland.is_ancestor(self.repo, record["commit"], base_tip):
                 return record["commit"], record.get("mode", "squash"), True
@@ -230,7 +231,7 @@ class _Merge:
         return None
 
     def _check_mergeable(self) -> None:
-        status = self.state["status"]
+        status = self.state.status
         if status != "success":
             raise InvalidInput(
                 f"run {self.task_id} is {status}; only a successful run can be merged",
@@ -394,7 +395,7 @@ class _Merge:
         )
 
     def _record(self, commit: str, mode: str) -> None:
-        self.state["merge"] = {
+        self.state.merge = {
             "commit": commit,
             "base": self.base,
             "mode": mode,
@@ -430,7 +431,7 @@ class _Merge:
         )
 
 
-def merge_message(manifest: dict[str, Any], state: dict[str, Any], mode: str) -> str:
+def merge_message(manifest: dict[str, Any], state: RunState, mode: str) -> str:
     """Title, the steps (one line each, as their commits are titled), then the trailers."""
     from coder import taskfile
     from coder.redact import redact
@@ -439,18 +440,12 @@ def merge_message(manifest: dict[str, Any], state: dict[str, Any], mode: str) ->
     task = taskfile.from_dict(manifest["task"])
     lines = []
     for step in task.steps:
-        st = state["steps"].get(step.id, {})
-        note = (
-            ""
-            if st.get("commit")
-            else " (skipped)"
-            if st.get("status") == "skipped"
-            else " (no changes)"
-        )
+        st = state.steps.get(step.id) or StepRecord()
+        note = "" if st.commit else " (skipped)" if st.status == "skipped" else " (no changes)"
         lines.append(f"- {commit_title(step)}{note}")
     what = "Squash merge" if mode == "squash" else "Merge"
     title = redact(" ".join(task.title.split())) or f"coder task {task.id}"
-    intro = f"{what} of coder task {task.id} from {state['branch']} ({len(lines)} steps):"
+    intro = f"{what} of coder task {task.id} from {state.branch} ({len(lines)} steps):"
     trailers = f"{gitops.TRAILER_TASK}: {task.id}\n{gitland.TRAILER_MERGE}: {mode}\n"
     return "\n\n".join([title, intro + "\n" + "\n".join(lines), trailers])
 

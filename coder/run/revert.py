@@ -38,8 +38,9 @@ from coder.crashpoints import crashpoint
 from coder.errors import CoderError, ConcurrentRun, EnvironmentProblem, InvalidInput, MergedRun
 from coder.git import land as gitland
 from coder.git import ops as gitops
+from coder.run.lock import TaskLock
 from coder.run.runs import load_manifest
-from coder.run.state import StateStore, TaskLock
+from coder.run.state import StateStore
 
 MODES = ("revert", "reset")
 
@@ -209,12 +210,12 @@ class _Revert:
     def _refuse_merged(self) -> None:
         from coder.run.merge import tag_name
 
-        record = self.state.get("merge") or {}
+        record = self.state.merge or {}
         tag = tag_name(self.task_id)
         commit = record.get("commit") or self._tagged(tag)
         if not commit:
             return
-        base = record.get("base") or self.state["base"]
+        base = record.get("base") or self.state.base
         undo = {
             "no-ff": f"git revert -m 1 {tag}",
             "ff-only": f"git revert --no-edit {self.manifest['base_commit'][:12]}..{tag}",
@@ -291,7 +292,7 @@ class _Revert:
             gitops.discard_changes(self.worktree, tip)  # an earlier revert was killed mid-way
             self.finished.append("worktree")
             return
-        running = [s for s, st in self.state["steps"].items() if st["status"] == "running"]
+        running = [s for s, st in self.state.steps.items() if st.status == "running"]
         if running:  # the lock is ours, so that runner is dead: resume would discard them too
             gitops.discard_changes(self.worktree, tip)
             self.warnings.append(
@@ -345,13 +346,13 @@ class _Revert:
             reason += f"; the branch was at {was}, kept in its reflog"
         changed = []
         for step_id in plan.pending:
-            st = self.state["steps"][step_id]
-            if st["status"] == "pending" and not st.get("commit") and step_id not in undone:
+            st = self.state.steps[step_id]
+            if st.status == "pending" and not st.commit and step_id not in undone:
                 continue
-            st.update(status="pending", commit=None, error=None)
-            st.setdefault("reasons", []).append(reason)
+            st.status, st.commit, st.error = "pending", None, None
+            st.reasons.append(reason)
             changed.append(step_id)
         if changed:
-            self.state.update(status="interrupted", error=None, pid=None)
+            self.state.status, self.state.error, self.state.pid = "interrupted", None, None
             self.store.save(self.state)
         return tuple(changed)

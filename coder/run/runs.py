@@ -3,8 +3,9 @@
 Files per run, under `.coder/`:
     tasks/<id>.json       the run's manifest: the resolved taskfile, base commit, branch,
                           worktree. Written once, before anything else, never changed.
-    state/<id>.json       the checkpoint (coder.run.state), rewritten atomically after every step
-                          transition; can be rebuilt from the manifest and the branch's trailers.
+    state/<id>.json       the checkpoint (coder.run.state): a snapshot, and a journal of the
+    state/<id>.journal    step transitions since; can be rebuilt from the manifest and the
+                          branch's trailers.
     worktrees/<id>/       the git worktree on the run's branch: all work happens there.
     logs/<id>.jsonl       the event log. artifacts/<id>/: per-step diffs and command logs.
 """
@@ -29,7 +30,8 @@ from coder.durable import write_atomic
 from coder.errors import CorruptState, EnvironmentProblem, InvalidInput, UnknownTask
 from coder.git import land as gitland
 from coder.git import ops as gitops
-from coder.run.state import StateStore, TaskLock, now_iso
+from coder.run.lock import TaskLock
+from coder.run.state import RunState, StateStore, new_run, now_iso
 
 Console = Callable[[dict[str, Any]], None]
 
@@ -56,7 +58,7 @@ class RunOptions:
 class RunResult:
     task_id: str
     status: str  # success | failed | error | interrupted
-    state: dict[str, Any]
+    state: RunState
     warnings: tuple[str, ...] = ()
 
 
@@ -132,7 +134,7 @@ def start(
                 repo, name=task.id, path=worktree, branch=task.branch, start=base_commit
             )
             crashpoint("after_worktree")
-            state = initial_state(manifest)
+            state = new_run(manifest)
             store.save(state)
             warnings = []
             if gitops.signature(repo)[1]:
@@ -241,31 +243,6 @@ def preflight(task: taskfile.Task, policy: Any, root: Path, cfg: config_mod.Conf
             raise InvalidInput(f"step {step.id}: {exc.message}", hint=exc.hint) from None
 
 
-def initial_state(manifest: dict[str, Any]) -> dict[str, Any]:
-    task = manifest["task"]
-    return {
-        "version": 1,
-        "task_id": manifest["task_id"],
-        "title": task["title"],
-        "taskfile": manifest.get("taskfile"),
-        "status": "pending",
-        "branch": manifest["branch"],
-        "base": manifest["base"],
-        "base_commit": manifest["base_commit"],
-        "worktree": manifest["worktree"],
-        "pid": None,
-        "task": task,
-        "error": None,
-        "created_at": manifest["created_at"],
-        "updated_at": now_iso(),
-        "merge": None,
-        "steps": {
-            s["id"]: {"status": "pending", "attempts": 0, "commit": None, "reasons": []}
-            for s in task["graph"]
-        },
-    }
-
-
 # --- resume --------------------------------------------------------------------------------
 
 
@@ -307,9 +284,9 @@ def resume(
                 )
             )  # the run's manifest exists
             warnings.append(f"{problem}; rebuilding the state from the branch's commits")
-            state = initial_state(manifest)
-            state["status"] = "interrupted"
-        if state["status"] == "success":
+            state = new_run(manifest)
+            state.status = "interrupted"
+        if state.status == "success":
             raise InvalidInput(
                 f"run {task_id} already finished successfully; nothing to resume",
                 hint=f"see `coder show -t {task_id}`, or merge it with `coder merge -t {task_id}`",
@@ -337,9 +314,7 @@ def resume(
         )
 
 
-def reconcile(
-    repo: Any, state: dict[str, Any], manifest: dict[str, Any], worktree: Path
-) -> list[str]:
+def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Path) -> list[str]:
     """Bring the checkpoint in line with git, the source of truth. Refuses (changing nothing)
     when someone else moved the branch or edited the worktree while no runner was there."""
     warnings = []
@@ -373,32 +348,29 @@ def reconcile(
         )
     }
     was_running = False
-    for step_id, st in state["steps"].items():
-        status = st["status"]
-        if status == "success" and st.get("commit") and st["commit"] not in committed.values():
-            st.update(status="pending", commit=None)
-            st["reasons"].append(
-                "its commit is no longer on the branch (or was reverted); rerunning"
-            )
-        elif status in ("running", "pending", "interrupted", "failed") and step_id in committed:
-            st.update(status="success", commit=committed[step_id], error=None)
-            st["reasons"].append(
+    for step_id, st in state.steps.items():
+        if st.status == "success" and st.commit and st.commit not in committed.values():
+            st.status, st.commit = "pending", None
+            st.reasons.append("its commit is no longer on the branch (or was reverted); rerunning")
+        elif st.status in ("running", "pending", "interrupted", "failed") and step_id in committed:
+            st.status, st.commit, st.error = "success", committed[step_id], None
+            st.reasons.append(
                 "its commit is on the branch (made before the runner stopped); "
                 "marked done without rerunning"
             )
-        elif status == "running":
+        elif st.status == "running":
             was_running = True
-            st.update(status="pending")
-            st["reasons"].append(
+            st.status = "pending"
+            st.reasons.append(
                 "was running when the runner stopped (crash or kill); its partial "
                 "changes were discarded and it runs again"
             )
-        elif status == "interrupted":  # the stopping runner discarded its changes itself,
-            st.update(status="pending")  # so anything in the worktree now is someone else's
-            st["reasons"].append("was interrupted by a stop; runs again")
-        elif status == "failed":
-            st.update(status="pending")
-            st["reasons"].append("failed in the previous run; retried on resume")
+        elif st.status == "interrupted":  # the stopping runner discarded its changes itself,
+            st.status = "pending"  # so anything in the worktree now is someone else's
+            st.reasons.append("was interrupted (a stop or an environment problem); runs again")
+        elif st.status == "failed":
+            st.status = "pending"
+            st.reasons.append("failed in the previous run; retried on resume")
     if was_running:
         gitops.discard_changes(worktree, tip)
     elif not gitops.is_clean(worktree):
@@ -416,7 +388,7 @@ def reconcile(
             "the worktree still had files from before an interrupted "
             f"`coder revert`; updated them to {branch}"
         )
-    for step_id in state["steps"]:  # scratch worktrees of a parallel level the crash cut short
+    for step_id in state.steps:  # scratch worktrees of a parallel level the crash cut short
         gitops.remove_worktree(repo, f"{task_id}--{step_id}")
         gitops.delete_branch(repo, f"coder-scratch/{task_id}--{step_id}")
     return warnings
@@ -430,7 +402,7 @@ def _execute(
     root: Path,
     coder_dir: Path,
     worktree: Path,
-    state: dict[str, Any],
+    state: RunState,
     store: StateStore,
     cfg: config_mod.Config,
     policy: Any,
@@ -512,7 +484,7 @@ def _stop_on_signals(stop: threading.Event, log: Any) -> Iterator[None]:
 def stop(task_id: str, *, cwd: Path, wait: float = 30.0) -> int:
     """Ask the runner of `task_id` to stop (SIGTERM) and wait for it to checkpoint and exit.
     Returns the runner's pid."""
-    from coder.run.state import pid_alive, read_lock_owner
+    from coder.run.lock import pid_alive, read_lock_owner
 
     root = gitops.repo_root(gitops.open_repo(cwd))
     coder_dir = project.coder_dir(root)

@@ -1,41 +1,61 @@
-"""Checkpoints (`.coder/state/ID.json`) and the per-task runner lock (`.coder/locks/ID.lock`).
+"""A run's checkpoint: typed records, kept in a snapshot and an append-only journal.
 
-Git is the truth and a state file is a cache that can be rebuilt from the step commits'
-trailers, so a reader that finds a torn or invalid file says so (`CorruptState`, exit 3) and
-points at `coder resume`, which rebuilds it. Every state write goes through `write_atomic`.
+    .coder/state/ID.json       the snapshot: the whole `RunState`, replaced atomically
+    .coder/state/ID.journal    one line per step transition since the snapshot: the step's
+                               whole `StepRecord`, appended and fsync'd
 
-The lock is an `flock` on a file descriptor the runner keeps open: the kernel releases it when
-the process dies, however it dies, so a `kill -9` can never leave a lock that blocks forever.
-The pid written in the file is for messages and `coder stop`; the flock is what decides.
+A step transition costs one journal line (O(changed step)), not a rewrite of every step. The
+journal is compacted into the snapshot when a run starts and ends, and whenever it holds more
+lines than the run has steps (so a 10,000-step run rewrites its snapshot a handful of times).
+Each line carries a sequence number and the snapshot the last one it contains, so lines left
+behind by a compaction that crashed before emptying the journal are never applied twice over
+newer changes (a `coder revert` that reset steps, say).
+
+A crash can tear only the journal's last line (one `write` per line, in order): a reader takes
+the complete lines and ignores the torn one, as if the crash came just before it. Git is the
+truth and the checkpoint a cache that can be rebuilt from the step commits' trailers, so a
+snapshot or journal that does not read whole is reported (`CorruptState`, exit 3) and
+`coder resume` rebuilds it. jsonschema checks a state when it is loaded and when a snapshot is
+written; the snapshot goes through `write_atomic`, the one durable write.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
-import socket
-import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, cast
 
+from coder.crashpoints import armed, crashpoint
 from coder.durable import fsync_dir, write_atomic
 from coder.errors import (
-    ConcurrentRun,
     CorruptState,
     EnvironmentProblem,
     InvalidInput,
     UnknownTask,
     display_path,
 )
+from coder.models.provider import Usage
 from coder.schemas import validator
 
 TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # as in task.schema.json
+
+StepStatus = Literal["pending", "running", "success", "failed", "skipped", "interrupted"]
+RunStatus = Literal["pending", "running", "success", "failed", "error", "interrupted"]
+SkipCause = Literal["failed", "user", "requirement"]
+DONE: tuple[StepStatus, ...] = ("success", "skipped")  # a step that will not run again
+
+# Why a step was skipped, as said in a run's summary ("1 step skipped after failing: s2").
+SKIP_PHRASES: dict[SkipCause, str] = {
+    "failed": "after failing",  # its own on_fail: skip
+    "user": "by the user",  # at the approval prompt
+    "requirement": "because a step they require was skipped",  # explicit depends_on
+}
 
 
 def now_iso() -> str:
@@ -53,52 +73,191 @@ def check_task_id(task_id: str) -> str:
     return task_id
 
 
-# Why a step was skipped, as said in a run's summary ("1 step skipped after failing: s2").
-SKIP_PHRASES = {
-    "failed": "after failing",  # its own on_fail: skip
-    "user": "by the user",  # at the approval prompt
-    "requirement": "because a step they require was skipped",  # explicit depends_on
-}
+# --- the records ----------------------------------------------------------------------------
 
 
-def skipped_note(steps: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """What a run skipped and why, in one line (None when nothing was skipped):
-    `1 step skipped after failing: s2; 2 steps skipped because ...: s3, s4`."""
-    by_cause: dict[str, list[str]] = {}
-    for step_id, record in steps.items():
-        if record["status"] == "skipped":
-            by_cause.setdefault(record.get("skip_cause") or "failed", []).append(step_id)
-    parts = []
-    for cause, phrase in SKIP_PHRASES.items():
-        ids = by_cause.get(cause, [])
-        if ids:
-            listed = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
-            parts.append(f"{len(ids)} step{'s' * (len(ids) != 1)} skipped {phrase}: {listed}")
-    return "; ".join(parts) or None
+@dataclass
+class StepRecord:
+    """One step of a run, as checkpointed."""
+
+    status: StepStatus = "pending"
+    attempts: int = 0
+    commit: str | None = None
+    start_tip: str | None = None  # the branch tip the current attempt started from
+    started_at: str | None = None
+    ended_at: str | None = None
+    duration_s: float | None = None
+    error: str | None = None
+    skip_cause: SkipCause | None = None
+    reasons: list[str] = field(default_factory=list)  # why rerun, skipped, reset, oldest first
+    summary: str | None = None
+    tests: dict[str, int | None] | None = None  # passed, failed, skipped, exit_code
+    usage: Usage | None = None  # model usage over all attempts
+
+    @property
+    def tokens(self) -> int:
+        return self.usage.prompt_tokens + self.usage.eval_tokens if self.usage else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["reasons"] = list(self.reasons)
+        data["usage"] = _usage_dict(self.usage) if self.usage else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["reasons"] = list(data.get("reasons") or [])
+        usage = data.get("usage")
+        values["usage"] = Usage(**usage) if usage else None
+        return cls(**values)
 
 
-# --- state files ----------------------------------------------------------------------------
+def _usage_dict(usage: Usage) -> dict[str, Any]:
+    """As the state schema has it (durations rounded to the microsecond)."""
+    return {
+        f.name: round(v, 6) if isinstance(v := getattr(usage, f.name), float) else v
+        for f in fields(usage)
+    }
 
 
-def _validation_problem(schema: str, instance: Any) -> str | None:
+@dataclass
+class RunState:
+    """One run, as checkpointed: `.coder/state/ID.json` (schemas/state.schema.json)."""
+
+    task_id: str
+    title: str
+    branch: str
+    base: str
+    base_commit: str
+    worktree: str
+    task: dict[str, Any]  # the taskfile as resolved at the start (coder.taskfile.Task.to_dict)
+    created_at: str
+    updated_at: str
+    steps: dict[str, StepRecord]
+    status: RunStatus = "pending"
+    taskfile: str | None = None  # the path the run started from
+    pid: int | None = None
+    error: str | None = None
+    merge: dict[str, Any] | None = None
+    journal_seq: int = 0  # the last journal line this snapshot contains
+    version: int = 1
+
+    _KEYS = (  # the file's key order
+        "version",
+        "task_id",
+        "title",
+        "taskfile",
+        "status",
+        "branch",
+        "base",
+        "base_commit",
+        "worktree",
+        "pid",
+        "task",
+        "error",
+        "created_at",
+        "updated_at",
+        "merge",
+        "journal_seq",
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {key: getattr(self, key) for key in self._KEYS}
+        data["steps"] = {sid: record.to_dict() for sid, record in self.steps.items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunState:
+        values = {key: data[key] for key in cls._KEYS if key in data}
+        steps = {sid: StepRecord.from_dict(r) for sid, r in data["steps"].items()}
+        return cls(**values, steps=steps)
+
+    def skipped(self) -> list[tuple[str, StepRecord]]:
+        return [(sid, r) for sid, r in self.steps.items() if r.status == "skipped"]
+
+    def skipped_note(self) -> str | None:
+        """What the run skipped and why, in one line (None when nothing was skipped):
+        `1 step skipped after failing: s2; 2 steps skipped because ...: s3, s4`."""
+        by_cause: dict[str, list[str]] = {}
+        for step_id, record in self.skipped():
+            by_cause.setdefault(record.skip_cause or "failed", []).append(step_id)
+        parts = []
+        for cause, phrase in SKIP_PHRASES.items():
+            ids = by_cause.get(cause, [])
+            if ids:
+                more = f" and {len(ids) - 10} more" if len(ids) > 10 else ""
+                listed = ", ".join(ids[:10]) + more
+                parts.append(f"{len(ids)} step{'s' * (len(ids) != 1)} skipped {phrase}: {listed}")
+        return "; ".join(parts) or None
+
+    def usage(self) -> Usage:
+        """Model usage of the whole run."""
+        total = Usage()
+        for record in self.steps.values():
+            if record.usage:
+                total += record.usage
+        return total
+
+
+def new_run(manifest: Mapping[str, Any]) -> RunState:
+    """The first checkpoint of a run: every step pending."""
+    task = manifest["task"]
+    return RunState(
+        task_id=manifest["task_id"],
+        title=task["title"],
+        taskfile=manifest.get("taskfile"),
+        branch=manifest["branch"],
+        base=manifest["base"],
+        base_commit=manifest["base_commit"],
+        worktree=manifest["worktree"],
+        task=task,
+        created_at=manifest["created_at"],
+        updated_at=now_iso(),
+        steps={s["id"]: StepRecord() for s in task["graph"]},
+    )
+
+
+# --- the files ------------------------------------------------------------------------------
+
+
+def _validation_problem(instance: Any) -> str | None:
     from jsonschema.exceptions import best_match
 
-    error = best_match(validator(schema).iter_errors(instance))
+    error = best_match(validator("state").iter_errors(instance))
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "top level"
     return f"{where}: {error.message}"
 
 
-class StateStore:
-    """The checkpoints of one project: `<coder_dir>/state/<task_id>.json`."""
+@dataclass
+class _Journal:
+    """What this store knows of a task's journal: its whole lines' length and last number."""
 
-    def __init__(self, coder_dir: Path) -> None:
+    length: int = 0
+    lines: int = 0
+    seq: int = 0
+
+
+class StateStore:
+    """The checkpoints of one project: `<coder_dir>/state/<task_id>.json` and `.journal`.
+
+    One writer per task (the holder of its lock) calls `save` or `load` first, then `record`
+    for each step transition; any number of readers `load`."""
+
+    def __init__(self, coder_dir: Path, *, compact_every: int | None = None) -> None:
         self.coder_dir = Path(coder_dir)
         self.dir = self.coder_dir / "state"
+        self.compact_every = compact_every  # None: when the journal outgrows the run's steps
+        self._journals: dict[str, _Journal] = {}
 
     def path(self, task_id: str) -> Path:
         return self.dir / f"{check_task_id(task_id)}.json"
+
+    def journal_path(self, task_id: str) -> Path:
+        return self.dir / f"{check_task_id(task_id)}.journal"
 
     def exists(self, task_id: str) -> bool:
         return self.path(task_id).is_file()
@@ -109,7 +268,10 @@ class StateStore:
         # Temp files are hidden (`.X.json.*.tmp`), so `*.json` never picks one up.
         return sorted(p.stem for p in self.dir.glob("*.json") if TASK_ID.fullmatch(p.stem))
 
-    def load(self, task_id: str) -> dict[str, Any]:
+    # --- reading --------------------------------------------------------------------------
+
+    def load(self, task_id: str) -> RunState:
+        """The snapshot with the journal's whole lines applied, checked against the schema."""
         path = self.path(task_id)
         try:
             raw = path.read_bytes()
@@ -117,47 +279,48 @@ class StateStore:
             raise UnknownTask(task_id, self.list_ids()) from None
         except OSError as exc:
             raise EnvironmentProblem(f"cannot read state file {display_path(path)}: {exc}") from exc
-        return self._parse(path, task_id, raw)
-
-    def _parse(self, path: Path, task_id: str, raw: bytes) -> dict[str, Any]:
-        def corrupt(reason: str) -> CorruptState:
-            return CorruptState(path, task_id, reason)
-
-        if not raw.strip():
-            raise corrupt("the file is empty")
-        try:
-            state = json.loads(raw)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
-            raise corrupt(f"not valid JSON: {exc}") from None
-        if not isinstance(state, dict):
-            raise corrupt("not a JSON object")
-        problem = _validation_problem("state", state)
+        data = _parse_snapshot(path, task_id, raw)
+        journal = self._replay(task_id, data)
+        problem = _validation_problem(data) if journal.lines else None
         if problem:
-            raise corrupt(f"does not match the state schema at {problem}")
-        if state["task_id"] != task_id:
-            raise corrupt(f"it belongs to task {state['task_id']!r}")
-        return state
+            journal_path = self.journal_path(task_id)
+            raise CorruptState(
+                journal_path, task_id, f"does not match the state schema at {problem}"
+            )
+        self._journals[task_id] = journal
+        return RunState.from_dict(data)
 
-    def save(self, state: dict[str, Any], *, validate: bool = True) -> None:
-        """Stamp `updated_at` (in place) and write the checkpoint atomically. A state that does
-        not match the schema is a bug in coder, not a user error: ValueError, nothing written.
+    def _replay(self, task_id: str, data: dict[str, Any]) -> _Journal:
+        """Apply the journal's whole lines newer than the snapshot to `data`."""
+        path = self.journal_path(task_id)
+        journal = _Journal(seq=int(data.get("journal_seq") or 0))
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return journal
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot read {display_path(path)}: {exc}") from exc
+        whole = raw[: raw.rfind(b"\n") + 1]  # a torn last line: the crash came before it
+        for number, line in enumerate(whole.splitlines(), 1):
+            try:
+                entry = json.loads(line)
+                seq, step_id, record = entry["seq"], entry["step"], entry["record"]
+                if not isinstance(record, dict) or step_id not in data["steps"]:
+                    raise ValueError(f"no step {step_id!r} in the run")
+            except (ValueError, KeyError, TypeError, RecursionError) as exc:
+                raise CorruptState(path, task_id, f"line {number}: {exc}") from None
+            journal.lines += 1
+            if seq <= journal.seq:  # already in the snapshot (a compaction cut short)
+                continue
+            data["steps"][step_id] = record
+            data["updated_at"] = entry.get("at", data["updated_at"])
+            journal.seq = seq
+        journal.length = len(whole)
+        return journal
 
-        The executor checkpoints after every step transition with `validate=False`: validating
-        the whole state each time made a run quadratic in its number of steps (the first and
-        last checkpoint of a run, and every test, still validate)."""
-        state["updated_at"] = now_iso()
-        if validate:
-            problem = _validation_problem("state", state)
-            if problem:
-                raise ValueError(f"refusing to save an invalid state ({problem})")
-        path = self.path(state["task_id"])
-        self.dir.mkdir(parents=True, exist_ok=True)
-        data = json.dumps(state, indent=1, sort_keys=False, ensure_ascii=False) + "\n"
-        write_atomic(path, data.encode("utf-8"))
-
-    def load_all(self) -> list[dict[str, Any] | CorruptState]:
+    def load_all(self) -> list[RunState | CorruptState]:
         """Every task's state, with a corrupt file reported in place (for `coder status`)."""
-        states: list[dict[str, Any] | CorruptState] = []
+        states: list[RunState | CorruptState] = []
         for task_id in self.list_ids():
             try:
                 states.append(self.load(task_id))
@@ -167,159 +330,129 @@ class StateStore:
                 continue
         return states
 
-    def delete(self, task_id: str) -> None:
-        path = self.path(task_id)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            fsync_dir(path.parent)
+    # --- writing --------------------------------------------------------------------------
 
-
-# --- the task lock --------------------------------------------------------------------------
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (and is not a zombie waiting to be reaped)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return not _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False  # no procfs (macOS): trust kill(0)
-    return stat.rpartition(")")[2].split()[:1] == ["Z"]
-
-
-def _lock_path(coder_dir: Path, task_id: str) -> Path:
-    return Path(coder_dir) / "locks" / f"{check_task_id(task_id)}.lock"
-
-
-def _read_owner(fd: int) -> dict[str, Any]:
-    """The owner record in a lock file; {} when empty (released cleanly) or unreadable."""
-    raw = os.pread(fd, 4096, 0)
-    try:
-        owner = json.loads(raw) if raw.strip() else {}
-    except ValueError:
-        return {}
-    if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
-        return {}
-    return owner
-
-
-def _flock(fd: int, operation: int, attempts: int = 5) -> bool:
-    """Try a non-blocking flock a few times: `read_lock_owner` takes a shared lock for an
-    instant, and a runner starting in that instant must not mistake it for a live runner."""
-    for attempt in range(attempts):
+    def save(self, state: RunState, *, validate: bool = True) -> None:
+        """Write the whole state as the snapshot (stamping `updated_at`), then empty the
+        journal it now contains. A state that does not match the schema is a bug in coder,
+        not a user error: ValueError, nothing written."""
+        journal = self._journals.setdefault(state.task_id, _Journal())
+        state.updated_at = now_iso()
+        state.journal_seq = journal.seq
+        data = state.to_dict()
+        if validate:
+            problem = _validation_problem(data)
+            if problem:
+                raise ValueError(f"refusing to save an invalid state ({problem})")
+        path = self.path(state.task_id)
+        text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
         try:
-            fcntl.flock(fd, operation | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if attempt + 1 < attempts:
-                time.sleep(0.02)
-    return False
+            self.dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, text.encode("utf-8"))
+            journal_path = self.journal_path(state.task_id)
+            if journal.length or journal_path.exists():
+                crashpoint("compaction")  # test-only: snapshot written, journal not emptied
+                with contextlib.suppress(FileNotFoundError):
+                    os.truncate(journal_path, 0)
+        except OSError as exc:
+            raise _write_failed(path, exc) from exc
+        journal.length = journal.lines = 0
 
-
-class TaskLock:
-    """One runner per task. `with TaskLock(coder_dir, task_id) as lock: ...`
-
-    Raises ConcurrentRun if a live process holds it. If the previous holder died without
-    releasing it, the lock is taken over and `took_over_from` holds its pid (log a warning).
-    Keep the object alive for as long as the run lasts: the lock lives in its open fd."""
-
-    def __init__(self, coder_dir: Path, task_id: str) -> None:
-        self.task_id = check_task_id(task_id)
-        self.path = _lock_path(coder_dir, task_id)
-        self.took_over_from: int | None = None
-        self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def acquire(self) -> Self:
-        if self._fd is not None:
-            raise RuntimeError(f"lock for task {self.task_id} is already held by this object")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # O_CLOEXEC: commands the runner starts must not inherit (and so keep) the lock.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            if not _flock(fd, fcntl.LOCK_EX):
-                raise self._busy(_read_owner(fd))
-            previous = _read_owner(fd)
-            record = {"pid": os.getpid(), "started_at": now_iso(), "host": socket.gethostname()}
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        # A record left behind means the holder died without releasing (a clean release
-        # empties the file). The flock proved it no longer holds it, whatever its pid is now.
-        self.took_over_from = previous.get("pid")
-        self._fd = fd
-        return self
-
-    def _busy(self, owner: dict[str, Any]) -> ConcurrentRun:
-        pid = owner.get("pid")
-        who = f"pid {pid}" if pid else "another process"
-        since = f", started {owner['started_at']}" if owner.get("started_at") else ""
-        host = f" on {owner['host']}" if owner.get("host") else ""
-        return ConcurrentRun(
-            f"task {self.task_id} is already being run by {who}{since}{host}",
-            hint=f"wait for it to finish, or stop it with `coder stop -t {self.task_id}`",
-        )
-
-    def release(self) -> None:
-        """Empty the record (so the next runner sees a clean release) and unlock."""
-        fd, self._fd = self._fd, None
-        if fd is None:
+    def record(self, state: RunState, step_id: str) -> None:
+        """Append one step's record to the journal (durable when this returns); compact into
+        the snapshot when the journal has grown past the run's size."""
+        journal = self._journals.get(state.task_id)
+        if journal is None:  # a writer starts from a snapshot it wrote or read
+            self.save(state, validate=False)
             return
+        journal.seq += 1
+        at = now_iso()
+        line = json.dumps(
+            {
+                "seq": journal.seq,
+                "at": at,
+                "step": step_id,
+                "record": state.steps[step_id].to_dict(),
+            },
+            ensure_ascii=False,
+        )
+        path = self.journal_path(state.task_id)
         try:
-            os.ftruncate(fd, 0)
-        finally:
-            os.close(fd)  # closing the fd drops the flock
+            _append(path, (line + "\n").encode("utf-8"), journal.length)
+        except OSError as exc:
+            journal.seq -= 1
+            raise _write_failed(path, exc) from exc
+        journal.length += len(line.encode("utf-8")) + 1
+        journal.lines += 1
+        state.updated_at = at
+        if journal.lines > (self.compact_every or max(256, len(state.steps))):
+            self.save(state, validate=False)
 
-    def __enter__(self) -> Self:
-        return self.acquire()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
+    def delete(self, task_id: str) -> None:
+        for path in (self.path(task_id), self.journal_path(task_id)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                fsync_dir(path.parent)
+        self._journals.pop(task_id, None)
 
 
-def read_lock_owner(coder_dir: Path, task_id: str) -> int | None:
-    """The pid of the live runner holding the task's lock, or None (for `stop`/`status`)."""
+def _parse_snapshot(path: Path, task_id: str, raw: bytes) -> dict[str, Any]:
+    def corrupt(reason: str) -> CorruptState:
+        return CorruptState(path, task_id, reason)
+
+    if not raw.strip():
+        raise corrupt("the file is empty")
     try:
-        fd = os.open(_lock_path(coder_dir, task_id), os.O_RDONLY | os.O_CLOEXEC)
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise corrupt(f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise corrupt("not a JSON object")
+    problem = _validation_problem(data)
+    if problem:
+        raise corrupt(f"does not match the state schema at {problem}")
+    if data["task_id"] != task_id:
+        raise corrupt(f"it belongs to task {data['task_id']!r}")
+    return cast(dict[str, Any], data)
+
+
+def _append(path: Path, data: bytes, length: int) -> None:
+    """Append `data` at `length` (what a torn line after it, left by a crash, is cut back to)
+    with one write, then fsync; on failure the file is cut back to `length`. A new journal's
+    directory entry is made durable too."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        created = False
     except FileNotFoundError:
-        return None
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        created = True
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _wait_for_owner_pid(fd)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None  # nobody holds it
+        if os.fstat(fd).st_size != length:
+            os.ftruncate(fd, length)
+        half = len(data) // 2 if armed("journal") else len(data)
+        _write_at(fd, data[:half], length)
+        crashpoint("journal")  # test-only: the crash tests kill coder with half a line written
+        _write_at(fd, data[half:], length + half)
+        os.fsync(fd)
+    except OSError:
+        with contextlib.suppress(OSError):  # no line that was not made durable
+            os.ftruncate(fd, length)
+        raise
     finally:
         os.close(fd)
+    if created:
+        fsync_dir(path.parent)
 
 
-def _wait_for_owner_pid(fd: int, timeout: float = 1.0) -> int | None:
-    """The holder writes its record just after locking: give it a moment."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pid = _read_owner(fd).get("pid")
-        if pid is not None or time.monotonic() >= deadline:
-            return pid
-        time.sleep(0.02)
+def _write_at(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+def _write_failed(path: Path, exc: OSError) -> EnvironmentProblem:
+    return EnvironmentProblem(
+        f"cannot write the checkpoint {display_path(path)}: {exc.strerror or exc}",
+        hint="free some disk space (or fix the file system), then `coder resume` the run",
+    )

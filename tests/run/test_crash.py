@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from coder.crashpoints import POINTS
-from coder.errors import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_USAGE
+from coder.errors import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_USAGE, CoderError
+from coder.run.state import StateStore
 from coder.schemas import validator
 from tests.conftest import git
 
@@ -113,7 +114,8 @@ def tree_of(repo: Path, rev: str) -> str:
 
 
 def state_of(repo: Path) -> dict[str, Any]:
-    return json.loads((repo / ".coder" / "state" / f"{TASK_ID}.json").read_text())
+    """The run's checkpoint as coder reads it: the snapshot and its journal."""
+    return StateStore(repo / ".coder").load(TASK_ID).to_dict()
 
 
 def worktree(repo: Path) -> Path:
@@ -232,14 +234,14 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "
 def finished(repo: Path) -> bool:
     try:
         return state_of(repo)["status"] == "success"
-    except (OSError, ValueError):
+    except CoderError:
         return False
 
 
 def running_step(repo: Path, step: str) -> bool:
     try:
         return state_of(repo)["steps"][step]["status"] == "running"
-    except (OSError, ValueError, KeyError):
+    except CoderError:
         return False
 
 
@@ -290,10 +292,14 @@ MATRIX = [
     ("after_checks@s3", None, ("s3", RUNNING_AGAIN)),  # s3's deletion done, not committed
     ("after_commit@s3", None, ("s3", COMMITTED)),
     ("checkpoint#1", None, None),  # the manifest write: nothing started
-    ("checkpoint#3", None, None),  # the run's status `running`
-    ("checkpoint#6", None, None),  # s2 `running` never landed: s2 still pending
-    ("checkpoint#7", None, ("s2", COMMITTED)),  # s2 `success` never landed, its commit did
+    ("checkpoint#3", None, None),  # the snapshot with the run's status `running`
+    # Journal lines: s1 running (1), s1 success (2), s2 running (3), s2 success (4), ...
+    # Each crash leaves half the line behind: a torn tail the reader must ignore.
+    ("journal#3", None, None),  # s2 `running` torn: s2 still pending
+    ("journal#4", None, ("s2", COMMITTED)),  # s2 `success` torn, its commit landed
     ("before_finish", None, None),
+    ("checkpoint#4", None, None),  # the final snapshot, over a journal of every step
+    ("compaction", None, None),  # the final snapshot written, its journal not yet emptied
 ]
 
 
@@ -308,6 +314,9 @@ def test_crash_then_resume_equals_the_golden_run(
     repo, taskfile, before = user_repo(make_repo)
     crash(repo, taskfile, at, delay)
     assert Checkout.take(repo) == before, "a crashed run touched the user's checkout"
+    if at.startswith("journal"):
+        torn = (repo / ".coder" / "state" / f"{TASK_ID}.journal").read_bytes()
+        assert torn.count(b"\n") == int(at[-1]) - 1 and not torn.endswith(b"\n"), torn
 
     if at == "checkpoint#1":
         # Killed while writing the manifest: no run exists yet (no manifest, branch or
@@ -320,6 +329,15 @@ def test_crash_then_resume_equals_the_golden_run(
         )
         assert "Traceback" not in resumed.stderr
         resumed = coder(repo, "run", "--autonomous", "-f", str(taskfile))
+    elif at == "compaction":
+        # The run finished: its snapshot says so, and the stale journal lines it already
+        # contains are not applied again. Resume says there is nothing to do.
+        resumed = coder(repo, "resume", "-t", TASK_ID)
+        assert resumed.returncode == EXIT_USAGE and "already finished" in resumed.stderr, out(
+            resumed
+        )
+        assert (repo / ".coder" / "state" / f"{TASK_ID}.journal").stat().st_size > 0
+        resumed = subprocess.CompletedProcess(resumed.args, 0, "", "")
     else:
         resumed = coder(repo, "resume", "-t", TASK_ID)
         # the kill left the lock behind: the next runner takes it over and says so

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coder.run.state import TaskLock
+from coder.run.lock import TaskLock
 from tests.conftest import coder, git
 from tests.helpers import taskfile
 

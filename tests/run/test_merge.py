@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from coder.crashpoints import MERGE_POINTS
-from coder.run.state import TaskLock
+from coder.run.lock import TaskLock
 from coder.schemas import validator
 from tests.conftest import coder, git
 

@@ -91,9 +91,8 @@ def test_a_branch_moved_under_the_run_is_an_error_not_a_failure(make_repo) -> No
 
     result = runs.start(path, cwd=repo, options=runs.RunOptions(), console=someone_commits)
     assert result.status == "error"
-    assert "moved" in (result.state["error"] or "")
-    assert result.state["steps"]["s2"]["status"] in ("interrupted", "running")
-    assert result.state["steps"]["s2"]["status"] != "failed"
+    assert "moved" in (result.state.error or "")
+    assert result.state.steps["s2"].status in ("interrupted", "running")
     assert git(repo, "log", "-1", "--format=%s", branch).strip() == "theirs"
 
 

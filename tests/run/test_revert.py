@@ -15,8 +15,8 @@ import pytest
 
 from coder.crashpoints import REVERT_POINTS
 from coder.git import ops as gitops
+from coder.run.lock import TaskLock
 from coder.run.revert import RevertPlan, plan_revert
-from coder.run.state import TaskLock
 from tests.conftest import coder, git
 from tests.helpers import snapshot, state_of, taskfile
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from coder.durable import write_atomic
 from coder.errors import (
     EXIT_ENVIRONMENT,
     ConcurrentRun,
@@ -23,15 +24,20 @@ from coder.errors import (
     InvalidInput,
     UnknownTask,
 )
-from coder.run.state import StateStore, TaskLock, now_iso, pid_alive, read_lock_owner, write_atomic
+from coder.run.lock import TaskLock, pid_alive, read_lock_owner
+from coder.run.state import RunState, StateStore, StepRecord, now_iso
 from coder.schemas import validator
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 SHA2 = "89abcdef0123456789abcdef0123456789abcdef"
 
 
-def make_state(task_id: str = "T-1") -> dict[str, Any]:
+def make_state(task_id: str = "T-1") -> RunState:
     """A realistic mid-run checkpoint: one step done, one running, one pending."""
+    return RunState.from_dict(state_dict(task_id))
+
+
+def state_dict(task_id: str = "T-1") -> dict[str, Any]:
     return {
         "version": 1,
         "task_id": task_id,
@@ -151,10 +157,9 @@ def test_round_trip(store: StateStore) -> None:
     store.save(state)
     loaded = store.load("T-1")
     assert loaded == state
-    assert list(loaded) == list(make_state())  # key order kept (sort_keys=False)
-    assert (
-        state["updated_at"].endswith("Z") and state["updated_at"] != "2026-11-22T03:00:00.000000Z"
-    )
+    assert [k for k in loaded.to_dict() if k in state_dict()] == list(state_dict())  # key order
+    assert loaded.steps["s1"].usage is not None and loaded.steps["s1"].usage.calls == 3
+    assert state.updated_at.endswith("Z") and state.updated_at != "2026-11-22T03:00:00.000000Z"
     text = store.path("T-1").read_text(encoding="utf-8")
     assert text.startswith('{\n "version": 1,') and text.endswith("}\n")
     assert "—" in text  # written as UTF-8, not \u escapes
@@ -165,21 +170,21 @@ def test_now_iso_is_utc_z_and_valid() -> None:
     stamp = now_iso()
     assert stamp.endswith("Z")
     state = make_state()
-    state["created_at"] = stamp
-    assert validator("state").is_valid(state)
+    state.created_at = stamp
+    assert validator("state").is_valid(state.to_dict())
 
 
 def test_save_invalid_state_raises_and_writes_nothing(store: StateStore) -> None:
     store.save(make_state())
     before = store.path("T-1").read_bytes()
     bad = make_state()
-    bad["steps"]["s1"]["status"] = "exploded"
+    bad.steps["s1"].status = "exploded"  # type: ignore[assignment]
     with pytest.raises(ValueError, match="steps/s1/status"):
         store.save(bad)
-    missing = make_state()
-    del missing["branch"]
+    empty = make_state()
+    empty.branch = ""
     with pytest.raises(ValueError, match="branch"):
-        store.save(missing)
+        store.save(empty)
     assert store.path("T-1").read_bytes() == before
     assert leftovers(store.dir) == []
 
@@ -259,7 +264,7 @@ def test_list_load_all_delete(store: StateStore) -> None:
     (store.dir / ".A.json.abc123.tmp").write_text("left by a kill -9")
     assert store.list_ids() == ["A", "B", "C"]
     results = store.load_all()
-    assert [r["task_id"] for r in results if isinstance(r, dict)] == ["A", "B"]
+    assert [r.task_id for r in results if isinstance(r, RunState)] == ["A", "B"]
     assert [r.task_id for r in results if isinstance(r, CorruptState)] == ["C"]
     store.delete("B")
     store.delete("B")  # idempotent
@@ -267,12 +272,141 @@ def test_list_load_all_delete(store: StateStore) -> None:
     assert StateStore(store.coder_dir / "missing").list_ids() == []
 
 
+# --- the journal ----------------------------------------------------------------------------
+
+
+def transitions(store: StateStore, state: RunState) -> list[RunState]:
+    """Three step transitions journaled; the state after each."""
+    after = []
+    for step_id, status in (("s2", "success"), ("s3", "running"), ("s3", "success")):
+        record = state.steps[step_id]
+        record.status = status  # type: ignore[assignment]
+        record.attempts += status == "running"
+        record.reasons.append(f"{step_id} {status}")
+        store.record(state, step_id)
+        after.append(RunState.from_dict(state.to_dict()))
+    return after
+
+
+def test_a_transition_appends_one_line_and_leaves_the_snapshot_alone(store: StateStore) -> None:
+    state = make_state()
+    store.save(state)
+    snapshot = store.path("T-1").read_bytes()
+    after = transitions(store, state)
+    assert store.path("T-1").read_bytes() == snapshot  # O(changed step), not O(all steps)
+    lines = store.journal_path("T-1").read_bytes().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == ["s2", "s3", "s3"]
+    assert [json.loads(line)["seq"] for line in lines] == [1, 2, 3]
+    loaded = StateStore(store.coder_dir).load("T-1")  # a reader in another process
+    assert loaded.steps == after[-1].steps
+    assert loaded.updated_at == json.loads(lines[-1])["at"]
+
+
+def test_every_truncation_of_the_journal_loads_the_lines_before_it(store: StateStore) -> None:
+    """A crash tears at most the last line: each cut loads as the whole lines before it."""
+    state = make_state()
+    store.save(state)
+    before = RunState.from_dict(state.to_dict())
+    after = transitions(store, state)
+    path = store.journal_path("T-1")
+    full = path.read_bytes()
+    for length in range(len(full) + 1):
+        path.write_bytes(full[:length])
+        whole = full[:length].count(b"\n")
+        expected = after[whole - 1] if whole else before
+        assert StateStore(store.coder_dir).load("T-1").steps == expected.steps, length
+
+
+def test_a_writer_cuts_a_torn_tail_before_appending(store: StateStore) -> None:
+    state = make_state()
+    store.save(state)
+    transitions(store, state)
+    path = store.journal_path("T-1")
+    path.write_bytes(path.read_bytes() + b'{"seq": 4, "at": "2026-')  # a crash mid-append
+    writer = StateStore(store.coder_dir)
+    resumed = writer.load("T-1")
+    resumed.steps["s3"].summary = "done after the crash"
+    writer.record(resumed, "s3")
+    assert path.read_bytes().endswith(b"\n") and path.read_bytes().count(b"\n") == 4
+    assert StateStore(store.coder_dir).load("T-1").steps["s3"].summary == "done after the crash"
+
+
+def test_a_line_corrupt_before_the_end_is_reported(store: StateStore) -> None:
+    state = make_state()
+    store.save(state)
+    transitions(store, state)
+    path = store.journal_path("T-1")
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"not json\n" + lines[2])
+    with pytest.raises(CorruptState, match="line 2") as info:
+        StateStore(store.coder_dir).load("T-1")
+    assert info.value.path == path and "coder resume -t T-1" in info.value.message
+    bad = json.loads(lines[0])
+    bad["record"]["status"] = "exploded"
+    path.write_bytes(json.dumps(bad).encode() + b"\n")
+    with pytest.raises(CorruptState, match="steps/s2/status"):
+        StateStore(store.coder_dir).load("T-1")
+
+
+def test_the_journal_is_compacted_when_it_outgrows_the_run(store: StateStore) -> None:
+    small = StateStore(store.coder_dir, compact_every=2)
+    state = make_state()
+    small.save(state)
+    after = transitions(small, state)  # the third line compacts
+    assert small.journal_path("T-1").read_bytes() == b""
+    snapshot = json.loads(small.path("T-1").read_bytes())
+    assert snapshot["journal_seq"] == 3 and snapshot["steps"]["s3"]["status"] == "success"
+    assert StateStore(store.coder_dir).load("T-1").steps == after[-1].steps
+    state.steps["s1"].summary = "numbering goes on after a compaction"
+    small.record(state, "s1")
+    assert json.loads(small.journal_path("T-1").read_bytes())["seq"] == 4
+
+
+def test_lines_a_cut_short_compaction_left_behind_are_not_applied_again(
+    store: StateStore,
+) -> None:
+    """Killed after the snapshot was replaced, before the journal was emptied: its lines are
+    older than the snapshot (a revert may have reset those steps since) and must stay unused."""
+    state = make_state()
+    store.save(state)
+    transitions(store, state)
+    stale = store.journal_path("T-1").read_bytes()
+    state.steps["s3"] = StepRecord(reasons=["reverted"])  # what `coder revert` does, then saves
+    store.save(state)
+    store.journal_path("T-1").write_bytes(stale)  # the truncation never happened
+    loaded = StateStore(store.coder_dir).load("T-1")
+    assert loaded.steps["s3"] == StepRecord(reasons=["reverted"])
+    assert loaded.steps["s2"].status == "success"
+
+
+def test_a_full_disk_is_an_environment_problem_and_loses_nothing(
+    store: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = make_state()
+    store.save(state)
+    transitions(store, state)
+    before = store.load("T-1")
+
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    state.steps["s3"].summary = "never written"
+    with pytest.raises(EnvironmentProblem, match="No space left on device") as info:
+        store.record(state, "s3")
+    assert "coder resume" in (info.value.hint or "")
+    with pytest.raises(EnvironmentProblem, match="No space left on device"):
+        store.save(state)
+    monkeypatch.undo()
+    assert StateStore(store.coder_dir).load("T-1").steps == before.steps
+
+
 # --- the task lock --------------------------------------------------------------------------
 
 HOLDER = r"""
 import os, subprocess, sys, time
 from pathlib import Path
-from coder.run.state import TaskLock
+from coder.run.lock import TaskLock
 
 coder_dir, task_id, mode = sys.argv[1:4]
 lock = TaskLock(Path(coder_dir), task_id).acquire()

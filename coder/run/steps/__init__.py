@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from coder.config import Config
+    from coder.models.provider import Usage
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.run.events import EventLog
@@ -54,7 +55,7 @@ class StepOutcome:
     tests: dict[str, Any] | None = None
     cancelled: bool = False
     details: dict[str, Any] = field(default_factory=dict)
-    usage: dict[str, Any] | None = None  # model usage of this attempt (agent.provider.Usage)
+    usage: Usage | None = None  # model usage of this attempt
     errored: bool = False  # set by the executor only, from an EnvironmentProblem
 
     @property

@@ -65,7 +65,7 @@ def run(ctx: StepContext) -> StepOutcome:
         ),
     )
     result = converse(ctx, kind=ctx.step.kind, allowed=allowed, first_message=first)
-    usage = result.usage.as_dict()
+    usage = result.usage
     if not result.ok:
         return StepOutcome(
             False, result.error, cancelled=result.error == "interrupted", usage=usage

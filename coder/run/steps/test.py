@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
 
 from coder import testreport
 from coder.git import ops as gitops
+from coder.models.provider import Usage
 from coder.run.steps import StepContext, StepOutcome
 from coder.run.steps.shell import describe_failure, run_in_step
 
@@ -74,7 +74,7 @@ def _fix_cycles(
     from coder.tools.registry import tools_for_kind
 
     allowed = tools_for_kind("edit")
-    usage: dict[str, Any] = {}
+    usage = Usage()
     previous_names: set[str] = set()
     previous_diff = _worktree_digest(ctx)
     max_cycles = ctx.step.max_cycles
@@ -99,7 +99,7 @@ def _fix_cycles(
             transcript=f".fix{cycle}.transcript.json",
             cycle=cycle,
         )
-        usage = _add(usage, result.usage.as_dict())
+        usage += result.usage
         if not result.ok:
             return StepOutcome(
                 False,
@@ -151,7 +151,3 @@ def _worktree_digest(ctx: StepContext) -> str:
     repo = gitops.open_repo(ctx.workdir)
     text = gitops.diff_patch(repo, "HEAD", worktree=ctx.workdir)
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _add(total: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
-    return {k: total.get(k, 0) + v for k, v in usage.items() if isinstance(v, (int, float))}
