@@ -19,6 +19,7 @@ Run as a script (for crash tests in a separate process); prints `listening on UR
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import signal
@@ -293,6 +294,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._show(body)
         elif self.path == "/api/chat":
             self._chat(raw, body)
+        elif self.path == "/api/embed":
+            self._embed(body)
         else:
             self._not_found()
 
@@ -368,6 +371,32 @@ class _Handler(BaseHTTPRequestHandler):
                 },
                 "capabilities": list(conf.get("capabilities", ["completion"])),
                 "modified_at": "2026-01-01T00:00:00Z",
+            },
+        )
+
+    def _embed(self, body: Any) -> None:
+        """POST /api/embed: a deterministic vector per input (a hashed bag of its words, 16
+        dimensions, L2-normalised), so texts sharing words are near each other."""
+        requested = (body or {}).get("model") or ""
+        if self.fake.resolve(requested) is None:
+            self._error(404, f"model '{requested}' not found")
+            return
+        texts = body.get("input")
+        texts = [texts] if isinstance(texts, str) else list(texts or [])
+        vectors = []
+        for text in texts:
+            vector = [0.0] * 16
+            for word in re.findall(r"[a-z]+", str(text).lower()):
+                vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % 16] += 1.0
+            norm = sum(v * v for v in vector) ** 0.5 or 1.0
+            vectors.append([v / norm for v in vector])
+        self._json(
+            200,
+            {
+                "model": requested,
+                "embeddings": vectors,
+                "total_duration": 1000,
+                "prompt_eval_count": len(texts),
             },
         )
 

@@ -27,15 +27,14 @@ def code_settings(
 
 
 def ollama_embedder(host: str, model: str) -> Any:
-    """Texts -> vectors through Ollama's /api/embed (the client is made on first use)."""
-    client: list[Any] = []
+    """Texts -> vectors through Ollama's /api/embed (one client per call, closed after it:
+    a search makes at most two calls)."""
 
     def embed(texts: Sequence[str]) -> list[list[float]]:
-        if not client:
-            import ollama
+        import ollama
 
-            client.append(ollama.Client(host=host, timeout=EMBED_TIMEOUT_S))
-        response = client[0].embed(model=model, input=list(texts))
+        with ollama.Client(host=host, timeout=EMBED_TIMEOUT_S) as client:
+            response = client.embed(model=model, input=list(texts))
         return [list(v) for v in response.embeddings]
 
     return embed

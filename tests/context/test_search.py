@@ -147,3 +147,38 @@ def test_the_hybrid_ranking_fuses_embeddings_by_reciprocal_rank(shop: Path, tmp_
     embedded = sum(calls)
     search.search(shop, query, k=10, embedder=embedder, cache_dir=tmp_path, embed_key="m")
     assert sum(calls) == embedded + 1  # only the query: the chunks' vectors were cached
+
+
+def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> None:
+    from coder.policy.commands import Policy
+    from coder.redact import Redactor
+    from coder.tools import ToolContext, default_registry
+    from coder.tools.settings import code_settings
+    from tests.fake_ollama import DEFAULT_MODELS, FakeOllama
+
+    models = {**DEFAULT_MODELS, "nomic-embed-text:latest": {"capabilities": ["embedding"]}}
+    with FakeOllama(models=models) as server:
+        config = {"ollama_host": server.url, "embedding_model": "nomic-embed-text"}
+        settings = code_settings(config, {}, tmp_path / "cache")
+        vectors = settings["embedder"](["parse the config", "parse the config file"])
+        assert len(vectors) == 2 and len(vectors[0]) == 16
+        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **settings)
+        result = default_registry().call(
+            "code_search", {"query": "reduce a price by a percentage"}, ctx
+        )
+        assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
+        embeds = [r for r in server.requests if r.path == "/api/embed"]
+        assert embeds and embeds[-1].body["model"] == "nomic-embed-text"
+        assert list((tmp_path / "cache").glob("embeddings-nomic-embed-text.npz"))
+        # an embedding model the server does not have: BM25 alone, and the model is told
+        missing = code_settings({**config, "embedding_model": "no-such-model"}, {}, None)
+        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **missing)
+        result = default_registry().call(
+            "code_search", {"query": "reduce a price by a percentage"}, ctx
+        )
+        assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
+        assert (
+            "[embeddings unavailable (ResponseError: model 'no-such-model' not found"
+            in result.content
+        )
+        assert "ranked by BM25 only]" in result.content
