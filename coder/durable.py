@@ -64,3 +64,17 @@ def fsync_dir(directory: Path) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write an artifact or log under `.coder/` readable by its owner only (0600, also when
+    the file existed), its directories created 0700. Not crash-safe: for what `write_atomic`
+    does not need to protect (logs, diffs, transcripts)."""
+    path = Path(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        _write_all(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)

@@ -43,9 +43,13 @@ def init(cwd: Path, *, force: bool = False, env: dict[str, str] | None = None) -
 
 
 def ensure_coder_dir(root: Path) -> Path:
+    """`.coder/` and its folders, readable by their owner only (0700): it holds logs and
+    transcripts of what commands printed."""
     base = coder_dir(root)
+    base.mkdir(mode=0o700, exist_ok=True)
+    base.chmod(0o700)
     for sub in SUBDIRS:
-        (base / sub).mkdir(parents=True, exist_ok=True)
+        (base / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
     return base
 
 

@@ -32,6 +32,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 SCAN_FAILED = "[REDACTED: text could not be scanned]"
@@ -376,3 +377,35 @@ def secrets_from_environ(environ: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
     values = (v for k, v in sorted(env.items()) if _SECRET_ENV_NAME.search(k) and v.strip())
     return list(dict.fromkeys(values))
+
+
+_ENV_FILE_SKIP = frozenset({".git", ".coder", "node_modules", ".venv", "venv", "__pycache__"})
+_ENV_FILE_MAX = 1 << 20
+
+
+def secrets_from_repo(root: Path, *, max_files: int = 50_000) -> list[str]:
+    """The secret values of every `.env*` file under `root` (tracked or not; `.git`,
+    `.coder`, `node_modules` and virtualenvs skipped), to register before a command can print
+    one."""
+    found: list[str] = []
+    seen = 0
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in _ENV_FILE_SKIP]
+        seen += len(files)
+        if seen > max_files:
+            break
+        for name in files:
+            if not name.lower().startswith(".env"):
+                continue
+            path = Path(folder, name)
+            try:
+                if path.is_file() and path.stat().st_size <= _ENV_FILE_MAX:
+                    found += secrets_from_env_file(path.read_text("utf-8", errors="replace"))
+            except OSError:
+                continue
+    return list(dict.fromkeys(found))
+
+
+def secret_name(name: str) -> bool:
+    """Whether a variable or setting named `name` holds a secret (`API_KEY`, `db_password`)."""
+    return bool(_SECRET_NAME.search(name))

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from coder.crashpoints import crashpoint
+from coder.durable import write_private
 from coder.errors import CoderError, EnvironmentProblem
 from coder.git import ops as gitops
 from coder.run.schedule import Schedule
@@ -408,11 +409,9 @@ class Executor:
 
     def _succeed(self, step: Step, outcome: StepOutcome, commit: str | None, parent: str) -> None:
         if commit:
-            diff = self.run.artifacts / f"{step.id}.diff"
-            diff.parent.mkdir(parents=True, exist_ok=True)
-            diff.write_text(
+            write_private(
+                self.run.artifacts / f"{step.id}.diff",
                 self.run.redactor.redact(gitops.diff_patch(self.repo, parent, commit)),
-                encoding="utf-8",
             )
         self._update(
             step.id,

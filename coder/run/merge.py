@@ -455,8 +455,10 @@ def green_problems(
 ) -> list[str]:
     """The success criteria against `worktree`: required files, and the tests (always: green
     means the tests passed, whether or not the task's own criteria asked for them)."""
-    from coder.redact import redact
+    from coder.durable import write_private
+    from coder.redact import Redactor
     from coder.run import success
+    from coder.run.secrets import run_secrets
 
     problems = success.missing_files(task, worktree)
     try:
@@ -470,8 +472,9 @@ def green_problems(
         ) from None
     notify(f"checking the merge result: {cmd}")
     problem, result = success.run_tests(cmd, worktree, policy)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(redact(f"$ {cmd}\n{result.stdout}{result.stderr}"), encoding="utf-8")
+    roots = [r for r in (cfg.project_root, worktree) if r is not None]
+    redactor = Redactor(run_secrets(roots, task, policy, cfg.values))
+    write_private(log, redactor.redact(f"$ {cmd}\n{result.stdout}{result.stderr}"))
     if problem:
         problems.append(problem)
     return problems

@@ -31,6 +31,7 @@ from coder.errors import CorruptState, EnvironmentProblem, InvalidInput, Unknown
 from coder.git import land as gitland
 from coder.git import ops as gitops
 from coder.run.lock import TaskLock
+from coder.run.secrets import restore_env, run_secrets, stored_task
 from coder.run.state import RunState, StateStore, new_run, now_iso
 
 Console = Callable[[dict[str, Any]], None]
@@ -119,7 +120,7 @@ def start(
         try:  # the manifest first, then the branch and worktree, then the first checkpoint
             manifest = {
                 "task_id": task.id,
-                "task": task.to_dict(),
+                "task": stored_task(task.to_dict()),  # secret env values left out
                 "taskfile": str(path),
                 "base": base,
                 "base_commit": base_commit,
@@ -191,7 +192,7 @@ def open_agent(
     built = prefix.build(
         repo,
         base_commit,
-        task.to_dict(),
+        stored_task(task.to_dict()),  # secret env values never reach the model
         cfg,
         num_ctx=facts.num_ctx,
         cache_dir=project.coder_dir(gitops.repo_root(repo)) / "cache",
@@ -291,7 +292,7 @@ def resume(
                 f"run {task_id} already finished successfully; nothing to resume",
                 hint=f"see `coder show -t {task_id}`, or merge it with `coder merge -t {task_id}`",
             )
-        task = taskfile.from_dict(manifest["task"])
+        task = taskfile.from_dict(restore_env(manifest["task"], manifest.get("taskfile")))
         worktree = Path(manifest["worktree"])
         warnings += reconcile(repo, state, manifest, worktree)
         store.save(state)
@@ -415,7 +416,8 @@ def _execute(
     from coder.run.events import EventLog
     from coder.run.executor import Executor, RunContext
 
-    redactor = Redactor()
+    # every secret the run knows, before anything is logged or any command runs
+    redactor = Redactor(run_secrets([root, worktree], task, policy, cfg.values))
     if agent is not None and options.replay is None:  # the server's API key stays secret
         from coder.models.factory import api_key
 

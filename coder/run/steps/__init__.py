@@ -40,7 +40,7 @@ class StepContext:
     previous_error: str | None = None  # why the previous attempt failed, for the model
 
     def artifact(self, suffix: str) -> Path:
-        self.artifacts.mkdir(parents=True, exist_ok=True)
+        self.artifacts.mkdir(mode=0o700, parents=True, exist_ok=True)
         return self.artifacts / f"{self.step.id}-attempt{self.attempt}{suffix}"
 
 

@@ -13,6 +13,7 @@ from coder.agent import events as ev
 from coder.agent import prompts
 from coder.agent.loop import TERMINAL, AgentLoop, Limits, LoopResult
 from coder.agent.prefix import step_focus
+from coder.durable import write_private
 from coder.git import ops as gitops
 from coder.run.steps import StepContext, StepOutcome
 from coder.taskfile import Step, is_repo_relative, parse_duration
@@ -71,7 +72,9 @@ def run(ctx: StepContext) -> StepOutcome:
             False, result.error, cancelled=result.error == "interrupted", usage=usage
         )
     if ctx.step.kind == "analyze":
-        notes_path(ctx.artifacts, ctx.step.id).write_text(result.summary + "\n", encoding="utf-8")
+        write_private(
+            notes_path(ctx.artifacts, ctx.step.id), ctx.redactor.redact(result.summary) + "\n"
+        )
     return StepOutcome(True, summary=result.summary, usage=usage)
 
 
@@ -141,9 +144,7 @@ def converse(
         return loop.run(messages)
     finally:
         provider.close()
-        ctx.artifact(transcript).write_text(
-            ctx.redactor.redact(json.dumps(messages, indent=1)), encoding="utf-8"
-        )
+        write_private(ctx.artifact(transcript), ctx.redactor.redact(json.dumps(messages, indent=1)))
 
 
 def report(log: EventLog, event: ev.LoopEvent) -> None:

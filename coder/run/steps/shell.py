@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from coder.crashpoints import crash_during
+from coder.durable import write_private
 from coder.policy import sandbox
 from coder.policy.paths import resolve_in_root
 from coder.run.steps import StepContext, StepOutcome
@@ -41,12 +42,12 @@ def run_in_step(ctx: StepContext, cmd: str) -> sandbox.CommandResult:
         if timer:
             timer.cancel()
     log = ctx.artifact(".log")
-    log.write_text(
+    write_private(
+        log,
         ctx.redactor.redact(
             f"$ {cmd}\n# exit {result.exit_code}  {result.duration_s:.2f}s  {result.note}\n"
             f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}\n"
         ),
-        encoding="utf-8",
     )
     ctx.log.info(
         "command.finished",
