@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,9 @@ class Config:
     sources: Mapping[str, str]
     project_root: Path | None
     files: tuple[Path, ...]  # the files that were read, lowest precedence first
+    # widening settings of the repository's own coder.config.json that were NOT applied,
+    # because the user has not trusted them (`coder trust`); see `require_trusted`
+    untrusted: Mapping[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -113,10 +116,17 @@ def load(
     elif root is not None:
         layers.append((root / PROJECT_FILE, "project file"))
 
+    untrusted: dict[str, Any] = {}
     for path, label in layers:
         if path.is_file():
-            for key, value in read_file(path).items():
-                values[key], sources[key] = value, f"{label} {path}"
+            data = read_file(path)
+            if label == "project file" and root is not None:
+                untrusted = widening(data)
+                if untrusted and trusted_hash(root) == settings_hash(untrusted):
+                    untrusted = {}
+            for key, value in data.items():
+                if key not in untrusted and key != TRUST_KEY:
+                    values[key], sources[key] = value, f"{label} {path}"
             files.append(path)
     for var, key in ENVIRONMENT.items():
         if env.get(var):
@@ -125,7 +135,92 @@ def load(
         if value is not None:
             values[key], sources[key] = value, "flag"
     values["ollama_host"] = normalize_host(values["ollama_host"])
-    return Config(values, sources, root, tuple(files))
+    return Config(values, sources, root, tuple(files), untrusted)
+
+
+# --------------------------------------------------------------------------------------------
+# Trust: a repository's own config may widen what runs (programs, network, variables passed to
+# commands, MCP servers, the sandbox off) only once the user said so for exactly those values.
+# --------------------------------------------------------------------------------------------
+
+TRUST_KEY = "trusted_projects"  # in the user file: {realpath of the root: settings hash}
+
+
+def widening(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of `data` that widen what runs (as set: `allow_network: false` narrows)."""
+    found = {
+        key: data[key]
+        for key in ("mcp_servers", "allowed_commands", "env_passthrough")
+        if data.get(key)
+    }
+    if data.get("allow_network") is True:
+        found["allow_network"] = True
+    if data.get("sandbox") == "off":
+        found["sandbox"] = "off"
+    return found
+
+
+def settings_hash(settings: Mapping[str, Any]) -> str:
+    import hashlib
+
+    canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _user_data() -> dict[str, Any]:
+    path = user_config_path()
+    return read_file(path) if path.is_file() else {}
+
+
+def trusted_hash(root: Path) -> str | None:
+    """The hash of the settings the user trusted for the repository at `root`, if any."""
+    trusted = _user_data().get(TRUST_KEY) or {}
+    value = trusted.get(os.path.realpath(root))
+    return value if isinstance(value, str) else None
+
+
+def trust(root: Path, *, revoke: bool = False) -> dict[str, Any]:
+    """Record (or with `revoke`, remove) the user's trust in the widening settings of the
+    repository at `root`, as they are now; returns those settings."""
+    from coder.durable import write_atomic
+
+    path = root / PROJECT_FILE
+    settings = widening(read_file(path)) if path.is_file() else {}
+    data = _user_data()
+    trusted = dict(data.get(TRUST_KEY) or {})
+    key = os.path.realpath(root)
+    if revoke or not settings:
+        trusted.pop(key, None)
+    else:
+        trusted[key] = settings_hash(settings)
+    data[TRUST_KEY] = trusted
+    user = user_config_path()
+    user.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(user, (json.dumps(data, indent=2) + "\n").encode("utf-8"), crash_point=None)
+    return settings
+
+
+def untrusted_problem(cfg: Config) -> str | None:
+    """One line naming the repository's settings that are not honoured, or None."""
+    if not cfg.untrusted:
+        return None
+    names = ", ".join(f"{k}={json.dumps(v)}" for k, v in cfg.untrusted.items())
+    return (
+        f"{cfg.project_root}/{PROJECT_FILE} widens what runs ({names}), and you have not "
+        "trusted these settings"
+    )
+
+
+def require_trusted(cfg: Config) -> None:
+    """InvalidInput when the repository's config holds widening settings the user has not
+    trusted: they would change what runs, so nothing runs until the user decides."""
+    problem = untrusted_problem(cfg)
+    if problem:
+        raise InvalidInput(
+            problem,
+            hint=f"review them, then run `coder trust` in {cfg.project_root} (asked again "
+            "whenever they change), or remove them from the file",
+        )
 
 
 def read_file(path: Path) -> dict[str, Any]:

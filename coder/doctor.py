@@ -26,7 +26,7 @@ class Check:
 
 def run_checks(cwd: Path, *, model: str | None = None) -> list[Check]:
     cfg = config_mod.load(cwd, flags={"model": model})
-    checks = [_git(cwd), _test_command(cwd, cfg), *_sandbox(cfg)]
+    checks = [_git(cwd), _test_command(cwd, cfg), *_sandbox(cfg), _trust(cfg)]
     checks += _models(cfg)
     return checks
 
@@ -121,6 +121,18 @@ def _sandbox(cfg: config_mod.Config) -> list[Check]:
             "enable user namespaces (sysctl kernel.unprivileged_userns_clone=1) if you can",
         )
     return [files, net]
+
+
+def _trust(cfg: config_mod.Config) -> Check:
+    problem = config_mod.untrusted_problem(cfg)
+    if problem:
+        return Check(
+            "project settings",
+            "warn",
+            f"{problem}; runs refuse until you do",
+            f"review them, then `coder trust` in {cfg.project_root}",
+        )
+    return Check("project settings", "ok", "nothing untrusted widens what runs")
 
 
 def _models(cfg: config_mod.Config) -> list[Check]:

@@ -35,6 +35,7 @@ def test_all_good(repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert statuses == {
         "git repository": "ok",
         "test command": "ok",
+        "project settings": "ok",
         "ollama host": "ok",
         "model": "ok",
         "tool support": "ok",
@@ -42,7 +43,7 @@ def test_all_good(repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     }
     assert found["test command"]["detail"] == "python -m pytest -q (detected)"
     assert found["context window"]["detail"].startswith("num_ctx 32768 (the model's own, capped")
-    assert f"ok    ollama host      {fake.url} (Ollama 0.33.0)" in out
+    assert f"ok    ollama host       {fake.url} (Ollama 0.33.0)" in out
 
 
 def test_host_down_names_the_host_and_the_fix(

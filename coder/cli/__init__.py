@@ -58,6 +58,7 @@ for command in (
     history.logs,
     history.clean,
     project.config,
+    project.trust,
     project.doctor,
     mcp_cmd.mcp,
     demo_cmd.demo,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from coder.cli.common import cwd, emit_json, json_option
+from coder.errors import InvalidInput
 
 
 @click.command(epilog="\b\nExample:\n  cd my-repo && coder init")
@@ -37,6 +38,61 @@ def init(force: bool, as_json: bool) -> None:
     else:
         click.echo(f"Kept existing {result.config_path} (use --force to rewrite it)")
     click.echo("Next: write a taskfile (see tasks/) and run `coder validate -f FILE`.")
+
+
+@click.command(epilog="\b\nExamples:\n  coder trust\n  coder trust --revoke")
+@click.option("--revoke", is_flag=True, help="Stop trusting this repository's settings.")
+@json_option
+def trust(revoke: bool, as_json: bool) -> None:
+    """Trust the settings of this repository's coder.config.json that widen what runs.
+
+    allowed_commands, allow_network, env_passthrough, mcp_servers and "sandbox": "off" in a
+    repository's own config are ignored, and runs refuse, until you trust them here. Trust is
+    kept in your user config with a hash of exactly these values: when they change, coder asks
+    again.
+    """
+    from coder import config as config_mod
+
+    root = config_mod.find_project_root(cwd())
+    if root is None:
+        raise InvalidInput("not inside a git repository", hint="run `coder trust` in the repo")
+    settings = config_mod.trust(root, revoke=revoke)
+    if as_json:
+        emit_json(
+            {"root": str(root), "trusted": not revoke and bool(settings), "settings": settings}
+        )
+        return
+    if not settings:
+        click.echo(f"{root}/{config_mod.PROJECT_FILE} widens nothing; nothing to trust")
+    elif revoke:
+        click.echo(f"No longer trusting the settings of {root}/{config_mod.PROJECT_FILE}")
+    else:
+        click.echo(f"Trusted these settings of {root}/{config_mod.PROJECT_FILE}:")
+        click.echo(describe_settings(settings))
+
+
+def describe_settings(settings: dict[str, object]) -> str:
+    import json
+
+    return "\n".join(f"  {key:<17} {json.dumps(value)}" for key, value in settings.items())
+
+
+def ask_trust(as_json: bool) -> None:
+    """Before a run at a terminal: offer to trust the repository's untrusted settings (the run
+    itself refuses them otherwise, naming them)."""
+    import sys
+
+    from coder import config as config_mod
+
+    if as_json or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return
+    cfg = config_mod.load(cwd())
+    if not cfg.untrusted or cfg.project_root is None:
+        return
+    click.echo(f"{cfg.project_root}/{config_mod.PROJECT_FILE} widens what runs:", err=True)
+    click.echo(describe_settings(dict(cfg.untrusted)), err=True)
+    if click.confirm("Trust these settings for this repository?", default=False, err=True):
+        config_mod.trust(cfg.project_root)
 
 
 @click.command(name="config", epilog="\b\nExample:\n  CODER_MODEL=qwen2.5-coder:14b coder config")

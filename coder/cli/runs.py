@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from coder.cli.common import PathType, cwd, emit_json, json_option
+from coder.cli.project import ask_trust
 from coder.errors import (
     EXIT_ENVIRONMENT,
     EXIT_FAILED,
@@ -110,6 +111,7 @@ def run(
                 "terminal; pass --autonomous to run every step without asking"
             )
         approve = approval_prompt
+    ask_trust(as_json)
     progress = _progress(as_json)
     try:
         result = runs.start(
@@ -154,6 +156,7 @@ def resume(
     from coder.mcp.client import attach_configured
     from coder.run import runs
 
+    ask_trust(as_json)
     progress = _progress(as_json)
     try:
         result = runs.resume(

@@ -21,6 +21,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -118,8 +119,10 @@ class McpBridge:
         cwd: Path,
         startup_timeout: float = STARTUP_TIMEOUT,
         warn: Warn | None = None,
+        sandbox: bool = True,
     ) -> None:
         self.cwd = cwd
+        self.sandbox = sandbox  # each server confined to `cwd` like a command (policy.confine)
         self.warnings: list[str] = []
         self._warn_sink = warn
         self._conns: dict[str, _Connection] = {}
@@ -301,20 +304,15 @@ class McpBridge:
 
     async def _own(self, conn: _Connection) -> None:
         """Open the connection, list the tools, hold it until close()."""
-        from mcp import Client, StdioServerParameters, stdio_client
+        from mcp import Client, stdio_client
         from mcp.types import Implementation
 
         from coder import __version__
 
         assert conn.listed is not None and conn.stop is not None
         spec = conn.spec
-        params = StdioServerParameters(
-            command=str(spec["command"]),
-            args=[str(a) for a in spec.get("args") or []],
-            env={str(k): str(v) for k, v in (spec.get("env") or {}).items()} or None,
-            cwd=str(self.cwd),
-        )
         try:
+            params = self._params(spec)
             async with Client(
                 stdio_client(params, errlog=conn.errlog),
                 cache=None,
@@ -339,6 +337,26 @@ class McpBridge:
                 conn.listed.set_exception(_leaf(exc))
             elif conn.dead is None and not self._closed:
                 conn.dead = _reason(exc, conn)
+
+    def _params(self, spec: Mapping[str, Any]) -> Any:
+        """How to start a server: confined like a command unless the sandbox is off (network
+        only when its entry allows it)."""
+        from mcp import StdioServerParameters
+
+        argv = [str(spec["command"]), *(str(a) for a in spec.get("args") or [])]
+        if self.sandbox:
+            from coder.policy.confine import launcher_argv
+
+            program = str(self.cwd / argv[0]) if "/" in argv[0] else argv[0]
+            if shutil.which(program) is None:
+                raise FileNotFoundError(argv[0])  # as starting it unconfined would say
+            argv = launcher_argv(argv, self.cwd, network=bool(spec.get("allow_network")))
+        return StdioServerParameters(
+            command=argv[0],
+            args=argv[1:],
+            env={str(k): str(v) for k, v in (spec.get("env") or {}).items()} or None,
+            cwd=str(self.cwd),
+        )
 
     async def _stop_all(self) -> None:
         tasks = []
@@ -480,12 +498,17 @@ def attach(
     cwd: Path,
     log: Any,
     redactor: Redactor | None = None,
+    sandbox: bool = True,
 ) -> McpBridge:
-    """Start the run's MCP servers and add their tools to the agent session, before any step
-    runs (the tool list is part of the run-wide prefix). Problems go to the event log."""
+    """Start the run's MCP servers (confined to the worktree unless `sandbox` is off) and add
+    their tools to the agent session, before any step runs (the tool list is part of the
+    run-wide prefix). Problems go to the event log."""
     # As run.warning (with the MCP event as `kind`), so the console shows them too.
     bridge = McpBridge(
-        servers, cwd=cwd, warn=lambda kind, f: log.warning("run.warning", kind=kind, **f)
+        servers,
+        cwd=cwd,
+        warn=lambda kind, f: log.warning("run.warning", kind=kind, **f),
+        sandbox=sandbox,
     )
     if redactor is not None:
         redactor.add(*bridge.secrets())
@@ -502,7 +525,10 @@ def attach_configured(
 ) -> McpBridge | None:
     """`RunOptions.attach_tools` for the CLI: the config's `mcp_servers`, if it lists any."""
     servers = cfg.get("mcp_servers")
-    return attach(agent, servers, cwd=cwd, log=log, redactor=redactor) if servers else None
+    if not servers:
+        return None
+    sandbox = cfg.get("sandbox") != "off"
+    return attach(agent, servers, cwd=cwd, log=log, redactor=redactor, sandbox=sandbox)
 
 
 # --------------------------------------------------------------------------- conversions

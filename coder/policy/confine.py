@@ -206,36 +206,66 @@ class Confinement:
                 done.set_exception(exc)
 
     def _confine_this_thread(self) -> None:
-        from landlockpy import AccessFS, AccessNet, Ruleset, Scope
+        self.per_command_netns = confine_current_thread(self.profile, self.tmp_root)
 
-        found = support()
-        if not found.available:
-            raise EnvironmentProblem(f"no command sandbox: {found.problem}")
-        if not self.profile.network:
-            if found.netns == "thread":
-                if _libc().unshare(_CLONE_NEWNET) != 0:
-                    raise EnvironmentProblem(
-                        f"cannot give commands a private network: {_errno_text()}"
-                    )
-            else:
-                self.per_command_netns = found.netns == "per-command"
-        _drop_capabilities()
-        read = AccessFS.READ_FILE | AccessFS.READ_DIR | AccessFS.EXECUTE
-        device = AccessFS.READ_FILE | AccessFS.WRITE_FILE | AccessFS.IOCTL_DEV
-        full = ~(AccessFS.MAKE_CHAR | AccessFS.MAKE_BLOCK | AccessFS.IOCTL_DEV)
-        handled_net = AccessNet.NONE if self.profile.network else None  # None: every right
-        scoped = Scope.SIGNAL | Scope.ABSTRACT_UNIX_SOCKET  # nothing outside is signalled
-        with Ruleset(handled_net=handled_net, scoped=scoped) as rs:
-            rs.allow_path("/", read)
-            for path in (*self.profile.writable, self.tmp_root):
-                rs.allow_path(path, AccessFS(full & rs.handled_fs))
-            for path in _existing(_DEVICES):
-                rs.allow_path(path, device)
-            for path in _existing(_DEVICE_DIRS):
-                rs.allow_path(path, read | device | AccessFS(full & rs.handled_fs))
-            if self.per_command_netns:  # unshare writes /proc/self/{uid,gid}_map, setgroups
-                rs.allow_path("/proc", read | AccessFS.WRITE_FILE)
-            rs.restrict()
+
+def confine_current_thread(profile: Profile, tmp_root: str, *, netns_done: bool = False) -> bool:
+    """Restrict the calling thread (and all it starts) to `profile`; see the module docstring.
+    Returns whether each command must still get its own network namespace from `unshare`.
+    `netns_done`: the process already runs in a private network (the launcher, started under
+    `unshare`)."""
+    from landlockpy import AccessFS, AccessNet, Ruleset, Scope
+
+    found = support()
+    if not found.available:
+        raise EnvironmentProblem(f"no command sandbox: {found.problem}")
+    per_command_netns = False
+    if not profile.network and not netns_done:
+        if found.netns == "thread":
+            if _libc().unshare(_CLONE_NEWNET) != 0:
+                raise EnvironmentProblem(f"cannot give commands a private network: {_errno_text()}")
+        else:
+            per_command_netns = found.netns == "per-command"
+    _drop_capabilities()
+    read = AccessFS.READ_FILE | AccessFS.READ_DIR | AccessFS.EXECUTE
+    device = AccessFS.READ_FILE | AccessFS.WRITE_FILE | AccessFS.IOCTL_DEV
+    full = ~(AccessFS.MAKE_CHAR | AccessFS.MAKE_BLOCK | AccessFS.IOCTL_DEV)
+    handled_net = AccessNet.NONE if profile.network else None  # None: every right
+    scoped = Scope.SIGNAL | Scope.ABSTRACT_UNIX_SOCKET  # nothing outside is signalled
+    with Ruleset(handled_net=handled_net, scoped=scoped) as rs:
+        rs.allow_path("/", read)
+        for path in (*profile.writable, tmp_root):
+            rs.allow_path(path, AccessFS(full & rs.handled_fs))
+        for path in _existing(_DEVICES):
+            rs.allow_path(path, device)
+        for path in _existing(_DEVICE_DIRS):
+            rs.allow_path(path, read | device | AccessFS(full & rs.handled_fs))
+        if per_command_netns:  # unshare writes /proc/self/{uid,gid}_map, setgroups
+            rs.allow_path("/proc", read | AccessFS.WRITE_FILE)
+        rs.restrict()
+    return per_command_netns
+
+
+def launcher_argv(argv: list[str], root: Path, *, network: bool) -> list[str]:
+    """`argv` wrapped to run confined to `root` (as `writable_for` says) by a launcher process:
+    for programs coder does not start itself (external MCP servers, started by the MCP SDK),
+    where one Python start per long-lived server costs nothing that matters."""
+    import json
+    import sys
+
+    found = support()
+    if not found.available:
+        raise EnvironmentProblem(f"no command sandbox: {found.problem}")
+    prefix = unshare_prefix() if not network and found.netns == "per-command" else None
+    profile = {
+        "writable": list(writable_for(root)),
+        "network": network,
+        "tmp": tempfile.mkdtemp(prefix="coder-sandbox-"),
+        "netns_done": prefix is not None,
+    }
+    _tmp_roots.append(profile["tmp"])  # type: ignore[arg-type]
+    launcher = [sys.executable, "-I", "-m", "coder.policy.launch", json.dumps(profile), "--"]
+    return [*(prefix or ()), *launcher, *argv]
 
 
 def _existing(paths: Iterable[str]) -> list[str]:

@@ -338,6 +338,7 @@ class _Merge:
 
         task = taskfile.from_dict(self.manifest["task"])
         cfg = config_mod.load(self.root)
+        config_mod.require_trusted(cfg)  # its settings would widen what the check runs
         name = check_worktree_name(self.task_id)
         path = gitops.add_scratch_worktree(
             self.repo, name=name, commit=commit, path=self.coder_dir / "worktrees" / name

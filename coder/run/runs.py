@@ -87,6 +87,7 @@ def start(
     """Validate, prepare the branch and worktree, and run the whole DAG."""
     task = taskfile.load(path)
     cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
+    config_mod.require_trusted(cfg)
     repo = gitops.open_repo(cwd)
     root = gitops.repo_root(repo)
     policy = policy_for(task, cfg)
@@ -297,6 +298,7 @@ def resume(
         warnings += reconcile(repo, state, manifest, worktree)
         store.save(state)
         cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
+        config_mod.require_trusted(cfg)
         sandbox.require_sandbox(policy_for(task, cfg))
         agent = open_agent(task, cfg, repo, manifest["base_commit"], options)
         return _execute(

@@ -30,7 +30,11 @@ GHOST = {"name": "ghost", "command": "/nonexistent/ghost-mcp-server"}
 
 
 def configure(repo: Path, *servers: dict[str, Any]) -> None:
+    """The repository lists `servers`, and the user trusted them (`coder trust`)."""
+    from coder import config as config_mod
+
     (repo / "coder.config.json").write_text(json.dumps({"mcp_servers": list(servers)}))
+    config_mod.trust(repo)
 
 
 def log_events(repo: Path, task_id: str) -> list[dict[str, Any]]:

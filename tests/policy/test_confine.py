@@ -89,3 +89,17 @@ def test_without_a_sandbox_commands_are_refused_unless_turned_off(
     assert git(repo, "branch", "--list", "agent/*") == ""
     code, _, err = coder(repo, "run", "--autonomous", "-f", str(path), "--no-sandbox")
     assert code == 0, err
+
+
+@needs_sandbox
+def test_the_launcher_confines_a_program_coder_does_not_start_itself(tmp_path: Path) -> None:
+    """How external MCP servers run: the same sandbox, applied by a launcher process."""
+    import subprocess
+
+    root, outside = tmp_path / "wt", tmp_path / "outside.txt"
+    root.mkdir()
+    script = f"echo in > in.txt; echo out > {outside}; grep CapEff /proc/self/status"
+    argv = confine.launcher_argv(["bash", "-c", script], root, network=False)
+    done = subprocess.run(argv, cwd=root, capture_output=True, text=True, check=False)
+    assert (root / "in.txt").read_text() == "in\n" and not outside.exists()
+    assert "Permission denied" in done.stderr and "CapEff:\t0000000000000000" in done.stdout

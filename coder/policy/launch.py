@@ -1,0 +1,29 @@
+"""`python -m coder.policy.launch PROFILE -- PROGRAM ARGS...`: confine this process as
+`confine.launcher_argv` described it in PROFILE (JSON), then become PROGRAM."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from coder.policy import confine
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: python -m coder.policy.launch PROFILE -- PROGRAM [ARGS...]", file=sys.stderr)
+        return 2
+    spec = json.loads(argv[0])
+    profile = confine.Profile(tuple(spec["writable"]), network=bool(spec["network"]))
+    confine.confine_current_thread(profile, spec["tmp"], netns_done=bool(spec["netns_done"]))
+    os.environ.update(TMPDIR=spec["tmp"], TMP=spec["tmp"], TEMP=spec["tmp"])
+    try:
+        os.execvp(argv[2], argv[2:])
+    except OSError as exc:
+        print(f"coder: cannot start {argv[2]}: {exc}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
