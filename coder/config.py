@@ -150,7 +150,8 @@ def widening(data: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of `data` that widen what runs (as set: `allow_network: false` narrows)."""
     found = {
         key: data[key]
-        for key in ("mcp_servers", "allowed_commands", "env_passthrough")
+        # api_key_env: the value of a variable of yours, sent to the model server
+        for key in ("mcp_servers", "allowed_commands", "env_passthrough", "api_key_env")
         if data.get(key)
     }
     if data.get("allow_network") is True:
