@@ -151,17 +151,22 @@ def _libc() -> ctypes.CDLL:
 def writable_for(root: Path) -> tuple[str, ...]:
     """The directories a command in worktree `root` may write: the worktree and, for a linked
     worktree, its own admin directory (`.git/worktrees/<id>`: index, HEAD), never the
-    repository's shared refs, objects, hooks or config."""
+    repository's shared refs, objects, hooks or config.
+
+    The worktree's `.git` file is writable, so it is not trusted alone: the admin directory
+    it names must name this worktree back (its `gitdir` file, which git wrote and a command
+    cannot), or a command could aim the next one's sandbox at another run's admin dir."""
     real = os.path.realpath(root)
-    dirs = [real]
-    gitfile = Path(real, ".git")
-    if gitfile.is_file():
-        text = gitfile.read_text(encoding="utf-8", errors="replace").strip()
-        if text.startswith("gitdir:"):
-            admin = os.path.realpath(os.path.join(real, text[len("gitdir:") :].strip()))
-            if os.path.basename(os.path.dirname(admin)) == "worktrees" and os.path.isdir(admin):
-                dirs.append(admin)
-    return tuple(dirs)
+    gitfile = os.path.join(real, ".git")
+    try:
+        text = Path(gitfile).read_text(encoding="utf-8", errors="replace").strip()
+        admin = os.path.realpath(os.path.join(real, text.removeprefix("gitdir:").strip()))
+        back = Path(admin, "gitdir").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:  # a main checkout (.git is a directory), or no git at all
+        return (real,)
+    if text.startswith("gitdir:") and os.path.realpath(os.path.join(admin, back)) == gitfile:
+        return (real, admin)
+    return (real,)
 
 
 class Confinement:

@@ -103,3 +103,14 @@ def test_the_launcher_confines_a_program_coder_does_not_start_itself(tmp_path: P
     done = subprocess.run(argv, cwd=root, capture_output=True, text=True, check=False)
     assert (root / "in.txt").read_text() == "in\n" and not outside.exists()
     assert "Permission denied" in done.stderr and "CapEff:\t0000000000000000" in done.stdout
+
+
+def test_a_rewritten_git_file_cannot_widen_the_next_commands_sandbox(make_repo) -> None:
+    repo = make_repo()
+    git(repo, "worktree", "add", "-q", str(repo.parent / "one"), "-b", "one")
+    git(repo, "worktree", "add", "-q", str(repo.parent / "two"), "-b", "two")
+    one, two_admin = repo.parent / "one", repo / ".git" / "worktrees" / "two"
+    assert confine.writable_for(one) == (str(one), str(one_admin := repo / ".git/worktrees/one"))
+    assert one_admin.is_dir()
+    (one / ".git").write_text(f"gitdir: {two_admin}\n")  # what a command in `one` can do
+    assert confine.writable_for(one) == (str(one),)
