@@ -46,6 +46,41 @@ EXTENSIONS: dict[str, str] = {
 }
 
 
+# Directories whose files are someone else's (or generated): not parsed, ranked or indexed.
+VENDORED = frozenset(
+    {
+        "node_modules",
+        "vendor",
+        "third_party",
+        "third-party",
+        "3rdparty",
+        ".venv",
+        "venv",
+        "site-packages",
+        "__pycache__",
+        "dist",
+        "build",
+        "target",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".idea",
+        ".vscode",
+        ".coder",
+        ".git",
+        ".next",
+        "coverage",
+    }
+)
+
+
+def vendored(path: str) -> bool:
+    """Whether a repository path lies in a VENDORED (or *.egg-info) directory."""
+    return any(p in VENDORED or p.endswith(".egg-info") for p in PurePosixPath(path).parts[:-1])
+
+
 def language_of(path: str) -> str | None:
     """The grammar for a repository path, by its extension (None: not code coder reads)."""
     return EXTENSIONS.get(PurePosixPath(path).suffix.lower())

@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from coder.context.blobcache import BlobCache, write_text
-from coder.context.languages import language_of
+from coder.context.languages import language_of, vendored
 from coder.context.tags import Definition, FileTags, extract
 
 if TYPE_CHECKING:
@@ -45,34 +45,6 @@ VERSION = 1  # bump when the tags or the rendering change: old caches are then i
 CHARS_PER_TOKEN = 4  # as the agent loop estimates
 MAX_TAG_BYTES = 512 * 1024  # larger files are likely generated: listed, not parsed
 MIN_BUDGET, MAX_BUDGET = 512, 8192
-# Directories whose code is someone else's: listed, never parsed or ranked.
-VENDORED = frozenset(
-    {
-        "node_modules",
-        "vendor",
-        "third_party",
-        "third-party",
-        "3rdparty",
-        ".venv",
-        "venv",
-        "site-packages",
-        "__pycache__",
-        "dist",
-        "build",
-        "target",
-        ".tox",
-        ".nox",
-        ".mypy_cache",
-        ".pytest_cache",
-        ".ruff_cache",
-        ".idea",
-        ".vscode",
-        ".coder",
-        ".git",
-        ".next",
-        "coverage",
-    }
-)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
 _PATHLIKE = re.compile(r"[\w./-]+\.\w+|[\w.-]+/[\w./-]+")
 
@@ -187,7 +159,7 @@ def file_tags(
     keep = []
     for path, blob in blobs:
         language = language_of(path)
-        if language is None or _vendored(path):
+        if language is None or vendored(path):
             continue
         key = f"{language}:{blob}"
         keep.append(key)
@@ -200,11 +172,6 @@ def file_tags(
         out[path] = FileTags(tuple(Definition.from_list(d) for d in entry[0]), dict(entry[1]))
     cache.save(keep)
     return out
-
-
-def _vendored(path: str) -> bool:
-    parts = PurePosixPath(path).parts[:-1]
-    return any(p in VENDORED or p.endswith(".egg-info") for p in parts)
 
 
 def _tokens(text: str) -> int:

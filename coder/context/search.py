@@ -31,8 +31,8 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from coder.context.blobcache import BlobCache
-from coder.context.languages import language_of
-from coder.context.repomap import MAX_TAG_BYTES, _vendored
+from coder.context.languages import language_of, vendored
+from coder.context.repomap import MAX_TAG_BYTES
 from coder.context.tags import Definition, extract
 from coder.durable import write_atomic
 from coder.redact import redact
@@ -159,7 +159,7 @@ def _windows(first: int, last: int, name: str) -> list[tuple[int, int, str]]:
 
 
 def _indexable(path: str) -> bool:
-    if _vendored(path):
+    if vendored(path):
         return False
     pure = PurePosixPath(path)
     return (

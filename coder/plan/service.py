@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
 from coder import taskfile, yamldoc
+from coder.context.languages import vendored
 from coder.durable import write_atomic
 from coder.errors import BadSpec, DocumentError, InvalidInput, PlanFailed
 from coder.git import ops as gitops
@@ -47,34 +48,6 @@ MAX_COMMITS = 10
 CHARS_PER_TOKEN = 3.5  # a deliberately low ratio: overestimating refuses early, never truncates
 MAX_ANSWER_RESERVE = 6144  # tokens kept free for the answer and one repair round
 
-# Directories whose files say nothing about the project's own structure.
-VENDORED = frozenset(
-    {
-        "node_modules",
-        "vendor",
-        "third_party",
-        "third-party",
-        "3rdparty",
-        ".venv",
-        "venv",
-        "site-packages",
-        "__pycache__",
-        "dist",
-        "build",
-        "target",
-        ".tox",
-        ".nox",
-        ".mypy_cache",
-        ".pytest_cache",
-        ".ruff_cache",
-        ".idea",
-        ".vscode",
-        ".coder",
-        ".git",
-        ".next",
-        "coverage",
-    }
-)
 BINARY_SUFFIXES = frozenset(
     """
     .png .jpg .jpeg .gif .bmp .ico .webp .tif .tiff .psd .pdf .zip .gz .tgz .bz2 .xz .7z .rar
@@ -262,10 +235,7 @@ def _head_commit(repo: pygit2.Repository) -> str | None:
 
 
 def _worth_listing(path: str) -> bool:
-    parts = PurePosixPath(path).parts
-    if any(p in VENDORED or p.endswith(".egg-info") for p in parts[:-1]):
-        return False
-    return PurePosixPath(path).suffix.lower() not in BINARY_SUFFIXES
+    return not vendored(path) and PurePosixPath(path).suffix.lower() not in BINARY_SUFFIXES
 
 
 def _languages(paths: Iterable[str]) -> tuple[tuple[str, int], ...]:

@@ -470,7 +470,7 @@ def walk_files(root: str, *, links: bool = True) -> Iterator[str]:
         stack.extend(reversed(subdirs))
 
 
-def _normalize_glob(ctx: ToolContext, pattern: str) -> str:
+def normalize_glob(ctx: ToolContext, pattern: str) -> str:
     root = real_root(ctx)
     pattern = pattern.strip()
     if pattern.startswith(root.rstrip("/") + "/"):
@@ -491,7 +491,7 @@ def _normalize_glob(ctx: ToolContext, pattern: str) -> str:
 
 
 def fs_glob(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
-    pattern = _normalize_glob(ctx, args["pattern"])
+    pattern = normalize_glob(ctx, args["pattern"])
     limit = min(max(1, int(args.get("limit", 200))), 2000)
     rx = glob_regex(pattern)
     matches = sorted(p for p in walk_files(real_root(ctx)) if rx.fullmatch(p))
@@ -570,7 +570,7 @@ def fs_grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     root = real_root(ctx)
     files = sorted(walk_files(root, links=False))  # a link inside would only repeat its target
     if args.get("glob"):
-        rx = glob_regex(_normalize_glob(ctx, args["glob"]))
+        rx = glob_regex(normalize_glob(ctx, args["glob"]))
         files = [f for f in files if rx.fullmatch(f)]
     request = json.dumps(
         {

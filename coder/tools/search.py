@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from coder.tools.fs import _normalize_glob, glob_regex, numbered, real_root
+from coder.tools.fs import glob_regex, normalize_glob, numbered, real_root
 from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
 
 MAX_RESULTS = 20
@@ -29,7 +29,7 @@ def code_search(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         )
     limit = min(max(1, int(args.get("limit", 8))), MAX_RESULTS)
     root = Path(real_root(ctx))
-    wanted = glob_regex(_normalize_glob(ctx, args["glob"])) if args.get("glob") else None
+    wanted = glob_regex(normalize_glob(ctx, args["glob"])) if args.get("glob") else None
     notes: list[str] = []
     embedder = ctx.embedder
     try:
