@@ -49,6 +49,8 @@ class Step:
     strategy: str = "revert_and_stop"
     max_cycles: int = 1
     tools: tuple[str, ...] | None = None
+    model: str | None = None  # None: the task's model
+    fallback_model: str | None = None  # None: the task's fallback_model
 
     @property
     def uses_model(self) -> bool:
@@ -64,6 +66,7 @@ class Task:
     steps: tuple[Step, ...]
     base: str | None = None  # None: the repository's current branch, resolved at run start
     model: str | None = None  # None: the config's model
+    fallback_model: str | None = None  # from the third attempt of a step that failed twice
     spec: str | None = None
     created_at: str | None = None
     policies: Mapping[str, Any] = field(default_factory=dict)
@@ -91,7 +94,7 @@ class Task:
     def to_dict(self) -> dict[str, Any]:
         """The task as a taskfile document with every default filled in (what runs)."""
         doc: dict[str, Any] = {"id": self.id, "title": self.title, "branch": self.branch}
-        for key in ("base", "model", "spec", "created_at"):
+        for key in ("base", "model", "fallback_model", "spec", "created_at"):
             if getattr(self, key) is not None:
                 doc[key] = getattr(self, key)
         if self.policies:
@@ -117,6 +120,8 @@ def _step_dict(s: Step, sequential: bool) -> dict[str, Any]:
         "args": list(s.args) or None,
         "assert": [{k: v for k, v in vars(a).items() if v is not None} for a in s.asserts] or None,
         "tools": list(s.tools) if s.tools is not None else None,
+        "model": s.model,
+        "fallback_model": s.fallback_model,
     }
     d.update({k: v for k, v in optional.items() if v is not None})
     if s.strategy != "revert_and_stop" or s.max_cycles != 1:
@@ -208,6 +213,8 @@ def from_dict(data: Mapping[str, Any]) -> Task:
                 strategy=on_fail.get("strategy", "revert_and_stop"),
                 max_cycles=on_fail.get("max_cycles", 1),
                 tools=tuple(raw["tools"]) if "tools" in raw else None,
+                model=raw.get("model"),
+                fallback_model=raw.get("fallback_model"),
             )
         )
     task_id = data.get("id") or generate_id()
@@ -218,6 +225,7 @@ def from_dict(data: Mapping[str, Any]) -> Task:
         steps=tuple(steps),
         base=data.get("base"),
         model=data.get("model"),
+        fallback_model=data.get("fallback_model"),
         spec=data.get("spec"),
         created_at=data.get("created_at"),
         policies=dict(data.get("policies", {})),
@@ -422,6 +430,8 @@ def _kind_problems(i: int, sid: str, raw: dict[str, Any], report: Any) -> None:
         "changes": ("edit", "doc", "custom", "shell"),
         "env": ("shell", "test"),
         "cwd": ("shell", "test"),
+        "model": ("analyze", "edit", "doc", "custom", "test"),
+        "fallback_model": ("analyze", "edit", "doc", "custom", "test"),
     }
     for key, kinds in only.items():
         if key in raw and kind not in kinds:

@@ -348,6 +348,8 @@ class Executor:
             outcome = StepOutcome(False, exc.message)
         if outcome.usage:
             self._add_usage(step.id, outcome.usage)
+        for note in outcome.notes:
+            self._reason(step.id, note)
         return outcome
 
     def _verify(

@@ -56,6 +56,7 @@ class StepOutcome:
     cancelled: bool = False
     details: dict[str, Any] = field(default_factory=dict)
     usage: Usage | None = None  # model usage of this attempt
+    notes: tuple[str, ...] = ()  # for the step's reasons (a model escalation, an output cap)
     errored: bool = False  # set by the executor only, from an EnvironmentProblem
 
     @property

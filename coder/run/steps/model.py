@@ -66,16 +66,16 @@ def run(ctx: StepContext) -> StepOutcome:
         ),
     )
     result = converse(ctx, kind=ctx.step.kind, allowed=allowed, first_message=first)
-    usage = result.usage
+    usage, notes = result.usage, tuple(result.notes)
     if not result.ok:
         return StepOutcome(
-            False, result.error, cancelled=result.error == "interrupted", usage=usage
+            False, result.error, cancelled=result.error == "interrupted", usage=usage, notes=notes
         )
     if ctx.step.kind == "analyze":
         write_private(
             notes_path(ctx.artifacts, ctx.step.id), ctx.redactor.redact(result.summary) + "\n"
         )
-    return StepOutcome(True, summary=result.summary, usage=usage)
+    return StepOutcome(True, summary=result.summary, usage=usage, notes=notes)
 
 
 def allowed_tools(step: Step, kind_tools: list[str], names: list[str]) -> list[str]:
@@ -129,7 +129,10 @@ def converse(
         return result.as_text()
 
     log = ctx.log.bind(fix_cycle=cycle) if cycle is not None else ctx.log
-    provider = session.models.for_step(ctx.step.id)
+    model, escalation = model_for(ctx)
+    if escalation and cycle in (None, 1):
+        log.warning("model.escalated", model=model, reason=escalation)
+    provider = session.models.for_step(ctx.step.id, model)
     loop = AgentLoop(
         provider,
         tools=session.tools,
@@ -141,10 +144,30 @@ def converse(
         on_event=lambda event: report(log, event),
     )
     try:
-        return loop.run(messages)
+        result = loop.run(messages)
     finally:
         provider.close()
         write_private(ctx.artifact(transcript), ctx.redactor.redact(json.dumps(messages, indent=1)))
+    if escalation and cycle in (None, 1):
+        result.notes.insert(0, escalation)
+    return result
+
+
+FALLBACK_AFTER = 2  # failed attempts with a step's model before its fallback_model takes over
+
+
+def model_for(ctx: StepContext) -> tuple[str | None, str | None]:
+    """The model for this attempt of the step (None: the run's) and, when the attempt
+    escalates to `fallback_model` (the step's, else the task's), why."""
+    step, task = ctx.step, ctx.task
+    fallback = step.fallback_model or task.fallback_model
+    if fallback and ctx.attempt > FALLBACK_AFTER:
+        first = step.model or task.model
+        return fallback, (
+            f"attempt {ctx.attempt} uses fallback_model {fallback} after {FALLBACK_AFTER} "
+            f"failed attempts with {first}"
+        )
+    return step.model, None
 
 
 def report(log: EventLog, event: ev.LoopEvent) -> None:

@@ -75,6 +75,7 @@ def _fix_cycles(
 
     allowed = tools_for_kind("edit")
     usage = Usage()
+    notes: tuple[str, ...] = ()
     previous_names: set[str] = set()
     previous_diff = _worktree_digest(ctx)
     max_cycles = ctx.step.max_cycles
@@ -100,6 +101,7 @@ def _fix_cycles(
             cycle=cycle,
         )
         usage += result.usage
+        notes += tuple(result.notes)
         if not result.ok:
             return StepOutcome(
                 False,
@@ -107,6 +109,7 @@ def _fix_cycles(
                 tests=outcome.tests,
                 cancelled=result.error == "interrupted",
                 usage=usage,
+                notes=notes,
             )
         digest = _worktree_digest(ctx)
         if digest == previous_diff:
@@ -115,6 +118,7 @@ def _fix_cycles(
                 f"fix cycle {cycle} changed nothing; stopping early ({report.summary()})",
                 tests=outcome.tests,
                 usage=usage,
+                notes=notes,
             )
         previous_diff, previous_names = digest, _failing_names(failures)
         outcome, new_report = _run_tests(ctx, cmd)
@@ -131,6 +135,7 @@ def _fix_cycles(
                 tests=outcome.tests,
                 cancelled=outcome.cancelled,
                 usage=usage,
+                notes=notes,
             )
         report = new_report
     return StepOutcome(
@@ -138,6 +143,7 @@ def _fix_cycles(
         f"tests still failing after {max_cycles} fix cycles: {report.summary()}",
         tests=outcome.tests,
         usage=usage,
+        notes=notes,
     )
 
 
