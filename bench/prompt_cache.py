@@ -73,6 +73,9 @@ from tests.fake_ollama import (  # noqa: E402
     Reply,
     estimate_prompt_tokens,
 )
+from tests.fake_openai import MODEL as OPENAI_MODEL  # noqa: E402
+from tests.fake_openai import FakeOpenAI  # noqa: E402
+from tests.prefix_cache import is_priming  # noqa: E402
 
 SAMPLE = ROOT / "fixtures" / "pyproject-sample"
 GIT_ENV = {
@@ -86,6 +89,7 @@ GIT_ENV = {
 }
 TASK_ID = "fix"  # JOURNEY's id
 CACHED_GOAL = 0.90
+SERVER_CACHED_GOAL = 0.95
 
 
 # --- the journey (tests/test_agent_fix.py) -------------------------------------------------------
@@ -152,10 +156,11 @@ def coder_cmd() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "coder"]
 
 
-def run_once(tmp: Path, k: int) -> dict[str, Any]:
-    """One `coder run` of the journey against a fresh fake, in a fresh repository."""
+def run_once(tmp: Path, k: int, provider: str = "ollama") -> dict[str, Any]:
+    """One `coder run` of the journey against a fresh fake (Ollama, or OpenAI-compatible), in
+    a fresh repository."""
     text, replies = journey()
-    home = tmp / f"home{k}"
+    home = tmp / f"home{k}-{provider}"
     (home / ".config").mkdir(parents=True)
     (home / ".gitconfig").write_text(
         "[user]\n\tname = Bench\n\temail = bench@localhost\n[init]\n\tdefaultBranch = main\n"
@@ -166,16 +171,23 @@ def run_once(tmp: Path, k: int) -> dict[str, Any]:
         if k not in ("OLLAMA_HOST", "CODER_MODEL", "CODER_CONFIG", "GIT_DIR", "GIT_WORK_TREE")
     }
     env.update(GIT_ENV, HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"))
-    repo = tmp / f"repo{k}"
+    repo = tmp / f"repo{k}-{provider}"
     shutil.copytree(SAMPLE, repo)
     git(repo, env, "init", "-q", "-b", "main")
     git(repo, env, "add", "-A")
     git(repo, env, "commit", "-q", "-m", "initial")
-    taskfile = tmp / f"task{k}.yaml"
+    taskfile = tmp / f"task{k}-{provider}.yaml"
     taskfile.write_text(textwrap.dedent(text).lstrip())
 
-    with TimedFake(replies) as fake:
-        env["OLLAMA_HOST"] = fake.url
+    fake: Any = TimedFake(replies) if provider == "ollama" else FakeOpenAI(replies=list(replies))
+    with fake:
+        if provider == "ollama":
+            env["OLLAMA_HOST"] = fake.url
+        else:
+            (home / ".config" / "coder").mkdir(parents=True)
+            (home / ".config" / "coder" / "config.json").write_text(
+                json.dumps({"provider": "openai", "base_url": fake.url, "model": OPENAI_MODEL})
+            )
         start = time.perf_counter()
         proc = subprocess.run(
             [*coder_cmd(), "run", "--autonomous", "-f", str(taskfile)],
@@ -201,13 +213,20 @@ def run_once(tmp: Path, k: int) -> dict[str, Any]:
     summary = state["steps"]["s3"].get("summary", "")
     if "after 1 fix cycle" not in summary:
         raise SystemExit(f"the journey did not go as scripted: s3 ended with {summary!r}")
-    chats = [r.body for r in fake.requests if r.path == "/api/chat" and r.body]
+    chats = [r.body for r in fake.requests if r.path.endswith("chat") and r.body]
+    reported = [s.get("usage") or {} for s in state["steps"].values()]
     return {
+        # The first request a fake saw is the warm prefix; the rest are the steps' calls.
+        "server_cached": sum(fake.cache.cached[1:]),
+        "server_prompt": sum(fake.cache.prompt[1:]),
+        "priming": (fake.cache.cached[0], fake.cache.prompt[0]),
+        "reported_cached": sum(u.get("cached_tokens", 0) for u in reported),
+        "reported_prompt": sum(u.get("prompt_tokens", 0) for u in reported),
         "wall": wall,
-        "serving": sum(s for _, s in fake.serving),
-        "served": len(fake.serving),
+        "serving": sum(s for _, s in getattr(fake, "serving", [])),
+        "served": len(getattr(fake, "serving", [])),
         "all_chats": chats,
-        "requests": [b for b in chats if b.get("messages")],
+        "requests": [b for b in chats if b.get("messages") and not is_priming(b)],
         "events": events,
     }
 
@@ -393,6 +412,7 @@ def main(argv: list[str] | None = None) -> None:
             one = run_once(Path(tmp_name), k)
             one["analysis"] = analyse(one["requests"], one["all_chats"])
             runs.append(one)
+        openai_run = run_once(Path(tmp_name), 0, provider="openai")
     best = min(runs, key=lambda r: r["wall"])
     a = best["analysis"]
     volatile = {json.dumps(r["analysis"]["rendered"]) for r in runs}
@@ -471,6 +491,24 @@ def main(argv: list[str] | None = None) -> None:
         )
     for i, where in a["breaks"]:
         print(f"    WITHIN-STEP BREAK at request {i + 1}: diverges at {where}")
+    print(
+        "server-measured cache reuse over the steps' calls (each fake's own prompt cache: one "
+        "slot, reused for a common prefix, as llama.cpp's server does; the warm prefix, "
+        f"{best['priming'][1]:,} tokens, was sent first):"
+    )
+    ollama_share = best["server_cached"] / best["server_prompt"]
+    print(
+        f"    {'fake Ollama':<34} {ollama_share * 100:6.1f}%  of {best['server_prompt']:,} "
+        "prompt tokens (Ollama reports none on the wire: read from the fake)"
+    )
+    server_share = openai_run["server_cached"] / openai_run["server_prompt"]
+    reported = openai_run["reported_cached"] / max(1, openai_run["reported_prompt"])
+    print(
+        f"    {'fake OpenAI-compatible':<34} {server_share * 100:6.1f}%  of "
+        f"{openai_run['server_prompt']:,} prompt tokens; coder recorded {reported * 100:.1f}% "
+        f"from the server's cached_tokens (goal >= {SERVER_CACHED_GOAL:.0%}: "
+        f"{verdict(reported >= SERVER_CACHED_GOAL, under=True)})"
+    )
     found = compactions(best["events"])
     if found:
         print(f"    {found} context compaction event(s) in the log")

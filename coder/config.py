@@ -35,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "request_timeout": 600,
     "max_output_tokens": 4096,
     "max_prose_chars": 600,
+    "warm_prefix": True,
     "allow_network": False,
     "allowed_commands": [],
     "env_passthrough": [],

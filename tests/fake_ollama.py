@@ -36,6 +36,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Self
 
+from tests.prefix_cache import PrefixCache, is_priming
+
 VERSION = "0.33.0"
 DEFAULT_NUM_CTX = 4096  # what the server allocates when a request sets no num_ctx
 DEFAULT_MODELS: dict[str, dict[str, Any]] = {
@@ -146,6 +148,8 @@ class FakeOllama:
         self._replies: deque[Reply] = deque()
         self._lock = threading.Lock()
         self._call_ids = 0
+        # What a one-slot KV cache would reuse (Ollama reports none; benchmarks read it here).
+        self.cache = PrefixCache()
         self._server = _Server(("127.0.0.1", port), _Handler)
         self._server.fake = self
         self._thread: threading.Thread | None = None
@@ -413,7 +417,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not body.get("messages"):  # a load request (or an unload with keep_alive 0)
             self._json(200, self._load_answer(name, body))
             return
-        reply = self.fake.next_reply()
+        reply = Reply(content="ok") if is_priming(body) else self.fake.next_reply()
         if reply is None:
             self._error(500, NO_REPLY_LEFT)
             return
@@ -422,6 +426,7 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.http_status is not None:
             self._error(reply.http_status, reply.error)
             return
+        self.fake.cache.use(body)
         lines = list(self._reply_lines(body, reply, was_loaded))
         if body.get("stream", True):
             self._stream(lines, reply)

@@ -23,7 +23,7 @@ What it speaks, as those servers do:
     with FakeOpenAI() as fake:
         fake.enqueue(Reply(content="hi"), Reply(tool_calls=[{"name": "f", "arguments": {}}]))
         openai.OpenAI(base_url=fake.url, api_key="x").chat.completions.create(...)
-        fake.chat_bodies()[0]["messages"]; fake.cached[0]
+        fake.chat_bodies()[0]["messages"]; fake.cache.cached[0]
 
 Run as a script (a separate process; prints `listening on URL`):
 
@@ -56,6 +56,7 @@ from tests.fake_ollama import (  # noqa: E402
     _pieces,
     _Server,
 )
+from tests.prefix_cache import PrefixCache, is_priming  # noqa: E402
 
 MODEL = "qwen2.5-coder-7b-instruct"
 DEFAULT_MODELS: dict[str, dict[str, Any]] = {
@@ -64,48 +65,6 @@ DEFAULT_MODELS: dict[str, dict[str, Any]] = {
 MS_PER_PROMPT_TOKEN = 0.25  # 4000 tokens/s prompt processing
 MS_PER_EVAL_TOKEN = 20.0  # 50 tokens/s generation
 CREATED = 1_767_225_600
-
-
-def render(body: dict[str, Any]) -> str:
-    """The request as a server's prompt would hold it: the tools, then each message, in order
-    (what a KV cache can reuse is a common prefix of this)."""
-    messages = "".join(json.dumps(m, sort_keys=True) for m in body.get("messages") or [])
-    return json.dumps(body.get("tools") or [], sort_keys=True) + messages
-
-
-def common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-class PrefixCache:
-    """A server's prompt cache in miniature: `slots` prompts kept; a request reuses the longest
-    common prefix with any of them and then takes over that slot (least recently used when
-    none matches)."""
-
-    def __init__(self, slots: int = 1) -> None:
-        self.slots: deque[str] = deque(maxlen=max(1, slots))
-        self._lock = threading.Lock()
-
-    def use(self, prompt: str) -> int:
-        """Characters of `prompt` served from the cache."""
-        with self._lock:
-            best, where = 0, None
-            for i, held in enumerate(self.slots):
-                n = common_prefix(held, prompt)
-                if n > best:
-                    best, where = n, i
-            if where is not None:
-                del self.slots[where]
-            self.slots.append(prompt)
-            return best
 
 
 class FakeOpenAI:
@@ -118,9 +77,7 @@ class FakeOpenAI:
     ) -> None:
         self.models = dict(DEFAULT_MODELS if models is None else models)
         self.requests: list[RecordedRequest] = []
-        self.cache = PrefixCache(slots)
-        self.cached: list[int] = []  # tokens served from the cache, per chat request
-        self.prompt: list[int] = []  # prompt tokens, per chat request
+        self.cache = PrefixCache(slots)  # .cached / .prompt: tokens per chat request
         self._replies: deque[Reply] = deque()
         self._lock = threading.Lock()
         self._ids = 0
@@ -166,8 +123,13 @@ class FakeOpenAI:
             return len(self._replies)
 
     def chat_bodies(self) -> list[dict[str, Any]]:
+        """The chat requests, warm-prefix (priming) requests left out."""
         with self._lock:
-            return [r.body for r in self.requests if r.path.endswith("/chat/completions")]
+            return [
+                r.body
+                for r in self.requests
+                if r.path.endswith("/chat/completions") and not is_priming(r.body or {})
+            ]
 
     def record(self, request: RecordedRequest) -> None:
         with self._lock:
@@ -252,7 +214,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- chat ---------------------------------------------------------------------------------
 
     def _chat(self, body: dict[str, Any]) -> None:
-        reply = self.fake.next_reply()
+        reply = Reply(content="ok") if is_priming(body) else self.fake.next_reply()
         if reply is None:
             self._error(500, NO_REPLY_LEFT, "server_error")
             return
@@ -261,9 +223,8 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.http_status is not None:
             self._error(reply.http_status, reply.error, "server_error")
             return
-        prompt = render(body)
-        cached_chars = self.fake.cache.use(prompt)
-        usage = self._usage(body, reply, len(prompt) // 4, cached_chars // 4)
+        cached = self.fake.cache.use(body)
+        usage = self._usage(body, reply, self.fake.cache.prompt[-1], cached)
         completion_id = self.fake.next_id("chatcmpl-")
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -283,9 +244,6 @@ class _Handler(BaseHTTPRequestHandler):
         if generated is None:
             text = reply.content + (json.dumps(reply.tool_calls) if reply.tool_calls else "")
             generated = max(1, len(text) // 4)
-        with self.fake._lock:
-            self.fake.cached.append(cached)
-            self.fake.prompt.append(prompt)
         usage = {
             "prompt_tokens": prompt,
             "completion_tokens": generated,

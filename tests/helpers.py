@@ -9,6 +9,7 @@ from typing import Any
 from coder.schemas import validator
 from tests.conftest import git
 from tests.fake_ollama import FakeOllama, Reply
+from tests.prefix_cache import is_priming
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: fixtures/, tasks/, README.md
 
@@ -70,5 +71,6 @@ def done(summary: str, *files: str, **extra: Any) -> Reply:
 
 
 def chat_requests(fake: FakeOllama) -> list[dict[str, Any]]:
-    """The chat requests the fake server received (warm-up requests without messages left out)."""
-    return [b for b in fake.chat_bodies() if b.get("messages")]
+    """The chat requests the fake server received: the warm-up load (no messages) and the
+    warm prefix (no user message) left out."""
+    return [b for b in fake.chat_bodies() if b.get("messages") and not is_priming(b)]

@@ -15,7 +15,8 @@ import openai
 import pytest
 
 from tests.fake_ollama import NO_REPLY_LEFT, Reply
-from tests.fake_openai import MODEL, FakeOpenAI, PrefixCache
+from tests.fake_openai import MODEL, FakeOpenAI
+from tests.prefix_cache import PrefixCache
 
 USER = [{"role": "user", "content": "hi"}]
 TOOLS = [
@@ -113,18 +114,21 @@ def test_a_repeated_prefix_is_reported_as_cached(fake: FakeOpenAI, client: opena
     assert cached >= first.prompt_tokens - 1  # the whole first request was reused
     other = stream(client, messages=[{"role": "user", "content": "something else"}])[-1].usage
     assert other.prompt_tokens_details.cached_tokens < 5  # a different prompt reuses nothing
-    assert fake.cached == [0, cached, other.prompt_tokens_details.cached_tokens]
+    assert fake.cache.cached == [0, cached, other.prompt_tokens_details.cached_tokens]
 
 
 def test_the_prefix_cache_keeps_slots() -> None:
+    def body(text: str) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": text}]}
+
     cache = PrefixCache(slots=2)
-    assert cache.use("abcdef") == 0
-    assert cache.use("xyz") == 0
-    assert cache.use("abcdefgh") == 6  # the first slot still holds "abcdef"
-    assert cache.use("xyz1") == 3
+    assert cache.use(body("a" * 400)) == 0
+    assert cache.use(body("b" * 400)) < 10  # only the JSON around the text is shared
+    assert cache.use(body("a" * 800)) > 100  # the first slot still holds the a's
     one = PrefixCache(slots=1)
-    one.use("abcdef"), one.use("xyz")
-    assert one.use("abcdef") == 0  # evicted
+    one.use(body("a" * 400)), one.use(body("b" * 400))
+    assert one.use(body("a" * 400)) < 10  # evicted
+    assert len(one.cached) == len(one.prompt) == 3 and 0 < one.share < 1
 
 
 def test_not_streamed(fake: FakeOpenAI, client: openai.OpenAI) -> None:

@@ -85,6 +85,7 @@ class FakeProvider:
     history: list[FakeCall] = field(default_factory=list)
     closed: bool = False
     step: str = ""
+    primed: list[list[dict[str, Any]]] = field(default_factory=list)
     _queue: deque[Scripted] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -133,6 +134,9 @@ class FakeProvider:
 
     def warm_up(self) -> ModelFacts:
         return ModelFacts(provider="fake", model=self.model, num_ctx=self.num_ctx)
+
+    def prime(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+        self.primed.append(copy.deepcopy(messages))
 
     def close(self) -> None:
         self.closed = True

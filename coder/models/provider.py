@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
+from coder.errors import StopReply
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -205,7 +207,17 @@ class Models(Protocol):
 
     def warm_up(self) -> ModelFacts: ...
 
+    def prime(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+        """Put the run's shared prefix into the servers' prompt caches (best effort)."""
+        ...
+
     def close(self) -> None: ...
+
+
+def cut_at_first_token(event: ChatEvent) -> None:
+    """An `on_event` that ends a reply at its first token (a priming request)."""
+    if isinstance(event, (TextDelta, ToolCallEvent)):
+        raise StopReply
 
 
 def estimate_tokens(text: str) -> int:

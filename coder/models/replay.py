@@ -100,6 +100,9 @@ class RecordingModels:
     def warm_up(self) -> ModelFacts:
         return self.inner.warm_up()
 
+    def prime(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+        self.inner.prime(messages, tools)  # not a reply of any step: not recorded
+
     def close(self) -> None:
         self.inner.close()
 
@@ -164,6 +167,9 @@ class ReplayModels:
             model=self.model,
             extra={"recording": str(self.path), "calls": len(self.calls)},
         )
+
+    def prime(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+        pass  # no server
 
     def close(self) -> None:
         pass

@@ -16,6 +16,7 @@ With one endpoint all this reduces to a pass-through.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -32,6 +33,7 @@ from coder.models.provider import (
     EndpointDown,
     ModelFacts,
     ModelProvider,
+    cut_at_first_token,
 )
 
 MakeProvider = Callable[[str, str], ModelProvider]  # (endpoint, model) -> provider
@@ -95,6 +97,22 @@ class Router:
         if down:
             extra["endpoints_down"] = down
         return replace(facts[0], extra=extra)
+
+    def prime(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+        """Send the run's shared prefix (system message and tools) to every endpoint that is
+        up, cut at the first token, so the first step's first call finds it in the server's
+        cache; a failure here is left for the real calls to report."""
+        from coder.errors import CoderError
+
+        def send(endpoint: str) -> None:
+            with contextlib.suppress(CoderError):
+                provider = self.provider(endpoint, self.model)
+                provider.chat(messages, tools=tools, on_event=cut_at_first_token)
+
+        now = self._clock()
+        up = [e for e in self.endpoints if self._down_until.get(e, 0.0) <= now]
+        with ThreadPoolExecutor(max(1, len(up))) as pool:
+            list(pool.map(send, up))
 
     def close(self) -> None:
         with self._lock:

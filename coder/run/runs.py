@@ -198,7 +198,17 @@ def open_agent(
         num_ctx=facts.num_ctx,
         cache_dir=project.coder_dir(gitops.repo_root(repo)) / "cache",
     )
-    return AgentSession(models, registry, built.system, registry.definitions(), facts)
+    session = AgentSession(models, registry, built.system, registry.definitions(), facts)
+    if cfg.get("warm_prefix", True) and options.replay is None:
+        # While the worktree is checked out, the servers take in the shared prefix.
+        session.priming = threading.Thread(
+            target=models.prime,
+            args=([{"role": "system", "content": session.system}], session.tools),
+            name="warm-prefix",
+            daemon=True,
+        )
+        session.priming.start()
+    return session
 
 
 def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Any:
@@ -447,6 +457,8 @@ def _execute(
         )
         if agent is not None:
             log.info("model.ready", **agent.facts.as_dict())
+            if agent.priming is not None:
+                agent.priming.join()
         attached = None
         try:
             if agent is not None and options.attach_tools is not None:  # they join the prefix

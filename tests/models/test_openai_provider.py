@@ -156,9 +156,11 @@ def test_usage_with_the_servers_cache_figures(fake: FakeOpenAI, make: MakeProvid
     grown = [*USER, {"role": "assistant", "content": "one"}, {"role": "user", "content": "more"}]
     second = provider.chat(grown, tools=TOOLS).usage
     assert (first.calls, first.cache_reports, first.cached_tokens) == (1, 1, 0)
-    assert first.prompt_tokens == fake.prompt[0] and first.eval_tokens == 10
-    assert second.cached_tokens == fake.cached[1] > 0
-    assert second.prompt_s == pytest.approx((fake.prompt[1] - fake.cached[1]) * 0.25 / 1000)
+    assert first.prompt_tokens == fake.cache.prompt[0] and first.eval_tokens == 10
+    assert second.cached_tokens == fake.cache.cached[1] > 0
+    assert second.prompt_s == pytest.approx(
+        (fake.cache.prompt[1] - fake.cache.cached[1]) * 0.25 / 1000
+    )
     assert second.eval_s == pytest.approx(20 * 20 / 1000)  # llama.cpp's timings
     total = first + second
     assert total.cache_reports == 2 and total.cached_tokens == second.cached_tokens

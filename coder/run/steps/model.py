@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ class AgentSession:
     system: str
     tools: list[dict[str, Any]]
     facts: ModelFacts
+    priming: threading.Thread | None = None  # the warm prefix being sent (warm_prefix)
 
 
 def run(ctx: StepContext) -> StepOutcome:
