@@ -79,6 +79,7 @@ class Reply:
     # Faults of the OpenAI-compatible fake (tests/fake_openai.py) only.
     end_early: bool = False  # some chunks, then a clean end: no final chunk, no [DONE]
     no_done: bool = False  # the whole reply, but the closing `data: [DONE]` never comes
+    chunk_delay_s: float = 0.0  # a pause before each streamed chunk (a model's speed)
 
     @classmethod
     def coerce(cls, value: Reply | dict[str, Any] | str) -> Reply:

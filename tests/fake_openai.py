@@ -18,7 +18,8 @@ What it speaks, as those servers do:
   400 for tools on a model without them); scripted faults from `Reply` (tests/fake_ollama.py):
   `http_status`, `error_mid_stream` (an error event after the first delta), a dropped
   connection, a malformed line, `end_early` (a clean end before the final chunk), `no_done`
-  (the whole reply without the closing `[DONE]`), `delay_s`.
+  (the whole reply without the closing `[DONE]`), `delay_s`, `chunk_delay_s` (a pause before
+  each chunk: a model's generation speed; a client that closes the stream stops it).
 
     with FakeOpenAI() as fake:
         fake.enqueue(Reply(content="hi"), Reply(tool_calls=[{"name": "f", "arguments": {}}]))
@@ -323,6 +324,8 @@ class _Handler(BaseHTTPRequestHandler):
         events = chunks[:2] if faulty else chunks + tail
         try:
             for event in events:
+                if reply.chunk_delay_s and self.server.stopping.wait(reply.chunk_delay_s):
+                    raise ConnectionAbortedError
                 self._event(json.dumps(event))
             if reply.drop_connection_mid_stream:
                 self._write_chunk(b"data: " + json.dumps(chunks[-1]).encode()[:20])
