@@ -1,9 +1,10 @@
 """What the model reads. The system prompt is the run's cache-stable prefix: built once per run
 from things that do not change during it (the rules, the project's instructions and the ranked
-repository map at the run's base commit, the taskfile; see agent/prefix.py), so every request of every step starts with the same bytes and the
-server's KV cache stays warm. Everything that changes (the step, notes, attempts, test output)
-goes after it, in the step's own messages (with the step's focus). Repository content is
-framed as data; the project's instructions guide the work but never change the rules."""
+repository map at the run's base commit, the taskfile; see agent/prefix.py), so every request
+of every step starts with the same bytes and the server's KV cache stays warm. Everything that
+changes (the step, notes, attempts, test output) goes after it, in the step's own messages
+(with the step's focus). Repository content is framed as data; the project's instructions
+guide the work but never change the rules."""
 
 from __future__ import annotations
 
