@@ -226,25 +226,24 @@ def require_trusted(cfg: Config) -> None:
 
 
 def read_file(path: Path) -> dict[str, Any]:
-    """A config file's contents, checked; InvalidInput names the file, position and field."""
+    """A config file's contents, checked; InvalidInput names the file, position and field.
+    Read like every document coder reads (yamldoc): a FIFO, a huge or deeply nested file,
+    or a key given twice is refused with its position."""
+    from coder import yamldoc
+
+    fix = "fix the syntax, or delete the file and run `coder init`"
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"{path}: cannot read config file: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(
-            f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}",
-            hint="fix the syntax, or delete the file and run `coder init`",
-        ) from None
+        doc = yamldoc.parse_json(yamldoc.read_text(path, str(path)), str(path))
+    except DocumentError as exc:
+        raise InvalidInput(exc.message, hint=fix) from None
+    data = doc.data
     if not isinstance(data, dict):
         raise InvalidInput(f"{path}:1:1: a config file must be a JSON object")
     from coder.schemas import validator
 
     errors = sorted(validator("config").iter_errors(data), key=lambda e: list(map(str, e.path)))
     if errors:
-        lines = [_config_problem(path, text, e) for e in errors]
+        lines = [_config_problem(doc, e) for e in errors]
         raise InvalidInput(
             "; ".join(lines), hint=f"fix {path} (see the config reference in README.md)"
         )
@@ -252,19 +251,16 @@ def read_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _config_problem(path: Path, text: str, error: Any) -> str:
+def _config_problem(doc: Any, error: Any) -> str:
     from coder import yamldoc
 
     field = ".".join(str(p) for p in error.absolute_path) or "(top level)"
-    message = error.message
+    message = yamldoc.schema_message(doc, error)
     if error.validator == "additionalProperties":
         unknown = [k for k in error.instance if k not in error.schema.get("properties", {})]
-        message = f"unknown setting {unknown[0]!r}" if unknown else message
-    try:  # JSON is YAML, so the YAML composer gives us line:col for the field
-        line, col = yamldoc.parse(text, str(path)).position(list(error.absolute_path))
-    except DocumentError:
-        line, col = 1, 1
-    return f"{path}:{line}:{col}: {field}: {message}"
+        message = f"unknown setting {yamldoc.quote(unknown[0])}" if unknown else message
+    line, col = doc.position(list(error.absolute_path))
+    return f"{doc.name}:{line}:{col}: {field}: {message}"
 
 
 def normalize_host(host: str) -> str:

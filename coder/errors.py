@@ -67,11 +67,17 @@ class PolicyViolation(InvalidInput):
 
 
 class DocumentError(InvalidInput):
-    """The file could not be read as a YAML document; `problem` says where and why."""
+    """The file could not be read as a document; `problems` say where and why (at least one,
+    e.g. every duplicate key)."""
 
-    def __init__(self, problem: Problem) -> None:
-        super().__init__(str(problem))
-        self.problem = problem
+    def __init__(self, problem: Problem, *more: Problem) -> None:
+        also = f" (and {len(more)} more problems)" if more else ""
+        super().__init__(f"{problem}{also}")
+        self.problems = [problem, *more]
+
+    @property
+    def problem(self) -> Problem:
+        return self.problems[0]
 
 
 class InvalidTaskfile(InvalidInput):

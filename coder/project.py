@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from coder import config as config_mod
+from coder.errors import EnvironmentProblem
 
 CODER_DIR = ".coder"
 SUBDIRS = ("tasks", "state", "logs", "artifacts", "worktrees", "locks")
 
 
 def coder_dir(root: Path) -> Path:
-    return root / CODER_DIR
+    """`.coder/` at the repository root; EnvironmentProblem if a file (say, one committed)
+    stands where it belongs."""
+    path = root / CODER_DIR
+    if os.path.lexists(path) and not path.is_dir():
+        raise EnvironmentProblem(
+            f"{path} is a file, but coder keeps its runs, logs and worktrees in a {CODER_DIR}/ "
+            "directory there",
+            hint=f"move that file out of the way (`git mv {CODER_DIR} NEW_NAME` if it is "
+            "committed), then run the command again",
+        )
+    return path
 
 
 @dataclass

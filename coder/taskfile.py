@@ -18,7 +18,7 @@ from typing import Any
 
 from coder import yamldoc
 from coder.errors import DocumentError, InvalidInput, InvalidTaskfile
-from coder.yamldoc import Document, Problem
+from coder.yamldoc import Document, Problem, quote
 
 MODEL_KINDS = ("analyze", "edit", "doc", "custom")
 MAX_PROBLEMS = 200
@@ -146,7 +146,7 @@ def check_file(path: Path, name: str | None = None) -> tuple[list[Problem], Task
     try:
         doc = yamldoc.load(path, name)
     except DocumentError as exc:
-        return [exc.problem], None
+        return exc.problems, None
     return check_document(doc)
 
 
@@ -280,7 +280,7 @@ def _describe(doc: Document, error: Any) -> list[Problem]:
     where = field_path(path)
     if len(path) >= 2 and path[0] == "graph" and isinstance(path[1], int):
         step = doc.data["graph"][path[1]]
-        if isinstance(step, dict) and isinstance(step.get("id"), str):
+        if isinstance(step, dict) and isinstance(step.get("id"), str) and len(step["id"]) < 65:
             where = f"{where} (step {step['id']})"
     prefix = f"{where}: " if where else ""
     instance, schema = error.instance, error.schema
@@ -295,13 +295,13 @@ def _describe(doc: Document, error: Any) -> list[Problem]:
                     doc.name,
                     line,
                     col,
-                    f"{prefix}unknown field {key!r}{hint}",
+                    f"{prefix}unknown field {quote(key)}{hint}",
                     json_path([*path, key]),
                 )
             )
         return out
     line, col = doc.position(path)
-    message = error.message
+    message = yamldoc.schema_message(doc, error)
     if error.validator == "required":
         missing = [k for k in error.validator_value if k not in instance]
         message = f"missing required field {missing[0]!r}" if missing else message
@@ -314,19 +314,32 @@ def _describe(doc: Document, error: Any) -> list[Problem]:
             message += f" for a {instance['kind']} step"
     elif error.validator == "enum":
         hint = _did_you_mean(str(instance), [str(v) for v in error.validator_value])
-        message = f"{instance!r} is not one of {', '.join(map(str, error.validator_value))}{hint}"
+        choices = ", ".join(map(str, error.validator_value))
+        message = f"{quote(instance)} is not one of {choices}{hint}"
     elif error.validator in ("oneOf", "anyOf") and "description" in schema:
-        message = f"{instance!r} is not valid here: {schema['description']}"
+        message = f"{quote(instance)} is not valid here: {schema['description']}"
     elif error.validator == "pattern" and path and path[-1] == "branch":
-        message = (
-            f"{instance!r} is not a valid branch: it must start with agent/ (e.g. agent/add-health)"
-        )
+        message = f"{quote(instance)} is not a valid branch: {_branch_problem(instance)}"
     elif error.validator == "pattern" and path and path[-1] == "id":
         message = (
-            f"{instance!r} is not a valid id: use letters, digits, - and _ "
+            f"{quote(instance)} is not a valid id: use letters, digits, - and _ "
             "(step ids start with a letter)"
         )
     return [Problem(doc.name, line, col, f"{prefix}{message}", json_path(path))]
+
+
+def _branch_problem(branch: str) -> str:
+    """What is wrong with a branch name the schema's pattern refused, said precisely."""
+    if not branch.startswith("agent/"):
+        return "it must start with agent/ (e.g. agent/add-health)"
+    bad = re.search(r"[^A-Za-z0-9._/-]", branch)
+    if bad:
+        what = "a space" if bad.group() == " " else quote(bad.group())
+        return f"it contains {what}; use letters, digits, ., _, - and / (e.g. agent/add-health)"
+    return (
+        "each part after agent/ must be non-empty and start with a letter, digit, _ or - "
+        "(e.g. agent/add-health)"
+    )
 
 
 def field_path(path: list[Any]) -> str:
@@ -381,7 +394,7 @@ def _graph_problems(doc: Document) -> list[Problem]:
             first_line, _ = doc.position(["graph", ids[sid]])
             report(
                 ["graph", i, "id"] if "id" in raw else ["graph", i],
-                f"duplicate step id {sid!r} (first defined at line {first_line})",
+                f"duplicate step id {quote(sid)} (first defined at line {first_line})",
             )
             continue
         ids[sid] = i
@@ -398,12 +411,12 @@ def _graph_problems(doc: Document) -> list[Problem]:
             if not isinstance(dep, str):
                 continue
             if dep == sid:
-                report(["graph", i, "depends_on", j], f"step {sid!r} depends on itself")
+                report(["graph", i, "depends_on", j], f"step {quote(sid)} depends on itself")
             elif dep not in ids:
                 hint = _did_you_mean(dep, list(ids))
                 report(
                     ["graph", i, "depends_on", j],
-                    f"step {sid!r} depends on unknown step {dep!r}{hint}",
+                    f"step {quote(sid)} depends on unknown step {quote(dep)}{hint}",
                 )
             else:
                 deps[sid].append(dep)
@@ -437,7 +450,7 @@ def _kind_problems(i: int, sid: str, raw: dict[str, Any], report: Any) -> None:
         if key in raw and kind not in kinds:
             report(
                 [*where, key],
-                f"step {sid!r}: `{key}` is only used by "
+                f"step {quote(sid)}: `{key}` is only used by "
                 f"{' and '.join(kinds)} steps (this is {_article(kind)} {kind} step)",
                 key=True,
             )
@@ -446,13 +459,13 @@ def _kind_problems(i: int, sid: str, raw: dict[str, Any], report: Any) -> None:
         if on_fail.get("strategy") == "fix_and_retry" and kind != "test":
             report(
                 [*where, "on_fail", "strategy"],
-                f"step {sid!r}: fix_and_retry applies to test steps "
+                f"step {quote(sid)}: fix_and_retry applies to test steps "
                 f"(use retries for {_article(kind)} {kind} step)",
             )
         if "max_cycles" in on_fail and on_fail.get("strategy") != "fix_and_retry":
             report(
                 [*where, "on_fail", "max_cycles"],
-                f"step {sid!r}: max_cycles only applies with strategy fix_and_retry",
+                f"step {quote(sid)}: max_cycles only applies with strategy fix_and_retry",
                 key=True,
             )
 
@@ -482,7 +495,7 @@ def _path_problems(data: dict[str, Any], report: Any) -> None:
         if isinstance(value, str) and not is_repo_relative(value):
             report(
                 path,
-                f"{field_path(path)}: {value!r} must be a path inside the repository "
+                f"{field_path(path)}: {quote(value)} must be a path inside the repository "
                 "(relative, without ..)",
             )
 

@@ -178,7 +178,7 @@ def test_bad_config_file_is_exit_2_with_position(
     assert code == 2
     assert err.splitlines()[0] == (
         f"coder: error: {repo / 'coder.config.json'}:1:18: max_parallel:"
-        " 'two' is not of type 'integer'"
+        " must be a whole number, got the string 'two'"
     )
 
 
@@ -203,3 +203,50 @@ def test_help_does_not_import_heavy_modules() -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["validate", "--json"], "Missing option '-f' / '--file'."),
+        (
+            ["run", "--max-parallel", "0", "--json", "-f", "x.yaml"],
+            "Invalid value for '--max-parallel': 0 is not in the range 1<=x<=32.",
+        ),
+        (["show", "--json"], "pass exactly one of -f FILE (a taskfile) or -t ID (a run)"),
+        (["frobnicate", "--json"], "No such command 'frobnicate'."),
+    ],
+)
+def test_usage_errors_under_json_are_one_json_object_on_stdout(
+    args: list[str], message: str
+) -> None:
+    proc = run(*args)
+    assert proc.returncode == 2
+    data = json.loads(proc.stdout)
+    assert data["hint"].startswith("see `") and data.pop("hint").endswith(" --help`")
+    assert data == {"error": message, "exit_code": 2}
+    assert "Usage: " in proc.stderr  # the text for people stays on stderr
+
+
+def test_init_says_when_no_test_command_is_detected(repo: Path, monkeypatch) -> None:
+    monkeypatch.chdir(repo)
+    code, out, _ = invoke("init")
+    assert code == 0
+    assert "None" not in out
+    assert "  test_command  none detected (set it in coder.config.json" in out
+
+
+def test_a_committed_dot_coder_file_is_one_clear_error(make_repo, monkeypatch) -> None:
+    repo = make_repo({".coder": "not a directory\n"})
+    monkeypatch.chdir(repo)
+    task = repo.parent / "task.yaml"
+    task.write_text("title: t\ngraph:\n  - {kind: shell, cmd: 'echo a > a'}\n")
+    for args in (["init"], ["run", "--autonomous", "-f", str(task)], ["status"]):
+        code, out, err = invoke(*args)
+        assert code == 3, (args, out, err)
+        assert err.splitlines()[0] == (
+            f"coder: error: {repo / '.coder'} is a file, but coder keeps its runs, logs and "
+            "worktrees in a .coder/ directory there"
+        )
+    assert git(repo, "status", "--porcelain") == ""
+    assert git(repo, "branch", "--list") == "* main\n"

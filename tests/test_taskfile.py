@@ -274,7 +274,8 @@ def test_billion_laughs_is_refused(tmp_path: Path) -> None:
         lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
     path = write(tmp_path, "\n".join(lines) + "\n")
     assert problems(path) == [
-        "task.yaml:1:1: document expands to more than 200,000 nodes (YAML aliases nested too deeply)"
+        "task.yaml:1:1: document expands to more than 200,000 nodes through its aliases"
+        " (*name repeats &name)"
     ]
 
 

@@ -27,12 +27,33 @@ Examples:
 
 
 class CoderGroup(click.Group):
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        json_wanted = "--json" in args  # before parsing: a usage error may stop it early
+        try:
+            ctx = super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:
+            if json_wanted:
+                _echo_json_error(exc.format_message(), _usage_hint(exc), exc.exit_code)
+            raise
+        ctx.meta["coder.json_wanted"] = json_wanted
+        return ctx
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except CoderError as exc:
             report_error(ctx, exc)
             ctx.exit(exc.exit_code)
+        except click.ClickException as exc:  # usage errors: Click prints them on stderr
+            if ctx.meta.get("coder.json_wanted") or ctx.ensure_object(dict).get("json"):
+                _echo_json_error(exc.format_message(), _usage_hint(exc), exc.exit_code)
+            raise
         except KeyboardInterrupt:
             click.echo("coder: interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
@@ -41,12 +62,22 @@ class CoderGroup(click.Group):
         return list(self.commands)  # registration order: the journey order, not alphabetical
 
 
+def _usage_hint(exc: click.ClickException) -> str | None:
+    ctx = getattr(exc, "ctx", None)
+    return f"see `{ctx.command_path} --help`" if ctx is not None else None
+
+
+def _echo_json_error(message: str, hint: str | None, exit_code: int) -> None:
+    """Under --json every error is one JSON object on stdout (and still a line on stderr)."""
+    import json
+
+    click.echo(json.dumps({"error": message, "hint": hint, "exit_code": exit_code}))
+
+
 def report_error(ctx: click.Context, exc: CoderError) -> None:
     obj = ctx.ensure_object(dict)
     if obj.get("json"):
-        import json
-
-        click.echo(json.dumps({"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}))
+        _echo_json_error(exc.message, exc.hint, exc.exit_code)
     click.echo(f"coder: error: {exc.message}", err=True)
     if exc.hint:
         click.echo(f"  hint: {exc.hint}", err=True)

@@ -1,12 +1,18 @@
 """Live progress for a run, on stderr: one line per event, plus (on a terminal) a status line
 with the current step and elapsed time that redraws in place. With stdout not a TTY it is plain
-lines only, so logs and CI output stay readable."""
+lines only, so logs and CI output stay readable.
+
+`paused()` hands the terminal to someone else (the approval prompt): nothing is drawn or erased
+until it ends, and event lines that arrive meanwhile are printed after it.
+"""
 
 from __future__ import annotations
 
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import IO, Any
 
 import click
@@ -37,6 +43,8 @@ class Progress:
         self.current: dict[str, float] = {}  # running step -> start time
         self.started = time.monotonic()
         self._lock = threading.Lock()
+        self._paused = 0
+        self._held: list[str] = []  # event lines that arrived while paused
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         if self.live:
@@ -56,10 +64,33 @@ class Progress:
             elif name in ("step.succeeded", "step.failed", "step.skipped", "step.interrupted"):
                 self.current.pop(step, None)
                 self.done += 1
+            line = self._line(name, step, event)
+            if self._paused:
+                self._held.append(line)
+                return
             self._clear()
-            self.stream.write(self._line(name, step, event) + "\n")
+            self.stream.write(line + "\n")
             self._status()
             self.stream.flush()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave the terminal alone while the block runs (a prompt is open)."""
+        with self._lock:
+            self._paused += 1
+            self._clear()
+            self.stream.flush()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._paused -= 1
+                if not self._paused:
+                    for line in self._held:
+                        self.stream.write(line + "\n")
+                    self._held.clear()
+                    self._status()
+                    self.stream.flush()
 
     def close(self) -> None:
         self._stop.set()
@@ -109,6 +140,8 @@ class Progress:
     def _tick(self) -> None:
         while not self._stop.wait(0.25):
             with self._lock:
+                if self._paused:
+                    continue
                 self._clear()
                 self._status()
                 self.stream.flush()

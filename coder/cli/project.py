@@ -34,7 +34,9 @@ def init(force: bool, as_json: bool) -> None:
     if result.config_written:
         click.echo(f"Wrote {result.config_path}")
         for key in ("model", "ollama_host", "test_command"):
-            click.echo(f"  {key:<13} {result.config[key]}")
+            value = result.config[key]
+            shown = "none detected (set it in coder.config.json for test steps and --if-green)"
+            click.echo(f"  {key:<13} {shown if value is None else value}")
     else:
         click.echo(f"Kept existing {result.config_path} (use --force to rewrite it)")
     click.echo("Next: write a taskfile (see tasks/) and run `coder validate -f FILE`.")

@@ -110,9 +110,14 @@ def run(
                 "without --autonomous, coder asks before each step, which needs a "
                 "terminal; pass --autonomous to run every step without asking"
             )
-        approve = approval_prompt
     ask_trust(as_json)
     progress = _progress(as_json)
+    if not autonomous:
+
+        def approve(step: Any, run_ctx: Any) -> str:
+            with progress.paused():  # the live line must not redraw over the prompt
+                return approval_prompt(step, run_ctx)
+
     try:
         result = runs.start(
             path,

@@ -23,13 +23,16 @@ taskfile_option = click.option(
 def validate(path: Path, as_json: bool) -> None:
     """Check a taskfile; report every problem at once.
 
-    Each problem is printed as FILE:LINE:COL: message.
+    Each problem is printed as FILE:LINE:COL: message. Commands are checked against the
+    policy as `coder run` checks them (with this directory's config), so a taskfile that
+    validates can start.
 
     Exits 0 when the taskfile is valid, 2 when it is not.
     """
-    from coder import graph, taskfile
+    from coder import graph
+    from coder.run import validate as validation
 
-    problems, task = taskfile.check_file(path)
+    problems, task = validation.check(path, cwd=cwd())
     if as_json:
         result: dict[str, object] = {
             "file": str(path),

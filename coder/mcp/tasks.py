@@ -53,10 +53,11 @@ def _repo(ctx: ToolContext) -> tuple[Any, Path]:
 
 
 def task_validate(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
-    from coder import graph, taskfile
+    from coder import graph
+    from coder.run import validate as validation
 
     rel = args["path"]
-    problems, task = taskfile.check_file(_taskfile(ctx, rel), rel)
+    problems, task = validation.check(_taskfile(ctx, rel), cwd=Path(ctx.root), name=rel)
     if problems:
         lines = [str(p) for p in problems]
         count = f"{len(problems)} problem{'s' * (len(problems) != 1)}"

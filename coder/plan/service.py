@@ -579,7 +579,7 @@ def check_draft(
     try:
         doc = yamldoc.parse(text, name)
     except DocumentError as exc:
-        return [exc.problem], None
+        return exc.problems, None
     problems, task = taskfile.check_document(doc)
     if isinstance(doc.data, dict):
         problems = sorted(

@@ -299,9 +299,17 @@ def resume(
             state = new_run(manifest)
             state.status = "interrupted"
         if state.status == "success":
+            merged = state.merge
             raise InvalidInput(
-                f"run {task_id} already finished successfully; nothing to resume",
-                hint=f"see `coder show -t {task_id}`, or merge it with `coder merge -t {task_id}`",
+                f"run {task_id} already finished successfully"
+                + (f" and was merged into {merged['base']}" if merged else "")
+                + "; nothing to resume",
+                hint=f"see `coder show -t {task_id}`"
+                + (
+                    f"; remove it with `coder clean -t {task_id}`"
+                    if merged
+                    else f", or merge it with `coder merge -t {task_id}`"
+                ),
             )
         task = taskfile.from_dict(restore_env(manifest["task"], manifest.get("taskfile")))
         worktree = Path(manifest["worktree"])

@@ -399,7 +399,15 @@ def test_resume_of_unknown_or_finished_runs(make_repo) -> None:
     before = (repo / ".coder" / "state" / "done.json").read_bytes()
     code, _, err = coder(repo, "resume", "-t", "done")
     assert code == 2 and "run done already finished successfully; nothing to resume" in err
+    assert "merge it with `coder merge -t done`" in err
     assert (repo / ".coder" / "state" / "done.json").read_bytes() == before
+    assert coder(repo, "merge", "-t", "done")[0] == 0
+    code, _, err = coder(repo, "resume", "-t", "done")
+    assert code == 2 and err.splitlines() == [
+        "coder: error: run done already finished successfully and was merged into main; "
+        "nothing to resume",
+        "  hint: see `coder show -t done`; remove it with `coder clean -t done`",
+    ]
 
 
 def test_resume_after_a_failure_retries_the_failed_step(make_repo, tmp_path: Path) -> None:

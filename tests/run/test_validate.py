@@ -1,0 +1,56 @@
+"""`coder validate` applies `coder run`'s own checks (the policy on every command, with the
+effective config): a taskfile that validates can start."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import coder
+from tests.helpers import taskfile
+
+REFUSED = """
+    title: t
+    graph:
+      - kind: shell
+        cmd: curl -s http://example.com
+      - kind: shell
+        cmd: frobnicate --all
+"""
+
+
+def test_validate_refuses_what_run_would_refuse_with_positions(repo: Path) -> None:
+    path = taskfile(repo, REFUSED)
+    code, out, _ = coder(repo, "validate", "-f", str(path))
+    assert code == 2
+    assert out.splitlines() == [
+        f"{path}:4:10: graph[0].cmd (step s1): command refused: `curl` is a network program and "
+        "the network is off (set allow_network: true and add it to allowed_commands in "
+        "coder.config.json to allow it)",
+        f"{path}:6:10: graph[1].cmd (step s2): command refused: `frobnicate` is not in "
+        "allowed_commands (add it to allowed_commands in coder.config.json)",
+    ]
+    code, out, _ = coder(repo, "validate", "-f", str(path), "--json")
+    assert code == 2 and [p["path"] for p in json.loads(out)["problems"]] == [
+        "$.graph[0].cmd",
+        "$.graph[1].cmd",
+    ]
+    # and run refuses the same taskfile the same way
+    code, _, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == 2 and "step s1: command refused: `curl`" in err
+
+
+def test_validate_uses_the_effective_config(repo: Path) -> None:
+    path = taskfile(repo, "title: t\ngraph:\n  - {kind: shell, cmd: 'frobnicate > out.txt'}\n")
+    assert coder(repo, "validate", "-f", str(path))[0] == 2
+    (repo / "coder.config.json").write_text('{"allowed_commands": ["frobnicate"]}')
+    code, out, _ = coder(repo, "validate", "-f", str(path))
+    assert code == 0, out
+    assert out == f"{path}: valid (1 step in 1 level)\n"
+
+
+def test_a_test_step_without_a_test_command_is_reported_at_the_step(repo: Path) -> None:
+    path = taskfile(repo, "title: t\ngraph:\n  - kind: test\n")
+    code, out, _ = coder(repo, "validate", "-f", str(path))
+    assert code == 2
+    assert out.startswith(f"{path}:3:5: graph[0] (step s1): no test command could be found in ")
