@@ -1,6 +1,7 @@
-"""What `coder validate` and MCP's `task_validate` check: the taskfile itself, then what
-`coder run` checks before it starts (`runs.preflight`: the policy on every command, with the
-effective config), so a taskfile that validates can start."""
+"""What `coder validate` and MCP's `task_validate` check: the taskfile itself, then, inside a
+repository, what `coder run` checks there before it starts (`runs.preflight`: the policy on
+every command and the test command, with the effective config), so a taskfile that validates
+can start. Outside a repository nothing can start, and the file alone is checked."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ def preflight_problems(doc: yamldoc.Document, task: taskfile.Task, cwd: Path) ->
     """`runs.preflight`'s refusals, each at its step. Run refuses at the first; asking it one
     step at a time reports them all."""
     cfg = config_mod.load(cwd)
-    root = cfg.project_root or cwd
+    root = cfg.project_root
+    if root is None:
+        return []
     policy = runs.policy_for(task, cfg)
     problems = []
     for i, step in enumerate(task.steps):

@@ -54,3 +54,10 @@ def test_a_test_step_without_a_test_command_is_reported_at_the_step(repo: Path) 
     code, out, _ = coder(repo, "validate", "-f", str(path))
     assert code == 2
     assert out.startswith(f"{path}:3:5: graph[0] (step s1): no test command could be found in ")
+
+
+def test_outside_a_repository_the_file_alone_is_checked(tmp_path: Path) -> None:
+    path = tmp_path / "task.yaml"
+    path.write_text("title: t\ngraph:\n  - kind: test\n")
+    code, out, _ = coder(tmp_path, "validate", "-f", str(path))
+    assert code == 0, out
