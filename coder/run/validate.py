@@ -39,7 +39,7 @@ def preflight_problems(doc: yamldoc.Document, task: taskfile.Task, cwd: Path) ->
     if root is None:
         return []
     policy = runs.policy_for(task, cfg)
-    problems = []
+    problems: list[Problem] = []
     for i, step in enumerate(task.steps):
         try:
             runs.preflight(replace(task, steps=(step,)), policy, root, cfg)
