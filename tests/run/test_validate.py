@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from coder import config
 from tests.conftest import coder
 from tests.helpers import taskfile
 
@@ -43,7 +44,9 @@ def test_validate_refuses_what_run_would_refuse_with_positions(repo: Path) -> No
 def test_validate_uses_the_effective_config(repo: Path) -> None:
     path = taskfile(repo, "title: t\ngraph:\n  - {kind: shell, cmd: 'frobnicate > out.txt'}\n")
     assert coder(repo, "validate", "-f", str(path))[0] == 2
-    (repo / "coder.config.json").write_text('{"allowed_commands": ["frobnicate"]}')
+    user = config.user_config_path()  # the user's own config is trusted; a repository's is not
+    user.parent.mkdir(parents=True, exist_ok=True)
+    user.write_text('{"allowed_commands": ["frobnicate"]}')
     code, out, _ = coder(repo, "validate", "-f", str(path))
     assert code == 0, out
     assert out == f"{path}: valid (1 step in 1 level)\n"
