@@ -31,6 +31,8 @@ MAP_NOTE = (
     "does) or fs_grep (exact text); read with fs_read."
 )
 
+NO_MAP = "No map of the files (repo_map_tokens is 0): find them with fs_glob, code_search, fs_grep."
+
 
 def system_prompt(
     *, repo_map: str, files: int, task: Mapping[str, Any], instructions: str = ""
@@ -39,7 +41,9 @@ def system_prompt(
     return (
         f"{RULES}\n"
         + (f"{instructions}\n\n" if instructions else "")
-        + f'<repository files="{files}">\n{MAP_NOTE}\n{repo_map}\n</repository>\n\n'
+        + f'<repository files="{files}">\n{MAP_NOTE if repo_map else NO_MAP}\n'
+        + (f"{repo_map}\n" if repo_map else "")
+        + "</repository>\n\n"
         f"<task>\n{json.dumps(_task_view(task), indent=1, sort_keys=True)}\n</task>\n"
     )
 

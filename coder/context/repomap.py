@@ -29,7 +29,7 @@ import math
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ VERSION = 1  # bump when the tags or the rendering change: old caches are then i
 CHARS_PER_TOKEN = 4  # as the agent loop estimates
 MAX_TAG_BYTES = 512 * 1024  # larger files are likely generated: listed, not parsed
 MIN_BUDGET, MAX_BUDGET = 512, 8192
+KEEP_MAPS = 32  # rendered maps kept in .coder/cache/repomap/
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
 _PATHLIKE = re.compile(r"[\w./-]+\.\w+|[\w.-]+/[\w./-]+")
 
@@ -101,12 +102,6 @@ class RepoMap:
     seconds: float
 
 
-@dataclass
-class _Graph:
-    paths: list[str]
-    tags: dict[str, FileTags] = field(default_factory=dict)
-
-
 def build(
     repo: pygit2.Repository,
     commit: str,
@@ -138,14 +133,24 @@ def build(
         except (OSError, ValueError):
             pass
     blobs = tree_blobs(repo, tree_id)
-    graph = _Graph([path for path, _ in blobs])
-    graph.tags = file_tags(repo, blobs, cache_dir)
-    text, shown = render(graph.paths, graph.tags, focus, budget)
+    paths = [path for path, _ in blobs]
+    if budget <= 0:  # no map (repo_map_tokens: 0): nothing is parsed
+        return RepoMap("", len(paths), 0, 0, False, time.perf_counter() - started)
+    text, shown = render(paths, file_tags(repo, blobs, cache_dir), focus, budget)
     if rendered is not None:
-        write_text(rendered, f"{len(graph.paths)} {shown}\n{text}")
-    return RepoMap(
-        text, len(graph.paths), shown, _tokens(text), False, time.perf_counter() - started
-    )
+        write_text(rendered, f"{len(paths)} {shown}\n{text}")
+        _prune(rendered.parent)
+    return RepoMap(text, len(paths), shown, _tokens(text), False, time.perf_counter() - started)
+
+
+def _prune(folder: Path, keep: int = KEEP_MAPS) -> None:
+    """Only the most recently written maps stay (one per tree, budget and task)."""
+    try:
+        maps = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in maps[keep:]:
+            old.unlink()
+    except OSError:
+        pass
 
 
 def file_tags(

@@ -45,6 +45,7 @@ WINDOW = 40  # lines per window chunk
 MAX_CHUNK_LINES = 120  # a longer definition is split into windows
 CANDIDATES = 100  # BM25 hits re-ranked by embeddings
 RRF_K = 60
+MAX_VECTORS = 50_000  # embeddings kept in the cache (per model)
 TEXT_SUFFIXES = frozenset(
     ".md .rst .txt .adoc .toml .yaml .yml .json .cfg .ini .sh .bash .sql .html .css .scss "
     ".vue .svelte .kt .swift .scala .lua .ex .exs .erl .hs .ml .clj .r .jl .pl .dart .gradle "
@@ -369,8 +370,9 @@ def _save_vectors(path: Path | None, vectors: dict[str, numpy.ndarray]) -> None:
 
     if path is None:
         return
+    keys = list(vectors)[-MAX_VECTORS:]  # the newest (insertion order: loaded, then new)
     buffer = io.BytesIO()
-    np.savez(buffer, keys=np.array(list(vectors)), vectors=np.stack(list(vectors.values())))
+    np.savez(buffer, keys=np.array(keys), vectors=np.stack([vectors[k] for k in keys]))
     try:
         os.makedirs(path.parent, exist_ok=True)
         write_atomic(path, buffer.getvalue(), crash_point=None)

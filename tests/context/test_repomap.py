@@ -140,3 +140,23 @@ def test_pagerank_matches_networkx() -> None:
     )
     assert np.allclose(got, [expected[i] for i in range(n)], atol=1e-5)
     assert got.sum() == pytest.approx(1.0)
+
+
+def test_budget_zero_is_no_map_and_parses_nothing(shop: Path, tmp_path: Path) -> None:
+    m = build(shop, budget=0, cache_dir=tmp_path / "cache")
+    assert (m.text, m.files, m.definitions) == ("", len(FILES), 0)
+    assert not (tmp_path / "cache").exists()
+    from coder.agent.prompts import NO_MAP, system_prompt
+
+    prompt = system_prompt(repo_map="", files=6, task={"title": "t"})
+    assert f'<repository files="6">\n{NO_MAP}\n</repository>' in prompt
+
+
+def test_old_rendered_maps_are_pruned(shop: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    for budget in (300, 400, 500, 600):
+        build(shop, cache_dir=cache, budget=budget)
+    folder = cache / "repomap"
+    assert len(list(folder.iterdir())) == 4
+    repomap._prune(folder, keep=2)
+    assert len(list(folder.iterdir())) == 2
