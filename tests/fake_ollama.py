@@ -136,36 +136,37 @@ def _pieces(text: str) -> list[str]:
     return re.findall(r"\s*\S+\s*|\s+", text)
 
 
-class FakeOllama:
+class FakeServer:
+    """What the fake servers share: a threaded HTTP server on 127.0.0.1, scripted replies
+    (`enqueue`), recorded requests, a prefix cache (what a one-slot KV cache would reuse)."""
+
+    name = "fake"
+
     def __init__(
         self,
-        models: dict[str, dict[str, Any]] | None = None,
-        replies: list[Reply | dict[str, Any] | str] | None = None,
-        port: int = 0,
+        handler: type[BaseHTTPRequestHandler],
+        replies: list[Reply | dict[str, Any] | str] | None,
+        port: int,
+        slots: int = 1,
     ) -> None:
-        self.models = dict(DEFAULT_MODELS if models is None else models)
         self.requests: list[RecordedRequest] = []
-        self.loaded: dict[str, int] = {}  # model name -> allocated context (for /api/ps)
+        self.cache = PrefixCache(slots)
         self._replies: deque[Reply] = deque()
         self._lock = threading.Lock()
-        self._call_ids = 0
-        # What a one-slot KV cache would reuse (Ollama reports none; benchmarks read it here).
-        self.cache = PrefixCache()
-        self._server = _Server(("127.0.0.1", port), _Handler)
+        self._ids = 0
+        self._server = _Server(("127.0.0.1", port), handler)
         self._server.fake = self
         self._thread: threading.Thread | None = None
         self.enqueue(*(replies or []))
 
-    # -- life cycle ---------------------------------------------------------------------------
-
     @property
-    def url(self) -> str:
+    def root(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def start(self) -> Self:
         # A short poll interval keeps stop() (and so each test's teardown) quick.
         self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.02,), name="fake-ollama"
+            target=self._server.serve_forever, args=(0.02,), name=self.name
         )
         self._thread.start()
         return self
@@ -185,8 +186,6 @@ class FakeOllama:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- scripting and inspection -------------------------------------------------------------
-
     def enqueue(self, *replies: Reply | dict[str, Any] | str) -> None:
         with self._lock:
             self._replies.extend(Reply.coerce(r) for r in replies)
@@ -197,13 +196,6 @@ class FakeOllama:
         with self._lock:
             return len(self._replies)
 
-    def chat_bodies(self) -> list[dict[str, Any]]:
-        """The JSON bodies of every POST /api/chat, in order."""
-        with self._lock:
-            return [r.body for r in self.requests if r.path == "/api/chat" and r.body]
-
-    # -- used by the handler ------------------------------------------------------------------
-
     def record(self, request: RecordedRequest) -> None:
         with self._lock:
             self.requests.append(request)
@@ -212,10 +204,36 @@ class FakeOllama:
         with self._lock:
             return self._replies.popleft() if self._replies else None
 
-    def next_call_id(self) -> str:
+    def next_id(self, prefix: str) -> str:
         with self._lock:
-            self._call_ids += 1
-            return f"call_{self._call_ids:08x}"
+            self._ids += 1
+            return f"{prefix}{self._ids:08x}"
+
+
+class FakeOllama(FakeServer):
+    name = "fake-ollama"
+
+    def __init__(
+        self,
+        models: dict[str, dict[str, Any]] | None = None,
+        replies: list[Reply | dict[str, Any] | str] | None = None,
+        port: int = 0,
+    ) -> None:
+        self.models = dict(DEFAULT_MODELS if models is None else models)
+        self.loaded: dict[str, int] = {}  # model name -> allocated context (for /api/ps)
+        super().__init__(_Handler, replies, port)
+
+    @property
+    def url(self) -> str:
+        return self.root
+
+    def chat_bodies(self) -> list[dict[str, Any]]:
+        """The JSON bodies of every POST /api/chat, in order."""
+        with self._lock:
+            return [r.body for r in self.requests if r.path == "/api/chat" and r.body]
+
+    def next_call_id(self) -> str:
+        return self.next_id("call_")
 
     def resolve(self, name: str) -> str | None:
         """The configured model a request names (a bare name means its :latest tag)."""
@@ -230,7 +248,7 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = False
     block_on_close = True
-    fake: FakeOllama
+    fake: Any  # the FakeServer serving
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
         super().__init__(address, handler)

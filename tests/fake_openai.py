@@ -39,25 +39,25 @@ import signal
 import socket
 import sys
 import threading
-from collections import deque
 from collections.abc import Iterator
 from contextlib import suppress
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import FrameType
-from typing import Any, Self
+from typing import Any
 
 if __name__ == "__main__":  # run as a script: make `tests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.fake_ollama import (  # noqa: E402
     NO_REPLY_LEFT,
+    FakeServer,
     RecordedRequest,
     Reply,
     _pieces,
     _Server,
 )
-from tests.prefix_cache import PrefixCache, is_priming  # noqa: E402
+from tests.prefix_cache import is_priming  # noqa: E402
 
 MODEL = "qwen2.5-coder-7b-instruct"
 DEFAULT_MODELS: dict[str, dict[str, Any]] = {
@@ -68,7 +68,9 @@ MS_PER_EVAL_TOKEN = 20.0  # 50 tokens/s generation
 CREATED = 1_767_225_600
 
 
-class FakeOpenAI:
+class FakeOpenAI(FakeServer):
+    name = "fake-openai"
+
     def __init__(
         self,
         models: dict[str, dict[str, Any]] | None = None,
@@ -77,51 +79,12 @@ class FakeOpenAI:
         slots: int = 1,
     ) -> None:
         self.models = dict(DEFAULT_MODELS if models is None else models)
-        self.requests: list[RecordedRequest] = []
-        self.cache = PrefixCache(slots)  # .cached / .prompt: tokens per chat request
-        self._replies: deque[Reply] = deque()
-        self._lock = threading.Lock()
-        self._ids = 0
-        self._server = _Server(("127.0.0.1", port), _Handler)
-        self._server.fake = self  # type: ignore[assignment]
-        self._thread: threading.Thread | None = None
-        self.enqueue(*(replies or []))
+        super().__init__(_Handler, replies, port, slots)
 
     @property
     def url(self) -> str:
         """The base URL clients use (the /v1 URL)."""
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-
-    def start(self) -> Self:
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.02,), name="fake-openai"
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.stopping.set()
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join()
-            self._thread = None
-        self._server.close_connections()
-        self._server.server_close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def enqueue(self, *replies: Reply | dict[str, Any] | str) -> None:
-        with self._lock:
-            self._replies.extend(Reply.coerce(r) for r in replies)
-
-    @property
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._replies)
+        return f"{self.root}/v1"
 
     def chat_bodies(self) -> list[dict[str, Any]]:
         """The chat requests, warm-prefix (priming) requests left out."""
@@ -131,19 +94,6 @@ class FakeOpenAI:
                 for r in self.requests
                 if r.path.endswith("/chat/completions") and not is_priming(r.body or {})
             ]
-
-    def record(self, request: RecordedRequest) -> None:
-        with self._lock:
-            self.requests.append(request)
-
-    def next_reply(self) -> Reply | None:
-        with self._lock:
-            return self._replies.popleft() if self._replies else None
-
-    def next_id(self, prefix: str) -> str:
-        with self._lock:
-            self._ids += 1
-            return f"{prefix}{self._ids:08x}"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -156,7 +106,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     @property
     def fake(self) -> FakeOpenAI:
-        return self.server.fake  # type: ignore[return-value]
+        return self.server.fake  # type: ignore[no-any-return]
 
     def do_GET(self) -> None:
         self.fake.record(RecordedRequest("GET", self.path, None, b""))
