@@ -11,16 +11,16 @@ import difflib
 import re
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from coder import yamldoc
 from coder.errors import DocumentError, InvalidInput, InvalidTaskfile
+from coder.kinds import KIND_FIELDS, KINDS, kinds_taking
 from coder.yamldoc import Document, Problem, quote
 
-MODEL_KINDS = ("analyze", "edit", "doc", "custom")
 MAX_PROBLEMS = 200
 
 
@@ -55,7 +55,7 @@ class Step:
     @property
     def uses_model(self) -> bool:
         """Model steps, and test steps that ask the model to fix failures."""
-        return self.kind in MODEL_KINDS or self.strategy == "fix_and_retry"
+        return KINDS[self.kind].uses_model or self.strategy == "fix_and_retry"
 
 
 @dataclass(frozen=True)
@@ -188,35 +188,12 @@ def from_dict(data: Mapping[str, Any]) -> Task:
     raw_steps = data["graph"]
     ids = [s.get("id") or f"s{i}" for i, s in enumerate(raw_steps, 1)]
     sequential = not any("depends_on" in s for s in raw_steps)
-    steps = []
-    for i, (sid, raw) in enumerate(zip(ids, raw_steps)):
-        deps = ([ids[i - 1]] if i else []) if sequential else raw.get("depends_on", [])
-        on_fail = raw.get("on_fail", {})
-        steps.append(
-            Step(
-                id=sid,
-                kind=raw["kind"],
-                goal=raw.get("goal") or _default_goal(raw),
-                depends_on=tuple(deps),
-                timeout_s=parse_duration(raw["timeout"]) if "timeout" in raw else None,
-                retries=raw.get("retries"),
-                changes=tuple(dict(c) for c in raw.get("changes", [])),
-                cmd=raw.get("cmd"),
-                cwd=raw.get("cwd"),
-                env=dict(raw.get("env", {})),
-                framework=raw.get("framework"),
-                args=tuple(raw.get("args", [])),
-                asserts=tuple(
-                    Assertion(a["type"], a["path"], a.get("contains"))
-                    for a in raw.get("assert", [])
-                ),
-                strategy=on_fail.get("strategy", "revert_and_stop"),
-                max_cycles=on_fail.get("max_cycles", 1),
-                tools=tuple(raw["tools"]) if "tools" in raw else None,
-                model=raw.get("model"),
-                fallback_model=raw.get("fallback_model"),
-            )
+    steps = [
+        build_step(
+            raw, sid, ([ids[i - 1]] if i else []) if sequential else raw.get("depends_on", [])
         )
+        for i, (sid, raw) in enumerate(zip(ids, raw_steps))
+    ]
     task_id = data.get("id") or generate_id()
     return Task(
         id=task_id,
@@ -235,10 +212,32 @@ def from_dict(data: Mapping[str, Any]) -> Task:
     )
 
 
-def _default_goal(raw: Mapping[str, Any]) -> str:
-    if raw["kind"] == "shell":
-        return f"run `{raw['cmd']}`"
-    return "run the tests"
+def build_step(raw: Mapping[str, Any], sid: str, depends_on: Sequence[str] = ()) -> Step:
+    """A Step from one step of a schema-valid document, with its defaults filled in."""
+    on_fail = raw.get("on_fail", {})
+    default_goal = KINDS[raw["kind"]].default_goal or ""
+    return Step(
+        id=sid,
+        kind=raw["kind"],
+        goal=raw.get("goal") or default_goal.format(cmd=raw.get("cmd")),
+        depends_on=tuple(depends_on),
+        timeout_s=parse_duration(raw["timeout"]) if "timeout" in raw else None,
+        retries=raw.get("retries"),
+        changes=tuple(dict(c) for c in raw.get("changes", [])),
+        cmd=raw.get("cmd"),
+        cwd=raw.get("cwd"),
+        env=dict(raw.get("env", {})),
+        framework=raw.get("framework"),
+        args=tuple(raw.get("args", [])),
+        asserts=tuple(
+            Assertion(a["type"], a["path"], a.get("contains")) for a in raw.get("assert", [])
+        ),
+        strategy=on_fail.get("strategy", "revert_and_stop"),
+        max_cycles=on_fail.get("max_cycles", 1),
+        tools=tuple(raw["tools"]) if "tools" in raw else None,
+        model=raw.get("model"),
+        fallback_model=raw.get("fallback_model"),
+    )
 
 
 def generate_id() -> str:
@@ -433,33 +432,23 @@ def _graph_problems(doc: Document) -> list[Problem]:
 
 def _kind_problems(i: int, sid: str, raw: dict[str, Any], report: Any) -> None:
     kind = raw.get("kind")
-    if not isinstance(kind, str):
+    if not isinstance(kind, str) or kind not in KINDS:  # the schema reports it
         return
     where = ["graph", i]
-    only = {
-        "cmd": ("shell", "test"),
-        "framework": ("test",),
-        "args": ("test",),
-        "changes": ("edit", "doc", "custom", "shell"),
-        "env": ("shell", "test"),
-        "cwd": ("shell", "test"),
-        "model": ("analyze", "edit", "doc", "custom", "test"),
-        "fallback_model": ("analyze", "edit", "doc", "custom", "test"),
-    }
-    for key, kinds in only.items():
-        if key in raw and kind not in kinds:
-            report(
-                [*where, key],
-                f"step {quote(sid)}: `{key}` is only used by "
-                f"{' and '.join(kinds)} steps (this is {_article(kind)} {kind} step)",
-                key=True,
-            )
+    for key in sorted(KIND_FIELDS & raw.keys() - KINDS[kind].fields, key=list(raw).index):
+        report(
+            [*where, key],
+            f"step {quote(sid)}: `{key}` is only used by {' and '.join(kinds_taking(key))} steps "
+            f"(this is {_article(kind)} {kind} step)",
+            key=True,
+        )
     on_fail = raw.get("on_fail")
     if isinstance(on_fail, dict):
-        if on_fail.get("strategy") == "fix_and_retry" and kind != "test":
+        if on_fail.get("strategy") == "fix_and_retry" and not KINDS[kind].fixable:
+            fixable = " and ".join(k.name for k in KINDS.values() if k.fixable)
             report(
                 [*where, "on_fail", "strategy"],
-                f"step {quote(sid)}: fix_and_retry applies to test steps "
+                f"step {quote(sid)}: fix_and_retry applies to {fixable} steps "
                 f"(use retries for {_article(kind)} {kind} step)",
             )
         if "max_cycles" in on_fail and on_fail.get("strategy") != "fix_and_retry":

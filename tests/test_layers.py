@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # base: no coder imports above this line
     ("coder", "errors", "schemas", "yamldoc", "redact", "durable", "crashpoints"),
     # the domain: configuration, taskfiles and their graph, test reports
-    ("config", "taskfile", "graph", "diagram", "testreport", "lintreport"),
+    ("config", "kinds", "taskfile", "graph", "diagram", "testreport", "lintreport"),
     # safety rules and git
     ("policy", "git", "project"),
     # what the model is shown about the code (tree-sitter, the repo map, code search)

@@ -12,6 +12,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from coder.kinds import KINDS
+
 RULES = """\
 You are coder, an autonomous coding agent working in a git worktree. You complete one step of
 a task at a time, using only the tools you are given. Rules:
@@ -70,14 +72,9 @@ def step_message(
         lines.append(f"Files expected to change: {expected}")
     if focus:
         lines.append("Likely relevant code for this step:\n" + "\n".join(f"- {f}" for f in focus))
-    kind = step["kind"]
-    if kind == "analyze":
-        lines.append(
-            "This step is read-only: study the code and finish with step_complete, putting "
-            "your findings (what later steps need to know) in the summary."
-        )
-    elif kind == "doc":
-        lines.append("Only documentation files may be changed in this step.")
+    instructions = KINDS[step["kind"]].instructions
+    if instructions:
+        lines.append(instructions)
     for step_id, text in notes.items():
         lines.append(f'<notes from="{step_id}">\n{text}\n</notes>')
     if attempt > 1:

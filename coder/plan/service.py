@@ -633,42 +633,24 @@ def plan_problems(
 def _command_problems(
     i: int, step: dict[str, Any], ctx: ProjectContext, policy: Policy, cfg: config_mod.Config
 ) -> list[tuple[list[Any], str]]:
-    from coder import testreport
-    from coder.errors import CoderError
-    from coder.policy.commands import check_command
+    """Run's preflight (coder.run.preflight) on one step that is itself schema-valid."""
+    from coder.run.preflight import refusals
+    from coder.schemas import validator
 
-    kind, cmd = step.get("kind"), step.get("cmd")
-    if kind == "shell" and isinstance(cmd, str):
-        where: list[Any] = ["graph", i, "cmd"]
-    elif kind == "test":
-        where = ["graph", i, "cmd"] if isinstance(cmd, str) else ["graph", i]
-        framework = step.get("framework")
-        args = step.get("args")
-        try:
-            cmd = testreport.test_command(
-                root=ctx.root,
-                cmd=cmd if isinstance(cmd, str) else None,
-                framework=framework if isinstance(framework, str) else None,
-                args=args
-                if isinstance(args, list) and all(isinstance(a, str) for a in args)
-                else (),
-                configured=cfg.get("test_command"),
-            )
-        except CoderError:
-            return [
-                (
-                    where,
-                    "no test command is known for this project (none configured or "
-                    "detected): give the step a `cmd`, or leave the test step out",
-                )
-            ]
-    else:
-        return []
-    try:
-        check_command(cmd, policy)
-    except CoderError as exc:
-        return [(where, f"{exc.message}; plan only with the allowed programs, offline")]
-    return []
+    if not validator("step").is_valid(step):
+        return []  # the schema check reports it
+    sid = step.get("id") or f"s{i + 1}"
+    found = refusals([taskfile.build_step(step, sid)], root=ctx.root, policy=policy, config=cfg)
+    return [
+        (
+            ["graph", i, "cmd"] if r.field else ["graph", i],
+            f"{r.message}; plan only with the allowed programs, offline"
+            if r.refused
+            else "no test command is known for this project (none configured or detected): "
+            "give the step a `cmd`, or leave the test step out",
+        )
+        for r in found
+    ]
 
 
 def _path_problems(

@@ -36,6 +36,7 @@ from coder.crashpoints import crashpoint
 from coder.durable import write_private
 from coder.errors import CoderError, EnvironmentProblem
 from coder.git import ops as gitops
+from coder.kinds import KINDS
 from coder.run.schedule import Schedule
 from coder.run.state import RunState, RunStatus, SkipCause, StepRecord, now_iso
 from coder.run.steps import StepContext, StepOutcome, runner_for
@@ -203,10 +204,10 @@ class Executor:
                 self._run_level([self.steps[s] for s in batch])
 
     def _approved(self, step: Step) -> bool:
-        """Interactive mode: ask before a step that writes or runs something (analyze steps
-        only read). A skipped step is recorded as skipped by the user; quitting stops the run
-        as `coder stop` would, so `coder resume` can continue it."""
-        if step.kind == "analyze":
+        """Interactive mode: ask before a step that writes or runs something (not before a
+        read-only kind, such as analyze). A skipped step is recorded as skipped by the user;
+        quitting stops the run as `coder stop` would, so `coder resume` can continue it."""
+        if KINDS[step.kind].read_only:
             return True
         assert self.run.approve is not None
         decision = self.run.approve(step, self.run)

@@ -225,34 +225,16 @@ def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Any:
 
 
 def preflight(task: taskfile.Task, policy: Any, root: Path, cfg: config_mod.Config) -> None:
-    """Refuse a run whose commands the policy forbids, before anything is created."""
-    from coder import testreport
-    from coder.errors import CoderError
-    from coder.policy.commands import check_command
-    from coder.policy.env import scrub_env
+    """Refuse a run whose commands the policy forbids (or that has a test step with no test
+    command), or that needs a sandbox the machine lacks, before anything is created."""
     from coder.policy.sandbox import require_sandbox
+    from coder.run.preflight import refusals
 
     require_sandbox(policy)
-    path = scrub_env(policy).get("PATH")
-    for step in task.steps:
-        if step.kind == "shell":
-            cmd = step.cmd
-        elif step.kind == "test":
-            cmd = testreport.test_command(
-                root=root,
-                framework=step.framework,
-                cmd=step.cmd,
-                args=step.args,
-                configured=cfg.get("test_command"),
-            )
-        else:
-            continue
-        try:
-            # programs resolve against the checkout: the worktree will hold the same files
-            cwd = root / (step.cwd or ".")
-            check_command(str(cmd), policy, root=root, cwd=cwd, path=path)
-        except CoderError as exc:
-            raise InvalidInput(f"step {step.id}: {exc.message}", hint=exc.hint) from None
+    found = refusals(task.steps, root=root, policy=policy, config=cfg)
+    if found:
+        more = f" (and {len(found) - 1} more refused steps)" if len(found) > 1 else ""
+        raise InvalidInput(f"{found[0]}{more}", hint=found[0].hint)
 
 
 # --- resume --------------------------------------------------------------------------------

@@ -25,8 +25,9 @@ def missing_files(task: Task, worktree: Path) -> list[str]:
 def test_command(task: Task, worktree: Path, cfg: Any) -> str:
     """The command that proves the task green (InvalidInput when there is none)."""
     from coder import testreport
+    from coder.kinds import KINDS
 
-    step = next((s for s in task.steps if s.kind == "test"), None)
+    step = next((s for s in task.steps if KINDS[s.kind].command == "tests"), None)
     return testreport.test_command(
         root=worktree,
         configured=cfg.get("test_command"),

@@ -409,19 +409,23 @@ _WRITE_TOOLS = ("fs_write", "fs_edit", "fs_apply_patch", "tests_run")
 
 
 def tools_for_kind(kind: str, registry: Registry | None = None) -> list[str]:
-    """The tool names a model step of `kind` may call, in registry order."""
+    """The tool names a model step of `kind` may call, in registry order: read-only tools for
+    a read-only kind, plus the write tools for one that edits, every tool for `all`."""
+    from coder.kinds import KINDS
+
     reg = registry or default_registry()
     read_only = [t.name for t in reg if t.read_only]
-    if kind == "analyze":
+    role = KINDS[kind].model if kind in KINDS else None
+    if role == "read":
         names = set(read_only)
-    elif kind in ("edit", "doc"):
+    elif role in ("edit", "docs"):
         names = set(read_only) | set(_WRITE_TOOLS)
-    elif kind == "custom":
+    elif role == "all":
         names = set(reg.names())
     else:
+        model_kinds = ", ".join(k.name for k in KINDS.values() if k.uses_model)
         raise InvalidInput(
-            f"step kind {kind!r} has no model tools",
-            hint="model steps are analyze, edit, doc and custom",
+            f"step kind {kind!r} has no model tools", hint=f"model steps are {model_kinds}"
         )
     names.add(TERMINAL_TOOL)
     return [n for n in reg.names() if n in names]

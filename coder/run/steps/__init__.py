@@ -1,4 +1,7 @@
-"""Step kinds: what each kind does in a working directory, and what it reports.
+"""Step kinds' runners: what each kind does in a working directory, and what it reports.
+
+One module per runner (`shell`, `test`, `model`), each with `run(ctx) -> StepOutcome`; which
+kind uses which is `coder.kinds.KINDS[kind].runner`.
 
 A step never commits and never touches the branch: the executor does both. A step reports an
 outcome; failures of the step itself (red checks, non-zero exit) are outcomes, not exceptions.
@@ -68,16 +71,11 @@ class StepOutcome:
 
 
 def runner_for(kind: str) -> Callable[[StepContext], StepOutcome]:
-    from coder.run.steps import model, shell, test
+    """The `run` function of the kind's runner module (coder.kinds.KINDS[kind].runner)."""
+    import importlib
 
-    runners: dict[str, Callable[[StepContext], StepOutcome]] = {
-        "shell": shell.run,
-        "test": test.run,
-        "analyze": model.run,
-        "edit": model.run,
-        "doc": model.run,
-        "custom": model.run,
-    }
-    if kind not in runners:
-        raise KeyError(kind)
-    return runners[kind]
+    from coder.kinds import KINDS
+
+    module = importlib.import_module(f"coder.run.steps.{KINDS[kind].runner}")
+    run: Callable[[StepContext], StepOutcome] = module.run
+    return run

@@ -16,6 +16,7 @@ from coder.agent.loop import TERMINAL, AgentLoop, Limits, LoopResult
 from coder.agent.prefix import step_focus
 from coder.durable import write_private
 from coder.git import ops as gitops
+from coder.kinds import KINDS, ModelRole
 from coder.run.steps import StepContext, StepOutcome
 from coder.taskfile import Step, is_repo_relative, parse_duration
 
@@ -67,13 +68,15 @@ def run(ctx: StepContext) -> StepOutcome:
             cache_dir=cache_dir(ctx),
         ),
     )
-    result = converse(ctx, kind=ctx.step.kind, allowed=allowed, first_message=first)
+    kind = KINDS[ctx.step.kind]
+    assert kind.model is not None, f"{kind.name} steps have no model"
+    result = converse(ctx, role=kind.model, allowed=allowed, first_message=first)
     usage, notes = result.usage, tuple(result.notes)
     if not result.ok:
         return StepOutcome(
             False, result.error, cancelled=result.error == "interrupted", usage=usage, notes=notes
         )
-    if ctx.step.kind == "analyze":
+    if kind.read_only:
         write_private(
             notes_path(ctx.artifacts, ctx.step.id), ctx.redactor.redact(result.summary) + "\n"
         )
@@ -95,7 +98,7 @@ def allowed_tools(step: Step, kind_tools: list[str], names: list[str]) -> list[s
 def converse(
     ctx: StepContext,
     *,
-    kind: str,
+    role: ModelRole,
     allowed: list[str],
     first_message: str,
     transcript: str = ".transcript.json",
@@ -115,7 +118,7 @@ def converse(
         redactor=ctx.redactor,
         cancel=ctx.cancel,
         test_command=ctx.config.get("test_command"),
-        write_filter=doc_write_filter if kind == "doc" else None,
+        write_filter=doc_write_filter if role == "docs" else None,
         command_timeout=ctx.step.timeout_s,
         owner=ctx.owner,
         **code_settings(ctx.config, ctx.task.policies, cache_dir(ctx)),
@@ -140,7 +143,7 @@ def converse(
         tools=session.tools,
         allowed=allowed,
         run_tool=run_tool,
-        verify=lambda claim: verify_claim(ctx, tool_ctx, claim, kind=kind),
+        verify=lambda claim: verify_claim(ctx, tool_ctx, claim, role=role),
         limits=limits_for(ctx),
         cancel=ctx.cancel,
         on_event=lambda event: report(log, event),
@@ -212,17 +215,17 @@ def report(log: EventLog, event: ev.LoopEvent) -> None:
 
 
 def verify_claim(
-    ctx: StepContext, tool_ctx: ToolContext, claim: dict[str, Any], *, kind: str
+    ctx: StepContext, tool_ctx: ToolContext, claim: dict[str, Any], *, role: ModelRole
 ) -> str | None:
-    """Why the model's step_complete claim does not hold, or None when it does. `kind` is the
-    role the model plays (a test step's fix cycle verifies like an edit)."""
+    """Why the model's step_complete claim does not hold, or None when it does. `role` is the
+    one the model plays (coder.kinds; a test step's fix cycle edits)."""
     changed = gitops.changed_paths(ctx.workdir)
     summary = str(claim.get("summary") or "").strip()
     if not summary:
         return "give a summary of what you did (and, for an analyze step, what you found)"
-    if kind == "analyze":
+    if role == "read":
         return (
-            f"an analyze step must not change files (changed: {', '.join(changed)})"
+            f"a read-only step must not change files (changed: {', '.join(changed)})"
             if changed
             else None
         )
@@ -236,12 +239,12 @@ def verify_claim(
             f"files_changed lists {', '.join(bogus)}, which did not change (changed files: "
             f"{', '.join(changed) or 'none'}); make the change or correct the list"
         )
-    if not changed and kind in ("edit", "doc", "fix") and not claim.get("no_change_reason"):
+    if not changed and role in ("edit", "docs") and not claim.get("no_change_reason"):
         return (
             "no file was changed; make the edit with fs_edit/fs_write, or, if no change is "
             "needed, call step_complete again with no_change_reason saying why"
         )
-    if changed and kind == "edit" and ctx.task.policies.get("run_tests_after_each_edit"):
+    if changed and role == "edit" and ctx.task.policies.get("run_tests_after_each_edit"):
         return _tests_after_edit(ctx, tool_ctx)
     return None
 
@@ -296,7 +299,7 @@ def notes_for(ctx: StepContext) -> dict[str, str]:
     notes = {}
     for s in ctx.task.steps:
         path = ctx.artifacts / f"{s.id}.notes.md"
-        if s.id in ancestors and s.kind == "analyze" and path.is_file():
+        if s.id in ancestors and KINDS[s.kind].read_only and path.is_file():
             notes[s.id] = path.read_text(encoding="utf-8").strip()
     return notes
 

@@ -94,7 +94,7 @@ def _fix_cycles(
         ctx.log.info("fix.cycle", cycle=cycle, failing=report.summary())
         result = converse(
             ctx,
-            kind="fix",
+            role="edit",
             allowed=allowed,
             first_message=message,
             transcript=f".fix{cycle}.transcript.json",

@@ -1,0 +1,73 @@
+"""Preflight: the commands a task's steps would run, checked before anything is created.
+
+`refusals` is the one check: `coder run` refuses a task that has any (changing nothing), and
+`coder plan` (and `coder validate`) report them against the taskfile, each at its step. Which
+command a step runs is its kind's business (`coder.kinds`): a shell step its `cmd`, a test
+step the test command (its `cmd`, else its `framework`, else the config's, else detected).
+Each command is checked as the sandbox will run it: programs resolved against the checkout
+(the worktree holds the same files), in the step's `cwd`, with the scrubbed PATH.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coder.errors import CoderError, PolicyViolation
+from coder.kinds import KINDS
+
+if TYPE_CHECKING:
+    from coder.policy.commands import Policy
+    from coder.taskfile import Step
+
+
+@dataclass(frozen=True)
+class Refusal:
+    step_id: str
+    field: str | None  # "cmd" when the step names its command; None: the step as a whole
+    message: str
+    hint: str | None = None
+    refused: bool = True  # the policy refused the command; False: no command is known
+
+    def __str__(self) -> str:
+        return f"step {self.step_id}: {self.message}"
+
+
+def command_of(step: Step, root: Path, config: Any) -> str | None:
+    """The command a step runs (None for a kind that runs none); InvalidInput when a test
+    step has no test command to run."""
+    from coder import testreport
+
+    source = KINDS[step.kind].command
+    if source == "cmd":
+        return step.cmd
+    if source == "tests":
+        return testreport.test_command(
+            root=root,
+            framework=step.framework,
+            cmd=step.cmd,
+            args=step.args,
+            configured=config.get("test_command"),
+        )
+    return None
+
+
+def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Any) -> list[Refusal]:
+    """Every step whose command the policy refuses, or that has no command to run."""
+    from coder.policy.commands import check_command
+    from coder.policy.env import scrub_env
+
+    path = scrub_env(policy).get("PATH")
+    found = []
+    for step in steps:
+        field = "cmd" if step.cmd else None
+        try:
+            cmd = command_of(step, root, config)
+            if cmd is not None:
+                check_command(cmd, policy, root=root, cwd=root / (step.cwd or "."), path=path)
+        except CoderError as exc:
+            refused = isinstance(exc, PolicyViolation)
+            found.append(Refusal(step.id, field, exc.message, exc.hint, refused))
+    return found

@@ -1,0 +1,42 @@
+"""Preflight: the one check of the commands a task's steps would run (run, plan, validate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from coder import config as config_mod
+from coder import taskfile
+from coder.policy.commands import Policy
+from coder.run.preflight import refusals
+
+
+def steps(*raw: dict[str, object]) -> tuple[taskfile.Step, ...]:
+    return taskfile.from_dict({"title": "t", "graph": list(raw)}).steps
+
+
+def test_refused_commands_and_missing_test_commands_are_named_by_step(repo: Path) -> None:
+    cfg = config_mod.load(repo)
+    found = refusals(
+        steps(
+            {"id": "ok", "kind": "shell", "cmd": "echo hi > a.txt"},
+            {"id": "net", "kind": "shell", "cmd": "curl -s https://example.com"},
+            {"id": "edit", "kind": "edit", "goal": "no command"},
+            {"id": "tests", "kind": "test"},
+        ),
+        root=repo,
+        policy=Policy.from_config(cfg.values),
+        config=cfg,
+    )
+    assert [(r.step_id, r.field, r.refused) for r in found] == [
+        ("net", "cmd", True),
+        ("tests", None, False),
+    ]
+    assert str(found[0]).startswith("step net: command refused: `curl`")
+    assert "no test command could be found" in found[1].message
+
+
+def test_a_test_step_runs_the_detected_test_command(make_repo) -> None:
+    repo = make_repo({"tests/test_x.py": "def test_x():\n    pass\n"})
+    cfg = config_mod.load(repo)
+    policy = Policy.from_config(cfg.values)
+    assert refusals(steps({"kind": "test"}), root=repo, policy=policy, config=cfg) == []
