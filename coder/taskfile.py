@@ -219,7 +219,7 @@ def build_step(raw: Mapping[str, Any], sid: str, depends_on: Sequence[str] = ())
     return Step(
         id=sid,
         kind=raw["kind"],
-        goal=raw.get("goal") or default_goal.format(cmd=raw.get("cmd")),
+        goal=raw.get("goal") or default_goal.format(cmd=short_command(raw.get("cmd") or "")),
         depends_on=tuple(depends_on),
         timeout_s=parse_duration(raw["timeout"]) if "timeout" in raw else None,
         retries=raw.get("retries"),
@@ -238,6 +238,13 @@ def build_step(raw: Mapping[str, Any], sid: str, depends_on: Sequence[str] = ())
         model=raw.get("model"),
         fallback_model=raw.get("fallback_model"),
     )
+
+
+def short_command(cmd: str, limit: int = 80) -> str:
+    """A command as messages show it: its first line, cut to `limit` characters."""
+    lines = cmd.strip().splitlines() or [""]
+    first = lines[0]
+    return first if len(first) <= limit and len(lines) == 1 else f"{first[:limit]} …"
 
 
 def generate_id() -> str:

@@ -1,7 +1,8 @@
 """Run one policy-checked shell command: no network, a scrubbed environment, a timeout, a
 process-group kill, capped output.
 
-The command runs as `bash -c CMD` in a new session (its own process group), so one signal
+The command runs as `bash -c CMD` (a command too long for one argument, `bash FILE`) in a new
+session (its own process group), so one signal
 reaches it and everything it started; whatever is left of the group when it ends (for
 example `sleep 1000 &`) is killed too. While the network is off, and the kernel lets an
 unprivileged user create a network namespace, the command also runs under
@@ -270,9 +271,9 @@ def run_command(
         command_env[OWNER_VAR] = owner
     bash = shutil.which("bash")
     shell = bash or shutil.which("sh") or "/bin/sh"
-    argv = [shell, "-c", (_limits_prefix(policy.limits) if bash else "") + cmd]
+    script = (_limits_prefix(policy.limits) if bash else "") + cmd
     started = time.monotonic()
-    with _spawner(policy, root or cwd, command_env) as spawn:
+    with _spawner(policy, root or cwd, command_env) as spawn, _shell_argv(shell, script) as argv:
         try:
             proc = spawn(
                 argv,
@@ -289,6 +290,23 @@ def run_command(
 
 
 Spawn = Callable[..., "subprocess.Popen[bytes]"]
+
+# Bytes of a script passed as one argument: Linux refuses a single argv string over 128 KiB
+# (MAX_ARG_STRLEN) with "Argument list too long".
+_MAX_ARG = 100_000
+
+
+@contextmanager
+def _shell_argv(shell: str, script: str) -> Iterator[list[str]]:
+    """`shell -c SCRIPT`; a script too long for one argument (a big heredoc) is read by the
+    shell from a private temporary file instead, removed when the command is done."""
+    if len(script.encode()) <= _MAX_ARG:
+        yield [shell, "-c", script]
+        return
+    with tempfile.TemporaryDirectory(prefix="coder-cmd-") as tmp:
+        path = Path(tmp, "command.sh")
+        path.write_text(script, encoding="utf-8")
+        yield [shell, str(path)]
 
 
 @contextmanager

@@ -215,3 +215,16 @@ def test_network_is_unreachable_when_off(tmp_path: Path, loopback_server: int) -
 def test_network_is_reachable_when_allowed(tmp_path: Path, loopback_server: int) -> None:
     result = run(connect_cmd(loopback_server), tmp_path, Policy(allow_network=True))
     assert result.ok, result.stderr
+
+
+def test_a_command_longer_than_one_argument_runs_whole(tmp_path: Path) -> None:
+    """200 KB of heredoc: `bash -c` got "Argument list too long" (one argv string is limited
+    to 128 KiB); the script goes through a private file instead, removed afterwards."""
+    body = "\n".join(f"line {i} " + "x" * 60 for i in range(3_000))  # ~200 KB
+    cmd = f"cat > big.txt <<'EOF'\n{body}\nEOF\necho done; echo $#"
+    assert len(cmd) > 150_000
+    result = run(cmd, tmp_path, root=tmp_path)
+    assert result.ok, result.stderr
+    assert result.stdout == "done\n0\n"
+    assert (tmp_path / "big.txt").read_text() == body + "\n"
+    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("coder-cmd-*/command.sh"))

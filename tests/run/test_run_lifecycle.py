@@ -446,3 +446,21 @@ def test_status_lists_runs(make_repo) -> None:
         "1/1",
         "Status demo",
     )
+
+
+def test_a_long_command_validates_and_runs_and_a_too_long_one_is_refused(make_repo) -> None:
+    repo = make_repo()
+    body = "\n".join(f"row {i}" for i in range(25_000))  # ~200 KB
+    cmd = f"cat > data.txt <<'EOF'\n{body}\nEOF"
+    task = taskfile(repo, "id: big\ntitle: t\ngraph:\n  - kind: shell\n    cmd: " + json.dumps(cmd))
+    code, out, _ = coder(repo, "validate", "-f", str(task))
+    assert code == 0, out[:500]
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(task))
+    assert code == 0, (out + err)[-2000:]
+    assert git(repo, "show", "agent/big-t:data.txt") == body + "\n"
+    assert len(out) + len(err) < 5_000  # the command is not echoed whole
+    task.write_text("title: t\ngraph:\n  - kind: shell\n    cmd: " + json.dumps("x" * 300_000))
+    code, out, _ = coder(repo, "validate", "-f", str(task))
+    assert code == 2
+    assert "is too long (300,000 characters; at most 262,144 allowed)" in out
+    assert len(out) < 500

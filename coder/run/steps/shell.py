@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from coder import taskfile
 from coder.crashpoints import crash_during
 from coder.durable import write_private
 from coder.policy import sandbox
@@ -61,11 +62,12 @@ def run_in_step(ctx: StepContext, cmd: str) -> sandbox.CommandResult:
 
 
 def describe_failure(result: sandbox.CommandResult) -> str:
+    cmd = taskfile.short_command(result.cmd)
     if result.timed_out:
-        return f"`{result.cmd}` {result.note or 'timed out'}"
+        return f"`{cmd}` {result.note or 'timed out'}"
     tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-5:]
     detail = ("; output ends: " + " | ".join(tail)) if tail else ""
-    return f"`{result.cmd}` exited with {result.exit_code}{detail}"
+    return f"`{cmd}` exited with {result.exit_code}{detail}"
 
 
 def _policy_timeout(ctx: StepContext) -> int | None:
