@@ -1,17 +1,18 @@
 """What `coder validate` and MCP's `task_validate` check: the taskfile itself, then, inside a
-repository, what `coder run` checks there before it starts (`runs.preflight`: the policy on
+repository, what `coder run` checks there before it starts (`preflight.refusals`: the policy on
 every command and the test command, with the effective config), so a taskfile that validates
-can start. Outside a repository nothing can start, and the file alone is checked."""
+can start. Outside a repository nothing can start, and the file alone is checked. (Whether
+this machine has a sandbox is `coder doctor`'s question, not the file's.)"""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from coder import config as config_mod
 from coder import taskfile, yamldoc
-from coder.errors import DocumentError, EnvironmentProblem, InvalidInput
+from coder.errors import DocumentError
 from coder.run import runs
+from coder.run.preflight import refusals
 from coder.yamldoc import Problem
 
 
@@ -32,34 +33,28 @@ def check(
 
 
 def preflight_problems(doc: yamldoc.Document, task: taskfile.Task, cwd: Path) -> list[Problem]:
-    """`runs.preflight`'s refusals, each at its step. Run refuses at the first; asking it one
-    step at a time reports them all."""
+    """Run's preflight refusals (`coder.run.preflight.refusals`), each at its step."""
     cfg = config_mod.load(cwd)
-    root = cfg.project_root
-    if root is None:
+    if cfg.project_root is None:
         return []
-    policy = runs.policy_for(task, cfg)
-    problems: list[Problem] = []
-    for i, step in enumerate(task.steps):
-        try:
-            runs.preflight(replace(task, steps=(step,)), policy, root, cfg)
-        except (
-            EnvironmentProblem
-        ):  # no sandbox here, say: `coder doctor`'s business, not the file's
-            return problems
-        except InvalidInput as exc:
-            where = ["graph", i, "cmd"] if "cmd" in task.source["graph"][i] else ["graph", i]
-            line, col = doc.position(where)
-            message = exc.message.removeprefix(f"step {step.id}: ")
-            if exc.hint:
-                message += f" ({exc.hint})"
-            problems.append(
-                Problem(
-                    doc.name,
-                    line,
-                    col,
-                    f"{taskfile.field_path(where)} (step {step.id}): {message}",
-                    taskfile.json_path(where),
-                )
+    index = {step.id: i for i, step in enumerate(task.steps)}
+    found = refusals(
+        task.steps, root=cfg.project_root, policy=runs.policy_for(task, cfg), config=cfg
+    )
+    problems = []
+    for refusal in found:
+        where = ["graph", index[refusal.step_id]]
+        if refusal.field:
+            where.append(refusal.field)
+        line, col = doc.position(where)
+        message = refusal.message + (f" ({refusal.hint})" if refusal.hint else "")
+        problems.append(
+            Problem(
+                doc.name,
+                line,
+                col,
+                f"{taskfile.field_path(where)} (step {refusal.step_id}): {message}",
+                taskfile.json_path(where),
             )
+        )
     return problems
