@@ -209,6 +209,8 @@ class Policy:
     # programs inside the worktree that may run (`allowed_commands` entries with a `/` that
     # are not absolute, e.g. `./build.sh`), as worktree-relative paths
     allowed_paths: frozenset[str] = frozenset()
+    # protected paths a step's `changes` names: that step may write and commit them
+    named_paths: frozenset[str] = frozenset()
     output_cap: int = 65536  # bytes kept per stream
     command_timeout: int = 600  # seconds
     sandbox: bool = True  # run commands in the kernel sandbox (coder.policy.confine)

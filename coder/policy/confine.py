@@ -59,6 +59,7 @@ _DEVICE_DIRS = ("/dev/pts", "/dev/shm")  # pseudo-terminals; POSIX shared memory
 _CLONE_NEWNET = 0x40000000
 _PR_CAPBSET_DROP = 24
 _CAP_VERSION_3 = 0x20080522
+_CAP_SETFCAP = 31
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,9 @@ def confine_current_thread(profile: Profile, tmp_root: str, *, netns_done: bool 
                 raise EnvironmentProblem(f"cannot give commands a private network: {_errno_text()}")
         else:
             per_command_netns = found.netns == "per-command"
-    _drop_capabilities()
+    # Root without CAP_SYS_ADMIN (a container): `unshare` maps uid 0 into its namespace, which
+    # the kernel allows only with CAP_SETFCAP (harmless under no_new_privs): keep that one.
+    _drop_capabilities(_CAP_SETFCAP if per_command_netns and os.geteuid() == 0 else None)
     read = AccessFS.READ_FILE | AccessFS.READ_DIR | AccessFS.EXECUTE
     device = AccessFS.READ_FILE | AccessFS.WRITE_FILE | AccessFS.IOCTL_DEV
     full = ~(AccessFS.MAKE_CHAR | AccessFS.MAKE_BLOCK | AccessFS.IOCTL_DEV)
@@ -293,12 +296,13 @@ class _CapData(ctypes.Structure):
     ]
 
 
-def _drop_capabilities() -> None:
+def _drop_capabilities(keep: int | None = None) -> None:
     """Empty this thread's capability bounding set and its capability sets, so what it starts
-    has none, even as root (capabilities are per thread). A no-op for an unprivileged user."""
+    has none, even as root (capabilities are per thread); `keep` one capability, if held. A
+    no-op for an unprivileged user."""
     libc = _libc()
     for cap in range(64):
-        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+        if cap != keep and libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             err = ctypes.get_errno()
             if err == errno.EINVAL:  # past the last capability this kernel knows
                 break
@@ -306,6 +310,15 @@ def _drop_capabilities() -> None:
                 break
     header = _CapHeader(_CAP_VERSION_3, 0)
     data = (_CapData * 2)()
+    if keep is not None and libc.capget(ctypes.byref(header), data) == 0:
+        word, bit = divmod(keep, 32)
+        for i in range(2):
+            mask = (1 << bit) if i == word else 0
+            data[i].effective &= mask
+            data[i].permitted &= mask
+            data[i].inheritable &= mask
+    else:
+        data = (_CapData * 2)()
     if libc.capset(ctypes.byref(header), data) != 0:
         raise EnvironmentProblem(f"cannot drop capabilities for commands: {_errno_text()}")
 

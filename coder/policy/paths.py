@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +52,8 @@ def is_protected(rel_posix: str, policy: Policy) -> str | None:
         return ".git belongs to coder's executor"
     if ".coder" in lowered:
         return ".coder holds coder's own state"
+    if "/".join(parts) in policy.named_paths:  # the step's `changes` names it
+        return None
     if lowered == ["coder.config.json"]:  # a repo file must never widen coder's permissions
         return "coder.config.json sets coder's own permissions; only the user edits it"
     if lowered[-1:] and lowered[-1] in _GIT_ADMIN:
@@ -72,14 +74,21 @@ def is_protected(rel_posix: str, policy: Policy) -> str | None:
     return None
 
 
-def protected_changes(changed: Iterable[str], named: Collection[str], policy: Policy) -> list[str]:
-    """The problems with a step's changed paths: each protected one its `changes` does not
-    name (by exact path)."""
-    wanted = {p.strip("/").removeprefix("./") for p in named}
+def naming(policy: Policy, changes: Iterable[Mapping[str, str]]) -> Policy:
+    """`policy` for a step: the paths its `changes` names (exactly) are not protected for it
+    (`.git` and `.coder` still are)."""
+    from dataclasses import replace
+
+    named = {c.get("path", "").strip("/").removeprefix("./") for c in changes}
+    return replace(policy, named_paths=frozenset(named - {""}))
+
+
+def protected_changes(changed: Iterable[str], policy: Policy) -> list[str]:
+    """The problems with a step's changed paths (`policy` from `naming`): each protected one."""
     problems = []
     for rel in changed:
         reason = is_protected(rel, policy)
-        if reason and rel not in wanted:
+        if reason:
             problems.append(
                 f"the step changed protected path {rel} ({reason}); nothing was committed. "
                 f"Name it in the step's `changes` if the step is meant to change it"

@@ -4,6 +4,7 @@ capabilities, signals, resource limits, and the refusal to run unconfined by acc
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,45 @@ def test_a_rewritten_git_file_cannot_widen_the_next_commands_sandbox(make_repo) 
     assert one_admin.is_dir()
     (one / ".git").write_text(f"gitdir: {two_admin}\n")  # what a command in `one` can do
     assert confine.writable_for(one) == (str(one),)
+
+
+@needs_sandbox
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="simulating a runner without CAP_SYS_ADMIN needs root and setpriv",
+)
+def test_without_cap_sys_admin_each_command_gets_its_own_namespace(tmp_path: Path) -> None:
+    """The path an unprivileged user (or a container's root) takes: `unshare` per command,
+    under the same Landlock rules."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "wt"
+    root.mkdir()
+    script = f"""
+from pathlib import Path
+from coder.policy import confine
+from coder.policy.commands import Policy
+from coder.policy.sandbox import run_command
+assert confine.support().netns == "per-command", confine.support()
+cmd = "echo a > in.txt; echo b > {tmp_path}/out.txt; python3 -c 'import socket; socket.socket().connect((\\"127.0.0.1\\", 9))'"
+result = run_command(cmd, cwd=Path("{root}"), policy=Policy(), root=Path("{root}"))
+print(result.stderr)
+"""
+    done = subprocess.run(
+        [
+            "setpriv",
+            "--bounding-set=-sys_admin",
+            "--inh-caps=-sys_admin",
+            sys.executable,
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (root / "in.txt").read_text() == "a\n" and not (tmp_path / "out.txt").exists()
+    assert "out.txt: Permission denied" in done.stdout
+    assert "PermissionError" in done.stdout or "Network is unreachable" in done.stdout

@@ -14,7 +14,7 @@ import pytest
 
 from coder.policy import confine
 from tests.conftest import coder, git
-from tests.helpers import call, done, snapshot, state_of, taskfile
+from tests.helpers import call, chat_requests, done, snapshot, state_of, taskfile
 
 pytestmark = pytest.mark.skipif(
     not confine.support().available,
@@ -128,6 +128,27 @@ def test_writes_outside_the_worktree_fail(make_repo, isolated_home, target: str)
     outside.assert_unchanged()
     assert not Path("/tmp/coder-escape-x").exists()
     assert not (repo / ".coder" / "worktrees" / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "git tag evil",
+        "echo 'exit 0' > ../../../.git/hooks/pre-commit",
+        "git config user.name evil",
+        "git commit --allow-empty -qm evil",
+        "echo x > ~/.gitconfig",
+    ],
+)
+def test_refs_hooks_config_and_commits_are_out_of_reach(make_repo, isolated_home, cmd: str) -> None:
+    repo = user_repo(make_repo)
+    outside = Outside(repo, isolated_home)
+    code, step = run_shell(repo, cmd)
+    assert code == 1 and step["status"] == "failed", step
+    log = step_log(repo)  # the kernel's EACCES, as each program words it
+    assert "Permission denied" in log or "insufficient permission" in log, log
+    outside.assert_unchanged()
+    assert git(repo, "tag") == ""
 
 
 def test_the_worktree_its_git_admin_dir_and_tmpdir_are_writable(make_repo) -> None:
@@ -265,3 +286,33 @@ def test_the_model_cannot_run_a_program_through_an_allowed_one(make_repo, fake, 
     tool_reply = [m for m in fake.chat_bodies()[-1]["messages"] if m["role"] == "tool"][0]
     assert "command refused by policy; nothing was run" in tool_reply["content"]
     assert not (repo / ".coder" / "worktrees" / "esc" / "f").exists()
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_the_models_file_tools_follow_the_same_rule(make_repo, fake, named: bool) -> None:
+    repo = make_repo()
+    ci = ".github/workflows/ci.yml"
+    fake.enqueue(call("fs_write", path=ci, content="on: push\n"))
+    fake.enqueue(done("wrote it", ci) if named else call("fs_read", path="README.md"))
+    changes = f"changes: [{{path: {ci}, mode: create}}]" if named else ""
+    path = taskfile(
+        repo,
+        f"""
+        id: esc
+        title: t
+        policies: {{max_turns: 2}}
+        graph:
+          - id: s1
+            kind: edit
+            goal: add CI
+            {changes}
+        """,
+    )
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    tool_reply = [m for m in chat_requests(fake)[1]["messages"] if m["role"] == "tool"][0]
+    if named:
+        assert code == 0, out + err
+        assert git(repo, "show", f"agent/esc-t:{ci}") == "on: push\n"
+    else:
+        assert "it is a CI workflow file" in tool_reply["content"]
+        assert code == 1

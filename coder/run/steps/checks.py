@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from coder.policy.paths import protected_changes
+from coder.policy.paths import naming, protected_changes
 from coder.taskfile import Assertion
 
 if TYPE_CHECKING:
@@ -48,8 +48,7 @@ def asserts_hold(seen: Verification) -> list[str]:
 
 def protected_paths_untouched(seen: Verification) -> list[str]:
     """A problem for each protected path the step changed without naming it in `changes`."""
-    named = [c.get("path", "") for c in seen.step.changes]
-    return protected_changes(seen.changed, named, seen.policy)
+    return protected_changes(seen.changed, naming(seen.policy, seen.step.changes))
 
 
 CHECKS: tuple[Callable[[Verification], list[str]], ...] = (

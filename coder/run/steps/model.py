@@ -17,6 +17,7 @@ from coder.agent.prefix import step_focus
 from coder.durable import write_private
 from coder.git import ops as gitops
 from coder.kinds import KINDS, ModelRole
+from coder.policy.paths import naming
 from coder.run.steps import StepContext, StepOutcome
 from coder.taskfile import Step, is_repo_relative, parse_duration
 
@@ -114,7 +115,7 @@ def converse(
     session: AgentSession = ctx.agent
     tool_ctx = ToolContext(
         root=ctx.workdir,
-        policy=ctx.policy,
+        policy=naming(ctx.policy, ctx.step.changes),  # its named protected paths are writable
         redactor=ctx.redactor,
         cancel=ctx.cancel,
         test_command=ctx.config.get("test_command"),
