@@ -644,6 +644,11 @@ def success_problems(ex: Executor) -> list[str]:
         ex.run.log.info("success.tests", exit_code=result.exit_code)
         if problem:
             problems.append(f"require_green_tests: {problem}")
+    if ex.task.success.get("require_no_lint_errors"):
+        base = ex.run.state.base_commit
+        problems += success.lint_problems(
+            worktree, base, ex.run.policy, ex.run.config, cancel=ex.run.stop, owner=ex.run.owner
+        )
     return problems
 
 

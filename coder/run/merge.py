@@ -478,4 +478,7 @@ def green_problems(
     write_private(log, redactor.redact(f"$ {cmd}\n{result.stdout}{result.stderr}"))
     if problem:
         problems.append(problem)
+    if task.success.get("require_no_lint_errors"):
+        base = success.fork_point(worktree, task.base)
+        problems += success.lint_problems(worktree, base, policy, cfg)
     return problems

@@ -1,6 +1,7 @@
-"""A task's success criteria, checked against a tree of files: `required_files`, and the
-tests (the task's test step's command, else the configured one, else the detected one). Used
-at the end of a run and by `merge --if-green` on the exact tree that would land."""
+"""A task's success criteria, checked against a tree of files: `required_files`, the tests
+(the task's test step's command, else the configured one, else the detected one) and, with
+`require_no_lint_errors`, the linter on the lines the run added or changed. Used at the end of
+a run and by `merge --if-green` on the exact tree that would land."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from coder.lintreport import Finding
     from coder.policy.commands import Policy
     from coder.policy.sandbox import CommandResult
     from coder.taskfile import Task
@@ -56,3 +58,85 @@ def run_tests(
     if not result.ok:
         return f"`{cmd}` exited with {result.exit_code}", result
     return None, result
+
+
+def lint_findings(
+    worktree: Path,
+    base: str,
+    policy: Policy,
+    cfg: Any,
+    *,
+    cancel: threading.Event | None = None,
+    owner: str | None = None,
+) -> tuple[list[Finding], list[str]]:
+    """The linter's findings on the lines `worktree` adds or changes since the commit `base`
+    (so what the project had before never counts), and why a linter could not say (refused by
+    the policy, crashed, timed out)."""
+    from coder import lintreport
+    from coder.errors import PolicyViolation
+    from coder.git import ops as gitops
+    from coder.policy import sandbox
+
+    patch = gitops.diff_patch(gitops.open_repo(worktree), base, worktree=worktree)
+    findings: list[Finding] = []
+    notes: list[str] = []
+    for path, lines in sorted(lintreport.added_lines(patch).items()):
+        for linter in lintreport.linters_for(worktree, path, cfg.get("lint_command")):
+            try:
+                result = sandbox.run_command(
+                    linter.command_for(path),
+                    cwd=worktree,
+                    policy=policy,
+                    cancel=cancel,
+                    root=worktree,
+                    owner=owner,
+                )
+            except PolicyViolation as exc:
+                notes.append(f"{linter.name} was not run on {path}: {exc.message}")
+                continue
+            found = lintreport.parse_output(result.stdout + "\n" + result.stderr, linter, path)
+            if not found and (result.timed_out or result.exit_code not in (0, 1)):
+                why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
+                notes.append(f"{linter.name} {why} on {path}")
+            findings += [f for f in found if f.line in lines]
+    return findings, notes
+
+
+def lint_problems(
+    worktree: Path,
+    base: str,
+    policy: Policy,
+    cfg: Any,
+    *,
+    cancel: threading.Event | None = None,
+    owner: str | None = None,
+) -> list[str]:
+    """`success.require_no_lint_errors`: a problem per new finding (the first few) and per
+    linter that could not run; none when the run added no finding."""
+    from coder import lintreport
+
+    if not cfg.get("lint_command") and not lintreport.detect(worktree):
+        return [
+            "require_no_lint_errors: no linter is configured or detected "
+            "(set lint_command in coder.config.json)"
+        ]
+    findings, notes = lint_findings(worktree, base, policy, cfg, cancel=cancel, owner=owner)
+    problems = [f"require_no_lint_errors: {note}" for note in notes]
+    if findings:
+        shown = "; ".join(str(f) for f in findings[:5])
+        more = f"; and {len(findings) - 5} more" if len(findings) > 5 else ""
+        problems.append(
+            f"require_no_lint_errors: {len(findings)} new lint finding"
+            f"{'s' if len(findings) > 1 else ''}: {shown}{more}"
+        )
+    return problems
+
+
+def fork_point(worktree: Path, base_branch: str) -> str:
+    """Where the work in `worktree` left `base_branch` (their merge base; the branch's tip
+    when the worktree holds a merge of it)."""
+    from coder.git import ops as gitops
+
+    repo = gitops.open_repo(worktree)
+    tip = gitops.resolve_commit(repo, f"refs/heads/{base_branch}")
+    return str(repo.merge_base(repo.head.target, tip))

@@ -51,9 +51,50 @@ def protected_paths_untouched(seen: Verification) -> list[str]:
     return protected_changes(seen.changed, naming(seen.policy, seen.step.changes))
 
 
+def diff_within_caps(seen: Verification) -> list[str]:
+    """`policies.max_diff_lines` (lines added plus removed) and `policies.max_files_changed`:
+    a step over either fails with the figures, before its commit."""
+    policies = seen.task.policies
+    max_lines, max_files = policies.get("max_diff_lines"), policies.get("max_files_changed")
+    problems = []
+    if max_files is not None and len(seen.changed) > max_files:
+        problems.append(
+            f"the step changed {len(seen.changed)} files, more than policies.max_files_changed "
+            f"({max_files})"
+        )
+    if max_lines is not None and seen.changed:
+        from coder.git import ops as gitops
+
+        patch = gitops.diff_patch(gitops.open_repo(seen.workdir), "HEAD", worktree=seen.workdir)
+        added, removed = diff_lines(patch)
+        if added + removed > max_lines:
+            problems.append(
+                f"the step changed {added + removed} lines (+{added} -{removed}), more than "
+                f"policies.max_diff_lines ({max_lines})"
+            )
+    return problems
+
+
+def diff_lines(patch: str) -> tuple[int, int]:
+    """(added, removed) lines of a unified diff."""
+    added = removed = 0
+    header = True  # between `diff --git` and the first hunk: ---/+++ are file names
+    for line in patch.split("\n"):
+        if line.startswith("diff --git "):
+            header = True
+        elif line.startswith("@@"):
+            header = False
+        elif not header and line.startswith("+"):
+            added += 1
+        elif not header and line.startswith("-"):
+            removed += 1
+    return added, removed
+
+
 CHECKS: tuple[Callable[[Verification], list[str]], ...] = (
     asserts_hold,
     protected_paths_untouched,
+    diff_within_caps,
 )
 
 
