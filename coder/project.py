@@ -11,6 +11,7 @@ from coder import config as config_mod
 from coder.errors import EnvironmentProblem
 
 CODER_DIR = ".coder"
+TASKS_DIR = "tasks"  # the repository's taskfiles (`coder plan` writes there)
 SUBDIRS = ("tasks", "state", "logs", "artifacts", "worktrees", "locks")
 
 
@@ -79,3 +80,40 @@ def detected_config(root: Path, env: dict[str, str] | None = None) -> dict[str, 
         "allowed_commands": [],
         "max_parallel": 1,
     }
+
+
+def find_taskfile(root: Path, task_id: str) -> Path:
+    """The taskfile in `tasks/` whose `id` is `task_id` (a file without an `id` matches by its
+    name, `tasks/ID.yaml`). Drafts that `coder plan` left (`*.draft.yaml`) are not taskfiles;
+    files that do not parse are passed over."""
+    from coder import yamldoc
+    from coder.errors import DocumentError, InvalidInput
+
+    folder = root / TASKS_DIR
+    files = sorted(
+        p
+        for p in (folder.iterdir() if folder.is_dir() else ())
+        if p.suffix in (".yaml", ".yml") and ".draft." not in p.name and p.is_file()
+    )
+    ids: dict[Path, str] = {}
+    for path in files:
+        try:
+            data = yamldoc.load(path).data
+        except DocumentError:
+            continue
+        declared = data.get("id") if isinstance(data, dict) else None
+        ids[path] = str(declared) if declared is not None else path.stem
+    matches = [path for path, found in ids.items() if found == task_id]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        names = ", ".join(str(p.relative_to(root)) for p in matches)
+        raise InvalidInput(
+            f"several taskfiles in {TASKS_DIR}/ have the id {task_id!r}: {names}",
+            hint="give each a unique id, or pass one with -f FILE",
+        )
+    known = ", ".join(sorted(ids.values())) or "none"
+    raise InvalidInput(
+        f"no taskfile in {folder} has the id {task_id!r} (ids there: {known})",
+        hint="pass the taskfile with -f FILE",
+    )

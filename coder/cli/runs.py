@@ -73,19 +73,29 @@ def run_options(func: Any) -> Any:
 
 
 @click.command(epilog=RUN_EPILOG)
-@click.option("-f", "--file", "path", required=True, type=PathType(), help="The taskfile (YAML).")
+@click.option("-f", "--file", "path", type=PathType(), help="The taskfile (YAML).")
+@click.option(
+    "-t", "--task", "task_id", help="A taskfile in tasks/ by its id (instead of -f FILE)."
+)
 @click.option("--autonomous", is_flag=True, help="Run every step without asking.")
 @click.option(
     "--merge-on-success",
     is_flag=True,
     help="When the run succeeds, merge it as `coder merge --if-green` does.",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Show the plan, each command with the policy's decision and the model; run nothing.",
+)
 @run_options
 @json_option
 def run(
-    path: Path,
+    path: Path | None,
+    task_id: str | None,
     autonomous: bool,
     merge_on_success: bool,
+    dry_run: bool,
     max_parallel: int | None,
     fail_fast: bool,
     model: str | None,
@@ -100,8 +110,30 @@ def run(
     environment problem stopped it (model host gone, branch moved, disk full), 130 when it
     was stopped; resume the last two with `coder resume -t ID`.
     """
-    from coder.mcp.client import attach_configured
     from coder.run import runs
+
+    if (path is None) == (task_id is None):
+        raise click.UsageError("pass exactly one of -f FILE or -t ID (a taskfile in tasks/)")
+    if task_id is not None:
+        from pathlib import Path
+
+        from coder import project
+        from coder.git import ops as gitops
+
+        checkout = gitops.open_repo(cwd()).workdir  # this checkout's tasks/, as -f would see
+        path = project.find_taskfile(Path(checkout or cwd()), task_id)
+        if not as_json:
+            click.echo(f"Taskfile {path}", err=True)
+    assert path is not None
+    options = runs.RunOptions(
+        max_parallel, fail_fast, model, record, replay, sandbox="off" if no_sandbox else None
+    )
+    if dry_run:
+        _dry_run(path, options, as_json)
+        return
+    from dataclasses import replace
+
+    from coder.mcp.client import attach_configured
 
     approve = None
     if not autonomous:
@@ -123,16 +155,7 @@ def run(
             path,
             cwd=cwd(),
             console=progress,
-            options=runs.RunOptions(
-                max_parallel,
-                fail_fast,
-                model,
-                record,
-                replay,
-                approve,
-                attach_tools=attach_configured,
-                sandbox="off" if no_sandbox else None,
-            ),
+            options=replace(options, approve=approve, attach_tools=attach_configured),
         )
     finally:
         progress.close()
@@ -265,6 +288,76 @@ def approval_prompt(step: Any, run: Any) -> str:
             click.echo(text or "(no changes yet)", err=True)
             continue
         return {"r": "run", "s": "skip", "q": "quit"}[answer]
+
+
+def _dry_run(path: Path, options: Any, as_json: bool) -> None:
+    """`run --dry-run`: the plan and every check a run makes before it starts; exit 0 when it
+    would start, 2 when it would be refused (the problems say why)."""
+    from coder.errors import EXIT_USAGE
+    from coder.run.dryrun import dry_run
+
+    plan = dry_run(path, cwd=cwd(), options=options)
+    if as_json:
+        emit_json(plan.as_dict())
+    else:
+        click.echo(render_dry_run(plan))
+    raise SystemExit(EXIT_OK if plan.would_start else EXIT_USAGE)
+
+
+def render_dry_run(plan: Any) -> str:
+    task = plan.task
+    steps = {s.id: s for s in task.steps}
+    width = max(len(s.id) for s in task.steps)
+    lines = [
+        f"Dry run of {task.id}: {task.title} (nothing is run, nothing is written)",
+        f"  branch    {task.branch} (from {task.base})",
+        f"  worktree  {plan.worktree}",
+    ]
+    model = plan.model
+    if model is None:
+        lines.append("  model     none (no step asks a model)")
+    else:
+        where = f"replayed from {model['replay']}" if model["replay"] else f"at {model['host']}"
+        window = (
+            f"{model['num_ctx']} tokens (num_ctx from {model['num_ctx_source']})"
+            if model["num_ctx"]
+            else f"the model's own, capped at {model['max_num_ctx']} tokens (max_num_ctx); "
+            "`coder doctor` reads it from Ollama"
+        )
+        lines.append(f"  model     {model['name']} {where}")
+        lines.append(f"  context   {window}")
+    lines.append(f"  network   {'on' if plan.network else 'off'} for commands")
+    lines.append(
+        "  sandbox   "
+        + (
+            "on: commands run in the kernel sandbox"
+            if plan.sandbox
+            else "off: commands run unconfined"
+        )
+    )
+    lines.append("")
+    for number, level in enumerate(plan.levels, 1):
+        lines.append(f"level {number}" + ("  (may run in parallel)" if len(level) > 1 else ""))
+        for sid in level:
+            step = steps[sid]
+            needs = f"  <- {', '.join(step.depends_on)}" if step.depends_on else ""
+            lines.append(f"  {sid:<{width}}  {step.kind:<7}  {step.goal}{needs}")
+    if plan.commands:
+        lines += ["", "commands (the policy's decision):"]
+        labels = [check.step_id for check in plan.commands]
+        pad = max(len(label) for label in labels)
+        for label, check in zip(labels, plan.commands):
+            verdict = "allowed" if check.allowed else "REFUSED"
+            lines.append(f"  {label:<{pad}}  {verdict}  {check.cmd}")
+            if not check.allowed:
+                lines.append(f"  {'':<{pad}}  {'':<7}  {check.reason}")
+    lines.append("")
+    if plan.would_start:
+        lines.append("The run would start. Nothing was changed.")
+    else:
+        lines.append("The run would be refused. Nothing was changed:")
+        lines += [f"  {problem}" for problem in plan.problems]
+    return "\n".join(lines)
 
 
 def _progress(as_json: bool) -> Any:
