@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -74,3 +75,55 @@ def chat_requests(fake: FakeOllama) -> list[dict[str, Any]]:
     """The chat requests the fake server received: the warm-up load (no messages) and the
     warm prefix (no user message) left out."""
     return [b for b in fake.chat_bodies() if b.get("messages") and not is_priming(b)]
+
+
+# --- a grammar check of the Mermaid flowchart subset coder writes (coder.diagram) ---------
+
+MERMAID_KEYWORDS = {
+    "end",
+    "graph",
+    "flowchart",
+    "subgraph",
+    "class",
+    "classDef",
+    "click",
+    "style",
+    "linkStyle",
+    "direction",
+    "default",
+}
+ID = r"[A-Za-z_][A-Za-z0-9_]*"
+NODE = re.compile(rf'    (?P<id>{ID})\["(?P<label>[^"\n]*)"\]')
+EDGE = re.compile(rf"    (?P<a>{ID}) --> (?P<b>{ID})")
+CLASSDEF = re.compile(
+    r"    classDef (?P<name>\w+) fill:#[0-9a-f]{6},stroke:#[0-9a-f]{6},color:#[0-9a-f]{6}"
+)
+CLASS = re.compile(rf"    class (?P<ids>{ID}(?:,{ID})*) (?P<name>\w+)")
+ENTITY = re.compile(r"#(?:\d+|[a-z]+);")
+
+
+def check_mermaid(text: str) -> dict[str, str]:
+    """Parse `text` as the flowchart subset coder writes; returns {node id: label}. Raises
+    AssertionError naming the line that does not fit."""
+    lines = text.split("\n")
+    assert lines[0] == "flowchart TD" and lines[-1] == "", "must start with `flowchart TD`"
+    nodes: dict[str, str] = {}
+    classes: set[str] = set()
+    for number, line in enumerate(lines[1:-1], 2):
+        where = f"line {number}: {line!r}"
+        if m := NODE.fullmatch(line):
+            assert m["id"] not in MERMAID_KEYWORDS and m["id"] not in nodes, where
+            label = m["label"]
+            bare = ENTITY.sub("", label.replace("<br/>", ""))
+            assert not set(bare) & set('#<>&`"'), f"{where}: unescaped character in the label"
+            nodes[m["id"]] = label
+        elif m := EDGE.fullmatch(line):
+            assert m["a"] in nodes and m["b"] in nodes, f"{where}: edge to an unknown node"
+        elif m := CLASSDEF.fullmatch(line):
+            classes.add(m["name"])
+        elif m := CLASS.fullmatch(line):
+            assert m["name"] in classes, f"{where}: class without classDef"
+            assert set(m["ids"].split(",")) <= set(nodes), f"{where}: unknown node"
+        else:
+            raise AssertionError(f"{where}: not a flowchart statement")
+    return nodes

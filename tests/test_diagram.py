@@ -4,12 +4,11 @@
 The Mermaid fixtures in fixtures/diagram/ are known-good: each was parsed by Mermaid 11's own
 parser (fixtures/diagram/check_mermaid.mjs) when it was written, and the DOT fixtures by
 Graphviz. The renderer must reproduce them byte for byte, and everything it prints for a real
-run must pass `check_mermaid`, a grammar check of the Mermaid subset it writes.
+run must pass `check_mermaid` (tests/helpers.py), a grammar check of the Mermaid subset it writes.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,7 +19,7 @@ from click.testing import CliRunner
 from coder import diagram
 from coder.diagram import Node
 from tests.conftest import coder, git
-from tests.helpers import ROOT, taskfile
+from tests.helpers import ROOT, check_mermaid, taskfile
 
 FIXTURES = ROOT / "fixtures" / "diagram"
 
@@ -61,57 +60,6 @@ THREE_LEVELS = """
       - {id: s2, kind: shell, cmd: "echo 2 > two.txt"}
       - {id: s3, kind: shell, cmd: "echo 3 > three.txt"}
 """
-
-# --- a grammar check of the Mermaid flowchart subset coder writes ---------------------------
-
-MERMAID_KEYWORDS = {
-    "end",
-    "graph",
-    "flowchart",
-    "subgraph",
-    "class",
-    "classDef",
-    "click",
-    "style",
-    "linkStyle",
-    "direction",
-    "default",
-}
-ID = r"[A-Za-z_][A-Za-z0-9_]*"
-NODE = re.compile(rf'    (?P<id>{ID})\["(?P<label>[^"\n]*)"\]')
-EDGE = re.compile(rf"    (?P<a>{ID}) --> (?P<b>{ID})")
-CLASSDEF = re.compile(
-    r"    classDef (?P<name>\w+) fill:#[0-9a-f]{6},stroke:#[0-9a-f]{6},color:#[0-9a-f]{6}"
-)
-CLASS = re.compile(rf"    class (?P<ids>{ID}(?:,{ID})*) (?P<name>\w+)")
-ENTITY = re.compile(r"#(?:\d+|[a-z]+);")
-
-
-def check_mermaid(text: str) -> dict[str, str]:
-    """Parse `text` as the flowchart subset coder writes; returns {node id: label}. Raises
-    AssertionError naming the line that does not fit."""
-    lines = text.split("\n")
-    assert lines[0] == "flowchart TD" and lines[-1] == "", "must start with `flowchart TD`"
-    nodes: dict[str, str] = {}
-    classes: set[str] = set()
-    for number, line in enumerate(lines[1:-1], 2):
-        where = f"line {number}: {line!r}"
-        if m := NODE.fullmatch(line):
-            assert m["id"] not in MERMAID_KEYWORDS and m["id"] not in nodes, where
-            label = m["label"]
-            bare = ENTITY.sub("", label.replace("<br/>", ""))
-            assert not set(bare) & set('#<>&`"'), f"{where}: unescaped character in the label"
-            nodes[m["id"]] = label
-        elif m := EDGE.fullmatch(line):
-            assert m["a"] in nodes and m["b"] in nodes, f"{where}: edge to an unknown node"
-        elif m := CLASSDEF.fullmatch(line):
-            classes.add(m["name"])
-        elif m := CLASS.fullmatch(line):
-            assert m["name"] in classes, f"{where}: class without classDef"
-            assert set(m["ids"].split(",")) <= set(nodes), f"{where}: unknown node"
-        else:
-            raise AssertionError(f"{where}: not a flowchart statement")
-    return nodes
 
 
 def test_the_grammar_check_rejects_what_mermaid_rejects() -> None:

@@ -36,8 +36,14 @@ Examples:
     help="squash: one new commit; no-ff: a merge commit; ff-only: move base to the "
     "run's tip if base has not moved.",
 )
+@click.option(
+    "--report",
+    is_flag=True,
+    help="Put the run's report (per step: outcome, commit, files, tests, fix cycles, tokens) "
+    "in the merge commit's body, as plain lines.",
+)
 @json_option
-def merge(task_id: str, if_green: bool, mode: str, as_json: bool) -> None:
+def merge(task_id: str, if_green: bool, mode: str, report: bool, as_json: bool) -> None:
     """Land a successful run on its base branch and tag it coder/ID.
 
     If the base branch is checked out, its files follow; your uncommitted edits to other files
@@ -47,7 +53,7 @@ def merge(task_id: str, if_green: bool, mode: str, as_json: bool) -> None:
 
     notify = None if as_json else (lambda message: click.echo(message, err=True))
     result = merge_service.merge_run(
-        task_id, cwd=cwd(), mode=mode, if_green=if_green, notify=notify
+        task_id, cwd=cwd(), mode=mode, if_green=if_green, notify=notify, report=report
     )
     if as_json:
         emit_json(result.to_dict())

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pygit2
 from pygit2.enums import DiffOption, DiffStatsFormat, FileStatus, ResetMode, SortMode
@@ -892,6 +892,45 @@ def diff_stat(repo: pygit2.Repository, old: str, new: str) -> str:
     if not len(d):
         return ""
     return str(d.stats.format(DiffStatsFormat.FULL | DiffStatsFormat.INCLUDE_SUMMARY, 80))
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str  # the new path (a rename's destination)
+    status: str  # git's letter: A added, D deleted, M modified, R renamed, T type changed
+    added: int  # lines; 0 for a binary file
+    removed: int
+    old_path: str | None = None  # a rename's source
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "status": self.status,
+            "added": self.added,
+            "removed": self.removed,
+            "old_path": self.old_path,
+        }
+
+
+def diff_files(repo: pygit2.Repository, old: str, new: str) -> list[FileChange]:
+    """Each file changed between two commits with its line counts (``git diff --numstat``)."""
+    changes = []
+    for patch in _diff(repo, old, new):
+        if patch is None:
+            continue
+        delta = patch.delta
+        _, added, removed = patch.line_stats
+        renamed = delta.old_file.path != delta.new_file.path
+        changes.append(
+            FileChange(
+                delta.new_file.path,
+                delta.status_char(),
+                added,
+                removed,
+                delta.old_file.path if renamed else None,
+            )
+        )
+    return sorted(changes, key=lambda c: c.path)
 
 
 def changed_files_between(repo: pygit2.Repository, old: str, new: str) -> list[str]:

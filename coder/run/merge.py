@@ -84,12 +84,19 @@ def merge_run(
     mode: str = "squash",
     if_green: bool = False,
     notify: Notify | None = None,
+    report: bool = False,
 ) -> MergeResult:
-    """Land run `task_id` on its base branch (see the module docstring)."""
+    """Land run `task_id` on its base branch (see the module docstring). With `report`, the
+    commit's body carries the run's report in a few lines (`coder.run.report`)."""
     from coder.run.events import EventLog
 
     if mode not in MODES:
         raise InvalidInput(f"unknown merge mode {mode!r}", hint=f"use one of: {', '.join(MODES)}")
+    if report and mode == "ff-only":
+        raise InvalidInput(
+            "--report writes the run's summary into the merge commit, and ff-only makes none",
+            hint="use --mode squash (the default) or --mode no-ff",
+        )
     repo = gitops.open_repo(cwd)
     root = gitops.repo_root(repo)
     coder_dir = project.coder_dir(root)
@@ -112,6 +119,7 @@ def merge_run(
                 mode,
                 if_green,
                 notify or (lambda _message: None),
+                report,
             )
             try:
                 result = job.run()
@@ -144,9 +152,11 @@ class _Merge:
         mode: str,
         if_green: bool,
         notify: Notify,
+        report: bool = False,
     ) -> None:
         self.repo, self.root, self.coder_dir, self.manifest = repo, root, coder_dir, manifest
         self.store, self.mode, self.if_green, self.notify = store, mode, if_green, notify
+        self.report = report
         self.task_id: str = manifest["task_id"]
         self.state = store.load(self.task_id)
         self.base: str = self.state.base
@@ -281,8 +291,18 @@ class _Merge:
             self.repo,
             tree=tree,
             parents=parents,
-            message=merge_message(self.manifest, self.state, self.mode),
+            message=merge_message(self.manifest, self.state, self.mode, summary=self._summary()),
         )
+
+    def _summary(self) -> str | None:
+        """The run's report in a few lines, for the commit's body (`--report`)."""
+        if not self.report:
+            return None
+        from coder.run import report
+        from coder.run.history import RunView
+
+        view = RunView(self.root, self.coder_dir, self.manifest, self.state, None)
+        return report.commit_summary(report.build(view))
 
     # --- the user's checkout ---------------------------------------------------------------
 
@@ -432,8 +452,11 @@ class _Merge:
         )
 
 
-def merge_message(manifest: dict[str, Any], state: RunState, mode: str) -> str:
-    """Title, the steps (one line each, as their commits are titled), then the trailers."""
+def merge_message(
+    manifest: dict[str, Any], state: RunState, mode: str, *, summary: str | None = None
+) -> str:
+    """Title, the steps (one line each, as their commits are titled; or the run's report
+    `summary` instead), then the trailers."""
     from coder import taskfile
     from coder.redact import redact
     from coder.run.executor import commit_title
@@ -448,7 +471,8 @@ def merge_message(manifest: dict[str, Any], state: RunState, mode: str) -> str:
     title = redact(" ".join(task.title.split())) or f"coder task {task.id}"
     intro = f"{what} of coder task {task.id} from {state.branch} ({len(lines)} steps):"
     trailers = f"{gitops.TRAILER_TASK}: {task.id}\n{gitland.TRAILER_MERGE}: {mode}\n"
-    return "\n\n".join([title, intro + "\n" + "\n".join(lines), trailers])
+    steps = redact(summary) if summary else "\n".join(lines)
+    return "\n\n".join([title, intro + "\n" + steps, trailers])
 
 
 def green_problems(
