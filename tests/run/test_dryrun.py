@@ -88,7 +88,9 @@ def test_dry_run_of_a_runnable_taskfile_exits_0_and_prints_json(repo: Path) -> N
         "decision": "allowed",
         "reason": None,
     }
-    assert plan["model"] is None and plan["network"] is False
+    assert plan["model"] is None and plan["network"] is False and plan["sandbox"] is True
+    code, out, _ = coder(repo, "run", "--dry-run", "--no-sandbox", "-f", str(path))
+    assert code == 0 and "sandbox   off: commands run unconfined" in out
     assert not (repo / ".coder").exists()
     assert git(repo, "branch", "--list", "agent/*") == ""
 
