@@ -32,10 +32,10 @@ def demo(keep: Path | None, live: bool, as_json: bool) -> None:
     work happen for real in a fresh repository.
     """
     from coder import demo as demo_mod
-    from coder.cli.progress import Progress
+    from coder.cli.progress import progress_for
     from coder.cli.runs import summary_table
 
-    progress = Progress(quiet=as_json)
+    progress = progress_for(silent=as_json)
     if not as_json:
         mode = "your Ollama model" if live else "a recorded model (no Ollama needed)"
         click.echo(

@@ -1,9 +1,18 @@
-"""Live progress for a run, on stderr: one line per event, plus (on a terminal) a status line
-with the current step and elapsed time that redraws in place. With stdout not a TTY it is plain
-lines only, so logs and CI output stay readable.
+"""Progress on stderr while a run works: a live view on a terminal, plain event lines elsewhere.
 
-`paused()` hands the terminal to someone else (the approval prompt): nothing is drawn or erased
-until it ends, and event lines that arrive meanwhile are printed after it.
+A run hands every logged event to its console (`progress(event)`) and, once the model loop
+reports them, typed loop events (`progress.loop_event(fields, event)`: the tool in progress,
+streamed text, ...). Both update one `Board`, the run as the user sees it. Two displays:
+
+- **Plain** (stderr is not a terminal, `TERM=dumb`, or `--quiet`): one line per step event,
+  `HH:MM:SS  STEP  WHAT  DETAIL`, no colour, no cursor movement: byte-stable for logs and CI.
+- **Live** (a terminal; `coder.cli.live`, with rich, imported only then): the same lines
+  scroll above a region that redraws: the DAG's steps with their status and, per running
+  step, its fix cycle, turn, the tool call in progress, tokens so far, tokens/s and elapsed
+  time; with `-v` the last lines of the model's streamed text.
+
+Anything that asks the user runs inside `progress.paused()`: the live region is taken down
+first and drawn again after, so a prompt is never drawn over or erased.
 """
 
 from __future__ import annotations
@@ -11,11 +20,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import IO, Any
-
-import click
 
 SHOWN = {
     "run.started": "run started",
@@ -25,134 +33,265 @@ SHOWN = {
     "fix.cycle": "fixing",
     "step.succeeded": "done",
     "step.failed": "FAILED",
+    "step.errored": "ERROR",
     "step.skipped": "skipped",
     "step.interrupted": "interrupted",
-    "step.errored": "ERROR",
     "run.stop_requested": "stopping",
     "run.finished": "run finished",
 }
+ENDED = {
+    "step.succeeded": "success",
+    "step.failed": "failed",
+    "step.errored": "error",
+    "step.skipped": "skipped",
+    "step.interrupted": "interrupted",
+}
+COLOURS = {
+    "success": "green",
+    "failed": "red",
+    "error": "red",
+    "skipped": "yellow",
+    "interrupted": "yellow",
+    "running": "cyan",
+}
+LABEL_STATUS = {"step.retry": "interrupted", "run.warning": "interrupted", **ENDED}
+
+
+def format_line(event: dict[str, Any], clock: str) -> str:
+    """The plain line of a SHOWN event (no colour): what a log file gets."""
+    return "".join(line_parts(event, clock)).rstrip()
+
+
+def line_parts(event: dict[str, Any], clock: str) -> tuple[str, str, str]:
+    """A SHOWN event's line in three parts: time and step, what happened, the detail."""
+    name, step = event.get("event", ""), event.get("step_id", "")
+    if name == "step.started":
+        detail = f"{event.get('kind', '')}: {event.get('goal', '')}"
+        if int(event.get("attempt", 1)) > 1:
+            detail += f" (attempt {event['attempt']})"
+    elif name == "step.succeeded":
+        commit = event.get("commit") or ""
+        detail = f"commit {commit[:8]}" if commit else "no changes"
+        if event.get("summary"):
+            detail += f" · {event['summary']}"
+    elif name == "fix.cycle":
+        detail = f"tests red ({event.get('failing')}); fix cycle {event.get('cycle')}"
+    elif name == "run.started":
+        detail = f"{event.get('steps')} steps on {event.get('branch')}"
+    elif name == "run.finished":
+        detail = event.get("status", "") + (f": {event['error']}" if event.get("error") else "")
+    else:
+        detail = str(event.get("error") or event.get("reason") or event.get("message") or "")
+    return f"{clock}  {step:<10} ", f"{SHOWN[name]:<11}", f" {detail}"
+
+
+# --- the run as the user sees it ------------------------------------------------------------
+
+
+@dataclass
+class StepActivity:
+    id: str
+    kind: str = ""
+    goal: str = ""
+    status: str = "pending"
+    attempt: int = 0
+    started: float | None = None  # monotonic, when the current attempt started
+    ended: float | None = None
+    cycle: int = 0  # the fix cycle of a test step (0: none yet)
+    turn: int = 0  # model calls so far in this attempt
+    tool: str = ""  # the tool call in progress, `fs_edit app.py`
+    queued: list[str] = field(default_factory=list)  # calls of the last turn not yet run
+    tokens: int = 0  # prompt + generated, over the attempt's finished model calls
+    streaming: int = 0  # generated tokens of the call in flight
+    tokens_per_s: float = 0.0
+    text: str = ""  # the tail of the model's streamed text
+    testing: bool = False  # a test step's tests are running (not its model)
+
+    def reset(self, now: float, attempt: int) -> None:
+        self.status, self.attempt, self.started, self.ended = "running", attempt, now, None
+        self.cycle = self.turn = self.tokens = self.streaming = 0
+        self.tool, self.queued, self.tokens_per_s, self.text = "", [], 0.0, ""
+        self.testing = self.kind == "test"
+
+    def doing(self, now: float) -> str:
+        """What a running step is doing, in one line."""
+        parts = [f"fix cycle {self.cycle}"] if self.cycle else []
+        if self.testing:
+            parts.append("running the tests")
+        elif self.turn:
+            parts += [f"turn {self.turn}", self.tool or "waiting for the model"]
+        elif self.kind == "shell":
+            parts.append(self.goal)
+        else:
+            parts.append(self.tool or "waiting for the model")
+        if self.tokens or self.streaming:
+            parts.append(f"{self.tokens + self.streaming:,} tokens")
+        if self.tokens_per_s:
+            parts.append(f"{self.tokens_per_s:.1f} tok/s")
+        parts.append(clock_of(now - (self.started or now)))
+        return " · ".join(parts)
+
+
+TEXT_TAIL = 2000  # characters of streamed text kept per step
+
+
+class Board:
+    """Every step's activity, updated from the run's events. Not thread-safe by itself: the
+    displays hold their lock around it."""
+
+    def __init__(self, steps: Sequence[tuple[str, str, str]] = ()) -> None:
+        self.steps: dict[str, StepActivity] = {sid: StepActivity(sid, k, g) for sid, k, g in steps}
+        self.total = len(self.steps)
+        self.started = time.monotonic()
+        self.finished = ""
+
+    def step(self, step_id: str) -> StepActivity:
+        if step_id not in self.steps:
+            self.steps[step_id] = StepActivity(step_id)
+        return self.steps[step_id]
+
+    @property
+    def done(self) -> int:
+        return sum(1 for s in self.steps.values() if s.status in ENDED.values())
+
+    def apply(self, event: dict[str, Any], now: float) -> None:
+        """A logged event (a dict, as in the JSONL log)."""
+        name, sid = event.get("event", ""), event.get("step_id")
+        if name == "run.started":
+            self.total = max(self.total, int(event.get("steps", 0)))
+        elif name == "run.finished":
+            self.finished = str(event.get("status", ""))
+        if not sid:
+            return
+        step = self.step(sid)
+        if name == "step.started":
+            step.kind = event.get("kind", step.kind)
+            step.goal = event.get("goal", step.goal)
+            step.reset(now, int(event.get("attempt", 1)))
+        elif name in ENDED:
+            step.status, step.ended, step.tool, step.queued = ENDED[name], now, "", []
+        elif name == "fix.cycle":  # red tests go to the model
+            step.cycle, step.turn, step.tool = int(event.get("cycle", 0)), 0, ""
+            step.testing = False
+        elif name == "model.turn":  # the call ended: its tool calls run next, in order
+            usage = event.get("usage") or {}
+            step.turn = int(event.get("turn", step.turn))
+            step.tokens += int(usage.get("prompt_tokens", 0)) + int(usage.get("eval_tokens", 0))
+            step.streaming = 0
+            step.tokens_per_s = float(usage.get("tokens_per_s") or step.tokens_per_s)
+            step.queued = [str(c) for c in event.get("calls") or []]
+            step.tool = step.queued.pop(0) if step.queued else ""
+            if step.kind == "test" and "step_complete" in step.queued + [step.tool]:
+                step.testing, step.tool, step.queued = True, "", []  # the fix done: tests rerun
+        elif name == "tool.called":  # a tool returned: the next one runs, or the model again
+            step.tool = step.queued.pop(0) if step.queued else ""
+
+    def apply_loop(self, fields: dict[str, Any], event: object) -> None:
+        """A typed event of the model loop (`coder.agent.events`), with the step's log fields.
+        Read by attribute, so the board also takes events it does not know of (and skips
+        what it cannot use)."""
+        sid = fields.get("step_id")
+        if not sid:
+            return
+        step = self.step(str(sid))
+        kind = type(event).__name__
+        if "fix_cycle" in fields and fields["fix_cycle"] is not None:
+            step.cycle = int(fields["fix_cycle"])
+        if kind == "TurnStarted":
+            step.turn, step.tool, step.streaming = int(getattr(event, "turn", step.turn)), "", 0
+        elif kind == "ModelText":
+            step.streaming = int(getattr(event, "tokens", 0))
+            step.tokens_per_s = float(getattr(event, "tokens_per_s", 0.0)) or step.tokens_per_s
+            step.text = (step.text + str(getattr(event, "text", "")))[-TEXT_TAIL:]
+        elif kind == "ToolStarted":
+            label = getattr(event, "label", None)
+            step.tool = str(label if label is not None else getattr(event, "name", ""))
+        elif kind == "ToolFinished":
+            step.tool = ""
+
+
+def clock_of(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+# --- the displays ---------------------------------------------------------------------------
 
 
 class Progress:
-    def __init__(self, total: int = 0, stream: IO[str] | None = None, quiet: bool = False) -> None:
+    """Plain mode: one line per SHOWN event; `silent` (under --json) prints nothing. The live
+    view (`coder.cli.live.LiveProgress`) extends it. `clock` gives the lines' time of day."""
+
+    live = False
+
+    def __init__(
+        self,
+        stream: IO[str] | None = None,
+        *,
+        silent: bool = False,
+        clock: Callable[[], str] | None = None,
+        steps: Sequence[tuple[str, str, str]] = (),
+    ) -> None:
         self.stream = stream or sys.stderr
-        self.quiet = quiet
-        self.live = self.stream.isatty() and not quiet
-        self.total = total
-        self.done = 0
-        self.current: dict[str, float] = {}  # running step -> start time
-        self.started = time.monotonic()
-        self._lock = threading.Lock()
-        self._paused = 0
-        self._held: list[str] = []  # event lines that arrived while paused
-        self._stop = threading.Event()
-        self._ticker: threading.Thread | None = None
-        if self.live:
-            self._ticker = threading.Thread(target=self._tick, daemon=True)
-            self._ticker.start()
+        self.silent = silent
+        self.clock = clock or (lambda: time.strftime("%H:%M:%S"))
+        self.board = Board(steps)
+        self.lock = threading.RLock()
 
     def __call__(self, event: dict[str, Any]) -> None:
-        name = event.get("event", "")
-        if name not in SHOWN or self.quiet:
+        if self.silent:
             return
-        step = event.get("step_id", "")
-        with self._lock:
-            if name == "run.started":
-                self.total = int(event.get("steps", self.total))
-            elif name == "step.started":
-                self.current[step] = time.monotonic()
-            elif name in ("step.succeeded", "step.failed", "step.skipped", "step.interrupted"):
-                self.current.pop(step, None)
-                self.done += 1
-            line = self._line(name, step, event)
-            if self._paused:
-                self._held.append(line)
-                return
-            self._clear()
-            self.stream.write(line + "\n")
-            self._status()
-            self.stream.flush()
+        with self.lock:
+            self.board.apply(event, time.monotonic())
+            if event.get("event") in SHOWN:
+                self.line(event, self.clock())
+
+    def loop_event(self, fields: dict[str, Any], event: object) -> None:
+        """A typed model-loop event: only the live view draws these."""
+        if self.silent:
+            return
+        with self.lock:
+            self.board.apply_loop(fields, event)
+
+    def line(self, event: dict[str, Any], clock: str) -> None:
+        self.stream.write(format_line(event, clock) + "\n")
+        self.stream.flush()
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """Leave the terminal alone while the block runs (a prompt is open)."""
-        with self._lock:
-            self._paused += 1
-            self._clear()
-            self.stream.flush()
-        try:
+        """Around a prompt: nothing is drawn meanwhile (plain mode draws only whole lines)."""
+        with self.lock:
             yield
-        finally:
-            with self._lock:
-                self._paused -= 1
-                if not self._paused:
-                    for line in self._held:
-                        self.stream.write(line + "\n")
-                    self._held.clear()
-                    self._status()
-                    self.stream.flush()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._ticker:
-            self._ticker.join(timeout=1)
-        with self._lock:
-            self._clear()
-            self.stream.flush()
-
-    def _line(self, name: str, step: str, event: dict[str, Any]) -> str:
-        clock = time.strftime("%H:%M:%S")
-        label = SHOWN[name]
-        if name == "step.started":
-            detail = f"{event.get('kind', '')}: {event.get('goal', '')}"
-            if int(event.get("attempt", 1)) > 1:
-                detail += f" (attempt {event['attempt']})"
-        elif name == "step.succeeded":
-            commit = event.get("commit") or ""
-            detail = f"commit {commit[:8]}" if commit else "no changes"
-            if event.get("summary"):
-                detail += f" · {event['summary']}"
-        elif name == "fix.cycle":
-            detail = f"tests red ({event.get('failing')}); fix cycle {event.get('cycle')}"
-        elif name == "run.started":
-            detail = f"{event.get('steps')} steps on {event.get('branch')}"
-        elif name == "run.finished":
-            detail = event.get("status", "") + (f": {event['error']}" if event.get("error") else "")
-        else:
-            detail = str(event.get("error") or event.get("reason") or event.get("message") or "")
-        colour = _colour(name)
-        styled = click.style(f"{label:<11}", fg=colour) if self.live and colour else f"{label:<11}"
-        return f"{clock}  {step:<10} {styled} {detail}".rstrip()
-
-    def _status(self) -> None:
-        if not self.live or not self.current:
-            return
-        now = time.monotonic()
-        running = ", ".join(f"{s} {now - t:.1f}s" for s, t in self.current.items())
-        self.stream.write(
-            f"  … {running} · {self.done}/{self.total} done · {now - self.started:.0f}s elapsed"
-        )
-
-    def _clear(self) -> None:
-        if self.live:
-            self.stream.write("\r\x1b[2K")
-
-    def _tick(self) -> None:
-        while not self._stop.wait(0.25):
-            with self._lock:
-                if self._paused:
-                    continue
-                self._clear()
-                self._status()
-                self.stream.flush()
+        pass
 
 
-def _colour(name: str) -> str | None:
-    return {
-        "step.succeeded": "green",
-        "step.failed": "red",
-        "step.errored": "red",
-        "step.skipped": "yellow",
-        "step.interrupted": "yellow",
-        "step.retry": "yellow",
-    }.get(name)
+def progress_for(
+    *,
+    silent: bool = False,
+    quiet: bool = False,
+    verbose: bool = False,
+    steps: Callable[[], Sequence[tuple[str, str, str]]] | None = None,
+    stream: IO[str] | None = None,
+) -> Progress:
+    """The live view when stderr is a terminal that can redraw (and not `quiet`), else plain
+    lines; nothing at all when `silent`. `steps` lists the DAG (id, kind, goal) for the live
+    view; it is only called when there is one."""
+    stream = stream or sys.stderr
+    if silent or quiet or not can_redraw(stream):
+        return Progress(stream, silent=silent)
+    from coder.cli.live import LiveProgress
+
+    return LiveProgress(stream, verbose=verbose, steps=steps() if steps else ())
+
+
+def can_redraw(stream: IO[str]) -> bool:
+    import os
+
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+    return tty and os.environ.get("TERM", "") not in ("", "dumb", "unknown")

@@ -66,6 +66,18 @@ def run_options(func: Any) -> Any:
                 help="Run commands without the kernel sandbox (for a machine that has none; "
                 "see `coder doctor`).",
             ),
+            click.option(
+                "-q",
+                "--quiet",
+                is_flag=True,
+                help="No live view: one plain line per event (as when stderr is not a terminal).",
+            ),
+            click.option(
+                "-v",
+                "--verbose",
+                is_flag=True,
+                help="Show the last lines of the model's streamed text in the live view.",
+            ),
         ]
     ):
         func = option(func)
@@ -102,6 +114,8 @@ def run(
     record: Path | None,
     replay: Path | None,
     no_sandbox: bool,
+    quiet: bool,
+    verbose: bool,
     as_json: bool,
 ) -> None:
     """Run a taskfile on its own branch, one commit per step.
@@ -135,27 +149,28 @@ def run(
 
     from coder.mcp.client import attach_configured
 
-    approve = None
-    if not autonomous:
-        if not (sys.stdin.isatty() and sys.stdout.isatty()):
-            raise InvalidInput(
-                "without --autonomous, coder asks before each step, which needs a "
-                "terminal; pass --autonomous to run every step without asking"
-            )
+    if not autonomous and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise InvalidInput(
+            "without --autonomous, coder asks before each step, which needs a "
+            "terminal; pass --autonomous to run every step without asking"
+        )
     ask_trust(as_json)
-    progress = _progress(as_json)
-    if not autonomous:
+    progress = _progress(as_json, quiet, verbose, steps=lambda: dag_steps(path=path))
 
-        def approve(step: Any, run_ctx: Any) -> str:
-            with progress.paused():  # the live line must not redraw over the prompt
-                return approval_prompt(step, run_ctx)
+    def approve(step: Any, run: Any) -> str:
+        with progress.paused():  # never draw over the question
+            return approval_prompt(step, run)
 
     try:
         result = runs.start(
             path,
             cwd=cwd(),
             console=progress,
-            options=replace(options, approve=approve, attach_tools=attach_configured),
+            options=replace(
+                options,
+                approve=None if autonomous else approve,
+                attach_tools=attach_configured,
+            ),
         )
     finally:
         progress.close()
@@ -174,6 +189,8 @@ def resume(
     record: Path | None,
     replay: Path | None,
     no_sandbox: bool,
+    quiet: bool,
+    verbose: bool,
     as_json: bool,
 ) -> None:
     """Continue a run that crashed, was killed or was stopped.
@@ -185,7 +202,7 @@ def resume(
     from coder.run import runs
 
     ask_trust(as_json)
-    progress = _progress(as_json)
+    progress = _progress(as_json, quiet, verbose, steps=lambda: dag_steps(task_id=task_id))
     try:
         result = runs.resume(
             task_id,
@@ -360,10 +377,31 @@ def render_dry_run(plan: Any) -> str:
     return "\n".join(lines)
 
 
-def _progress(as_json: bool) -> Any:
-    from coder.cli.progress import Progress
+def _progress(as_json: bool, quiet: bool = False, verbose: bool = False, steps: Any = None) -> Any:
+    """The run's progress on stderr: live on a terminal, plain lines otherwise, none under
+    --json (stdout is then one JSON document and stderr stays quiet)."""
+    from coder.cli.progress import progress_for
 
-    return Progress(quiet=as_json)
+    return progress_for(silent=as_json, quiet=quiet, verbose=verbose, steps=steps)
+
+
+def dag_steps(*, path: Path | None = None, task_id: str | None = None) -> list[tuple[str, ...]]:
+    """(id, kind, goal) of each step of a taskfile or a run, for the live view; nothing when
+    they cannot be read (the run itself then reports why)."""
+    from coder import taskfile
+    from coder.errors import CoderError
+
+    try:
+        if path is not None:
+            task = taskfile.load(path)
+        else:
+            from coder.run import history
+
+            assert task_id is not None
+            task = taskfile.from_dict(history.open_run(cwd(), task_id).manifest["task"])
+    except CoderError:
+        return []
+    return [(s.id, s.kind, s.goal) for s in task.steps]
 
 
 def _merge_on_success(result: Any, as_json: bool) -> tuple[dict[str, Any], str, int] | None:
