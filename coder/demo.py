@@ -66,13 +66,20 @@ def prepare(target: Path | None) -> Path:
 
 
 def run(
-    *, target: Path | None = None, live: bool = False, console: Any = None, notify: Any = None
+    *,
+    target: Path | None = None,
+    live: bool = False,
+    console: Any = None,
+    notify: Any = None,
+    loop_events: Any = None,
 ) -> DemoResult:
+    """The demo run, then its merge. `console` and `loop_events` are the run's progress
+    (`RunOptions.live`)."""
     from coder.run import merge, runs
 
     demo = assets()
     repo_dir = prepare(target)
-    options = runs.RunOptions(replay=None if live else demo.recording)
+    options = runs.RunOptions(replay=None if live else demo.recording, live=loop_events)
     result = runs.start(demo.taskfile, cwd=repo_dir, options=options, console=console)
     landed = None
     if result.status == "success":

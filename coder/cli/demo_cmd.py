@@ -47,6 +47,7 @@ def demo(keep: Path | None, live: bool, as_json: bool) -> None:
             target=keep,
             live=live,
             console=progress,
+            loop_events=progress.loop_event,
             notify=None if as_json else lambda line: click.echo(f"  {line}", err=True),
         )
     finally:

@@ -85,7 +85,8 @@ class LiveProgress(Progress):
         self.console.print(styled, overflow="fold")
 
     def loop_event(self, fields: dict[str, Any], event: object) -> None:
-        super().loop_event(fields, event)  # drawn at the next tick: text streams in fast
+        with self.lock:  # drawn at the next tick: text streams in fast
+            self.board.apply_loop(fields, event)
 
     @contextmanager
     def paused(self) -> Iterator[None]:

@@ -154,7 +154,9 @@ def _run(result: Any, model: str | None, as_json: bool) -> None:
             result.path,
             cwd=cwd(),
             console=progress,
-            options=runs.RunOptions(model=model, attach_tools=attach_configured),
+            options=runs.RunOptions(
+                model=model, attach_tools=attach_configured, live=progress.loop_event
+            ),
         )
     finally:
         progress.close()

@@ -106,6 +106,7 @@ class StepActivity:
     tokens_per_s: float = 0.0
     text: str = ""  # the tail of the model's streamed text
     testing: bool = False  # a test step's tests are running (not its model)
+    typed: bool = False  # the model loop's typed events arrive for this step
 
     def reset(self, now: float, attempt: int) -> None:
         self.status, self.attempt, self.started, self.ended = "running", attempt, now, None
@@ -128,7 +129,7 @@ class StepActivity:
             parts.append(f"{self.tokens + self.streaming:,} tokens")
         if self.tokens_per_s:
             parts.append(f"{self.tokens_per_s:.1f} tok/s")
-        parts.append(clock_of(now - (self.started or now)))
+        parts.append(clock_of(now - (now if self.started is None else self.started)))
         return " · ".join(parts)
 
 
@@ -179,34 +180,37 @@ class Board:
             step.tokens += int(usage.get("prompt_tokens", 0)) + int(usage.get("eval_tokens", 0))
             step.streaming = 0
             step.tokens_per_s = float(usage.get("tokens_per_s") or step.tokens_per_s)
-            step.queued = [str(c) for c in event.get("calls") or []]
-            step.tool = step.queued.pop(0) if step.queued else ""
-            if step.kind == "test" and "step_complete" in step.queued + [step.tool]:
+            calls = [str(c) for c in event.get("calls") or []]
+            if step.kind == "test" and "step_complete" in calls:
                 step.testing, step.tool, step.queued = True, "", []  # the fix done: tests rerun
-        elif name == "tool.called":  # a tool returned: the next one runs, or the model again
+            elif not step.typed:  # without typed events: the calls run in order
+                step.queued = calls
+                step.tool = step.queued.pop(0) if step.queued else ""
+        elif name == "tool.called" and not step.typed:  # the next call runs, or the model
             step.tool = step.queued.pop(0) if step.queued else ""
 
     def apply_loop(self, fields: dict[str, Any], event: object) -> None:
-        """A typed event of the model loop (`coder.agent.events`), with the step's log fields.
-        Read by attribute, so the board also takes events it does not know of (and skips
-        what it cannot use)."""
+        """A typed event of the model loop (`coder.agent.events`), with the step's log fields
+        (`step_id`, and `fix_cycle` in a test step's fix). Once a step has them, they say
+        which tool runs (with its target), not the logged turn's list of calls."""
+        from coder.agent import events as ev
+
         sid = fields.get("step_id")
         if not sid:
             return
         step = self.step(str(sid))
-        kind = type(event).__name__
-        if "fix_cycle" in fields and fields["fix_cycle"] is not None:
-            step.cycle = int(fields["fix_cycle"])
-        if kind == "TurnStarted":
-            step.turn, step.tool, step.streaming = int(getattr(event, "turn", step.turn)), "", 0
-        elif kind == "ModelText":
-            step.streaming = int(getattr(event, "tokens", 0))
-            step.tokens_per_s = float(getattr(event, "tokens_per_s", 0.0)) or step.tokens_per_s
-            step.text = (step.text + str(getattr(event, "text", "")))[-TEXT_TAIL:]
-        elif kind == "ToolStarted":
-            label = getattr(event, "label", None)
-            step.tool = str(label if label is not None else getattr(event, "name", ""))
-        elif kind == "ToolFinished":
+        step.typed = True
+        if fields.get("fix_cycle") is not None:
+            step.cycle, step.testing = int(fields["fix_cycle"]), False
+        if isinstance(event, ev.TurnStarted):
+            step.turn, step.tool, step.streaming = event.turn, "", 0
+        elif isinstance(event, ev.ModelText):
+            step.streaming = event.tokens
+            step.tokens_per_s = event.tokens_per_s or step.tokens_per_s
+            step.text = (step.text + event.text)[-TEXT_TAIL:]
+        elif isinstance(event, ev.ToolStarted):
+            step.tool = event.label
+        elif isinstance(event, (ev.ToolFinished, ev.LoopFinished)):
             step.tool = ""
 
 
@@ -249,10 +253,6 @@ class Progress:
 
     def loop_event(self, fields: dict[str, Any], event: object) -> None:
         """A typed model-loop event: only the live view draws these."""
-        if self.silent:
-            return
-        with self.lock:
-            self.board.apply_loop(fields, event)
 
     def line(self, event: dict[str, Any], clock: str) -> None:
         self.stream.write(format_line(event, clock) + "\n")

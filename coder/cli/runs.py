@@ -170,6 +170,7 @@ def run(
                 options,
                 approve=None if autonomous else approve,
                 attach_tools=attach_configured,
+                live=progress.loop_event,
             ),
         )
     finally:
@@ -216,6 +217,7 @@ def resume(
                 replay,
                 attach_tools=attach_configured,
                 sandbox="off" if no_sandbox else None,
+                live=progress.loop_event,
             ),
         )
     finally:

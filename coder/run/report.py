@@ -15,6 +15,7 @@ from typing import Any
 
 from coder import diagram
 from coder.git import ops as gitops
+from coder.models.provider import cache_share
 from coder.run import events
 from coder.run.history import RunView
 
@@ -62,9 +63,7 @@ class StepReport:
     def cache_share(self) -> float | None:
         """The share of prompt tokens the server served from its cache; None when no call's
         server reported it (Ollama does not): never estimated."""
-        if not self.usage.get("cache_reports") or not self.usage.get("prompt_tokens"):
-            return None
-        return float(self.usage.get("cached_tokens", 0)) / float(self.usage["prompt_tokens"])
+        return cache_share(self.usage) if self.usage else None
 
 
 @dataclass(frozen=True)
@@ -226,6 +225,7 @@ def totals(report: RunReport) -> dict[str, Any]:
         "tokens": sum(s.tokens for s in report.steps),
         "model_calls": int(usage.get("calls", 0)),
         "fix_cycles": sum(len(s.fix_cycles) for s in report.steps),
+        "cache_share": cache_share(usage) if usage else None,
         "duration_s": round(sum(s.duration_s or 0 for s in report.steps), 3),
     }
 
@@ -282,7 +282,7 @@ def markdown(report: RunReport) -> str:
         f"{_count(t['fix_cycles'], 'fix cycle')}) |",
         f"| changes | {_count(t['files'], 'file')}, +{t['added']} −{t['removed']} |",
         f"| model | {_inline(report.model or '-')}: {t['tokens']:,} tokens in "
-        f"{_count(t['model_calls'], 'call')} |",
+        f"{_count(t['model_calls'], 'call')}, cache reuse {_share(t['cache_share'])} |",
         f"| time | {t['duration_s']:.1f} s in steps |",
     ]
     merge = report.merge or {}
@@ -404,10 +404,11 @@ def _tests_cell(s: StepReport) -> str:
 
 
 def _cache_cell(s: StepReport) -> str:
-    share = s.cache_share
-    if share is None:
-        return NOT_REPORTED if s.usage else "—"
-    return f"{share:.0%}"
+    return _share(s.cache_share) if s.usage else "—"
+
+
+def _share(share: float | None) -> str:
+    return NOT_REPORTED if share is None else f"{share:.0%}"
 
 
 def _anchor(s: StepReport) -> str:

@@ -112,22 +112,29 @@ def test_live_view_shows_the_steps_and_the_tool_in_progress(make_repo) -> None:
     repo = make_repo()
     with FakeOllama() as fake:
         fake.enqueue(
-            call("shell_run", cmd="sleep 2 && echo hi > hi.txt"),
+            Reply(
+                content="First I write hi.txt, slowly.",
+                tool_calls=call("shell_run", cmd="sleep 2 && echo hi > hi.txt").tool_calls,
+            ),
             Reply(content="", tool_calls=done("wrote hi.txt", "hi.txt").tool_calls, delay_s=1),
         )
         term = Terminal(
-            ["run", "--autonomous", "-f", str(taskfile(repo, SLOW_TOOL))],
+            ["run", "--autonomous", "-v", "-f", str(taskfile(repo, SLOW_TOOL))],
             repo,
             env={"OLLAMA_HOST": fake.url},
         )
-        # while the tool runs, the region redraws: the running step, its turn and tool,
-        # tokens and tokens/s of the call that asked for it, and the steps around it
-        tool = term.expect(r"● work +custom +turn 1 · shell_run · ([\d,]+) tokens · 50\.0 tok/s")
+        # while the tool runs, the region redraws: the running step, its turn and the tool
+        # call with its target, tokens and tokens/s so far, and the steps around it; with -v
+        # the model's streamed text under it
+        tool = term.expect(
+            r"● work +custom +turn 1 · shell_run sleep 2 && echo hi > hi.txt · ([\d,]+) "
+            r"tokens · [\d.]+ tok/s · 0:0\d\s+First I write hi.txt, slowly."
+        )
         assert int(tool.group(1).replace(",", "")) > 0
         term.expect(r"✔ prep +shell +success")
         term.expect(r"1/2 steps done · \d+:\d\d elapsed")
         # the model's second call is slow: its turn is shown while it thinks
-        term.expect(r"● work +custom +turn 1 · waiting for the model")
+        term.expect(r"● work +custom +turn 2 · waiting for the model")
         assert term.finish() == 0
     screen = plain(term.output)
     assert ERASE in term.output  # it did redraw
@@ -304,3 +311,36 @@ def test_the_board_follows_the_logged_events() -> None:
         84.0,
     )
     assert board.steps["s2"].doing(84.0) == "fix cycle 2 · running the tests · 0:04"
+
+
+def test_the_board_follows_the_model_loops_typed_events() -> None:
+    from coder.agent import events as ev
+    from coder.models.provider import Usage
+
+    board = Board([("s1", "test", "Test")])
+    board.apply({"event": "step.started", "step_id": "s1", "kind": "test", "attempt": 1}, 0.0)
+    board.apply({"event": "fix.cycle", "step_id": "s1", "cycle": 1}, 1.0)
+    fields = {"task_id": "t", "step_id": "s1", "fix_cycle": 1}
+    board.apply_loop(fields, ev.TurnStarted(1, 900, 0.0))
+    board.apply_loop(fields, ev.ModelText(1, "Reading ", 8, 2, 0.5, 4.0))
+    board.apply_loop(fields, ev.ModelText(1, "calc.py", 15, 4, 1.0, 4.0))
+    s1 = board.steps["s1"]
+    assert (
+        s1.doing(3.0)
+        == "fix cycle 1 · turn 1 · waiting for the model · 4 tokens · 4.0 tok/s · 0:03"
+    )
+    assert s1.text == "Reading calc.py"
+    usage = {"prompt_tokens": 900, "eval_tokens": 10, "tokens_per_s": 10.0}
+    board.apply(
+        {"event": "model.turn", "step_id": "s1", "turn": 1, "calls": ["fs_edit"], "usage": usage},
+        3.0,
+    )
+    board.apply_loop(fields, ev.ToolStarted(1, "fs_edit", "calc.py"))
+    assert (
+        s1.doing(4.0) == "fix cycle 1 · turn 1 · fs_edit calc.py · 910 tokens · 10.0 tok/s · 0:04"
+    )
+    board.apply({"event": "tool.called", "step_id": "s1", "tool": "fs_edit"}, 4.5)
+    assert s1.tool == "fs_edit calc.py"  # the typed events say when it ends
+    board.apply_loop(fields, ev.ToolFinished(1, "fs_edit", 0.5))
+    board.apply_loop(fields, ev.LoopFinished(2, True, "fixed", Usage()))
+    assert s1.tool == ""

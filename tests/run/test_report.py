@@ -110,7 +110,10 @@ def test_report_of_the_demo_has_every_section_and_shows_figures(demo: Path) -> N
     usage = [s["usage"] for s in state["steps"].values()]
     tokens = sum(u["prompt_tokens"] + u["eval_tokens"] for u in usage)
     calls = sum(u["calls"] for u in usage)
-    assert f"| model | qwen2.5-coder:7b: {tokens:,} tokens in {calls} calls |" in md
+    assert (
+        f"| model | qwen2.5-coder:7b: {tokens:,} tokens in {calls} calls, cache reuse not reported |"
+        in md
+    )
     files = numstat(demo, state["base_commit"], state["branch"])
     changes = table_rows(md, "| file | | + | − |")  # the first such table is s2's
     assert len(changes) == 2
@@ -219,3 +222,37 @@ def test_merge_report_puts_the_summary_in_the_squash_body(repo: Path) -> None:
     assert "Run two: success; 2 commits, 2 files +3 -0," in body
     assert f"- a: run `echo x > a.txt && echo y >> a.txt`\n  success, {a}, 1 file +2 -0\n" in body
     assert body.rstrip().endswith("Coder-Task: two\nCoder-Merge: squash")
+
+
+def test_cache_reuse_is_what_the_server_reported(make_repo, isolated_home: Path) -> None:
+    """Against an OpenAI-compatible server that reports its prefix cache (the fake, through
+    the real `openai` SDK), the report's cache reuse is the server's figure, as show's."""
+    from tests.fake_openai import MODEL, FakeOpenAI
+    from tests.helpers import call, done
+
+    repo = make_repo()
+    with FakeOpenAI() as server:
+        config = isolated_home / ".config" / "coder" / "config.json"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(
+            json.dumps({"provider": "openai", "base_url": server.url, "model": MODEL})
+        )
+        server.enqueue(call("fs_write", path="y.txt", content="y\n"), done("wrote y", "y.txt"))
+        path = taskfile(repo, "id: cached\ntitle: t\ngraph:\n  - {kind: edit, goal: write y}\n")
+        code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+        assert code == 0, out + err
+        cached = sum(server.cached)
+    usage = show_json(repo, "cached")["steps"]["s1"]["usage"]
+    assert usage["cache_reports"] == 2 and usage["cached_tokens"] == cached > 0
+    share = usage["cached_tokens"] / usage["prompt_tokens"]
+    code, md, _ = coder(repo, "report", "-t", "cached")
+    [row] = table_rows(
+        md,
+        "| step | kind | outcome | commit | files | tests (before → after) | fix cycles "
+        "| tokens | time | cache reuse |",
+    )
+    assert row[9] == f"{share:.0%}"
+    assert f"cache reuse {share:.0%} |" in md
+    report = json.loads(coder(repo, "report", "-t", "cached", "--format", "json")[1])
+    assert report["steps"][0]["cache_share"] == pytest.approx(share)
+    assert report["totals"]["cache_share"] == pytest.approx(share)
