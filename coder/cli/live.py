@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import IO, Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
 from coder.cli.progress import (
     COLOURS,
     LABEL_STATUS,
+    Activity,
     Progress,
     StepActivity,
     clock_of,
@@ -45,18 +47,14 @@ TICK = 0.25  # seconds between redraws
 TEXT_LINES = 3  # streamed text shown per running step with -v
 
 
-class LiveProgress(Progress):
-    live = True
+class LiveRegion:
+    """A region under the scrolling lines that redraws (`render()`, TICK times a second),
+    always under `lock`; lines printed while it is `paused` wait until it resumes."""
 
     def __init__(
-        self,
-        stream: IO[str],
-        *,
-        verbose: bool = False,
-        steps: Sequence[tuple[str, str, str]] = (),
+        self, stream: IO[str], lock: threading.RLock, render: Callable[[], RenderableType]
     ) -> None:
-        super().__init__(stream, steps=steps)
-        self.verbose = verbose
+        self.lock, self.render = lock, render
         self.console = Console(file=stream, highlight=False, soft_wrap=False)
         self._live = Live(
             console=self.console,
@@ -66,27 +64,26 @@ class LiveProgress(Progress):
             redirect_stderr=True,
         )
         self._paused = False
-        self._held: list[Text] = []  # lines that arrived while paused
+        self._held: list[Text] = []
         self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, name="coder-live", daemon=True)
+
+    def start(self) -> None:
         with self.lock:
             self._live.start()
-            self._redraw()
-        self._ticker = threading.Thread(target=self._tick, name="coder-live", daemon=True)
+            self.redraw()
         self._ticker.start()
 
-    # --- Progress ---------------------------------------------------------------------------
-
-    def line(self, event: dict[str, Any], clock: str) -> None:
-        styled = _styled(event, clock)
+    def print(self, text: Text) -> None:
+        """A line above the region (the caller holds the lock)."""
         if self._paused:
-            self._held.append(styled)
+            self._held.append(text)
             return
-        self._live.update(self._render())  # the region below the line shows the event too
-        self.console.print(styled, overflow="fold")
+        self._live.update(self.render())  # the region below the line shows its news too
+        self.console.print(text, overflow="fold")
 
-    def loop_event(self, fields: dict[str, Any], event: object) -> None:
-        with self.lock:  # drawn at the next tick: text streams in fast
-            self.board.apply_loop(fields, event)
+    def redraw(self) -> None:
+        self._live.update(self.render(), refresh=True)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -103,24 +100,51 @@ class LiveProgress(Progress):
                 self._held.clear()
                 if not self._stop.is_set():
                     self._live.start()
-                    self._redraw()
+                    self.redraw()
 
     def close(self) -> None:
         self._stop.set()
-        self._ticker.join(timeout=1)
+        if self._ticker.is_alive():
+            self._ticker.join(timeout=1)
         with self.lock:
             self._live.stop()
-
-    # --- drawing ----------------------------------------------------------------------------
 
     def _tick(self) -> None:
         while not self._stop.wait(TICK):
             with self.lock:
                 if not self._paused:
-                    self._redraw()
+                    self.redraw()
 
-    def _redraw(self) -> None:
-        self._live.update(self._render(), refresh=True)
+
+class LiveProgress(Progress):
+    """A run's progress: the DAG's steps and what the running ones do."""
+
+    live = True
+
+    def __init__(
+        self,
+        stream: IO[str],
+        *,
+        verbose: bool = False,
+        steps: Sequence[tuple[str, str, str]] = (),
+    ) -> None:
+        super().__init__(stream, steps=steps)
+        self.verbose = verbose
+        self.region = LiveRegion(stream, self.lock, self._render)
+        self.region.start()
+
+    def line(self, event: dict[str, Any], clock: str) -> None:
+        self.region.print(_styled(event, clock))
+
+    def loop_event(self, fields: dict[str, Any], event: object) -> None:
+        with self.lock:  # drawn at the next tick: text streams in fast
+            self.board.apply_loop(fields, event)
+
+    def paused(self) -> AbstractContextManager[None]:
+        return self.region.paused()
+
+    def close(self) -> None:
+        self.region.close()
 
     def _render(self) -> RenderableType:
         board, now = self.board, time.monotonic()
@@ -128,7 +152,7 @@ class LiveProgress(Progress):
         for _ in range(4):
             rows.add_column(no_wrap=True)
         rows.columns[3].overflow = "ellipsis"
-        shown, hidden = _visible(list(board.steps.values()), self.console.height)
+        shown, hidden = _visible(list(board.steps.values()), self.region.console.height)
         for step in shown:
             colour = COLOURS.get(step.status, "bright_black")
             doing = step.doing(now) if step.status == "running" else _ended(step)
@@ -190,3 +214,40 @@ def _visible(steps: list[StepActivity], height: int) -> tuple[list[StepActivity]
 def _tail(text: str, lines: int) -> list[str]:
     kept = [line.rstrip() for line in text.splitlines() if line.strip()]
     return kept[-lines:]
+
+
+class LiveActivity(Activity):
+    """One long task (a plan, a merge's tests): its notes scroll, a status line redraws under
+    them with a spinner and the time the current stage has taken."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__(stream)
+        self._since = time.monotonic()
+        self.region = LiveRegion(stream, self.lock, self._render)
+        self.region.start()
+
+    def note(self, message: str) -> None:
+        with self.lock:
+            self.region.print(Text(message))
+
+    def status(self, text: str, *, restart: bool = False) -> None:
+        with self.lock:
+            if restart or not self._status:
+                self._since = time.monotonic()
+            self._status = text
+
+    def paused(self) -> AbstractContextManager[None]:
+        return self.region.paused()
+
+    def close(self) -> None:
+        self.region.close()
+
+    def _render(self) -> RenderableType:
+        if not self._status:
+            return Text("")
+        line = Table.grid(padding=(0, 1))
+        line.add_row(
+            Spinner("dots", style="cyan"),
+            Text(f"{self._status} · {clock_of(time.monotonic() - self._since)}", style="cyan"),
+        )
+        return line

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -42,8 +44,13 @@ Examples:
     help="Put the run's report (per step: outcome, commit, files, tests, fix cycles, tokens) "
     "in the merge commit's body, as plain lines.",
 )
+@click.option(
+    "-q", "--quiet", is_flag=True, help="No live status line: plain lines (as in a pipe)."
+)
 @json_option
-def merge(task_id: str, if_green: bool, mode: str, report: bool, as_json: bool) -> None:
+def merge(
+    task_id: str, if_green: bool, mode: str, report: bool, quiet: bool, as_json: bool
+) -> None:
     """Land a successful run on its base branch and tag it coder/ID.
 
     If the base branch is checked out, its files follow; your uncommitted edits to other files
@@ -51,14 +58,32 @@ def merge(task_id: str, if_green: bool, mode: str, report: bool, as_json: bool) 
     """
     from coder.run import merge as merge_service
 
-    notify = None if as_json else (lambda message: click.echo(message, err=True))
-    result = merge_service.merge_run(
-        task_id, cwd=cwd(), mode=mode, if_green=if_green, notify=notify, report=report
-    )
+    with merge_activity(silent=as_json, quiet=quiet) as notify:
+        result = merge_service.merge_run(
+            task_id, cwd=cwd(), mode=mode, if_green=if_green, notify=notify, report=report
+        )
     if as_json:
         emit_json(result.to_dict())
     else:
         click.echo(describe(result))
+
+
+@contextmanager
+def merge_activity(*, silent: bool, quiet: bool = False) -> Iterator[Callable[[str], None]]:
+    """What a merge tells the user, as lines; on a terminal the latest (the tests that run on
+    the merge result, with `--if-green`) stays on a live status line with its elapsed time."""
+    from coder.cli.progress import activity_for
+
+    activity = activity_for(silent=silent, quiet=quiet)
+
+    def notify(message: str) -> None:
+        activity.note(message)
+        activity.status(message.strip(), restart=True)
+
+    try:
+        yield notify
+    finally:
+        activity.close()
 
 
 def describe(result: Any) -> str:

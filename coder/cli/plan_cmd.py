@@ -45,6 +45,9 @@ plan_attempts tries (the last draft is kept as tasks/ID.draft.yaml) or the run f
     help="Run the plan right away, as `coder run --autonomous -f FILE` does.",
 )
 @click.option("--model", help="Ollama model (overrides config and CODER_MODEL).")
+@click.option(
+    "-q", "--quiet", is_flag=True, help="No live status line: plain lines (as in a pipe)."
+)
 @json_option
 def plan(
     prompt: str | None,
@@ -54,6 +57,7 @@ def plan(
     dry_run: bool,
     run_after: bool,
     model: str | None,
+    quiet: bool,
     as_json: bool,
 ) -> None:
     """Turn a spec or a prompt into a validated taskfile in tasks/.
@@ -62,6 +66,7 @@ def plan(
     `coder validate` does (plus allowed commands and paths inside the repository) and sent
     back with its problems until it is valid, up to `plan_attempts` times.
     """
+    from coder.cli.progress import activity_for
     from coder.errors import PlanFailed
     from coder.plan import service as planner
 
@@ -70,11 +75,16 @@ def plan(
     here = cwd()
     spec = planner.read_spec(prompt, spec_file, here)
     options = planner.PlanOptions(model=model, out=out, dry_run=dry_run, force=force)
-    say = (lambda message: None) if as_json else (lambda message: click.echo(message, err=True))
+    activity = activity_for(silent=as_json, quiet=quiet)
     try:
-        result = planner.plan(spec, cwd=here, options=options, notify=say)
+        result = planner.plan(
+            spec, cwd=here, options=options, notify=activity.note, watch=watcher(activity)
+        )
     except PlanFailed as exc:
+        activity.close()
         _failed(exc, as_json)
+    finally:
+        activity.close()
     if run_after:
         assert result.path is not None
         _run(result, model, as_json)
@@ -87,6 +97,24 @@ def plan(
         assert result.path is not None
         click.echo(_summary(result, here))
         click.echo(f"Next: coder run --autonomous -f {planner.shown(result.path, here)}")
+
+
+def watcher(activity: Any) -> Any:
+    """The drafts' progress on the status line; the problems a draft goes back with, listed."""
+    from coder.plan import service as planner
+
+    def watch(event: planner.PlanEvent) -> None:
+        draft = f"draft {event.attempt} of {event.attempts}"
+        if isinstance(event, planner.Drafting):
+            activity.status(f"{draft}: waiting for the model", restart=True)
+        elif isinstance(event, planner.DraftStreaming):
+            rate = event.tokens / event.elapsed_s if event.elapsed_s > 0 else 0.0
+            activity.status(f"{draft}: {event.tokens:,} tokens · {rate:.1f} tok/s")
+        elif event.attempt < event.attempts:  # rejected, sent back (the last: see _failed)
+            for problem in event.problems:
+                activity.note(f"  {problem}")
+
+    return watch
 
 
 def _summary(result: Any, cwd: Path) -> str:

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -214,6 +214,12 @@ class Board:
             step.tool = ""
 
 
+@contextmanager
+def holding(lock: threading.RLock) -> Iterator[None]:
+    with lock:
+        yield
+
+
 def clock_of(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
@@ -258,11 +264,9 @@ class Progress:
         self.stream.write(format_line(event, clock) + "\n")
         self.stream.flush()
 
-    @contextmanager
-    def paused(self) -> Iterator[None]:
+    def paused(self) -> AbstractContextManager[None]:
         """Around a prompt: nothing is drawn meanwhile (plain mode draws only whole lines)."""
-        with self.lock:
-            yield
+        return holding(self.lock)
 
     def close(self) -> None:
         pass
@@ -295,3 +299,44 @@ def can_redraw(stream: IO[str]) -> bool:
     except (AttributeError, ValueError):
         return False
     return tty and os.environ.get("TERM", "") not in ("", "dumb", "unknown")
+
+
+class Activity:
+    """Progress of one long task that is not a run (`coder plan`, `coder merge --if-green`):
+    its notes as plain lines; on a terminal (`coder.cli.live.LiveActivity`) a status line
+    redraws under them. `silent` (under --json) prints nothing."""
+
+    def __init__(self, stream: IO[str] | None = None, *, silent: bool = False) -> None:
+        self.stream = stream or sys.stderr
+        self.silent = silent
+        self.lock = threading.RLock()
+        self._status = ""
+
+    def note(self, message: str) -> None:
+        if not self.silent:
+            with self.lock:
+                self.stream.write(message + "\n")
+                self.stream.flush()
+
+    def status(self, text: str, *, restart: bool = False) -> None:
+        """What is going on now (`restart`: a new stage, its clock starts again). Only the
+        live status line shows it."""
+        self._status = text
+
+    def paused(self) -> AbstractContextManager[None]:
+        return holding(self.lock)
+
+    def close(self) -> None:
+        pass
+
+
+def activity_for(
+    *, silent: bool = False, quiet: bool = False, stream: IO[str] | None = None
+) -> Activity:
+    """A live status line when stderr can redraw (and not `quiet`), else plain notes."""
+    stream = stream or sys.stderr
+    if silent or quiet or not can_redraw(stream):
+        return Activity(stream, silent=silent)
+    from coder.cli.live import LiveActivity
+
+    return LiveActivity(stream)

@@ -175,7 +175,9 @@ def run(
         )
     finally:
         progress.close()
-    _finish(result, as_json, _merge_on_success(result, as_json) if merge_on_success else None)
+    _finish(
+        result, as_json, _merge_on_success(result, as_json, quiet) if merge_on_success else None
+    )
 
 
 @click.command(epilog="\b\nExample:\n  coder resume -t T-20261122-101500-ab12")
@@ -406,21 +408,19 @@ def dag_steps(*, path: Path | None = None, task_id: str | None = None) -> list[t
     return [(s.id, s.kind, s.goal) for s in task.steps]
 
 
-def _merge_on_success(result: Any, as_json: bool) -> tuple[dict[str, Any], str, int] | None:
+def _merge_on_success(
+    result: Any, as_json: bool, quiet: bool = False
+) -> tuple[dict[str, Any], str, int] | None:
     """`run --merge-on-success`: (JSON, text, exit code) of merging a green run; None if red."""
-    from coder.cli.merge_cmd import describe
+    from coder.cli.merge_cmd import describe, merge_activity
     from coder.errors import CoderError
     from coder.run import merge
 
     if result.status != "success":
         return None
     try:
-        landed = merge.merge_run(
-            result.task_id,
-            cwd=cwd(),
-            if_green=True,
-            notify=None if as_json else lambda m: click.echo(m, err=True),
-        )
+        with merge_activity(silent=as_json, quiet=quiet) as notify:
+            landed = merge.merge_run(result.task_id, cwd=cwd(), if_green=True, notify=notify)
     except CoderError as exc:
         text = f"Not merged: {exc.message}" + (f"\n  hint: {exc.hint}" if exc.hint else "")
         return (

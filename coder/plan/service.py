@@ -41,6 +41,37 @@ if TYPE_CHECKING:
 
 Notify = Callable[[str], None]
 
+
+@dataclass(frozen=True)
+class Drafting:
+    """The model is asked for draft `attempt` of at most `attempts`."""
+
+    attempt: int
+    attempts: int
+
+
+@dataclass(frozen=True)
+class DraftStreaming:
+    """Draft `attempt` streams in: its size so far, estimated in tokens."""
+
+    attempt: int
+    attempts: int
+    tokens: int
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class DraftRejected:
+    """Draft `attempt` has problems; unless it was the last, they go back to the model."""
+
+    attempt: int
+    attempts: int
+    problems: tuple[Problem, ...]
+
+
+PlanEvent = Drafting | DraftStreaming | DraftRejected
+Watch = Callable[[PlanEvent], None]
+
 TASKS_DIR = "tasks"
 MAX_TREE_ENTRIES = 300  # files listed in the prompt; the rest summarised per directory
 MAX_README_CHARS = 2000
@@ -785,10 +816,16 @@ def write_text(path: Path, text: str) -> None:
 
 
 def plan(
-    spec: Spec, *, cwd: Path, options: PlanOptions, notify: Notify | None = None
+    spec: Spec,
+    *,
+    cwd: Path,
+    options: PlanOptions,
+    notify: Notify | None = None,
+    watch: Watch | None = None,
 ) -> PlanResult:
     """Ask the model for a taskfile until it is valid (or the attempts run out), then write it
-    (unless a dry run). Raises BadSpec (2), ModelUnavailable (3), ModelError or PlanFailed (1)."""
+    (unless a dry run). Raises BadSpec (2), ModelUnavailable (3), ModelError or PlanFailed (1).
+    `notify` gets what to tell the user; `watch` the drafts' progress (`PlanEvent`)."""
     from coder.policy.commands import Policy
 
     say = notify or (lambda message: None)
@@ -803,7 +840,7 @@ def plan(
         )
     ctx = gather_context(repo, root, cfg)
     policy = Policy.from_config(cfg.values)
-    planner = _Planner(spec, cwd, options, cfg, ctx, policy, out, say)
+    planner = _Planner(spec, cwd, options, cfg, ctx, policy, out, say, watch or (lambda _e: None))
     from coder.models.factory import open_models
 
     models = open_models(cfg)
@@ -823,6 +860,9 @@ class _Planner:
     policy: Policy
     out: Path | None
     say: Notify
+    watch: Watch
+    _draft: tuple[int, int, float] = (0, 0, 0.0)  # attempt, attempts, when it was asked for
+    _chars: int = 0
 
     def run(self, models: Models) -> PlanResult:
         from coder.models.provider import Usage
@@ -852,6 +892,8 @@ class _Planner:
                     {"role": "user", "content": self._repair(last)},
                 ]
             )
+            self._draft, self._chars = (attempt, attempts, time.monotonic()), 0
+            self.watch(Drafting(attempt, attempts))
             result = provider.chat(messages, format=schema, on_event=self._on_event)
             usage = usage + result.usage
             last = self._evaluate(result.content, result.done_reason, fallback_id)
@@ -862,6 +904,7 @@ class _Planner:
                     f"attempt {attempt}/{attempts}: {len(last.problems)} problem"
                     f"{'s' * (len(last.problems) != 1)}; asking the model to fix them"
                 )
+            self.watch(DraftRejected(attempt, attempts, tuple(last.problems)))
         assert last is not None
         kept = None
         if not self.options.dry_run:
@@ -886,10 +929,16 @@ class _Planner:
             )
 
     def _on_event(self, event: ChatEvent) -> None:
-        from coder.models.provider import Retrying
+        from coder.models.provider import Retrying, TextDelta
 
         if isinstance(event, Retrying):
+            self._chars = 0  # the text so far is void
             self.say(f"model call failed ({event.reason}); retrying in {event.delay_s:.1f}s")
+        elif isinstance(event, TextDelta):
+            self._chars += len(event.text)
+            attempt, attempts, asked = self._draft
+            tokens = math.ceil(self._chars / CHARS_PER_TOKEN)
+            self.watch(DraftStreaming(attempt, attempts, tokens, time.monotonic() - asked))
 
     def _evaluate(self, answer: str, done_reason: str | None, fallback_id: str) -> Draft:
         fallback = target_for(fallback_id, self.ctx, self.out)

@@ -344,3 +344,52 @@ def test_the_board_follows_the_model_loops_typed_events() -> None:
     board.apply_loop(fields, ev.ToolFinished(1, "fs_edit", 0.5))
     board.apply_loop(fields, ev.LoopFinished(2, True, "fixed", Usage()))
     assert s1.tool == ""
+
+
+SLOW_TESTS = {
+    "README.md": "# x\n",
+    "tests/test_slow.py": (
+        "import time\nimport unittest\n\n\nclass Slow(unittest.TestCase):\n"
+        "    def test_slow(self) -> None:\n        time.sleep(1.5)\n"
+    ),
+}
+
+
+def test_merge_if_green_shows_the_tests_running_on_the_merge_result(make_repo) -> None:
+    repo = make_repo(SLOW_TESTS)
+    path = taskfile(
+        repo,
+        """
+        id: green
+        title: Green
+        graph:
+          - {id: add, kind: shell, cmd: "echo new > new.txt"}
+          - {id: check, kind: test, cmd: "python3 -m unittest discover -s tests"}
+        """,
+    )
+    assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == 0
+    term = Terminal(["merge", "-t", "green", "--if-green"], repo)
+    term.expect(r"\S checking the merge result: python3 -m unittest discover -s tests · 0:0[1-9]")
+    assert term.finish() == 0
+    screen = plain(term.output)
+    assert "checking the merge result: python3 -m unittest discover -s tests\r\n" in screen
+    assert "Merged run green into main (squash, checked green) as " in screen
+
+
+def test_plan_shows_the_draft_and_the_problems_sent_back(sample: Path) -> None:
+    from tests.plan.test_plan import PROMPT, plan_doc
+
+    broken = plan_doc()
+    broken["graph"][1] = {"id": "s2", "kind": "shell", "depends_on": ["s1"]}  # no cmd
+    with FakeOllama() as fake:
+        fake.enqueue(
+            Reply(content=json.dumps(broken), delay_s=1.5),
+            Reply(content=json.dumps(plan_doc()), delay_s=1.5),
+        )
+        term = Terminal(["plan", PROMPT], sample, env={"OLLAMA_HOST": fake.url})
+        term.expect(r"\S draft 1 of 3: waiting for the model · 0:0\d")
+        term.expect(r"attempt 1/3: 1 problem; asking the model to fix them\r\n")
+        term.expect(r"[\r\n]  tasks/add-multiply\.draft\.yaml:\d+:\d+: graph\[1\] \(step s2\): ")
+        term.expect(r"\S draft 2 of 3: waiting for the model · 0:0\d")
+        assert term.finish() == 0
+    assert "Planned tasks/add-multiply.yaml" in plain(term.output)
