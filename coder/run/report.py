@@ -128,7 +128,8 @@ class RunReport:
 
 
 def build(view: RunView) -> RunReport:
-    state, task_id = view.state, view.state["task_id"]
+    state = view.state.to_dict()  # as `coder show -t --json` prints it
+    task_id = state["task_id"]
     repo = gitops.open_repo(view.root)
     tip = gitops.branch_tip(repo, state["branch"])
     cycles = _fix_cycles(view)
@@ -191,7 +192,7 @@ def _relative(path: str | None, root: Any) -> str | None:
 def _fix_cycles(view: RunView) -> dict[str, list[FixCycle]]:
     """Per step, the fix cycles of its last attempt (an attempt starts afresh)."""
     found: dict[str, list[FixCycle]] = {}
-    for event in events.read_events(view.coder_dir, view.state["task_id"]):
+    for event in events.read_events(view.coder_dir, view.state.task_id):
         step = event.get("step_id")
         if not step:
             continue
