@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import pty
 import re
+import select
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +133,82 @@ def check_mermaid(text: str) -> dict[str, str]:
         else:
             raise AssertionError(f"{where}: not a flowchart statement")
     return nodes
+
+
+# --- coder on a pseudo-terminal ---------------------------------------------------------
+
+
+class Terminal:
+    """`coder` on a real pseudo-terminal (120x30; TERM=xterm-256color unless `env` says
+    otherwise): type answers, read what it prints."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+        import fcntl
+        import struct
+        import termios
+
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "coder", *args],
+            cwd=cwd,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env={
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "TERM": "xterm-256color",
+                "COLUMNS": "120",
+                "LINES": "30",
+                **(env or {}),
+            },
+            close_fds=True,
+        )
+        os.close(slave)
+        self.output = ""
+
+    def read(self, timeout: float) -> str:
+        """What arrives within `timeout` seconds."""
+        got = ""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([self.master], [], [], remaining)
+            if not ready:
+                break
+            try:
+                chunk = os.read(self.master, 65536).decode(errors="replace")
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            got += chunk
+        self.output += got
+        return got
+
+    def expect(self, pattern: str, timeout: float = 30) -> re.Match[str]:
+        """Wait for `pattern` in what the screen shows (escape sequences left out)."""
+        deadline = time.monotonic() + timeout
+        while not (match := re.search(pattern, plain(self.output))):
+            assert time.monotonic() < deadline, f"did not see {pattern!r} in:\n{self.output!r}"
+            self.read(0.1)
+        return match
+
+    def see(self, text: str, timeout: float = 30) -> None:
+        """Wait for `text` as it is on the screen."""
+        self.expect(re.escape(text), timeout)
+
+    def send(self, line: str) -> None:
+        os.write(self.master, (line + "\n").encode())
+
+    def finish(self) -> int:
+        while self.proc.poll() is None:
+            self.read(0.1)
+        self.read(0.2)
+        os.close(self.master)
+        return self.proc.wait(timeout=30)
+
+
+def plain(text: str) -> str:
+    """Terminal output without its escape sequences."""
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)

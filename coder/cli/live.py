@@ -33,16 +33,8 @@ from coder.cli.progress import (
     clock_of,
     line_parts,
 )
+from coder.diagram import GLYPHS
 
-GLYPHS = {
-    "success": "✔",
-    "failed": "✘",
-    "error": "✘",
-    "running": "●",
-    "interrupted": "⏸",
-    "skipped": "↷",
-    "pending": "◌",
-}
 TICK = 0.25  # seconds between redraws
 TEXT_LINES = 3  # streamed text shown per running step with -v
 

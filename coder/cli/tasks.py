@@ -169,19 +169,11 @@ def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
         click.echo(diagram.text(nodes, width=width, style=status_style), nl=False)
 
 
-STATUS_COLOURS = {
-    "success": "green",
-    "failed": "red",
-    "error": "red",
-    "running": "cyan",
-    "interrupted": "yellow",
-    "skipped": "yellow",
-}
-
-
 def status_style(status: str, text: str) -> str:
     """A status's colour (click strips it when stdout is not a terminal)."""
-    colour = STATUS_COLOURS.get(status)
+    from coder.cli.progress import COLOURS
+
+    colour = COLOURS.get(status)
     return click.style(text, fg=colour) if colour else click.style(text, dim=True)
 
 

@@ -6,18 +6,15 @@ from __future__ import annotations
 import io
 import json
 import os
-import pty
 import re
-import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from coder.cli.progress import Board, Progress, progress_for
 from tests.conftest import coder
 from tests.fake_ollama import FakeOllama, Reply
-from tests.helpers import ROOT, call, done, taskfile
+from tests.helpers import ROOT, Terminal, call, done, plain, taskfile
 
 ERASE = "\x1b[2K"  # what a redraw writes: erase the line
 
@@ -35,77 +32,6 @@ ASK = """
       - {id: one, kind: shell, cmd: "echo one > one.txt", depends_on: []}
       - {id: two, kind: shell, cmd: "echo two > two.txt", depends_on: [one]}
 """
-
-
-class Terminal:
-    """`coder` on a pseudo-terminal that can redraw (TERM=xterm-256color, 120x30)."""
-
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
-        import fcntl
-        import struct
-        import termios
-
-        self.master, slave = pty.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coder", *args],
-            cwd=cwd,
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            env={
-                **os.environ,
-                "PYTHONPATH": str(ROOT),
-                "TERM": "xterm-256color",
-                "COLUMNS": "120",
-                "LINES": "30",
-                **(env or {}),
-            },
-            close_fds=True,
-        )
-        os.close(slave)
-        self.output = ""
-
-    def read(self, timeout: float) -> str:
-        """What arrives within `timeout` seconds."""
-        got = ""
-        deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0:
-            ready, _, _ = select.select([self.master], [], [], remaining)
-            if not ready:
-                break
-            try:
-                chunk = os.read(self.master, 65536).decode(errors="replace")
-            except OSError:  # the child closed the terminal
-                break
-            if not chunk:
-                break
-            got += chunk
-        self.output += got
-        return got
-
-    def expect(self, pattern: str, timeout: float = 30) -> re.Match[str]:
-        """Wait for `pattern` in what the screen shows (escape sequences left out)."""
-        deadline = time.monotonic() + timeout
-        while not (match := re.search(pattern, plain(self.output))):
-            assert time.monotonic() < deadline, f"did not see {pattern!r} in:\n{self.output!r}"
-            self.read(0.1)
-        return match
-
-    def send(self, line: str) -> None:
-        os.write(self.master, (line + "\n").encode())
-
-    def finish(self) -> int:
-        while self.proc.poll() is None:
-            self.read(0.1)
-        self.read(0.2)
-        os.close(self.master)
-        return self.proc.wait(timeout=30)
-
-
-def plain(text: str) -> str:
-    """Terminal output without its escape sequences."""
-    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
 
 
 def test_live_view_shows_the_steps_and_the_tool_in_progress(make_repo) -> None:

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import select
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 from tests.conftest import coder, git
-from tests.helpers import ROOT, taskfile
+from tests.helpers import ROOT, Terminal, taskfile
+
+PLAIN = {"TERM": "dumb", "COLUMNS": "200"}  # no live view: the prompts as plain text
 
 TASK = """
     id: ask
@@ -25,57 +23,17 @@ TASK = """
 """
 
 
-class Terminal:
-    """`coder` on a pseudo-terminal: type answers, read what it prints."""
-
-    def __init__(self, args: list[str], cwd: Path) -> None:
-        self.master, slave = pty.openpty()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", "TERM": "dumb"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coder", *args],
-            cwd=cwd,
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            env=env,
-            close_fds=True,
-        )
-        os.close(slave)
-        self.output = ""
-
-    def expect(self, text: str, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.output:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"did not see {text!r} in:\n{self.output}"
-            ready, _, _ = select.select([self.master], [], [], remaining)
-            if ready:
-                try:
-                    self.output += os.read(self.master, 4096).decode(errors="replace")
-                except OSError:  # the child closed the terminal
-                    break
-        assert text in self.output, self.output
-
-    def send(self, line: str) -> None:
-        os.write(self.master, (line + "\n").encode())
-
-    def finish(self) -> int:
-        code = self.proc.wait(timeout=30)
-        os.close(self.master)
-        return code
-
-
 def test_approve_skip_diff_and_quit_through_a_terminal(make_repo) -> None:
     repo = make_repo()
-    term = Terminal(["run", "-f", str(taskfile(repo, TASK))], repo)
-    term.expect("step one (shell): `echo one > one.txt`")
+    term = Terminal(["run", "-f", str(taskfile(repo, TASK))], repo, env=PLAIN)
+    term.see("step one (shell): `echo one > one.txt`")
     term.send("r")
-    term.expect("step two (shell)")
+    term.see("step two (shell)")
     term.send("d")  # the diff so far: step one's file
-    term.expect("+one")
-    term.expect("step two (shell)")
+    term.see("+one")
+    term.see("step two (shell)")
     term.send("s")
-    term.expect("step three (shell)")
+    term.see("step three (shell)")
     term.send("q")
     assert term.finish() == 130
     state = json.loads((repo / ".coder" / "state" / "ask.json").read_text())
