@@ -427,6 +427,7 @@ def _graph_problems(doc: Document) -> list[Problem]:
             else:
                 deps[sid].append(dep)
     _path_problems(data, report)
+    _branch_problems(data, report)
 
     if not sequential and any(deps.values()):
         from coder import graph as dag
@@ -464,6 +465,25 @@ def _kind_problems(i: int, sid: str, raw: dict[str, Any], report: Any) -> None:
                 f"step {quote(sid)}: max_cycles only applies with strategy fix_and_retry",
                 key=True,
             )
+
+
+def _branch_problems(data: dict[str, Any], report: Any) -> None:
+    """What the schema's pattern lets through but git refuses (`..`, a component ending in
+    `.` or `.lock`), by git's own refname rules (libgit2's, as `git check-ref-format`)."""
+    from coder.schemas import load_schema
+
+    branch = data.get("branch")
+    shape = load_schema("task")["properties"]["branch"]["pattern"]
+    if not isinstance(branch, str) or not re.search(shape, branch):
+        return  # absent, or the schema reports it
+    import pygit2
+
+    if not pygit2.reference_is_valid_name(f"refs/heads/{branch}"):
+        report(
+            ["branch"],
+            f"branch: {quote(branch)} is not a valid git branch name (no `..`, and no part "
+            "may end with `.` or `.lock`; see `git check-ref-format`)",
+        )
 
 
 def _article(word: str) -> str:

@@ -108,18 +108,26 @@ def format_event(event: dict[str, Any]) -> str:
 @task_option
 @click.option("--keep-branch", is_flag=True, help="Keep the branch even if the run was merged.")
 @click.option("--delete-branch", is_flag=True, help="Delete the branch even if it was not merged.")
+@click.option(
+    "--force", is_flag=True, help="Discard uncommitted changes in the run's worktree too."
+)
 @json_option
-def clean(task_id: str, keep_branch: bool, delete_branch: bool, as_json: bool) -> None:
+def clean(task_id: str, keep_branch: bool, delete_branch: bool, force: bool, as_json: bool) -> None:
     """Remove a run: worktree, state, artifacts, logs.
 
     The branch goes too when the run was merged (unless --keep-branch) or with --delete-branch.
+    A worktree with uncommitted changes is refused (the files are listed) unless --force.
     """
     from coder.run import history
 
-    result = history.clean(cwd(), task_id, keep_branch=keep_branch, delete_branch=delete_branch)
+    result = history.clean(
+        cwd(), task_id, keep_branch=keep_branch, delete_branch=delete_branch, force=force
+    )
     if as_json:
         emit_json(result)
         return
+    if result["discarded"]:
+        click.echo(f"Discarded uncommitted changes: {', '.join(result['discarded'])}.")
     click.echo(f"Removed run {task_id}.")
     if result["branch_deleted"]:
         click.echo(f"Deleted branch {result['branch']}.")

@@ -180,12 +180,27 @@ def run(
     )
 
 
-@click.command(epilog="\b\nExample:\n  coder resume -t T-20261122-101500-ab12")
+@click.command(
+    epilog="\b\nExamples:\n  coder resume -t T-20261122-101500-ab12\n"
+    "  coder resume -t T-20261122-101500-ab12 --taskfile"
+)
 @click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
+@click.option(
+    "-f",
+    "--taskfile",
+    "taskfile",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[FILE]",
+    help="Take the edited taskfile (the one the run started from, or FILE) for the steps not "
+    "yet done; the done steps must be unchanged.",
+)
 @run_options
 @json_option
 def resume(
     task_id: str,
+    taskfile: str | None,
     max_parallel: int | None,
     fail_fast: bool,
     model: str | None,
@@ -199,7 +214,9 @@ def resume(
     """Continue a run that crashed, was killed or was stopped.
 
     Finished steps never run again; a step caught mid-way is checked against git: committed
-    means done, otherwise its partial changes are discarded and it runs again.
+    means done, otherwise its partial changes are discarded and it runs again. When the
+    taskfile changed since the run started, resume says so and keeps the run's own copy,
+    unless --taskfile takes the new version.
     """
     from coder.mcp.client import attach_configured
     from coder.run import runs
@@ -220,6 +237,7 @@ def resume(
                 attach_tools=attach_configured,
                 sandbox="off" if no_sandbox else None,
                 live=progress.loop_event,
+                taskfile=taskfile,
             ),
         )
     finally:

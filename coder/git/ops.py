@@ -273,9 +273,10 @@ def create_worktree(
             f"a worktree named '{name}' already exists at {wt.path}",
             hint=f"remove it with `git worktree remove {wt.path}` (or `coder clean`)",
         )
-    if path.exists() and any(path.iterdir()):
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        what = "the directory exists and is not empty" if path.is_dir() else "a file is there"
         raise EnvironmentProblem(
-            f"cannot create worktree at {path}: the directory exists and is not empty",
+            f"cannot create worktree at {path}: {what}",
             hint="move or delete it, then retry",
         )
 

@@ -56,10 +56,16 @@ def diff(view: RunView, *, step: str | None = None, stat: bool = False) -> str:
 
 
 def clean(
-    cwd: Path, task_id: str, *, keep_branch: bool = False, delete_branch: bool = False
+    cwd: Path,
+    task_id: str,
+    *,
+    keep_branch: bool = False,
+    delete_branch: bool = False,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Remove a run's worktree, state, artifacts and logs; its branch only when it was merged
-    (unless `keep_branch`) or when asked (`delete_branch`)."""
+    (unless `keep_branch`) or when asked (`delete_branch`). Uncommitted changes in the
+    worktree are refused (InvalidInput naming them) unless `force` discards them."""
     repo = gitops.open_repo(cwd)
     root = gitops.repo_root(repo)
     coder_dir = project.coder_dir(root)
@@ -69,6 +75,18 @@ def clean(
         raise ConcurrentRun(
             f"run {task_id} is running (pid {pid})",
             hint=f"stop it first with `coder stop -t {task_id}`",
+        )
+    worktree = Path(manifest["worktree"])
+    changed = gitops.changed_paths(worktree) if (worktree / ".git").is_file() else []
+    if changed and not force:
+        listed = ", ".join(changed[:10]) + (
+            f" and {len(changed) - 10} more" if len(changed) > 10 else ""
+        )
+        raise InvalidInput(
+            f"the worktree {worktree} has uncommitted changes ({listed}); cleaning would "
+            "delete them",
+            hint=f"keep them elsewhere first (e.g. `git -C {worktree} stash -u`), or pass "
+            "--force to discard them",
         )
     try:
         merged = bool((StateStore(coder_dir).load(task_id).merge or {}).get("commit"))
@@ -91,4 +109,10 @@ def clean(
     ):
         path.unlink(missing_ok=True)
     shutil.rmtree(coder_dir / "artifacts" / task_id, ignore_errors=True)
-    return {"task_id": task_id, "branch": branch, "branch_deleted": drop_branch, "merged": merged}
+    return {
+        "task_id": task_id,
+        "branch": branch,
+        "branch_deleted": drop_branch,
+        "merged": merged,
+        "discarded": changed,
+    }

@@ -12,8 +12,10 @@ Files per run, under `.coder/`:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -27,9 +29,10 @@ from coder import config as config_mod
 from coder import project, taskfile
 from coder.crashpoints import crashpoint
 from coder.durable import write_atomic
-from coder.errors import CorruptState, EnvironmentProblem, InvalidInput, UnknownTask
+from coder.errors import CoderError, CorruptState, EnvironmentProblem, InvalidInput, UnknownTask
 from coder.git import land as gitland
 from coder.git import ops as gitops
+from coder.run import amend
 from coder.run.lock import TaskLock
 from coder.run.secrets import restore_env, run_secrets, stored_task
 from coder.run.state import RunState, StateStore, new_run, now_iso
@@ -53,6 +56,9 @@ class RunOptions:
     # The live view: gets each typed model-loop event (coder.agent.events) with its step's
     # context (run.events.LiveView); nothing it gets is written to the log.
     live: Callable[[dict[str, Any], object], None] | None = None
+    # resume: take the taskfile's new version for the steps not yet done ("": the file the
+    # run started from; else the path of another). None: keep the run's own copy.
+    taskfile: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,7 +111,7 @@ def start(
     worktree = coder_dir / "worktrees" / task.id
     # The lock before the checks: a second `coder run` of a task that is running is told who
     # runs it (ConcurrentRun), and two starts cannot both pass the checks and create the run.
-    with TaskLock(coder_dir, task.id):
+    with TaskLock(coder_dir, task.id) as lock:
         if store.exists(task.id) or manifest_path(coder_dir, task.id).exists():
             raise InvalidInput(
                 f"a run of task {task.id} already exists",
@@ -122,7 +128,7 @@ def start(
             manifest = {
                 "task_id": task.id,
                 "task": stored_task(task.to_dict()),  # secret env values left out
-                "taskfile": str(path),
+                "taskfile": str(path.resolve()),
                 "base": base,
                 "base_commit": base_commit,
                 "branch": task.branch,
@@ -161,7 +167,38 @@ def start(
         except BaseException:
             if agent is not None:  # _execute closes it too; closing twice is harmless
                 agent.models.close()
+            if not _started(store, task.id):
+                _remove_unstarted(repo, coder_dir, task, store, lock.path)
             raise
+
+
+def _started(store: StateStore, task_id: str) -> bool:
+    """Whether the run got as far as its executor (which marks it `running` before a step)."""
+    try:
+        return store.load(task_id).status != "pending"
+    except UnknownTask:
+        return False
+    except CoderError:  # unreadable: keep everything for someone to look at
+        return True
+
+
+def _remove_unstarted(
+    repo: Any, coder_dir: Path, task: taskfile.Task, store: StateStore, lock: Path
+) -> None:
+    """A start that failed before any step ran leaves nothing behind, so the same `coder run`
+    can simply be tried again: its worktree, branch (created by this start: it did not exist),
+    checkpoint, manifest, log, artifacts and lock file go."""
+    undo: list[Callable[[], None]] = [
+        lambda: gitops.remove_worktree(repo, task.id),
+        lambda: gitops.delete_branch(repo, task.branch),
+        lambda: store.delete(task.id),
+    ]
+    for step in undo:
+        with contextlib.suppress(CoderError, OSError):
+            step()
+    for path in (manifest_path(coder_dir, task.id), coder_dir / "logs" / f"{task.id}.jsonl", lock):
+        path.unlink(missing_ok=True)
+    shutil.rmtree(coder_dir / "artifacts" / task.id, ignore_errors=True)
 
 
 def _missing_base(base: str) -> str:
@@ -295,10 +332,20 @@ def resume(
             )
         task = taskfile.from_dict(restore_env(manifest["task"], manifest.get("taskfile")))
         worktree = Path(manifest["worktree"])
+        amend.align(state, task)  # after a crash while an edited taskfile was being taken
         warnings += reconcile(repo, state, manifest, worktree)
-        store.save(state)
         cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
         config_mod.require_trusted(cfg)
+        edit, warning = amend.load_or_warn(manifest, task, root, options.taskfile)
+        if warning:
+            warnings.append(warning)
+        if edit is not None:
+            amend.check_done_unchanged(edit, state)
+            preflight(edit.todo(state), policy_for(edit.task, cfg), root, cfg)
+            manifest = amend.take(edit, state, manifest, manifest_path(coder_dir, task_id))
+            task = edit.task
+            warnings.append(f"{edit.summary()}; taking the new version for the steps not yet done")
+        store.save(state)
         sandbox.require_sandbox(policy_for(task, cfg))
         agent = open_agent(task, cfg, repo, manifest["base_commit"], options)
         return _execute(

@@ -1,0 +1,122 @@
+"""Resume and an edited taskfile: never silently. Without --taskfile the run keeps its own copy
+and says so; with it, the new version runs for the steps not yet done, provided the done
+steps are unchanged (else resume refuses naming the step, changing nothing)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from coder import taskfile as taskfile_mod
+from coder.errors import EXIT_FAILED, EXIT_USAGE
+from coder.run import amend
+from coder.run.state import RunState, StateStore
+from tests.conftest import coder
+from tests.helpers import state_of, step_commits, taskfile
+
+TASK = """
+    id: ed
+    title: fix a step and go on
+    graph:
+      - {id: s1, kind: shell, cmd: "echo one > one.txt"}
+      - {id: s2, kind: shell, cmd: "false"}
+      - {id: s3, kind: shell, cmd: "echo three > three.txt"}
+"""
+BRANCH = "agent/ed-fix-a-step-and-go-on"
+
+
+def failed_run(make_repo) -> tuple[Path, Path]:
+    repo = make_repo()
+    path = taskfile(repo, TASK)
+    assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == EXIT_FAILED
+    return repo, path
+
+
+def files(repo: Path) -> dict[str, bytes]:
+    coder_dir = repo / ".coder"
+    return {
+        p.name: p.read_bytes()
+        for p in [coder_dir / "tasks" / "ed.json", *coder_dir.glob("state/*")]
+    }
+
+
+def test_resume_says_the_taskfile_changed_and_keeps_its_own_copy(make_repo) -> None:
+    """The reproduction: fixing s2's cmd and resuming reran the old snapshot, silently."""
+    repo, path = failed_run(make_repo)
+    path.write_text(path.read_text().replace('cmd: "false"', 'cmd: "echo two > two.txt"'))
+    code, out, err = coder(repo, "resume", "-t", "ed")
+    assert code == EXIT_FAILED, out + err
+    assert "the taskfile" in err and "changed since the run started (step s2 changed)" in err
+    assert "pass --taskfile to take the new version" in err
+
+    code, out, err = coder(repo, "resume", "-t", "ed", "--taskfile")
+    assert code == 0, out + err
+    assert "taking the new version for the steps not yet done" in err
+    assert [c[0] for c in step_commits(repo, BRANCH)] == ["s1", "s2", "s3"]
+    state = state_of(repo, "ed")
+    assert state["steps"]["s1"]["attempts"] == 1  # done: never run again
+    assert "its definition changed in task.yaml" in state["steps"]["s2"]["reasons"][-1]
+    manifest = json.loads((repo / ".coder" / "tasks" / "ed.json").read_text())
+    assert manifest["task"]["graph"][1]["cmd"] == "echo two > two.txt"
+    assert state["task"] == manifest["task"]
+
+
+def test_a_changed_done_step_is_refused_naming_it(make_repo) -> None:
+    repo, path = failed_run(make_repo)
+    before = files(repo)
+    path.write_text(
+        path.read_text()
+        .replace('cmd: "false"', 'cmd: "true"')
+        .replace('"echo one > one.txt"', '"echo uno > one.txt"')
+    )
+    code, out, err = coder(repo, "resume", "-t", "ed", "-f", str(path))
+    assert code == EXIT_USAGE, out + err
+    assert "step s1 of run ed is done (its commit " in err
+    assert "the new version can only change steps not yet done" in err
+    assert "coder revert -t ed --to-step STEP" in err
+    assert files(repo) == before
+
+
+def test_another_file_adds_and_removes_steps_not_yet_done(make_repo, tmp_path: Path) -> None:
+    repo, _ = failed_run(make_repo)
+    other = tmp_path / "v2.yaml"
+    other.write_text(
+        "id: ed\ntitle: fix a step and go on\ngraph:\n"
+        '  - {id: s1, kind: shell, cmd: "echo one > one.txt"}\n'
+        '  - {id: s2b, kind: shell, cmd: "echo two > two.txt"}\n'
+        '  - {id: s3, kind: shell, cmd: "echo three > three.txt"}\n'
+    )
+    code, out, err = coder(repo, "resume", "-t", "ed", "-f", str(other))
+    assert code == 0, out + err
+    assert "step s2 removed" in err and "step s2b added" in err
+    assert [c[0] for c in step_commits(repo, BRANCH)] == ["s1", "s2b", "s3"]
+    assert list(state_of(repo, "ed")["steps"]) == ["s1", "s2b", "s3"]
+
+
+def test_a_run_keeps_its_branch(make_repo) -> None:
+    repo, path = failed_run(make_repo)
+    path.write_text(path.read_text().replace("id: ed\n", "id: ed\nbranch: agent/elsewhere\n"))
+    code, out, err = coder(repo, "resume", "-t", "ed", "--taskfile")
+    assert code == EXIT_USAGE, out + err
+    assert "sets branch 'agent/elsewhere', but run ed has branch" in err
+
+
+def test_a_crash_between_the_manifest_and_the_checkpoint_is_mended(make_repo) -> None:
+    """Taking a new version writes the manifest, then the checkpoint: killed in between, the
+    next resume finds a checkpoint without the new steps and aligns it with the task."""
+    repo, path = failed_run(make_repo)
+    path.write_text(path.read_text().replace('cmd: "false"', 'cmd: "echo two > two.txt"'))
+    path.write_text(path.read_text() + '  - {id: s4, kind: shell, cmd: "echo 4 > four.txt"}\n')
+    store = StateStore(repo / ".coder")
+    state = store.load("ed")
+    manifest_file = repo / ".coder" / "tasks" / "ed.json"
+    manifest = json.loads(manifest_file.read_text())
+    current = taskfile_mod.from_dict(manifest["task"])
+    edit = amend.compare(manifest, current, path)
+    assert edit is not None
+    amend.take(edit, RunState.from_dict(state.to_dict()), manifest, manifest_file)  # not saved
+    assert "s4" not in store.load("ed").steps
+
+    code, out, err = coder(repo, "resume", "-t", "ed")
+    assert code == 0, out + err
+    assert [c[0] for c in step_commits(repo, BRANCH)] == ["s1", "s2", "s3", "s4"]

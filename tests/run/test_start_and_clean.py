@@ -1,0 +1,108 @@
+"""A start that fails leaves nothing behind; `clean` never deletes uncommitted work unasked;
+`validate` holds a branch name to git's own rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coder.errors import EXIT_ENVIRONMENT, EXIT_USAGE, EnvironmentProblem
+from tests.conftest import coder, git
+from tests.fake_ollama import FakeOllama
+from tests.helpers import taskfile
+
+SHELL = """
+    id: fs
+    title: failed start
+    graph:
+      - {id: s1, kind: shell, cmd: "echo one > one.txt"}
+"""
+
+
+def leftovers(repo: Path, task_id: str) -> list[str]:
+    """Everything a run of `task_id` could have left: files under .coder/, worktrees, branches."""
+    coder_dir = repo / ".coder"
+    found = [
+        str(p.relative_to(coder_dir))
+        for p in coder_dir.rglob("*")
+        if task_id in p.name and p.is_file() or p.parent.name == task_id
+    ]
+    found += [line for line in git(repo, "worktree", "list").splitlines() if task_id in line]
+    return found + git(repo, "branch", "--list", f"agent/{task_id}*").split()
+
+
+def test_a_start_that_fails_removes_what_it_created(make_repo) -> None:
+    repo = make_repo()
+    (repo / ".coder" / "worktrees").mkdir(parents=True)
+    (repo / ".coder" / "worktrees" / "fs").write_text("in the way\n")
+    path = taskfile(repo, SHELL)
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == EXIT_ENVIRONMENT, out + err
+    assert "cannot create worktree at" in err and "a file is there" in err
+    assert "Traceback" not in err
+    assert leftovers(repo, "fs") == ["worktrees/fs"]  # only the user's file
+    assert coder(repo, "status")[1].startswith("No runs yet")
+
+    (repo / ".coder" / "worktrees" / "fs").unlink()
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == 0, out + err
+
+
+def test_a_start_failing_after_its_branch_exists_removes_the_branch_too(
+    fake: FakeOllama, sample: Path
+) -> None:
+    """The extra tools (external MCP servers) fail to start: manifest, checkpoint, branch,
+    worktree, log and lock are all gone, and the same run can be started again."""
+    from coder.run import runs
+
+    path = taskfile(
+        sample,
+        """
+        id: mcpfail
+        title: tools fail
+        graph:
+          - {id: s1, kind: edit, goal: "Add multiply(a, b) to calc.py"}
+        """,
+    )
+
+    def attach(*args: object, **kwargs: object) -> None:
+        assert git(sample, "branch", "--list", "agent/mcpfail*").strip()  # it got that far
+        raise EnvironmentProblem("MCP server `github` exited before it answered")
+
+    with pytest.raises(EnvironmentProblem, match="github"):
+        runs.start(path, cwd=sample, options=runs.RunOptions(attach_tools=attach))
+    assert leftovers(sample, "mcpfail") == []
+    assert not (sample / ".coder" / "tasks" / "mcpfail.json").exists()
+
+
+def test_an_invalid_branch_name_is_caught_by_validate_and_run(make_repo) -> None:
+    """`agent/x..y` matches the schema's pattern; git refuses it."""
+    repo = make_repo()
+    path = taskfile(repo, SHELL.replace("id: fs\n", "id: fixme\n    branch: agent/x..y\n"))
+    code, out, _ = coder(repo, "validate", "-f", str(path))
+    assert code == EXIT_USAGE
+    assert "branch: 'agent/x..y' is not a valid git branch name" in out
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == EXIT_USAGE and "not a valid git branch name" in err
+    assert leftovers(repo, "fixme") == []
+
+
+def test_clean_refuses_uncommitted_changes_unless_forced(make_repo) -> None:
+    repo = make_repo()
+    assert coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, SHELL)))[0] == 0
+    worktree = repo / ".coder" / "worktrees" / "fs"
+    (worktree / "one.txt").write_text("my edit\n")
+    (worktree / "notes.md").write_text("mine\n")
+    code, out, err = coder(repo, "clean", "-t", "fs")
+    assert code == EXIT_USAGE, out + err
+    assert "has uncommitted changes (notes.md, one.txt); cleaning would delete them" in err
+    assert "--force" in err
+    assert (worktree / "notes.md").read_text() == "mine\n"
+    assert (repo / ".coder" / "tasks" / "fs.json").exists()
+
+    code, out, err = coder(repo, "clean", "-t", "fs", "--force")
+    assert code == 0, out + err
+    assert "Discarded uncommitted changes: notes.md, one.txt." in out
+    assert not worktree.exists()
+    assert leftovers(repo, "fs") == ["agent/fs-failed-start"]  # unmerged: the branch stays
