@@ -4,6 +4,7 @@
               history and diffs of a run
     land.py   landing on a base branch: merge trees, compare-and-swap ref moves, updating the
               user's checkout, recovery of an interrupted revert
+    filters.py  git's worktree filters (eol, ident, drivers) for the checkout land.py writes
 
 May import: the base modules (errors, ...). Never the run, model or CLI layers.
 """

@@ -18,6 +18,7 @@ from pathlib import Path
 import pygit2
 
 from coder.errors import BranchMoved, EnvironmentProblem, RunFailed
+from coder.git import filters
 from coder.git.ops import (
     TRAILER_TASK,
     _branch_ref,
@@ -193,6 +194,7 @@ class CheckoutUpdate:
     done: tuple[str, ...]
     blocked: tuple[str, ...]
     busy: str | None = None
+    ignored: tuple[str, ...] = ()  # blocked by a git-ignored file (`git stash -u` skips it)
 
 
 _Entry = tuple[str, int] | None  # (blob hex, file mode) or absent
@@ -229,7 +231,7 @@ def _file_has(w: pygit2.Repository, root: Path, path: str, entry: _Entry, filemo
         return False
     if filemode and bool(full.stat().st_mode & stat.S_IXUSR) != (mode == _EXECUTABLE):
         return False
-    return str(w.hashfile(path)) == oid  # through the repo's filters (eol, ...), like git
+    return filters.blob_id(w, path) == oid  # through git's filters (eol, drivers, ...)
 
 
 def _open_checkout(checkout: Path) -> pygit2.Repository:
@@ -265,23 +267,34 @@ def plan_checkout_update(checkout: Path, old: str, new: str) -> CheckoutUpdate:
             done.append(path)
         else:
             pending.append(path)
+    for path in pending:  # refuse now, before anything lands, what could not be written
+        filters.check_available(w, path)
     busy = None
     if w.state() != pygit2.enums.RepositoryState.NONE:
         busy = pygit2.enums.RepositoryState(w.state()).name.lower().replace("_", " ")
-    return CheckoutUpdate(Path(checkout), tuple(pending), tuple(done), tuple(blocked), busy)
+    ignored = tuple(p for p in blocked if os.path.lexists(root / p) and w.path_is_ignored(p))
+    return CheckoutUpdate(
+        Path(checkout), tuple(pending), tuple(done), tuple(blocked), busy, ignored
+    )
 
 
 def apply_checkout_update(checkout: Path, new: str, paths: tuple[str, ...]) -> None:
     """Write ``new``'s version of ``paths`` (from a ``CheckoutUpdate``'s ``pending``) into the
-    checkout's files, then its index. Deletions go first so a file can replace a directory.
-    Files are replaced by rename, so each is either old or new; a crash part-way leaves paths
-    that a new plan still finds pending."""
+    checkout's files, then its index, as ``git checkout`` would write them (through git's
+    filters: eol, ident, drivers). Deletions go first so a file can replace a directory, then
+    `.gitattributes` files, which decide how the others are written. Files are replaced by
+    rename, so each is either old or new; a crash part-way leaves paths that a new plan still
+    finds pending."""
     w = _open_checkout(checkout)
     root = Path(w.workdir)
     tree = w[new].peel(pygit2.Tree)
     entries = {path: _entry(tree, path) for path in paths}
+
+    def order(path: str) -> tuple[bool, bool, str]:
+        return entries[path] is not None, not path.endswith(".gitattributes"), path
+
     try:
-        for path in sorted(paths, key=lambda p: (entries[p] is not None, p)):
+        for path in sorted(paths, key=order):
             entry = entries[path]
             if entry is None:
                 _remove_checkout_file(root, path)
@@ -300,6 +313,7 @@ def apply_checkout_update(checkout: Path, new: str, paths: tuple[str, ...]) -> N
             else:
                 index.add(path)  # hashes the file just written and records its stat data
         index.write()
+        filters.stage(w, [p for p, e in entries.items() if e is not None and e[1] != _GITLINK])
     except (pygit2.GitError, OSError) as exc:
         raise _git_failure(exc, "update the checked-out files", Path(checkout)) from None
 
@@ -323,13 +337,13 @@ def _write_checkout_file(
     if mode == _GITLINK:
         full.mkdir(exist_ok=True)
         return
-    data = w[oid].peel(pygit2.Blob).data
     tmp = full.with_name(f".{full.name}.coder-{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     if mode == _LINK:
-        os.symlink(os.fsdecode(data), tmp)
+        os.symlink(os.fsdecode(w[oid].peel(pygit2.Blob).data), tmp)
     else:
         perms = 0o777 if mode == _EXECUTABLE else 0o666  # less the umask, as git does
+        data = filters.smudged(w, path, oid)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, perms)
         try:
             view = memoryview(data)

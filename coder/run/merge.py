@@ -315,11 +315,17 @@ class _Merge:
                 hint="finish or abort it there, then merge again",
             )
         if plan.blocked:
+            hint = "commit or stash them (`git stash -u`)"
+            if plan.ignored:  # stash -u leaves ignored files; stash -a takes every ignored file
+                hint = (
+                    f"move {', '.join(plan.ignored[:10])} out of the way (git-ignored files, "
+                    "which `git stash -u` leaves in place)"
+                    + (", and commit or stash the rest" if plan.ignored != plan.blocked else "")
+                )
             raise CheckoutInTheWay(
                 f"uncommitted changes in {checkout} overlap the merge: "
                 f"{', '.join(plan.blocked[:10])}; nothing was changed",
-                hint=f"commit or stash them (`git stash -u`), then run "
-                f"`coder merge -t {self.task_id}` again",
+                hint=f"{hint}, then run `coder merge -t {self.task_id}` again",
             )
 
     def _update_checkout(self, checkout: Path, old: str, new: str) -> bool:
