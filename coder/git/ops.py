@@ -305,7 +305,134 @@ def create_worktree(
         # libgit2 creates <common>/worktrees/<name> before failing; don't leave it behind.
         _remove_half_registration(common, name)
         raise EnvironmentProblem(f"cannot create worktree '{name}' at {path}: {exc}") from None
+    init_submodules(repo, path, str(ref.target))
     return path
+
+
+# --- submodules ----------------------------------------------------------------------------
+#
+# libgit2 checks a submodule out as an empty directory: a step would see no files there and
+# its writes into it would never be committed. So a worktree gets each submodule at the
+# recorded commit, from the user's own copy of the submodule (its objects shared through
+# `objects/info/alternates`, like `git clone --shared`: no copy, no network), or the run is
+# refused up front naming it. A step that changes a submodule fails (see `changed_submodules`):
+# coder commits only the repository itself.
+
+
+@dataclass(frozen=True)
+class Submodule:
+    path: str
+    commit: str  # the commit the superproject records
+    source: Path  # the user's copy of its repository (its git dir)
+
+
+def _gitlinks(repo: pygit2.Repository, commit: str) -> list[tuple[str, str, str]]:
+    """(name, path, recorded commit) of every submodule in ``commit``, from its .gitmodules."""
+    tree = repo[commit].peel(pygit2.Tree)
+    try:
+        text = repo[tree[".gitmodules"].id].peel(pygit2.Blob).data.decode("utf-8", "replace")
+    except KeyError:
+        return []
+    names: dict[str, str] = {}
+    name = None
+    for line in text.splitlines():
+        section = re.match(r'\s*\[\s*submodule\s+"(.*)"\s*\]', line)
+        if section:
+            name = section.group(1)
+            continue
+        setting = re.match(r"\s*path\s*=\s*(.*?)\s*$", line)
+        if setting and name is not None:
+            names[setting.group(1).strip('"')] = name
+    found = []
+    for path, name in names.items():
+        try:
+            entry = tree[path]
+        except KeyError:
+            continue
+        if entry.filemode == pygit2.enums.FileMode.COMMIT:
+            found.append((name, path, str(entry.id)))
+    return found
+
+
+def submodules(repo: pygit2.Repository, commit: str) -> list[Submodule]:
+    """The submodules of ``commit`` with where their commits are found locally; an
+    EnvironmentProblem naming the first one this machine has no copy of (coder never
+    fetches)."""
+    found = []
+    root, common = repo_root(repo), common_dir(repo)
+    for name, path, oid in _gitlinks(repo, commit):
+        source = None
+        for candidate in (root / path, common / "modules" / name):
+            try:
+                sub = pygit2.Repository(str(candidate), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+            except (pygit2.GitError, OSError):
+                continue
+            if sub.get(oid) is not None:
+                source = Path(sub.path)
+                break
+        if source is None:
+            raise EnvironmentProblem(
+                f"submodule {path} at {oid[:12]} is not in your checkout {root}: coder copies "
+                "submodules from there into its worktree (it never fetches)",
+                hint=f"run `git submodule update --init {path}`, then run coder again",
+            )
+        found.append(Submodule(path, oid, source))
+    return found
+
+
+def init_submodules(repo: pygit2.Repository, worktree: Path, commit: str) -> None:
+    """Check each submodule of ``commit`` out in ``worktree`` (detached at its commit)."""
+    for sub in submodules(repo, commit):
+        dest = Path(worktree) / sub.path
+        try:
+            if (dest / ".git").exists():
+                continue  # already there (a worktree re-created in place)
+            new = pygit2.init_repository(str(dest))
+            info = Path(new.path) / "objects" / "info"
+            info.mkdir(parents=True, exist_ok=True)
+            (info / "alternates").write_text(f"{sub.source / 'objects'}\n", encoding="utf-8")
+            _reset_submodule(pygit2.Repository(str(dest)), sub.commit)
+        except (pygit2.GitError, OSError) as exc:
+            raise _git_failure(exc, f"check out submodule {sub.path}", Path(worktree)) from None
+
+
+def _reset_submodule(sub: pygit2.Repository, commit: str) -> None:
+    oid = pygit2.Oid(hex=commit)
+    sub.set_head(oid)
+    sub.reset(oid, ResetMode.HARD)
+    _remove_untracked(sub, Path(sub.workdir))
+
+
+def changed_submodules(worktree: Path) -> list[str]:
+    """Submodules whose files or commit a step changed: coder would not commit that work."""
+    w = _open_worktree(worktree, writing=False)
+    if not (Path(worktree) / ".gitmodules").is_file():
+        return []
+    changed = []
+    for _name, path, oid in _gitlinks(w, str(w.head.target)):
+        dest = Path(worktree) / path
+        try:
+            sub = pygit2.Repository(str(dest), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+            same = str(sub.head.target) == oid and not sub.status()
+        except (pygit2.GitError, OSError):  # not a repository (any more): anything inside counts
+            same = not dest.is_dir() or not any(dest.iterdir())
+        if not same:
+            changed.append(path)
+    return changed
+
+
+def _reset_submodules(w: pygit2.Repository, worktree: Path) -> None:
+    """Each submodule back at its recorded commit, with no other files (after a reset)."""
+    if not (Path(worktree) / ".gitmodules").is_file():
+        return
+    for _name, path, oid in _gitlinks(w, str(w.head.target)):
+        try:
+            sub = pygit2.Repository(
+                str(Path(worktree) / path), pygit2.enums.RepositoryOpenFlag.NO_SEARCH
+            )
+        except (pygit2.GitError, OSError):
+            continue
+        _reset_submodule(sub, oid)
 
 
 def remove_worktree(repo: pygit2.Repository, name: str) -> None:
@@ -594,6 +721,7 @@ def discard_changes(worktree: Path, to_commit: str) -> None:
     except (pygit2.GitError, OSError) as exc:
         raise _git_failure(exc, "discard changes", worktree) from None
     _remove_untracked(w, worktree)
+    _reset_submodules(w, worktree)
 
 
 def reset_branch(worktree: Path, to_commit: str, *, expected_tip: str) -> None:

@@ -104,6 +104,7 @@ def start(
         if gitops.branch_tip(repo, base)
         else _missing_base(base)
     )
+    gitops.submodules(repo, base_commit)  # each must be copyable into the worktree, or refuse
     task = task.resolved(base=base, model=str(cfg["model"]))
     coder_dir = project.ensure_coder_dir(root)
     gitops.ensure_excluded(repo, f"/{project.CODER_DIR}/")

@@ -91,10 +91,22 @@ def diff_lines(patch: str) -> tuple[int, int]:
     return added, removed
 
 
+def submodules_unchanged(seen: Verification) -> list[str]:
+    """A problem for each submodule the step changed: its work would not be committed."""
+    from coder.git import ops as gitops
+
+    return [
+        f"the step changed the submodule {path}/; coder commits only this repository, so "
+        "that work would be lost (change the submodule in its own repository)"
+        for path in gitops.changed_submodules(seen.workdir)
+    ]
+
+
 CHECKS: tuple[Callable[[Verification], list[str]], ...] = (
     asserts_hold,
     protected_paths_untouched,
     diff_within_caps,
+    submodules_unchanged,
 )
 
 
