@@ -28,7 +28,7 @@ class Kind:
     runner: str  # coder.run.steps.<runner>.run(ctx) does the work
     fields: frozenset[str] = frozenset()  # kind-specific step fields it takes (KIND_FIELDS)
     required: tuple[str, ...] = ()  # fields a step of this kind must have
-    command: Literal["cmd", "tests"] | None = None  # runs its `cmd`, or the test command
+    command: Literal["cmd", "tests", "lint"] | None = None  # its `cmd`, the tests, the linter
     model: ModelRole | None = None  # None: no model (unless on_fail fix_and_retry)
     instructions: str | None = None  # said to the model in the step's first message
     fixable: bool = False  # on_fail: fix_and_retry applies
@@ -102,6 +102,16 @@ KINDS: Mapping[str, Kind] = {
             command="tests",
             fixable=True,
             default_goal="run the tests",
+        ),
+        Kind(
+            "lint",
+            "runs the linter (its `cmd`, the config's `lint_command`, or detected) on the files "
+            "the run changed; a finding on a line the run added or changed fails it",
+            runner="lint",
+            fields=_MODEL_FIELDS | {"cmd"},  # model: fix cycles
+            command="lint",
+            fixable=True,
+            default_goal="lint the run's changes",
         ),
         Kind(
             "custom",

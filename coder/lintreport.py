@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from coder.errors import InvalidInput
+
 PYTHON = (".py", ".pyi")
 JAVASCRIPT = (".js", ".jsx", ".mjs", ".cjs", ".ts", ".tsx", ".mts", ".cts")
 
@@ -74,6 +76,18 @@ def linters_for(root: Path, path: str, configured: str | None = None) -> list[Li
     if configured:
         return [Linter("lint_command", configured, ())]
     return [linter for linter in detect(root) if linter.applies_to(path)]
+
+
+def lint_commands(root: Path, configured: str | None = None) -> list[Linter]:
+    """Every linter of the project at `root`; InvalidInput when there is none."""
+    linters = [Linter("lint_command", configured, ())] if configured else detect(root)
+    if not linters:
+        raise InvalidInput(
+            f"no linter is configured or detected in {root}",
+            hint="set `lint_command` in coder.config.json (with {file} for the file), or `cmd` "
+            "on the lint step",
+        )
+    return linters
 
 
 def detect(root: Path) -> list[Linter]:

@@ -47,4 +47,5 @@ def test_a_kind_that_runs_a_command_says_which() -> None:
     assert {k.name: k.command for k in KINDS.values() if k.command} == {
         "shell": "cmd",
         "test": "tests",
+        "lint": "lint",
     }

@@ -37,7 +37,7 @@ class Refusal:
 
 def command_of(step: Step, root: Path, config: Any) -> str | None:
     """The command a step runs (None for a kind that runs none); InvalidInput when a test
-    step has no test command to run."""
+    step has no test command to run, or a lint step no linter."""
     from coder import testreport
 
     source = KINDS[step.kind].command
@@ -50,6 +50,13 @@ def command_of(step: Step, root: Path, config: Any) -> str | None:
             cmd=step.cmd,
             args=step.args,
             configured=config.get("test_command"),
+        )
+    if source == "lint":
+        from coder import lintreport
+
+        return " && ".join(
+            linter.command_for("FILE")
+            for linter in lintreport.lint_commands(root, step.cmd or config.get("lint_command"))
         )
     return None
 

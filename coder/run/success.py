@@ -114,12 +114,12 @@ def lint_problems(
     """`success.require_no_lint_errors`: a problem per new finding (the first few) and per
     linter that could not run; none when the run added no finding."""
     from coder import lintreport
+    from coder.errors import InvalidInput
 
-    if not cfg.get("lint_command") and not lintreport.detect(worktree):
-        return [
-            "require_no_lint_errors: no linter is configured or detected "
-            "(set lint_command in coder.config.json)"
-        ]
+    try:
+        lintreport.lint_commands(worktree, cfg.get("lint_command"))
+    except InvalidInput as exc:
+        return [f"require_no_lint_errors: {exc.message} (set lint_command in coder.config.json)"]
     findings, notes = lint_findings(worktree, base, policy, cfg, cancel=cancel, owner=owner)
     problems = [f"require_no_lint_errors: {note}" for note in notes]
     if findings:

@@ -182,3 +182,61 @@ def test_merge_if_green_checks_the_lint_of_the_exact_tree(make_repo) -> None:
     code, out, err = coder(repo, "merge", "-t", "ok2", "--if-green")
     assert code == 0, out + err
     assert "print('main')" in git(repo, "show", "main:lib.py")
+
+
+def test_a_lint_step_fails_on_a_new_finding_and_passes_without(make_repo) -> None:
+    repo = linted_repo(make_repo)
+    code, out = run(
+        repo,
+        """
+        id: lintstep
+        title: t
+        graph:
+          - {id: s1, kind: shell, cmd: "printf 'x = 1\\n' > ok.py"}
+          - {id: s2, kind: lint}
+          - {id: s3, kind: shell, cmd: "printf 'print(2)\\n' > bad.py"}
+          - {id: s4, kind: lint}
+        """,
+    )
+    assert code == EXIT_FAILED, out
+    steps = state_of(repo, "lintstep")["steps"]
+    assert steps["s2"]["status"] == "success"
+    assert steps["s4"]["status"] == "failed"
+    assert steps["s4"]["error"] == "lint: 1 new finding: bad.py:1:1: P001 no print in library code"
+
+
+def test_a_lint_step_without_a_linter_is_refused_before_the_run(make_repo) -> None:
+    repo = make_repo({"README.md": "# r\n"})
+    code, out = run(repo, "id: nolint\ntitle: t\ngraph:\n  - {kind: lint}\n")
+    assert code != 0 and "no linter is configured or detected" in out
+    assert not (repo / ".coder" / "state" / "nolint.json").exists()
+
+
+def test_fix_and_retry_works_on_lint_findings(fake, make_repo) -> None:  # type: ignore[no-untyped-def]
+    from tests.helpers import call, chat_requests, done
+
+    repo = linted_repo(make_repo)
+    fake.enqueue(
+        call("fs_edit", path="bad.py", search="print(x)\n", replace="x += 1\n"),
+        done("removed the print", "bad.py"),
+    )
+    code, out = run(
+        repo,
+        """
+        id: fixlint
+        title: t
+        graph:
+          - {id: s1, kind: shell, cmd: "printf 'x = 1\\nprint(x)\\n' > bad.py"}
+          - {id: s2, kind: lint, on_fail: {strategy: fix_and_retry, max_cycles: 2}}
+        """,
+    )
+    assert code == 0, out
+    message = chat_requests(fake)[0]["messages"][1]["content"]
+    assert message.startswith(
+        "Step s2 (lint): lint the run's changes\nThe linter reports new findings"
+    )
+    assert "<lint-output>\nbad.py:2:1: P001 no print in library code\n</lint-output>" in message
+    s2 = state_of(repo, "fixlint")["steps"]["s2"]
+    assert s2["status"] == "success" and s2["commit"]
+    assert "after 1 fix cycle" in json.dumps(s2)
+    assert git(repo, "show", "agent/fixlint-t:bad.py") == "x = 1\nx += 1\n"

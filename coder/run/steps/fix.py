@@ -1,0 +1,121 @@
+"""Fix cycles (`on_fail: {strategy: fix_and_retry, max_cycles: N}`): a check that failed goes
+to the model with only its failures, the model edits, the check runs again, up to N times; the
+fix becomes the step's commit. A cycle that changes nothing ends the cycles early. Test steps
+(failing tests) and lint steps (new findings) both use it."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from coder.git import ops as gitops
+from coder.models.provider import Usage
+from coder.run.steps import StepContext, StepOutcome
+
+
+@dataclass(frozen=True)
+class Failing:
+    """What a failed check tells the model."""
+
+    summary: str  # "1 failed, 2 passed"; "2 new findings"
+    failures: tuple[str, ...]  # the sections shown to the model
+    names: frozenset[str]  # what fails (to notice a fix that did not change it)
+
+
+# Runs the check again: its outcome, and what fails when it failed in a way a model can fix.
+Check = Callable[[], tuple[StepOutcome, Failing | None]]
+
+
+def fix_cycles(
+    ctx: StepContext,
+    *,
+    check: str,  # "tests" | "lint": the words of the fix message
+    command: str,
+    rerun: Check,
+    outcome: StepOutcome,
+    failing: Failing,
+) -> StepOutcome:
+    from coder.agent import prompts
+    from coder.run.steps.model import converse
+    from coder.tools.registry import tools_for_kind
+
+    allowed = tools_for_kind("edit")
+    usage = Usage()
+    notes: tuple[str, ...] = ()
+    previous_names: frozenset[str] = frozenset()
+    previous_diff = _worktree_digest(ctx)
+    max_cycles = ctx.step.max_cycles
+    for cycle in range(1, max_cycles + 1):
+        message = prompts.fix_message(
+            step={"id": ctx.step.id, "goal": ctx.step.goal},
+            command=command,
+            failures=failing.failures,
+            summary=failing.summary,
+            cycle=cycle,
+            max_cycles=max_cycles,
+            tools=allowed,
+            same_as_before=failing.names == previous_names,
+            check=check,
+        )
+        ctx.log.info("fix.cycle", cycle=cycle, failing=failing.summary)
+        result = converse(
+            ctx,
+            role="edit",
+            allowed=allowed,
+            first_message=message,
+            transcript=f".fix{cycle}.transcript.json",
+            cycle=cycle,
+        )
+        usage += result.usage
+        notes += tuple(result.notes)
+        if not result.ok:
+            return StepOutcome(
+                False,
+                f"fix cycle {cycle}: {result.error}",
+                tests=outcome.tests,
+                cancelled=result.error == "interrupted",
+                usage=usage,
+                notes=notes,
+            )
+        digest = _worktree_digest(ctx)
+        if digest == previous_diff:
+            return StepOutcome(
+                False,
+                f"fix cycle {cycle} changed nothing; stopping early ({failing.summary})",
+                tests=outcome.tests,
+                usage=usage,
+                notes=notes,
+            )
+        previous_diff, previous_names = digest, failing.names
+        outcome, still = rerun()
+        if outcome.ok or outcome.cancelled or still is None:
+            summary = (
+                f"{outcome.summary} after {cycle} fix cycle{'s' * (cycle > 1)}"
+                if outcome.ok
+                else outcome.summary
+            )
+            return StepOutcome(
+                outcome.ok,
+                outcome.error,
+                summary=summary,
+                tests=outcome.tests,
+                cancelled=outcome.cancelled,
+                usage=usage,
+                notes=notes,
+            )
+        failing = still
+    return StepOutcome(
+        False,
+        f"{check} still failing after {max_cycles} fix cycles: {failing.summary}",
+        tests=outcome.tests,
+        usage=usage,
+        notes=notes,
+    )
+
+
+def _worktree_digest(ctx: StepContext) -> str:
+    """What the worktree's changes look like now (to notice a cycle that changed nothing)."""
+    repo = gitops.open_repo(ctx.workdir)
+    text = gitops.diff_patch(repo, "HEAD", worktree=ctx.workdir)
+    return hashlib.sha256(text.encode()).hexdigest()
