@@ -111,7 +111,7 @@ def test_every_problem_is_reported_at_once_with_positions(tmp_path: Path) -> Non
     )
     assert problems(path) == [
         "task.yaml:4:11: graph[0].kind (step s1): 'shel' is not one of analyze, edit, doc, shell,"
-        " test, custom (did you mean 'shell'?)",
+        " test, lint, custom (did you mean 'shell'?)",
         "task.yaml:6:5: graph[1] (step s2): missing required field 'cmd' for a shell step",
         "task.yaml:8:22: step 's2' depends on unknown step 's9'",
         "task.yaml:9:9: duplicate step id 's2' (first defined at line 6)",
@@ -175,8 +175,8 @@ def test_long_cycle_is_printed_as_a_path(tmp_path: Path) -> None:
         ),
         (
             "title: t\ngraph:\n  - {kind: edit, goal: g, on_fail: {strategy: fix_and_retry}}\n",
-            "task.yaml:3:47: step 's1': fix_and_retry applies to test steps (use retries for an edit"
-            " step)",
+            "task.yaml:3:47: step 's1': fix_and_retry applies to test and lint steps (use retries for"
+            " an edit step)",
         ),
         (
             "title: t\ngraph:\n  - {kind: shell, cmd: x, cwd: /etc}\n",
