@@ -446,14 +446,14 @@ def _kind_problems(i: int, sid: str, raw: dict[str, Any], report: Any) -> None:
     for key in sorted(KIND_FIELDS & raw.keys() - KINDS[kind].fields, key=list(raw).index):
         report(
             [*where, key],
-            f"step {quote(sid)}: `{key}` is only used by {' and '.join(kinds_taking(key))} steps "
+            f"step {quote(sid)}: `{key}` is only used by {_and(kinds_taking(key))} steps "
             f"(this is {_article(kind)} {kind} step)",
             key=True,
         )
     on_fail = raw.get("on_fail")
     if isinstance(on_fail, dict):
         if on_fail.get("strategy") == "fix_and_retry" and not KINDS[kind].fixable:
-            fixable = " and ".join(k.name for k in KINDS.values() if k.fixable)
+            fixable = _and([k.name for k in KINDS.values() if k.fixable])
             report(
                 [*where, "on_fail", "strategy"],
                 f"step {quote(sid)}: fix_and_retry applies to {fixable} steps "
@@ -519,3 +519,8 @@ def _path_problems(data: dict[str, Any], report: Any) -> None:
 def is_repo_relative(value: str) -> bool:
     p = PurePosixPath(value.replace("\\", "/"))
     return not p.is_absolute() and ".." not in p.parts and not re.match(r"^[A-Za-z]:", value)
+
+
+def _and(names: list[str]) -> str:
+    """`a`, `a and b`, `a, b and c`."""
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)

@@ -116,7 +116,7 @@ def test_every_problem_is_reported_at_once_with_positions(tmp_path: Path) -> Non
         "task.yaml:8:22: step 's2' depends on unknown step 's9'",
         "task.yaml:9:9: duplicate step id 's2' (first defined at line 6)",
         "task.yaml:12:5: graph[2] (step s2): unknown field 'dependson' (did you mean 'depends_on'?)",
-        "task.yaml:13:5: step 's2': `cmd` is only used by shell and test steps (this is an edit step)",
+        "task.yaml:13:5: step 's2': `cmd` is only used by shell, test and lint steps (this is an edit step)",
         "task.yaml:16:17: dependency cycle: s4 -> s5 -> s4",
         "task.yaml:17:14: graph[3].timeout (step s4): '5min' is not valid here: Seconds as a number,"
         " or a string such as 90s, 5m, 1h.",
