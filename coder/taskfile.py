@@ -492,20 +492,23 @@ def _article(word: str) -> str:
 
 def _path_problems(data: dict[str, Any], report: Any) -> None:
     """Paths in a taskfile are repository-relative and may not climb out of it."""
+    def items(value: Any) -> list[Any]:  # a wrong type is the schema check's to report
+        return value if isinstance(value, list) else []
+
     candidates: list[tuple[list[Any], Any]] = []
-    for i, raw in enumerate(data.get("graph") or []):
+    for i, raw in enumerate(items(data.get("graph"))):
         if not isinstance(raw, dict):
             continue
         candidates.append((["graph", i, "cwd"], raw.get("cwd")))
-        for j, a in enumerate(raw.get("assert") or []):
+        for j, a in enumerate(items(raw.get("assert"))):
             if isinstance(a, dict):
                 candidates.append((["graph", i, "assert", j, "path"], a.get("path")))
-        for j, c in enumerate(raw.get("changes") or []):
+        for j, c in enumerate(items(raw.get("changes"))):
             if isinstance(c, dict):
                 candidates.append((["graph", i, "changes", j, "path"], c.get("path")))
     success = data.get("success")
     if isinstance(success, dict):
-        for j, p in enumerate(success.get("required_files") or []):
+        for j, p in enumerate(items(success.get("required_files"))):
             candidates.append((["success", "required_files", j], p))
     for path, value in candidates:
         if isinstance(value, str) and not is_repo_relative(value):
