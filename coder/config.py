@@ -291,10 +291,11 @@ def detect_test_command(root: Path) -> str | None:
             return False
 
     if has("package.json"):
+        from coder import yamldoc
+
         try:
-            scripts = json.loads((root / "package.json").read_text(encoding="utf-8")).get(
-                "scripts", {}
-            )
+            package = yamldoc.loads_json((root / "package.json").read_text(encoding="utf-8"))
+            scripts = package.get("scripts", {}) if isinstance(package, dict) else {}
         except (OSError, ValueError):
             scripts = {}
         if isinstance(scripts, dict) and "test" in scripts:

@@ -492,6 +492,7 @@ def _article(word: str) -> str:
 
 def _path_problems(data: dict[str, Any], report: Any) -> None:
     """Paths in a taskfile are repository-relative and may not climb out of it."""
+
     def items(value: Any) -> list[Any]:  # a wrong type is the schema check's to report
         return value if isinstance(value, list) else []
 

@@ -218,9 +218,8 @@ def parse(text: str, name: str) -> Document:
 def parse_json(text: str, name: str) -> Document:
     """A JSON document: values as `json` reads them (YAML 1.1 differs on numbers like 1e5),
     nodes, depth and duplicate keys as for YAML."""
-    _check_json_depth(text, name)
     try:
-        data = json.loads(text)
+        data = loads_json(text)
     except json.JSONDecodeError as exc:
         raise DocumentError(
             Problem(name, exc.lineno, exc.colno, f"invalid JSON: {exc.msg}")
@@ -243,12 +242,12 @@ def load(path: Path, name: str | None = None) -> Document:
 
 
 def loads_json(text: str | bytes) -> Any:
-    """`json.loads` for JSON from outside (a model, a recording): nesting deeper than
-    MAX_DEPTH is a ValueError like any other bad JSON, never a RecursionError."""
+    """`json.loads` for JSON from outside (a model, a recording, a repository's file): nesting
+    deeper than MAX_DEPTH is a `json.JSONDecodeError` like any other bad JSON, never a
+    RecursionError nor a 1,000-level structure for the code after it."""
     if isinstance(text, bytes | bytearray):
         text = text.decode("utf-8")
-    if _json_depth(text) > MAX_DEPTH:
-        raise ValueError(f"JSON nested more than {MAX_DEPTH} levels deep")
+    _json_depth_check(text)
     return json.loads(text)
 
 
@@ -401,24 +400,19 @@ def _key_value(node: yaml.ScalarNode, loader: Any) -> Any:
 _JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.S)
 
 
-def _json_depth(text: str) -> int:
-    """How deep `[` and `{` nest, strings skipped (exact for JSON; a bound for broken JSON)."""
-    depth = deepest = 0
+def _json_depth_check(text: str) -> None:
+    """JSONDecodeError at the first `[` or `{` nested deeper than MAX_DEPTH (strings skipped:
+    exact for JSON, a bound for broken JSON, which `json` refuses anyway)."""
+    depth = 0
     for match in _JSON_TOKENS.finditer(text):
         token = match.group()
         if token in "[{":
             depth += 1
-            deepest = max(deepest, depth)
+            if depth > MAX_DEPTH:
+                message = f"nesting is too deep (more than {MAX_DEPTH} levels)"
+                raise json.JSONDecodeError(message, text, match.start())
         elif token in "]}":
             depth -= 1
-    return deepest
-
-
-def _check_json_depth(text: str, name: str) -> None:
-    if _json_depth(text) > MAX_DEPTH:
-        raise DocumentError(
-            Problem(name, 1, 1, f"nesting is too deep (more than {MAX_DEPTH} levels)")
-        )
 
 
 # --- messages about values -----------------------------------------------------------------

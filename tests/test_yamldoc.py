@@ -3,6 +3,7 @@ and output; never a crash. The big inputs are generated here, not committed."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -155,8 +156,24 @@ def test_json_numbers_keep_json_meaning(repo: Path) -> None:
 
 def test_loads_json_refuses_deep_nesting_as_bad_json() -> None:
     assert yamldoc.loads_json('{"a": [1, "[[[["]}') == {"a": [1, "[[[["]}
-    with pytest.raises(ValueError, match="nested more than"):
+    with pytest.raises(json.JSONDecodeError, match="nesting is too deep") as info:
         yamldoc.loads_json("[" * 10_000 + "]" * 10_000)
+    assert info.value.pos == yamldoc.MAX_DEPTH
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000, "[1, 2]", '{"scripts": []}'])
+def test_a_hostile_package_json_does_not_crash_init_detection(tmp_path: Path, text: str) -> None:
+    (tmp_path / "package.json").write_text(text)
+    assert config.detect_test_command(tmp_path) is None
+
+
+def test_a_deeply_nested_replay_file_is_bad_input(tmp_path: Path) -> None:
+    from coder.models.replay import ReplayModels
+
+    path = tmp_path / "rec.json"
+    path.write_text('{"calls": ' + "[" * 100_000)
+    with pytest.raises(InvalidInput, match="not a coder recording"):
+        ReplayModels(path)
 
 
 # --- files that are not files --------------------------------------------------------------

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from coder import yamldoc
 from coder.models.provider import ToolCall
 
 MAX_SCAN = 200_000  # characters of text examined; a reply longer than this is not a tool call
@@ -37,7 +38,7 @@ def _as_call(obj: Any, names: set[str]) -> ToolCall | None:
     args = obj.get("arguments", obj.get("parameters", obj.get("args", {})))
     if isinstance(args, str):
         try:
-            args = json.loads(args)
+            args = yamldoc.loads_json(args)
         except ValueError:
             return None
     if not isinstance(args, dict):

@@ -29,6 +29,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
+from coder import yamldoc
 from coder.errors import (
     HostUnreachable,
     ModelError,
@@ -406,7 +407,7 @@ def _assemble(partial: dict[int, _Partial]) -> tuple[list[ToolCall], str]:
     for _, p in sorted(partial.items()):
         raw = "".join(p.arguments).strip() or "{}"
         try:
-            arguments = json.loads(raw)
+            arguments = yamldoc.loads_json(raw)
         except ValueError:
             arguments = None
         if isinstance(arguments, dict) and p.name:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from coder import yamldoc
 from coder.errors import InvalidInput, ModelError, StopReply
 from coder.models.provider import (
     ChatEvent,
@@ -130,7 +131,7 @@ class ReplayModels:
 
     def __init__(self, path: Path) -> None:
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = yamldoc.loads_json(Path(path).read_text(encoding="utf-8"))
             self.calls = list(data["calls"])
             self.model = str(data.get("model", "replay"))
         except (OSError, ValueError, KeyError, TypeError) as exc:

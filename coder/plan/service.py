@@ -468,7 +468,7 @@ def parse_answer(content: str, done_reason: str | None, name: str) -> tuple[Any,
     if not text:
         return None, Problem(name, 1, 1, f"the answer is empty{cut}")
     try:
-        return json.loads(text), None
+        return yamldoc.loads_json(text), None
     except json.JSONDecodeError as exc:
         first = exc
     embedded = _embedded_object(text)

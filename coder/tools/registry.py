@@ -32,6 +32,7 @@ from typing import Any, cast
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
+from coder import yamldoc
 from coder.errors import CoderError, InvalidInput, PolicyViolation
 from coder.policy.commands import Policy
 from coder.redact import Redactor
@@ -213,7 +214,7 @@ class Registry:
             arguments = {}
         if isinstance(arguments, str):  # some models send the arguments as JSON text
             try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
+                arguments = yamldoc.loads_json(arguments) if arguments.strip() else {}
             except ValueError:
                 pass
         if not isinstance(arguments, dict):
@@ -297,7 +298,7 @@ def _coerce(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
             value = value.lower() == "true"
         elif kind == "array" and isinstance(value, str):
             try:
-                parsed = json.loads(value)
+                parsed = yamldoc.loads_json(value)
             except ValueError:
                 parsed = None
             value = parsed if isinstance(parsed, list) else [value]
