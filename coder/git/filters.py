@@ -71,9 +71,9 @@ def blob_id(w: pygit2.Repository, path: str) -> str:
 
 
 def stage(w: pygit2.Repository, paths: Iterable[str]) -> None:
-    """Record files just written in the index, with their stat data: through libgit2, or for
-    paths that need git through `git update-index` (its clean filter gives the blob id).
-    The caller has written the index first; this reads and writes it again."""
+    """Record in the index those of `paths` (files just written) that need git, through
+    `git update-index` (its clean filter gives the blob id, and it records the stat data).
+    libgit2 records the others; the caller writes its index first."""
     through_git = [p for p in paths if needs_git(w, p) is not None]
     if through_git:
         _git(w, "update-index", "--add", "--", *through_git)

@@ -310,9 +310,11 @@ def apply_checkout_update(checkout: Path, new: str, paths: tuple[str, ...]) -> N
             elif entry[1] == _GITLINK:
                 mode = pygit2.enums.FileMode(entry[1])
                 index.add(pygit2.IndexEntry(path, pygit2.Oid(hex=entry[0]), mode))
-            else:
+            elif filters.needs_git(w, path) is None:
                 index.add(path)  # hashes the file just written and records its stat data
         index.write()
+        # paths only git can hash: until git records them the index keeps the old entry,
+        # so a crash in between leaves them pending, never recorded with a wrong blob
         filters.stage(w, [p for p, e in entries.items() if e is not None and e[1] != _GITLINK])
     except (pygit2.GitError, OSError) as exc:
         raise _git_failure(exc, "update the checked-out files", Path(checkout)) from None
