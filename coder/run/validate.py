@@ -11,8 +11,6 @@ from pathlib import Path
 from coder import config as config_mod
 from coder import taskfile, yamldoc
 from coder.errors import DocumentError
-from coder.run import runs
-from coder.run.preflight import refusals
 from coder.yamldoc import Problem
 
 
@@ -37,6 +35,9 @@ def preflight_problems(doc: yamldoc.Document, task: taskfile.Task, cwd: Path) ->
     cfg = config_mod.load(cwd)
     if cfg.project_root is None:
         return []
+    from coder.run import runs  # git and the policy: only where a run could start
+    from coder.run.preflight import refusals
+
     index = {step.id: i for i, step in enumerate(task.steps)}
     found = refusals(
         task.steps, root=cfg.project_root, policy=runs.policy_for(task, cfg), config=cfg
