@@ -14,7 +14,9 @@ hang, and costs bounded time, memory and output:
     a 100 KB value in an error       quoted cut short (`quote`)
 
 JSON files (coder.config.json) take the same checks: JSON is YAML, so the YAML parser gives
-their positions, depth and duplicate keys, while `json` gives the values (`parse_json`).
+their positions and duplicate keys, while `json` gives the values (`parse_json`). JSON from
+elsewhere (a model's tool arguments, a recording) goes through `loads_json`, whose cheap scan
+of the text bounds the nesting before `json` recurses into it.
 """
 
 from __future__ import annotations
@@ -226,7 +228,7 @@ def parse_json(text: str, name: str) -> Document:
         ) from None
     try:
         root, loader = _compose(text, name)
-    except DocumentError:  # JSON libyaml cannot read (surrogate-pair escapes): no positions
+    except DocumentError:  # JSON libyaml cannot read (surrogate-pair escapes): values only
         return Document(name, data, None, "JSON")
     try:
         if root is not None:
