@@ -1,8 +1,26 @@
-"""Per-step harness overhead of `coder run --autonomous`, as ratios against the git CLI.
+"""Per-step harness overhead of `coder run --autonomous`, as ratios: against the git CLI as
+repositories grow (the size axis), and against a short run as runs grow (the steps axis).
 
     python bench/step_overhead.py                 # N=20 steps, repos of 100 and 20,000 files
     python bench/step_overhead.py --steps 50 --sizes 100 5000 --repeats 5
     python bench/step_overhead.py --profile       # also cProfile coder's steps (largest repo)
+    python bench/step_overhead.py --step-counts 10 1000 10000   # the steps axis instead
+
+The steps axis: runs of N no-op shell steps (`true`) in a small repository, the first (w0)
+and the last not measured. A step's harness overhead is the time from its start to the next
+step's start, less its command's own duration (`command.finished` duration_s): scheduling,
+checkpoints (one journal line per transition, the occasional compaction), the event log,
+verify and the commit check. The mean over a run's steps (so the compactions count) is
+compared with the smallest run's:
+
+    harness per step, N steps vs the smallest N                goal <= 1.3x
+
+A run that rescanned every step or rewrote the whole state per transition would be quadratic
+and fail this by far (10,000 steps took 0.25-0.8 s a step that way, against ~23 ms at 200).
+The median, and the last tenth of each run against its first tenth (a per-step cost that grows
+with the steps done shows there, whatever else the machine does between runs), are printed
+for information. Runs of up to 1,000 steps are repeated --repeats times (best kept); longer
+ones run once.
 
 For each size a repository of small text files in nested directories (50 files a directory,
 20 directories a level) is generated and committed once with the git CLI. A taskfile of N
@@ -180,10 +198,8 @@ def phases(events: list[dict[str, Any]]) -> dict[str, float]:
     return {k: v / steps for k, v in total.items()}
 
 
-def run_coder(repo: Path, tmp: Path, task_id: str, paths: list[str]) -> dict[str, Any]:
-    """One `coder run` in its own worktree; seconds: wall, fixed, per step, per phase."""
-    taskfile = tmp / f"{task_id}.yaml"
-    write_taskfile(taskfile, task_id, paths)
+def coder_run(repo: Path, taskfile: Path, task_id: str) -> tuple[float, list[dict[str, Any]]]:
+    """`coder run` of a taskfile: its wall time in seconds and the events it logged."""
     start = time.perf_counter()
     proc = subprocess.run(
         [*coder_cmd(), "run", "--autonomous", "--json", "-f", str(taskfile)],
@@ -194,9 +210,16 @@ def run_coder(repo: Path, tmp: Path, task_id: str, paths: list[str]) -> dict[str
     )
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        raise SystemExit(f"coder run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise SystemExit(f"coder run failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     log = repo / ".coder" / "logs" / f"{task_id}.jsonl"
-    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return wall, [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def run_coder(repo: Path, tmp: Path, task_id: str, paths: list[str]) -> dict[str, Any]:
+    """One `coder run` in its own worktree; seconds: wall, fixed, per step, per phase."""
+    taskfile = tmp / f"{task_id}.yaml"
+    write_taskfile(taskfile, task_id, paths)
+    wall, events = coder_run(repo, taskfile, task_id)
     started = {e["step_id"]: _ts(e) for e in events if e["event"] == "step.started"}
     finished = next(_ts(e) for e in events if e["event"] == "run.finished")
     check_commits(repo, f"main..{_branch_of(repo, task_id)}", len(paths))
@@ -296,6 +319,77 @@ def profile_steps(repo: Path, tmp: Path, paths: list[str], top: int = 30) -> Non
     stats.sort_stats("tottime").print_stats(top)
 
 
+# --- the steps axis -----------------------------------------------------------------------------
+
+
+def write_noop_taskfile(path: Path, task_id: str, steps: int) -> None:
+    """`steps` no-op shell steps in file order (no depends_on): w0, not measured, then s1..."""
+    lines = [f"id: {task_id}", "title: Steps axis", "graph:"]
+    lines += [
+        f"  - {{id: {sid}, kind: shell, cmd: 'true'}}"
+        for sid in ("w0", *(f"s{i}" for i in range(1, steps)))
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def harness_gaps(events: list[dict[str, Any]]) -> list[float]:
+    """Seconds each measured step took, from its start to the next step's start, less its
+    command's own duration (the last step, which the run's end follows, is left out)."""
+    starts = [(e["step_id"], _ts(e)) for e in events if e["event"] == "step.started"]
+    starts = [(sid, t) for sid, t in starts if sid != "w0"]
+    command = {e["step_id"]: e["duration_s"] for e in events if e["event"] == "command.finished"}
+    return [end - t - command[sid] for (sid, t), (_, end) in zip(starts, starts[1:])]
+
+
+def run_noop(repo: Path, tmp: Path, task_id: str, steps: int) -> dict[str, float]:
+    import statistics
+
+    taskfile = tmp / f"{task_id}.yaml"
+    write_noop_taskfile(taskfile, task_id, steps)
+    wall, events = coder_run(repo, taskfile, task_id)
+    gaps = harness_gaps(events)
+    tenth = max(1, len(gaps) // 10)
+    git(repo, "worktree", "remove", "--force", str(repo / ".coder" / "worktrees" / task_id))
+    return {
+        "wall": wall,
+        "mean": statistics.fmean(gaps),
+        "median": statistics.median(gaps),
+        "first": statistics.fmean(gaps[:tenth]),  # the run's first and last tenth: a cost
+        "last": statistics.fmean(gaps[-tenth:]),  # growing with the steps done shows here
+    }
+
+
+def steps_axis(counts: list[int], repeats: int) -> None:
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="coder-steps-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        repo = make_repo(tmp / "repo", 10)
+        results: dict[int, dict[str, float]] = {}
+        for n in counts:
+            tries = repeats if n <= 1000 else 1
+            runs = [run_noop(repo, tmp, f"steps-{n}-{k}", n) for k in range(tries)]
+            best = min(runs, key=lambda r: r["mean"])
+            results[n] = best
+            print(
+                f"{n:,} no-op steps (best of {tries}): coder total {best['wall']:.1f}s; harness "
+                f"per step mean {best['mean'] * 1000:.1f} ms, median {best['median'] * 1000:.1f} "
+                f"ms; last tenth vs first tenth of the run {best['last'] / best['first']:.2f}x"
+            )
+        smallest = counts[0]
+        for n in counts[1:]:
+            name = f"harness per step, {n:,} vs {smallest:,} steps"
+            base_name = f"{smallest:,} steps"
+            report(name, results[n]["mean"], results[smallest]["mean"], 1.3, base_name=base_name)
+            report(
+                f"  (median, {n:,} vs {smallest:,})",
+                results[n]["median"],
+                results[smallest]["median"],
+                None,
+                base_name=base_name,
+            )
+    print(f"(benchmark took {time.perf_counter() - began:.0f}s)")
+
+
 # --- main ----------------------------------------------------------------------------------------
 
 
@@ -335,7 +429,19 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="then cProfile coder's steps in the largest repository",
     )
+    parser.add_argument(
+        "--step-counts",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="run the steps axis instead: runs of N no-op steps (e.g. 10 1000 10000)",
+    )
     args = parser.parse_args(argv)
+    if args.step_counts:
+        if min(args.step_counts) < 2 or args.repeats < 1:
+            parser.error("--step-counts must be at least 2 and --repeats positive")
+        steps_axis(sorted(set(args.step_counts)), args.repeats)
+        return
     if args.steps < 1 or args.repeats < 1 or min(args.sizes) < 1:
         parser.error("--steps, --repeats and --sizes must be positive")
     sizes = sorted(set(args.sizes))

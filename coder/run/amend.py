@@ -136,8 +136,8 @@ def take(
 def align(state: RunState, task: taskfile.Task) -> None:
     """The checkpoint's steps in the task's order: a step new to it pending, a step the task
     no longer has dropped (only one never done; a done step is never dropped)."""
-    kept = {sid: r for sid, r in state.steps.items() if r.status in DONE or r.commit}
-    missing = [sid for sid in kept if sid not in {s.id for s in task.steps}]
+    ids = {s.id for s in task.steps}
+    missing = [s for s, r in state.steps.items() if (r.status in DONE or r.commit) and s not in ids]
     if missing:
         raise InvalidInput(
             f"step {missing[0]} of run {state.task_id} is done but no longer in its task",

@@ -185,14 +185,14 @@ class Executor:
 
     def _walk(self) -> None:
         while not self.halted and not self.run.stop.is_set():
+            batch = self.schedule.take(self.run.max_parallel if self.run.approve is None else 1)
+            if not batch:
+                return
             exhausted = self._run_budget_exhausted()
-            if exhausted:
+            if exhausted:  # the batch stays pending
                 self.run.state.error = exhausted
                 self.run.log.error("run.budget_exhausted", reason=exhausted)
                 self.halted = True
-                return
-            batch = self.schedule.take(self.run.max_parallel if self.run.approve is None else 1)
-            if not batch:
                 return
             if self.run.approve is not None and not self._approved(self.steps[batch[0]]):
                 continue
@@ -578,15 +578,8 @@ class InPlace:
         return self.ex._tip()
 
     def commit(self, step: Step, attempt: int, outcome: StepOutcome, tip: str) -> str | None:
-        return gitops.commit_step(
-            self.workdir,
-            task_id=self.ex.task.id,
-            step_id=step.id,
-            attempt=attempt,
-            title=commit_title(step),
-            body=commit_body(step, outcome),
-            expected_tip=tip,
-        )
+        message = commit_parts(self.ex.task, step, attempt, outcome)
+        return gitops.commit_step(self.workdir, **message, expected_tip=tip)
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
         return commit, tip  # the commit moved the branch already
@@ -608,15 +601,8 @@ class Scratch:
         return self.tip
 
     def commit(self, step: Step, attempt: int, outcome: StepOutcome, tip: str) -> str | None:
-        return gitops.commit_detached(
-            self.workdir,
-            task_id=self.ex.task.id,
-            step_id=step.id,
-            attempt=attempt,
-            title=commit_title(step),
-            body=commit_body(step, outcome),
-            parent=tip,
-        )
+        message = commit_parts(self.ex.task, step, attempt, outcome)
+        return gitops.commit_detached(self.workdir, **message, parent=tip)
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
         current = self.ex._tip()
@@ -650,6 +636,17 @@ def success_problems(ex: Executor) -> list[str]:
             worktree, base, ex.run.policy, ex.run.config, cancel=ex.run.stop, owner=ex.run.owner
         )
     return problems
+
+
+def commit_parts(task: Task, step: Step, attempt: int, outcome: StepOutcome) -> dict[str, Any]:
+    """What a step commit says: title, body and the trailers' values."""
+    return {
+        "task_id": task.id,
+        "step_id": step.id,
+        "attempt": attempt,
+        "title": commit_title(step),
+        "body": commit_body(step, outcome),
+    }
 
 
 def commit_title(step: Step) -> str:

@@ -398,9 +398,10 @@ def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Pa
             repo, branch=branch, base_commit=manifest["base_commit"], task_id=task_id
         )
     }
+    on_branch = set(committed.values())
     was_running = False
     for step_id, st in state.steps.items():
-        if st.status == "success" and st.commit and st.commit not in committed.values():
+        if st.status == "success" and st.commit and st.commit not in on_branch:
             st.status, st.commit = "pending", None
             st.reasons.append("its commit is no longer on the branch (or was reverted); rerunning")
         elif st.status in ("running", "pending", "interrupted", "failed") and step_id in committed:

@@ -14,12 +14,11 @@ O(steps + edges) here, whatever its size. Ties go to the step first in topologic
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from coder import graph
+from coder.run.state import DONE as RESOLVED
 from coder.taskfile import Task
-
-RESOLVED = ("success", "skipped")
 
 
 class Schedule:
@@ -78,7 +77,3 @@ class Schedule:
             resolved.append(sid)
         elif status == "pending":
             heapq.heappush(self._ready, (self.rank[sid], sid))
-
-    def pending(self) -> Iterable[str]:
-        """Steps never resolved (for messages; O(steps))."""
-        return (sid for sid in self.rank if self.status.get(sid, "pending") not in RESOLVED)

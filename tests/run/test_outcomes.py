@@ -178,3 +178,36 @@ def test_a_run_where_no_step_did_its_work_fails(make_repo) -> None:
     assert state["status"] == "failed"
     assert state["error"] == "no step did its work (2 steps skipped after failing: s1, s2)"
     assert "Run weak: failed (no step did its work" in out
+
+
+def test_a_step_of_a_parallel_level_retries_with_the_same_events(make_repo) -> None:
+    """One pipeline for both places: a flaky step in a scratch worktree logs step.retry and
+    its reason as it would alone."""
+    repo = make_repo()
+    # counted in the scratch worktree's git admin dir: writable, and kept across attempts
+    counter = '\\"$(git rev-parse --git-dir)/count\\"'
+    flaky = f"echo x >> {counter}; echo b > b.txt; test $(wc -l < {counter}) -ge 2"
+    path = taskfile(
+        repo,
+        f"""
+        id: par
+        title: parallel retry
+        policies: {{max_parallel: 2}}
+        graph:
+          - {{id: a, kind: shell, cmd: "echo a > a.txt", depends_on: []}}
+          - {{id: b, kind: shell, cmd: "{flaky}", retries: 1, depends_on: []}}
+        """,
+    )
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == 0, out + err
+    events = [
+        json.loads(line)
+        for line in (repo / ".coder" / "logs" / "par.jsonl").read_text().splitlines()
+    ]
+    retries = [e for e in events if e["event"] == "step.retry"]
+    assert [(e["step_id"], e["attempt"]) for e in retries] == [("b", 1)]
+    assert [c[:2] for c in step_commits(repo, "agent/par-parallel-retry")] == [
+        ("a", "1"),
+        ("b", "2"),
+    ]
+    assert "retrying (1 of 1 retries)" in state_of(repo, "par")["steps"]["b"]["reasons"][0]
