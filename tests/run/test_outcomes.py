@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from coder.errors import EXIT_ENVIRONMENT, EXIT_FAILED
+import pytest
+
+from coder.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EnvironmentProblem
 from tests.conftest import coder, git
 from tests.fake_ollama import FakeOllama, Reply
 from tests.helpers import call, done, state_of, step_commits, taskfile
@@ -211,3 +213,51 @@ def test_a_step_of_a_parallel_level_retries_with_the_same_events(make_repo) -> N
         ("b", "2"),
     ]
     assert "retrying (1 of 1 retries)" in state_of(repo, "par")["steps"]["b"]["reasons"][0]
+
+
+def test_a_full_disk_mid_run_stops_it_as_an_environment_problem(
+    make_repo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills while s2 runs: its checkpoint cannot be written, so the run stops with
+    the reason (exit 3 at the CLI), nothing recorded failed; once there is room, resume
+    finishes it with one commit per step."""
+    import errno
+    import os
+
+    from coder.run import runs
+
+    repo = make_repo()
+    path = taskfile(
+        repo,
+        """
+        id: full
+        title: disk full
+        graph:
+          - {id: s1, kind: shell, cmd: "echo one > one.txt"}
+          - {id: s2, kind: shell, cmd: "echo two > two.txt"}
+          - {id: s3, kind: shell, cmd: "echo three > three.txt"}
+        """,
+    )
+    real_fsync = os.fsync
+    full = False
+
+    def fsync(fd: int) -> None:
+        if full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    def fill_the_disk(event: dict[str, Any]) -> None:
+        nonlocal full
+        full = full or (event["event"] == "step.started" and event.get("step_id") == "s2")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(EnvironmentProblem, match="No space left on device") as info:
+        runs.start(path, cwd=repo, options=runs.RunOptions(), console=fill_the_disk)
+    assert info.value.exit_code == EXIT_ENVIRONMENT
+    full = False
+    state = state_of(repo, "full")
+    assert [r["status"] for r in state["steps"].values()] == ["success", "running", "pending"]
+
+    code, out, err = coder(repo, "resume", "-t", "full")
+    assert code == 0, out + err
+    assert [c[0] for c in step_commits(repo, "agent/full-disk-full")] == ["s1", "s2", "s3"]
