@@ -253,9 +253,22 @@ def loads_json(text: str | bytes) -> Any:
     return json.loads(text)
 
 
+def _too_deep(name: str, line: int, col: int) -> DocumentError:
+    return DocumentError(
+        Problem(
+            name,
+            line,
+            col,
+            f"nesting is too deep (more than {MAX_DEPTH} levels of lists and mappings)",
+        )
+    )
+
+
 def _syntax_error(exc: yaml.YAMLError, name: str) -> DocumentError:
     if isinstance(exc, yaml.MarkedYAMLError):
         line, col = _at(exc.problem_mark or exc.context_mark)
+        if exc.problem == "exceeded maximum nesting depth":  # libyaml's own flow limit (1,000)
+            return _too_deep(name, line, col)
         what = exc.problem or "invalid YAML"
         if exc.context:
             what += f" ({exc.context})"
@@ -277,16 +290,7 @@ def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any]:
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 if depth > MAX_DEPTH:
-                    line, col = _at(event.start_mark)
-                    raise DocumentError(
-                        Problem(
-                            name,
-                            line,
-                            col,
-                            f"nesting is too deep (more than {MAX_DEPTH} levels of lists "
-                            "and mappings)",
-                        )
-                    )
+                    raise _too_deep(name, *_at(event.start_mark))
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
                 continue

@@ -36,7 +36,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Self
 
-from tests.prefix_cache import PrefixCache, is_priming
+if __name__ == "__main__":  # run as a script: make `tests` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.prefix_cache import PrefixCache, is_priming  # noqa: E402
 
 VERSION = "0.33.0"
 DEFAULT_NUM_CTX = 4096  # what the server allocates when a request sets no num_ctx

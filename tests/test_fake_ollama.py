@@ -256,5 +256,6 @@ def test_runs_as_a_script(tmp_path: Path) -> None:
             assert client.chat(MODEL, USER).message.content == "from a script"
     finally:
         proc.terminate()
-        assert proc.wait(timeout=10) == 0
+        code = proc.wait(timeout=10)
         proc.stdout.close()  # type: ignore[union-attr]
+    assert code == 0
