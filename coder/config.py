@@ -155,11 +155,29 @@ def widening(data: Mapping[str, Any]) -> dict[str, Any]:
         for key in ("mcp_servers", "allowed_commands", "env_passthrough", "api_key_env")
         if data.get(key)
     }
+    for key in ("ollama_host", "base_url"):  # your task and prompts, sent off this machine
+        if data.get(key) and not _loopback(data[key]):
+            found[key] = data[key]
     if data.get("allow_network") is True:
         found["allow_network"] = True
     if data.get("sandbox") == "off":
         found["sandbox"] = "off"
     return found
+
+
+def _loopback(urls: Any) -> bool:
+    """Whether every model server URL in `urls` (one or a list) is on this machine."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    for url in urls if isinstance(urls, list) else [urls]:
+        name = urlsplit(normalize_host(str(url))).hostname or ""
+        try:
+            if not (name == "localhost" or ipaddress.ip_address(name).is_loopback):
+                return False
+        except ValueError:  # a host name: it may resolve anywhere
+            return False
+    return True
 
 
 def settings_hash(settings: Mapping[str, Any]) -> str:

@@ -194,6 +194,7 @@ def test_help_does_not_import_heavy_modules() -> None:
     code = (
         "import sys, coder.cli; coder.cli.main(['--help'], standalone_mode=False);"
         "heavy = {'networkx', 'pygit2', 'ollama', 'mcp', 'jsonschema', 'yaml', 'structlog'};"
+        "heavy |= {'coder.cli.' + m for m, _f, _h in coder.cli.COMMANDS.values()};"
         "print(sorted(heavy & set(sys.modules)))"
     )
     proc = subprocess.run(
@@ -203,6 +204,30 @@ def test_help_does_not_import_heavy_modules() -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_command_table_matches_the_commands() -> None:
+    """`coder --help` lists commands from coder.cli.COMMANDS without importing them: each
+    line there must be what the command's own docstring says, and every command is listed."""
+    import importlib
+
+    import click
+
+    from coder.cli import COMMANDS
+
+    ctx = click.Context(main)
+    for name, (module, function, line) in COMMANDS.items():
+        command = getattr(importlib.import_module(f"coder.cli.{module}"), function)
+        assert command.name == name and main.get_command(ctx, name) is command
+        assert command.get_short_help_str(10**6) == line, name
+    defined = {
+        c
+        for path in (ROOT / "coder" / "cli").glob("[!_]*.py")
+        for c in vars(importlib.import_module(f"coder.cli.{path.stem}")).values()
+        if isinstance(c, click.Command) and c is not main
+    }
+    nested = {c for g in defined if isinstance(g, click.Group) for c in g.commands.values()}
+    assert {c.name for c in defined - nested} == set(COMMANDS)  # none left out of the table
 
 
 @pytest.mark.parametrize(

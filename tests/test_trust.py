@@ -79,3 +79,33 @@ def test_a_repository_cannot_trust_itself(make_repo, tmp_path: Path) -> None:
     }
     (repo / "coder.config.json").write_text(json.dumps(hostile))
     assert config_mod.load(repo).untrusted == settings
+
+
+def test_a_model_server_off_this_machine_is_widening(make_repo) -> None:
+    """Your taskfile, spec and the prompts go to the model server: a repository may point at
+    one on this machine, but one elsewhere waits for `coder trust`."""
+    local = {"ollama_host": "http://localhost:11500", "base_url": ["http://127.0.0.1:8080/v1"]}
+    repo = make_repo({"coder.config.json": json.dumps(local)})
+    cfg = config_mod.load(repo)
+    assert cfg.untrusted == {} and cfg["base_url"] == local["base_url"]
+    assert cfg["ollama_host"] == "http://localhost:11500"
+    remote = {
+        "ollama_host": "http://gpu-box.example:11434",
+        "base_url": ["http://127.0.0.1:8080/v1", "https://10.1.2.3/v1"],
+    }
+    repo = make_repo({"coder.config.json": json.dumps(remote)}, name="remote")
+    cfg = config_mod.load(repo)
+    assert cfg.untrusted == remote
+    assert cfg["base_url"] is None and cfg["ollama_host"] == "http://127.0.0.1:11434"
+    assert "ollama_host=" in (config_mod.untrusted_problem(cfg) or "")
+
+
+def test_validate_says_an_untrusted_setting_waits_for_trust(make_repo) -> None:
+    """The policy's fix ("add it to allowed_commands") is already in the file: say why it does
+    not apply yet, rather than send the user to add it again."""
+    repo = cloned(make_repo, Path())
+    path = taskfile(repo, "title: t\ngraph:\n  - {kind: shell, cmd: whoami}\n")
+    code, out, _ = coder(repo, "validate", "-f", str(path))
+    assert code == 2 and "`whoami` is not in allowed_commands" in out
+    assert "this repository's mcp_servers, allowed_commands" in out
+    assert "apply after `coder trust`" in out

@@ -14,23 +14,68 @@ import os
 import click
 
 from coder import __version__
-from coder.cli import (
-    demo_cmd,
-    history,
-    mcp_cmd,
-    merge_cmd,
-    plan_cmd,
-    project,
-    report_cmd,
-    revert_cmd,
-    runs,
-    tasks,
-)
 from coder.cli.common import EPILOG, CoderGroup
+
+# The commands in journey order: name -> (module in coder.cli, function, the one line
+# `coder --help` shows). A command's module is imported only when that command runs or shows
+# its own help, so `coder --help` imports none of them; tests/test_cli_basics.py holds each
+# line here equal to the command's own docstring.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "init": ("project", "init", "Prepare this repo: .coder/ and coder.config.json."),
+    "plan": ("plan_cmd", "plan", "Turn a spec or a prompt into a validated taskfile in tasks/."),
+    "validate": ("tasks", "validate", "Check a taskfile; report every problem at once."),
+    "show": ("tasks", "show", "Show a taskfile's DAG (-f) or a run's progress (-t)."),
+    "run": ("runs", "run", "Run a taskfile on its own branch, one commit per step."),
+    "resume": ("runs", "resume", "Continue a run that crashed, was killed or was stopped."),
+    "stop": ("runs", "stop", "Stop a run gracefully; the current step is checkpointed."),
+    "status": ("runs", "status", "List the runs in this repository."),
+    "merge": (
+        "merge_cmd",
+        "merge",
+        "Land a successful run on its base branch and tag it coder/ID.",
+    ),
+    "revert": ("revert_cmd", "revert", "Put a run's branch back at the state right after STEP."),
+    "diff": (
+        "history",
+        "diff",
+        "Show a run's accumulated diff (base..branch) or one step's diff.",
+    ),
+    "report": ("report_cmd", "report", "What a reviewer needs to judge a run."),
+    "logs": ("history", "logs", "Print a run's structured event log."),
+    "clean": ("history", "clean", "Remove a run: worktree, state, artifacts, logs."),
+    "config": (
+        "project",
+        "config",
+        "Show the merged config and where each value comes from.",
+    ),
+    "trust": (
+        "project",
+        "trust",
+        ("Trust the settings of this repository's coder.config.json that widen what runs."),
+    ),
+    "doctor": (
+        "project",
+        "doctor",
+        "Check git, the sandbox, Ollama and the model; say how to fix each problem.",
+    ),
+    "mcp": (
+        "mcp_cmd",
+        "mcp",
+        "MCP: serve coder's tools, or list the external MCP servers runs use.",
+    ),
+    "demo": (
+        "demo_cmd",
+        "demo",
+        ("Run a sample task end to end: analyze, edit, a failing test, the fix, docs, merge."),
+    ),
+}
 
 
 @click.group(
-    cls=CoderGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
+    cls=CoderGroup,
+    lazy_commands=COMMANDS,
+    epilog=EPILOG,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.version_option(__version__, "-V", "--version", prog_name="coder")
 @click.option("--debug", is_flag=True, envvar="CODER_DEBUG", help="Show tracebacks for errors.")
@@ -42,27 +87,3 @@ def main(ctx: click.Context, debug: bool) -> None:
     worktree with a local Ollama model, one commit per step, and merges only when green.
     """
     ctx.ensure_object(dict)["debug"] = debug or os.environ.get("CODER_DEBUG") == "1"
-
-
-for command in (
-    project.init,
-    plan_cmd.plan,
-    tasks.validate,
-    tasks.show,
-    runs.run,
-    runs.resume,
-    runs.stop,
-    runs.status,
-    merge_cmd.merge,
-    revert_cmd.revert,
-    history.diff,
-    report_cmd.report,
-    history.logs,
-    history.clean,
-    project.config,
-    project.trust,
-    project.doctor,
-    mcp_cmd.mcp,
-    demo_cmd.demo,
-):
-    main.add_command(command)

@@ -27,6 +27,40 @@ Examples:
 
 
 class CoderGroup(click.Group):
+    """The error edge for every command, and commands loaded when first used.
+
+    `lazy_commands` maps a name to (module in coder.cli, function, help line); the listing in
+    `--help` comes from the table, so it imports no command module."""
+
+    def __init__(
+        self, *args: Any, lazy_commands: dict[str, tuple[str, str, str]] | None = None, **kw: Any
+    ) -> None:
+        super().__init__(*args, **kw)
+        self.lazy_commands = lazy_commands or {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.lazy_commands)  # the journey order, not alphabetical
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy_commands:
+            import importlib
+
+            module, function, _help = self.lazy_commands[cmd_name]
+            self.add_command(getattr(importlib.import_module(f"coder.cli.{module}"), function))
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names), default=0)
+        # cut as Click cuts a command's own help (a stand-in command: no import of the real one)
+        rows = [
+            (n, click.Command(n, help=self.lazy_commands[n][2]).get_short_help_str(limit))
+            for n in names
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
     def make_context(
         self,
         info_name: str | None,
@@ -57,9 +91,6 @@ class CoderGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("coder: interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(self.commands)  # registration order: the journey order, not alphabetical
 
 
 def _usage_hint(exc: click.ClickException) -> str | None:

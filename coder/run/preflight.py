@@ -76,5 +76,10 @@ def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Any) 
                 check_command(cmd, policy, root=root, cwd=root / (step.cwd or "."), path=path)
         except CoderError as exc:
             refused = isinstance(exc, PolicyViolation)
-            found.append(Refusal(step.id, field, exc.message, exc.hint, refused))
+            hint = exc.hint
+            if refused and getattr(config, "untrusted", None):
+                # the fix the policy suggests may already be in the file, waiting for trust
+                note = f"this repository's {', '.join(config.untrusted)} apply after `coder trust`"
+                hint = f"{hint}; {note}" if hint else note
+            found.append(Refusal(step.id, field, exc.message, hint, refused))
     return found
