@@ -22,8 +22,10 @@ request (empty `messages`) is left out of every figure below.
                                   characters of the request as a server renders it: the
                                   `tools` array serialized as JSON, then each message serialized
                                   as JSON, in order (json.dumps of the parsed body: the order
-                                  and values the client sent). The first request counts as
-                                  wholly uncached. This is what one KV-cache slot reuses.
+                                  and values the client sent). The first request is compared
+                                  with the warm prefix (what the server holds when it comes),
+                                  or counts as wholly uncached without one (warm_prefix off).
+                                  This is what one KV-cache slot reuses.
                                   Goal >= 90% (an anchor agent reports ~91%; a popular minimal
                                   agent measured 61.5% on this kind of run).
     ... vs longest earlier        the same with the common prefix taken against the earlier
@@ -291,11 +293,14 @@ def analyse(requests: list[dict[str, Any]], all_chats: list[dict[str, Any]]) -> 
     rendered = [render(b) for b in requests]
     rendered_sys = [render(b, system_first=True) for b in requests]
     sizes = [len(r) for r in rendered]
-    prev_prefix = [0] + [common(a, b) for a, b in zip(rendered, rendered[1:])]
-    prev_prefix_sys = [0] + [common(a, b) for a, b in zip(rendered_sys, rendered_sys[1:])]
-    longest = [
-        max((common(rendered[j], rendered[i]) for j in range(i)), default=0)
-        for i in range(len(rendered))
+    # The warm prefix, if coder sent one, is what the server holds when the first call comes.
+    primed = next((b for b in all_chats if b.get("messages") and is_priming(b)), None)
+    first = common(render(primed), rendered[0]) if primed else 0
+    first_sys = common(render(primed, system_first=True), rendered_sys[0]) if primed else 0
+    prev_prefix = [first] + [common(a, b) for a, b in zip(rendered, rendered[1:])]
+    prev_prefix_sys = [first_sys] + [common(a, b) for a, b in zip(rendered_sys, rendered_sys[1:])]
+    longest = [first] + [
+        max(common(rendered[j], rendered[i]) for j in range(i)) for i in range(1, len(rendered))
     ]
 
     stable, checked, breaks = 0, 0, []
@@ -346,6 +351,7 @@ def analyse(requests: list[dict[str, Any]], all_chats: list[dict[str, Any]]) -> 
         "prev_prefix": prev_prefix,
         "steps": steps,
         "boundaries": boundaries,
+        "primed": primed is not None,
         "same_settings": len(settings) == 1,
         "same_system": len(systems) == 1,
         "same_tools": len(tools) == 1,
@@ -355,7 +361,7 @@ def analyse(requests: list[dict[str, Any]], all_chats: list[dict[str, Any]]) -> 
             sum(missed[i] for i in first_of_step),
             sum(missed[1:]) - sum(missed[i] for i in first_of_step),
         ),
-        "warm": sum(prev_prefix) / (sum(sizes) - sizes[0]) if len(sizes) > 1 else 1.0,
+        "warm": sum(prev_prefix[1:]) / (sum(sizes) - sizes[0]) if len(sizes) > 1 else 1.0,
         "tools_chars": len(dumps(requests[0].get("tools") or [])),
         "system_chars": len(dumps(requests[0]["messages"][0])),
         "prompt_tokens": sum(estimate_prompt_tokens(b) for b in requests),
@@ -444,11 +450,12 @@ def main(argv: list[str] | None = None) -> None:
         f"(for information; system message before tools: {a['cached_sys'] * 100:.1f}%)"
     )
     cold, openings, turns = a["missed"]
+    first = "first request beyond the warm prefix" if a["primed"] else "first request, cold"
     print(
         f"{'':<4}not cached: {cold + openings + turns:,} of {sum(a['sizes']):,} chars = "
-        f"first request, cold {cold:,} ({cold / (cold + openings + turns):.0%}) + steps' first "
+        f"{first} {cold:,} ({cold / (cold + openings + turns):.0%}) + steps' first "
         f"messages {openings:,} ({openings / (cold + openings + turns):.0%}) + new turns within "
-        f"steps {turns:,} ({turns / (cold + openings + turns):.0%}); without the cold first "
+        f"steps {turns:,} ({turns / (cold + openings + turns):.0%}); without the first "
         f"request: {a['warm'] * 100:.1f}% cached"
     )
 
