@@ -4,16 +4,16 @@ asserted (the goals are printed beside the figures).
 
     python bench/context.py                       # all three parts
     python bench/context.py --only recall --libraries click networkx rich
-    python bench/context.py --embed-model nomic-embed-text   # + hybrid, if Ollama serves it
+    python bench/context.py --embed-model nomic-embed-text   # + hybrid, if the server has it
 
 1. Retrieval recall. The source of installed libraries (default click, and rich when it is
    installed, else networkx), copied into a temporary git repository. Every public function
    with a docstring is a query: the docstring's first sentence with the function's name taken
    out; the target is the function's file. recall@k = the share of queries whose file is among
-   the files of the first k results. code_search (BM25; hybrid when --embed-model names a model
-   the Ollama at OLLAMA_HOST serves) against a grep baseline over the query's words (files
-   ranked by how many of the query's words they contain, then by how often). Goal: BM25
-   recall@5 >= 0.8 on both.
+   the files of the first k results. code_search (BM25; hybrid when --embed-model names a
+   model the server of the coder config here serves: Ollama or OpenAI-compatible) against a
+   grep baseline over the query's words (files ranked by how many of the query's words they
+   contain, then by how often). Goal: BM25 recall@5 >= 0.8 on both.
 2. Repo map. On the same trees and on a generated tree of --files Python files that import
    each other: tokens of the file list the prompt had before (paths, folded by directory past
    400 files) against the ranked map at the default budget (what it shows: definitions with
@@ -345,13 +345,16 @@ def bench_edit(tmp: Path, repeats: int) -> None:
 # --------------------------------------------------------------------------- main
 
 
-def ollama_embedder(model: str | None) -> Any:
+def embedder(model: str | None) -> Any:
+    """The embedder a run would use (the coder config of the current directory: its
+    provider and endpoints), with `model` as embedding_model; None when it does not answer."""
     if not model:
         return None
-    from coder.config import normalize_host
-    from coder.tools.settings import ollama_embedder as make
+    from coder import config as config_mod
+    from coder.models.factory import open_embedder
 
-    embed = make(normalize_host(os.environ.get("OLLAMA_HOST", "127.0.0.1:11434")), model)
+    embed = open_embedder(config_mod.load(Path.cwd(), flags={"embedding_model": model}))
+    assert embed is not None
     try:
         embed(["probe"])
     except Exception as exc:  # noqa: BLE001 - no server or no model: hybrid is skipped
@@ -379,7 +382,7 @@ def main() -> None:
         tmp = Path(name)
         trees = {lib: tree for lib in libraries if (tree := library_tree(lib, tmp)) is not None}
         if args.only in (None, "recall"):
-            bench_recall(trees, ollama_embedder(args.embed_model), args.embed_model or "")
+            bench_recall(trees, embedder(args.embed_model), args.embed_model or "")
         if args.only in (None, "map"):
             bench_map({**trees, f"generated {args.files}": synthetic_tree(tmp, args.files)}, tmp)
         if args.only in (None, "edit"):

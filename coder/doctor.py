@@ -148,12 +148,39 @@ def _models(cfg: config_mod.Config) -> list[Check]:
     quick = replace(cfg, values={**cfg.values, "request_timeout": 15})
     checks: list[Check] = []
     for url in urls:
-        provider = make_provider(quick, url)
         try:
-            checks += _endpoint(cfg, provider, url, label=len(urls) > 1)
+            provider = make_provider(quick, url)
+        except CoderError as exc:  # e.g. api_key_env names a variable that is not set
+            return [Check("model server", "fail", exc.message, exc.hint)]
+        try:
+            found = _endpoint(cfg, provider, url, label=len(urls) > 1)
         finally:
             provider.close()
+        checks += found
+        if cfg.get("embedding_model") and found[0].status == "ok":  # the server answered
+            checks.append(_embedding(quick, url, label=len(urls) > 1))
     return checks
+
+
+def _embedding(cfg: config_mod.Config, url: str, *, label: bool) -> Check:
+    """Does `embedding_model` embed at this endpoint (one short text, as code_search would)?"""
+    from coder.models.factory import make_provider
+
+    model = str(cfg["embedding_model"])
+    name = f"embedding model{' (' + url + ')' if label else ''}"
+    provider = make_provider(cfg, url, model)
+    try:
+        (vector,) = provider.embed(["def parse_config(path): ..."])
+    except CoderError as exc:
+        return Check(
+            name,
+            "warn",
+            f"{exc.message}; code_search ranks by BM25 alone",
+            exc.hint or "set embedding_model to an embedding model the server has, or null",
+        )
+    finally:
+        provider.close()
+    return Check(name, "ok", f"{model} embeds ({len(vector)} dimensions); code_search is hybrid")
 
 
 def _endpoint(cfg: config_mod.Config, provider: Any, url: str, *, label: bool) -> list[Check]:
@@ -206,11 +233,14 @@ def _endpoint(cfg: config_mod.Config, provider: Any, url: str, *, label: bool) -
             )
         )
     num_ctx = facts.num_ctx or 0
-    source = (
-        cfg.sources["num_ctx"]
-        if cfg["num_ctx"]
-        else f"the model's own, capped by max_num_ctx={cfg['max_num_ctx']}"
-    )
+    if cfg["num_ctx"]:
+        source = cfg.sources["num_ctx"]
+    elif ollama:
+        source = f"the model's own, capped by max_num_ctx={cfg['max_num_ctx']}"
+    elif facts.context_length:
+        source = "as the server reports it"
+    else:
+        source = "the server does not say; coder's default"
     if num_ctx < MIN_USEFUL_CTX:
         checks.append(
             Check(

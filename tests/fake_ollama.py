@@ -130,6 +130,16 @@ def down_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
+def embedding(text: str, dimensions: int = 16) -> list[float]:
+    """The fakes' embedding of a text: a hashed bag of its words, L2-normalised, so texts
+    sharing words are near each other (deterministic, no model)."""
+    vector = [0.0] * dimensions
+    for word in re.findall(r"[a-z]+", text.lower()):
+        vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % dimensions] += 1.0
+    norm = sum(v * v for v in vector) ** 0.5 or 1.0
+    return [v / norm for v in vector]
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
 
@@ -401,21 +411,14 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _embed(self, body: Any) -> None:
-        """POST /api/embed: a deterministic vector per input (a hashed bag of its words, 16
-        dimensions, L2-normalised), so texts sharing words are near each other."""
+        """POST /api/embed: a deterministic vector per input (`embedding`)."""
         requested = (body or {}).get("model") or ""
         if self.fake.resolve(requested) is None:
             self._error(404, f"model '{requested}' not found")
             return
         texts = body.get("input")
         texts = [texts] if isinstance(texts, str) else list(texts or [])
-        vectors = []
-        for text in texts:
-            vector = [0.0] * 16
-            for word in re.findall(r"[a-z]+", str(text).lower()):
-                vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % 16] += 1.0
-            norm = sum(v * v for v in vector) ** 0.5 or 1.0
-            vectors.append([v / norm for v in vector])
+        vectors = [embedding(str(text)) for text in texts]
         self._json(
             200,
             {

@@ -12,6 +12,10 @@ What it speaks, as those servers do:
   common prefix, in characters / 4, of the rendered request with what its `slots` hold, as a
   server's KV cache would reuse), and llama.cpp's `timings` (cache_n, prompt_n, prompt_ms,
   predicted_n, predicted_ms);
+- `POST /v1/embeddings`: one vector per input (`input` a string or a list of them), as
+  floats or, with `encoding_format: base64` (the SDK's default), little-endian float32 in
+  base64, with `usage`; a model without the `embedding` capability gets llama.cpp's 501 for a
+  server started without `--embeddings`;
 - `GET /v1/models` (vLLM's `max_model_len` on each model), llama.cpp's `GET /props`
   (`default_generation_settings.n_ctx`), `GET /health`;
 - errors as `{"error": {"message", "type", "code"}}` with the status (404 for an unknown model,
@@ -34,9 +38,11 @@ Run as a script (a separate process; prints `listening on URL`):
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import signal
 import socket
+import struct
 import sys
 import threading
 from collections.abc import Iterator
@@ -56,6 +62,7 @@ from tests.fake_ollama import (  # noqa: E402
     Reply,
     _pieces,
     _Server,
+    embedding,
 )
 from tests.prefix_cache import is_priming  # noqa: E402
 
@@ -134,7 +141,9 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = None
         self.fake.record(RecordedRequest("POST", self.path, body, raw))
-        if self.path != "/v1/chat/completions":
+        if self.path == "/v1/embeddings":
+            self._embeddings(body)
+        elif self.path != "/v1/chat/completions":
             self._error(404, "File Not Found", "not_found_error")
         elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             self._error(400, "'messages' is required", "invalid_request_error")
@@ -161,6 +170,45 @@ class _Handler(BaseHTTPRequestHandler):
             "owned_by": "fake",
             "max_model_len": conf.get("context_length", 4096),
         }
+
+    # -- embeddings ---------------------------------------------------------------------------
+
+    def _embeddings(self, body: Any) -> None:
+        texts = body.get("input") if isinstance(body, dict) else None
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            self._error(
+                400, "'input' must be a string or a list of strings", "invalid_request_error"
+            )
+            return
+        name = body.get("model")
+        if name not in self.fake.models:
+            self._error(404, f"The model `{name}` does not exist.", "NotFoundError")
+            return
+        if "embedding" not in self.fake.models[name].get("capabilities", []):
+            self._error(
+                501,
+                "This server does not support embeddings. Start it with `--embeddings`",
+                "not_supported_error",
+            )
+            return
+        data = []
+        for index, text in enumerate(texts):
+            vector: Any = embedding(text)
+            if body.get("encoding_format") == "base64":
+                vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": vector})
+        tokens = sum(max(1, len(t) // 4) for t in texts)
+        self._json(
+            200,
+            {
+                "object": "list",
+                "data": data,
+                "model": name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+        )
 
     # -- chat ---------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fake_ollama import NO_REPLY_LEFT, Reply
+from tests.fake_ollama import NO_REPLY_LEFT, Reply, embedding
 from tests.fake_openai import MODEL, FakeOpenAI
 from tests.prefix_cache import PrefixCache
 
@@ -167,6 +167,35 @@ def test_tools_on_a_model_without_them(client: openai.OpenAI) -> None:
     ):
         with pytest.raises(openai.BadRequestError, match="tool choice"):
             c.chat.completions.create(model="plain", messages=USER, tools=TOOLS)  # type: ignore[arg-type]
+
+
+EMBEDDER = "nomic-embed-text-v1.5"
+
+
+def test_embeddings_as_floats_and_as_base64(fake: FakeOpenAI) -> None:
+    fake.models[EMBEDDER] = {"capabilities": ["embedding"]}
+    texts = ["parse the config file", "reduce a price"]
+    with openai.OpenAI(base_url=fake.url, api_key="x", max_retries=0, timeout=10) as c:
+        floats = c.embeddings.create(model=EMBEDDER, input=texts, encoding_format="float")
+        packed = c.embeddings.create(model=EMBEDDER, input=texts)  # the SDK asks for base64
+    assert [d.index for d in floats.data] == [0, 1]
+    assert [d.embedding for d in floats.data] == [embedding(t) for t in texts]
+    for d, text in zip(packed.data, texts, strict=True):  # float32 on the wire
+        assert d.embedding == pytest.approx(embedding(text), abs=1e-6)
+    assert floats.usage.prompt_tokens > 0 and floats.model == EMBEDDER
+    bodies = [r.body for r in fake.requests if r.path == "/v1/embeddings"]
+    assert [b["encoding_format"] for b in bodies] == ["float", "base64"]
+    with httpx.Client() as http:  # one string is one input
+        one = http.post(f"{fake.url}/embeddings", json={"model": EMBEDDER, "input": "a b"})
+    assert one.json()["data"][0]["embedding"] == embedding("a b")
+
+
+def test_embeddings_of_a_model_the_server_does_not_embed_with(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError, match="`nope` does not exist"):
+        client.embeddings.create(model="nope", input=["x"])
+    with pytest.raises(openai.APIStatusError, match="Start it with `--embeddings`") as err:
+        client.embeddings.create(model=MODEL, input=["x"])  # a chat model: llama.cpp's 501
+    assert err.value.status_code == 501
 
 
 def test_scripted_status_and_no_reply_left(fake: FakeOpenAI, client: openai.OpenAI) -> None:

@@ -5,6 +5,8 @@
                               for --record, or a recording for --replay
     make_provider(cfg, e, m)  one provider for model `m` at endpoint `e` (doctor checks each)
     endpoints(cfg)            the configured endpoints, normalized
+    open_embedder(cfg)        texts -> vectors with `embedding_model` through the configured
+                              provider's `embed` (hybrid code_search), or None when unset
 
 Adding a provider is one module plus one entry in PROVIDERS: a function that takes the config,
 an endpoint and a model and returns a `ModelProvider`.
@@ -13,15 +15,16 @@ an endpoint and a model and returns a `ModelProvider`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from coder.errors import EnvironmentProblem, InvalidInput
 
 if TYPE_CHECKING:
     from coder.config import Config
     from coder.models.provider import ModelProvider, Models
+    from coder.models.router import Router
 
 
 def _ollama(cfg: Config, endpoint: str, model: str) -> ModelProvider:
@@ -125,3 +128,43 @@ def open_models(
     if record is not None:
         models = RecordingModels(models, record)
     return models
+
+
+Embedder = Callable[[Sequence[str]], list[list[float]]]
+
+
+def open_embedder(cfg: Config | Mapping[str, Any]) -> Embedder | None:
+    """Texts -> vectors through `embed` of the configured provider with `embedding_model`
+    (Ollama's /api/embed, an OpenAI-compatible server's /v1/embeddings), at the configured
+    endpoints (one that refuses is left out, as for chats); None when no embedding model is
+    configured. Each call opens its providers and closes them after (a search makes at most
+    two calls); an endpoint that refused stays left out for the router's cooldown. A missing
+    endpoint or API key is raised by the call, not here, so what only wanted BM25 never
+    fails for it."""
+    from coder import config as config_mod
+
+    model = cfg.get("embedding_model")
+    if not model:
+        return None
+    settings = (
+        cfg
+        if isinstance(cfg, config_mod.Config)
+        else config_mod.Config({**config_mod.DEFAULTS, **cfg}, {}, None, ())  # tests, bench
+    )
+
+    routers: list[Router] = []  # one, made at the first call; it remembers dead endpoints
+
+    def embed(texts: Sequence[str]) -> list[list[float]]:
+        from coder.models.router import Router
+
+        if not routers:
+            make = lambda endpoint, name: make_provider(settings, endpoint, name)  # noqa: E731
+            routers.append(Router(make, endpoints(settings), str(model)))
+        provider = routers[0].for_step("embeddings")
+        try:
+            return provider.embed(texts)
+        finally:
+            provider.close()
+            routers[0].close()  # the connections; what is down stays down for its cooldown
+
+    return embed

@@ -7,18 +7,21 @@
 
 It streams like a real provider (word-sized `TextDelta`s, a `ToolCallEvent` per call, `Done`),
 honours `StopReply` from the callback (the reply is cut, done_reason "cut"), and raises an
-enqueued exception in place of a reply (ModelError, HostUnreachable, ...). It is also a
-`Models` source: `for_step` returns the fake itself and notes the step. The HTTP fakes in
-tests/ stay for the client path; this one is for the loop and the layers above it.
+enqueued exception in place of a reply (ModelError, HostUnreachable, ...). `embed` gives
+deterministic vectors (a hashed bag of words), or raises an exception at the head of the
+queue. It is also a `Models` source: `for_step` returns the fake itself and notes the step.
+The HTTP fakes in tests/ stay for the client path; this one is for the loop and the layers
+above it.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +89,7 @@ class FakeProvider:
     closed: bool = False
     step: str = ""
     primed: list[list[dict[str, Any]]] = field(default_factory=list)
+    embedded: list[list[str]] = field(default_factory=list)  # the texts of each embed call
     _queue: deque[Scripted] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -131,6 +135,24 @@ class FakeProvider:
             return ChatResult(text, (), "", cut, "cut")
         emit(Done(result))
         return result
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """A hashed bag of each text's words (16 dimensions, L2-normalised): texts sharing
+        words are near each other. An enqueued exception is raised here too."""
+        with self._lock:
+            self.embedded.append(list(texts))
+            failure = self._queue[0] if self._queue else None
+            if isinstance(failure, BaseException):
+                self._queue.popleft()
+                raise failure
+        vectors = []
+        for text in texts:
+            vector = [0.0] * 16
+            for word in re.findall(r"[a-z]+", text.lower()):
+                vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % 16] += 1.0
+            norm = sum(v * v for v in vector) ** 0.5 or 1.0
+            vectors.append([v / norm for v in vector])
+        return vectors
 
     def warm_up(self) -> ModelFacts:
         return ModelFacts(provider="fake", model=self.model, num_ctx=self.num_ctx)

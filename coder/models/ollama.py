@@ -7,6 +7,7 @@ What it takes care of, so callers don't have to:
 - the same `options` and `keep_alive` on every request, so the loaded model (and its KV cache)
   is reused instead of reloaded;
 - `max_output_tokens` is sent as `num_predict`, so a rambling reply ends (done_reason length);
+- `embed` goes to /api/embed with the same error handling as `chat`;
 - failures are classified: host unreachable -> HostUnreachable, model not pulled ->
   ModelMissing with the exact `ollama pull` (both exit 3); 5xx, mid-stream errors, dropped
   connections, timeouts, malformed NDJSON -> retried with bounded exponential backoff, then
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from contextlib import closing
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
@@ -275,6 +276,26 @@ class OllamaProvider:
         return ChatResult(
             "".join(content), tuple(calls), "".join(thinking), _usage(final), final.done_reason
         )
+
+    # -- embeddings -------------------------------------------------------------------------
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text, through POST /api/embed (the model must be an embedding
+        model, e.g. `nomic-embed-text`; Ollama cuts a text longer than its context). No
+        options are sent: the chat's num_ctx would reload an embedding model for nothing."""
+        if not texts:
+            return []
+        client = self._client(self.request_timeout)
+        response = self._retrying(
+            lambda: client.embed(model=self.model, input=list(texts), keep_alive=self.keep_alive)
+        )
+        vectors = [list(v) for v in response.embeddings]
+        if len(vectors) != len(texts):
+            raise ModelError(
+                f"{self.host} answered {len(vectors)} embeddings for {len(texts)} texts "
+                f"({self.model})"
+            )
+        return vectors
 
     def _options(self) -> dict[str, Any]:
         options: dict[str, Any] = {

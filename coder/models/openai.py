@@ -12,6 +12,7 @@ What it takes care of:
   `timings.cache_n`; llama.cpp's `timings` also give prompt and generation times;
 - the context size where the server reports it (vLLM `max_model_len` in /v1/models,
   llama.cpp `/props`), else `num_ctx` from the config, else DEFAULT_CONTEXT;
+- `embed` through /v1/embeddings, with the same error handling;
 - structured output (`format`: a JSON schema -> `response_format` json_schema; "json" ->
   json_object), `max_output_tokens` as `max_tokens`;
 - errors mapped to the same user-facing errors as Ollama's: nothing listening ->
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
@@ -317,6 +318,28 @@ class OpenAIProvider:
             "length" if finish == "length" else "stop",
         )
 
+    # -- embeddings -------------------------------------------------------------------------
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text, through POST /v1/embeddings (an embedding model the server
+        serves: llama.cpp's `llama-server --embeddings`, vLLM with an embedding model, LM
+        Studio, a LiteLLM proxy). Floats are asked for by name: the SDK's default, base64,
+        is not spoken by every server."""
+        if not texts:
+            return []
+        response = self._retrying(
+            lambda: self._sdk().embeddings.create(
+                model=self.model, input=list(texts), encoding_format="float"
+            )
+        )
+        data = sorted(response.data, key=lambda d: d.index)
+        if len(data) != len(texts):
+            raise ModelError(
+                f"{self.base_url} answered {len(data)} embeddings for {len(texts)} texts "
+                f"({self.model})"
+            )
+        return [list(d.embedding) for d in data]
+
     # -- errors -------------------------------------------------------------------------------
 
     def _retrying(
@@ -373,6 +396,13 @@ class OpenAIProvider:
                 hint="set api_key_env in coder.config.json to the name of the variable that "
                 "holds the key, and export it",
             )
+        if status == 501:  # not implemented: asking again will not help
+            hint = (
+                "start llama-server with --embeddings, or serve an embedding model"
+                if "embedding" in message.lower()
+                else None
+            )
+            raise ModelError(f"{self.base_url} does not support this: {message}", hint=hint)
         if status == 429 or status >= 500:
             return f"HTTP {status}: {message}"
         hint = None

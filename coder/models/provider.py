@@ -19,7 +19,7 @@ HostUnreachable and ModelMissing, exit 3; ModelError, the step fails).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
@@ -174,10 +174,11 @@ ChatEvent = TextDelta | ToolCallEvent | Retrying | EndpointDown | Done
 
 
 class ModelProvider(Protocol):
-    """A chat model at one place. `chat` streams internally, calls `on_event` per event, and
+    """A model at one place. `chat` streams internally, calls `on_event` per event, and
     returns the accumulated result; it raises ModelUnavailable or ModelError, never a
-    transport error. `warm_up` checks the server and the model (ModelUnavailable with the fix
-    when either is missing) and loads it; `close` releases connections."""
+    transport error. `embed` turns texts into vectors (the model must be an embedding
+    model; same errors). `warm_up` checks the server and the model (ModelUnavailable with
+    the fix when either is missing) and loads it; `close` releases connections."""
 
     model: str
 
@@ -189,6 +190,8 @@ class ModelProvider(Protocol):
         format: dict[str, Any] | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult: ...
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
 
     def warm_up(self) -> ModelFacts: ...
 

@@ -15,12 +15,12 @@ import contextlib
 import hashlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from coder import yamldoc
-from coder.errors import InvalidInput, ModelError, StopReply
+from coder.errors import InvalidInput, ModelError, ModelUnavailable, StopReply
 from coder.models.provider import (
     ChatEvent,
     ChatResult,
@@ -118,6 +118,9 @@ class _StepRecorder:
         self.recording.record(self.step_id, messages, result)
         return result
 
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return self.inner.embed(texts)  # a tool's input, not a reply: not recorded
+
     def warm_up(self) -> ModelFacts:
         return self.inner.warm_up()
 
@@ -198,6 +201,9 @@ class _StepReplay:
                     on_event(ToolCallEvent(call))
             on_event(Done(result))
         return result
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        raise ModelUnavailable(f"a replay of {self.replay.path} has no embedding model")
 
     def warm_up(self) -> ModelFacts:
         return self.replay.warm_up()

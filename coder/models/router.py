@@ -20,11 +20,11 @@ import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from coder.errors import HostUnreachable
 from coder.models.provider import (
@@ -36,6 +36,7 @@ from coder.models.provider import (
     cut_at_first_token,
 )
 
+T = TypeVar("T")
 MakeProvider = Callable[[str, str], ModelProvider]  # (endpoint, model) -> provider
 COOLDOWN_S = 30.0
 
@@ -199,6 +200,17 @@ class StepProvider:
         format: dict[str, Any] | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult:
+        return self._failover(
+            lambda p: p.chat(messages, tools=tools, format=format, on_event=on_event), on_event
+        )
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return self._failover(lambda p: p.embed(texts), None)
+
+    def _failover(
+        self, action: Callable[[ModelProvider], T], on_event: Callable[[ChatEvent], None] | None
+    ) -> T:
+        """`action` at the step's endpoint; at the next one up when that one refuses."""
         emit = on_event or (lambda event: None)
         failures: list[Any] = []
         while True:
@@ -206,7 +218,7 @@ class StepProvider:
             provider = self.router.provider(endpoint, self.model)
             try:
                 with self.router.in_flight(endpoint):
-                    return provider.chat(messages, tools=tools, format=format, on_event=on_event)
+                    return action(provider)
             except HostUnreachable as exc:
                 failures.append(exc)
                 self.router.mark_down(endpoint)

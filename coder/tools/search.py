@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from coder.errors import CoderError
 from coder.tools.fs import glob_regex, normalize_glob, numbered, real_root
 from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
 
@@ -37,7 +38,8 @@ def code_search(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     except Exception as exc:  # noqa: BLE001 - the embedding server failed: BM25 alone
         if embedder is None:
             raise
-        notes.append(f"embeddings unavailable ({type(exc).__name__}: {exc}); ranked by BM25 only")
+        reason = exc.message if isinstance(exc, CoderError) else f"{type(exc).__name__}: {exc}"
+        notes.append(f"embeddings unavailable ({reason}); ranked by BM25 only")
         hits = _search(ctx, root, query, limit, wanted, None)
     if not hits:
         return ToolResult(

@@ -169,7 +169,7 @@ def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> 
         assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
         embeds = [r for r in server.requests if r.path == "/api/embed"]
         assert embeds and embeds[-1].body["model"] == "nomic-embed-text"
-        assert list((tmp_path / "cache").glob("embeddings-nomic-embed-text.npz"))
+        assert list((tmp_path / "cache").glob("embeddings-ollama-nomic-embed-text.npz"))
         # an embedding model the server does not have: BM25 alone, and the model is told
         missing = code_settings({**config, "embedding_model": "no-such-model"}, {}, None)
         ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **missing)
@@ -178,7 +178,46 @@ def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> 
         )
         assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
         assert (
-            "[embeddings unavailable (ResponseError: model 'no-such-model' not found"
+            f"[embeddings unavailable (model 'no-such-model' is not available on {server.url}"
             in result.content
         )
+        assert "ranked by BM25 only]" in result.content
+
+
+def test_hybrid_code_search_through_an_openai_compatible_server(shop: Path, tmp_path: Path) -> None:
+    """The same through the OpenAI provider (the real SDK, /v1/embeddings), at the second of
+    two endpoints: the first refuses connections."""
+    from coder.policy.commands import Policy
+    from coder.redact import Redactor
+    from coder.tools import ToolContext, default_registry
+    from coder.tools.settings import code_settings
+    from tests.fake_ollama import down_url, embedding
+    from tests.fake_openai import MODEL, FakeOpenAI
+
+    embedder = "nomic-embed-text-v1.5"
+    query = {"query": "reduce a price by a percentage"}
+    with FakeOpenAI() as server:
+        server.models[embedder] = {"capabilities": ["embedding"]}
+        config = {
+            "provider": "openai",
+            "base_url": [down_url() + "/v1", server.url],
+            "embedding_model": embedder,
+        }
+        settings = code_settings(config, {}, tmp_path / "cache")
+        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **settings)
+        result = default_registry().call("code_search", query, ctx)
+        assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
+        assert "embeddings unavailable" not in result.content
+        bodies = [r.body for r in server.requests if r.path == "/v1/embeddings"]
+        assert len(bodies) == 2  # the candidate chunks, then the query
+        assert bodies[0]["model"] == embedder and len(bodies[0]["input"]) > 1
+        assert bodies[1]["input"] == [query["query"]]
+        assert list((tmp_path / "cache").glob("embeddings-openai-nomic-embed-text-v1.5.npz"))
+        assert settings["embedder"](["again"]) == [embedding("again")]
+        # a chat model (a server started without --embeddings): BM25 alone, and why
+        chat_only = code_settings({**config, "embedding_model": MODEL}, {}, None)
+        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **chat_only)
+        result = default_registry().call("code_search", query, ctx)
+        assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
+        assert "does not support embeddings. Start it with `--embeddings`" in result.content
         assert "ranked by BM25 only]" in result.content

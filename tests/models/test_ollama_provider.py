@@ -30,6 +30,7 @@ from tests.fake_ollama import (
     FakeOllama,
     Reply,
     down_url,
+    embedding,
 )
 
 MODEL = "qwen2.5-coder:7b"
@@ -316,6 +317,20 @@ def test_missing_model_names_the_pull_command(fake: FakeOllama, make: MakeProvid
         assert "llama9:70b" in err.value.message
         assert err.value.hint == f"run `OLLAMA_HOST={fake.url} ollama pull llama9:70b`"
     assert fake.chat_bodies()[0]["model"] == "llama9:70b"
+
+
+def test_embed_through_api_embed(fake: FakeOllama, make: MakeProvider) -> None:
+    texts = ["parse the config file", "reduce a price"]
+    assert make("tiny:1b").embed(texts) == [embedding(t) for t in texts]
+    (body,) = [r.body for r in fake.requests if r.path == "/api/embed"]
+    assert body["model"] == "tiny:1b" and body["input"] == texts
+    assert "options" not in body  # the chat's num_ctx would reload the model
+    with pytest.raises(ModelUnavailable) as err:  # not pulled: the same fix as for a chat
+        make("nomic-embed-text").embed(["x"])
+    assert err.value.hint == f"run `OLLAMA_HOST={fake.url} ollama pull nomic-embed-text`"
+    url = down_url()
+    with pytest.raises(ModelUnavailable, match=f"cannot reach Ollama at {url}"):
+        make("tiny:1b", host=url).embed(["x"])
 
 
 def test_tools_refused_fails_at_once(

@@ -28,7 +28,7 @@ from coder.models.provider import (
     ToolCall,
     ToolCallEvent,
 )
-from tests.fake_ollama import Reply, down_url
+from tests.fake_ollama import Reply, down_url, embedding
 from tests.fake_openai import MODEL, FakeOpenAI
 
 USER = [{"role": "user", "content": "hi"}]
@@ -292,3 +292,30 @@ def test_importing_the_provider_does_not_import_openai() -> None:
     code = "import sys, coder.models.openai, coder.models.factory; print('openai' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+EMBEDDER = "nomic-embed-text-v1.5"
+
+
+def test_embed_through_v1_embeddings(fake: FakeOpenAI, make: MakeProvider) -> None:
+    fake.models[EMBEDDER] = {"capabilities": ["embedding"]}
+    texts = ["parse the config file", "reduce a price", "parse the config"]
+    vectors = make(model=EMBEDDER).embed(texts)
+    assert vectors == [embedding(t) for t in texts]
+    (body,) = [r.body for r in fake.requests if r.path == "/v1/embeddings"]
+    assert body == {"model": EMBEDDER, "input": texts, "encoding_format": "float"}
+    assert make(model=EMBEDDER).embed([]) == []  # nothing to ask
+
+
+def test_embed_errors_read_as_chats_do(fake: FakeOpenAI, make: MakeProvider) -> None:
+    with pytest.raises(ModelMissing, match="'nope' is not available at"):
+        make(model="nope").embed(["x"])
+    # a server started without --embeddings answers 501: not retried, and the fix is named
+    with pytest.raises(ModelError) as err:
+        make().embed(["x"])
+    assert "does not support this" in err.value.message and "--embeddings" in str(err.value.hint)
+    assert len([r for r in fake.requests if r.path == "/v1/embeddings"]) == 2
+    url = down_url() + "/v1"
+    with OpenAIProvider(EMBEDDER, url) as provider, pytest.raises(HostUnreachable) as down:
+        provider.embed(["x"])
+    assert url in down.value.message

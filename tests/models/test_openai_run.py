@@ -76,6 +76,24 @@ def test_tool_results_name_their_call(server: FakeOpenAI, sample: Path) -> None:
     assert assistant["tool_calls"][0]["id"].startswith("call_")  # the server's id, kept
 
 
+def test_code_search_ranks_with_the_servers_embeddings(
+    server: FakeOpenAI, sample: Path, isolated_home: Path
+) -> None:
+    embedder = "nomic-embed-text-v1.5"
+    server.models[embedder] = {"capabilities": ["embedding"]}
+    configure(isolated_home, server.url, embedding_model=embedder)
+    server.enqueue(call("code_search", query="add two numbers"), done("add is in calc.py"))
+    path = taskfile(sample, "id: emb\ntitle: t\ngraph:\n  - {kind: analyze, goal: find add}\n")
+    code, out, err = coder(sample, "run", "--autonomous", "-f", str(path))
+    assert code == 0, out + err
+    embedded = [r.body for r in server.requests if r.path == "/v1/embeddings"]
+    assert embedded and all(b["model"] == embedder for b in embedded)
+    assert embedded[-1]["input"] == ["add two numbers"]
+    result = server.chat_bodies()[1]["messages"][-1]
+    assert result["role"] == "tool" and result["content"].startswith("calc.py:")
+    assert "embeddings unavailable" not in result["content"]
+
+
 def test_a_plan(server: FakeOpenAI, sample: Path) -> None:
     server.enqueue(answer(plan_doc()))
     code, out, err = coder(sample, "plan", PROMPT)
@@ -153,3 +171,32 @@ def test_doctor_checks_each_endpoint(sample: Path, isolated_home: Path) -> None:
     assert found[f"tool support ({fake.url})"]["status"] == "warn"  # the server does not say
     assert found[f"model server ({dead})"]["status"] == "fail"
     assert dead in found[f"model server ({dead})"]["detail"]
+
+
+def test_doctor_checks_the_embedding_model_and_names_an_unset_key(
+    sample: Path, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with FakeOpenAI() as fake:
+        fake.models["nomic-embed-text-v1.5"] = {"capabilities": ["embedding"]}
+        configure(isolated_home, fake.url, embedding_model="nomic-embed-text-v1.5")
+        found = {c["name"]: c for c in json.loads(coder(sample, "doctor", "--json")[1])["checks"]}
+        assert found["embedding model"]["status"] == "ok"
+        assert found["embedding model"]["detail"] == (
+            "nomic-embed-text-v1.5 embeds (16 dimensions); code_search is hybrid"
+        )
+        assert found["context window"]["detail"].startswith(
+            "num_ctx 32768 (as the server reports it)"
+        )
+        configure(isolated_home, fake.url, embedding_model=MODEL)  # a chat model
+        found = {c["name"]: c for c in json.loads(coder(sample, "doctor", "--json")[1])["checks"]}
+        assert found["embedding model"]["status"] == "warn"
+        assert "code_search ranks by BM25 alone" in found["embedding model"]["detail"]
+        assert "--embeddings" in found["embedding model"]["fix"]
+        monkeypatch.delenv("CODER_TEST_KEY", raising=False)
+        configure(isolated_home, fake.url, api_key_env="CODER_TEST_KEY")
+        code, out, err = coder(sample, "doctor", "--json")
+    assert code == 3 and "Traceback" not in err
+    found = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert found["model server"]["status"] == "fail"
+    assert found["model server"]["detail"] == "api_key_env names CODER_TEST_KEY, which is not set"
+    assert "export CODER_TEST_KEY=" in found["model server"]["fix"]

@@ -120,3 +120,14 @@ def test_close_closes_every_provider() -> None:
     router.provider("a", "m"), router.provider("b", "x")
     router.close()
     assert all(p.closed for p in e.made.values())
+
+
+def test_embed_keeps_to_the_step_endpoint_and_fails_over_like_chat() -> None:
+    e = Endpoints()
+    router = e.router("a", "b")
+    step = router.for_step("s1", "embedder")
+    router.provider("a", "embedder").enqueue(HostUnreachable("cannot reach a", endpoint="a"))
+    vectors = step.embed(["parse the config"])
+    assert len(vectors) == 1 and len(vectors[0]) == 16
+    assert e.at("b", "embedder").embedded == [["parse the config"]]  # moved to b
+    assert step.endpoint == "b" and router.for_step("s2").endpoint == "b"  # a cools down
