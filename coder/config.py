@@ -26,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "ollama_host": DEFAULT_HOST,
     "base_url": None,
     "api_key_env": None,
+    "models": {},
     "test_command": None,
     "num_ctx": None,
     "max_num_ctx": 32768,
@@ -158,6 +159,14 @@ def widening(data: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("ollama_host", "base_url"):  # your task and prompts, sent off this machine
         if data.get(key) and not _loopback(data[key]):
             found[key] = data[key]
+    named = data.get("models")
+    entries = named.values() if isinstance(named, dict) else []
+    if any(  # the same, for a named model's own server
+        isinstance(e, dict)
+        and (e.get("api_key_env") or (e.get("base_url") and not _loopback(e["base_url"])))
+        for e in entries
+    ):
+        found["models"] = named
     if data.get("allow_network") is True:
         found["allow_network"] = True
     if data.get("sandbox") == "off":

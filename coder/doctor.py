@@ -136,59 +136,86 @@ def _trust(cfg: config_mod.Config) -> Check:
 
 
 def _models(cfg: config_mod.Config) -> list[Check]:
-    """The model server checks, once per configured endpoint."""
-    from dataclasses import replace
+    """The model server checks, once per endpoint: of the default model, then of each named
+    model (config `models`, labelled with its name), then of the embedding model."""
+    from coder.models.factory import model_config, named_models
 
-    from coder.models.factory import endpoints, make_provider
-
-    try:
-        urls = endpoints(cfg)
-    except CoderError as exc:
-        return [Check("model server", "fail", exc.message, exc.hint)]
-    quick = replace(cfg, values={**cfg.values, "request_timeout": 15})
-    checks: list[Check] = []
-    for url in urls:
-        try:
-            provider = make_provider(quick, url)
-        except CoderError as exc:  # e.g. api_key_env names a variable that is not set
-            return [Check("model server", "fail", exc.message, exc.hint)]
-        try:
-            found = _endpoint(cfg, provider, url, label=len(urls) > 1)
-        finally:
-            provider.close()
-        checks += found
-        if cfg.get("embedding_model") and found[0].status == "ok":  # the server answered
-            checks.append(_embedding(quick, url, label=len(urls) > 1))
+    default = str(cfg["model"])
+    embedding = cfg.get("embedding_model")
+    checks = _server(*model_config(cfg, default), name=None)
+    for name in named_models(cfg):
+        if name not in (default, embedding):  # those two are checked as such
+            checks += _server(*model_config(cfg, name), name=name)
+    if embedding:
+        checks += _embeddings(*model_config(cfg, str(embedding)))
     return checks
 
 
-def _embedding(cfg: config_mod.Config, url: str, *, label: bool) -> Check:
-    """Does `embedding_model` embed at this endpoint (one short text, as code_search would)?"""
-    from coder.models.factory import make_provider
+def _server(cfg: config_mod.Config, model: str, *, name: str | None) -> list[Check]:
+    """Host, model, tool support and context window at each endpoint of one server."""
+    from coder.models.factory import endpoints, make_provider
 
-    model = str(cfg["embedding_model"])
-    name = f"embedding model{' (' + url + ')' if label else ''}"
-    provider = make_provider(cfg, url, model)
+    what = "model server" + (f" ({name})" if name else "")
     try:
-        (vector,) = provider.embed(["def parse_config(path): ..."])
+        urls = endpoints(cfg)
+        providers = [make_provider(_quick(cfg), url, model) for url in urls]
+    except CoderError as exc:  # e.g. api_key_env names a variable that is not set
+        return [Check(what, "fail", exc.message, exc.hint)]
+    checks: list[Check] = []
+    for url, provider in zip(urls, providers, strict=True):
+        at = _label(name, url if len(urls) > 1 else None)
+        try:
+            checks += _endpoint(cfg, provider, url, at=at)
+        finally:
+            provider.close()
+    return checks
+
+
+def _embeddings(cfg: config_mod.Config, model: str) -> list[Check]:
+    """Does the embedding model embed at each endpoint (one short text, as code_search
+    would)? A failure is a warning: code_search then ranks by BM25 alone."""
+    from coder.models.factory import endpoints, make_provider
+
+    checks: list[Check] = []
+    fallback = "set embedding_model to an embedding model the server has, or null"
+    try:
+        urls = endpoints(cfg)
     except CoderError as exc:
-        return Check(
-            name,
-            "warn",
-            f"{exc.message}; code_search ranks by BM25 alone",
-            exc.hint or "set embedding_model to an embedding model the server has, or null",
-        )
-    finally:
-        provider.close()
-    return Check(name, "ok", f"{model} embeds ({len(vector)} dimensions); code_search is hybrid")
+        return [Check("embedding model", "warn", exc.message, exc.hint or fallback)]
+    for url in urls:
+        name = f"embedding model{_label(None, url if len(urls) > 1 else None)}"
+        try:
+            provider = make_provider(_quick(cfg), url, model)
+            try:
+                (vector,) = provider.embed(["def parse_config(path): ..."])
+            finally:
+                provider.close()
+        except CoderError as exc:
+            problem = f"{exc.message}; code_search ranks by BM25 alone"
+            checks.append(Check(name, "warn", problem, exc.hint or fallback))
+            continue
+        detail = f"{model} embeds ({len(vector)} dimensions); code_search is hybrid"
+        checks.append(Check(name, "ok", detail))
+    return checks
 
 
-def _endpoint(cfg: config_mod.Config, provider: Any, url: str, *, label: bool) -> list[Check]:
+def _quick(cfg: config_mod.Config) -> config_mod.Config:
+    from dataclasses import replace
+
+    return replace(cfg, values={**cfg.values, "request_timeout": 15})
+
+
+def _label(name: str | None, url: str | None) -> str:
+    """ " (big: http://...)", " (big)", " (http://...)" or ""."""
+    inside = ": ".join(part for part in (name, url) if part)
+    return f" ({inside})" if inside else ""
+
+
+def _endpoint(cfg: config_mod.Config, provider: Any, url: str, *, at: str) -> list[Check]:
     """Host, model, tool support and context window at one endpoint (the model is not
-    loaded: `probe` only asks the server what it has)."""
+    loaded: `probe` only asks the server what it has); `at` labels the checks."""
     from coder.errors import ModelMissing
 
-    at = f" ({url})" if label else ""
     model = str(cfg["model"])
     ollama = cfg.get("provider", "ollama") == "ollama"
     host = f"{'ollama host' if ollama else 'model server'}{at}"

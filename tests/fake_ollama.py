@@ -103,6 +103,7 @@ class RecordedRequest:
     path: str
     body: Any  # parsed JSON, or None
     raw: bytes
+    headers: dict[str, str] = field(default_factory=dict)  # names in lower case
 
 
 def estimate_prompt_tokens(body: dict[str, Any]) -> int:
@@ -340,7 +341,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
-        self.fake.record(RecordedRequest(self.command, self.path, body, raw))
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        self.fake.record(RecordedRequest(self.command, self.path, body, raw, headers))
         return body
 
     # -- plain endpoints ----------------------------------------------------------------------

@@ -116,7 +116,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self.server.fake  # type: ignore[no-any-return]
 
     def do_GET(self) -> None:
-        self.fake.record(RecordedRequest("GET", self.path, None, b""))
+        self.fake.record(RecordedRequest("GET", self.path, None, b"", self._headers()))
         if self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [self._model(n) for n in self.fake.models]})
         elif self.path == "/props":
@@ -140,7 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
-        self.fake.record(RecordedRequest("POST", self.path, body, raw))
+        self.fake.record(RecordedRequest("POST", self.path, body, raw, self._headers()))
         if self.path == "/v1/embeddings":
             self._embeddings(body)
         elif self.path != "/v1/chat/completions":
@@ -160,6 +160,9 @@ class _Handler(BaseHTTPRequestHandler):
             )
         else:
             self._chat(body)
+
+    def _headers(self) -> dict[str, str]:
+        return {k.lower(): v for k, v in self.headers.items()}
 
     def _model(self, name: str) -> dict[str, Any]:
         conf = self.fake.models[name]

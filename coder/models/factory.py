@@ -1,8 +1,10 @@
 """One place that builds model providers from the configuration.
 
     open_models(cfg)          the run's models: a Router over the configured endpoints (one
-                              provider per endpoint and model, built on first use), wrapped
-                              for --record, or a recording for --replay
+                              provider per endpoint and model, built on first use), a ModelSet
+                              of such Routers when the config names models on other servers
+                              (`models`), wrapped for --record, or a recording for --replay
+    model_config(cfg, name)   the config of the server a (named) model is on, and its name there
     make_provider(cfg, e, m)  one provider for model `m` at endpoint `e` (doctor checks each)
     endpoints(cfg)            the configured endpoints, normalized
     open_embedder(cfg)        texts -> vectors with `embedding_model` through the configured
@@ -96,6 +98,32 @@ def endpoints(cfg: Config) -> list[str]:
     return [u.rstrip("/") for u in urls]
 
 
+def named_models(cfg: Config) -> dict[str, dict[str, Any]]:
+    """The config's named models (`models`: name -> {model, provider?, base_url?, ...})."""
+    found = cfg.get("models") or {}
+    return dict(found) if isinstance(found, dict) else {}
+
+
+def model_config(cfg: Config, name: str) -> tuple[Config, str]:
+    """What a model name stands for: a named model is the config of its own server and the
+    name that server knows the model by; any other name is that model on the config's server.
+    A named model that names its own `provider` or `base_url` takes nothing of the config's
+    server (neither its base_url nor its API key); one that names neither is another model on
+    the config's server (with its own num_ctx, max_output_tokens, ... where it sets them)."""
+    from dataclasses import replace
+
+    entry = named_models(cfg).get(name)
+    if entry is None:
+        return cfg, name
+    values = dict(cfg.values)
+    if "provider" in entry or "base_url" in entry:
+        values.update(base_url=None, api_key_env=None)
+    values.update(entry)
+    origin = f"{cfg.sources.get('models', 'config')}, models.{name}"
+    sources = {**cfg.sources, **dict.fromkeys(entry, origin)}
+    return replace(cfg, values=values, sources=sources), str(entry["model"])
+
+
 def make_provider(cfg: Config, endpoint: str, model: str | None = None) -> ModelProvider:
     name = str(cfg.get("provider", "ollama"))
     if name not in PROVIDERS:
@@ -112,19 +140,34 @@ def open_models(
     replay: Path | None = None,
     record: Path | None = None,
 ) -> Models:
-    """The models of a run (or a plan): `model` is the default one (else the config's)."""
+    """The models of a run (or a plan): `model` is the default one (else the config's). With
+    named models (`models`), a step's model may be one of them: a ModelSet routes each model
+    to its own server."""
     from coder.models.replay import RecordingModels, ReplayModels
-    from coder.models.router import Router
+    from coder.models.router import ModelSet, Router
+
+    default = model or str(cfg["model"])
+    named = named_models(cfg)
+
+    def router(place: str) -> Router:
+        """The Router of the config's server (place "") or of a named model's."""
+        place_cfg, place_model = model_config(cfg, place) if place else (cfg, default)
+        return Router(
+            lambda endpoint, name: make_provider(place_cfg, endpoint, name),
+            endpoints(place_cfg),
+            place_model,
+        )
+
+    def resolve(name: str) -> tuple[str, str]:
+        return (name, model_config(cfg, name)[1]) if name in named else ("", name)
 
     models: Models
     if replay is not None:
         models = ReplayModels(replay)
+    elif named:
+        models = ModelSet(resolve, router, default)
     else:
-        models = Router(
-            lambda endpoint, name: make_provider(cfg, endpoint, name),
-            endpoints(cfg),
-            model or str(cfg["model"]),
-        )
+        models = router("")
     if record is not None:
         models = RecordingModels(models, record)
     return models
@@ -135,12 +178,12 @@ Embedder = Callable[[Sequence[str]], list[list[float]]]
 
 def open_embedder(cfg: Config | Mapping[str, Any]) -> Embedder | None:
     """Texts -> vectors through `embed` of the configured provider with `embedding_model`
-    (Ollama's /api/embed, an OpenAI-compatible server's /v1/embeddings), at the configured
-    endpoints (one that refuses is left out, as for chats); None when no embedding model is
-    configured. Each call opens its providers and closes them after (a search makes at most
-    two calls); an endpoint that refused stays left out for the router's cooldown. A missing
-    endpoint or API key is raised by the call, not here, so what only wanted BM25 never
-    fails for it."""
+    (Ollama's /api/embed, an OpenAI-compatible server's /v1/embeddings; a named model on its
+    own server), at the configured endpoints (one that refuses is left out, as for chats);
+    None when no embedding model is configured. Each call opens its providers and closes them
+    after (a search makes at most two calls); an endpoint that refused stays left out for the
+    router's cooldown. A missing endpoint or API key is raised by the call, not here, so what
+    only wanted BM25 never fails for it."""
     from coder import config as config_mod
 
     model = cfg.get("embedding_model")
@@ -152,14 +195,15 @@ def open_embedder(cfg: Config | Mapping[str, Any]) -> Embedder | None:
         else config_mod.Config({**config_mod.DEFAULTS, **cfg}, {}, None, ())  # tests, bench
     )
 
+    settings, name = model_config(settings, str(model))  # a named model: its own server
     routers: list[Router] = []  # one, made at the first call; it remembers dead endpoints
 
     def embed(texts: Sequence[str]) -> list[list[float]]:
         from coder.models.router import Router
 
         if not routers:
-            make = lambda endpoint, name: make_provider(settings, endpoint, name)  # noqa: E731
-            routers.append(Router(make, endpoints(settings), str(model)))
+            make = lambda endpoint, model: make_provider(settings, endpoint, model)  # noqa: E731
+            routers.append(Router(make, endpoints(settings), name))
         provider = routers[0].for_step("embeddings")
         try:
             return provider.embed(texts)

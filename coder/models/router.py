@@ -238,3 +238,44 @@ class StepProvider:
         if self._endpoint is not None:
             self.router.release(self._endpoint)
             self._endpoint = None
+
+
+class ModelSet:
+    """Models at several places: the config's own server and each named model's (config
+    `models`), one Router per place, made on first use (with that place's default model). A
+    model name is resolved to its place and the name the server there knows it by; `model`
+    is the run's default."""
+
+    def __init__(
+        self,
+        resolve: Callable[[str], tuple[str, str]],  # model -> (place, name at that place)
+        make_router: Callable[[str], Router],
+        model: str,
+    ) -> None:
+        self.model = model
+        self._resolve = resolve
+        self._make_router = make_router
+        self._lock = threading.Lock()
+        self._routers: dict[str, Router] = {}
+
+    def router(self, place: str) -> Router:
+        with self._lock:
+            if place not in self._routers:
+                self._routers[place] = self._make_router(place)
+            return self._routers[place]
+
+    def for_step(self, step_id: str, model: str | None = None) -> StepProvider:
+        place, name = self._resolve(model or self.model)
+        return self.router(place).for_step(step_id, name)
+
+    def warm_up(self) -> ModelFacts:
+        return self.router(self._resolve(self.model)[0]).warm_up()
+
+    def prime(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+        self.router(self._resolve(self.model)[0]).prime(messages, tools)
+
+    def close(self) -> None:
+        with self._lock:
+            routers, self._routers = list(self._routers.values()), {}
+        for router in routers:
+            router.close()

@@ -24,5 +24,14 @@ def code_settings(
         "lint_command": config.get("lint_command"),
         "embedder": open_embedder(config),
         # names the vector cache: the same model name on another kind of server may differ
-        "embed_key": f"{config.get('provider') or 'ollama'}-{model}" if model else "",
+        "embed_key": embed_key(config) if model else "",
     }
+
+
+def embed_key(config: Mapping[str, Any] | Any) -> str:
+    """The provider and the name of the embedding model (a named model resolved)."""
+    model = str(config.get("embedding_model"))
+    entry = (config.get("models") or {}).get(model)
+    if isinstance(entry, dict):
+        return f"{entry.get('provider') or config.get('provider') or 'ollama'}-{entry['model']}"
+    return f"{config.get('provider') or 'ollama'}-{model}"

@@ -15,7 +15,7 @@ import pytest
 
 from tests.agent.test_agent_run import FEATURE, feature_script
 from tests.conftest import coder, git
-from tests.fake_ollama import down_url
+from tests.fake_ollama import FakeOllama, down_url
 from tests.fake_openai import MODEL, FakeOpenAI
 from tests.helpers import call, done, state_of, taskfile
 from tests.plan.test_plan import PROMPT, answer, plan_doc
@@ -92,6 +92,45 @@ def test_code_search_ranks_with_the_servers_embeddings(
     result = server.chat_bodies()[1]["messages"][-1]
     assert result["role"] == "tool" and result["content"].startswith("calc.py:")
     assert "embeddings unavailable" not in result["content"]
+
+
+def test_named_models_on_another_server_for_a_step_and_for_escalation(
+    server: FakeOpenAI, sample: Path, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`model: big` sends a step to the named model's own server (its provider, URL and
+    API key); `fallback_model: big` moves a failing step there from its third attempt; the
+    named model's key is redacted like the config's."""
+    key = "bigbox-passphrase-one"
+    monkeypatch.setenv("BIGBOX", key)  # a name that does not look secret
+    with FakeOpenAI(models={"qwen-32b": {"capabilities": ["tools"]}}) as gpu:
+        big = {"provider": "openai", "base_url": gpu.url, "model": "qwen-32b"}
+        configure(isolated_home, server.url, models={"big": {**big, "api_key_env": "BIGBOX"}})
+        gpu.enqueue(done("looked on the big one"), done(f"fixed, the key is {key}"))
+        prose = "I am not sure what to do here."
+        server.enqueue(prose, prose, prose, prose)
+        path = taskfile(
+            sample,
+            """
+            id: named
+            title: t
+            graph:
+              - {id: s1, kind: analyze, goal: look, model: big}
+              - {id: s2, kind: analyze, goal: look again, fallback_model: big, retries: 2,
+                 depends_on: [s1]}
+            """,
+        )
+        code, out, err = coder(sample, "run", "--autonomous", "-f", str(path))
+        assert code == 0, out + err
+        assert server.pending == 0 and gpu.pending == 0
+        at_gpu = [r for r in gpu.requests if r.path == "/v1/chat/completions"]
+        assert [r.body["model"] for r in at_gpu] == ["qwen-32b", "qwen-32b"]
+        assert all(r.headers.get("authorization") == f"Bearer {key}" for r in at_gpu)
+        assert {b["model"] for b in server.chat_bodies()} == {MODEL}
+        assert len(server.chat_bodies()) == 4  # s2's two attempts on the default model
+    state = state_of(sample, "named")
+    assert any("uses fallback_model big" in r for r in state["steps"]["s2"]["reasons"])
+    log = (sample / ".coder" / "logs" / "named.jsonl").read_text()
+    assert key not in log and key not in json.dumps(state) and "fixed, the key is" in log
 
 
 def test_a_plan(server: FakeOpenAI, sample: Path) -> None:
@@ -200,3 +239,25 @@ def test_doctor_checks_the_embedding_model_and_names_an_unset_key(
     assert found["model server"]["status"] == "fail"
     assert found["model server"]["detail"] == "api_key_env names CODER_TEST_KEY, which is not set"
     assert "export CODER_TEST_KEY=" in found["model server"]["fix"]
+
+
+def test_doctor_checks_each_named_model_at_its_server(sample: Path, isolated_home: Path) -> None:
+    dead = down_url() + "/v1"
+    with FakeOpenAI() as fake, FakeOllama() as local:
+        local_embedder = {"provider": "ollama", "base_url": local.url, "model": "qwen2.5-coder:7b"}
+        named = {
+            "big": {"provider": "openai", "base_url": dead, "model": "qwen-32b"},
+            "same": {"model": MODEL},  # another model on the config's server
+            "embedder": local_embedder,  # checked as the embedding model, not for tools
+        }
+        configure(isolated_home, fake.url, models=named, embedding_model="embedder")
+        code, out, _ = coder(sample, "doctor", "--json")
+    found = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert code == 3
+    assert found["model server"]["status"] == "ok" and found["model"]["status"] == "ok"
+    assert found["model server (big)"]["status"] == "fail"
+    assert dead in found["model server (big)"]["detail"]
+    assert found["model (same)"]["status"] == "ok"
+    assert not any("embedder" in name for name in found)
+    assert found["embedding model"]["status"] == "ok"
+    assert found["embedding model"]["detail"].startswith("qwen2.5-coder:7b embeds (16 dim")
