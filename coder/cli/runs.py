@@ -357,12 +357,15 @@ def render_dry_run(plan: Any) -> str:
         lines.append("  model     none (no step asks a model)")
     else:
         where = f"replayed from {model['replay']}" if model["replay"] else f"at {model['host']}"
-        window = (
-            f"{model['num_ctx']} tokens (num_ctx from {model['num_ctx_source']})"
-            if model["num_ctx"]
-            else f"the model's own, capped at {model['max_num_ctx']} tokens (max_num_ctx); "
-            "`coder doctor` reads it from Ollama"
-        )
+        if model["num_ctx"]:
+            window = f"{model['num_ctx']} tokens (num_ctx from {model['num_ctx_source']})"
+        elif model["max_num_ctx"]:
+            window = (
+                f"the model's own, capped at {model['max_num_ctx']} tokens (max_num_ctx); "
+                "`coder doctor` reads it from Ollama"
+            )
+        else:
+            window = "the server's (`coder doctor` reads it)"
         lines.append(f"  model     {model['name']} {where}")
         lines.append(f"  context   {window}")
     lines.append(f"  network   {'on' if plan.network else 'off'} for commands")

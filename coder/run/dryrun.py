@@ -137,15 +137,21 @@ def _judge_commands(
 
 
 def _model(task: taskfile.Task, cfg: config_mod.Config, options: RunOptions) -> dict[str, Any]:
-    """The model, where it answers from, and the context window the run will send (`num_ctx`):
-    the configured one, else the model's own capped by `max_num_ctx`, which only the server
-    knows (a dry run asks no server; `coder doctor` does)."""
-    num_ctx = cfg["num_ctx"]
+    """The model, where it answers from (the configured server, or a named model's own), and
+    the context window the run will send (`num_ctx`): the configured one, else the model's
+    own (for Ollama capped by `max_num_ctx`), which only the server knows (a dry run asks no
+    server; `coder doctor` does)."""
+    from coder.models.factory import endpoints, model_config
+
+    place, name = model_config(cfg, str(task.model or cfg["model"]))
+    num_ctx = place["num_ctx"]
+    ollama = place.get("provider", "ollama") == "ollama"
     return {
-        "name": task.model,
-        "host": None if options.replay else cfg["ollama_host"],
+        "name": name,
+        "provider": place.get("provider", "ollama"),
+        "host": None if options.replay else ", ".join(endpoints(place)),
         "replay": str(options.replay) if options.replay else None,
         "num_ctx": num_ctx,
-        "num_ctx_source": cfg.sources["num_ctx"] if num_ctx else "the model's own",
-        "max_num_ctx": None if num_ctx else int(cfg["max_num_ctx"]),
+        "num_ctx_source": place.sources["num_ctx"] if num_ctx else "the model's own",
+        "max_num_ctx": None if num_ctx or not ollama else int(place["max_num_ctx"]),
     }

@@ -112,6 +112,37 @@ def test_dry_run_says_when_the_run_exists_and_how_the_model_answers(repo: Path) 
     assert "context   the model's own, capped at 32768 tokens (max_num_ctx)" in out
 
 
+def test_dry_run_names_the_server_of_an_openai_or_a_named_model(
+    repo: Path, isolated_home: Path
+) -> None:
+    config = isolated_home / ".config" / "coder" / "config.json"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    big = {"provider": "openai", "base_url": "http://127.0.0.1:8000/v1", "model": "qwen-32b"}
+    config.write_text(
+        json.dumps(
+            {
+                "provider": "openai",
+                "base_url": ["http://127.0.0.1:8080/v1", "http://127.0.0.1:8081/v1"],
+                "model": "qwen-7b",
+                "models": {"big": big},
+            }
+        )
+    )
+    analyze = "title: Look\ngraph:\n  - {kind: analyze, goal: Read}\n"
+    code, out, _ = coder(repo, "run", "--dry-run", "-f", str(taskfile(repo, analyze)))
+    assert code == 0, out
+    assert "model     qwen-7b at http://127.0.0.1:8080/v1, http://127.0.0.1:8081/v1" in out
+    assert "context   the server's (`coder doctor` reads it)" in out
+    on_big = taskfile(repo, "model: big\n" + analyze, "big.yaml")
+    code, out, _ = coder(repo, "run", "--dry-run", "-f", str(on_big), "--json")
+    model = json.loads(out)["model"]
+    assert (model["name"], model["provider"], model["host"]) == (
+        "qwen-32b",
+        "openai",
+        "http://127.0.0.1:8000/v1",
+    )
+
+
 def test_run_by_task_id_from_tasks_dir(make_repo) -> None:
     repo = make_repo(
         {
