@@ -221,3 +221,38 @@ def test_hybrid_code_search_through_an_openai_compatible_server(shop: Path, tmp_
         assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
         assert "does not support embeddings. Start it with `--embeddings`" in result.content
         assert "ranked by BM25 only]" in result.content
+
+
+def test_the_embedding_model_may_be_a_named_model_on_another_server(
+    shop: Path, tmp_path: Path
+) -> None:
+    """Chats at an OpenAI-compatible server, embeddings from a local Ollama (config `models`)."""
+    from coder.policy.commands import Policy
+    from coder.redact import Redactor
+    from coder.tools import ToolContext, default_registry
+    from coder.tools.settings import code_settings
+    from tests.fake_ollama import DEFAULT_MODELS, FakeOllama, down_url
+
+    models = {**DEFAULT_MODELS, "nomic-embed-text:latest": {"capabilities": ["embedding"]}}
+    with FakeOllama(models=models) as local:
+        config = {
+            "provider": "openai",
+            "base_url": down_url() + "/v1",  # the chat server: never asked for embeddings
+            "models": {
+                "embedder": {
+                    "provider": "ollama",
+                    "base_url": local.url,
+                    "model": "nomic-embed-text",
+                }
+            },
+            "embedding_model": "embedder",
+        }
+        settings = code_settings(config, {}, tmp_path / "cache")
+        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **settings)
+        result = default_registry().call(
+            "code_search", {"query": "reduce a price by a percentage"}, ctx
+        )
+        assert result.ok and "embeddings unavailable" not in result.content
+        embeds = [r.body for r in local.requests if r.path == "/api/embed"]
+        assert embeds and embeds[-1]["model"] == "nomic-embed-text"
+    assert list((tmp_path / "cache").glob("embeddings-ollama-nomic-embed-text.npz"))
