@@ -178,6 +178,30 @@ def test_the_admin_dir_head_cannot_redirect_the_step_commit(make_repo, isolated_
     assert admin_head == "ref: refs/heads/agent/esc-escape-attempt\n"
 
 
+@pytest.mark.parametrize(
+    "cmd",
+    [  # each aims coder's own (unconfined) restore of .git at the user's files
+        'echo "gitdir: $(realpath ../../../.git)" > .git',
+        'ln -sf ../../refs/heads/main "$(git rev-parse --git-dir)/HEAD"',
+        "rm .git && ln -s ~/.gitconfig .git",
+        "python3 -c \"import os; os.unlink('$(git rev-parse --git-dir)/HEAD'); "
+        "os.mkfifo('$(git rev-parse --git-dir)/HEAD')\"",  # reading it would hang
+    ],
+)
+def test_the_git_guard_restores_without_following_the_step(
+    make_repo, isolated_home, cmd: str
+) -> None:
+    repo = user_repo(make_repo)
+    outside = Outside(repo, isolated_home)
+    code, step = run_shell(repo, "echo x > x.txt && " + cmd)
+    assert code == 1 and "belongs to coder's executor" in step["error"], step
+    outside.assert_unchanged()
+    assert (repo / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
+    worktree = repo / ".coder" / "worktrees" / "esc"
+    assert not (worktree / ".git").is_symlink()
+    assert git(worktree, "symbolic-ref", "HEAD") == "refs/heads/agent/esc-escape-attempt\n"
+
+
 def test_the_model_cannot_reset_the_users_checkout(make_repo, isolated_home, fake) -> None:
     repo = user_repo(make_repo)
     outside = Outside(repo, isolated_home)

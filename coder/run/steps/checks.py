@@ -10,6 +10,9 @@ the originals are put back).
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,18 +138,25 @@ class GitGuard:
     next commit: the repository's config and hooks (read-only in the sandbox, but not with
     `sandbox: off`), and the files a sandboxed command CAN write: its worktree's `.git` file
     and its admin dir's HEAD, commondir and gitdir (a HEAD pointed at the base branch would
-    make the step commit land there). A step that changed them fails; the originals return."""
+    make the step commit land there). A step that changed them fails; the originals return.
+
+    Which files are watched is fixed when the guard is taken, from the `.git` file as coder
+    made it: a rewritten `.git` file cannot aim the restore at another repository's files.
+    Nothing is followed: a file replaced by a symlink (or a directory, a fifo) counts as
+    changed, and the restore removes it and writes the original in its place, never through
+    it."""
 
     common_dir: Path
-    saved: dict[Path, bytes]
-    workdir: Path | None = None
+    watched: tuple[Path, ...]
+    saved: dict[Path, _Content]
 
     @classmethod
     def take(cls, common_dir: Path, workdir: Path | None = None) -> GitGuard:
-        return cls(common_dir, _snapshot(common_dir, workdir), workdir)
+        watched = _watched(common_dir, workdir)
+        return cls(common_dir, watched, _snapshot(common_dir, watched))
 
     def changes(self) -> list[Path]:
-        now = _snapshot(self.common_dir, self.workdir)
+        now = _snapshot(self.common_dir, self.watched)
         return sorted(k for k in self.saved.keys() | now.keys() if self.saved.get(k) != now.get(k))
 
     def describe(self, paths: list[Path]) -> list[str]:
@@ -158,25 +168,65 @@ class GitGuard:
         """Put back what changed; returns it."""
         changed = self.changes()
         for path in changed:
-            if path in self.saved:
-                path.write_bytes(self.saved[path])
-            else:
-                path.unlink(missing_ok=True)
+            _replace(path, self.saved.get(path))
         return changed
 
 
-def _snapshot(common_dir: Path, workdir: Path | None) -> dict[Path, bytes]:
-    paths = [common_dir / "config", *sorted((common_dir / "hooks").glob("*"))]
-    if workdir is not None and (workdir / ".git").is_file():
-        paths.append(workdir / ".git")
-        text = (workdir / ".git").read_text(encoding="utf-8", errors="replace")
-        admin = Path(text.removeprefix("gitdir:").strip())
-        admin = admin if admin.is_absolute() else workdir / admin
-        paths += [admin / "HEAD", admin / "commondir", admin / "gitdir"]
+_Content = tuple[bytes, int]  # a regular file's bytes and permission bits
+_NOT_A_FILE: _Content = (b"", -1)  # a symlink, directory, fifo, ...: never read through
+
+
+def _watched(common_dir: Path, workdir: Path | None) -> tuple[Path, ...]:
+    paths = [common_dir / "config"]
+    gitfile = None if workdir is None else workdir / ".git"
+    found = None if gitfile is None else _read(gitfile)
+    if gitfile is not None and found is not None and found != _NOT_A_FILE:
+        paths.append(gitfile)
+        text = found[0].decode("utf-8", errors="replace").strip()
+        admin = Path(os.path.realpath(gitfile.parent / text.removeprefix("gitdir:").strip()))
+        if admin.parent == Path(os.path.realpath(common_dir / "worktrees")):
+            paths += [admin / "HEAD", admin / "commondir", admin / "gitdir"]
+    return tuple(paths)
+
+
+def _snapshot(common_dir: Path, watched: tuple[Path, ...]) -> dict[Path, _Content]:
     out = {}
-    for path in paths:
-        try:
-            out[path] = path.read_bytes()
-        except OSError:
-            continue
+    for path in (*watched, *sorted((common_dir / "hooks").glob("*"))):
+        content = _read(path)
+        if content is not None:
+            out[path] = content
     return out
+
+
+def _read(path: Path) -> _Content | None:
+    """The file's content, _NOT_A_FILE for anything but a regular file, None if absent."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError:  # a symlink (ELOOP), unreadable
+        return _NOT_A_FILE
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return _NOT_A_FILE
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return file.read(), stat.S_IMODE(info.st_mode)
+    finally:
+        os.close(fd)
+
+
+def _replace(path: Path, content: _Content | None) -> None:
+    """Remove whatever is at `path` now (without following it) and write `content` there as a
+    new file, if it was a regular file."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    if content is None or content == _NOT_A_FILE:
+        return
+    data, mode = content
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "wb") as file:
+        os.fchmod(fd, mode)
+        file.write(data)
