@@ -25,6 +25,13 @@ mode the ruleset also lets commands write under `/proc`, where an unprivileged u
 touch their own processes (Landlock still denies ptrace-like access to processes outside the
 sandbox).
 
+Leftovers. A process that leaves its command's process group (`setsid`, a daemon) outlives
+the kill of the group, and would go on changing the worktree while coder checks and commits
+it. `end_leftovers` ends every process still in a worktree's sandbox: a process started in
+the same sandbox sends SIGKILL to all it may signal, which Landlock's signal scope limits to
+the sandbox's own processes. It first checks that it cannot signal coder itself, and kills
+nothing when it can (a kernel before Landlock ABI 6 has no signal scope).
+
 `landlockpy` is the binding (ctypes, no compiler, follows each new Landlock ABI). ABI 3 or newer
 is required: before it, truncating a file was not covered.
 """
@@ -197,6 +204,17 @@ class Confinement:
     def stop(self) -> None:
         self._requests.put(None)
 
+    def end_leftovers(self) -> None:
+        """SIGKILL every process still running in this sandbox (see the module docstring).
+        Only when none of its commands is meant to be running: they would be killed too."""
+        done: Future[subprocess.Popen[bytes]] = Future()
+        argv = ["/bin/sh", "-c", _END_LEFTOVERS.format(coder=os.getpid())]
+        self._requests.put((argv, {"stdin": subprocess.DEVNULL, "env": {}}, done))
+        try:
+            done.result(timeout=30).wait(timeout=30)  # TimeoutError is an OSError
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise EnvironmentProblem(f"cannot end the processes a command left: {exc}") from exc
+
     def _serve(self) -> None:
         try:
             self._confine_this_thread()
@@ -323,6 +341,21 @@ def _drop_capabilities(keep: int | None = None) -> None:
         raise EnvironmentProblem(f"cannot drop capabilities for commands: {_errno_text()}")
 
 
+# Run inside a sandbox: kill(-1) reaches only the sandbox's own processes, as long as Landlock
+# scopes signals; if coder itself can be signalled, nothing is killed.
+_END_LEFTOVERS = "kill -0 {coder} 2>/dev/null || kill -9 -1 2>/dev/null; exit 0"
+
+
+def end_leftovers(root: Path) -> None:
+    """End every process left running in the sandbox of worktree `root` (by commands that
+    have all returned); nothing if no command ran there."""
+    real = os.path.realpath(root)
+    with _lock:
+        found = [c for p, c in _confinements.items() if p.writable[:1] == (real,)]
+    for spawner in found:
+        spawner.end_leftovers()
+
+
 _confinements: OrderedDict[Profile, Confinement] = OrderedDict()
 _lock = threading.Lock()
 
@@ -347,6 +380,12 @@ _tmp_roots: list[str] = []
 
 
 @atexit.register
-def _remove_tmp_roots() -> None:
+def _clean_up() -> None:
+    """At exit: nothing left running in a sandbox, no temporary directory left behind."""
+    for spawner in list(_confinements.values()):
+        try:
+            spawner.end_leftovers()
+        except EnvironmentProblem:
+            pass
     for root in [*_tmp_roots, *(c.tmp_root for c in _confinements.values())]:
         shutil.rmtree(root, ignore_errors=True)

@@ -2,8 +2,9 @@
 
     start    checkpoint `running`, with the branch tip the attempt starts from
     act      the step kind's runner, in the step's working directory
-    verify   .git untouched, then every check in steps/checks.CHECKS (asserts, protected
-             paths, ...)
+    verify   no process the step started still running (one that left its command's
+             group would change the worktree behind the checks), .git untouched, then every
+             check in steps/checks.CHECKS (asserts, protected paths, ...)
     commit   one commit of what the step changed, or none when it changed nothing
     record   land the commit, checkpoint the outcome, tell the schedule
 
@@ -308,9 +309,13 @@ class Executor:
         self, step: Step, place: Place, attempt: int, tip: str
     ) -> tuple[StepOutcome, str | None]:
         """One attempt: act, verify, then commit what it did or discard it."""
+        from coder.policy.confine import end_leftovers
+
         guard = GitGuard.take(self.common_dir, place.workdir)
         started = time.monotonic()
-        outcome = self._verify(step, place.workdir, self._act(step, place.workdir, attempt), guard)
+        acted = self._act(step, place.workdir, attempt)
+        end_leftovers(place.workdir)
+        outcome = self._verify(step, place.workdir, acted, guard)
         self.run.log.debug(
             "step.acted",
             step_id=step.id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,59 @@ def test_the_launcher_confines_a_program_coder_does_not_start_itself(tmp_path: P
     assert "Permission denied" in done.stderr and "CapEff:\t0000000000000000" in done.stdout
 
 
+# Leaves its command's process group, as a daemon does, before the command returns; its pid
+# is in daemon.pid.
+DAEMON = (
+    "python3 -c 'import os, time\n"
+    "r, w = os.pipe()\n"
+    "pid = os.fork()\n"
+    "if pid:\n"
+    '    os.read(r, 1); open("daemon.pid", "w").write(str(pid)); os._exit(0)\n'
+    'os.setsid(); os.write(w, b"x"); time.sleep(60)\''
+    " >/dev/null 2>&1 </dev/null"
+)
+
+
+def daemon_pid(root: Path) -> int:
+    return int((root / "daemon.pid").read_text())
+
+
+def gone(pid: int) -> bool:
+    deadline = time.monotonic() + 5  # SIGKILL is delivered, not waited for
+    while sandbox._alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not sandbox._alive(pid)
+
+
+@needs_sandbox
+def test_processes_left_in_a_sandbox_are_ended_and_nothing_else(tmp_path: Path) -> None:
+    """What a daemon a command left is up against: `end_leftovers` for its worktree. A daemon
+    in another worktree's sandbox and a process of coder's own (same user) are untouched."""
+    import signal
+    import subprocess
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    pids = {}
+    for root in (one, two):
+        root.mkdir()
+        run_command(DAEMON, cwd=root, policy=POLICY, root=root)
+        pids[root] = daemon_pid(root)
+    outside = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        assert sandbox._alive(pids[one]) and sandbox._alive(pids[two])
+        confine.end_leftovers(one)
+        assert gone(pids[one])
+        assert sandbox._alive(pids[two]) and outside.poll() is None
+        confine.end_leftovers(two)
+        assert gone(pids[two]) and outside.poll() is None
+    finally:
+        outside.kill()
+        outside.wait()
+        for pid in pids.values():
+            if sandbox._alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_rewritten_git_file_cannot_widen_the_next_commands_sandbox(make_repo) -> None:
     repo = make_repo()
     git(repo, "worktree", "add", "-q", str(repo.parent / "one"), "-b", "one")
@@ -124,7 +178,7 @@ def test_a_rewritten_git_file_cannot_widen_the_next_commands_sandbox(make_repo) 
 )
 def test_without_cap_sys_admin_each_command_gets_its_own_namespace(tmp_path: Path) -> None:
     """The path an unprivileged user (or a container's root) takes: `unshare` per command,
-    under the same Landlock rules."""
+    under the same Landlock rules; what a command leaves running is ended as well."""
     import subprocess
     import sys
 
@@ -139,6 +193,8 @@ assert confine.support().netns == "per-command", confine.support()
 cmd = "echo a > in.txt; echo b > {tmp_path}/out.txt; python3 -c 'import socket; socket.socket().connect((\\"127.0.0.1\\", 9))'"
 result = run_command(cmd, cwd=Path("{root}"), policy=Policy(), root=Path("{root}"))
 print(result.stderr)
+run_command({DAEMON!r}, cwd=Path("{root}"), policy=Policy(), root=Path("{root}"))
+confine.end_leftovers(Path("{root}"))  # the daemon is in a user namespace of its own
 """
     done = subprocess.run(
         [
@@ -157,3 +213,4 @@ print(result.stderr)
     assert (root / "in.txt").read_text() == "a\n" and not (tmp_path / "out.txt").exists()
     assert "out.txt: Permission denied" in done.stdout
     assert "PermissionError" in done.stdout or "Network is unreachable" in done.stdout
+    assert gone(daemon_pid(root))

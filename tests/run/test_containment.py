@@ -202,6 +202,18 @@ def test_the_git_guard_restores_without_following_the_step(
     assert git(worktree, "symbolic-ref", "HEAD") == "refs/heads/agent/esc-escape-attempt\n"
 
 
+def test_a_process_a_step_leaves_running_does_not_outlive_the_step(make_repo) -> None:
+    """A daemon could change the worktree after the step's checks, before its commit (a
+    protected path, the admin dir's HEAD): it is ended before the checks."""
+    from tests.policy.test_confine import DAEMON, daemon_pid, gone
+
+    repo = make_repo()
+    code, step = run_shell(repo, DAEMON)
+    assert code == 0, step
+    pid = daemon_pid(repo / ".coder" / "worktrees" / "esc")
+    assert gone(pid)
+
+
 def test_the_model_cannot_reset_the_users_checkout(make_repo, isolated_home, fake) -> None:
     repo = user_repo(make_repo)
     outside = Outside(repo, isolated_home)
