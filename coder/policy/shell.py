@@ -369,9 +369,12 @@ _KEYWORDS = frozenset(
     }
 )
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?\+?=")
-# Variables that make bash, the dynamic loader or git run code named in their value.
+# Variables that make bash, the dynamic loader or git run code named in their value. PATH:
+# programs are checked as the PATH coder gives commands finds them (`PATH=.:$PATH cat` would
+# run a `cat` the command wrote).
 _DANGEROUS_VARS = frozenset(
     {
+        "PATH",
         "BASH_ENV",
         "ENV",
         "PS4",
