@@ -26,7 +26,7 @@ import re
 import shutil
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -315,13 +315,14 @@ def create_worktree(
 # its writes into it would never be committed. So a worktree gets each submodule at the
 # recorded commit, from the user's own copy of the submodule (its objects shared through
 # `objects/info/alternates`, like `git clone --shared`: no copy, no network), or the run is
-# refused up front naming it. A step that changes a submodule fails (see `changed_submodules`):
-# coder commits only the repository itself.
+# refused up front naming it. Submodules of submodules likewise, at any depth. A step that
+# changes a submodule fails (see `changed_submodules`): coder commits only the repository
+# itself.
 
 
 @dataclass(frozen=True)
 class Submodule:
-    path: str
+    path: str  # relative to the superproject's top, parents before their own submodules
     commit: str  # the commit the superproject records
     source: Path  # the user's copy of its repository (its git dir)
 
@@ -355,11 +356,19 @@ def _gitlinks(repo: pygit2.Repository, commit: str) -> list[tuple[str, str, str]
 
 
 def submodules(repo: pygit2.Repository, commit: str) -> list[Submodule]:
-    """The submodules of ``commit`` with where their commits are found locally; an
-    EnvironmentProblem naming the first one this machine has no copy of (coder never
-    fetches)."""
+    """The submodules of ``commit``, nested ones included (each after the one that holds
+    it), with where their commits are found locally; an EnvironmentProblem naming the first
+    one this machine has no copy of (coder never fetches)."""
+    return _submodules(repo, commit, repo_root(repo), common_dir(repo), "", repo_root(repo))
+
+
+def _submodules(
+    repo: pygit2.Repository, commit: str, root: Path, common: Path, prefix: str, top: Path
+) -> list[Submodule]:
+    """``root`` is the user's checkout of ``repo`` (it may be missing for a nested one) and
+    ``common`` its git dir: a submodule's copy is checked out under the first, or kept in
+    the second's ``modules/``, as `git submodule update --init --recursive` leaves them."""
     found = []
-    root, common = repo_root(repo), common_dir(repo)
     for name, path, oid in _gitlinks(repo, commit):
         source = None
         for candidate in (root / path, common / "modules" / name):
@@ -371,12 +380,19 @@ def submodules(repo: pygit2.Repository, commit: str) -> list[Submodule]:
                 source = Path(sub.path)
                 break
         if source is None:
+            where = prefix + path
             raise EnvironmentProblem(
-                f"submodule {path} at {oid[:12]} is not in your checkout {root}: coder copies "
+                f"submodule {where} at {oid[:12]} is not in your checkout {top}: coder copies "
                 "submodules from there into its worktree (it never fetches)",
-                hint=f"run `git submodule update --init {path}`, then run coder again",
+                hint=(
+                    f"run `git submodule update --init {where}`"
+                    if not prefix
+                    else "run `git submodule update --init --recursive`"
+                )
+                + ", then run coder again",
             )
-        found.append(Submodule(path, oid, source))
+        found.append(Submodule(prefix + path, oid, source))
+        found += _submodules(sub, oid, root / path, source, f"{prefix}{path}/", top)
     return found
 
 
@@ -403,17 +419,36 @@ def _reset_submodule(sub: pygit2.Repository, commit: str) -> None:
     _remove_untracked(sub, Path(sub.workdir))
 
 
+def _checked_out_submodules(
+    w: pygit2.Repository, worktree: Path, prefix: str = ""
+) -> Iterator[tuple[str, Path, str]]:
+    """(path from the top, directory, recorded commit) of each submodule the files of ``w``
+    (at its HEAD) hold, nested ones after the one that holds them."""
+    if not (Path(worktree) / ".gitmodules").is_file():
+        return
+    for _name, path, oid in _gitlinks(w, str(w.head.target)):
+        dest = Path(worktree) / path
+        yield prefix + path, dest, oid
+        try:
+            sub = pygit2.Repository(str(dest), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+            if str(sub.head.target) != oid:
+                continue  # its own submodules are those of another commit
+        except (pygit2.GitError, OSError):
+            continue
+        yield from _checked_out_submodules(sub, dest, f"{prefix}{path}/")
+
+
 def changed_submodules(worktree: Path) -> list[str]:
     """Submodules whose files or commit a step changed: coder would not commit that work."""
     w = _open_worktree(worktree, writing=False)
-    if not (Path(worktree) / ".gitmodules").is_file():
-        return []
     changed = []
-    for _name, path, oid in _gitlinks(w, str(w.head.target)):
-        dest = Path(worktree) / path
+    for path, dest, oid in _checked_out_submodules(w, worktree):
         try:
             sub = pygit2.Repository(str(dest), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
-            same = str(sub.head.target) == oid and not sub.status()
+            own = str(sub.head.target) == oid
+            # a change inside one of its own submodules is named as that one's
+            inner = {p for _name, p, _oid in _gitlinks(sub, oid)} if own else set()
+            same = own and not [p for p in sub.status() if p.rstrip("/") not in inner]
         except (pygit2.GitError, OSError):  # not a repository (any more): anything inside counts
             same = not dest.is_dir() or not any(dest.iterdir())
         if not same:
@@ -423,13 +458,9 @@ def changed_submodules(worktree: Path) -> list[str]:
 
 def _reset_submodules(w: pygit2.Repository, worktree: Path) -> None:
     """Each submodule back at its recorded commit, with no other files (after a reset)."""
-    if not (Path(worktree) / ".gitmodules").is_file():
-        return
-    for _name, path, oid in _gitlinks(w, str(w.head.target)):
+    for _path, dest, oid in _checked_out_submodules(w, worktree):
         try:
-            sub = pygit2.Repository(
-                str(Path(worktree) / path), pygit2.enums.RepositoryOpenFlag.NO_SEARCH
-            )
+            sub = pygit2.Repository(str(dest), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
         except (pygit2.GitError, OSError):
             continue
         _reset_submodule(sub, oid)

@@ -18,6 +18,20 @@ def with_submodule(tmp_path: Path, make_repo) -> Path:
     return repo
 
 
+def with_nested_submodule(tmp_path: Path, make_repo) -> Path:
+    """repo -> vendor/lib (a submodule) -> deps/inner (its own submodule)."""
+    inner = make_repo({"inner.txt": "inner\n"}, name="inner")
+    lib = make_repo({"lib.txt": "lib\n"}, name="lib")
+    allow = ("-c", "protocol.file.allow=always")
+    git(lib, *allow, "submodule", "add", "-q", str(inner), "deps/inner")
+    git(lib, "commit", "-q", "-m", "add the nested submodule")
+    repo = make_repo({"README.md": "# r\n"}, name="repo")
+    git(repo, *allow, "submodule", "add", "-q", str(lib), "vendor/lib")
+    git(repo, *allow, "submodule", "update", "-q", "--init", "--recursive")
+    git(repo, "commit", "-q", "-m", "add the submodule")
+    return repo
+
+
 def run(repo: Path, cmd: str, task_id: str = "sm") -> tuple[int, str, str]:
     path = repo.parent / f"{task_id}.yaml"
     step = {"kind": "shell", "cmd": cmd}
@@ -63,3 +77,40 @@ def test_a_submodule_the_checkout_lacks_refuses_the_run_up_front(tmp_path: Path,
     ]
     assert git(clone, "branch", "--list", "agent/*") == ""
     assert not (clone / ".coder" / "worktrees" / "sm").exists()
+
+
+def test_a_nested_submodule_is_checked_out_too(tmp_path: Path, make_repo) -> None:
+    repo = with_nested_submodule(tmp_path, make_repo)
+    code, out, err = run(repo, "cat vendor/lib/deps/inner/inner.txt > copy.txt")
+    assert code == 0, out + err
+    assert git(repo, "show", "agent/sm-t:copy.txt") == "inner\n"
+    nested = repo / ".coder" / "worktrees" / "sm" / "vendor" / "lib" / "deps" / "inner"
+    recorded = git(repo / "vendor" / "lib", "rev-parse", "HEAD:deps/inner").strip()
+    assert git(nested, "rev-parse", "HEAD").strip() == recorded
+    assert git(repo, "status", "--porcelain") == ""
+
+
+def test_a_step_that_changes_a_nested_submodule_fails_and_is_discarded(
+    tmp_path: Path, make_repo
+) -> None:
+    repo = with_nested_submodule(tmp_path, make_repo)
+    code, out, _ = run(repo, "echo new > vendor/lib/deps/inner/new.txt")
+    assert code == 1
+    assert "the step changed the submodule vendor/lib/deps/inner/; coder commits only" in out
+    assert "submodule vendor/lib/;" not in out  # only the one that changed is named
+    nested = repo / ".coder" / "worktrees" / "sm" / "vendor" / "lib" / "deps" / "inner"
+    assert not (nested / "new.txt").exists()
+    assert (nested / "inner.txt").read_text() == "inner\n"  # still checked out
+
+
+def test_a_nested_submodule_the_checkout_lacks_refuses_the_run(tmp_path: Path, make_repo) -> None:
+    origin = with_nested_submodule(tmp_path, make_repo)
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(origin), str(clone))
+    allow = ("-c", "protocol.file.allow=always")
+    git(clone, *allow, "submodule", "update", "-q", "--init", "vendor/lib")  # not --recursive
+    code, _, err = run(clone, "true")
+    assert code == 3
+    assert "submodule vendor/lib/deps/inner at " in err
+    assert "hint: run `git submodule update --init --recursive`, then run coder again" in err
+    assert git(clone, "branch", "--list", "agent/*") == ""
