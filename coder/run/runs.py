@@ -119,12 +119,16 @@ def start(
                 hint=f"continue it with `coder resume -t {task.id}`, or remove it "
                 f"with `coder clean -t {task.id}`",
             )
-        if gitops.branch_tip(repo, task.branch):
-            raise InvalidInput(
-                f"branch {task.branch} already exists",
-                hint="set another `id` or `branch` in the taskfile, or delete the branch",
-            )
-        agent = open_agent(task, cfg, repo, base_commit, options)  # no model: we stop here
+        try:  # refused before anything of the run exists: its lock file goes too
+            if gitops.branch_tip(repo, task.branch):
+                raise InvalidInput(
+                    f"branch {task.branch} already exists",
+                    hint="set another `id` or `branch` in the taskfile, or delete the branch",
+                )
+            agent = open_agent(task, cfg, repo, base_commit, options)  # no model: we stop here
+        except BaseException:
+            lock.path.unlink(missing_ok=True)
+            raise
         try:  # the manifest first, then the branch and worktree, then the first checkpoint
             manifest = {
                 "task_id": task.id,

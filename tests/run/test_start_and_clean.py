@@ -76,6 +76,30 @@ def test_a_start_failing_after_its_branch_exists_removes_the_branch_too(
     assert not (sample / ".coder" / "tasks" / "mcpfail.json").exists()
 
 
+def test_a_start_refused_before_it_creates_anything_leaves_no_lock_file(
+    make_repo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No model server answers (checked before the run's files exist), or the branch is
+    taken: the lock file taken for the checks goes too."""
+    import socket
+
+    repo = make_repo()
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("OLLAMA_HOST", f"http://127.0.0.1:{port}")
+    path = taskfile(repo, "id: nohost\ntitle: t\ngraph:\n  - {kind: edit, goal: add a file}\n")
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == EXIT_ENVIRONMENT and "cannot reach Ollama" in err, out + err
+    assert leftovers(repo, "nohost") == []
+
+    git(repo, "branch", "agent/taken")
+    path = taskfile(repo, SHELL.replace("id: fs\n", "id: taken\n    branch: agent/taken\n"))
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == EXIT_USAGE and "branch agent/taken already exists" in err, out + err
+    assert leftovers(repo, "taken") == ["agent/taken"]  # the user's branch stays
+
+
 def test_an_invalid_branch_name_is_caught_by_validate_and_run(make_repo) -> None:
     """`agent/x..y` matches the schema's pattern; git refuses it."""
     repo = make_repo()
