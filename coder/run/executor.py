@@ -181,7 +181,7 @@ class Executor:
             self._skip_required(self.schedule.blocked)
             self._walk()
         except EnvironmentProblem as exc:
-            self._stop_for(exc.message)
+            self._stop_for(environment_error(exc))
         return self._finish()
 
     def _walk(self) -> None:
@@ -272,7 +272,7 @@ class Executor:
             try:
                 outcome, commit = self._attempt(step, place, attempt, tip)
             except EnvironmentProblem as exc:
-                return Attempted(StepOutcome(False, exc.message, errored=True), tip)
+                return Attempted(StepOutcome(False, environment_error(exc), errored=True), tip)
             if outcome.result != "failed" or self.run.stop.is_set():
                 return Attempted(outcome, tip, commit)
             failures += 1
@@ -394,7 +394,7 @@ class Executor:
         try:
             landed, parent = place.land(done.commit, done.tip)
         except EnvironmentProblem as exc:
-            self._errored(step, exc.message, None, done.tip)
+            self._errored(step, environment_error(exc), None, done.tip)
             return
         except CoderError as exc:  # parallel steps edited the same lines
             self._fail(step, StepOutcome(False, exc.message))
@@ -567,7 +567,7 @@ class Executor:
         try:
             problems = success_problems(self)
         except EnvironmentProblem as exc:
-            return "error", exc.message
+            return "error", environment_error(exc)
         return ("failed", "; ".join(problems)) if problems else ("success", None)
 
 
@@ -614,6 +614,12 @@ class Scratch:
         if commit is None:
             return None, current
         return gitops.cherry_pick(self.ex.run.worktree, commit, expected_tip=current), current
+
+
+def environment_error(exc: EnvironmentProblem) -> str:
+    """What stopped the run, with the fix when there is one ("run `ollama pull M`"): the
+    run's error is all a user sees of it in the summary, `coder show` and `--json`."""
+    return f"{exc.message}; {exc.hint}" if exc.hint else exc.message
 
 
 def success_problems(ex: Executor) -> list[str]:

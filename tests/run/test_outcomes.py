@@ -44,6 +44,7 @@ def test_a_model_gone_mid_run_stops_the_run_as_error_not_a_skipped_step(
     assert code == EXIT_ENVIRONMENT, out + err
     result = json.loads(out)
     assert result["status"] == "error" and "not found" in result["error"]
+    assert result["error"].endswith(f"; run `OLLAMA_HOST={fake.url} ollama pull qwen2.5-coder:7b`")
     assert result["skipped"] == []
     state = state_of(sample, "gone")
     assert state["status"] == "error"
