@@ -211,7 +211,7 @@ def parse(text: str, name: str) -> Document:
             _check_tree(root, name, loader)
         data = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as exc:
-        raise _syntax_error(exc, name) from None
+        raise _syntax_error(exc, name, text) from None
     finally:
         loader.dispose()
     return Document(name, data, root)
@@ -264,7 +264,7 @@ def _too_deep(name: str, line: int, col: int) -> DocumentError:
     )
 
 
-def _syntax_error(exc: yaml.YAMLError, name: str) -> DocumentError:
+def _syntax_error(exc: yaml.YAMLError, name: str, text: str = "") -> DocumentError:
     if isinstance(exc, yaml.MarkedYAMLError):
         line, col = _at(exc.problem_mark or exc.context_mark)
         if exc.problem == "exceeded maximum nesting depth":  # libyaml's own flow limit (1,000)
@@ -272,6 +272,8 @@ def _syntax_error(exc: yaml.YAMLError, name: str) -> DocumentError:
         what = exc.problem or "invalid YAML"
         if exc.context:
             what += f" ({exc.context})"
+        if "tab" not in what and _char_at(text, line, col) == "\t":  # libyaml did not say
+            what += "; the character is a tab, and YAML indents with spaces only"
         return DocumentError(Problem(name, line, col, f"YAML syntax error: {what}"))
     return DocumentError(Problem(name, 1, 1, f"YAML error: {exc}"))
 
@@ -302,7 +304,7 @@ def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any]:
                     Problem(name, 1, 1, f"document has more than {MAX_NODES:,} nodes")
                 )
     except yaml.YAMLError as exc:
-        raise _syntax_error(exc, name) from None
+        raise _syntax_error(exc, name, text) from None
     finally:
         scan.dispose()
     loader = _Loader(text)
@@ -310,7 +312,16 @@ def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any]:
         return loader.get_single_node(), loader
     except yaml.YAMLError as exc:
         loader.dispose()
-        raise _syntax_error(exc, name) from None
+        raise _syntax_error(exc, name, text) from None
+
+
+def _char_at(text: str, line: int, col: int) -> str:
+    """The character at 1-based (line, col) of ``text``, or ""."""
+    lines = text.split("\n", line)
+    if len(lines) < line:
+        return ""
+    row = lines[line - 1]
+    return row[col - 1] if 0 < col <= len(row) else ""
 
 
 def _at(mark: Any) -> tuple[int, int]:
@@ -370,7 +381,7 @@ def _duplicate_keys(node: yaml.MappingNode, name: str, loader: Any) -> list[Prob
     """A key given twice in one mapping: YAML and JSON parsers keep the last one silently,
     so `cmd: echo 1` then `cmd: rm -rf x` would run the second. Merge keys (`<<`) are
     exempt: overriding a merged value is what they are for."""
-    seen: dict[Any, int] = {}
+    seen: dict[Any, tuple[int, int]] = {}
     found = []
     for key_node, _ in node.value:
         if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE:
@@ -378,17 +389,22 @@ def _duplicate_keys(node: yaml.MappingNode, name: str, loader: Any) -> list[Prob
         key = _key_value(key_node, loader)
         line, col = _at(key_node.start_mark)
         if key in seen:
+            first, first_col = seen[key]
+            where = (  # one line (JSON often is): the columns tell them apart
+                f"first at column {first_col}, again at column {col} of line {line}"
+                if first == line
+                else f"first at line {first}, again at line {line}"
+            )
             found.append(
                 Problem(
                     name,
                     line,
                     col,
-                    f"duplicate key {quote(key)} (first at line {seen[key]}, again at line "
-                    f"{line}); keep one: the last would silently win",
+                    f"duplicate key {quote(key)} ({where}); keep one: the last would silently win",
                 )
             )
         else:
-            seen[key] = line
+            seen[key] = (line, col)
     return found
 
 

@@ -142,6 +142,17 @@ def test_duplicate_keys_in_a_json_config_file(repo: Path) -> None:
     )
 
 
+def test_duplicate_keys_on_one_line_are_told_apart_by_column(repo: Path) -> None:
+    path = repo / "coder.config.json"
+    path.write_text('{"model": "a", "model": "b"}')
+    with pytest.raises(InvalidInput) as info:
+        config.load(repo)
+    assert info.value.message == (
+        f"{path}:1:16: duplicate key 'model' (first at column 2, again at column 16 of line "
+        "1); keep one: the last would silently win"
+    )
+
+
 def test_deep_json_config_is_refused(repo: Path) -> None:
     (repo / "coder.config.json").write_text('{"a": ' * 30_000)
     with pytest.raises(InvalidInput, match="nesting is too deep"):
@@ -240,6 +251,12 @@ def test_config_file_that_is_a_fifo(repo: Path, monkeypatch: pytest.MonkeyPatch)
             "title: t\nbranch: agent//x\ngraph:\n  - {kind: test}\n",
             "task.yaml:2:9: branch: 'agent//x' is not a valid branch: each part after agent/ must "
             "be non-empty and start with a letter, digit, _ or - (e.g. agent/add-health)",
+        ),
+        (
+            "title: t\ngraph:\n\t- kind: shell\n",
+            "task.yaml:3:1: YAML syntax error: found character that cannot start any token "
+            "(while scanning for the next token); the character is a tab, and YAML indents "
+            "with spaces only",
         ),
     ],
 )
