@@ -247,6 +247,18 @@ def short_command(cmd: str, limit: int = 80) -> str:
     return first if len(first) <= limit and len(lines) == 1 else f"{first[:limit]} …"
 
 
+def shown_command(cmd: str, limit: int = 2000) -> str:
+    """A command where it is shown in full (the approval prompt, a dry run, a step commit's
+    body): whole up to `limit` characters, else cut at a line with how much was left out
+    (a 200 KB heredoc is the taskfile's to hold, not every screen's)."""
+    if len(cmd) <= limit:
+        return cmd
+    head = cmd[:limit]
+    head = head[: head.rfind("\n")] if "\n" in head[limit // 2 :] else head
+    left = f"{len(cmd) - len(head):,} more characters of {len(cmd):,}"
+    return f"{head} … ({left}; the whole command is in the taskfile)"
+
+
 def generate_id() -> str:
     return time.strftime("T-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 

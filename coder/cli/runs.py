@@ -311,8 +311,9 @@ def status(as_json: bool) -> None:
 def approval_prompt(step: Any, run: Any) -> str:
     """Ask before a step: [r]un, [s]kip, [d]iff so far, [q]uit."""
     from coder.git import ops as gitops
+    from coder.taskfile import shown_command
 
-    what = f"`{step.cmd}`" if step.cmd else step.goal
+    what = f"`{shown_command(step.cmd)}`" if step.cmd else step.goal
     while True:
         answer = click.prompt(
             f"\nstep {step.id} ({step.kind}): {what}\n  [r]un  [s]kip  [d]iff so far  [q]uit",
@@ -344,6 +345,8 @@ def _dry_run(path: Path, options: Any, as_json: bool) -> None:
 
 
 def render_dry_run(plan: Any) -> str:
+    from coder.taskfile import shown_command
+
     task = plan.task
     steps = {s.id: s for s in task.steps}
     width = max(len(s.id) for s in task.steps)
@@ -390,7 +393,7 @@ def render_dry_run(plan: Any) -> str:
         pad = max(len(label) for label in labels)
         for label, check in zip(labels, plan.commands):
             verdict = "allowed" if check.allowed else "REFUSED"
-            lines.append(f"  {label:<{pad}}  {verdict}  {check.cmd}")
+            lines.append(f"  {label:<{pad}}  {verdict}  {shown_command(check.cmd)}")
             if not check.allowed:
                 lines.append(f"  {'':<{pad}}  {'':<7}  {check.reason}")
     lines.append("")

@@ -670,10 +670,11 @@ def commit_title(step: Step) -> str:
 
 def commit_body(step: Step, outcome: StepOutcome) -> str:
     from coder.redact import redact
+    from coder.taskfile import shown_command
 
     lines = [f"Step {step.id} ({step.kind})."]
     if step.cmd:
-        lines.append(f"Command: {step.cmd}")
+        lines.append(f"Command: {shown_command(step.cmd)}")
     if outcome.summary:
         lines.append(outcome.summary)
     return redact("\n".join(lines))

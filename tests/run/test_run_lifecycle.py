@@ -455,10 +455,17 @@ def test_a_long_command_validates_and_runs_and_a_too_long_one_is_refused(make_re
     task = taskfile(repo, "id: big\ntitle: t\ngraph:\n  - kind: shell\n    cmd: " + json.dumps(cmd))
     code, out, _ = coder(repo, "validate", "-f", str(task))
     assert code == 0, out[:500]
+    code, out, _ = coder(repo, "run", "--dry-run", "-f", str(task))  # shown, not whole
+    assert code == 0 and len(out) < 5_000 and "the whole command is in the taskfile" in out
     code, out, err = coder(repo, "run", "--autonomous", "-f", str(task))
     assert code == 0, (out + err)[-2000:]
     assert git(repo, "show", "agent/big-t:data.txt") == body + "\n"
     assert len(out) + len(err) < 5_000  # the command is not echoed whole
+    # nor kept whole in the step's commit message
+    message = git(repo, "log", "-1", "--format=%B", "agent/big-t")
+    assert len(message) < 2_500
+    assert "Command: cat > data.txt <<'EOF'\nrow 0\n" in message
+    assert f"more characters of {len(cmd):,}; the whole command is in the taskfile)" in message
     task.write_text("title: t\ngraph:\n  - kind: shell\n    cmd: " + json.dumps("x" * 300_000))
     code, out, _ = coder(repo, "validate", "-f", str(task))
     assert code == 2
