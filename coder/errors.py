@@ -11,7 +11,7 @@
     │   └── PatchProblem         2  fs_apply_patch: the patch does not parse or apply
     ├── EnvironmentProblem       3  something outside the run broke; the run stops as `error`
     │   ├── ConcurrentRun        3  another runner holds the task lock
-    │   ├── CorruptState         3  a state file that cannot be read as a checkpoint
+    │   ├── CorruptState         3  a run's state file or manifest cannot be read back
     │   ├── BranchMoved          3  the agent branch is not where coder left it
     │   ├── ModelUnavailable     3  the model host is unreachable or lacks the model
     │   │   ├── HostUnreachable  3  nothing answers at the server's address (named)
@@ -122,14 +122,23 @@ class ConcurrentRun(EnvironmentProblem):
 
 
 class CorruptState(EnvironmentProblem):
-    """A state file that cannot be read as a valid checkpoint (torn, edited, wrong schema)."""
+    """A run's file that cannot be read back (torn, edited, wrong schema): its checkpoint
+    (which resume rebuilds from the branch's commits) or its manifest (which it cannot)."""
 
-    def __init__(self, path: Path, task_id: str, reason: str) -> None:
-        super().__init__(
-            f"state file {display_path(path)} is corrupt ({reason}); run "
-            f"`coder resume -t {task_id}` to rebuild it from the branch's commits",
-            hint=f"or delete {display_path(path)} and start the task again",
-        )
+    def __init__(self, path: Path, task_id: str, reason: str, *, manifest: bool = False) -> None:
+        if manifest:
+            super().__init__(
+                f"run file {display_path(path)} is corrupt ({reason}); it holds run "
+                f"{task_id}'s task, so the run cannot go on without it",
+                hint=f"restore the file, or remove the run with `coder clean -t {task_id}` "
+                "(its branch is kept)",
+            )
+        else:
+            super().__init__(
+                f"state file {display_path(path)} is corrupt ({reason}); run "
+                f"`coder resume -t {task_id}` to rebuild it from the branch's commits",
+                hint=f"or delete {display_path(path)} and start the task again",
+            )
         self.path = path
         self.task_id = task_id
         self.reason = reason

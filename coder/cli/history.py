@@ -131,5 +131,7 @@ def clean(task_id: str, keep_branch: bool, delete_branch: bool, force: bool, as_
     click.echo(f"Removed run {task_id}.")
     if result["branch_deleted"]:
         click.echo(f"Deleted branch {result['branch']}.")
+    elif result["branch"] is None:  # its manifest and state were both unreadable
+        click.echo("Kept the run's branch (unknown: its files were unreadable; see `git branch`).")
     else:
         click.echo(f"Kept branch {result['branch']} (delete it with --delete-branch).")

@@ -69,7 +69,10 @@ def clean(
     repo = gitops.open_repo(cwd)
     root = gitops.repo_root(repo)
     coder_dir = project.coder_dir(root)
-    manifest = load_manifest(coder_dir, task_id)
+    try:
+        manifest = load_manifest(coder_dir, task_id)
+    except CorruptState:  # the run cannot go on: what it made can still be removed
+        manifest = _manifest_from_state(coder_dir, task_id)
     pid = read_lock_owner(coder_dir, task_id)
     if pid is not None:
         raise ConcurrentRun(
@@ -98,7 +101,7 @@ def clean(
     for name in [task_id, *scratch, f"{task_id}--merge.check"]:
         gitops.remove_worktree(repo, name)
     branch = manifest["branch"]
-    drop_branch = delete_branch or (merged and not keep_branch)
+    drop_branch = branch is not None and (delete_branch or (merged and not keep_branch))
     if drop_branch:
         gitops.delete_branch(repo, branch)
     StateStore(coder_dir).delete(task_id)
@@ -116,3 +119,17 @@ def clean(
         "merged": merged,
         "discarded": changed,
     }
+
+
+def _manifest_from_state(coder_dir: Path, task_id: str) -> dict[str, Any]:
+    """What `clean` needs of a run whose manifest is corrupt: from its checkpoint (which
+    holds the same), else the run's worktree by its name and no branch (kept: unknown)."""
+    try:
+        state = StateStore(coder_dir).load(task_id)
+    except (CorruptState, InvalidInput):
+        return {
+            "worktree": str(coder_dir / "worktrees" / task_id),
+            "branch": None,
+            "task": {"graph": []},
+        }
+    return {"worktree": state.worktree, "branch": state.branch, "task": state.task}

@@ -73,15 +73,49 @@ def manifest_path(coder_dir: Path, task_id: str) -> Path:
     return coder_dir / "tasks" / f"{task_id}.json"
 
 
+_MANIFEST_STRINGS = ("task_id", "base", "base_commit", "branch", "worktree", "created_at")
+
+
 def load_manifest(coder_dir: Path, task_id: str) -> dict[str, Any]:
+    """The run's manifest; UnknownTask when there is none, CorruptState (naming the file)
+    when it cannot be read back as one."""
+    from coder.yamldoc import loads_json
+
     path = manifest_path(coder_dir, task_id)
     try:
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        return data
+        data = loads_json(path.read_bytes())
     except FileNotFoundError:
         raise UnknownTask(task_id, StateStore(coder_dir).list_ids()) from None
-    except (OSError, ValueError) as exc:
-        raise CorruptState(path, task_id, str(exc)) from None
+    except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise CorruptState(path, task_id, str(exc), manifest=True) from None
+    problem = _manifest_problem(data, task_id)
+    if problem:
+        raise CorruptState(path, task_id, problem, manifest=True)
+    manifest: dict[str, Any] = data
+    return manifest
+
+
+def _manifest_problem(data: Any, task_id: str) -> str | None:
+    """What makes `data` no manifest of `task_id` (the fields every command reads)."""
+    from coder.kinds import KINDS
+
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    for key in _MANIFEST_STRINGS:
+        if not isinstance(data.get(key), str):
+            return f"its {key} is missing"
+    if data["task_id"] != task_id:
+        return f"it belongs to task {data['task_id']!r}"
+    task = data.get("task")
+    if not isinstance(task, dict) or not isinstance(task.get("title"), str):
+        return "no task"
+    graph = task.get("graph")
+    if not isinstance(graph, list) or not all(
+        isinstance(s, dict) and isinstance(s.get("id"), str) and s.get("kind") in KINDS
+        for s in graph
+    ):
+        return "no task graph"
+    return None
 
 
 # --- start ---------------------------------------------------------------------------------

@@ -130,3 +130,33 @@ def test_clean_refuses_uncommitted_changes_unless_forced(make_repo) -> None:
     assert "Discarded uncommitted changes: notes.md, one.txt." in out
     assert not worktree.exists()
     assert leftovers(repo, "fs") == ["agent/fs-failed-start"]  # unmerged: the branch stays
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("[" * 100_000, "nesting is too deep"),
+        ("[1]", "not a JSON object"),
+        ('{"task_id": "fs"}', "its base is missing"),
+        ("{", "Expecting property name"),
+    ],
+)
+def test_a_corrupt_manifest_is_named_and_clean_still_removes_the_run(
+    make_repo, text: str, reason: str
+) -> None:
+    """`.coder/tasks/ID.json` edited or torn by hand: every command says which file and
+    why (before: RecursionError, TypeError or KeyError tracebacks), and `clean`, which the
+    hint offers, removes the run from its checkpoint."""
+    repo = make_repo()
+    assert coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, SHELL)))[0] == 0
+    (repo / ".coder" / "tasks" / "fs.json").write_text(text)
+    for args in (["show", "-t", "fs"], ["resume", "-t", "fs"], ["merge", "-t", "fs"]):
+        code, out, err = coder(repo, *args)
+        assert code == EXIT_ENVIRONMENT, out + err
+        assert err.startswith("coder: error: run file .coder/tasks/fs.json is corrupt (")
+        assert reason in err
+        assert "hint: restore the file, or remove the run with `coder clean -t fs`" in err
+    code, out, err = coder(repo, "clean", "-t", "fs")
+    assert code == 0, out + err
+    assert "Kept branch agent/fs-failed-start" in out
+    assert leftovers(repo, "fs") == ["agent/fs-failed-start"]
