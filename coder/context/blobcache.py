@@ -60,7 +60,7 @@ def _load(path: Path | None) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -215,7 +215,7 @@ class EventLog:
 def _parse_line(line: bytes) -> dict[str, Any] | None:
     try:
         event = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # torn by a crash, or not coder's line at all
         return None
     return event if isinstance(event, dict) else None
 

@@ -188,6 +188,19 @@ def test_read_events_skips_a_torn_last_line(coder_dir: Path) -> None:
     ]
 
 
+def test_read_events_skips_lines_that_are_no_events(coder_dir: Path) -> None:
+    """A log edited by hand: a line nested deeper than json's recursion limit (a
+    RecursionError traceback from `coder logs` and `coder report` before), garbage, non-UTF-8,
+    a list: skipped like a torn line."""
+    with EventLog(coder_dir, "T-1") as log:
+        log.info("step.started", step_id="s1")
+    with log_path(coder_dir, "T-1").open("ab") as fh:
+        fh.write(b"[" * 100_000 + b"\ngarbage\n\xff\n[1]\n")
+    with EventLog(coder_dir, "T-1") as log:
+        log.info("run.resumed")
+    assert [e["event"] for e in read_events(coder_dir, "T-1")] == ["step.started", "run.resumed"]
+
+
 def test_read_events_of_a_task_without_log(coder_dir: Path) -> None:
     assert list(read_events(coder_dir, "T-1")) == []
 
