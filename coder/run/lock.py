@@ -50,7 +50,7 @@ def _read_owner(fd: int) -> dict[str, Any]:
     raw = os.pread(fd, 4096, 0)
     try:
         owner = json.loads(raw) if raw.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # not a record coder wrote
         return {}
     if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
         return {}

@@ -545,6 +545,18 @@ def test_read_lock_owner_without_lock_file(tmp_path: Path) -> None:
     assert read_lock_owner(tmp_path / ".coder", "T-1") is None
 
 
+@pytest.mark.parametrize("junk", [b"[" * 4000, b"garbage", b"[1]", b'{"pid": "x"}'])
+def test_a_lock_file_that_is_no_record_is_taken_over_quietly(tmp_path: Path, junk: bytes) -> None:
+    """Not a record coder wrote (a nesting past json's recursion limit crashed resume with a
+    RecursionError): nobody holds it, and the next runner takes it without a previous pid."""
+    coder_dir = tmp_path / ".coder"
+    (coder_dir / "locks").mkdir(parents=True)
+    (coder_dir / "locks" / "T-1.lock").write_bytes(junk)
+    with TaskLock(coder_dir, "T-1") as lock:
+        assert lock.took_over_from is None
+        assert read_lock_owner(coder_dir, "T-1") == os.getpid()
+
+
 def test_pid_alive() -> None:
     assert pid_alive(os.getpid())
     assert not pid_alive(0) and not pid_alive(-1)
