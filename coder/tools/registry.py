@@ -6,6 +6,9 @@ name, a description, a flat JSON Schema and a handler `(ToolContext, args) -> To
 
 * the model always gets an answer it can act on: an unknown name, a bad argument, a policy
   refusal, a missing file or a failing handler all become `ToolResult.error(message, hint)`;
+  except, in a run (`ctx.stop_on_environment`), what is not the model's to fix: an
+  EnvironmentProblem (no sandbox for a command, ...) or a full disk is raised, so the run
+  stops as `error` instead of the step failing (DESIGN.md invariant 10);
 * arguments are validated against the schema (Draft 2020-12) before the handler sees them;
 * everything that leaves (content, hint, data) passes through `ctx.redactor` (fail closed).
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import errno
 import functools
 import json
 import os
@@ -33,7 +37,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from coder import yamldoc
-from coder.errors import CoderError, InvalidInput, PolicyViolation
+from coder.errors import CoderError, EnvironmentProblem, InvalidInput, PolicyViolation
 from coder.policy.commands import Policy
 from coder.redact import Redactor
 
@@ -79,6 +83,9 @@ class ToolContext:
     lint_command: str | None = None  # configured, with {file}; None means detect
     embedder: Callable[[Sequence[str]], list[list[float]]] | None = None  # hybrid code_search
     embed_key: str = ""  # the embedding model (names its vector cache)
+    # in a run: an EnvironmentProblem or a full disk stops the run instead of being an
+    # answer to the model (the MCP server keeps answering: its client decides)
+    stop_on_environment: bool = False
     _env_scanned: bool = field(default=False, init=False, repr=False)
     _edits: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)  # lint memo
 
@@ -239,9 +246,17 @@ class Registry:
                     "secret-looking files (.env*, *.pem, *.key, *secret*) cannot be written"
                 ),
             )
+        except EnvironmentProblem as exc:
+            if ctx.stop_on_environment:
+                raise
+            return ToolResult.error(exc.message, hint=exc.hint)
         except CoderError as exc:
             return ToolResult.error(exc.message, hint=exc.hint)
         except OSError as exc:
+            if ctx.stop_on_environment and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise EnvironmentProblem(
+                    f"{name}: {_os_error(exc, ctx).content}", hint="free some disk space"
+                ) from None
             return _os_error(exc, ctx)
         except Exception as exc:  # noqa: BLE001 - a tool bug must not end the step unseen
             return ToolResult.error(

@@ -69,6 +69,60 @@ def test_a_model_gone_mid_run_stops_the_run_as_error_not_a_skipped_step(
     assert state["status"] == "success" and state["steps"]["s1"]["attempts"] == 1
 
 
+def test_a_full_disk_under_a_model_tool_stops_the_run_not_the_step(
+    fake: FakeOllama, sample: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills while the model writes a file: before, the tool answered the model
+    "No space left on device", and a step with retries and on_fail: skip went on to be
+    retried and skipped (a run that could end `success`). It is the environment's: the run
+    stops as `error`, the step is not retried, and resume runs it again."""
+    import errno
+    import os
+
+    from coder.run import runs
+    from coder.tools import fs
+
+    path = taskfile(
+        sample,
+        """
+        id: diskful
+        title: disk fills
+        graph:
+          - id: s1
+            kind: edit
+            goal: Add a multiply module
+            retries: 2
+            on_fail: {strategy: skip}
+          - {id: s2, kind: shell, cmd: "echo two > two.txt"}
+        """,
+    )
+
+    class FullDisk:
+        @staticmethod
+        def mkstemp(*args: Any, **kwargs: Any) -> Any:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    real_tempfile = fs.tempfile
+    monkeypatch.setattr(fs, "tempfile", FullDisk)
+    fake.enqueue(call("fs_write", path="mul.py", content="def mul(a, b):\n    return a * b\n"))
+    result = runs.start(path, cwd=sample, options=runs.RunOptions())
+    assert result.status == "error"
+    assert result.state.error == "fs_write: No space left on device; free some disk space"
+    s1 = result.state.steps["s1"]
+    assert (s1.status, s1.attempts) == ("interrupted", 1)  # not retried, not skipped
+    assert result.state.steps["s2"].status == "pending"
+    assert fake.pending == 0  # the model was asked once, and not told about the disk
+
+    monkeypatch.setattr(fs, "tempfile", real_tempfile)  # room again
+    fake.enqueue(
+        call("fs_write", path="mul.py", content="def mul(a, b):\n    return a * b\n"),
+        done("added mul.py", "mul.py"),
+    )
+    code, out, err = coder(sample, "resume", "-t", "diskful")
+    assert code == 0, out + err
+    assert [c[0] for c in step_commits(sample, "agent/diskful-disk-fills")] == ["s1", "s2"]
+
+
 def test_a_branch_moved_under_the_run_is_an_error_not_a_failure(make_repo) -> None:
     """Someone commits to the agent branch while s2 runs: the commit's compare-and-swap
     refuses, the run stops as `error` and nothing of theirs is lost."""

@@ -122,6 +122,7 @@ def converse(
         write_filter=doc_write_filter if role == "docs" else None,
         command_timeout=ctx.step.timeout_s,
         owner=ctx.owner,
+        stop_on_environment=True,
         **code_settings(ctx.config, ctx.task.policies, cache_dir(ctx)),
     )
     messages = [
