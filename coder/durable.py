@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from coder.crashpoints import crashpoint
+from coder.errors import EnvironmentProblem, display_path
 
 
 def write_atomic(
@@ -69,12 +70,25 @@ def fsync_dir(directory: Path) -> None:
 def write_private(path: Path, text: str) -> None:
     """Write an artifact or log under `.coder/` readable by its owner only (0600, also when
     the file existed), its directories created 0700. Not crash-safe: for what `write_atomic`
-    does not need to protect (logs, diffs, transcripts)."""
+    does not need to protect (logs, diffs, transcripts). A file system that refuses (full,
+    read-only) is an EnvironmentProblem: a run stops as `error`, not as a failed step."""
     path = Path(path)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        os.fchmod(fd, 0o600)
-        _write_all(fd, text.encode("utf-8"))
-    finally:
-        os.close(fd)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            _write_all(fd, text.encode("utf-8"))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise write_failed(path, exc) from exc
+
+
+def write_failed(path: Path, exc: OSError) -> EnvironmentProblem:
+    """coder could not write one of its files under `.coder/` (a full disk, most often)."""
+    return EnvironmentProblem(
+        f"cannot write {display_path(path)}: {exc.strerror or exc}",
+        hint="free some disk space (or fix the file system), then run the command again "
+        "(`coder resume -t ID` continues a run)",
+    )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coder import config as config_mod
+from coder.durable import write_atomic, write_failed
 from coder.errors import EnvironmentProblem
 
 CODER_DIR = ".coder"
@@ -50,8 +51,12 @@ def init(cwd: Path, *, force: bool = False, env: dict[str, str] | None = None) -
     path = root / config_mod.PROJECT_FILE
     detected = detected_config(root, env)
     written = force or not path.exists()
-    if written:
-        path.write_text(json.dumps(detected, indent=2) + "\n", encoding="utf-8")
+    if written:  # all or nothing: a full disk leaves no empty config behind
+        data = (json.dumps(detected, indent=2) + "\n").encode("utf-8")
+        try:
+            write_atomic(path, data, new_mode=0o644, crash_point=None)
+        except OSError as exc:
+            raise write_failed(path, exc) from exc
     return InitResult(root, path, written, excluded, detected)
 
 

@@ -153,6 +153,39 @@ def test_init_outside_a_repository_is_an_environment_error(tmp_path: Path) -> No
     assert not (tmp_path / ".coder").exists() and not (tmp_path / "coder.config.json").exists()
 
 
+def test_a_full_disk_is_an_environment_error_that_leaves_no_half_file(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`coder init` on a full disk: before, an OSError traceback and an empty
+    coder.config.json that broke every later command. Now exit 3 naming the file, and no
+    file. A full disk anywhere else (the lock, a log) is exit 3 with the errno's words."""
+    import errno
+
+    from coder import durable
+    from tests.conftest import coder
+
+    def full(fd: int, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(durable, "_write_all", full)
+        code, out, err = coder(repo, "init")
+    assert code == 3, out + err
+    assert err.splitlines() == [
+        "coder: error: cannot write coder.config.json: No space left on device",
+        "  hint: free some disk space (or fix the file system), then run the command again "
+        "(`coder resume -t ID` continues a run)",
+    ]
+    assert not list(repo.glob("coder.config.json*"))  # no empty file, no temp file
+
+    def nowhere(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), "/somewhere/x")
+
+    monkeypatch.setattr("coder.project.init", nowhere)
+    code, out, err = coder(repo, "init")
+    assert code == 3 and err.startswith("coder: error: Disk quota exceeded: /somewhere/x\n")
+
+
 def test_config_shows_values_and_sources(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(repo)
     (repo / "coder.config.json").write_text('{"max_parallel": 2}')

@@ -91,6 +91,28 @@ class CoderGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("coder: interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
+        except OSError as exc:  # a full disk, wherever coder meets it: not a bug
+            problem = disk_full(exc)
+            if problem is None:
+                raise
+            report_error(ctx, problem)
+            ctx.exit(problem.exit_code)
+
+
+def disk_full(exc: OSError) -> CoderError | None:
+    """The environment problem a full disk (or quota) is, naming the file; None otherwise."""
+    import errno
+
+    from coder.errors import EnvironmentProblem
+
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    where = f": {exc.filename}" if exc.filename else ""
+    return EnvironmentProblem(
+        f"{exc.strerror or exc}{where}",
+        hint="free some disk space, then run the command again (`coder resume -t ID` "
+        "continues a run)",
+    )
 
 
 def _usage_hint(exc: click.ClickException) -> str | None:

@@ -28,6 +28,7 @@ from typing import Any, Self
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from coder.durable import write_failed
 from coder.redact import SCAN_FAILED, Redactor
 from coder.run.state import check_task_id
 
@@ -97,6 +98,7 @@ class _Sink:
 
     def __init__(self, path: Path, console: Console | None, live: LiveView | None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self._lock = threading.Lock()
         self._console = console
         self.live = live
@@ -119,8 +121,11 @@ class _Sink:
     def _write(self, data: bytes) -> None:
         assert self._fd is not None
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:  # a full disk: the run stops as `error`
+            raise write_failed(self.path, exc) from exc
 
     def close(self) -> None:
         with self._lock:

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from coder.durable import write_failed
 from coder.errors import ConcurrentRun
 from coder.run.state import check_task_id, now_iso
 
@@ -100,6 +101,9 @@ class TaskLock:
             record = {"pid": os.getpid(), "started_at": now_iso(), "host": socket.gethostname()}
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
+        except OSError as exc:  # a full disk
+            os.close(fd)
+            raise write_failed(self.path, exc) from exc
         except BaseException:
             os.close(fd)
             raise

@@ -316,3 +316,53 @@ def test_a_full_disk_mid_run_stops_it_as_an_environment_problem(
     code, out, err = coder(repo, "resume", "-t", "full")
     assert code == 0, out + err
     assert [c[0] for c in step_commits(repo, "agent/full-disk-full")] == ["s1", "s2", "s3"]
+
+
+def test_a_full_disk_under_a_step_log_stops_the_run_without_a_traceback(
+    make_repo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills while s2 runs, so its command's log (an artifact) and then the final
+    checkpoint cannot be written: an EnvironmentProblem naming the file (exit 3 at the CLI),
+    where an OSError traceback came before; once there is room, resume finishes the run."""
+    import errno
+    import os
+
+    from coder import durable
+    from coder.run import runs
+
+    repo = make_repo()
+    path = taskfile(
+        repo,
+        """
+        id: full2
+        title: disk full
+        graph:
+          - {id: s1, kind: shell, cmd: "echo one > one.txt"}
+          - {id: s2, kind: shell, cmd: "echo two > two.txt"}
+        """,
+    )
+    real_write_all = durable._write_all
+    full = False
+
+    def write_all(fd: int, data: bytes) -> None:
+        if full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_write_all(fd, data)
+
+    def fill_the_disk(event: dict[str, Any]) -> None:
+        nonlocal full
+        full = full or (event["event"] == "step.started" and event.get("step_id") == "s2")
+
+    monkeypatch.setattr(durable, "_write_all", write_all)
+    with pytest.raises(EnvironmentProblem, match="No space left on device"):
+        runs.start(path, cwd=repo, options=runs.RunOptions(), console=fill_the_disk)
+    full = False
+    events = (repo / ".coder" / "logs" / "full2.jsonl").read_text()
+    assert "/.coder/artifacts/full2/s2-attempt1.log: No space left on device" in events
+    state = state_of(repo, "full2")
+    assert state["steps"]["s1"]["status"] == "success"
+    assert state["steps"]["s2"]["status"] in ("interrupted", "running")  # never failed
+
+    code, out, err = coder(repo, "resume", "-t", "full2")
+    assert code == 0, out + err
+    assert [c[0] for c in step_commits(repo, "agent/full2-disk-full")] == ["s1", "s2"]
