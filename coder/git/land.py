@@ -341,19 +341,23 @@ def _write_checkout_file(
         return
     tmp = full.with_name(f".{full.name}.coder-{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
-    if mode == _LINK:
-        os.symlink(os.fsdecode(w[oid].peel(pygit2.Blob).data), tmp)
-    else:
-        perms = 0o777 if mode == _EXECUTABLE else 0o666  # less the umask, as git does
-        data = filters.smudged(w, path, oid)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, perms)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-    os.replace(tmp, full)
+    try:
+        if mode == _LINK:
+            os.symlink(os.fsdecode(w[oid].peel(pygit2.Blob).data), tmp)
+        else:
+            perms = 0o777 if mode == _EXECUTABLE else 0o666  # less the umask, as git does
+            data = filters.smudged(w, path, oid)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, perms)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+        os.replace(tmp, full)
+    except BaseException:  # a full disk: no half-written temp file left in the user's checkout
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def left_behind_at(repo: pygit2.Repository, worktree: Path, *, reflog_prefix: str) -> str | None:

@@ -359,6 +359,39 @@ def test_dirty_checkout_keeps_the_users_edits_byte_for_byte(make_repo) -> None:
     assert (repo / "items" / "b").read_text() == "b\n"
 
 
+def test_a_full_disk_while_the_checkout_is_written_leaves_no_temp_file_and_merge_finishes(
+    make_repo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The base branch moved, then writing the files ran out of space: each file is still
+    either old or new, no `.NAME.coder-PID.tmp` half-file is left among the user's files
+    (one was, per failed write), and once there is room `coder merge` finishes."""
+    import errno
+
+    from coder.git import land
+
+    repo = finished_run(make_repo)
+    old_main = rev(repo, "main")
+
+    class FullDisk:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(os, name)
+
+        @staticmethod
+        def write(fd: int, data: Any) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(land, "os", FullDisk())
+        code, out, err = coder(repo, "merge", "-t", "t1")
+    assert code == 3, out + err
+    assert "No space left on device" in err and "run `coder merge -t t1` again" in err
+    assert not [p.name for p in repo.rglob("*.tmp") if ".git" not in p.parts]
+    code, out, err = coder(repo, "merge", "-t", "t1")
+    assert code == 0, out + err
+    assert_squash_of_run(repo, old_main)
+    assert git(repo, "status", "--porcelain") == ""
+
+
 def test_edits_overlapping_the_merge_are_refused_naming_the_files(make_repo) -> None:
     repo = finished_run(make_repo)
     (repo / "README.md").write_text("# r\nmy unsaved line\n")
