@@ -106,11 +106,17 @@ def check_done_unchanged(edit: Edit, state: RunState) -> None:
         if record is None or record.status not in DONE:
             continue
         what = f"its commit {record.commit[:8]}" if record.commit else f"it was {record.status}"
+        first = next(iter(state.steps)) == sid  # nothing to roll back to before it
+        back = (
+            ""
+            if first
+            else f", roll the run back before it with `coder revert -t {state.task_id} "
+            "--to-step STEP`"
+        )
         raise InvalidInput(
             f"step {sid} of run {state.task_id} is done ({what}), and the taskfile "
             f"{edit.path} changes it; the new version can only change steps not yet done",
-            hint=f"undo the change to {sid}, roll the run back before it with `coder revert "
-            f"-t {state.task_id} --to-step STEP`, or start again with `coder clean -t "
+            hint=f"undo the change to {sid}{back}, or start again with `coder clean -t "
             f"{state.task_id}`",
         )
 

@@ -73,8 +73,28 @@ def test_a_changed_done_step_is_refused_naming_it(make_repo) -> None:
     assert code == EXIT_USAGE, out + err
     assert "step s1 of run ed is done (its commit " in err
     assert "the new version can only change steps not yet done" in err
-    assert "coder revert -t ed --to-step STEP" in err
+    # s1 is the first step: there is nothing to roll back to before it
+    assert "hint: undo the change to s1, or start again with `coder clean -t ed`" in err
     assert files(repo) == before
+
+
+def test_a_changed_later_done_step_can_be_rolled_back_before(make_repo) -> None:
+    repo = make_repo()
+    path = taskfile(
+        repo,
+        TASK.replace(
+            "      - {id: s1,",
+            '      - {id: s0, kind: shell, cmd: "echo zero > zero.txt"}\n      - {id: s1,',
+        ),
+    )
+    assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == EXIT_FAILED
+    path.write_text(path.read_text().replace('"echo one > one.txt"', '"echo uno > one.txt"'))
+    code, out, err = coder(repo, "resume", "-t", "ed", "--taskfile")
+    assert code == EXIT_USAGE, out + err
+    assert (
+        "hint: undo the change to s1, roll the run back before it with `coder revert -t ed "
+        "--to-step STEP`, or start again with `coder clean -t ed`"
+    ) in err
 
 
 def test_another_file_adds_and_removes_steps_not_yet_done(make_repo, tmp_path: Path) -> None:
