@@ -77,7 +77,8 @@ def line_parts(event: dict[str, Any], clock: str) -> tuple[str, str, str]:
     elif name == "fix.cycle":
         detail = f"tests red ({event.get('failing')}); fix cycle {event.get('cycle')}"
     elif name == "run.started":
-        detail = f"{event.get('steps')} steps on {event.get('branch')}"
+        steps = event.get("steps")
+        detail = f"{steps} step{'' if steps == 1 else 's'} on {event.get('branch')}"
     elif name == "run.finished":
         detail = event.get("status", "") + (f": {event['error']}" if event.get("error") else "")
     else:

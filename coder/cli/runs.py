@@ -280,16 +280,20 @@ def status(as_json: bool) -> None:
             rows.append({"id": item.task_id, "status": "corrupt", "error": item.message})
             continue
         done = sum(1 for r in item.steps.values() if r.status in DONE)
+        skipped = sum(1 for r in item.steps.values() if r.status == "skipped")
         running = read_lock_owner(coder_dir, item.task_id) is not None
         status: str = "running" if running else item.status
         if status == "running" and not running:  # the state says so, but no runner holds it
             status = "interrupted (runner gone; coder resume)"
+        elif skipped and status == "success":  # done, but not every step did its work
+            status = f"success ({skipped} skipped)"
         rows.append(
             {
                 "id": item.task_id,
                 "title": item.title,
                 "status": status,
                 "progress": f"{done}/{len(item.steps)}",
+                "skipped": skipped,
                 "branch": item.branch,
                 "updated_at": item.updated_at,
                 "error": item.error,
@@ -301,9 +305,10 @@ def status(as_json: bool) -> None:
     if not rows:
         click.echo("No runs yet. Start one with `coder run --autonomous -f TASKFILE`.")
         return
+    width = max(11, *(len(row["status"]) for row in rows))
     for row in rows:
         click.echo(
-            f"{row['id']:<28} {row['status']:<11} {row.get('progress', ''):>7}  "
+            f"{row['id']:<28} {row['status']:<{width}} {row.get('progress', ''):>7}  "
             f"{row.get('title', row.get('error', ''))}"
         )
 
