@@ -152,15 +152,19 @@ def _models(cfg: config_mod.Config) -> list[Check]:
 
 
 def _server(cfg: config_mod.Config, model: str, *, name: str | None) -> list[Check]:
-    """Host, model, tool support and context window at each endpoint of one server."""
+    """Host, model, tool support and context window at each endpoint of one server; the
+    fixes for a named model's server name its fields (`models.NAME.base_url`)."""
+    from dataclasses import replace
+
     from coder.models.factory import endpoints, make_provider
+    from coder.models.served import place_hint
 
     what = "model server" + (f" ({name})" if name else "")
     try:
         urls = endpoints(cfg)
         providers = [make_provider(_quick(cfg), url, model) for url in urls]
     except CoderError as exc:  # e.g. api_key_env names a variable that is not set
-        return [Check(what, "fail", exc.message, exc.hint)]
+        return [Check(what, "fail", exc.message, place_hint(cfg, name, exc.hint))]
     checks: list[Check] = []
     for url, provider in zip(urls, providers, strict=True):
         at = _label(name, url if len(urls) > 1 else None)
@@ -168,7 +172,7 @@ def _server(cfg: config_mod.Config, model: str, *, name: str | None) -> list[Che
             checks += _endpoint(cfg, provider, url, at=at)
         finally:
             provider.close()
-    return checks
+    return [replace(c, fix=place_hint(cfg, name, c.fix)) for c in checks]
 
 
 def _embeddings(cfg: config_mod.Config, model: str) -> list[Check]:

@@ -154,6 +154,9 @@ class FakeProvider:
             vectors.append([v / norm for v in vector])
         return vectors
 
+    def list_models(self) -> list[str]:
+        return [self.model]
+
     def warm_up(self) -> ModelFacts:
         return ModelFacts(provider="fake", model=self.model, num_ctx=self.num_ctx)
 

@@ -146,7 +146,7 @@ class OllamaProvider:
         return self._num_ctx
 
     def list_models(self) -> list[str]:
-        """Names of the models pulled on the host."""
+        """Names of the models pulled on the host (GET /api/tags: nothing is loaded)."""
         listed = self._retrying(lambda: self._client(self.request_timeout).list())
         return [m.model for m in listed.models if m.model]
 

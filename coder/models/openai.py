@@ -204,6 +204,10 @@ class OpenAIProvider:
             )
         return self._facts
 
+    def list_models(self) -> list[str]:
+        """The ids of the models the server serves (GET /v1/models: nothing is loaded)."""
+        return [m.id for m in self._retrying(lambda: self._sdk().models.list().data)]
+
     def warm_up(self) -> ModelFacts:
         """OpenAI-compatible servers load their model when they start: the probe is enough."""
         return self.probe()

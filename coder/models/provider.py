@@ -177,8 +177,10 @@ class ModelProvider(Protocol):
     """A model at one place. `chat` streams internally, calls `on_event` per event, and
     returns the accumulated result; it raises ModelUnavailable or ModelError, never a
     transport error. `embed` turns texts into vectors (the model must be an embedding
-    model; same errors). `warm_up` checks the server and the model (ModelUnavailable with
-    the fix when either is missing) and loads it; `close` releases connections."""
+    model; same errors). `list_models` names the models the server serves, loading none
+    (empty: the server does not say). `warm_up` checks the server and the model
+    (ModelUnavailable with the fix when either is missing) and loads it; `close` releases
+    connections."""
 
     model: str
 
@@ -192,6 +194,8 @@ class ModelProvider(Protocol):
     ) -> ChatResult: ...
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+    def list_models(self) -> list[str]: ...
 
     def warm_up(self) -> ModelFacts: ...
 

@@ -19,7 +19,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +35,7 @@ from coder.git import ops as gitops
 from coder.run import amend
 from coder.run.lock import TaskLock
 from coder.run.secrets import restore_env, run_secrets, stored_task
-from coder.run.state import RunState, StateStore, new_run, now_iso
+from coder.run.state import DONE, RunState, StateStore, new_run, now_iso
 
 Console = Callable[[dict[str, Any]], None]
 
@@ -248,17 +248,27 @@ def _missing_base(base: str) -> str:
 
 
 def open_agent(
-    task: taskfile.Task, cfg: config_mod.Config, repo: Any, base_commit: str, options: RunOptions
+    task: taskfile.Task,
+    cfg: config_mod.Config,
+    repo: Any,
+    base_commit: str,
+    options: RunOptions,
+    done: Collection[str] = (),
 ) -> Any:
     """The model side of a run with model steps: the provider (warmed up, so a missing host or
-    model fails before anything is created) and the prefix every request starts with."""
+    model fails before anything is created) and the prefix every request starts with. Every
+    model the steps still to run can use (`done`: the ids of those that will not run again)
+    must be on its server first: each server is asked what it serves, loading nothing."""
     if not any(s.uses_model for s in task.steps):
         return None
     from coder.agent import prefix
     from coder.models.factory import open_models
+    from coder.models.served import require_served
     from coder.run.steps.model import AgentSession
     from coder.tools.registry import default_registry
 
+    if options.replay is None:  # a replay asks no server
+        require_served(cfg, model_uses(task, [s for s in task.steps if s.id not in done]))
     models = open_models(cfg, model=task.model, replay=options.replay, record=options.record)
     try:
         facts = models.warm_up()
@@ -285,6 +295,24 @@ def open_agent(
         )
         session.priming.start()
     return session
+
+
+def model_uses(
+    task: taskfile.Task, steps: Sequence[taskfile.Step]
+) -> dict[str, dict[str, list[str]]]:
+    """model name -> {"model" | "fallback_model": ids of the steps that use it so}: each
+    step's own model, else the task's, and its fallback_model, else the task's (what
+    `steps.model.model_for` picks from)."""
+    uses: dict[str, dict[str, list[str]]] = {}
+    for step in steps:
+        if not step.uses_model:
+            continue
+        model = step.model or task.model
+        fallback = step.fallback_model or task.fallback_model
+        for role, name in (("model", model), ("fallback_model", fallback)):
+            if name:
+                uses.setdefault(name, {}).setdefault(role, []).append(step.id)
+    return uses
 
 
 def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Any:
@@ -386,7 +414,8 @@ def resume(
             warnings.append(f"{edit.summary()}; taking the new version for the steps not yet done")
         store.save(state)
         sandbox.require_sandbox(policy_for(task, cfg))
-        agent = open_agent(task, cfg, repo, manifest["base_commit"], options)
+        done = {sid for sid, st in state.steps.items() if st.status in DONE}
+        agent = open_agent(task, cfg, repo, manifest["base_commit"], options, done)
         return _execute(
             task,
             root,

@@ -257,6 +257,9 @@ def test_doctor_checks_each_named_model_at_its_server(sample: Path, isolated_hom
     assert found["model server"]["status"] == "ok" and found["model"]["status"] == "ok"
     assert found["model server (big)"]["status"] == "fail"
     assert dead in found["model server (big)"]["detail"]
+    assert found["model server (big)"]["fix"].endswith(
+        "fix models.big.base_url in coder.config.json"
+    )  # the named model's own field, not the config's base_url
     assert found["model (same)"]["status"] == "ok"
     assert not any("embedder" in name for name in found)
     assert found["embedding model"]["status"] == "ok"

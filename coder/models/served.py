@@ -1,0 +1,152 @@
+"""Before a run starts: is every model its steps can use on its server?
+
+A step may name its own `model`, a task or a step a `fallback_model`, and any of those may be a
+named model on another server (config `models`). `require_served` asks each server which
+models it serves (`list_models`: Ollama's GET /api/tags, an OpenAI-compatible GET /v1/models)
+and loads none of them (a chat would make Ollama load the model, perhaps unloading another);
+a model a server lacks is refused up front, as the run's own model is at warm-up, instead of
+when its step comes, after earlier steps spent their time.
+
+    require_served(cfg, uses)   ModelMissing naming each missing model, the steps that use it
+                                and the fix; HostUnreachable when no endpoint of a model's
+                                server answers
+    place_hint(cfg, name, hint) a server's hint that names the config field to fix for a
+                                named model (`models.NAME.base_url`, not `base_url`)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from coder.errors import HostUnreachable, ModelMissing
+
+if TYPE_CHECKING:
+    from coder.config import Config
+
+# model name (as the taskfile writes it) -> role ("model", "fallback_model") -> step ids
+Uses = Mapping[str, Mapping[str, Sequence[str]]]
+
+LIST_TIMEOUT_S = 30.0  # a listing is quick; a server that takes longer is in trouble
+
+
+def require_served(cfg: Config, uses: Uses) -> None:
+    """Refuse (ModelMissing, exit 3) when a server lacks a model of `uses`; every missing
+    model is named with its steps and its fix. An endpoint that refuses connections is left
+    out when another of its server answered (the run's router does the same); when none
+    answers, HostUnreachable names the steps that need that server."""
+    from coder.models.factory import endpoints, make_provider, model_config
+
+    listings: dict[tuple[str, str, str], list[str] | HostUnreachable] = {}  # one ask each
+    missing: list[str] = []
+    fixes: list[str] = []
+    for model, roles in uses.items():
+        place, name = model_config(cfg, model)
+        place = replace(place, values={**place.values, "request_timeout": LIST_TIMEOUT_S})
+        provider = str(place.get("provider", "ollama"))
+        down: list[HostUnreachable] = []
+        answered = 0
+        for url in endpoints(place):
+            key = (provider, url, str(place.get("api_key_env")))
+            if key not in listings:
+                lister = make_provider(place, url, name)
+                try:
+                    listings[key] = lister.list_models()
+                except HostUnreachable as exc:
+                    listings[key] = exc
+                finally:
+                    lister.close()
+            served = listings[key]
+            if isinstance(served, HostUnreachable):
+                down.append(served)
+                continue
+            answered += 1
+            if _serves(provider, served, name):
+                continue
+            what = f"model '{name}'" + (f" (named model {model})" if name != model else "")
+            if provider == "ollama":
+                missing.append(f"{what} is not available on {url}, {_used(roles)}")
+                fixes.append(f"run `{_pull(url, name)}`")
+            else:
+                shown = ", ".join(sorted(served)[:10])
+                missing.append(f"{what} is not served at {url} (it serves: {shown})")
+                missing[-1] += f", {_used(roles)}"
+                field = (
+                    f"models.{model}.model in coder.config.json"
+                    if name != model
+                    else "the taskfile (or model in coder.config.json)"
+                )
+                fixes.append(f"name a model it serves in {field}, or serve {name} there")
+        if down and not answered:
+            first = down[0]
+            raise HostUnreachable(
+                f"{first.message} ({_used(roles)})",
+                hint=place_hint(cfg, model, first.hint),
+                endpoint=first.endpoint,
+            )
+    if missing:
+        more = f" ({len(missing)} missing)" if len(missing) > 1 else ""
+        raise ModelMissing("; ".join(missing) + more, hint="; ".join(dict.fromkeys(fixes)))
+
+
+def _serves(provider: str, served: Sequence[str], name: str) -> bool:
+    """Whether `name` is among the listed models. An Ollama that lists none has none; an
+    OpenAI-compatible server that lists none does not say (given the benefit of the doubt,
+    as at warm-up). Ollama's names are compared as it resolves them: no tag is `:latest`, no
+    namespace `library/`, any case."""
+    if not served:
+        return provider != "ollama"
+    if provider != "ollama":
+        return name in served
+    return _ollama_key(name) in {_ollama_key(s) for s in served}
+
+
+def _ollama_key(name: str) -> str:
+    """registry.ollama.ai/library/qwen2.5-coder:latest for `qwen2.5-coder`."""
+    name = name.strip().lower()
+    if ":" not in name.rsplit("/", 1)[-1]:
+        name += ":latest"
+    parts = name.split("/")
+    if len(parts) == 1:
+        parts.insert(0, "library")
+    if len(parts) == 2:
+        parts.insert(0, "registry.ollama.ai")
+    return "/".join(parts)
+
+
+def _pull(url: str, name: str) -> str:
+    from coder.models.ollama import DEFAULT_HOST
+
+    return ("" if url == DEFAULT_HOST else f"OLLAMA_HOST={url} ") + f"ollama pull {name}"
+
+
+def _used(roles: Mapping[str, Sequence[str]]) -> str:
+    """'used as the model of steps s1, s2 and the fallback_model of step s3'."""
+    parts = []
+    for role, ids in roles.items():
+        shown = ", ".join(ids[:6]) + (f" and {len(ids) - 6} more" if len(ids) > 6 else "")
+        if ids:
+            parts.append(f"the {role} of step{'s' if len(ids) > 1 else ''} {shown}")
+    return "used as " + " and ".join(parts)
+
+
+def place_hint(cfg: Config, name: str | None, hint: str | None) -> str | None:
+    """`hint` (a provider's, about the config's server) for the server of named model
+    `name`: the fields to fix are the named model's (`models.NAME.base_url`, ...) where it
+    is on a server of its own; its `model` field in any case."""
+    from coder.models.factory import named_models
+
+    entry = named_models(cfg).get(name or "")
+    if not hint or entry is None:
+        return hint
+    fields = "model"
+    if "provider" in entry or "base_url" in entry:
+        fields = "base_url|api_key_env|model"
+        hint = hint.replace(
+            "OLLAMA_HOST / ollama_host in coder.config.json",
+            f"models.{name}.base_url in coder.config.json",
+        )
+    field = rf"(?<![\w.])({fields}) in coder\.config\.json"
+    return re.sub(field, rf"models.{name}.\1 in coder.config.json", hint)
