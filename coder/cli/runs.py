@@ -350,6 +350,7 @@ def _dry_run(path: Path, options: Any, as_json: bool) -> None:
 
 
 def render_dry_run(plan: Any) -> str:
+    from coder.run.dryrun import step_models
     from coder.taskfile import shown_command
 
     task = plan.task
@@ -376,6 +377,8 @@ def render_dry_run(plan: Any) -> str:
             window = "the server's (`coder doctor` reads it)"
         lines.append(f"  model     {model['name']} {where}")
         lines.append(f"  context   {window}")
+        if task.fallback_model:
+            lines.append(f"  fallback  {task.fallback_model} (from a step's third attempt)")
     lines.append(f"  network   {'on' if plan.network else 'off'} for commands")
     lines.append(
         "  sandbox   "
@@ -391,7 +394,13 @@ def render_dry_run(plan: Any) -> str:
         for sid in level:
             step = steps[sid]
             needs = f"  <- {', '.join(step.depends_on)}" if step.depends_on else ""
-            lines.append(f"  {sid:<{width}}  {step.kind:<7}  {step.goal}{needs}")
+            own = ", ".join(
+                f"{field} {name}"
+                for field, name in zip(("model", "fallback_model"), step_models(task, step))
+                if name and name != getattr(task, field)
+            )
+            own = f"  [{own}]" if own else ""
+            lines.append(f"  {sid:<{width}}  {step.kind:<7}  {step.goal}{needs}{own}")
     if plan.commands:
         lines += ["", "commands (the policy's decision):"]
         labels = [check.step_id for check in plan.commands]

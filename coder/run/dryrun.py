@@ -62,7 +62,13 @@ class DryRun:
             "worktree": str(self.worktree),
             "levels": self.levels,
             "steps": [
-                {"id": s.id, "kind": s.kind, "goal": s.goal, "depends_on": list(s.depends_on)}
+                {
+                    "id": s.id,
+                    "kind": s.kind,
+                    "goal": s.goal,
+                    "depends_on": list(s.depends_on),
+                    **dict(zip(("model", "fallback_model"), step_models(self.task, s))),
+                }
                 for s in self.task.steps
             ],
             "commands": [c.as_dict() for c in self.commands],
@@ -72,6 +78,14 @@ class DryRun:
             "would_start": self.would_start,
             "problems": self.problems,
         }
+
+
+def step_models(task: taskfile.Task, step: taskfile.Step) -> tuple[str | None, str | None]:
+    """The model a step uses and its fallback_model (its own, else the task's); (None, None)
+    for a step that asks no model."""
+    if not step.uses_model:
+        return None, None
+    return step.model or task.model, step.fallback_model or task.fallback_model
 
 
 def dry_run(path: Path, *, cwd: Path, options: RunOptions) -> DryRun:

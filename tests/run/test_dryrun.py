@@ -177,3 +177,34 @@ def test_run_by_task_id_refuses_two_files_with_that_id(make_repo) -> None:
     assert code == 2
     assert "several taskfiles in tasks/ have the id 'twin': tasks/a.yaml, tasks/b.yaml" in err
     assert git(repo, "branch", "--list", "agent/*") == ""
+
+
+def test_dry_run_shows_a_steps_own_model_and_fallback(repo: Path) -> None:
+    path = taskfile(
+        repo,
+        """
+        title: Models
+        model: m:7b
+        fallback_model: m:14b
+        graph:
+          - {id: s1, kind: analyze, goal: Read}
+          - {id: s2, kind: edit, goal: Change, model: "m:1b", depends_on: [s1]}
+          - {id: s3, kind: doc, goal: Write, fallback_model: big, depends_on: [s2]}
+          - {id: s4, kind: shell, cmd: "true", depends_on: [s3]}
+        """,
+    )
+    code, out, _ = coder(repo, "run", "--dry-run", "-f", str(path))
+    assert code == 0, out
+    assert "fallback  m:14b (from a step's third attempt)" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  s")}
+    assert lines["s1"].endswith("analyze  Read")  # the task's models: nothing to add
+    assert lines["s2"].endswith("Change  <- s1  [model m:1b]")
+    assert lines["s3"].endswith("Write  <- s2  [fallback_model big]")
+    code, out, _ = coder(repo, "run", "--dry-run", "-f", str(path), "--json")
+    steps = {s["id"]: s for s in json.loads(out)["steps"]}
+    assert [(steps[s]["model"], steps[s]["fallback_model"]) for s in steps] == [
+        ("m:7b", "m:14b"),
+        ("m:1b", "m:14b"),
+        ("m:7b", "big"),
+        (None, None),
+    ]
