@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from coder import project
-from coder.errors import ConcurrentRun, CorruptState, InvalidInput
+from coder.errors import ConcurrentRun, CorruptState, EnvironmentProblem, InvalidInput
 from coder.git import ops as gitops
 from coder.run.lock import read_lock_owner
 from coder.run.runs import load_manifest, manifest_path
@@ -85,7 +85,7 @@ def clean(
         listed = ", ".join(changed[:10]) + (
             f" and {len(changed) - 10} more" if len(changed) > 10 else ""
         )
-        raise InvalidInput(
+        raise EnvironmentProblem(  # exit 3, as resume and revert refuse the same worktree
             f"the worktree {worktree} has uncommitted changes ({listed}); cleaning would "
             "delete them",
             hint=f"keep them elsewhere first (e.g. `git -C {worktree} stash -u`), or pass "
