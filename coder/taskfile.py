@@ -86,6 +86,13 @@ class Task:
     def deps(self) -> dict[str, tuple[str, ...]]:
         return {s.id: s.depends_on for s in self.steps}
 
+    def retries(self, step: Step) -> int:
+        """How often a failed attempt of `step` is tried again: its own `retries`, else the
+        task's `policies.retries` (0)."""
+        if step.retries is not None:
+            return step.retries
+        return int(self.policies.get("retries", 0))
+
     def resolved(self, *, base: str, model: str) -> Task:
         from dataclasses import replace
 

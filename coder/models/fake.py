@@ -157,10 +157,12 @@ class FakeProvider:
     def list_models(self) -> list[str]:
         return [self.model]
 
-    def warm_up(self) -> ModelFacts:
-        return ModelFacts(provider="fake", model=self.model, num_ctx=self.num_ctx)
+    def warm_up(self, model: str | None = None) -> ModelFacts:
+        return ModelFacts(provider="fake", model=model or self.model, num_ctx=self.num_ctx)
 
-    def prime(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+    def prime(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], model: str | None = None
+    ) -> None:
         self.primed.append(copy.deepcopy(messages))
 
     def close(self) -> None:

@@ -206,16 +206,22 @@ class Models(Protocol):
     """Where a run gets its providers: the factory's router over the configured endpoints, a
     recording, or a fake. `for_step` gives the provider for one step's calls (a step keeps
     to one endpoint, so its prefix stays in that server's cache; recordings file replies
-    under the step); close that provider when the step ends."""
+    under the step); close that provider when the step ends. `warm_up` and `prime` load a
+    model (Ollama: perhaps unloading another), so a run names the ones its steps use."""
 
     model: str  # the default model
 
     def for_step(self, step_id: str, model: str | None = None) -> ModelProvider: ...
 
-    def warm_up(self) -> ModelFacts: ...
+    def warm_up(self, model: str | None = None) -> ModelFacts:
+        """Check and load `model` (else the default one) at its server."""
+        ...
 
-    def prime(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
-        """Put the run's shared prefix into the servers' prompt caches (best effort)."""
+    def prime(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], model: str | None = None
+    ) -> None:
+        """Put the run's shared prefix into the prompt caches of the servers of `model` (else
+        the default one), best effort."""
         ...
 
     def close(self) -> None: ...

@@ -98,11 +98,13 @@ class RecordingModels:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, json.dumps(data, indent=1).encode("utf-8"))
 
-    def warm_up(self) -> ModelFacts:
-        return self.inner.warm_up()
+    def warm_up(self, model: str | None = None) -> ModelFacts:
+        return self.inner.warm_up(model)
 
-    def prime(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
-        self.inner.prime(messages, tools)  # not a reply of any step: not recorded
+    def prime(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], model: str | None = None
+    ) -> None:
+        self.inner.prime(messages, tools, model)  # not a reply of any step: not recorded
 
     def close(self) -> None:
         self.inner.close()
@@ -168,14 +170,16 @@ class ReplayModels:
             self.served[step_id] = served + 1
         return reply_from_dict(queue[served])
 
-    def warm_up(self) -> ModelFacts:
+    def warm_up(self, model: str | None = None) -> ModelFacts:
         return ModelFacts(
             provider="replay",
             model=self.model,
             extra={"recording": str(self.path), "calls": len(self.calls)},
         )
 
-    def prime(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+    def prime(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], model: str | None = None
+    ) -> None:
         pass  # no server
 
     def close(self) -> None:

@@ -73,16 +73,18 @@ class Router:
         ends (that releases the pin, not the connection)."""
         return StepProvider(self, step_id, model or self.model)
 
-    def warm_up(self) -> ModelFacts:
-        """Warm the default model on every endpoint at once. Endpoints that refuse are left
-        out (named in the facts' `endpoints_down`); a missing model anywhere is an error, as
-        is no endpoint answering. The facts are those of the first endpoint that answered."""
+    def warm_up(self, model: str | None = None) -> ModelFacts:
+        """Warm `model` (else the default one) on every endpoint at once. Endpoints that
+        refuse are left out (named in the facts' `endpoints_down`); a missing model anywhere
+        is an error, as is no endpoint answering. The facts are those of the first endpoint
+        that answered."""
+        name = model or self.model
         if len(self.endpoints) == 1:
-            return self.provider(self.endpoints[0], self.model).warm_up()
+            return self.provider(self.endpoints[0], name).warm_up()
 
         def warm(endpoint: str) -> ModelFacts | HostUnreachable:
             try:
-                return self.provider(endpoint, self.model).warm_up()
+                return self.provider(endpoint, name).warm_up()
             except HostUnreachable as exc:
                 return exc
 
@@ -99,15 +101,18 @@ class Router:
             extra["endpoints_down"] = down
         return replace(facts[0], extra=extra)
 
-    def prime(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
-        """Send the run's shared prefix (system message and tools) to every endpoint that is
-        up, cut at the first token, so the first step's first call finds it in the server's
-        cache; a failure here is left for the real calls to report."""
+    def prime(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], model: str | None = None
+    ) -> None:
+        """Send the run's shared prefix (system message and tools) for `model` (else the
+        default one) to every endpoint that is up, cut at the first token, so the first
+        step's first call finds it in the server's cache; a failure here is left for the
+        real calls to report."""
         from coder.errors import CoderError
 
         def send(endpoint: str) -> None:
             with contextlib.suppress(CoderError):
-                provider = self.provider(endpoint, self.model)
+                provider = self.provider(endpoint, model or self.model)
                 provider.chat(messages, tools=tools, on_event=cut_at_first_token)
 
         now = self._clock()
@@ -271,11 +276,15 @@ class ModelSet:
         place, name = self._resolve(model or self.model)
         return self.router(place).for_step(step_id, name)
 
-    def warm_up(self) -> ModelFacts:
-        return self.router(self._resolve(self.model)[0]).warm_up()
+    def warm_up(self, model: str | None = None) -> ModelFacts:
+        place, name = self._resolve(model or self.model)
+        return self.router(place).warm_up(name)
 
-    def prime(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
-        self.router(self._resolve(self.model)[0]).prime(messages, tools)
+    def prime(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], model: str | None = None
+    ) -> None:
+        place, name = self._resolve(model or self.model)
+        self.router(place).prime(messages, tools, name)
 
     def close(self) -> None:
         with self._lock:

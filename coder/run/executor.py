@@ -409,9 +409,7 @@ class Executor:
         return tip
 
     def _retries(self, step: Step) -> int:
-        if step.retries is not None:
-            return step.retries
-        return int(self.task.policies.get("retries", 0))
+        return self.task.retries(step)
 
     # --- how a step ended ---------------------------------------------------------------
 

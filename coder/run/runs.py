@@ -19,7 +19,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,24 +254,32 @@ def open_agent(
     base_commit: str,
     options: RunOptions,
     done: Collection[str] = (),
+    attempts: Mapping[str, int] | None = None,
 ) -> Any:
-    """The model side of a run with model steps: the provider (warmed up, so a missing host or
-    model fails before anything is created) and the prefix every request starts with. Every
-    model the steps still to run can use (`done`: the ids of those that will not run again)
-    must be on its server first: each server is asked what it serves, loading nothing."""
-    if not any(s.uses_model for s in task.steps):
+    """The model side of a run with model steps still to run (`done`: the ids of those that
+    will not run again; `attempts`: how many each step already made): the provider and the
+    prefix every request starts with. Every model those steps can still reach must be on its
+    server first (each server is asked what it serves, loading nothing); then only the models
+    they start with are warmed up (loaded), so a missing host or model fails before anything
+    is created and Ollama does not load a model no step uses."""
+    pending = [s for s in task.steps if s.uses_model and s.id not in done]
+    if not pending:
         return None
     from coder.agent import prefix
     from coder.models.factory import open_models
     from coder.models.served import require_served
-    from coder.run.steps.model import AgentSession
+    from coder.run.steps.model import AgentSession, next_model
     from coder.tools.registry import default_registry
 
+    made = attempts or {}
     if options.replay is None:  # a replay asks no server
-        require_served(cfg, model_uses(task, [s for s in task.steps if s.id not in done]))
+        require_served(cfg, model_uses(task, pending, made))
     models = open_models(cfg, model=task.model, replay=options.replay, record=options.record)
+    first = list(
+        dict.fromkeys(next_model(task, s, made.get(s.id, 0)) or models.model for s in pending)
+    )
     try:
-        facts = models.warm_up()
+        facts = warm_up(models, first)
     except BaseException:
         models.close()
         raise
@@ -289,7 +297,7 @@ def open_agent(
         # While the worktree is checked out, the servers take in the shared prefix.
         session.priming = threading.Thread(
             target=models.prime,
-            args=([{"role": "system", "content": session.system}], session.tools),
+            args=([{"role": "system", "content": session.system}], session.tools, first[0]),
             name="warm-prefix",
             daemon=True,
         )
@@ -297,18 +305,40 @@ def open_agent(
     return session
 
 
+def warm_up(models: Any, names: Sequence[str]) -> Any:
+    """Warm up each of `names` (the models the pending steps start with), the first last so
+    a server that holds one model at a time keeps the one needed first. The facts are the
+    first's, with the smallest context of them all (every step shares the prefix built to
+    it)."""
+    from dataclasses import replace
+
+    warmed = {name: models.warm_up(name) for name in reversed(names)}
+    facts = warmed[names[0]]
+    sizes = [f.num_ctx for f in warmed.values() if f.num_ctx]
+    if sizes and facts.num_ctx and min(sizes) < facts.num_ctx:
+        facts = replace(facts, num_ctx=min(sizes))
+    return facts
+
+
 def model_uses(
-    task: taskfile.Task, steps: Sequence[taskfile.Step]
+    task: taskfile.Task, steps: Sequence[taskfile.Step], attempts: Mapping[str, int] | None = None
 ) -> dict[str, dict[str, list[str]]]:
-    """model name -> {"model" | "fallback_model": ids of the steps that use it so}: each
-    step's own model, else the task's, and its fallback_model, else the task's (what
-    `steps.model.model_for` picks from)."""
+    """model name -> {"model" | "fallback_model": ids of the steps that can use it so}: each
+    step's own model, else the task's, and its fallback_model, else the task's, where the
+    step can still reach it (`steps.model.reaches_fallback`: its retries allow a third
+    attempt, counting the `attempts` it already made) -- what `steps.model.model_for` picks
+    from."""
+    from coder.run.steps.model import reaches_fallback
+
     uses: dict[str, dict[str, list[str]]] = {}
     for step in steps:
         if not step.uses_model:
             continue
+        made = (attempts or {}).get(step.id, 0)
         model = step.model or task.model
         fallback = step.fallback_model or task.fallback_model
+        if not reaches_fallback(task, step, made):
+            fallback = None
         for role, name in (("model", model), ("fallback_model", fallback)):
             if name:
                 uses.setdefault(name, {}).setdefault(role, []).append(step.id)
@@ -415,7 +445,8 @@ def resume(
         store.save(state)
         sandbox.require_sandbox(policy_for(task, cfg))
         done = {sid for sid, st in state.steps.items() if st.status in DONE}
-        agent = open_agent(task, cfg, repo, manifest["base_commit"], options, done)
+        made = {sid: st.attempts for sid, st in state.steps.items()}
+        agent = open_agent(task, cfg, repo, manifest["base_commit"], options, done, made)
         return _execute(
             task,
             root,

@@ -27,9 +27,9 @@ graph:
   - {id: s1, kind: analyze, goal: look}
   - {id: s2, kind: edit, goal: change, model: "qwen2.5-coder:14b", depends_on: [s1]}
   - {id: s3, kind: analyze, goal: look again, fallback_model: "qwen2.5-coder:32b",
-     depends_on: [s2]}
+     retries: 2, depends_on: [s2]}
   - {id: s4, kind: doc, goal: write it up, fallback_model: "qwen2.5-coder:32b",
-     depends_on: [s3]}
+     retries: 3, depends_on: [s3]}
 """
 
 
@@ -118,7 +118,8 @@ def test_a_named_model_missing_at_its_own_server(
         )
         path = taskfile(
             sample,
-            "id: named\ntitle: t\nfallback_model: big\ngraph:\n  - {id: s1, kind: edit, goal: g}\n",
+            "id: named\ntitle: t\nfallback_model: big\npolicies: {retries: 2}\n"
+            "graph:\n  - {id: s1, kind: edit, goal: g}\n",
         )
         code, out, err = coder(sample, "run", "--autonomous", "-f", str(path))
         assert code == 3, out + err
@@ -130,6 +131,92 @@ def test_a_named_model_missing_at_its_own_server(
         assert [r.path for r in gpu.requests] == ["/v1/models"]  # asked, nothing loaded
     nothing_created(sample, "named")
     loaded_nothing(fake)
+
+
+@pytest.mark.parametrize("retries", [None, 0, 1])
+def test_a_fallback_model_a_step_cannot_reach_is_not_required(
+    fake: FakeOllama, sample: Path, retries: int | None
+) -> None:
+    """The fallback takes over at a step's third attempt: with fewer than 2 retries a step
+    never gets there, so a missing fallback_model does not stop the run."""
+    fake.enqueue(done("looked"))
+    extra = "" if retries is None else f", retries: {retries}"
+    path = taskfile(
+        sample,
+        f"""
+        id: unreachable
+        title: t
+        fallback_model: "qwen2.5-coder:32b"
+        graph:
+          - {{id: s1, kind: analyze, goal: look{extra}}}
+        """,
+    )
+    code, out, err = coder(sample, "run", "--autonomous", "-f", str(path))
+    assert code == 0, out + err
+    assert state_of(sample, "unreachable")["status"] == "success"
+
+
+@pytest.mark.parametrize("retries", ["steps", "policies"])
+def test_a_fallback_model_a_step_can_reach_is_required(
+    fake: FakeOllama, sample: Path, retries: str
+) -> None:
+    """retries: 2 (the step's, or the task's policies.retries) reaches the third attempt."""
+    own = ", retries: 2" if retries == "steps" else ""
+    policies = "policies: {retries: 2}" if retries == "policies" else ""
+    path = taskfile(
+        sample,
+        f"""
+        id: reachable
+        title: t
+        fallback_model: "qwen2.5-coder:32b"
+        {policies}
+        graph:
+          - {{id: s1, kind: analyze, goal: look, retries: 1}}
+          - {{id: s2, kind: analyze, goal: look again{own}, depends_on: [s1]}}
+        """,
+    )
+    code, out, err = coder(sample, "run", "--autonomous", "-f", str(path))
+    assert code == 3, out + err
+    assert (
+        f"model 'qwen2.5-coder:32b' is not available on {fake.url}, used as the "
+        "fallback_model of step s2" in err
+    )
+    assert "s1" not in err.split("used as")[1]  # s1 (retries: 1) cannot reach it
+    nothing_created(sample, "reachable")
+    loaded_nothing(fake)
+
+
+def test_warm_up_loads_only_the_models_the_steps_start_with(
+    sample: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The only model step names its own model: the run's default model (which Ollama would
+    load, perhaps unloading the one needed) is neither warmed up nor primed nor asked about;
+    the step's model is warmed up before the step's first call."""
+    models = {**DEFAULT_MODELS, "tiny:latest": TOOLS}
+    with FakeOllama(models=models) as server:
+        monkeypatch.setenv("OLLAMA_HOST", server.url)
+        server.enqueue(done("looked"))
+        path = taskfile(
+            sample,
+            """
+            id: own
+            title: t
+            graph:
+              - {id: s0, kind: shell, cmd: "true"}
+              - {id: s1, kind: analyze, goal: look, model: tiny, depends_on: [s0]}
+            """,
+        )
+        code, out, err = coder(sample, "run", "--autonomous", "-f", str(path))
+        assert code == 0, out + err
+        named = [
+            (r.path, (r.body or {}).get("model") or (r.body or {}).get("name"))
+            for r in server.requests
+            if isinstance(r.body, dict)
+        ]
+        assert not [n for n in named if n[1] == MODEL], named
+        chats = [b for b in server.chat_bodies()]
+        assert chats[0]["model"] == "tiny" and not chats[0].get("messages")  # the warm-up load
+        assert all(b["model"] == "tiny" for b in chats)
 
 
 def test_a_named_models_server_that_does_not_answer(

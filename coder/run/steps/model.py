@@ -19,7 +19,7 @@ from coder.git import ops as gitops
 from coder.kinds import KINDS, ModelRole
 from coder.policy.paths import naming
 from coder.run.steps import StepContext, StepOutcome
-from coder.taskfile import Step, is_repo_relative, parse_duration
+from coder.taskfile import Step, Task, is_repo_relative, parse_duration
 
 EXTERNAL_SEPARATOR = "__"  # external MCP tools are <server>__<tool> (coder.mcp.client)
 
@@ -166,15 +166,33 @@ FALLBACK_AFTER = 2  # failed attempts with a step's model before its fallback_mo
 def model_for(ctx: StepContext) -> tuple[str | None, str | None]:
     """The model for this attempt of the step (None: the run's) and, when the attempt
     escalates to `fallback_model` (the step's, else the task's), why."""
-    step, task = ctx.step, ctx.task
+    return model_at(ctx.task, ctx.step, ctx.attempt)
+
+
+def model_at(task: Task, step: Step, attempt: int) -> tuple[str | None, str | None]:
+    """`model_for` of attempt number `attempt` (from 1, counted over the run's life)."""
     fallback = step.fallback_model or task.fallback_model
-    if fallback and ctx.attempt > FALLBACK_AFTER:
+    if fallback and attempt > FALLBACK_AFTER:
         first = step.model or task.model
         return fallback, (
-            f"attempt {ctx.attempt} uses fallback_model {fallback} after {FALLBACK_AFTER} "
+            f"attempt {attempt} uses fallback_model {fallback} after {FALLBACK_AFTER} "
             f"failed attempts with {first}"
         )
     return step.model, None
+
+
+def next_model(task: Task, step: Step, attempts: int = 0) -> str | None:
+    """The model the step's next attempt uses, after the `attempts` it already made: its
+    own, else the task's (its fallback once those attempts reached it)."""
+    return model_at(task, step, attempts + 1)[0] or task.model
+
+
+def reaches_fallback(task: Task, step: Step, attempts: int = 0) -> bool:
+    """Whether the step, after the `attempts` it already made, can still get to its
+    `fallback_model`: its retries allow an attempt past the FALLBACK_AFTER ones (with
+    `retries` under 2, a fresh step never does)."""
+    fallback = step.fallback_model or task.fallback_model
+    return bool(fallback) and attempts + task.retries(step) + 1 > FALLBACK_AFTER
 
 
 def report(log: EventLog, event: ev.LoopEvent) -> None:
