@@ -365,12 +365,13 @@ class Executor:
         did; a step that acted successfully then passes every check in CHECKS, or fails with
         all their problems."""
         touched = guard.restore()
-        if touched:
-            return StepOutcome(
-                False,
+        stashed = guard.drop_stashes()
+        if touched or stashed:
+            changed = [
                 f"the step changed {', '.join(guard.describe(touched))}; .git "
-                "belongs to coder's executor (the original was restored)",
-            )
+                "belongs to coder's executor (the original was restored)"
+            ]
+            return StepOutcome(False, "; ".join(changed * bool(touched) + stashed))
         if not outcome.ok:
             return outcome
         seen = Verification(self.task, step, workdir, self.run.policy, self.run.config)
