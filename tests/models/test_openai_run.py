@@ -19,6 +19,7 @@ from tests.fake_ollama import FakeOllama, down_url
 from tests.fake_openai import MODEL, FakeOpenAI
 from tests.helpers import call, done, state_of, taskfile
 from tests.plan.test_plan import PROMPT, answer, plan_doc
+from tests.prefix_cache import is_priming
 
 
 def configure(home: Path, base_url: str | list[str], **extra: Any) -> None:
@@ -123,8 +124,11 @@ def test_named_models_on_another_server_for_a_step_and_for_escalation(
         assert code == 0, out + err
         assert server.pending == 0 and gpu.pending == 0
         at_gpu = [r for r in gpu.requests if r.path == "/v1/chat/completions"]
-        assert [r.body["model"] for r in at_gpu] == ["qwen-32b", "qwen-32b"]
+        primed, chats = at_gpu[:1], at_gpu[1:]  # s1 runs first on big: the warm prefix goes there
+        assert len(gpu.chat_bodies()) == 2 and is_priming(primed[0].body)
+        assert [r.body["model"] for r in chats] == ["qwen-32b", "qwen-32b"]
         assert all(r.headers.get("authorization") == f"Bearer {key}" for r in at_gpu)
+        assert not [r for r in server.requests if is_priming(r.body or {})]
         assert {b["model"] for b in server.chat_bodies()} == {MODEL}
         assert len(server.chat_bodies()) == 4  # s2's two attempts on the default model
     state = state_of(sample, "named")
