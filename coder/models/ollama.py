@@ -56,6 +56,20 @@ CONNECT_TIMEOUT_S = 10.0  # a local server accepts at once; a long connect wait 
 HOST_HINT = "start it with `ollama serve` or set OLLAMA_HOST / ollama_host in coder.config.json"
 
 
+def full_name(name: str) -> str:
+    """A model name as Ollama resolves it: registry.ollama.ai/library/qwen2.5-coder:latest for
+    `qwen2.5-coder` (no tag is `:latest`, no namespace `library/`, any case)."""
+    name = name.strip().lower()
+    if ":" not in name.rsplit("/", 1)[-1]:
+        name += ":latest"
+    parts = name.split("/")
+    if len(parts) == 1:
+        parts.insert(0, "library")
+    if len(parts) == 2:
+        parts.insert(0, "registry.ollama.ai")
+    return "/".join(parts)
+
+
 def normalize_host(host: str | None) -> str:
     """`scheme://host:port` for the forms Ollama accepts (one rule, in coder.config)."""
     from coder.config import normalize_host as normalize
@@ -191,9 +205,9 @@ class OllamaProvider:
 
     def _allocated_ctx(self) -> int | None:
         running = self._retrying(lambda: self._client(self.request_timeout).ps())
-        names = {self.model, f"{self.model}:latest"}
+        wanted = full_name(self.model)
         for entry in running.models:
-            if entry.model in names or entry.name in names:
+            if wanted in (full_name(entry.model or ""), full_name(entry.name or "")):
                 return entry.context_length
         return None
 

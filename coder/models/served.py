@@ -100,20 +100,9 @@ def _serves(provider: str, served: Sequence[str], name: str) -> bool:
         return provider != "ollama"
     if provider != "ollama":
         return name in served
-    return _ollama_key(name) in {_ollama_key(s) for s in served}
+    from coder.models.ollama import full_name
 
-
-def _ollama_key(name: str) -> str:
-    """registry.ollama.ai/library/qwen2.5-coder:latest for `qwen2.5-coder`."""
-    name = name.strip().lower()
-    if ":" not in name.rsplit("/", 1)[-1]:
-        name += ":latest"
-    parts = name.split("/")
-    if len(parts) == 1:
-        parts.insert(0, "library")
-    if len(parts) == 2:
-        parts.insert(0, "registry.ollama.ai")
-    return "/".join(parts)
+    return full_name(name) in {full_name(s) for s in served}
 
 
 def _pull(url: str, name: str) -> str:
