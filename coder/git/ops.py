@@ -25,15 +25,22 @@ import os
 import re
 import shutil
 import stat
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pygit2
-from pygit2.enums import DiffOption, DiffStatsFormat, FileStatus, ResetMode, SortMode
+from pygit2.enums import (
+    CheckoutStrategy,
+    DiffOption,
+    DiffStatsFormat,
+    FileStatus,
+    ResetMode,
+    SortMode,
+)
 
+from coder import nofollow
 from coder.errors import BranchMoved, EnvironmentProblem, InvalidInput, RunFailed
 
 CODER_DIR = ".coder"
@@ -401,13 +408,15 @@ def init_submodules(repo: pygit2.Repository, worktree: Path, commit: str) -> Non
     for sub in submodules(repo, commit):
         dest = Path(worktree) / sub.path
         try:
-            if (dest / ".git").exists():
+            if os.path.lexists(dest / ".git"):
                 continue  # already there (a worktree re-created in place)
             new = pygit2.init_repository(str(dest))
             info = Path(new.path) / "objects" / "info"
             info.mkdir(parents=True, exist_ok=True)
             (info / "alternates").write_text(f"{sub.source / 'objects'}\n", encoding="utf-8")
-            _reset_submodule(pygit2.Repository(str(dest)), sub.commit)
+            opened = _open_submodule(dest)
+            assert opened is not None  # just made
+            _reset_submodule(opened, sub.commit)
         except (pygit2.GitError, OSError) as exc:
             raise _git_failure(exc, f"check out submodule {sub.path}", Path(worktree)) from None
 
@@ -417,6 +426,25 @@ def _reset_submodule(sub: pygit2.Repository, commit: str) -> None:
     sub.set_head(oid)
     sub.reset(oid, ResetMode.HARD)
     _remove_untracked(sub, Path(sub.workdir))
+
+
+def _open_submodule(dest: Path) -> pygit2.Repository | None:
+    """The submodule checked out at ``dest``, its files at ``dest`` whatever its config says,
+    or None when ``dest`` holds no repository of its own. A command may have set the
+    submodule's ``core.worktree`` (aiming its files elsewhere) or replaced ``.git`` with a
+    ``gitdir:`` file or a link naming another repository: coder opens only a real ``.git``
+    directory, as a bare repository (so ``core.worktree`` is never read), then gives it
+    ``dest`` as its working tree."""
+    gitdir = Path(dest) / ".git"
+    try:
+        if os.path.islink(dest) or not stat.S_ISDIR(os.lstat(gitdir).st_mode):
+            return None
+        flags = pygit2.enums.RepositoryOpenFlag
+        sub = pygit2.Repository(str(gitdir), flags.NO_SEARCH | flags.BARE)
+    except (pygit2.GitError, OSError):
+        return None
+    sub.workdir = str(dest)
+    return sub
 
 
 def _checked_out_submodules(
@@ -429,9 +457,9 @@ def _checked_out_submodules(
     for _name, path, oid in _gitlinks(w, str(w.head.target)):
         dest = Path(worktree) / path
         yield prefix + path, dest, oid
+        sub = _open_submodule(dest)
         try:
-            sub = pygit2.Repository(str(dest), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
-            if str(sub.head.target) != oid:
+            if sub is None or str(sub.head.target) != oid:
                 continue  # its own submodules are those of another commit
         except (pygit2.GitError, OSError):
             continue
@@ -444,7 +472,9 @@ def changed_submodules(worktree: Path) -> list[str]:
     changed = []
     for path, dest, oid in _checked_out_submodules(w, worktree):
         try:
-            sub = pygit2.Repository(str(dest), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+            sub = _open_submodule(dest)
+            if sub is None:
+                raise OSError(f"no repository at {dest}")
             own = str(sub.head.target) == oid
             # a change inside one of its own submodules is named as that one's
             inner = {p for _name, p, _oid in _gitlinks(sub, oid)} if own else set()
@@ -457,27 +487,39 @@ def changed_submodules(worktree: Path) -> list[str]:
 
 
 def _reset_submodules(w: pygit2.Repository, worktree: Path) -> None:
-    """Each submodule back at its recorded commit, with no other files (after a reset)."""
+    """Each submodule back at its recorded commit, with no other files (after a reset). One
+    that holds no repository of its own any more (see ``_open_submodule``) is emptied and
+    checked out again from the user's copy."""
+    broken = False
     for _path, dest, oid in _checked_out_submodules(w, worktree):
-        try:
-            sub = pygit2.Repository(str(dest), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
-        except (pygit2.GitError, OSError):
-            continue
-        _reset_submodule(sub, oid)
+        sub = _open_submodule(dest)
+        if sub is not None:
+            _reset_submodule(sub, oid)
+        elif os.path.lexists(dest):
+            broken = True
+            nofollow.remove_tree(dest)
+    if broken:
+        init_submodules(w, worktree, str(w.head.target))
 
 
-def remove_worktree(repo: pygit2.Repository, name: str) -> None:
-    """Delete the worktree's directory and its registration; missing parts are fine."""
+def remove_worktree(repo: pygit2.Repository, name: str, path: Path) -> None:
+    """Delete the worktree coder made at ``path`` and its registration ``name`` (its admin
+    dir, ``worktrees/<name>``: what `git worktree prune` deletes); missing parts are fine,
+    and without a registration nothing is deleted.
+
+    The directory deleted is ``path``, coder's own, never the one the registration's
+    ``gitdir`` file names: that file is in the admin dir, which the worktree's commands can
+    write. Nothing is followed through a link."""
     common = common_dir(repo)
-    if name not in repo.list_worktrees():
-        _remove_half_registration(common, name)
-        return
-    wt = repo.lookup_worktree(name)
-    wt_path = Path(wt.path).resolve()
-    if wt_path == repo_root(repo) or wt_path in common.parents or wt_path == common:
-        raise EnvironmentProblem(f"refusing to delete {wt_path}: it is not a linked worktree")
-    _rmtree(wt_path)
-    wt.prune(True)
+    root = repo_root(repo)
+    real = Path(os.path.realpath(path))
+    if real == root or real in root.parents or real == common or common in real.parents:
+        raise EnvironmentProblem(f"refusing to delete {real}: it is not a linked worktree")
+    admin = common / "worktrees" / name
+    if not os.path.lexists(admin):
+        return  # not coder's (any more): whatever is at `path` is someone else's
+    nofollow.remove_tree(path)
+    nofollow.remove_tree(admin)  # last: a removal cut short is found and finished next time
 
 
 def _prune_stale(repo: pygit2.Repository, common: Path, name: str) -> None:
@@ -523,20 +565,6 @@ def _checked_out_at(repo: pygit2.Repository, refname: str) -> Path | None:
                 except OSError:
                     return admin
     return None
-
-
-def _rmtree(path: Path) -> None:
-    def make_writable_and_retry(func: Callable[..., object], target: str, _exc: object) -> None:
-        os.chmod(os.path.dirname(target), stat.S_IRWXU)
-        os.chmod(target, stat.S_IRWXU)
-        func(target)
-
-    if not path.exists():
-        return
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=make_writable_and_retry)
-    else:
-        shutil.rmtree(path, onerror=make_writable_and_retry)
 
 
 # --------------------------------------------------------------------------- status, commit
@@ -720,20 +748,63 @@ def commit_step(
 
 
 def _remove_untracked(w: pygit2.Repository, worktree: Path) -> None:
-    """Delete untracked, non-ignored files (never ``.coder/``) and the dirs they leave empty."""
+    """Delete untracked, non-ignored files (never ``.coder/``) and the dirs they leave empty
+    (an untracked nested repository shows up as "dir/"); nothing is followed through a link."""
     root = worktree.resolve()
     for rel, flags in _status(w).items():
-        if flags != FileStatus.WT_NEW:
-            continue
-        full = root / rel.rstrip("/")
-        if full.is_dir() and not full.is_symlink():
-            _rmtree(full)  # an untracked nested repository shows up as "dir/"
-        else:
-            full.unlink(missing_ok=True)
-        parent = full.parent
-        while parent != root and parent.is_dir() and not any(parent.iterdir()):
-            parent.rmdir()
-            parent = parent.parent
+        if flags == FileStatus.WT_NEW:
+            nofollow.remove(root, rel.rstrip("/"))
+
+
+def _restore_files(w: pygit2.Repository, worktree: Path, commit: str, doing: str) -> None:
+    """Index and files of ``w`` back to ``commit``, untracked files removed, submodules at
+    their recorded commits: ``git reset --hard`` without moving any ref.
+
+    A command may have planted links and forged files here, so this runs confined like the
+    commands (``confine.confined``): a write it is tricked into aiming outside the worktree
+    fails instead of landing. And it avoids being tricked in the first place: links that
+    stand where the commit has directories go before the checkout, submodules are reset in
+    their own directory whatever their config says."""
+    from coder.policy.confine import confined
+
+    tree = w[commit].peel(pygit2.Tree)
+
+    def restore() -> None:
+        _remove_planted_links(Path(worktree), tree)
+        w.checkout_tree(tree, strategy=CheckoutStrategy.FORCE)  # type: ignore[no-untyped-call]
+        index = w.index
+        index.read_tree(tree)
+        index.write()
+        w.state_cleanup()  # a merge or cherry-pick a command left half-done
+        _remove_untracked(w, worktree)
+        _reset_submodules(w, worktree)
+
+    try:
+        confined(worktree, lambda: _retry_on_index_lock(worktree, restore))
+    except (pygit2.GitError, OSError) as exc:
+        raise _git_failure(exc, doing, worktree) from None
+
+
+def _remove_planted_links(root: Path, tree: pygit2.Tree) -> None:
+    """Remove a symlink (or file) that stands where ``tree`` has a directory, so that the
+    checkout creates the directory instead of writing its files through the link, as git
+    does. Only the link itself goes, never what it points at."""
+
+    def walk(tree: pygit2.Tree, rel: str) -> None:
+        for entry in tree:
+            if not isinstance(entry, pygit2.Tree):
+                continue
+            path = f"{rel}{entry.name}"
+            try:
+                mode = os.lstat(root / path).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if stat.S_ISDIR(mode):
+                walk(entry, f"{path}/")
+            else:
+                os.unlink(root / path)
+
+    walk(tree, "")
 
 
 def discard_changes(worktree: Path, to_commit: str) -> None:
@@ -747,12 +818,7 @@ def discard_changes(worktree: Path, to_commit: str) -> None:
         _check_detached_head(w, to_commit, worktree)
     else:
         _check_tip(w, _branch_ref(w, worktree), to_commit, worktree)
-    try:
-        _retry_on_index_lock(worktree, lambda: w.reset(pygit2.Oid(hex=to_commit), ResetMode.HARD))
-    except (pygit2.GitError, OSError) as exc:
-        raise _git_failure(exc, "discard changes", worktree) from None
-    _remove_untracked(w, worktree)
-    _reset_submodules(w, worktree)
+    _restore_files(w, worktree, to_commit, "discard changes")
 
 
 def reset_branch(worktree: Path, to_commit: str, *, expected_tip: str) -> None:
@@ -769,12 +835,11 @@ def reset_branch(worktree: Path, to_commit: str, *, expected_tip: str) -> None:
     target = w[resolve_commit(w, to_commit)].id
     try:
         _move_branch(w, refname, target, expected_tip, worktree, "reset to")
-        # HEAD now names to_commit; a hard reset to it rewrites index and files (removing
-        # files only the old tip tracked), then leftovers that became untracked go too.
-        _retry_on_index_lock(worktree, lambda: w.reset(target, ResetMode.HARD))
     except (pygit2.GitError, OSError) as exc:
         raise _git_failure(exc, f"reset branch to {str(target)[:12]}", worktree) from None
-    _remove_untracked(w, worktree)
+    # HEAD now names to_commit; index and files follow (removing files only the old tip
+    # tracked), then leftovers that became untracked go too.
+    _restore_files(w, worktree, str(target), f"reset branch to {str(target)[:12]}")
 
 
 def _move_branch(
@@ -817,7 +882,7 @@ def add_scratch_worktree(repo: pygit2.Repository, *, name: str, path: Path, comm
     """
     target = repo[resolve_commit(repo, commit)].id
     temp = f"coder-scratch/{name}"
-    remove_worktree(repo, name)
+    remove_worktree(repo, name, path)
     delete_branch(repo, temp)
     path = create_worktree(repo, name=name, path=path, branch=temp, start=str(target))
     _open_worktree(path).set_head(target)

@@ -49,11 +49,11 @@ import subprocess
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from coder.errors import EnvironmentProblem
 
@@ -64,6 +64,7 @@ _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"
 _DEVICE_DIRS = ("/dev/pts", "/dev/shm")  # pseudo-terminals; POSIX shared memory (semaphores)
 
 _CLONE_NEWNET = 0x40000000
+_T = TypeVar("_T")
 _PR_CAPBSET_DROP = 24
 _CAP_VERSION_3 = 0x20080522
 _CAP_SETFCAP = 31
@@ -183,12 +184,12 @@ class Confinement:
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
         self.tmp_root = tempfile.mkdtemp(prefix="coder-sandbox-")
-        self._requests: queue.SimpleQueue[tuple[list[str], dict[str, Any], Future[Any]] | None]
+        self._requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None]
         self._requests = queue.SimpleQueue()
         self._ready: Future[None] = Future()
         self.per_command_netns = False
-        thread = threading.Thread(target=self._serve, name="coder-sandbox", daemon=True)
-        thread.start()
+        self._thread = threading.Thread(target=self._serve, name="coder-sandbox", daemon=True)
+        self._thread.start()
         self._ready.result()  # raises what confining the thread raised
 
     def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
@@ -197,8 +198,20 @@ class Confinement:
             prefix = unshare_prefix()
             assert prefix is not None
             argv = [*prefix, *argv]
-        done: Future[subprocess.Popen[bytes]] = Future()
-        self._requests.put((argv, kwargs, done))
+        def start() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(argv, **kwargs)
+
+        return self.call(start)
+
+    def call(self, fn: Callable[[], _T]) -> _T:
+        """Run `fn` on the confined thread and return what it returns (or raise what it
+        raises): coder's own writes into a tree a command touched (a reset, the model's
+        file tools) can then write nothing the commands could not. `fn` must not wait for
+        this spawner itself (it is busy running `fn`)."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        done: Future[_T] = Future()
+        self._requests.put((fn, done))
         return done.result()
 
     def stop(self) -> None:
@@ -209,7 +222,8 @@ class Confinement:
         Only when none of its commands is meant to be running: they would be killed too."""
         done: Future[subprocess.Popen[bytes]] = Future()
         argv = ["/bin/sh", "-c", _END_LEFTOVERS.format(coder=os.getpid())]
-        self._requests.put((argv, {"stdin": subprocess.DEVNULL, "env": {}}, done))
+        start = functools.partial(subprocess.Popen, argv, stdin=subprocess.DEVNULL, env={})
+        self._requests.put((start, done))
         try:
             done.result(timeout=30).wait(timeout=30)  # TimeoutError is an OSError
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -223,9 +237,9 @@ class Confinement:
             return
         self._ready.set_result(None)
         while (request := self._requests.get()) is not None:
-            argv, kwargs, done = request
+            fn, done = request
             try:
-                done.set_result(subprocess.Popen(argv, **kwargs))
+                done.set_result(fn())
             except BaseException as exc:
                 done.set_exception(exc)
 
@@ -344,6 +358,26 @@ def _drop_capabilities(keep: int | None = None) -> None:
 # Run inside a sandbox: kill(-1) reaches only the sandbox's own processes, as long as Landlock
 # scopes signals; if coder itself can be signalled, nothing is killed.
 _END_LEFTOVERS = "kill -0 {coder} 2>/dev/null || kill -9 -1 2>/dev/null; exit 0"
+
+
+def profile_for(root: Path, *, network: bool = False) -> Profile:
+    """The profile of the commands that run in worktree (or checkout) `root`."""
+    return Profile(writable_for(root), network=network)
+
+
+def confined(root: Path, fn: Callable[[], _T]) -> _T:
+    """`fn()` run confined like the commands of `root` (the same spawner thread), so that a
+    write it makes through a link or a path a command planted fails instead of landing
+    outside `root`. Where this machine has no sandbox, `fn()` runs as it is: the callers
+    also avoid following links themselves (see README: Safety)."""
+    if not support().available:
+        return fn()
+    profile = profile_for(root)
+    with _lock:  # the spawner of `root`'s commands if there is one, whatever its network
+        spawner = next(
+            (c for p, c in _confinements.items() if p.writable == profile.writable), None
+        )
+    return (spawner or confinement(profile)).call(fn)
 
 
 def end_leftovers(root: Path) -> None:

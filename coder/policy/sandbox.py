@@ -324,9 +324,7 @@ def _spawner(policy: Policy, root: Path, env: dict[str, str]) -> Iterator[Spawn]
     from coder.policy import confine
 
     require_sandbox(policy)
-    spawner = confine.confinement(
-        confine.Profile(confine.writable_for(root), network=policy.allow_network)
-    )
+    spawner = confine.confinement(confine.profile_for(root, network=policy.allow_network))
     tmp = tempfile.mkdtemp(prefix="cmd-", dir=spawner.tmp_root)
     env.update(TMPDIR=tmp, TMP=tmp, TEMP=tmp)
     try:

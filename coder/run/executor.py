@@ -259,7 +259,8 @@ class Executor:
                 self._record(step, done, places[step.id])
         finally:
             for step in steps:
-                gitops.remove_worktree(self.repo, f"{self.task.id}--{step.id}")
+                name = f"{self.task.id}--{step.id}"
+                gitops.remove_worktree(self.repo, name, self.run.coder_dir / "worktrees" / name)
 
     # --- the step pipeline --------------------------------------------------------------
 

@@ -99,7 +99,7 @@ def clean(
     # names, so cleaning task `a` never touches task `a--b`'s
     scratch = [f"{task_id}--{s['id']}" for s in manifest["task"]["graph"]]
     for name in [task_id, *scratch, f"{task_id}--merge.check"]:
-        gitops.remove_worktree(repo, name)
+        gitops.remove_worktree(repo, name, coder_dir / "worktrees" / name)
     branch = manifest["branch"]
     drop_branch = branch is not None and (delete_branch or (merged and not keep_branch))
     if drop_branch:

@@ -21,7 +21,6 @@ and running the merge again finishes the job:
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -353,9 +352,8 @@ class _Merge:
     def _drop_leftover_check(self) -> None:
         """A check worktree left by a crash (kill -9 while its tests ran) goes first."""
         name = check_worktree_name(self.task_id)
-        gitops.remove_worktree(self.repo, name)
+        gitops.remove_worktree(self.repo, name, self.coder_dir / "worktrees" / name)
         gitops.delete_branch(self.repo, f"coder-scratch/{name}")
-        shutil.rmtree(self.coder_dir / "worktrees" / name, ignore_errors=True)
 
     def _verify(self, commit: str) -> None:
         from coder import config as config_mod
@@ -374,7 +372,7 @@ class _Merge:
             crashpoint("merge_verify")
             problems = green_problems(task, path, cfg, policy_for(task, cfg), log, self.notify)
         finally:
-            gitops.remove_worktree(self.repo, name)
+            gitops.remove_worktree(self.repo, name, path)
         if problems:
             raise RunFailed(
                 f"the merge of run {self.task_id} into {self.base} is not green, so nothing was "

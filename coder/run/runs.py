@@ -228,7 +228,7 @@ def _remove_unstarted(
     can simply be tried again: its worktree, branch (created by this start: it did not exist),
     checkpoint, manifest, log, artifacts and lock file go."""
     undo: list[Callable[[], None]] = [
-        lambda: gitops.remove_worktree(repo, task.id),
+        lambda: gitops.remove_worktree(repo, task.id, coder_dir / "worktrees" / task.id),
         lambda: gitops.delete_branch(repo, task.branch),
         lambda: store.delete(task.id),
     ]
@@ -539,7 +539,8 @@ def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Pa
             f"`coder revert`; updated them to {branch}"
         )
     for step_id in state.steps:  # scratch worktrees of a parallel level the crash cut short
-        gitops.remove_worktree(repo, f"{task_id}--{step_id}")
+        name = f"{task_id}--{step_id}"
+        gitops.remove_worktree(repo, name, worktree.parent / name)
         gitops.delete_branch(repo, f"coder-scratch/{task_id}--{step_id}")
     return warnings
 

@@ -265,8 +265,8 @@ def test_remove_worktree_and_delete_branch(setup):
     root, repo, wt, _ = setup
     with pytest.raises(EnvironmentProblem, match="checked out in"):
         gitops.delete_branch(repo, BRANCH)
-    gitops.remove_worktree(repo, "t1")
-    gitops.remove_worktree(repo, "t1")  # idempotent
+    gitops.remove_worktree(repo, "t1", wt)
+    gitops.remove_worktree(repo, "t1", wt)  # idempotent
     assert not wt.exists()
     assert git(root, "worktree", "list").count("\n") == 1
     gitops.delete_branch(repo, BRANCH)
@@ -431,7 +431,7 @@ def test_user_checkout_is_untouched_by_worktree_work(make_repo, files):
     s2 = step(wt, s1, "s2")
     gitops.reset_branch(wt, s1, expected_tip=s2)
     gitops.diff_patch(repo, base, worktree=wt)
-    gitops.remove_worktree(repo, "t1")
+    gitops.remove_worktree(repo, "t1", wt)
 
     assert snapshot(root) == before
     git(root, "fsck", "--strict")
@@ -685,7 +685,7 @@ def test_scratch_worktrees_and_cherry_pick(setup):
     assert gitops.cherry_pick(wt, c3, expected_tip=landed3) is None  # already there
 
     for name in ("t1--s2", "t1--s3"):
-        gitops.remove_worktree(repo, name)
+        gitops.remove_worktree(repo, name, root / ".coder" / "worktrees" / name)
     assert git(root, "worktree", "list").count("\n") == 2
     git(root, "fsck", "--strict")
 
