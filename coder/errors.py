@@ -234,3 +234,12 @@ class StopReply(Exception):  # noqa: N818
 class Transient(Exception):  # noqa: N818
     """A model-call failure worth retrying that a provider noticed itself (a stream that ended
     early, ...); its message is the reason."""
+
+
+class LinkInTheWay(OSError):
+    """`coder.nofollow` met a symlink (or a file) where a path needs a directory; callers say
+    what it means for them (the file tools refuse, the merge stops)."""
+
+    def __init__(self, root: Path | str, rel: str) -> None:
+        super().__init__(40, f"{rel} is a symbolic link or not a directory", str(root))  # ELOOP
+        self.rel = rel

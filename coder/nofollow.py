@@ -20,15 +20,9 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from coder.errors import LinkInTheWay
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class LinkInTheWay(OSError):
-    """A component of a path is a symlink (or not a directory) where a directory is needed."""
-
-    def __init__(self, root: Path | str, rel: str) -> None:
-        super().__init__(errno.ELOOP, f"{rel} is a symbolic link or not a directory", str(root))
-        self.rel = rel
 
 
 def _parts(rel: str) -> list[str]:
@@ -84,12 +78,20 @@ def leading_link(root: Path | str, rel: str) -> str | None:
 
 
 def write_file(
-    root: Path | str, rel: str, data: bytes, *, mode: int = 0o666, link: bytes | None = None
+    root: Path | str,
+    rel: str,
+    data: bytes,
+    *,
+    mode: int = 0o666,
+    exact_mode: bool = False,
+    link: bytes | None = None,
+    new_only: bool = False,
 ) -> None:
-    """Replace `root/rel` with a file holding `data` (created with `mode`, less the umask),
-    or with a symlink to `link`: written to a temporary name in the same directory, then
-    renamed over the old entry (a link there is replaced, never written through). Missing
-    parent directories are made. The temporary name carries no PID, so a write killed
+    """Replace `root/rel` with a file holding `data` (created with `mode`, less the umask
+    unless `exact_mode`), or with a symlink to `link`: written to a temporary name in the same
+    directory, then renamed over the old entry (a link there is replaced, never written
+    through), or with `new_only` linked to the name (FileExistsError if anything is there).
+    Missing parent directories are made. The temporary name carries no PID, so a write killed
     half-way leaves a file the next write of the same path replaces (`.NAME.coder-tmp`)."""
     parts = _parts(rel)
     parent, name = "/".join(parts[:-1]), parts[-1]
@@ -101,16 +103,21 @@ def write_file(
             if link is not None:
                 os.symlink(link, tmp, dir_fd=fd)
             else:
-                out = os.open(
-                    tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=fd
-                )
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                out = os.open(tmp, flags, mode, dir_fd=fd)
                 try:
+                    if exact_mode:
+                        os.fchmod(out, mode)
                     view = memoryview(data)
                     while view:
                         view = view[os.write(out, view) :]
                 finally:
                     os.close(out)
-            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            if new_only:  # atomic, and fails if the name appeared meanwhile
+                os.link(tmp, name, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+                os.unlink(tmp, dir_fd=fd)
+            else:
+                os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
         except BaseException:  # a full disk: no half-written temp file left behind
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=fd)

@@ -67,6 +67,25 @@ def snapshot(repo: Path) -> dict[str, Any]:
     }
 
 
+def fingerprint(root: Path) -> dict[str, Any]:
+    """Everything about a directory tree that a write, delete, chmod or touch changes: for
+    each entry its type, mode, owner, mtime and content (a link: its target), never
+    followed through a link. Compare one taken before with one taken after."""
+    import hashlib
+    import stat
+
+    found: dict[str, Any] = {}
+    for entry in [root, *sorted(root.rglob("*"))]:
+        st = os.lstat(entry)
+        rel = entry.relative_to(root).as_posix()
+        if stat.S_ISLNK(st.st_mode):
+            found[rel] = ("link", os.readlink(entry))
+            continue
+        what = hashlib.sha256(entry.read_bytes()).hexdigest() if entry.is_file() else "dir"
+        found[rel] = (what, st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns)
+    return found
+
+
 def call(name: str, **arguments: Any) -> Reply:
     """A scripted model turn that calls one tool."""
     return Reply(tool_calls=[{"name": name, "arguments": arguments}])

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pygit2
 
+from coder import nofollow
 from coder.errors import BranchMoved, EnvironmentProblem, RunFailed
 from coder.git import filters
 from coder.git.ops import (
@@ -195,6 +196,7 @@ class CheckoutUpdate:
     blocked: tuple[str, ...]
     busy: str | None = None
     ignored: tuple[str, ...] = ()  # blocked by a git-ignored file (`git stash -u` skips it)
+    linked: tuple[str, ...] = ()  # blocked by a link (or file) where a directory must be
 
 
 _Entry = tuple[str, int] | None  # (blob hex, file mode) or absent
@@ -254,13 +256,26 @@ def plan_checkout_update(checkout: Path, old: str, new: str) -> CheckoutUpdate:
     conflicted = {(a or b or c).path for a, b, c in (index.conflicts or ())}
     filemode = bool(w.config.get_bool("core.filemode")) if "core.filemode" in w.config else True
     pending, done, blocked = [], [], []
+    linked: list[str] = []
     for path in sorted(paths):
         was, now = _entry(old_tree, path), _entry(new_tree, path)
         if path in conflicted:
             blocked.append(path)
             continue
+        # A link (or file) of the user's where a directory of this path must be: git refuses
+        # or replaces it; coder refuses, and never writes through it. One the update itself
+        # replaces (a tracked link becoming a directory; sorted before its paths) is fine.
+        link = nofollow.leading_link(root, path)
+        if link is not None and link not in pending:
+            blocked.append(path)
+            linked.append(link)
+            continue
         in_index = [e for e in (was, now) if _index_has(index, path, e)]
-        on_disk = [e for e in (was, now) if _file_has(w, root, path, e, filemode)]
+        on_disk: list[_Entry]
+        if link is not None:  # behind a link the update replaces: nothing is there yet
+            on_disk = [e for e in (was, now) if e is None]
+        else:
+            on_disk = [e for e in (was, now) if _file_has(w, root, path, e, filemode)]
         if not in_index or not on_disk:
             blocked.append(path)
         elif in_index == [now] and on_disk == [now]:
@@ -274,7 +289,13 @@ def plan_checkout_update(checkout: Path, old: str, new: str) -> CheckoutUpdate:
         busy = pygit2.enums.RepositoryState(w.state()).name.lower().replace("_", " ")
     ignored = tuple(p for p in blocked if os.path.lexists(root / p) and w.path_is_ignored(p))
     return CheckoutUpdate(
-        Path(checkout), tuple(pending), tuple(done), tuple(blocked), busy, ignored
+        Path(checkout),
+        tuple(pending),
+        tuple(done),
+        tuple(blocked),
+        busy,
+        ignored,
+        tuple(dict.fromkeys(linked)),
     )
 
 
@@ -321,43 +342,23 @@ def apply_checkout_update(checkout: Path, new: str, paths: tuple[str, ...]) -> N
 
 
 def _remove_checkout_file(root: Path, path: str) -> None:
-    full = root / path
-    if full.is_symlink() or full.is_file():
-        full.unlink()
-    parent = full.parent
-    while parent != root and parent.is_dir() and not any(parent.iterdir()):
-        parent.rmdir()
-        parent = parent.parent
+    nofollow.remove(root, path)
 
 
 def _write_checkout_file(
     w: pygit2.Repository, root: Path, path: str, entry: tuple[str, int]
 ) -> None:
+    """Replace the file by rename, never through a link (``nofollow``): a checkout may hold
+    links of the user's, or ones a command of theirs made."""
     oid, mode = entry
-    full = root / path
-    full.parent.mkdir(parents=True, exist_ok=True)
     if mode == _GITLINK:
-        full.mkdir(exist_ok=True)
+        with nofollow.open_dir(root, path, create=True):
+            return
+    if mode == _LINK:
+        nofollow.write_file(root, path, b"", link=w[oid].peel(pygit2.Blob).data)
         return
-    tmp = full.with_name(f".{full.name}.coder-{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        if mode == _LINK:
-            os.symlink(os.fsdecode(w[oid].peel(pygit2.Blob).data), tmp)
-        else:
-            perms = 0o777 if mode == _EXECUTABLE else 0o666  # less the umask, as git does
-            data = filters.smudged(w, path, oid)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, perms)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
-        os.replace(tmp, full)
-    except BaseException:  # a full disk: no half-written temp file left in the user's checkout
-        tmp.unlink(missing_ok=True)
-        raise
+    perms = 0o777 if mode == _EXECUTABLE else 0o666  # less the umask, as git does
+    nofollow.write_file(root, path, filters.smudged(w, path, oid), mode=perms)
 
 
 def left_behind_at(repo: pygit2.Repository, worktree: Path, *, reflog_prefix: str) -> str | None:

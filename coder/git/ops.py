@@ -428,6 +428,14 @@ def _reset_submodule(sub: pygit2.Repository, commit: str) -> None:
     _remove_untracked(sub, Path(sub.workdir))
 
 
+def _stop_aiming_elsewhere(sub: pygit2.Repository) -> None:
+    """Drop a ``core.worktree`` a command set in the submodule's own config: coder ignores it
+    (``_open_submodule``), but the git CLI (the user's, a later command's) would follow it."""
+    config = pygit2.Config(os.path.join(sub.path, "config"))
+    if "core.worktree" in config:
+        del config["core.worktree"]
+
+
 def _open_submodule(dest: Path) -> pygit2.Repository | None:
     """The submodule checked out at ``dest``, its files at ``dest`` whatever its config says,
     or None when ``dest`` holds no repository of its own. A command may have set the
@@ -495,6 +503,7 @@ def _reset_submodules(w: pygit2.Repository, worktree: Path) -> None:
         sub = _open_submodule(dest)
         if sub is not None:
             _reset_submodule(sub, oid)
+            _stop_aiming_elsewhere(sub)
         elif os.path.lexists(dest):
             broken = True
             nofollow.remove_tree(dest)

@@ -198,6 +198,7 @@ class Confinement:
             prefix = unshare_prefix()
             assert prefix is not None
             argv = [*prefix, *argv]
+
         def start() -> subprocess.Popen[bytes]:
             return subprocess.Popen(argv, **kwargs)
 

@@ -80,7 +80,13 @@ def clean(
             hint=f"stop it first with `coder stop -t {task_id}`",
         )
     worktree = Path(manifest["worktree"])
-    changed = gitops.changed_paths(worktree) if (worktree / ".git").is_file() else []
+    changed: list[str] = []
+    if (worktree / ".git").is_file():
+        try:
+            changed = gitops.changed_paths(worktree)
+        except EnvironmentProblem:  # unreadable (its admin files forged): only --force goes on
+            if not force:
+                raise
     if changed and not force:
         listed = ", ".join(changed[:10]) + (
             f" and {len(changed) - 10} more" if len(changed) > 10 else ""

@@ -313,6 +313,15 @@ class _Merge:
                 f"{plan.busy}; nothing was changed",
                 hint="finish or abort it there, then merge again",
             )
+        if plan.linked:
+            one = len(plan.linked) == 1
+            what = "is a symbolic link or a file" if one else "are symbolic links or files"
+            raise CheckoutInTheWay(
+                f"{', '.join(plan.linked[:10])} in {checkout} {what} where the merge writes "
+                f"{', '.join(plan.blocked[:10])}; nothing was changed",
+                hint=f"move {'it' if one else 'them'} out of the way, then run "
+                f"`coder merge -t {self.task_id}` again",
+            )
         if plan.blocked:
             hint = "commit or stash them (`git stash -u`)"
             if plan.ignored:  # stash -u leaves ignored files; stash -a takes every ignored file

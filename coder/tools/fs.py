@@ -16,13 +16,12 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from coder.durable import write_atomic
-from coder.errors import PolicyViolation
+from coder import nofollow
+from coder.errors import LinkInTheWay, PolicyViolation
 from coder.policy.paths import resolve_in_root
 from coder.tools import feedback
 from coder.tools.registry import (
@@ -90,6 +89,24 @@ def resolve(ctx: ToolContext, path: str, *, write: bool) -> tuple[Path, str]:
                     hint="choose a file this step is allowed to change",
                 )
     return real, rel
+
+
+def write_in_root(
+    ctx: ToolContext, rel: str, data: bytes, *, mode: int, new_only: bool = False
+) -> None:
+    """Write `rel` (resolved: inside the worktree, no link on its way when it was checked)
+    without following a link: a process the model left running may swap a directory for a
+    link between the check and the write, and the write then fails instead of landing
+    outside (`coder.nofollow`)."""
+    try:
+        nofollow.write_file(
+            real_root(ctx), rel, data, mode=mode, exact_mode=True, new_only=new_only
+        )
+    except LinkInTheWay as exc:
+        raise PolicyViolation(
+            f"refusing to write {rel}: {exc.rel} became a symbolic link while it was written",
+            hint="a process left running changes the worktree; end it, then try again",
+        ) from None
 
 
 def is_binary(head: bytes) -> bool:
@@ -207,21 +224,7 @@ def fs_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     refused = feedback.veto(ctx, rel, None, data)
     if refused is not None:
         return refused
-    real.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".coder-tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        try:
-            os.link(tmp, real)  # atomic, and fails if the name appeared meanwhile
-        except FileExistsError:
-            raise
-        except OSError:  # a filesystem without hard links: exclusive create instead
-            with open(real, "xb") as f:
-                f.write(data)
-    finally:
-        os.unlink(tmp)
+    write_in_root(ctx, rel, data, mode=0o644, new_only=True)
     lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
     lint = feedback.Lint(ctx).after([rel])
     return ToolResult(
@@ -355,7 +358,7 @@ def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         return refused
     lint = feedback.Lint(ctx)
     lint.before([rel])
-    write_atomic(real, out, new_mode=0o644, crash_point=None)
+    write_in_root(ctx, rel, out, mode=real.stat().st_mode & 0o7777)
     # Show the edited region (first occurrence) so the model can check it without a re-read.
     first = _line_of(new, starts[0])
     last = first + (replace[:-1] if replace.endswith("\n") else replace).count("\n")

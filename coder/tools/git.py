@@ -23,8 +23,9 @@ from typing import Any
 import pygit2
 from pygit2.enums import ApplyLocation, DiffOption, FileStatus, RepositoryOpenFlag, SortMode
 
-from coder.durable import write_atomic
+from coder import nofollow
 from coder.errors import EnvironmentProblem, PatchProblem
+from coder.policy.confine import confined
 from coder.tools import feedback
 from coder.tools.fs import closest_match, numbered, real_root, resolve
 from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
@@ -475,15 +476,19 @@ def fs_apply_patch(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     lint = feedback.Lint(ctx)
     lint.before(p for p in paths if before[p] is not None)
     try:
-        repo.apply(diff, ApplyLocation.WORKDIR)
-    except pygit2.GitError as exc:
+        # libgit2 writes the files: confined like the commands, so a directory swapped for a
+        # link by a process the model left running makes the write fail, not land outside
+        confined(Path(root), lambda: repo.apply(diff, ApplyLocation.WORKDIR))
+    except (pygit2.GitError, PermissionError) as exc:
+        for rel, old in before.items():  # all or nothing
+            _restore(root, rel, old)
         raise PatchProblem(f"the patch did not apply: {exc}") from None
     for path in paths:
         after = _snapshot(os.path.join(root, path))
         refused = None if after is None else feedback.veto(ctx, path, _data(before[path]), after[0])
         if refused is not None:  # all or nothing: every file back as it was
             for rel, old in before.items():
-                _restore(os.path.join(root, rel), old)
+                _restore(root, rel, old)
             return refused
     notes = lint.after(p for p in paths if os.path.lexists(os.path.join(root, p)))
     return ToolResult(
@@ -506,13 +511,12 @@ def _data(snapshot: tuple[bytes, int] | None) -> bytes | None:
     return None if snapshot is None else snapshot[0]
 
 
-def _restore(path: str, snapshot: tuple[bytes, int] | None) -> None:
+def _restore(root: str, rel: str, snapshot: tuple[bytes, int] | None) -> None:
+    """`rel` back as `_snapshot` found it, never through a link (`coder.nofollow`)."""
     if snapshot is None:
-        if os.path.lexists(path):
-            os.unlink(path)
-        return
-    write_atomic(Path(path), snapshot[0], new_mode=snapshot[1], crash_point=None)
-    os.chmod(path, snapshot[1])
+        nofollow.remove(root, rel, prune=False)
+    else:
+        nofollow.write_file(root, rel, snapshot[0], mode=snapshot[1], exact_mode=True)
 
 
 # --------------------------------------------------------------------------- definitions

@@ -363,11 +363,11 @@ def test_a_full_disk_while_the_checkout_is_written_leaves_no_temp_file_and_merge
     make_repo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The base branch moved, then writing the files ran out of space: each file is still
-    either old or new, no `.NAME.coder-PID.tmp` half-file is left among the user's files
+    either old or new, no `.NAME.coder-tmp` half-file is left among the user's files
     (one was, per failed write), and once there is room `coder merge` finishes."""
     import errno
 
-    from coder.git import land
+    from coder import nofollow
 
     repo = finished_run(make_repo)
     old_main = rev(repo, "main")
@@ -381,11 +381,11 @@ def test_a_full_disk_while_the_checkout_is_written_leaves_no_temp_file_and_merge
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     with monkeypatch.context() as patch:
-        patch.setattr(land, "os", FullDisk())
+        patch.setattr(nofollow, "os", FullDisk())
         code, out, err = coder(repo, "merge", "-t", "t1")
     assert code == 3, out + err
     assert "No space left on device" in err and "run `coder merge -t t1` again" in err
-    assert not [p.name for p in repo.rglob("*.tmp") if ".git" not in p.parts]
+    assert not [p.name for p in repo.rglob("*tmp") if ".git" not in p.parts]
     code, out, err = coder(repo, "merge", "-t", "t1")
     assert code == 0, out + err
     assert_squash_of_run(repo, old_main)

@@ -79,8 +79,8 @@ def test_a_full_disk_under_a_model_tool_stops_the_run_not_the_step(
     import errno
     import os
 
+    from coder import nofollow
     from coder.run import runs
-    from coder.tools import fs
 
     path = taskfile(
         sample,
@@ -98,12 +98,14 @@ def test_a_full_disk_under_a_model_tool_stops_the_run_not_the_step(
     )
 
     class FullDisk:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(os, name)
+
         @staticmethod
-        def mkstemp(*args: Any, **kwargs: Any) -> Any:
+        def write(fd: int, data: Any) -> int:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    real_tempfile = fs.tempfile
-    monkeypatch.setattr(fs, "tempfile", FullDisk)
+    monkeypatch.setattr(nofollow, "os", FullDisk())
     fake.enqueue(call("fs_write", path="mul.py", content="def mul(a, b):\n    return a * b\n"))
     result = runs.start(path, cwd=sample, options=runs.RunOptions())
     assert result.status == "error"
@@ -113,7 +115,7 @@ def test_a_full_disk_under_a_model_tool_stops_the_run_not_the_step(
     assert result.state.steps["s2"].status == "pending"
     assert fake.pending == 0  # the model was asked once, and not told about the disk
 
-    monkeypatch.setattr(fs, "tempfile", real_tempfile)  # room again
+    monkeypatch.setattr(nofollow, "os", os)  # room again
     fake.enqueue(
         call("fs_write", path="mul.py", content="def mul(a, b):\n    return a * b\n"),
         done("added mul.py", "mul.py"),
