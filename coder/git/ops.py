@@ -620,9 +620,11 @@ def clear_stale_index_lock(worktree: Path) -> bool:
     text = dotgit.read_text().strip()
     if not text.startswith("gitdir:"):
         return False
-    lock = (Path(worktree) / text[len("gitdir:") :].strip()) / "index.lock"
+    admin = Path(os.path.realpath(Path(worktree) / text[len("gitdir:") :].strip()))
+    if admin.parent.name != "worktrees" or not (admin / "commondir").is_file():
+        return False  # the `.git` file is the worktree's own: never trusted to name elsewhere
     try:
-        lock.unlink()
+        (admin / "index.lock").unlink()
     except FileNotFoundError:
         return False
     return True
@@ -972,9 +974,9 @@ def cherry_pick(worktree: Path, commit: str, *, expected_tip: str) -> str | None
                     now = branch_tip(w, refname[11:])
                     raise _moved(refname, expected_tip, now, worktree) from None
                 raise
-        _retry_on_index_lock(worktree, lambda: w.reset(new, ResetMode.HARD))
     except (pygit2.GitError, OSError) as exc:
         raise _git_failure(exc, f"cherry-pick {str(pick.id)[:12]}", worktree) from None
+    _restore_files(w, worktree, str(new), f"cherry-pick {str(pick.id)[:12]}")
     return str(new)
 
 
