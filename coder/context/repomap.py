@@ -18,8 +18,9 @@ The rendered map is cached under `.coder/cache/repomap/` by tree id, budget and 
 step of a run and every later run of the same tree and task get the same bytes for the cost of
 reading one file.
 
-PageRank is computed here with numpy (power iteration, the same definition and stopping rule as
-networkx's): `networkx.pagerank` needs scipy, a 35 MB wheel coder otherwise has no use for.
+PageRank is computed here in plain Python (power iteration, the same definition and stopping
+rule as networkx's): `networkx.pagerank` needs scipy and numpy, 100 MB of wheels coder
+otherwise has no use for.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from coder.context.languages import language_of, vendored
 from coder.context.tags import Definition, FileTags, extract
 
 if TYPE_CHECKING:
-    import numpy
     import pygit2
 
 VERSION = 1  # bump when the tags or the rendering change: old caches are then ignored
@@ -190,8 +190,6 @@ def rank(
     paths: Sequence[str], tags: Mapping[str, FileTags], focus: Focus
 ) -> tuple[list[tuple[str, str]], dict[str, float]]:
     """(file, name) definitions, best first, and each file's PageRank."""
-    import numpy as np
-
     index = {p: i for i, p in enumerate(paths)}
     defined: dict[str, set[str]] = {}
     for path, t in tags.items():
@@ -216,21 +214,17 @@ def rank(
                     key = (index[path], index[target])
                     weights[key] = weights.get(key, 0.0) + w
                     uses.append((index[path], target, name, w))
-    personal = np.ones(len(paths))
+    personal = [1.0] * len(paths)
     for path in mentioned:
         personal[index[path]] += 100.0
     for name in focus.words & defined.keys():
         for path in defined[name]:
             personal[index[path]] += 10.0
-    edges = np.array(list(weights), dtype=np.int64).reshape(-1, 2)
-    ranks = pagerank(
-        len(paths),
-        edges[:, 0],
-        edges[:, 1],
-        np.array(list(weights.values()), dtype=float),
-        personal,
-    )
-    out_weight = np.bincount(edges[:, 0], weights=list(weights.values()), minlength=len(paths))
+    edges = [(src, target, w) for (src, target), w in weights.items()]
+    ranks = pagerank(len(paths), edges, personal)
+    out_weight = [0.0] * len(paths)
+    for src, _target, w in edges:
+        out_weight[src] += w
     score: dict[tuple[str, str], float] = {}
     for src, target, name, w in uses:
         score[(target, name)] = score.get((target, name), 0.0) + ranks[src] * w / out_weight[src]
@@ -263,31 +257,37 @@ def _name_weight(name: str, definers: int, mentioned: bool) -> float:
 
 def pagerank(
     n: int,
-    sources: numpy.ndarray,
-    targets: numpy.ndarray,
-    weights: numpy.ndarray,
-    personalization: numpy.ndarray,
+    edges: Sequence[tuple[int, int, float]],
+    personalization: Sequence[float],
     *,
     alpha: float = 0.85,
     tol: float = 1.0e-6,
     max_iter: int = 100,
-) -> numpy.ndarray:
-    """Weighted personalised PageRank by power iteration: networkx's `pagerank` (dangling
-    nodes jump by the personalization vector; stop when the L1 change is below n * tol)."""
-    import numpy as np
-
+) -> list[float]:
+    """Weighted personalised PageRank by power iteration over (source, target, weight)
+    edges: networkx's `pagerank` (dangling nodes jump by the personalization vector; stop
+    when the L1 change is below n * tol)."""
     if n == 0:
-        return np.zeros(0)
-    p = personalization / personalization.sum()
-    out = np.bincount(sources, weights=weights, minlength=n)
-    dangling = out == 0
-    share = np.divide(weights, out[sources], out=np.zeros_like(weights), where=out[sources] > 0)
-    x = np.full(n, 1.0 / n)
+        return []
+    total = sum(personalization)
+    p = [v / total for v in personalization]
+    out = [0.0] * n
+    for src, _target, w in edges:
+        out[src] += w
+    dangling = [i for i in range(n) if out[i] == 0]
+    # per target: the sources linking to it, and the share of each source's rank it gets
+    into: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    for src, target, w in edges:
+        into[target].append((src, w / out[src]))
+    x = [1.0 / n] * n
     for _ in range(max_iter):
         last = x
-        x = alpha * np.bincount(targets, weights=last[sources] * share, minlength=n)
-        x += (alpha * last[dangling].sum() + (1 - alpha)) * p
-        if np.abs(x - last).sum() < n * tol:
+        jump = alpha * math.fsum(last[i] for i in dangling) + (1 - alpha)
+        x = [
+            alpha * sum(last[s] * share for s, share in links) + jump * p_i
+            for links, p_i in zip(into, p, strict=True)
+        ]
+        if sum(abs(a - b) for a, b in zip(x, last, strict=True)) < n * tol:
             break
     return x
 

@@ -9,7 +9,7 @@ in `config/parser.py`.
 
 The index covers the working directory as it is: files unchanged since HEAD are read from the
 HEAD tree, changed and new ones from disk. Chunks are cached per blob id (`blobcache.py`), so a
-new tree re-chunks only the files that changed, and the BM25 index (bm25s) is rebuilt from the
+new tree re-chunks only the files that changed, and the BM25 index is rebuilt from the
 cached tokens when the set of files changes and kept in memory for the state it was built for.
 
 Hybrid: with an embedder (an embedding model configured), BM25's best CANDIDATES chunks are
@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
+import heapq
+import json
+import math
 import os
 import re
 import threading
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from coder.context.blobcache import BlobCache
 from coder.context.languages import language_of, vendored
@@ -36,9 +39,6 @@ from coder.context.repomap import MAX_TAG_BYTES
 from coder.context.tags import Definition, extract
 from coder.durable import write_atomic
 from coder.redact import redact
-
-if TYPE_CHECKING:
-    import numpy
 
 VERSION = 1
 WINDOW = 40  # lines per window chunk
@@ -174,25 +174,46 @@ def _indexable(path: str) -> bool:
 
 
 class CodeIndex:
-    """BM25 over the chunks of a set of files ((path, blob id) -> content)."""
+    """BM25 over the chunks of a set of files ((path, blob id) -> content), Lucene's variant
+    (what bm25s computes by default): idf = ln(1 + (N - df + 0.5) / (df + 0.5)), a term's
+    weight in a chunk tf / (tf + k1 * (1 - b + b * len / avg len)). In plain Python over an
+    inverted index: a query touches only the chunks holding its terms, which costs less than
+    loading numpy for the few thousand chunks of a repository."""
+
+    K1 = 1.5
+    B = 0.75
 
     def __init__(self, chunks: list[Chunk], tokens: list[list[str]]) -> None:
-        import bm25s  # type: ignore[import-untyped]
-
         self.chunks = chunks
-        self._bm25 = bm25s.BM25()
-        self._bm25.index(tokens or [[""]], show_progress=False)
-        self._vocab: dict[str, int] = self._bm25.vocab_dict
+        postings: dict[str, dict[int, int]] = {}
+        for doc, words in enumerate(tokens):
+            for word in words:
+                counts = postings.setdefault(word, {})
+                counts[doc] = counts.get(doc, 0) + 1
+        lengths = [len(words) for words in tokens]
+        average = sum(lengths) / len(lengths) if lengths else 1.0
+        norm = [self.K1 * (1 - self.B + self.B * n / (average or 1.0)) for n in lengths]
+        total = len(tokens)
+        # per term: its idf and, per chunk holding it, the term's weight there
+        self._weights: dict[str, tuple[float, dict[int, float]]] = {
+            word: (
+                math.log(1 + (total - len(counts) + 0.5) / (len(counts) + 0.5)),
+                {doc: tf / (tf + norm[doc]) for doc, tf in counts.items()},
+            )
+            for word, counts in postings.items()
+        }
 
     def bm25(self, query: str, k: int) -> list[Hit]:
-        import numpy as np
-
-        terms = [t for t in tokenize(query) if t in self._vocab]
-        if not terms or not self.chunks:
-            return []
-        scores = self._bm25.get_scores(terms)
-        top = np.argsort(-scores, kind="stable")[:k]
-        return [Hit(self.chunks[i], float(scores[i])) for i in top if scores[i] > 0]
+        scores: dict[int, float] = {}
+        for term in tokenize(query):  # a repeated word counts again, as in bm25s
+            found = self._weights.get(term)
+            if found is None:
+                continue
+            idf, weights = found
+            for doc, weight in weights.items():
+                scores[doc] = scores.get(doc, 0.0) + idf * weight
+        best = heapq.nsmallest(k, scores.items(), key=lambda item: (-item[1], item[0]))
+        return [Hit(self.chunks[doc], score) for doc, score in best if score > 0]
 
 
 def search(
@@ -310,19 +331,24 @@ def fuse(
 ) -> list[Hit]:
     """BM25's ranking and the embedding ranking of the same candidates, fused by reciprocal
     rank: score = sum over rankings of 1 / (RRF_K + rank)."""
-    import numpy as np
-
     texts = [_chunk_text(root, h.chunk) for h in hits]
     vectors = _embeddings(texts, embedder, cache_dir, embed_key)
     (query_vector,) = embedder([query])
-    q = np.asarray(query_vector, dtype=np.float32)
-    sims = vectors @ q / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(q) + 1e-9)
-    dense_rank = {int(i): r for r, i in enumerate(np.argsort(-sims, kind="stable"))}
+    sims = [_cosine(v, query_vector) for v in vectors]
+    order = sorted(range(len(hits)), key=lambda i: (-sims[i], i))
+    dense_rank = {i: r for r, i in enumerate(order)}
     fused = [
         Hit(h.chunk, 1.0 / (RRF_K + i + 1) + 1.0 / (RRF_K + dense_rank[i] + 1))
         for i, h in enumerate(hits)
     ]
     return sorted(fused, key=lambda h: -h.score)
+
+
+def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    dot = math.fsum(x * y for x, y in zip(a, b, strict=False))
+    return dot / (
+        math.sqrt(math.fsum(x * x for x in a)) * math.sqrt(math.fsum(y * y for y in b)) + 1e-9
+    )
 
 
 def _chunk_text(root: Path, chunk: Chunk) -> str:
@@ -335,46 +361,54 @@ def _chunk_text(root: Path, chunk: Chunk) -> str:
 
 def _embeddings(
     texts: list[str], embedder: Embedder, cache_dir: Path | None, embed_key: str
-) -> numpy.ndarray:
+) -> list[array[float]]:
     """Vectors of `texts`, from the cache (by content and model) or the embedder."""
-    import numpy as np
-
     keys = [hashlib.sha1(t.encode()).hexdigest() for t in texts]
     path = None
     if cache_dir is not None:
         slug = re.sub(r"[^A-Za-z0-9_.-]", "_", embed_key) or "default"
-        path = cache_dir / f"embeddings-{slug}.npz"
+        path = cache_dir / f"embeddings-{slug}.bin"
     known = _load_vectors(path)
     missing = [i for i, key in enumerate(keys) if key not in known]
     if missing:
         for i, vector in zip(missing, embedder([texts[i] for i in missing]), strict=True):
-            known[keys[i]] = np.asarray(vector, dtype=np.float32)
+            known[keys[i]] = array("f", vector)
         _save_vectors(path, known)
-    return np.stack([known[key] for key in keys])
+    return [known[key] for key in keys]
 
 
-def _load_vectors(path: Path | None) -> dict[str, numpy.ndarray]:
-    import numpy as np
+# The vector cache: one JSON line (the keys and the dimension), then the float32 vectors.
 
+
+def _load_vectors(path: Path | None) -> dict[str, array[float]]:
     if path is None or not path.is_file():
         return {}
     try:
-        with np.load(path) as data:
-            return dict(zip(data["keys"].tolist(), data["vectors"], strict=True))
-    except (OSError, ValueError, KeyError):
+        data = path.read_bytes()
+        head, _, body = data.partition(b"\n")
+        meta = json.loads(head)
+        keys, dim = meta["keys"], int(meta["dim"])
+        flat = array("f")
+        flat.frombytes(body)
+        if len(flat) != dim * len(keys):
+            return {}
+        return {key: flat[i * dim : (i + 1) * dim] for i, key in enumerate(keys)}
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return {}
 
 
-def _save_vectors(path: Path | None, vectors: dict[str, numpy.ndarray]) -> None:
-    import numpy as np
-
-    if path is None:
+def _save_vectors(path: Path | None, vectors: dict[str, array[float]]) -> None:
+    if path is None or not vectors:
         return
     keys = list(vectors)[-MAX_VECTORS:]  # the newest (insertion order: loaded, then new)
-    buffer = io.BytesIO()
-    np.savez(buffer, keys=np.array(keys), vectors=np.stack([vectors[k] for k in keys]))
+    dim = len(vectors[keys[0]])
+    keys = [k for k in keys if len(vectors[k]) == dim]  # a model change of size: keep one
+    flat = array("f")
+    for key in keys:
+        flat.extend(vectors[key])
+    data = json.dumps({"keys": keys, "dim": dim}).encode() + b"\n" + flat.tobytes()
     try:
         os.makedirs(path.parent, exist_ok=True)
-        write_atomic(path, buffer.getvalue(), crash_point=None)
+        write_atomic(path, data, crash_point=None)
     except OSError:
         pass

@@ -1,9 +1,10 @@
 """The first syntax error of a source file, and how to show it to a model.
 
 tree-sitter parses every language of `languages.py` the same way and marks what it could not
-parse with ERROR and MISSING nodes. Python is also compiled by Python's own parser, and an error
-counts only when both agree: a grammar that lags the language (new syntax) then never refuses
-valid code, and the message and position come from the authoritative parser.
+parse with ERROR and MISSING nodes. Python, JSON, YAML and TOML are also read by Python's own
+parsers, and an error counts only when both agree: a grammar that lags the language (new
+syntax) or a dialect (JSON with comments, as in `tsconfig.json`) then never refuses a valid
+file, and the message and position come from the authoritative parser.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from coder.context.languages import language_of, parse_tree
+from coder.context.languages import parse_tree, syntax_language_of
 
 CONTEXT_LINES = 3  # shown above and below the error
 
@@ -27,16 +28,20 @@ class SyntaxProblem:
 def check(path: str, source: bytes) -> SyntaxProblem | None:
     """The first syntax error of `source` (named `path`), or None when it parses or when coder
     has no grammar for it."""
-    language = language_of(path)
+    language = syntax_language_of(path)
     if language is None or b"\0" in source:
         return None
     try:
         problem = _tree_sitter_error(language, source)
-    except (RecursionError, MemoryError, ValueError):
+    except (RecursionError, MemoryError, ValueError, LookupError):
         return None
-    if problem is None or language != "python":
+    second_opinion = _AUTHORITIES.get(language)
+    if problem is None or second_opinion is None:
         return problem
-    return _python_error(path, source)
+    try:
+        return second_opinion(path, source)
+    except (ValueError, RecursionError, MemoryError):
+        return None
 
 
 def _tree_sitter_error(language: str, source: bytes) -> SyntaxProblem | None:
@@ -75,9 +80,57 @@ def _python_error(path: str, source: bytes) -> SyntaxProblem | None:
             compile(source, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
     except SyntaxError as exc:
         return SyntaxProblem(exc.lineno or 1, exc.offset or 1, exc.msg)
-    except (ValueError, RecursionError, MemoryError):
+    return None
+
+
+def _json_error(_path: str, source: bytes) -> SyntaxProblem | None:
+    import json
+
+    try:
+        json.loads(source)
+    except json.JSONDecodeError as exc:
+        return SyntaxProblem(exc.lineno, exc.colno, exc.msg)
+    return None
+
+
+def _yaml_error(_path: str, source: bytes) -> SyntaxProblem | None:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        for _event in yaml.parse(source, Loader=loader):  # syntax only: tags are not built
+            pass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        return SyntaxProblem(line, column, exc.problem or "syntax error")
+    except yaml.YAMLError:
+        return SyntaxProblem(1, 1, "syntax error")
+    return None
+
+
+def _toml_error(_path: str, source: bytes) -> SyntaxProblem | None:
+    import re
+    import tomllib
+
+    try:
+        tomllib.loads(source.decode("utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        where = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        line, column = (int(where[1]), int(where[2])) if where else (1, 1)
+        return SyntaxProblem(line, column, re.sub(r" \(at .*\)$", "", str(exc)))
+    except UnicodeDecodeError:
         return None
     return None
+
+
+# languages with a parser of Python's own, which has the last word (see the module docstring)
+_AUTHORITIES = {
+    "python": _python_error,
+    "json": _json_error,
+    "yaml": _yaml_error,
+    "toml": _toml_error,
+}
 
 
 def show(text: str, problem: SyntaxProblem, context: int = CONTEXT_LINES) -> str:

@@ -26,7 +26,6 @@ DEFINITIONS: dict[str, str] = {
     "python": """
         (class_definition name: (identifier) @name) @def.class
         (function_definition name: (identifier) @name) @def.function
-        (module (assignment left: (identifier) @name) @def.constant)
         (module (expression_statement (assignment left: (identifier) @name)) @def.constant)
     """,
     "javascript": """
@@ -180,6 +179,8 @@ def _queries(language: str) -> tuple[Query, Query]:
     from tree_sitter import Query
 
     lang = grammar(language)
+    if lang is None:  # callers ask only for languages `language_of` found installed
+        raise LookupError(f"no tree-sitter grammar for {language} is installed")
     idents = " ".join(f"({kind})" for kind in _IDENTIFIERS[language])
     return Query(lang, DEFINITIONS[language]), Query(lang, f"[{idents}] @ref")
 

@@ -169,7 +169,7 @@ def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> 
         assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
         embeds = [r for r in server.requests if r.path == "/api/embed"]
         assert embeds and embeds[-1].body["model"] == "nomic-embed-text"
-        assert list((tmp_path / "cache").glob("embeddings-ollama-nomic-embed-text.npz"))
+        assert list((tmp_path / "cache").glob("embeddings-ollama-nomic-embed-text.bin"))
         # an embedding model the server does not have: BM25 alone, and the model is told
         missing = code_settings({**config, "embedding_model": "no-such-model"}, {}, None)
         ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **missing)
@@ -212,7 +212,7 @@ def test_hybrid_code_search_through_an_openai_compatible_server(shop: Path, tmp_
         assert len(bodies) == 2  # the candidate chunks, then the query
         assert bodies[0]["model"] == embedder and len(bodies[0]["input"]) > 1
         assert bodies[1]["input"] == [query["query"]]
-        assert list((tmp_path / "cache").glob("embeddings-openai-nomic-embed-text-v1.5.npz"))
+        assert list((tmp_path / "cache").glob("embeddings-openai-nomic-embed-text-v1.5.bin"))
         assert settings["embedder"](["again"]) == [embedding("again")]
         # a chat model (a server started without --embeddings): BM25 alone, and why
         chat_only = code_settings({**config, "embedding_model": MODEL}, {}, None)
@@ -255,4 +255,4 @@ def test_the_embedding_model_may_be_a_named_model_on_another_server(
         assert result.ok and "embeddings unavailable" not in result.content
         embeds = [r.body for r in local.requests if r.path == "/api/embed"]
         assert embeds and embeds[-1]["model"] == "nomic-embed-text"
-    assert list((tmp_path / "cache").glob("embeddings-ollama-nomic-embed-text.npz"))
+    assert list((tmp_path / "cache").glob("embeddings-ollama-nomic-embed-text.bin"))

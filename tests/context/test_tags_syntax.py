@@ -114,3 +114,32 @@ def test_python_counts_only_when_its_own_parser_agrees() -> None:
     # Python 3.12 syntax the running 3.11 cannot compile, but which tree-sitter reads: not an
     # error (a grammar or interpreter that lags the project never refuses valid code).
     assert syntax.check("new.py", b"type Alias = int | None\n") is None
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "line"),
+    [
+        ("data.json", '{\n  "a": 1,\n  "b": [1, 2\n}\n', 4),
+        ("config.yaml", "a: 1\nb: [1, 2\nc: 3\n", 3),
+        ("pyproject.toml", '[project]\nname = "x"\nversion = \n', 3),
+        ("run.sh", "if true; then\n  echo hi\n", 3),
+    ],
+)
+def test_data_files_and_scripts_are_checked(path: str, source: str, line: int) -> None:
+    problem = syntax.check(path, source.encode())
+    assert problem is not None and abs(problem.line - line) <= 1, problem
+
+
+@pytest.mark.parametrize(
+    ("path", "source"),
+    [
+        ("tsconfig.json", '{\n  // comments are fine in tsconfig\n  "strict": true\n}\n'),
+        ("template.yaml", "Resources:\n  Bucket:\n    Name: !Ref BucketName\n"),
+        ("Cargo.toml", '[package]\nname = "x"\nedition = "2021"\n'),
+        ("run.sh", 'for f in *.txt; do\n  echo "$f"\ndone\n'),
+    ],
+)
+def test_valid_data_files_and_dialects_are_never_refused(path: str, source: str) -> None:
+    """JSON with comments parses for tree-sitter but not for `json`; a YAML tag is unknown to
+    a safe loader but fine to the parser: an error counts only when both parsers agree."""
+    assert syntax.check(path, source.encode()) is None
