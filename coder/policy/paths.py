@@ -18,28 +18,85 @@ if TYPE_CHECKING:
 # Paths
 # --------------------------------------------------------------------------------------------
 
-# Names (of any path component, case-insensitive) that are never written.
-_SECRET_GLOBS = (
-    ".env",
-    ".env.*",
-    "*.pem",
-    "*.key",
-    "*.p12",
-    "*.pfx",
-    "id_rsa*",
-    "id_dsa*",
-    "id_ecdsa*",
-    "id_ed25519*",
-    "*secret*",
-    ".netrc",
-    ".pypirc",
+# What a step may not change unless its `changes` names the path, and the model's file tools
+# never write: (pattern, why), one row per pattern. Each is a file that makes code run somewhere
+# other than this sandbox (on your CI, in your editor, shell or coding agent, in git itself),
+# that widens coder's own permissions, or that holds secrets. A pattern matches any run of
+# path components (case-insensitively, `*` within one component), anywhere in the tree unless
+# it starts with `/`; what it matches is protected with everything below it. The README's
+# Safety section lists these rows (tests/policy/test_protected_table.py holds it to them).
+_EDITOR = "your editor or shell runs what it names when you open or enter the folder"
+_AGENT = "coding agents start the MCP servers and hooks it names"
+_CI = "it runs on your CI, outside coder's sandbox"
+_SECRETS = "it looks like a secrets file"
+PROTECTED: tuple[tuple[str, str], ...] = (
+    ("/coder.config.json", "it sets coder's own permissions; only the user edits it"),
+    (".gitmodules", "it steers git: submodules come from the URLs it names"),
+    (".gitattributes", "it steers git: the filters and diff drivers it names run in git"),
+    (".lfsconfig", "it steers git-lfs: where large files are fetched from and sent to"),
+    (".github/", _CI),
+    (".gitlab/", _CI),
+    (".gitlab-ci.yml", _CI),
+    (".gitea/", _CI),
+    (".forgejo/", _CI),
+    (".circleci/", _CI),
+    ("Jenkinsfile", _CI),
+    (".travis.yml", _CI),
+    ("azure-pipelines.yml", _CI),
+    (".azure-pipelines/", _CI),
+    ("bitbucket-pipelines.yml", _CI),
+    (".buildkite/", _CI),
+    (".drone.yml", _CI),
+    (".woodpecker.yml", _CI),
+    (".woodpecker/", _CI),
+    (".cirrus.yml", _CI),
+    ("appveyor.yml", _CI),
+    (".appveyor.yml", _CI),
+    (".semaphore/", _CI),
+    (".pre-commit-config.yaml", "git hooks run what it names on every commit"),
+    (".husky/", "git hooks run what it names on every commit"),
+    ("lefthook.yml", "git hooks run what it names on every commit"),
+    (".lefthook.yml", "git hooks run what it names on every commit"),
+    (".vscode/", _EDITOR),
+    (".idea/", _EDITOR),
+    (".zed/", _EDITOR),
+    (".devcontainer/", _EDITOR),
+    (".devcontainer.json", _EDITOR),
+    (".gitpod.yml", _EDITOR),
+    (".envrc", _EDITOR),
+    (".mcp.json", _AGENT),
+    (".claude/", _AGENT),
+    (".cursor/", _AGENT),
+    (".gemini/", _AGENT),
+    (".env", _SECRETS),
+    (".env.*", _SECRETS),
+    ("*.pem", _SECRETS),
+    ("*.key", _SECRETS),
+    ("*.p12", _SECRETS),
+    ("*.pfx", _SECRETS),
+    ("id_rsa*", _SECRETS),
+    ("id_dsa*", _SECRETS),
+    ("id_ecdsa*", _SECRETS),
+    ("id_ed25519*", _SECRETS),
+    ("*secret*", _SECRETS),
+    (".netrc", _SECRETS),
+    (".pypirc", _SECRETS),
+)
+# Never written, whatever a step's `changes` says.
+_CODERS = (
+    (".git", ".git belongs to coder's executor"),
+    (".coder", ".coder holds coder's own state"),
 )
 
 
-# Files that steer git or CI: a step that changes them changes what runs outside coder.
-_GIT_ADMIN = (".gitmodules", ".gitattributes")
-_CI_FILES = (".gitlab-ci.yml",)
-_CI_DIRS = ((".github", "workflows"),)
+def _matches(pattern: str, lowered: list[str]) -> bool:
+    """Whether `pattern` (a PROTECTED pattern) matches a run of the path's components."""
+    want = pattern.strip("/").lower().split("/")
+    last = len(lowered) - len(want)
+    starts = range(min(last, 0) + 1) if pattern.startswith("/") else range(last + 1)
+    return any(
+        all(fnmatch.fnmatchcase(lowered[i + k], w) for k, w in enumerate(want)) for i in starts
+    )
 
 
 def is_protected(rel_posix: str, policy: Policy) -> str | None:
@@ -48,24 +105,14 @@ def is_protected(rel_posix: str, policy: Policy) -> str | None:
     unless the step's `changes` names the path (`protected_changes`)."""
     parts = [p for p in rel_posix.split("/") if p not in ("", ".")]
     lowered = [p.lower() for p in parts]
-    if ".git" in lowered:
-        return ".git belongs to coder's executor"
-    if ".coder" in lowered:
-        return ".coder holds coder's own state"
+    for name, why in _CODERS:
+        if name in lowered:
+            return why
     if "/".join(parts) in policy.named_paths:  # the step's `changes` names it
         return None
-    if lowered == ["coder.config.json"]:  # a repo file must never widen coder's permissions
-        return "coder.config.json sets coder's own permissions; only the user edits it"
-    if lowered[-1:] and lowered[-1] in _GIT_ADMIN:
-        return f"{parts[-1]} steers git (submodules, filters)"
-    if lowered in ([f] for f in _CI_FILES) or any(
-        tuple(lowered[i : i + len(d)]) == d for d in _CI_DIRS for i in range(len(lowered))
-    ):
-        return "it is a CI workflow file: it runs on your CI, outside coder's sandbox"
-    for part in lowered:
-        for glob in _SECRET_GLOBS:
-            if fnmatch.fnmatchcase(part, glob):
-                return f"it looks like a secrets file (matches {glob})"
+    for pattern, why in PROTECTED:
+        if _matches(pattern, lowered):
+            return f"{why} (matches {pattern})"
     rel = "/".join(parts)
     for glob in policy.protected_paths:
         # `vendor` or `vendor/` also protects everything below it
@@ -83,17 +130,97 @@ def naming(policy: Policy, changes: Iterable[Mapping[str, str]]) -> Policy:
     return replace(policy, named_paths=frozenset(named - {""}))
 
 
-def protected_changes(changed: Iterable[str], policy: Policy) -> list[str]:
-    """The problems with a step's changed paths (`policy` from `naming`): each protected one."""
+def protected_changes(
+    changed: Iterable[str], policy: Policy, root: Path | None = None, links: Iterable[str] = ()
+) -> list[str]:
+    """The problems with a step's changed paths (`policy` from `naming`): each protected one.
+
+    With `root` (the worktree), symlinks count by what they point at too: a changed path that
+    is a link to a protected path (`ci -> .github`, `x -> .git/config`) is protected, and so
+    is a changed path a link in `links` (the worktree's other symlinks, root-relative) makes
+    reachable under a protected name (`.github -> ci` makes `ci/workflows/x.yml` a workflow).
+    Links are resolved inside `root` only (`resolve_inside`)."""
+    changed = list(changed)
+    targets: dict[str, str] = {}
+    if root is not None:
+        for rel in {*changed, *links}:
+            target = _link_target(root, rel)
+            if target is not None:
+                targets[rel] = target
     problems = []
     for rel in changed:
-        reason = is_protected(rel, policy)
+        names, reason = rel, is_protected(rel, policy)
+        target = targets.get(rel)
+        if reason is None and target is not None and is_protected(target, policy):
+            names = f"{rel} and {target or '.'}"
+            reason = f"a symlink to {target or '.'}: {is_protected(target, policy)}"
+        if reason is None:
+            names, reason = _through_links(rel, targets, policy)
         if reason:
             problems.append(
                 f"the step changed protected path {rel} ({reason}); nothing was committed. "
-                f"Name it in the step's `changes` if the step is meant to change it"
+                f"Name {names} in the step's `changes` if the step is meant to change it"
             )
     return problems
+
+
+def _through_links(rel: str, targets: Mapping[str, str], policy: Policy) -> tuple[str, str | None]:
+    """(what to name, why) when a symlink ({link: resolved target}) makes `rel` reachable
+    under a protected name; (rel, None) when none does."""
+    for link, aim in targets.items():
+        if aim and not rel.startswith(aim + "/"):
+            continue
+        alias = f"{link}/{rel[len(aim) + 1 :] if aim else rel}"
+        why = is_protected(alias, policy)
+        if why:
+            return f"{rel} and {alias}", f"the symlink {link} makes it {alias}: {why}"
+    return rel, None
+
+
+def _link_target(root: Path, rel: str) -> str | None:
+    """Where `rel` leads when its last component is a symlink ("" for the root), else None
+    (not a link, or a link that leads outside `root`)."""
+    head, _, name = rel.rstrip("/").rpartition("/")
+    parent = resolve_inside(root, head)
+    if parent is None or not os.path.islink(os.path.join(os.path.realpath(root), parent, name)):
+        return None
+    return resolve_inside(root, rel)
+
+
+_MAX_LINKS = 40  # as the kernel's limit on links followed in one lookup (ELOOP)
+
+
+def resolve_inside(root: Path, rel: str) -> str | None:
+    """`rel` (root-relative) with its symlinks resolved, as a root-relative posix path ("" for
+    the root itself), or None if it leads outside `root` or loops. Walks one component at a
+    time and only ever looks at paths inside `root` (lstat, readlink): a link that points
+    out is never followed, so a link planted by a command cannot make coder read elsewhere."""
+    real_root = os.path.realpath(root)
+    done: list[str] = []
+    todo = [p for p in rel.split("/") if p not in ("", ".")][::-1]
+    hops = 0
+    while todo:
+        part = todo.pop()
+        if part == "..":
+            if not done:
+                return None
+            done.pop()
+            continue
+        path = os.path.join(real_root, *done, part)
+        if not os.path.islink(path):
+            done.append(part)
+            continue
+        hops += 1
+        if hops > _MAX_LINKS:
+            return None
+        target = os.readlink(path)
+        if os.path.isabs(target):
+            if not _inside(os.path.normpath(target), real_root):
+                return None
+            done = []
+            target = os.path.relpath(os.path.normpath(target), real_root)
+        todo += [p for p in target.split("/") if p not in ("", ".")][::-1]
+    return "/".join(done)
 
 
 def _inside(path: str, root: str) -> bool:

@@ -242,8 +242,10 @@ class Registry:
                 exc.message,
                 hint=exc.hint
                 or (
-                    "paths must stay inside the repository (symlinks included); .git/, .coder/ and "
-                    "secret-looking files (.env*, *.pem, *.key, *secret*) cannot be written"
+                    "paths must stay inside the repository (symlinks included); .git/ and .coder/ "
+                    "are never written, secret-looking files (.env*, *.pem, *.key, *secret*) and "
+                    "files that run code elsewhere (CI, git hooks, editor and agent settings) "
+                    "only when the step's `changes` names them"
                 ),
             )
         except EnvironmentProblem as exc:

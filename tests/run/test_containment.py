@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from coder.policy import confine
+from coder.policy.paths import PROTECTED
 from tests.conftest import coder, git
 from tests.helpers import call, chat_requests, done, snapshot, state_of, taskfile
+from tests.policy.test_protected_table import example
 
 pytestmark = pytest.mark.skipif(
     not confine.support().available,
@@ -251,8 +253,65 @@ def test_a_step_commit_of_a_protected_path_fails(make_repo, rel: str) -> None:
     code, step = run_shell(repo, PROTECTED_WRITES[rel] + " && echo fine > ok.txt")
     assert code == 1 and step["commit"] is None
     assert step["error"].startswith(f"the step changed protected path {rel} (")
-    assert "Name it in the step's `changes`" in step["error"]
+    assert f"Name {rel} in the step's `changes`" in step["error"]
     assert git(repo, "rev-parse", "agent/esc-escape-attempt") == git(repo, "rev-parse", "main")
+
+
+def no_commit_carries(repo: Path, *paths: str) -> None:
+    """The run's branch is still main, and no commit anywhere holds any of `paths`."""
+    assert git(repo, "rev-parse", "agent/esc-escape-attempt") == git(repo, "rev-parse", "main")
+    committed = set(git(repo, "log", "--all", "--format=", "--name-only").split())
+    assert not committed & set(paths), committed & set(paths)
+
+
+def test_every_protected_path_fails_the_step_before_its_commit(make_repo) -> None:
+    """One step writes an example of every row of the table: each is named, none committed."""
+    repo = make_repo()
+    rels = [example(pattern) for pattern, _ in PROTECTED]
+    dirs = sorted({rel.rpartition("/")[0] for rel in rels if "/" in rel})
+    cmd = f"mkdir -p {' '.join(dirs)} && " + " && ".join(f"echo x > {rel}" for rel in rels)
+    code, step = run_shell(repo, cmd + " && echo fine > ok.txt")
+    assert code == 1 and step["commit"] is None
+    for rel in rels:
+        assert f"the step changed protected path {rel} (" in step["error"], rel
+    no_commit_carries(repo, *rels, "ok.txt")
+
+
+@pytest.mark.parametrize(
+    "cmd, named",
+    [
+        # a symlinked .github: the workflow is written under another name, the link added
+        (
+            "mkdir -p ci/workflows && echo on: push > ci/workflows/x.yml && ln -s ci .github",
+            ".github",
+        ),
+        # a link pointing at a protected path is protected: committed, it is that path
+        ("mkdir -p .github/workflows && ln -s .github/workflows ci", "ci"),
+        ("ln -s .git/config x", "x"),
+        ("ln -s .vscode/tasks.json tasks.json", "tasks.json"),  # dangling: still that path
+    ],
+)
+def test_a_symlink_to_a_protected_path_fails_the_step(make_repo, cmd: str, named: str) -> None:
+    repo = make_repo()
+    code, step = run_shell(repo, cmd + " && echo fine > ok.txt")
+    assert code == 1 and step["commit"] is None
+    assert f"the step changed protected path {named} (" in step["error"]
+    no_commit_carries(repo, named, "ci/workflows/x.yml", "ok.txt")
+
+
+def test_a_tracked_symlinked_github_makes_its_target_a_workflow(make_repo) -> None:
+    """`.github -> ci` committed by the user: a step writing ci/workflows/ writes a workflow."""
+    repo = make_repo({"ci/README.md": "# ci\n"})
+    (repo / ".github").symlink_to("ci")
+    git(repo, "add", ".github")
+    git(repo, "commit", "-qm", "github is ci")
+    code, step = run_shell(repo, "mkdir -p ci/workflows && echo on: push > ci/workflows/x.yml")
+    assert code == 1 and step["commit"] is None
+    assert step["error"].startswith(
+        "the step changed protected path ci/workflows/x.yml (the symlink .github makes it "
+        ".github/workflows/x.yml: it runs on your CI"
+    )
+    no_commit_carries(repo, "ci/workflows/x.yml")
 
 
 def test_a_protected_path_the_step_names_in_changes_is_committed(make_repo) -> None:
@@ -350,5 +409,5 @@ def test_the_models_file_tools_follow_the_same_rule(make_repo, fake, named: bool
         assert code == 0, out + err
         assert git(repo, "show", f"agent/esc-t:{ci}") == "on: push\n"
     else:
-        assert "it is a CI workflow file" in tool_reply["content"]
+        assert "it runs on your CI, outside coder's sandbox" in tool_reply["content"]
         assert code == 1

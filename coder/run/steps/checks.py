@@ -51,8 +51,17 @@ def asserts_hold(seen: Verification) -> list[str]:
 
 
 def protected_paths_untouched(seen: Verification) -> list[str]:
-    """A problem for each protected path the step changed without naming it in `changes`."""
-    return protected_changes(seen.changed, naming(seen.policy, seen.step.changes))
+    """A problem for each protected path the step changed without naming it in `changes`,
+    by its name or by a name a symlink of the worktree gives it."""
+    from coder.git import ops as gitops
+
+    links = [e.path for e in gitops.open_repo(seen.workdir).index if e.mode == _SYMLINK]
+    return protected_changes(
+        seen.changed, naming(seen.policy, seen.step.changes), seen.workdir, links
+    )
+
+
+_SYMLINK = 0o120000  # a git index entry's mode for a symbolic link
 
 
 def diff_within_caps(seen: Verification) -> list[str]:
