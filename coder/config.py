@@ -60,6 +60,17 @@ DEFAULTS: dict[str, Any] = {
     "embedding_model": None,
 }
 
+# Resource limits of each command (`limits`; 0: none). The defaults stop a runaway command
+# without getting in the way of a real build or test suite; coder.policy.commands.Limits.
+LIMITS: dict[str, int] = {
+    "cpu_seconds": 600,  # CPU time
+    "memory_mb": 16384,  # address space (AddressSanitizer needs 0: it maps terabytes)
+    "file_size_mb": 1024,  # largest file a command may write
+    "processes": 4096,  # processes of the user (the kernel counts all of them; root exempt)
+}
+# The time limits that bound a repository's commands and the model's work in a step.
+TIMEOUTS = ("command_timeout", "step_timeout")
+
 # environment variable -> config key
 ENVIRONMENT = {"OLLAMA_HOST": "ollama_host", "CODER_MODEL": "model"}
 
@@ -127,7 +138,9 @@ def load(
                 if untrusted and trusted_hash(root) == settings_hash(untrusted):
                     untrusted = {}
             for key, value in data.items():
-                if key not in untrusted and key != TRUST_KEY:
+                if key in untrusted:
+                    value = _trusted_part(value, untrusted[key])
+                if value is not None and key != TRUST_KEY:
                     values[key], sources[key] = value, f"{label} {path}"
             files.append(path)
     for var, key in ENVIRONMENT.items():
@@ -142,7 +155,8 @@ def load(
 
 # --------------------------------------------------------------------------------------------
 # Trust: a repository's own config may widen what runs (programs, network, variables passed to
-# commands, MCP servers, the sandbox off) only once the user said so for exactly those values.
+# commands, MCP servers, the sandbox off, a model server elsewhere) or loosen a wall (resource
+# limits and timeouts above the defaults) only once the user said so for exactly those values.
 # --------------------------------------------------------------------------------------------
 
 TRUST_KEY = "trusted_projects"  # in the user file: {realpath of the root: settings hash}
@@ -171,7 +185,35 @@ def widening(data: Mapping[str, Any]) -> dict[str, Any]:
         found["allow_network"] = True
     if data.get("sandbox") == "off":
         found["sandbox"] = "off"
+    # a wall loosened: a time limit above the default, a resource limit above it or off (0)
+    found.update(
+        {key: data[key] for key in TIMEOUTS if _above(data.get(key), DEFAULTS[key], none=None)}
+    )
+    limits = data.get("limits")
+    loose = {
+        key: value
+        for key, value in (limits.items() if isinstance(limits, dict) else ())
+        if _above(value, LIMITS.get(key), none=0)
+    }
+    if loose:
+        found["limits"] = loose
     return found
+
+
+def _above(value: Any, default: Any, *, none: int | None) -> bool:
+    """Whether `value` (an integer setting; `none` turns the limit off) is looser than
+    `default`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not isinstance(default, int):
+        return False
+    return value == none or value > default
+
+
+def _trusted_part(value: Any, held: Any) -> Any:
+    """What of a setting applies while `held` (its widening part) waits for trust: the rest of
+    an object (the limits that tighten), else nothing (None)."""
+    if isinstance(value, dict) and isinstance(held, dict) and held != value:
+        return {key: item for key, item in value.items() if key not in held}
+    return None
 
 
 def _loopback(urls: Any) -> bool:

@@ -109,3 +109,54 @@ def test_validate_says_an_untrusted_setting_waits_for_trust(make_repo) -> None:
     assert code == 2 and "`whoami` is not in allowed_commands" in out
     assert "this repository's mcp_servers, allowed_commands" in out
     assert "apply after `coder trust`" in out
+
+
+LOOSE = {
+    "limits": {"cpu_seconds": 60, "memory_mb": 0, "processes": 100000},
+    "command_timeout": 86400,
+    "step_timeout": 90000,
+}
+
+
+def test_limits_and_timeouts_above_the_defaults_wait_for_trust(make_repo) -> None:
+    """A repository that turns a resource limit off or raises a timeout loosens a wall: the run
+    refuses naming each setting, and what tightens (cpu_seconds 60) applies meanwhile."""
+    repo = make_repo({"coder.config.json": json.dumps(LOOSE)})
+    cfg = config_mod.load(repo)
+    assert cfg.untrusted == {
+        "command_timeout": 86400,
+        "step_timeout": 90000,
+        "limits": {"memory_mb": 0, "processes": 100000},
+    }
+    assert cfg["limits"] == {"cpu_seconds": 60} and cfg["command_timeout"] == 600
+    path = taskfile(repo, "title: t\ngraph:\n  - {kind: shell, cmd: echo hi}\n")
+    code, _, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == 2 and "you have not trusted these settings" in err
+    for named in (
+        "command_timeout=86400",
+        "step_timeout=90000",
+        'limits={"memory_mb": 0, "processes": 100000}',
+    ):
+        assert named in err
+    assert "cpu_seconds" not in err
+    assert git(repo, "branch", "--list", "agent/*") == ""
+
+    assert coder(repo, "trust")[0] == 0
+    cfg = config_mod.load(repo)
+    assert cfg.untrusted == {} and cfg["limits"] == LOOSE["limits"]
+    assert cfg["command_timeout"] == 86400
+
+
+def test_limits_and_timeouts_at_or_below_the_defaults_need_no_trust(make_repo) -> None:
+    tight = {
+        "limits": {"cpu_seconds": 600, "memory_mb": 2048, "file_size_mb": 1, "processes": 64},
+        "command_timeout": 30,
+        "step_timeout": 900,
+    }
+    repo = make_repo({"coder.config.json": json.dumps(tight)})
+    cfg = config_mod.load(repo)
+    assert cfg.untrusted == {}
+    assert cfg["limits"] == tight["limits"] and cfg["command_timeout"] == 30
+    path = taskfile(repo, "id: t\ntitle: t\ngraph:\n  - {kind: shell, cmd: echo hi}\n")
+    code, _, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == 0, err

@@ -48,7 +48,8 @@ def init(force: bool, as_json: bool) -> None:
 def trust(revoke: bool, as_json: bool) -> None:
     """Trust the settings of this repository's coder.config.json that widen what runs.
 
-    allowed_commands, allow_network, env_passthrough, mcp_servers and "sandbox": "off" in a
+    allowed_commands, allow_network, env_passthrough, mcp_servers, "sandbox": "off", a model
+    server elsewhere, and limits, command_timeout or step_timeout above the defaults in a
     repository's own config are ignored, and runs refuse, until you trust them here. Trust is
     kept in your user config with a hash of exactly these values: when they change, coder asks
     again.

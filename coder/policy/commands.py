@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coder.config import DEFAULTS, LIMITS
 from coder.errors import InvalidInput
 from coder.policy.shell import basename, program_words, refuse
 
@@ -170,13 +171,12 @@ NETWORK_PROGRAMS: frozenset[str] = frozenset(
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits of each command (0: none). The defaults stop a runaway command without
-    getting in the way of a real build or test suite."""
+    """Resource limits of each command (0: none); the defaults are coder.config.LIMITS."""
 
-    cpu_seconds: int = 600  # CPU time
-    memory_mb: int = 16384  # address space (AddressSanitizer needs 0: it maps terabytes)
-    file_size_mb: int = 1024  # largest file a command may write
-    processes: int = 4096  # processes of the user (the kernel counts all of them; root exempt)
+    cpu_seconds: int = LIMITS["cpu_seconds"]
+    memory_mb: int = LIMITS["memory_mb"]
+    file_size_mb: int = LIMITS["file_size_mb"]
+    processes: int = LIMITS["processes"]
 
     @classmethod
     def from_config(cls, value: Any) -> Limits:
@@ -212,7 +212,7 @@ class Policy:
     # protected paths a step's `changes` names: that step may write and commit them
     named_paths: frozenset[str] = frozenset()
     output_cap: int = 65536  # bytes kept per stream
-    command_timeout: int = 600  # seconds
+    command_timeout: int = DEFAULTS["command_timeout"]  # seconds
     sandbox: bool = True  # run commands in the kernel sandbox (coder.policy.confine)
     limits: Limits = Limits()
 
@@ -261,7 +261,7 @@ class Policy:
             env_passthrough=frozenset(strings("env_passthrough")),
             protected_paths=tuple(strings("protected_paths")),
             output_cap=integer("output_cap", 65536, 1024),
-            command_timeout=integer("command_timeout", 600, 1),
+            command_timeout=integer("command_timeout", DEFAULTS["command_timeout"], 1),
             sandbox=sandbox == "on",
             limits=Limits.from_config(cfg.get("limits")),
         )
