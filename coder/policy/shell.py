@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from coder.policy.env import runs_code
 from coder.policy.escapes import ESCAPE_CHECKS, refuse
 
 __all__ = ["basename", "program_words", "programs_in", "refuse"]
@@ -369,33 +370,9 @@ _KEYWORDS = frozenset(
     }
 )
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?\+?=")
-# Variables that make bash, the dynamic loader or git run code named in their value. PATH:
-# programs are checked as the PATH coder gives commands finds them (`PATH=.:$PATH cat` would
-# run a `cat` the command wrote).
-_DANGEROUS_VARS = frozenset(
-    {
-        "PATH",
-        "BASH_ENV",
-        "ENV",
-        "PS4",
-        "PROMPT_COMMAND",
-        "LD_PRELOAD",
-        "LD_AUDIT",
-        "GIT_SSH",
-        "GIT_SSH_COMMAND",
-        "GIT_PROXY_COMMAND",
-        "GIT_EXTERNAL_DIFF",
-        "GIT_ASKPASS",
-        "SSH_ASKPASS",
-        "GIT_EXEC_PATH",
-        "GIT_PAGER",
-        "PAGER",
-        "GIT_EDITOR",
-        "GIT_SEQUENCE_EDITOR",
-        "EDITOR",
-        "VISUAL",
-    }
-)
+# PATH: programs are checked as the PATH coder gives commands finds them (`PATH=.:$PATH cat`
+# would run a `cat` the command wrote); the variables that make a program run code named in
+# their value are coder.policy.env's (`runs_code`), the same that a step's `env:` cannot set.
 _CODE_RUNNERS = {
     "eval": "`eval` runs a string as code, which cannot be checked (run the commands directly)",
     "source": "`source` runs a file as code, which cannot be checked (run its commands directly)",
@@ -478,7 +455,7 @@ def _program_word(w: _Word) -> str:
 
 def _check_assignment(w: _Word) -> None:
     m = _ASSIGNMENT.match(w.raw)
-    if m and (m.group(1) in _DANGEROUS_VARS or m.group(1).startswith("GIT_CONFIG")):
+    if m and (m.group(1) == "PATH" or runs_code(m.group(1))):
         raise refuse(
             f"setting {m.group(1)} can make the shell run commands that cannot be "
             "checked (remove the assignment)"

@@ -30,6 +30,7 @@ class Refusal:
     message: str
     hint: str | None = None
     refused: bool = True  # the policy refused the command; False: no command is known
+    key: str | None = None  # the key of `field` refused (a variable of `env`)
 
     def __str__(self) -> str:
         return f"step {self.step_id}: {self.message}"
@@ -62,16 +63,25 @@ def command_of(step: Step, root: Path, config: Any) -> str | None:
 
 
 def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Any) -> list[Refusal]:
-    """Every step whose command the policy refuses, or that has no command to run."""
+    """Every step whose command the policy refuses, that has no command to run, or whose
+    `env:` sets a variable that runs code (`coder.policy.env.runs_code`)."""
     from coder.policy.commands import check_command
-    from coder.policy.env import scrub_env
+    from coder.policy.env import env_refusal, scrub_env
 
-    path = scrub_env(policy).get("PATH")
     found = []
     for step in steps:
+        refused_env = [(name, env_refusal(name)) for name in step.env]
+        found += [
+            Refusal(step.id, "env", exc.message, exc.hint, key=name)
+            for name, exc in refused_env
+            if exc is not None
+        ]
+        if any(exc for _, exc in refused_env):
+            continue
         field = "cmd" if step.cmd else None
         try:
             cmd = command_of(step, root, config)
+            path = scrub_env(policy, step.env).get("PATH")  # a step's env may set PATH
             if cmd is not None:
                 check_command(cmd, policy, root=root, cwd=root / (step.cwd or "."), path=path)
         except CoderError as exc:

@@ -367,7 +367,7 @@ def preflight(task: taskfile.Task, policy: Any, root: Path, cfg: config_mod.Conf
     require_sandbox(policy)
     found = refusals(task.steps, root=root, policy=policy, config=cfg)
     if found:
-        more = f" (and {len(found) - 1} more refused steps)" if len(found) > 1 else ""
+        more = f" (and {len(found) - 1} more refusals)" if len(found) > 1 else ""
         raise InvalidInput(f"{found[0]}{more}", hint=found[0].hint)
 
 

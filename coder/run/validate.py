@@ -44,10 +44,12 @@ def preflight_problems(doc: yamldoc.Document, task: taskfile.Task, cwd: Path) ->
     )
     problems = []
     for refusal in found:
-        where = ["graph", index[refusal.step_id]]
+        where: list[str | int] = ["graph", index[refusal.step_id]]
         if refusal.field:
             where.append(refusal.field)
-        line, col = doc.position(where)
+        if refusal.key:
+            where.append(refusal.key)
+        line, col = doc.position(where, key=refusal.key is not None)
         message = refusal.message + (f" ({refusal.hint})" if refusal.hint else "")
         problems.append(
             Problem(

@@ -370,6 +370,9 @@ def test_is_protected() -> None:
         ("git rebase -x whoami main", "`git rebase -x` runs a program"),
         ("git submodule foreach whoami", "`git submodule` runs commands given to it"),
         ("GIT_CONFIG_COUNT=1 git status", "setting GIT_CONFIG_COUNT"),
+        ("HOME=. git status", "setting HOME"),  # git would read ./.gitconfig (aliases)
+        ("export BASH_ENV=./x.sh; bash -c true", "setting BASH_ENV"),
+        ("LD_PRELOAD=./x.so cat f", "setting LD_PRELOAD"),
         ("sed -n '1e whoami' f", "sed's `e` command runs a command"),
         ("sed 's/a/b/e' f", "`s///e` runs a command"),
         ("sed -e p -e '/x/w out' f", "sed's `w` command writes a file"),

@@ -64,3 +64,45 @@ def test_outside_a_repository_the_file_alone_is_checked(tmp_path: Path) -> None:
     path.write_text("title: t\ngraph:\n  - kind: test\n")
     code, out, _ = coder(tmp_path, "validate", "-f", str(path))
     assert code == 0, out
+
+
+BASH_ENV_STEP = """
+    id: envx
+    title: t
+    graph:
+      - kind: shell
+        cmd: echo hi
+        env:
+          LANG: C.UTF-8
+          PYTHONPATH: src
+          BASH_ENV: ./evil.sh
+      - kind: shell
+        cmd: echo hi
+        env: {LD_PRELOAD: ./x.so, GIT_DIR: ../../.., NODE_OPTIONS: --require ./x.js}
+"""
+
+
+def test_a_step_env_that_runs_code_is_refused_at_its_line(make_repo) -> None:
+    """`env: {BASH_ENV: ./evil.sh}` made bash run evil.sh before `echo hi`, a program the
+    allowlist refuses included; validate and run refuse it, naming the variable."""
+    repo = make_repo({"evil.sh": "whoami > pwned\n"})
+    path = taskfile(repo, BASH_ENV_STEP)
+    code, out, _ = coder(repo, "validate", "-f", str(path))
+    assert code == 2
+    assert out.splitlines() == [
+        f"{path}:9:7: graph[0].env.BASH_ENV (step s1): BASH_ENV cannot be set in a step's env: "
+        "it makes the shell, the loader, git or a runtime run code that the allowlist never "
+        "sees (remove BASH_ENV from the step's env; run what it would load as a command of its "
+        "own)",
+        *(
+            f"{path}:12:{col}: graph[1].env.{name} (step s2): {name} cannot be set in a step's "
+            "env: it makes the shell, the loader, git or a runtime run code that the allowlist "
+            f"never sees (remove {name} from the step's env; run what it would load as a "
+            "command of its own)"
+            for col, name in ((11, "LD_PRELOAD"), (31, "GIT_DIR"), (50, "NODE_OPTIONS"))
+        ),
+    ]
+    code, _, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == 2 and "step s1: BASH_ENV cannot be set in a step's env" in err
+    assert "(and 3 more refusals)" in err
+    assert not (repo / ".coder" / "tasks").exists() and not (repo / "pwned").exists()
