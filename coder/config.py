@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from coder.errors import DocumentError, InvalidInput
+from coder.safeio import read_regular
 
 PROJECT_FILE = "coder.config.json"
 DEFAULT_MODEL = "qwen2.5-coder:7b"
@@ -354,8 +355,8 @@ def detect_test_command(root: Path) -> str | None:
         return (root / name).exists()
 
     def mentions(name: str, word: str) -> bool:
-        try:
-            return word in (root / name).read_text(encoding="utf-8", errors="replace")
+        try:  # a fifo a command left there is refused, not waited on
+            return word in read_regular(root / name).decode("utf-8", errors="replace")
         except OSError:
             return False
 
@@ -363,7 +364,7 @@ def detect_test_command(root: Path) -> str | None:
         from coder import yamldoc
 
         try:
-            package = yamldoc.loads_json((root / "package.json").read_text(encoding="utf-8"))
+            package = yamldoc.loads_json(read_regular(root / "package.json").decode("utf-8"))
             scripts = package.get("scripts", {}) if isinstance(package, dict) else {}
         except (OSError, ValueError):
             scripts = {}

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from coder.errors import InvalidInput
+from coder.safeio import read_regular
 
 PYTHON = (".py", ".pyi")
 JAVASCRIPT = (".js", ".jsx", ".mjs", ".cjs", ".ts", ".tsx", ".mts", ".cts")
@@ -98,8 +99,8 @@ def detect(root: Path) -> list[Linter]:
         return any((root / name).is_file() for name in names)
 
     def mentions(name: str, *words: str) -> bool:
-        try:
-            text = (root / name).read_text(encoding="utf-8", errors="replace")
+        try:  # a fifo a command left there is refused, not waited on
+            text = read_regular(root / name).decode("utf-8", errors="replace")
         except OSError:
             return False
         return any(word in text for word in words)

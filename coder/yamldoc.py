@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from coder.errors import DocumentError
+from coder.safeio import file_kind
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_NODES = 200_000  # after alias expansion; a 10,000-step taskfile stays far below
@@ -164,7 +165,7 @@ def read_text(path: Path, name: str) -> str:
         if stat.S_ISDIR(info.st_mode):
             raise fail("is a directory, not a file (pass the YAML file inside it)")
         if not stat.S_ISREG(info.st_mode):
-            kind = _file_kind(info.st_mode)
+            kind = file_kind(info.st_mode)
             raise fail(f"is {kind}, not a regular file; save the content to a file")
         if info.st_size > MAX_BYTES:
             raise fail(
@@ -189,18 +190,6 @@ def read_text(path: Path, name: str) -> str:
         raise fail(
             f"not valid UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8", line, col
         ) from None
-
-
-def _file_kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a named pipe (FIFO)"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "a special file"
 
 
 def parse(text: str, name: str) -> Document:

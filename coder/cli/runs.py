@@ -247,19 +247,41 @@ def resume(
 
 @click.command(epilog="\b\nExample:\n  coder stop -t T-20261122-101500-ab12")
 @click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
-@click.option("--wait", default=30.0, show_default=True, help="Seconds to wait for the runner.")
+@click.option(
+    "--wait",
+    default=30.0,
+    show_default=True,
+    help="Seconds the runner has to stop before it is killed.",
+)
 @json_option
 def stop(task_id: str, wait: float, as_json: bool) -> None:
-    """Stop a run gracefully; the current step is checkpointed."""
+    """Stop a run: gracefully (the current step is checkpointed), or, if its runner does not
+    stop within --wait seconds, by killing it and its commands (resume recovers)."""
     from coder.run import runs
 
-    pid = runs.stop(task_id, cwd=cwd(), wait=wait)
+    stopped = runs.stop(task_id, cwd=cwd(), wait=wait)
     if as_json:
-        emit_json({"task_id": task_id, "stopped_pid": pid})
-    else:
-        click.echo(
-            f"Stopped run {task_id} (pid {pid}); continue it with `coder resume -t {task_id}`"
+        emit_json(
+            {
+                "task_id": task_id,
+                "stopped_pid": stopped.pid,
+                "forced": stopped.forced,
+                "blocked_in": stopped.blocked_in,
+                "killed_commands": list(stopped.commands),
+            }
         )
+        return
+    resume = f"continue it with `coder resume -t {task_id}`"
+    if not stopped.forced:
+        click.echo(f"Stopped run {task_id} (pid {stopped.pid}); {resume}")
+        return
+    where = f" (it was blocked in {stopped.blocked_in})" if stopped.blocked_in else ""
+    commands = len(stopped.commands)
+    click.echo(
+        f"Run {task_id} (pid {stopped.pid}) did not stop within {wait:g}s{where}: killed it"
+        + (f" and {commands} command process(es) it left" if commands else "")
+        + f"; {resume}"
+    )
 
 
 @click.command(epilog="\b\nExamples:\n  coder status\n  coder status --json")

@@ -223,7 +223,8 @@ def task_stop(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
     task_id = args["id"]
     _repo_obj, coder_dir = _repo(ctx)
-    pid = runs.stop(task_id, cwd=coder_dir.parent)
+    stopped = runs.stop(task_id, cwd=coder_dir.parent)
+    pid = stopped.pid
     with _lock:
         launch = _launched.get(task_id)
     if launch is not None:  # reap our child, so it does not linger as a zombie
@@ -233,8 +234,9 @@ def task_stop(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             pass
     return ToolResult(
         ok=True,
-        content=f"stopped run {task_id} (pid {pid}); continue it with `coder resume -t {task_id}`",
-        data={"task_id": task_id, "pid": pid},
+        content=f"{'killed' if stopped.forced else 'stopped'} run {task_id} (pid {pid}); "
+        f"continue it with `coder resume -t {task_id}`",
+        data={"task_id": task_id, "pid": pid, "forced": stopped.forced},
     )
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coder.policy.paths import naming, protected_changes
+from coder.policy.paths import naming, protected_changes, resolve_inside
 from coder.taskfile import Assertion
 
 if TYPE_CHECKING:
@@ -126,20 +126,43 @@ CHECKS: tuple[Callable[[Verification], list[str]], ...] = (
 def failed_asserts(asserts: tuple[Assertion, ...], workdir: Path) -> list[str]:
     failures = []
     for a in asserts:
-        path = workdir / a.path
-        if a.type == "file_exists" and not path.is_file():
-            failures.append(f"assert file_exists {a.path}: no such file")
-        elif a.type == "file_not_exists" and path.exists():
-            failures.append(f"assert file_not_exists {a.path}: the file exists")
-        elif a.type == "text_in_file":
-            try:
-                text = path.read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                failures.append(f"assert text_in_file {a.path}: cannot read the file")
-                continue
-            if a.contains is not None and a.contains not in text:
-                failures.append(f"assert text_in_file {a.path}: {a.contains!r} not found")
+        problem = _assert_problem(a, workdir)
+        if problem:
+            failures.append(f"assert {a.type} {a.path}: {problem}")
     return failures
+
+
+def _assert_problem(a: Assertion, workdir: Path) -> str | None:
+    """Why the assertion does not hold, or None. What a command left at the path is looked at,
+    never through: a symlink resolves inside the worktree only, and a FIFO, socket or device
+    is named, not opened (reading a FIFO would block the run forever)."""
+    from coder import safeio
+
+    rel = None if os.path.isabs(a.path) else resolve_inside(workdir, a.path)
+    if rel is None:
+        return "the path leads outside the worktree"
+    path = Path(os.path.realpath(workdir), rel)
+    try:
+        mode: int | None = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        return f"cannot look at it ({exc.strerror})"
+    if a.type == "file_not_exists":
+        return None if mode is None else "the file exists"
+    if mode is None:
+        return "no such file"
+    if not stat.S_ISREG(mode):
+        return f"it is {safeio.file_kind(mode)}, not a regular file"
+    if a.type == "file_exists" or a.contains is None:
+        return None
+    try:
+        found = safeio.contains(path, a.contains.encode("utf-8"), follow=False)
+    except safeio.NotRegular as exc:
+        return f"it is {exc.kind}, not a regular file"
+    except OSError as exc:
+        return f"cannot read the file ({exc.strerror})"
+    return None if found else f"{a.contains!r} not found"
 
 
 @dataclass(frozen=True)
@@ -298,20 +321,16 @@ def _snapshot(common_dir: Path, watched: tuple[Path, ...]) -> dict[Path, _Conten
 
 def _read(path: Path) -> _Content | None:
     """The file's content, _NOT_A_FILE for anything but a regular file, None if absent."""
+    from coder import safeio
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = safeio.open_regular(path, follow=False)
     except FileNotFoundError:
         return None
-    except OSError:  # a symlink (ELOOP), unreadable
+    except OSError:  # a symlink, fifo, device, socket (none opened), unreadable
         return _NOT_A_FILE
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return _NOT_A_FILE
-        with os.fdopen(os.dup(fd), "rb") as file:
-            return file.read(), stat.S_IMODE(info.st_mode)
-    finally:
-        os.close(fd)
+    with os.fdopen(fd, "rb") as file:
+        return file.read(), stat.S_IMODE(os.fstat(fd).st_mode)
 
 
 def _replace(path: Path, content: _Content | None) -> None:

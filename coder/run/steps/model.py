@@ -19,6 +19,7 @@ from coder.git import ops as gitops
 from coder.kinds import KINDS, ModelRole
 from coder.policy.paths import naming
 from coder.run.steps import StepContext, StepOutcome
+from coder.safeio import read_regular
 from coder.taskfile import Step, Task, is_repo_relative, parse_duration
 
 EXTERNAL_SEPARATOR = "__"  # external MCP tools are <server>__<tool> (coder.mcp.client)
@@ -318,9 +319,13 @@ def notes_for(ctx: StepContext) -> dict[str, str]:
     ancestors = graph.ancestors(graph.build(ctx.task.deps()), ctx.step.id)
     notes = {}
     for s in ctx.task.steps:
-        path = ctx.artifacts / f"{s.id}.notes.md"
-        if s.id in ancestors and KINDS[s.kind].read_only and path.is_file():
-            notes[s.id] = path.read_text(encoding="utf-8").strip()
+        if s.id not in ancestors or not KINDS[s.kind].read_only:
+            continue
+        try:  # coder's own file, but never read through a link or blocked on a fifo
+            raw = read_regular(ctx.artifacts / f"{s.id}.notes.md", follow=False)
+        except OSError:
+            continue
+        notes[s.id] = raw.decode("utf-8", errors="replace").strip()
     return notes
 
 
