@@ -236,6 +236,9 @@ class Transient(Exception):  # noqa: N818
     early, ...); its message is the reason."""
 
 
+# --- OSErrors of coder's own (callers that catch OSError see them as one) ------------------
+
+
 class LinkInTheWay(OSError):
     """`coder.nofollow` met a symlink (or a file) where a path needs a directory; callers say
     what it means for them (the file tools refuse, the merge stops)."""
@@ -243,3 +246,17 @@ class LinkInTheWay(OSError):
     def __init__(self, root: Path | str, rel: str) -> None:
         super().__init__(40, f"{rel} is a symbolic link or not a directory", str(root))  # ELOOP
         self.rel = rel
+
+
+class NotRegular(OSError):
+    """coder.safeio: the path is not a regular file; `kind` says what it is ("a named pipe
+    (FIFO)"), and nothing was read (or, for a device, opened)."""
+
+    def __init__(self, path: Path | str, kind: str) -> None:
+        import errno
+
+        super().__init__(errno.EINVAL, f"{kind}, not a regular file", str(path))
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return f"{self.filename} is {self.kind}, not a regular file"

@@ -15,16 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-
-class NotRegular(OSError):
-    """The path is not a regular file; `kind` says what it is ("a named pipe (FIFO)")."""
-
-    def __init__(self, path: Path | str, kind: str) -> None:
-        super().__init__(errno.EINVAL, f"{kind}, not a regular file", str(path))
-        self.kind = kind
-
-    def __str__(self) -> str:
-        return f"{self.filename} is {self.kind}, not a regular file"
+from coder.errors import NotRegular
 
 
 def file_kind(mode: int) -> str:

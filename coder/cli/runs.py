@@ -255,8 +255,10 @@ def resume(
 )
 @json_option
 def stop(task_id: str, wait: float, as_json: bool) -> None:
-    """Stop a run: gracefully (the current step is checkpointed), or, if its runner does not
-    stop within --wait seconds, by killing it and its commands (resume recovers)."""
+    """Stop a run; a runner that does not stop when asked is killed.
+
+    The current step is interrupted and checkpointed; a runner stuck past --wait (a read that
+    blocks, ...) is killed with its commands, as a crash would end it: resume recovers."""
     from coder.run import runs
 
     stopped = runs.stop(task_id, cwd=cwd(), wait=wait)

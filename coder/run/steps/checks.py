@@ -137,6 +137,7 @@ def _assert_problem(a: Assertion, workdir: Path) -> str | None:
     never through: a symlink resolves inside the worktree only, and a FIFO, socket or device
     is named, not opened (reading a FIFO would block the run forever)."""
     from coder import safeio
+    from coder.errors import NotRegular
 
     rel = None if os.path.isabs(a.path) else resolve_inside(workdir, a.path)
     if rel is None:
@@ -158,7 +159,7 @@ def _assert_problem(a: Assertion, workdir: Path) -> str | None:
         return None
     try:
         found = safeio.contains(path, a.contains.encode("utf-8"), follow=False)
-    except safeio.NotRegular as exc:
+    except NotRegular as exc:
         return f"it is {exc.kind}, not a regular file"
     except OSError as exc:
         return f"cannot read the file ({exc.strerror})"
