@@ -66,17 +66,13 @@ def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Any) 
     """Every step whose command the policy refuses, that has no command to run, or whose
     `env:` sets a variable that runs code (`coder.policy.env.runs_code`)."""
     from coder.policy.commands import check_command
-    from coder.policy.env import env_refusal, scrub_env
+    from coder.policy.env import scrub_env
 
     found = []
     for step in steps:
-        refused_env = [(name, env_refusal(name)) for name in step.env]
-        found += [
-            Refusal(step.id, "env", exc.message, exc.hint, key=name)
-            for name, exc in refused_env
-            if exc is not None
-        ]
-        if any(exc for _, exc in refused_env):
+        refused_env = env_refusals([step])
+        found += refused_env
+        if refused_env:
             continue
         field = "cmd" if step.cmd else None
         try:
@@ -92,4 +88,18 @@ def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Any) 
                 note = f"this repository's {', '.join(config.untrusted)} apply after `coder trust`"
                 hint = f"{hint}; {note}" if hint else note
             found.append(Refusal(step.id, field, exc.message, hint, refused))
+    return found
+
+
+def env_refusals(steps: Iterable[Step]) -> list[Refusal]:
+    """Each variable of a step's `env:` that makes a program run code (`runs_code`): refused
+    wherever the step would run, so checked without a repository too."""
+    from coder.policy.env import env_refusal
+
+    found = []
+    for step in steps:
+        for name in step.env:
+            exc = env_refusal(name)
+            if exc is not None:
+                found.append(Refusal(step.id, "env", exc.message, exc.hint, key=name))
     return found

@@ -1,8 +1,9 @@
 """What `coder validate` and MCP's `task_validate` check: the taskfile itself, then, inside a
 repository, what `coder run` checks there before it starts (`preflight.refusals`: the policy on
 every command and the test command, with the effective config), so a taskfile that validates
-can start. Outside a repository nothing can start, and the file alone is checked. (Whether
-this machine has a sandbox is `coder doctor`'s question, not the file's.)"""
+can start. Outside a repository nothing can start, and the file alone is checked, with the
+variables its steps' `env:` may not set (no repository makes those right). (Whether this
+machine has a sandbox is `coder doctor`'s question, not the file's.)"""
 
 from __future__ import annotations
 
@@ -32,16 +33,18 @@ def check(
 
 def preflight_problems(doc: yamldoc.Document, task: taskfile.Task, cwd: Path) -> list[Problem]:
     """Run's preflight refusals (`coder.run.preflight.refusals`), each at its step."""
-    cfg = config_mod.load(cwd)
-    if cfg.project_root is None:
-        return []
-    from coder.run import runs  # git and the policy: only where a run could start
-    from coder.run.preflight import refusals
+    from coder.run.preflight import env_refusals, refusals
 
+    cfg = config_mod.load(cwd)
+    if cfg.project_root is None:  # a step's env is the file's own business
+        found = env_refusals(task.steps)
+    else:
+        from coder.run import runs  # git and the policy: only where a run could start
+
+        found = refusals(
+            task.steps, root=cfg.project_root, policy=runs.policy_for(task, cfg), config=cfg
+        )
     index = {step.id: i for i, step in enumerate(task.steps)}
-    found = refusals(
-        task.steps, root=cfg.project_root, policy=runs.policy_for(task, cfg), config=cfg
-    )
     problems = []
     for refusal in found:
         where: list[str | int] = ["graph", index[refusal.step_id]]

@@ -106,3 +106,11 @@ def test_a_step_env_that_runs_code_is_refused_at_its_line(make_repo) -> None:
     assert code == 2 and "step s1: BASH_ENV cannot be set in a step's env" in err
     assert "(and 3 more refusals)" in err
     assert not (repo / ".coder" / "tasks").exists() and not (repo / "pwned").exists()
+
+
+def test_a_step_env_that_runs_code_is_refused_outside_a_repository(tmp_path: Path) -> None:
+    path = tmp_path / "task.yaml"
+    path.write_text("title: t\ngraph:\n  - {kind: shell, cmd: echo hi, env: {PS4: '$(x)'}}\n")
+    code, out, _ = coder(tmp_path, "validate", "-f", str(path))
+    assert code == 2
+    assert out.startswith(f"{path}:3:39: graph[0].env.PS4 (step s1): PS4 cannot be set in")
