@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -89,14 +90,14 @@ _CODERS = (
 )
 
 
-def _matches(pattern: str, lowered: list[str]) -> bool:
-    """Whether `pattern` (a PROTECTED pattern) matches a run of the path's components."""
-    want = pattern.strip("/").lower().split("/")
-    last = len(lowered) - len(want)
-    starts = range(min(last, 0) + 1) if pattern.startswith("/") else range(last + 1)
-    return any(
-        all(fnmatch.fnmatchcase(lowered[i + k], w) for k, w in enumerate(want)) for i in starts
-    )
+def _compile(pattern: str) -> re.Pattern[str]:
+    """A PROTECTED pattern as a regex over a lowered root-relative path: its components as a
+    run of whole components (`*` and `?` within one), anywhere unless anchored with `/`."""
+    body = re.escape(pattern.strip("/").lower()).replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+    return re.compile(("^" if pattern.startswith("/") else "(?:^|/)") + body + "(?:/|$)")
+
+
+_COMPILED = tuple((_compile(pattern), pattern, why) for pattern, why in PROTECTED)
 
 
 def is_protected(rel_posix: str, policy: Policy) -> str | None:
@@ -110,8 +111,9 @@ def is_protected(rel_posix: str, policy: Policy) -> str | None:
             return why
     if "/".join(parts) in policy.named_paths:  # the step's `changes` names it
         return None
-    for pattern, why in PROTECTED:
-        if _matches(pattern, lowered):
+    lowered_path = "/".join(lowered)
+    for regex, pattern, why in _COMPILED:
+        if regex.search(lowered_path):
             return f"{why} (matches {pattern})"
     rel = "/".join(parts)
     for glob in policy.protected_paths:
