@@ -20,7 +20,17 @@ PACKAGE = Path(coder.__file__).resolve().parent
 # Lowest first. A module may import its own layer and the layers below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # base: no coder imports above this line
-    ("coder", "errors", "schemas", "yamldoc", "redact", "durable", "nofollow", "crashpoints", "safeio"),
+    (
+        "coder",
+        "errors",
+        "schemas",
+        "yamldoc",
+        "redact",
+        "durable",
+        "nofollow",
+        "crashpoints",
+        "safeio",
+    ),
     # the domain: configuration, taskfiles and their graph, test reports
     ("config", "kinds", "taskfile", "graph", "diagram", "testreport", "lintreport"),
     # safety rules and git
