@@ -758,6 +758,45 @@ def commit_step(
     return str(oid)
 
 
+_LINKS: dict[str, frozenset[str]] = {}  # tree id -> the paths of its symlinks (a few kept)
+
+
+def committed_links(worktree: Path) -> frozenset[str]:
+    """The paths of the symlinks in the worktree's HEAD commit. Cached by tree id, and a tree
+    whose parent commit's tree is cached is derived from it through their diff, so a run
+    pays for one walk of the tree, not one per step."""
+    w = _open_worktree(worktree, writing=False)
+    if w.head_is_unborn:
+        return frozenset()
+    commit = w.head.peel(pygit2.Commit)
+    found = _LINKS.get(str(commit.tree_id))
+    if found is not None:
+        return found
+    parent = commit.parents[0] if commit.parents else None
+    before = _LINKS.get(str(parent.tree_id)) if parent is not None else None
+    if parent is not None and before is not None:
+        links = set(before)
+        for delta in parent.tree.diff_to_tree(commit.tree).deltas:
+            links.discard(delta.old_file.path)
+            if delta.new_file.mode == pygit2.enums.FileMode.LINK:
+                links.add(delta.new_file.path)
+        found = frozenset(links)
+    else:
+        found = frozenset(_tree_links(commit.tree, ""))
+    if len(_LINKS) >= 8:
+        _LINKS.pop(next(iter(_LINKS)))
+    _LINKS[str(commit.tree_id)] = found
+    return found
+
+
+def _tree_links(tree: pygit2.Tree, prefix: str) -> Iterator[str]:
+    for entry in tree:
+        if isinstance(entry, pygit2.Tree):
+            yield from _tree_links(entry, f"{prefix}{entry.name}/")
+        elif entry.filemode == pygit2.enums.FileMode.LINK:
+            yield f"{prefix}{entry.name}"
+
+
 def _remove_untracked(w: pygit2.Repository, worktree: Path) -> None:
     """Delete untracked, non-ignored files (never ``.coder/``) and the dirs they leave empty
     (an untracked nested repository shows up as "dir/"); nothing is followed through a link."""

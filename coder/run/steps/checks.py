@@ -55,13 +55,13 @@ def protected_paths_untouched(seen: Verification) -> list[str]:
     by its name or by a name a symlink of the worktree gives it."""
     from coder.git import ops as gitops
 
-    links = [e.path for e in gitops.open_repo(seen.workdir).index if e.mode == _SYMLINK]
+    changed = set(seen.changed)
+    links = (gitops.committed_links(seen.workdir) - changed) | {
+        rel for rel in changed if os.path.islink(seen.workdir / rel)
+    }
     return protected_changes(
-        seen.changed, naming(seen.policy, seen.step.changes), seen.workdir, links
+        seen.changed, naming(seen.policy, seen.step.changes), seen.workdir, sorted(links)
     )
-
-
-_SYMLINK = 0o120000  # a git index entry's mode for a symbolic link
 
 
 def diff_within_caps(seen: Verification) -> list[str]:
