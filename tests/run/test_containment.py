@@ -180,6 +180,24 @@ def test_the_admin_dir_head_cannot_redirect_the_step_commit(make_repo, isolated_
     assert admin_head == "ref: refs/heads/agent/esc-escape-attempt\n"
 
 
+def test_the_worktree_config_cannot_redirect_coders_own_git(make_repo, isolated_home) -> None:
+    """With extensions.worktreeConfig (sparse checkouts set it), git and libgit2 read the
+    admin dir's config.worktree, which a command can write: its `core.worktree` would aim
+    coder's checkouts elsewhere, its `core.fsmonitor` run a program. The guard fails the step
+    and removes the file."""
+    repo = user_repo(make_repo)
+    git(repo, "config", "extensions.worktreeConfig", "true")
+    outside = Outside(repo, isolated_home)
+    code, step = run_shell(
+        repo,
+        'printf "[core]\\n\\tworktree = %s\\n" "$HOME" > "$(git rev-parse --git-dir)/config.worktree"',
+    )
+    assert code == 1
+    assert "the step changed .git/worktrees/esc/config.worktree" in step["error"]
+    outside.assert_unchanged()
+    assert not (repo / ".git" / "worktrees" / "esc" / "config.worktree").exists()
+
+
 @pytest.mark.parametrize(
     "cmd",
     [  # each aims coder's own (unconfined) restore of .git at the user's files

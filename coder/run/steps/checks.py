@@ -171,8 +171,9 @@ class GitGuard:
     """A copy of the git files a command could use to escape or to redirect the executor's
     next commit: the repository's config and hooks (read-only in the sandbox, but not with
     `sandbox: off`), and the files a sandboxed command CAN write: its worktree's `.git` file
-    and its admin dir's HEAD, commondir and gitdir (a HEAD pointed at the base branch would
-    make the step commit land there). A step that changed them fails; the originals return.
+    and its admin dir's HEAD, commondir, gitdir and config.worktree (a HEAD pointed at the
+    base branch would make the step commit land there). A step that changed them fails; the
+    originals return.
 
     Which files are watched is fixed when the guard is taken, from the `.git` file as coder
     made it: a rewritten `.git` file cannot aim the restore at another repository's files.
@@ -307,7 +308,10 @@ def _watched(common_dir: Path, workdir: Path | None) -> tuple[Path, ...]:
         text = found[0].decode("utf-8", errors="replace").strip()
         admin = Path(os.path.realpath(gitfile.parent / text.removeprefix("gitdir:").strip()))
         if admin.parent == Path(os.path.realpath(common_dir / "worktrees")):
-            paths += [admin / "HEAD", admin / "commondir", admin / "gitdir"]
+            # config.worktree: read by git and libgit2 when the repository sets
+            # extensions.worktreeConfig; a command's `core.worktree` there would redirect
+            # coder's own checkouts, its `core.fsmonitor` run a program
+            paths += [admin / n for n in ("HEAD", "commondir", "gitdir", "config.worktree")]
     return tuple(paths)
 
 
