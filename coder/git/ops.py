@@ -40,7 +40,7 @@ from pygit2.enums import (
     SortMode,
 )
 
-from coder import nofollow
+from coder import nofollow, safeio
 from coder.errors import BranchMoved, EnvironmentProblem, InvalidInput, RunFailed
 
 CODER_DIR = ".coder"
@@ -87,6 +87,12 @@ def open_repo(path: Path) -> pygit2.Repository:
     return repo
 
 
+def _admin_text(path: Path) -> str:
+    """A small git admin file (HEAD, commondir, gitdir, a worktree's `.git`) as text, never
+    blocking on what a command left there (a FIFO) nor read through a link."""
+    return safeio.read_regular(path, limit=1 << 16, follow=False).decode("utf-8", "replace").strip()
+
+
 def _environment_error(exc: Exception, where: Path) -> EnvironmentProblem:
     """Turn a libgit2 failure to open/read a repository into one actionable line."""
     text = str(exc)
@@ -121,6 +127,7 @@ def _open_worktree(worktree: Path, *, writing: bool = True) -> pygit2.Repository
     worktree directory that reappeared empty would otherwise resolve to the user's main
     checkout, and a reset there would destroy their work. Writers also insist on a linked
     worktree (coder never writes the main checkout)."""
+    _check_admin_files(Path(worktree))
     try:
         w = pygit2.Repository(str(worktree), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
     except (pygit2.GitError, OSError) as exc:
@@ -137,6 +144,29 @@ def _open_worktree(worktree: Path, *, writing: bool = True) -> pygit2.Repository
             f"{worktree} is a main checkout, not one of coder's worktrees; coder never writes there"
         )
     return w
+
+
+def _check_admin_files(worktree: Path) -> None:
+    """libgit2 opens a worktree through files its commands can replace (its `.git` file, the
+    admin dir's HEAD, commondir, gitdir): one replaced by a FIFO would hang it, so each must
+    be a regular file, or the worktree is refused (the git guard restores them after each
+    step; this is what a runner killed before the guard ran leaves behind)."""
+    dotgit = worktree / ".git"
+    try:
+        if not stat.S_ISREG(os.lstat(dotgit).st_mode):
+            return  # a directory (a main checkout) or a link: libgit2 says what is wrong
+        admin = worktree / _admin_text(dotgit).removeprefix("gitdir:").strip()
+        for name in ("HEAD", "commondir", "gitdir"):
+            mode = os.lstat(admin / name).st_mode
+            if not stat.S_ISREG(mode):
+                raise EnvironmentProblem(
+                    f"{admin / name} is {safeio.file_kind(mode)}, not the file git made: "
+                    f"a command replaced the worktree's git files",
+                    hint="remove the run's worktree with `coder clean --force` (its committed "
+                    "steps stay on the branch)",
+                )
+    except OSError:
+        return  # missing: opening says what is wrong
 
 
 def _git_failure(exc: Exception, doing: str, worktree: Path) -> EnvironmentProblem:
@@ -156,7 +186,7 @@ def common_dir(repo: pygit2.Repository) -> Path:
     gitdir = Path(repo.path)
     link = gitdir / "commondir"  # only linked worktrees have it; git writes it relative
     if link.is_file():
-        return (gitdir / link.read_text().strip()).resolve()
+        return (gitdir / _admin_text(link)).resolve()
     return gitdir.resolve()
 
 
@@ -551,7 +581,7 @@ def _remove_half_registration(common: Path, name: str) -> None:
 def _head_of(gitdir: Path) -> str | None:
     """Symbolic target of a HEAD file (``refs/heads/x``), None if detached/unreadable."""
     try:
-        text = (gitdir / "HEAD").read_text().strip()
+        text = _admin_text(gitdir / "HEAD")
     except OSError:
         return None
     return text[len("ref: ") :] if text.startswith("ref: ") else None
@@ -570,7 +600,7 @@ def _checked_out_at(repo: pygit2.Repository, refname: str) -> Path | None:
         for admin in sorted(admin_root.iterdir()):
             if _head_of(admin) == refname:
                 try:  # gitdir holds "<worktree>/.git"
-                    return Path((admin / "gitdir").read_text().strip()).parent
+                    return Path(_admin_text(admin / "gitdir")).parent
                 except OSError:
                     return admin
     return None
@@ -617,7 +647,10 @@ def clear_stale_index_lock(worktree: Path) -> bool:
     dotgit = Path(worktree) / ".git"
     if not dotgit.is_file():
         return False
-    text = dotgit.read_text().strip()
+    try:
+        text = _admin_text(dotgit)
+    except OSError:
+        return False
     if not text.startswith("gitdir:"):
         return False
     admin = Path(os.path.realpath(Path(worktree) / text[len("gitdir:") :].strip()))

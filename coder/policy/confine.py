@@ -167,13 +167,18 @@ def writable_for(root: Path) -> tuple[str, ...]:
     cannot), or a command could aim the next one's sandbox at another run's admin dir."""
     real = os.path.realpath(root)
     gitfile = os.path.join(real, ".git")
+    from coder import safeio
+
+    def text(path: str) -> str:  # never blocking on a FIFO a command left, nor following
+        return safeio.read_regular(path, limit=1 << 16, follow=False).decode(errors="replace")
+
     try:
-        text = Path(gitfile).read_text(encoding="utf-8", errors="replace").strip()
-        admin = os.path.realpath(os.path.join(real, text.removeprefix("gitdir:").strip()))
-        back = Path(admin, "gitdir").read_text(encoding="utf-8", errors="replace").strip()
+        found = text(gitfile).strip()
+        admin = os.path.realpath(os.path.join(real, found.removeprefix("gitdir:").strip()))
+        back = text(os.path.join(admin, "gitdir")).strip()
     except OSError:  # a main checkout (.git is a directory), or no git at all
         return (real,)
-    if text.startswith("gitdir:") and os.path.realpath(os.path.join(admin, back)) == gitfile:
+    if found.startswith("gitdir:") and os.path.realpath(os.path.join(admin, back)) == gitfile:
         return (real, admin)
     return (real,)
 

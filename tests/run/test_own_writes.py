@@ -361,3 +361,25 @@ def test_fs_edit_keeps_the_files_mode(tmp_path: Path) -> None:
     assert default_registry().call("fs_edit", args, ctx).ok
     assert (tmp_path / "run.sh").stat().st_mode & 0o7777 == 0o750
     assert (tmp_path / "run.sh").read_text() == "echo b\n"
+
+
+def test_a_fifo_in_place_of_an_admin_file_is_refused_not_waited_on(make_repo) -> None:
+    """A runner killed before its git guard ran leaves what the command made: a FIFO in place
+    of the admin dir's HEAD would hang libgit2 (and coder) at the next open of the worktree.
+    `coder resume` refuses at once, naming it (a subprocess, so a hang fails the test)."""
+    repo = make_repo()
+    code, _, _ = run_steps(repo, "true", "false")
+    assert code == 1
+    head = repo / ".git" / "worktrees" / "own" / "HEAD"
+    head.unlink()
+    os.mkfifo(head)
+    done = subprocess.run(
+        [sys.executable, "-m", "coder", "resume", "-t", "own"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "HEAD is a named pipe (FIFO), not the file git made" in done.stderr
+    assert "Traceback" not in done.stderr
