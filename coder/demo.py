@@ -57,11 +57,12 @@ def prepare(target: Path | None) -> Path:
         )
     shutil.copytree(assets().project, target, dirs_exist_ok=True)
     repo = pygit2.init_repository(str(target), initial_head="main")
-    sig, _ = gitops.signature(repo)
+    who = gitops.identity(repo)
     index = repo.index
     index.add_all()
     index.write()
-    repo.create_commit("HEAD", sig, sig, "calc: add and subtract", index.write_tree(), [])
+    tree = index.write_tree()
+    repo.create_commit("HEAD", who.author, who.committer, "calc: add and subtract", tree, [])
     return target
 
 

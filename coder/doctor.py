@@ -41,7 +41,7 @@ def _git(cwd: Path) -> Check:
         branch = gitops.current_branch(repo)
     except CoderError as exc:
         return Check("git repository", "fail", exc.message, exc.hint)
-    _, fallback = gitops.signature(repo)
+    fallback = gitops.identity(repo).fallback
     libgit2 = f"libgit2 {pygit2.LIBGIT2_VERSION}"
     if fallback:
         return Check(

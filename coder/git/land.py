@@ -31,8 +31,8 @@ from coder.git.ops import (
     _walk,
     branch_tip,
     changed_files_between,
+    identity,
     parse_trailers,
-    signature,
 )
 
 TRAILER_MERGE = "Coder-Merge"
@@ -55,9 +55,14 @@ def merged_tree(repo: pygit2.Repository, ours: str, theirs: str) -> tuple[str | 
 
 def write_commit(repo: pygit2.Repository, *, tree: str, parents: list[str], message: str) -> str:
     """A commit object on no branch yet: the branch moves later, by compare-and-swap."""
-    sig, _fallback = signature(repo)
+    who = identity(repo)
     oid = repo.create_commit(
-        None, sig, sig, message, pygit2.Oid(hex=tree), [pygit2.Oid(hex=p) for p in parents]
+        None,
+        who.author,
+        who.committer,
+        message,
+        pygit2.Oid(hex=tree),
+        [pygit2.Oid(hex=p) for p in parents],
     )
     return str(oid)
 

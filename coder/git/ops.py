@@ -223,15 +223,45 @@ def current_branch(repo: pygit2.Repository) -> str:
     return str(repo.head.shorthand)
 
 
-def signature(repo: pygit2.Repository) -> tuple[pygit2.Signature, bool]:
-    """The configured identity, or ``coder <coder@localhost>`` and True (caller warns).
+@dataclass(frozen=True)
+class Identity:
+    """Who a commit is by, as git decides it."""
 
-    libgit2 ignores ``GIT_AUTHOR_*``/``GIT_COMMITTER_*``; only git config counts.
-    """
-    try:
-        return repo.default_signature, False
-    except (KeyError, pygit2.GitError):
-        return pygit2.Signature(FALLBACK_NAME, FALLBACK_EMAIL), True
+    author: pygit2.Signature
+    committer: pygit2.Signature
+    fallback: bool  # nothing named anyone: both are coder <coder@localhost> (callers warn)
+
+
+def identity(repo: pygit2.Repository) -> Identity:
+    """The author and committer `git commit` would use: `GIT_AUTHOR_NAME`/`_EMAIL` and
+    `GIT_COMMITTER_NAME`/`_EMAIL` first (libgit2 ignores them; CI sets them), then
+    `author.*`/`committer.*` and `user.*` in git config, else ``coder <coder@localhost>``.
+    (`GIT_*_DATE` is not read: commits carry the time they are made.)"""
+    config = repo.config
+
+    def setting(role: str, field: str) -> str | None:
+        for key in (f"{role}.{field}", f"user.{field}"):
+            try:
+                value = config[key]
+            except (KeyError, pygit2.GitError):
+                continue
+            if isinstance(value, str) and value.strip():
+                return value.strip()
+        return None
+
+    def signature(role: str) -> pygit2.Signature | None:
+        upper = role.upper()
+        name = os.environ.get(f"GIT_{upper}_NAME") or setting(role, "name")
+        email = os.environ.get(f"GIT_{upper}_EMAIL") or setting(role, "email")
+        if name is None or email is None:
+            return None
+        return pygit2.Signature(name, email)
+
+    author, committer = signature("author"), signature("committer")
+    if author is None or committer is None:
+        fallback = pygit2.Signature(FALLBACK_NAME, FALLBACK_EMAIL)
+        return Identity(author or fallback, committer or fallback, True)
+    return Identity(author, committer, False)
 
 
 def ensure_excluded(repo: pygit2.Repository, pattern: str = "/.coder/") -> bool:
@@ -780,10 +810,10 @@ def commit_step(
     parent = w[expected_tip].peel(pygit2.Commit)
     if tree == parent.tree_id:
         return None
-    sig, _fallback = signature(w)
+    who = identity(w)
     message = commit_message(title, body, task_id=task_id, step_id=step_id, attempt=attempt)
     try:
-        oid = w.create_commit(refname, sig, sig, message, tree, [parent.id])
+        oid = w.create_commit(refname, who.author, who.committer, message, tree, [parent.id])
     except (pygit2.GitError, OSError) as exc:
         if "current tip is not the first parent" in str(exc):
             raise _moved(refname, expected_tip, branch_tip(w, refname[11:]), worktree) from None
@@ -995,10 +1025,10 @@ def commit_detached(
     base = w[parent].peel(pygit2.Commit)
     if tree == base.tree_id:
         return None
-    sig, _fallback = signature(w)
+    who = identity(w)
     message = commit_message(title, body, task_id=task_id, step_id=step_id, attempt=attempt)
     try:  # through "HEAD": libgit2 checks the detached HEAD is still at `parent`
-        oid = w.create_commit("HEAD", sig, sig, message, tree, [base.id])
+        oid = w.create_commit("HEAD", who.author, who.committer, message, tree, [base.id])
     except (pygit2.GitError, OSError) as exc:
         if "current tip is not the first parent" in str(exc):
             _check_detached_head(w, parent, workdir)
@@ -1038,9 +1068,11 @@ def cherry_pick(worktree: Path, commit: str, *, expected_tip: str) -> str | None
             tree = merged.write_tree(w)
             if tree == ours.tree_id:
                 return None
-            sig, _fallback = signature(w)
+            committer = identity(w).committer
             try:  # CAS through the ref, as in commit_step
-                new = w.create_commit(refname, pick.author, sig, pick.message, tree, [ours.id])
+                new = w.create_commit(
+                    refname, pick.author, committer, pick.message, tree, [ours.id]
+                )
             except pygit2.GitError as exc:
                 if "current tip is not the first parent" in str(exc):
                     now = branch_tip(w, refname[11:])

@@ -184,10 +184,11 @@ def start(
             state = new_run(manifest)
             store.save(state)
             warnings = []
-            if gitops.signature(repo)[1]:
+            if gitops.identity(repo).fallback:
                 warnings.append(
-                    "git user.name/user.email are not set; commits are authored by "
-                    "coder <coder@localhost> (set them with `git config user.name ...`)"
+                    "git user.name/user.email are not set (nor GIT_AUTHOR_NAME/_EMAIL); "
+                    "commits are authored by coder <coder@localhost> (set them with "
+                    "`git config user.name ...`)"
                 )
             return _execute(
                 task,

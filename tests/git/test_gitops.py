@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -143,23 +144,53 @@ def test_current_branch_unborn(tmp_path):
     assert "commit something first" in err.value.hint
 
 
-def test_signature_from_config(repo):
-    sig, fallback = gitops.signature(gitops.open_repo(repo))
-    assert (sig.name, sig.email, fallback) == ("Test User", "test@example.com", False)
+def test_identity_from_config(repo):
+    who = gitops.identity(gitops.open_repo(repo))
+    assert (who.author.name, who.author.email, who.fallback) == (
+        "Test User",
+        "test@example.com",
+        False,
+    )
+    assert who.committer == who.author
 
 
-def test_signature_fallback_without_user_config(repo, tmp_path, monkeypatch):
+def no_user_config(tmp_path: Path, monkeypatch) -> None:
     empty = tmp_path / "empty-home"
     empty.mkdir()
     monkeypatch.setenv("HOME", str(empty))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(empty / ".config"))
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.setenv("GIT_AUTHOR_NAME", "ignored by libgit2")
     paths = pygit2.settings.search_path
     paths[ConfigLevel.GLOBAL] = str(empty)  # restored by the libgit2_config fixture
     paths[ConfigLevel.XDG] = str(empty / ".config" / "git")
-    sig, fallback = gitops.signature(gitops.open_repo(repo))
-    assert (sig.name, sig.email, fallback) == ("coder", "coder@localhost", True)
+
+
+def test_identity_fallback_without_user_config(repo, tmp_path, monkeypatch):
+    no_user_config(tmp_path, monkeypatch)
+    who = gitops.identity(gitops.open_repo(repo))
+    assert (who.author.name, who.author.email, who.fallback) == ("coder", "coder@localhost", True)
+
+
+def test_identity_follows_git_environment_and_config_as_git_does(repo, tmp_path, monkeypatch):
+    """GIT_AUTHOR_*/GIT_COMMITTER_* first (CI sets them; libgit2 ignores them), then
+    author.*/committer.*, then user.*: a commit coder makes carries what `git commit` would."""
+    no_user_config(tmp_path, monkeypatch)
+    git(repo, "config", "user.name", "Config User")
+    git(repo, "config", "user.email", "config@example.com")
+    git(repo, "config", "committer.name", "Config Committer")
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "CI Author")
+    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "ci@example.com")
+    who = gitops.identity(gitops.open_repo(repo))
+    assert not who.fallback
+    assert (who.author.name, who.author.email) == ("CI Author", "ci@example.com")
+    assert (who.committer.name, who.committer.email) == ("Config Committer", "config@example.com")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_AUTHOR_NAME="CI Author", GIT_AUTHOR_EMAIL="ci@example.com")
+    subprocess.run(
+        ["git", "commit", "-q", "--allow-empty", "-m", "x"], cwd=repo, env=env, check=True
+    )
+    shown = git(repo, "log", "-1", "--format=%an <%ae>|%cn <%ce>")
+    assert shown.strip() == "CI Author <ci@example.com>|Config Committer <config@example.com>"
 
 
 def test_ensure_excluded_is_idempotent_and_leaves_gitignore_alone(make_repo, files):
