@@ -382,9 +382,12 @@ def detect_test_command(root: Path) -> str | None:
         or any(mentions(m, "pytest") for m in python_markers if has(m))
     ):
         return "python -m pytest -q"
-    for folder in ("tests", "test"):
-        if any((root / folder).glob("test*.py")):
-            return f"python -m unittest discover -s {folder} -q"
-    if any(root.glob("test*.py")):
-        return "python -m unittest discover -q"
+    for folder in ("tests", "test", ""):
+        found = sorted((root / folder).glob("test*.py"))[:50]
+        if not found:
+            continue
+        # unittest finds only TestCase classes: plain `def test_...` functions need pytest
+        if any(mentions(str(f.relative_to(root)), "TestCase") for f in found):
+            return f"python -m unittest discover {f'-s {folder} ' if folder else ''}-v"
+        return "python -m pytest -q"
     return None

@@ -8,8 +8,10 @@ the tracebacks, not the whole log.
 Counting rules worth knowing:
   * pytest: `xfailed` counts as skipped and `xpassed` as passed (a strict xpass is already
     reported by pytest as failed); `deselected`, `warnings` and `rerun` are ignored.
-  * unittest: passed = ran - failures - errors - skipped; expected failures count as skipped,
-    unexpected successes as failed (they make the run red since Python 3.4).
+  * unittest: with `-v` (coder's default command) passed is the count of tests reported `ok`;
+    without it passed = ran - failures - errors - skipped (wrong on Python 3.12.0 and 3.12.1,
+    whose "Ran N" leaves skipped tests out). Expected failures count as skipped, unexpected
+    successes as failed (they make the run red since Python 3.4).
   * jest / vitest: `todo` counts as skipped; a suite that failed to run (no failed test, but a
     failed suite/file) counts as an error, so such a run never looks green.
   * go: with `-v` (`=== RUN` lines present) top-level tests are counted (subtests are not, their
@@ -36,7 +38,7 @@ FRAMEWORKS = ("pytest", "unittest", "vitest", "jest", "go", "cargo")
 
 _FRAMEWORK_COMMANDS = {
     "pytest": "python -m pytest -q",
-    "unittest": "python -m unittest discover -q",
+    "unittest": "python -m unittest discover -v",
     "vitest": "npx vitest run",
     "jest": "npx jest",
     "go": "go test ./...",
@@ -62,7 +64,7 @@ def test_command(
             )
         base = _FRAMEWORK_COMMANDS[framework]
         if framework == "unittest" and (root / "tests").is_dir():
-            base = "python -m unittest discover -s tests -q"
+            base = "python -m unittest discover -s tests -v"
     elif configured:
         base = configured
     else:
@@ -232,7 +234,19 @@ def _parse_unittest(text: str) -> _Counts | None:
     failed = d.get("failures", 0) + d.get("unexpected successes", 0)
     skipped = d.get("skipped", 0) + d.get("expected failures", 0)
     errors = d.get("errors", 0)
+    verbose = text[: match.start()]
+    if _UNITTEST_VERBOSE.search(verbose) and "bytes omitted ...]" not in verbose:
+        # `-v` names each test's result: exact on every Python (3.12.0 and 3.12.1 leave
+        # skipped tests out of "Ran N", so one passed and one skipped test read "Ran 1 ...
+        # OK (skipped=1)", the same as one skipped test on any other version)
+        return len(_UNITTEST_OK.findall(verbose)), failed, skipped, errors, "tests"
     return max(int(match["ran"]) - failed - skipped - errors, 0), failed, skipped, errors, "tests"
+
+
+_UNITTEST_VERBOSE = re.compile(
+    r" \.\.\. (?:ok|FAIL|ERROR|skipped\b.*|expected failure|unexpected success)$", re.M
+)
+_UNITTEST_OK = re.compile(r"(?: \.\.\. |^)ok$", re.M)  # a test's own stderr may split the line
 
 
 def _parse_jest(text: str) -> _Counts | None:

@@ -103,8 +103,17 @@ def test_normalize_host(given: str, expected: str) -> None:
         ({"Cargo.toml": "[package]\n"}, "cargo test"),
         ({"pyproject.toml": "[tool.pytest.ini_options]\n"}, "python -m pytest -q"),
         ({"tests/conftest.py": ""}, "python -m pytest -q"),
-        ({"tests/test_x.py": "import unittest\n"}, "python -m unittest discover -s tests -q"),
-        ({"test_x.py": ""}, "python -m unittest discover -q"),
+        (
+            {"tests/test_x.py": "import unittest\nclass T(unittest.TestCase): pass\n"},
+            "python -m unittest discover -s tests -v",
+        ),
+        (
+            {"test_x.py": "class T(__import__('unittest').TestCase): pass"},
+            "python -m unittest discover -v",
+        ),
+        # unittest does not find plain test functions: pytest does
+        ({"tests/test_x.py": "def test_a():\n    assert 1\n"}, "python -m pytest -q"),
+        ({"test_x.py": ""}, "python -m pytest -q"),
         ({"README.md": "hi"}, None),
     ],
 )

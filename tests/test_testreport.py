@@ -529,7 +529,7 @@ def test_huge_blocks_keep_their_head_and_tail() -> None:
         ("py.test -q", "pytest"),
         (".venv/bin/pytest -q", "pytest"),
         ("uv run pytest", "pytest"),
-        ("python -m unittest discover -s tests -q", "unittest"),
+        ("python -m unittest discover -s tests -v", "unittest"),
         ("npx vitest run", "vitest"),
         ("pnpm vitest --run", "vitest"),
         ("npx jest --ci", "jest"),
@@ -567,7 +567,7 @@ def test_command_precedence_cmd_framework_configured_detected(tmp_path: Path) ->
     "framework, expected",
     [
         ("pytest", "python -m pytest -q"),
-        ("unittest", "python -m unittest discover -q"),
+        ("unittest", "python -m unittest discover -v"),
         ("vitest", "npx vitest run"),
         ("jest", "npx jest"),
         ("go", "go test ./..."),
@@ -583,7 +583,7 @@ def test_command_unittest_uses_the_tests_folder_and_args_are_quoted(tmp_path: Pa
     (tmp_path / "tests").mkdir()
     assert (
         testreport.test_command(root=tmp_path, framework="unittest", args=["-k", "cart total"])
-        == "python -m unittest discover -s tests -q -k 'cart total'"
+        == "python -m unittest discover -s tests -v -k 'cart total'"
     )
     assert (
         testreport.test_command(root=tmp_path, cmd="pytest", args=["tests/a b.py", "-x;rm -rf /"])
@@ -694,3 +694,39 @@ def test_real_runs_parse_exactly(calc_project: Path, runner: str, argv: list[str
     assert "test_sub_fails" in sections and "sub is broken" in sections
     assert "test_add_passes" not in sections and "test_mul_skipped" not in sections
     assert testreport.failing_sections(output, None) == report.failures
+
+
+def _pythons() -> list[str]:
+    """This interpreter and every other CPython 3.11+ on the machine (pyenv keeps them)."""
+    import glob
+
+    found = {sys.executable}
+    found.update(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[1-9]*/bin/python3")))
+    found.update(glob.glob("/usr/bin/python3.1[1-9]"))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("python", _pythons())
+def test_unittest_counts_are_right_on_every_python(python: str, tmp_path: Path) -> None:
+    """Python 3.12.0 and 3.12.1 leave skipped tests out of "Ran N": one passed and one skipped
+    test read "Ran 1 ... OK (skipped=1)", as one skipped test does elsewhere. With `-v` (the
+    default command) each test's own line counts, on every version."""
+    (tmp_path / "test_x.py").write_text(
+        "import unittest\n"
+        "class T(unittest.TestCase):\n"
+        "    def test_a(self):\n        pass\n"
+        "    @unittest.skip('later')\n    def test_b(self):\n        pass\n"
+        "    def test_c(self):\n        self.fail('no')\n"
+    )
+    done = subprocess.run(
+        [python, "-m", "unittest", "discover", "-v"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = testreport.parse_output(done.stdout + "\n" + done.stderr, "unittest")
+    assert (report.passed, report.failed, report.skipped, report.errors) == (1, 1, 1, 0), (
+        python,
+        done.stderr,
+    )

@@ -158,7 +158,7 @@ def test_squash_merge_lands_the_runs_tree_as_one_tagged_commit(make_repo) -> Non
     assert out.startswith(
         f"Merged run t1 into main (squash, checked green) as {commit[:12]}, tagged coder/t1."
     )
-    assert "checking the merge result: python -m unittest discover -s tests -q" in err
+    assert "checking the merge result: python -m unittest discover -s tests -v" in err
     assert git(repo, "log", "-1", "--format=%B", "main") == textwrap.dedent("""\
         Add an item
 
@@ -217,10 +217,10 @@ def test_if_green_runs_the_tests_on_the_merge_result_and_lands_nothing_when_red(
     code, out, err = coder(repo, "merge", "-t", "t1", "--if-green")
     assert code == 1
     assert err.splitlines()[:2] == [
-        "checking the merge result: python -m unittest discover -s tests -q",
+        "checking the merge result: python -m unittest discover -s tests -v",
         (
             "coder: error: the merge of run t1 into main is not green, so nothing was landed: "
-            "`python -m unittest discover -s tests -q` exited with 1"
+            "`python -m unittest discover -s tests -v` exited with 1"
         ),
     ]
     assert "merge-check.log" in err
