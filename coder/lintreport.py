@@ -8,8 +8,8 @@ findings a change introduced:
 * `new_findings` (one edit: the file linted before and after): a finding's identity is its
   rule, its message and the text of its line, never its line number, so findings that only
   moved with the edit are not new;
-* `added_lines` (a whole run, against its base): the findings on the lines the run added or
-  changed, which needs no second lint of the base.
+* a whole run, against its base: the findings on the lines the run added or changed
+  (`coder.git.ops.added_lines`), which needs no second lint of the base.
 
 Running the command is the caller's job, through the sandbox like every command.
 """
@@ -192,33 +192,3 @@ def new_findings(
 def _identity(finding: Finding, lines: list[str]) -> tuple[str, str, str]:
     text = lines[finding.line - 1].strip() if 0 < finding.line <= len(lines) else ""
     return finding.code, finding.message, text
-
-
-_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@")
-
-
-def added_lines(patch: str) -> dict[str, set[int]]:
-    """The lines (1-based, new side) each file of a unified diff adds or changes."""
-    out: dict[str, set[int]] = {}
-    lines: set[int] | None = None
-    header, number = True, 0
-    for line in patch.split("\n"):
-        if line.startswith("diff --git "):
-            header, lines = True, None
-        elif header and line.startswith("+++ "):
-            target = line[4:].strip()
-            lines = (
-                None if target == "/dev/null" else out.setdefault(target.removeprefix("b/"), set())
-            )
-        elif line.startswith("@@"):
-            m = _HUNK.match(line)
-            header, number = False, int(m.group(1)) if m else 0
-        elif header:
-            continue
-        elif line.startswith("+"):
-            if lines is not None:
-                lines.add(number)
-            number += 1
-        elif line.startswith(" "):
-            number += 1
-    return {path: found for path, found in out.items() if found}

@@ -1226,6 +1226,29 @@ def diff_patch(
     )
 
 
+def added_lines(worktree: Path, old: str) -> dict[str, set[int]]:
+    """The lines (1-based, new side) each file of ``worktree`` adds or changes against the
+    commit ``old``, untracked files included; names from git's structured diff, never parsed
+    back from patch text (where git quotes unusual names: ``+++ "b/caf\\303\\251.py"``)."""
+    w = _open_worktree(worktree, writing=False)
+    found: dict[str, set[int]] = {}
+    for patch in _tree(w, old).diff_to_workdir(_WORKDIR_FLAGS):
+        if patch is None or patch.delta.status == pygit2.enums.DeltaStatus.DELETED:
+            continue
+        path = patch.delta.new_file.path
+        if _under_coder_dir(path):
+            continue
+        lines = {
+            line.new_lineno
+            for hunk in patch.hunks
+            for line in hunk.lines
+            if line.origin == "+" and line.new_lineno > 0
+        }
+        if lines:
+            found[path] = lines
+    return found
+
+
 def diff_stat(repo: pygit2.Repository, old: str, new: str) -> str:
     """``git diff --stat --summary``-like text for ``old``..``new``."""
     d = _diff(repo, old, new)

@@ -77,10 +77,9 @@ def lint_findings(
     from coder.git import ops as gitops
     from coder.policy import sandbox
 
-    patch = gitops.diff_patch(gitops.open_repo(worktree), base, worktree=worktree)
     findings: list[Finding] = []
     notes: list[str] = []
-    for path, lines in sorted(lintreport.added_lines(patch).items()):
+    for path, lines in sorted(gitops.added_lines(worktree, base).items()):
         for linter in lintreport.linters_for(worktree, path, cfg.get("lint_command")):
             try:
                 result = sandbox.run_command(

@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 from coder.errors import EXIT_FAILED
-from coder.lintreport import added_lines
 from coder.run.steps.checks import diff_lines
 from tests.conftest import coder, git
 from tests.helpers import state_of, step_commits, taskfile
@@ -156,7 +155,28 @@ def test_diff_parsing() -> None:
         """
     )
     assert diff_lines(patch) == (3, 1)
-    assert added_lines(patch) == {"a.sql": {2}, "n.py": {1, 2}}
+
+
+def test_added_lines_come_from_gits_structured_diff(make_repo) -> None:
+    """File names git quotes in patch text (`+++ "b/caf\\303\\251.py"`) are read as they
+    are: parsed back from text, the quote kept them from any linter, and a lint check passed
+    unchecked."""
+    from coder.git import ops as gitops
+
+    repo = make_repo({"a.sql": "select 1;\n-- a comment\nselect 2;\n", "café.py": "x = 1\n"})
+    base = git(repo, "rev-parse", "HEAD").strip()
+    worktree = repo.parent / "wt"
+    git(repo, "worktree", "add", "-q", str(worktree))
+    (worktree / "a.sql").write_text("select 1;\n-- changed\nselect 2;\n")
+    (worktree / "café.py").write_text("x = 1\ny = 2\n")
+    (worktree / 'new "quoted" name.py').write_text("a\nb\n")
+    (worktree / "gone.txt").write_text("")
+    assert '"b/caf\\303\\251.py"' in git(worktree, "diff")  # how git's text names it
+    assert gitops.added_lines(worktree, base) == {
+        "a.sql": {2},
+        "café.py": {2},
+        'new "quoted" name.py': {1, 2},
+    }
 
 
 def test_merge_if_green_checks_the_lint_of_the_exact_tree(make_repo) -> None:
