@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,7 +151,11 @@ def load(
     for key, value in (flags or {}).items():
         if value is not None:
             values[key], sources[key] = value, "flag"
-    values["ollama_host"] = normalize_host(values["ollama_host"])
+    try:
+        values["ollama_host"] = normalize_host(str(values["ollama_host"]))
+    except InvalidInput as exc:
+        where = sources.get("ollama_host", "the default")
+        raise InvalidInput(f"{exc.message} (from {where})", hint=exc.hint) from None
     return Config(values, sources, root, tuple(files), untrusted)
 
 
@@ -336,15 +341,34 @@ def _config_problem(doc: Any, error: Any) -> str:
 def normalize_host(host: str) -> str:
     """`scheme://host:port` for the forms OLLAMA_HOST accepts (`h`, `h:p`, `:p`, `http://h[:p]`),
     with the ollama client's default ports; a listen-all 0.0.0.0 is reached on 127.0.0.1."""
+    given = host
     host = host.strip().rstrip("/")
     scheme, sep, rest = host.partition("://")
     if not sep:
         scheme, rest = "http", host
-    name, colon, port = rest.partition(":")
+    if rest.startswith("["):  # an IPv6 address: [::1]:11434
+        name, bracket, after = rest.partition("]")
+        name, colon, port = name + bracket, after[:1], after[1:]
+        valid_name = bool(bracket) and after[:1] in ("", ":")
+    else:
+        name, colon, port = rest.partition(":")
+        valid_name = re.fullmatch(r"[A-Za-z0-9._-]*", name) is not None
     if not colon:
         port = {"http": "80", "https": "443"}.get(scheme, "11434") if sep else "11434"
     if name in ("", "0.0.0.0"):
         name = "127.0.0.1"
+    # checked here, once: the ollama client parses OLLAMA_HOST when it is imported and fails
+    # with a traceback on anything it cannot read
+    if (
+        scheme not in ("http", "https")
+        or not valid_name
+        or not port.isdigit()
+        or not (0 < int(port) < 65536)
+    ):
+        raise InvalidInput(
+            f"{given!r} is not a model server address",
+            hint="give host, host:port or http://host:port (for example 127.0.0.1:11434)",
+        )
     return f"{scheme}://{name}:{port}"
 
 

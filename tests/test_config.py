@@ -88,10 +88,28 @@ def test_schema_errors_name_the_field_and_position(repo: Path) -> None:
         ("gpu-box:8080/", "http://gpu-box:8080"),
         ("http://gpu-box", "http://gpu-box:80"),
         ("https://ollama.internal/", "https://ollama.internal:443"),
+        ("[::1]:11435", "http://[::1]:11435"),
     ],
 )
 def test_normalize_host(given: str, expected: str) -> None:
     assert config.normalize_host(given) == expected
+
+
+@pytest.mark.parametrize("bad", ["http://:::bad", "gpu-box:port", "host:99999", "ftp://h", "a b"])
+def test_a_malformed_host_is_a_clear_error_naming_where_it_came_from(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, bad: str
+) -> None:
+    """The ollama client reads OLLAMA_HOST when it is imported and dies with a traceback on
+    what it cannot parse; coder says what is wrong first (exit 2), before anything runs."""
+    from tests.conftest import coder
+
+    monkeypatch.setenv("OLLAMA_HOST", bad)
+    code, _out, err = coder(repo, "doctor")
+    assert code == 2
+    assert err.splitlines()[:2] == [
+        f"coder: error: {bad!r} is not a model server address (from env OLLAMA_HOST)",
+        "  hint: give host, host:port or http://host:port (for example 127.0.0.1:11434)",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from coder.errors import EXIT_INTERRUPTED, CoderError
 
 EPILOG = """\b
 Exit codes: 0 ok, 1 the run failed, 2 bad usage or invalid input,
-3 environment problem (no git repo, Ollama unreachable, model missing), 130 interrupted.
+3 environment problem (no git repo, model server unreachable, model missing), 130 interrupted.
 
 \b
 Examples:

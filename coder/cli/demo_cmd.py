@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 @click.command(
     epilog="\b\nExamples:\n  coder demo\n  coder demo --keep ./calc-demo\n"
-    "  coder demo --live          # the same task with your Ollama model"
+    "  coder demo --live          # the same task with your own model"
 )
 @click.option(
     "--keep",
@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     help="Create the demo repository here (default: a temporary directory).",
 )
 @click.option(
-    "--live", is_flag=True, help="Use the configured Ollama model instead of the recorded replies."
+    "--live",
+    is_flag=True,
+    help="Use the configured model (Ollama or OpenAI-compatible) instead of the recorded replies.",
 )
 @json_option
 def demo(keep: Path | None, live: bool, as_json: bool) -> None:
@@ -37,7 +39,7 @@ def demo(keep: Path | None, live: bool, as_json: bool) -> None:
 
     progress = progress_for(silent=as_json)
     if not as_json:
-        mode = "your Ollama model" if live else "a recorded model (no Ollama needed)"
+        mode = "your model" if live else "a recorded model (no model server needed)"
         click.echo(
             f"coder demo: a sample calculator project, a task to add multiply, and {mode}.\n",
             err=True,

@@ -22,7 +22,7 @@ Examples:
 \b
 Exit codes: 0 planned (or, with --run, the run succeeded), 1 no valid plan after
 plan_attempts tries (the last draft is kept as tasks/ID.draft.yaml) or the run failed,
-2 bad input (empty, missing or too large spec), 3 Ollama unreachable or model missing.
+2 bad input (empty, missing or too large spec), 3 model server unreachable or model missing.
 """
 
 
@@ -44,7 +44,10 @@ plan_attempts tries (the last draft is kept as tasks/ID.draft.yaml) or the run f
     is_flag=True,
     help="Run the plan right away, as `coder run --autonomous -f FILE` does.",
 )
-@click.option("--model", help="Ollama model (overrides config and CODER_MODEL).")
+@click.option(
+    "--model",
+    help="The model to use (overrides config and CODER_MODEL).",
+)
 @click.option(
     "-q", "--quiet", is_flag=True, help="No live status line: plain lines (as in a pipe)."
 )

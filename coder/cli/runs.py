@@ -49,7 +49,10 @@ def run_options(func: Any) -> Any:
                 is_flag=True,
                 help="Stop at the first failing step, even one whose on_fail is skip.",
             ),
-            click.option("--model", help="Ollama model (overrides config and CODER_MODEL)."),
+            click.option(
+                "--model",
+                help="The model to use (overrides config and CODER_MODEL).",
+            ),
             click.option(
                 "--record",
                 type=PathType(dir_okay=False),
@@ -58,7 +61,7 @@ def run_options(func: Any) -> Any:
             click.option(
                 "--replay",
                 type=PathType(dir_okay=False),
-                help="Answer model calls from a recording instead of Ollama.",
+                help="Answer model calls from a recording instead of the model server.",
             ),
             click.option(
                 "--no-sandbox",
