@@ -39,8 +39,10 @@ class InitResult:
     config: dict[str, object] = field(default_factory=dict)
 
 
-def init(cwd: Path, *, force: bool = False, env: dict[str, str] | None = None) -> InitResult:
-    """Create `.coder/` and a `coder.config.json` with detected defaults. Idempotent: an
+def init(cwd: Path, *, force: bool = False) -> InitResult:
+    """Create `.coder/` and a `coder.config.json` holding what was detected about this
+    project (its test command), and nothing else: defaults stay defaults, so your user config
+    (`~/.config/coder/config.json`: the model, the server) keeps applying. Idempotent: an
     existing config is kept unless `force`."""
     from coder.git import ops as gitops
 
@@ -49,7 +51,7 @@ def init(cwd: Path, *, force: bool = False, env: dict[str, str] | None = None) -
     ensure_coder_dir(root)
     excluded = gitops.ensure_excluded(repo, f"/{CODER_DIR}/")
     path = root / config_mod.PROJECT_FILE
-    detected = detected_config(root, env)
+    detected = detected_config(root)
     written = force or not path.exists()
     if written:  # all or nothing: a full disk leaves no empty config behind
         data = (json.dumps(detected, indent=2) + "\n").encode("utf-8")
@@ -71,20 +73,43 @@ def ensure_coder_dir(root: Path) -> Path:
     return base
 
 
-def detected_config(root: Path, env: dict[str, str] | None = None) -> dict[str, object]:
-    import os
+def detected_config(root: Path) -> dict[str, object]:
+    """The settings detected from the project's files (none when nothing was found)."""
+    test_command = config_mod.detect_test_command(root)
+    return {} if test_command is None else {"test_command": test_command}
 
-    env = dict(os.environ) if env is None else env
-    host = config_mod.normalize_host(env.get("OLLAMA_HOST") or config_mod.DEFAULT_HOST)
-    return {
-        "model": env.get("CODER_MODEL") or config_mod.DEFAULT_MODEL,
-        "ollama_host": host,
-        "test_command": config_mod.detect_test_command(root),
-        "num_ctx": None,
-        "allow_network": False,
-        "allowed_commands": [],
-        "max_parallel": 1,
-    }
+
+# --------------------------------------------------------------------------------------------
+# The example taskfiles (`tasks/` of coder's source, shipped in the wheel as `coder/_examples`)
+
+
+def examples_dir() -> Path:
+    packaged = Path(__file__).parent / "_examples"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / TASKS_DIR
+
+
+def example_names() -> list[str]:
+    return sorted(p.stem for p in examples_dir().glob("*.yaml"))
+
+
+def write_example(root: Path, name: str, *, force: bool = False) -> Path:
+    """Copy the example taskfile `name` into the repository's `tasks/`; InvalidInput naming
+    the examples for an unknown one, or when the file exists (unless `force`)."""
+    from coder.errors import InvalidInput
+
+    source = examples_dir() / f"{name.removesuffix('.yaml')}.yaml"
+    if not source.is_file():
+        raise InvalidInput(
+            f"no example named {name!r}", hint=f"choose one of: {', '.join(example_names())}"
+        )
+    target = root / TASKS_DIR / source.name
+    if target.exists() and not force:
+        raise InvalidInput(
+            f"{target} exists; nothing was written", hint="pass --force to overwrite it"
+        )
+    target.parent.mkdir(exist_ok=True)
+    write_atomic(target, source.read_bytes(), new_mode=0o644, crash_point=None)
+    return target
 
 
 def find_taskfile(root: Path, task_id: str) -> Path:

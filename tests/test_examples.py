@@ -71,3 +71,39 @@ def test_examples_without_a_model_run_as_documented(
         state = state_of(repo, path.stem)
     assert {k: v["status"] for k, v in state["steps"].items()} == statuses
     git(repo, "fsck", "--strict")
+
+
+@pytest.mark.parametrize(
+    "project",
+    [
+        {"README.md": "# new\n"},  # nothing to detect
+        {
+            "tests/test_old.py": "import unittest\n\n\nclass T(unittest.TestCase):\n"
+            "    def test_ok(self):\n        pass\n"
+        },  # init detects unittest
+    ],
+    ids=["empty", "unittest"],
+)
+def test_the_first_run_in_a_fresh_repository_is_green(make_repo, project: dict[str, str]) -> None:
+    """As the README's first steps say: init, write the example, run it, merge it. The
+    example ships in the package and works under the test runner init detected."""
+    repo = make_repo(project)
+    code, out, err = coder(repo, "init", "--example", "hello-shell")
+    assert code == 0, out + err
+    assert "Next: `coder run --autonomous -f tasks/hello-shell.yaml`" in out
+    code, out, err = coder(repo, "run", "--autonomous", "-f", "tasks/hello-shell.yaml")
+    assert code == 0, out + err
+    [state] = (repo / ".coder" / "state").glob("*.json")
+    code, out, err = coder(repo, "merge", "-t", state.stem)
+    assert code == 0, out + err
+    assert (repo / "tests" / "test_greeting.py").is_file()
+    git(repo, "fsck", "--strict")
+
+
+def test_init_names_the_examples_and_refuses_an_unknown_one(repo: Path) -> None:
+    code, out, _ = coder(repo, "init", "--example", "list")
+    assert code == 0 and "hello-shell" in out.split()
+    code, _, err = coder(repo, "init", "--example", "nope")
+    assert code == 2
+    assert "no example named 'nope'" in err and "hello-shell" in err
+    assert not (repo / "tasks").exists()

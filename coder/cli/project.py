@@ -8,14 +8,31 @@ from coder.cli.common import cwd, emit_json, json_option
 from coder.errors import InvalidInput
 
 
-@click.command(epilog="\b\nExample:\n  cd my-repo && coder init")
-@click.option("--force", is_flag=True, help="Overwrite an existing coder.config.json.")
+@click.command(
+    epilog="\b\nExamples:\n  cd my-repo && coder init\n  coder init --example hello-shell"
+    "\n  coder run --autonomous -f tasks/hello-shell.yaml"
+)
+@click.option("--force", is_flag=True, help="Overwrite an existing coder.config.json (or example).")
+@click.option(
+    "--example",
+    "example",
+    metavar="NAME",
+    help="Also write the example taskfile NAME to tasks/ (`--example list` names them).",
+)
 @json_option
-def init(force: bool, as_json: bool) -> None:
+def init(force: bool, example: str | None, as_json: bool) -> None:
     """Prepare this repo: .coder/ and coder.config.json."""
     from coder import project
 
+    if example == "list":
+        names = project.example_names()
+        if as_json:
+            emit_json({"examples": names})
+        else:
+            click.echo("\n".join(names))
+        return
     result = project.init(cwd(), force=force)
+    written = project.write_example(result.root, example, force=force) if example else None
     if as_json:
         emit_json(
             {
@@ -24,6 +41,7 @@ def init(force: bool, as_json: bool) -> None:
                 "config_written": result.config_written,
                 "excluded": result.excluded,
                 "detected": result.config,
+                "example": None if written is None else str(written),
             }
         )
         return
@@ -33,13 +51,24 @@ def init(force: bool, as_json: bool) -> None:
     )
     if result.config_written:
         click.echo(f"Wrote {result.config_path}")
-        for key in ("model", "ollama_host", "test_command"):
-            value = result.config[key]
-            shown = "none detected (set it in coder.config.json for test steps and --if-green)"
-            click.echo(f"  {key:<13} {shown if value is None else value}")
+        test_command = result.config.get("test_command")
+        click.echo(
+            f"  test_command  {test_command}"
+            if test_command
+            else "  test_command  none detected (set it in coder.config.json for test steps "
+            "and --if-green)"
+        )
+        click.echo("  (everything else keeps its default or your user config: see `coder config`)")
     else:
         click.echo(f"Kept existing {result.config_path} (use --force to rewrite it)")
-    click.echo("Next: write a taskfile (see tasks/) and run `coder validate -f FILE`.")
+    if written is not None:
+        rel = written.relative_to(result.root)
+        click.echo(f"Wrote {rel}\nNext: `coder run --autonomous -f {rel}`")
+    else:
+        click.echo(
+            "Next: write a taskfile (`coder init --example hello-shell` writes a first one) "
+            "and check it with `coder validate -f FILE`."
+        )
 
 
 @click.command(epilog="\b\nExamples:\n  coder trust\n  coder trust --revoke")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coder.errors import CoderError, PolicyViolation
+from coder.errors import CoderError, InvalidInput, PolicyViolation
 from coder.kinds import KINDS
 
 if TYPE_CHECKING:
@@ -69,14 +69,22 @@ def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Any) 
     from coder.policy.env import scrub_env
 
     found = []
-    for step in steps:
+    for index, step in enumerate(steps):
         refused_env = env_refusals([step])
         found += refused_env
         if refused_env:
             continue
         field = "cmd" if step.cmd else None
+        detects = KINDS[step.kind].command == "tests" and not (
+            step.cmd or step.framework or config.get("test_command")
+        )
         try:
-            cmd = command_of(step, root, config)
+            try:
+                cmd = command_of(step, root, config)
+            except InvalidInput:
+                if detects and index > 0:  # the steps before it may write the tests: they
+                    continue  # are looked for when it runs (it fails there if none are found)
+                raise
             path = scrub_env(policy, step.env).get("PATH")  # a step's env may set PATH
             if cmd is not None:
                 check_command(cmd, policy, root=root, cwd=root / (step.cwd or "."), path=path)

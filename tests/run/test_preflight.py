@@ -27,12 +27,22 @@ def test_refused_commands_and_missing_test_commands_are_named_by_step(repo: Path
         policy=Policy.from_config(cfg.values),
         config=cfg,
     )
-    assert [(r.step_id, r.field, r.refused) for r in found] == [
-        ("net", "cmd", True),
-        ("tests", None, False),
-    ]
+    # the test step comes after steps that may write the tests: it looks for them when it runs
+    assert [(r.step_id, r.field, r.refused) for r in found] == [("net", "cmd", True)]
     assert str(found[0]).startswith("step net: command refused: `curl`")
-    assert "no test command could be found" in found[1].message
+
+
+def test_a_first_test_step_with_no_tests_to_find_is_refused_up_front(repo: Path) -> None:
+    """Nothing before it could write tests: the missing test command is named at once."""
+    cfg = config_mod.load(repo)
+    found = refusals(
+        steps({"id": "tests", "kind": "test"}, {"id": "after", "kind": "shell", "cmd": "true"}),
+        root=repo,
+        policy=Policy.from_config(cfg.values),
+        config=cfg,
+    )
+    assert [(r.step_id, r.field, r.refused) for r in found] == [("tests", None, False)]
+    assert "no test command could be found" in found[0].message
 
 
 def test_a_test_step_runs_the_detected_test_command(make_repo) -> None:
