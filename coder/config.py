@@ -346,6 +346,7 @@ def normalize_host(host: str) -> str:
     scheme, sep, rest = host.partition("://")
     if not sep:
         scheme, rest = "http", host
+    rest, slash, path = rest.partition("/")  # an OpenAI-compatible base URL's /v1
     if rest.startswith("["):  # an IPv6 address: [::1]:11434
         name, bracket, after = rest.partition("]")
         name, colon, port = name + bracket, after[:1], after[1:]
@@ -369,7 +370,7 @@ def normalize_host(host: str) -> str:
             f"{given!r} is not a model server address",
             hint="give host, host:port or http://host:port (for example 127.0.0.1:11434)",
         )
-    return f"{scheme}://{name}:{port}"
+    return f"{scheme}://{name}:{port}{slash}{path}"
 
 
 def detect_test_command(root: Path) -> str | None:

@@ -89,6 +89,7 @@ def test_schema_errors_name_the_field_and_position(repo: Path) -> None:
         ("http://gpu-box", "http://gpu-box:80"),
         ("https://ollama.internal/", "https://ollama.internal:443"),
         ("[::1]:11435", "http://[::1]:11435"),
+        ("http://gpu-box:8000/v1/", "http://gpu-box:8000/v1"),
     ],
 )
 def test_normalize_host(given: str, expected: str) -> None:
