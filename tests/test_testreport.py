@@ -667,7 +667,7 @@ def calc_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     "runner, argv",
     [
         ("pytest", ["-m", "pytest", "-q", "-p", "no:cacheprovider"]),
-        ("unittest", ["-m", "unittest", "discover", "-s", "tests", "-q"]),
+        ("unittest", ["-m", "unittest", "discover", "-s", "tests", "-v"]),  # as coder runs it
     ],
 )
 def test_real_runs_parse_exactly(calc_project: Path, runner: str, argv: list[str]) -> None:
