@@ -352,8 +352,10 @@ def embedder(model: str | None) -> Any:
         return None
     from coder import config as config_mod
     from coder.models.factory import open_embedder
+    from coder.redact import Redactor
 
-    embed = open_embedder(config_mod.load(Path.cwd(), flags={"embedding_model": model}))
+    cfg = config_mod.load(Path.cwd(), flags={"embedding_model": model})
+    embed = open_embedder(cfg, redactor=Redactor())
     assert embed is not None
     try:
         embed(["probe"])

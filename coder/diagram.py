@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coder import graph
+from coder.display import escaped
 
 Style = Callable[[str, str], str]  # (status, text) -> text as the terminal shows it
 
@@ -62,6 +63,10 @@ class Node:
         if self.commit:
             parts.append(self.commit[:8])
         return " · ".join(parts)
+
+    def goal_line(self) -> str:
+        """The goal on one line, its control characters escaped (it is the taskfile's)."""
+        return escaped(" ".join(self.goal.split()))
 
 
 def nodes_of_task(task: Any) -> list[Node]:
@@ -156,7 +161,7 @@ def _box_body(node: Node, inner: int) -> list[str]:
         body = [title, needs]
     if node.status is not None:
         body.append(node.state_line())
-    body.append(" ".join(node.goal.split()))
+    body.append(node.goal_line())
     return [_clip(line, inner) for line in body]
 
 
@@ -192,7 +197,7 @@ def _export_label(node: Node) -> list[str]:
     lines = [_title(node)]
     if node.status is not None:
         lines.append(node.state_line())
-    goal = " ".join(node.goal.split())
+    goal = node.goal_line()
     if goal:
         lines.append(_clip(goal, 48))
     return lines
@@ -244,7 +249,7 @@ def dot(nodes: Sequence[Node], *, title: str = "") -> str:
     ids = node_ids(nodes)
     lines = ["digraph coder {"]
     if title:
-        lines.append(f'    label="{_dot_text(title)}";')
+        lines.append(f'    label="{_dot_text(escaped(" ".join(title.split())))}";')
         lines.append("    labelloc=t;")
     lines.append('    fontname="Helvetica";')
     lines.append("    rankdir=TB;")

@@ -212,12 +212,12 @@ def _scan(text: str, known: re.Pattern[str] | None) -> str:
 
 
 @functools.lru_cache(maxsize=32)
-def _compile_known(secrets: frozenset[str]) -> re.Pattern[str] | None:
+def _compile_known(secrets: frozenset[str], flags: int = 0) -> re.Pattern[str] | None:
     usable = sorted((s for s in secrets if len(s) >= MIN_SECRET_LEN), key=len, reverse=True)
     if not usable:
         return None
     # Longest first, so a secret that contains another is replaced whole.
-    return re.compile("|".join(re.escape(s) for s in usable))
+    return re.compile("|".join(re.escape(s) for s in usable), flags)
 
 
 class Redactor:
@@ -242,6 +242,19 @@ class Redactor:
 
     def __len__(self) -> int:
         return len(self._secrets)
+
+    @property
+    def known(self) -> frozenset[str]:
+        """The registered secrets (to key what is computed with them, in memory only)."""
+        with self._lock:
+            return self._secrets
+
+    def mentions_known(self, text: str) -> bool:
+        """Whether `text` holds a registered secret, in any letter case (a search index's
+        tokens are lower-cased): what a cache file written before the secret was known may
+        hold."""
+        pattern = _compile_known(self.known, re.IGNORECASE)
+        return pattern is not None and pattern.search(text) is not None
 
     def redact(self, text: str) -> str:
         try:

@@ -205,7 +205,7 @@ def from_dict(data: Mapping[str, Any]) -> Task:
     return Task(
         id=task_id,
         title=data["title"],
-        branch=data.get("branch") or f"agent/{task_id}-{slugify(data['title'])}",
+        branch=data.get("branch") or default_branch(task_id, data["title"]),
         steps=tuple(steps),
         base=data.get("base"),
         model=data.get("model"),
@@ -268,6 +268,14 @@ def shown_command(cmd: str, limit: int = 2000) -> str:
 
 def generate_id() -> str:
     return time.strftime("T-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+def default_branch(task_id: str, title: str) -> str:
+    """`agent/ID-slug`, the slug made of the title with any key it holds redacted (a branch
+    name is shown everywhere and goes wherever the repository goes)."""
+    from coder.redact import redact
+
+    return f"agent/{task_id}-{slugify(redact(title))}"
 
 
 def slugify(title: str, limit: int = 40) -> str:

@@ -44,28 +44,35 @@ def build(
     *,
     num_ctx: int | None,
     cache_dir: Path | None,
+    redactor: Redactor,
 ) -> Prefix:
-    """The system prompt every request of the run starts with (see the module docstring)."""
+    """The system prompt every request of the run starts with (see the module docstring),
+    redacted by the run's `redactor`, which learns the values of the commit's `.env*` files
+    first."""
     from coder.context import instructions, repomap
 
     focus = repomap.Focus.of_task(task)
+    register_env_files(repo, base_commit, redactor)
     found = instructions.read(
         repo,
         base_commit,
         names=tuple(cfg.get("instruction_files") or instructions.DEFAULT_FILES),
         max_chars=int(cfg.get("instructions_max_chars") or instructions.DEFAULT_MAX_CHARS),
         prefer=sorted(focus.files),
+        redact=redactor.redact,
     )
     budget = cfg.get("repo_map_tokens")
     budget = repomap.default_budget(num_ctx) if budget is None else int(budget)
-    repo_map = repomap.build(repo, base_commit, budget=budget, focus=focus, cache_dir=cache_dir)
+    repo_map = repomap.build(
+        repo, base_commit, budget=budget, focus=focus, cache_dir=cache_dir, redactor=redactor
+    )
     system = prompts.system_prompt(
         repo_map=repo_map.text,
         files=repo_map.files,
         instructions=found.render(),
         task=task,
     )
-    system = _redactor(repo, base_commit).redact(system)
+    system = redactor.redact(system)
     return Prefix(
         system,
         repo_map.files,
@@ -76,25 +83,23 @@ def build(
     )
 
 
-def _redactor(repo: pygit2.Repository, commit: str) -> Redactor:
-    """The built-in secret formats plus the values of the commit's `.env*` files (at the root
-    and one level down, as the tools register them in a worktree)."""
+def register_env_files(repo: pygit2.Repository, commit: str, redactor: Redactor) -> None:
+    """The values of the commit's `.env*` files (at the root and one level down, as the tools
+    register them in a worktree) join `redactor`'s known secrets."""
     import pygit2
 
     from coder.git.ops import tree_blobs
     from coder.tools.registry import is_env_file
 
-    redactor = Redactor()
     tree = str(repo.revparse_single(commit).peel(pygit2.Tree).id)
     for path, blob in tree_blobs(repo, tree):
         if path.count("/") <= 1 and is_env_file(path.rsplit("/", 1)[-1]):
             text = repo[blob].peel(pygit2.Blob).data.decode("utf-8", errors="replace")
             redactor.add_env_file(text)
-    return redactor
 
 
 def step_focus(
-    root: Path, goal: str, changes: list[str], *, cache_dir: Path | None = None
+    root: Path, goal: str, changes: list[str], *, redactor: Redactor, cache_dir: Path | None = None
 ) -> list[str]:
     """Where a step's work likely is: the files its `changes` name, then the code_search hits
     for its goal (path:lines and the definition), as lines for its first message."""
@@ -103,7 +108,7 @@ def step_focus(
     lines = [f"{path} (expected to change)" for path in changes]
     if goal.strip() and search.tokenize(goal):
         try:
-            hits = search.search(root, goal, k=FOCUS_HITS, cache_dir=cache_dir)
+            hits = search.search(root, goal, k=FOCUS_HITS, cache_dir=cache_dir, redactor=redactor)
         except Exception:  # noqa: BLE001 - a hint only: a broken index must not stop a step
             hits = []
         for hit in hits:

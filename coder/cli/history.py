@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from coder.cli.common import cwd, emit_json, json_option
+from coder.display import escaped, quoted_name
 
 task_option = click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
 
@@ -18,36 +19,42 @@ def show_run(task_id: str, as_json: bool) -> None:
 
     view = history.open_run(cwd(), task_id)
     state = view.state
+    redactor = history.redactor_of(view)  # the state is stored redacted; older runs' too
     if as_json:
-        emit_json({**state.to_dict(), "running_pid": view.running_pid, "usage": run_usage(state)})
+        data = {**state.to_dict(), "running_pid": view.running_pid, "usage": run_usage(state)}
+        emit_json(redactor.redact_obj(data))
         return
     status: str = f"running (pid {view.running_pid})" if view.running_pid else state.status
     if status == "running":  # the state says so, but no runner holds the lock
         status = f"interrupted (the runner is gone; continue with `coder resume -t {task_id}`)"
-    click.echo(f"{state.title}")
-    click.echo(f"  id        {state.task_id}")
-    click.echo(f"  status    {status}" + (f": {state.error}" if state.error else ""))
+
+    def echo(line: str) -> None:
+        click.echo(escaped(redactor.redact(line)))
+
+    echo(f"{state.title}")
+    echo(f"  id        {state.task_id}")
+    echo(f"  status    {status}" + (f": {state.error}" if state.error else ""))
     note = state.skipped_note()
     if note:
-        click.echo(f"  skipped   {note}")
-    click.echo(f"  branch    {state.branch} (from {state.base} at {state.base_commit[:8]})")
-    click.echo(f"  worktree  {state.worktree}")
+        echo(f"  skipped   {note}")
+    echo(f"  branch    {state.branch} (from {state.base} at {state.base_commit[:8]})")
+    echo(f"  worktree  {state.worktree}")
     if state.merge:
         merge = state.merge
-        click.echo(
+        echo(
             f"  merged    {merge.get('mode')} into {merge.get('base')} as "
             f"{str(merge.get('commit'))[:8]} (tag {merge.get('tag')})"
         )
     usage = usage_line(state)
     if usage:
-        click.echo(f"  model     {usage}")
+        echo(f"  model     {usage}")
     click.echo("")
-    click.echo(summary_table(state))
+    click.echo(redactor.redact(summary_table(state)))  # each cell escaped there
     reasons = [(sid, reason) for sid, r in state.steps.items() for reason in r.reasons]
     if reasons:
         click.echo("\nwhy steps were rerun, skipped or reconciled:")
         for sid, reason in reasons:
-            click.echo(f"  {sid}: {reason}")
+            echo(f"  {sid}: {reason}")
 
 
 @click.command(epilog="\b\nExamples:\n  coder diff -t T-1 --stat\n  coder diff -t T-1 --step s2")
@@ -95,10 +102,11 @@ def logs(task_id: str, follow: bool, as_json: bool) -> None:
 
 
 def format_event(event: dict[str, Any]) -> str:
+    """One line per event, its control characters (a file name's, a command's) escaped."""
     skip = {"timestamp", "level", "event", "task_id", "step_id", "logger"}
     rest = " ".join(f"{k}={v}" for k, v in event.items() if k not in skip and v not in ("", None))
     stamp = str(event.get("timestamp", ""))[11:19]
-    return (
+    return escaped(
         f"{stamp} {event.get('level', ''):<7} {event.get('step_id', ''):<10} "
         f"{event.get('event', '')} {rest}".rstrip()
     )
@@ -127,7 +135,8 @@ def clean(task_id: str, keep_branch: bool, delete_branch: bool, force: bool, as_
         emit_json(result)
         return
     if result["discarded"]:
-        click.echo(f"Discarded uncommitted changes: {', '.join(result['discarded'])}.")
+        names = ", ".join(quoted_name(n) for n in result["discarded"])
+        click.echo(f"Discarded uncommitted changes: {names}.")
     click.echo(f"Removed run {task_id}.")
     if result["branch_deleted"]:
         click.echo(f"Deleted branch {result['branch']}.")

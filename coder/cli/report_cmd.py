@@ -36,7 +36,8 @@ def report(task_id: str, fmt: str, output: Path | None) -> None:
     from coder.run import history
     from coder.run import report as report_service
 
-    text = report_service.render(report_service.build(history.open_run(cwd(), task_id)), fmt)
+    view = history.open_run(cwd(), task_id)
+    text = report_service.render(report_service.build(view), history.redactor_of(view), fmt)
     if output is None:
         click.echo(text, nl=False)
         return

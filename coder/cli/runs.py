@@ -9,6 +9,7 @@ import click
 
 from coder.cli.common import PathType, cwd, emit_json, json_option
 from coder.cli.project import ask_trust
+from coder.display import escaped
 from coder.errors import (
     EXIT_ENVIRONMENT,
     EXIT_FAILED,
@@ -336,16 +337,18 @@ def status(as_json: bool) -> None:
     for row in rows:
         click.echo(
             f"{row['id']:<28} {row['status']:<{width}} {row.get('progress', ''):>7}  "
-            f"{row.get('title', row.get('error', ''))}"
+            f"{escaped(row.get('title', row.get('error', '')))}"
         )
 
 
 def approval_prompt(step: Any, run: Any) -> str:
     """Ask before a step: [r]un, [s]kip, [d]iff so far, [q]uit."""
+    from coder.display import quoted_name
     from coder.git import ops as gitops
     from coder.taskfile import shown_command
 
-    what = f"`{shown_command(step.cmd)}`" if step.cmd else step.goal
+    redact = run.redactor.redact
+    what = escaped(redact(f"`{shown_command(step.cmd)}`" if step.cmd else step.goal))
     while True:
         answer = click.prompt(
             f"\nstep {step.id} ({step.kind}): {what}\n  [r]un  [s]kip  [d]iff so far  [q]uit",
@@ -356,8 +359,13 @@ def approval_prompt(step: Any, run: Any) -> str:
         )
         if answer == "d":
             repo = gitops.open_repo(run.worktree)
-            text = gitops.diff_patch(repo, run.state.base_commit, worktree=run.worktree)
-            click.echo(text or "(no changes yet)", err=True)
+            text = gitops.diff_patch(
+                repo,
+                run.state.base_commit,
+                worktree=run.worktree,
+                shown=lambda name: quoted_name(redact(name)),
+            )
+            click.echo(escaped(redact(text), lines=True) or "(no changes yet)", err=True)
             continue
         return {"r": "run", "s": "skip", "q": "quit"}[answer]
 
@@ -586,7 +594,7 @@ def summary_table(state: RunState) -> str:
                 f"{r.duration_s:.1f}s" if r.duration_s is not None else "-",
                 str(r.tokens) if r.usage else "-",
                 (r.commit or "-")[:8],
-                note.splitlines()[0][:60] if note else "",
+                escaped(note.splitlines()[0][:60]) if note else "",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]

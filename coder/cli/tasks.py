@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from coder.cli.common import PathType, cwd, emit_json, json_option
+from coder.display import escaped
 from coder.errors import EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -94,18 +95,20 @@ def show(path: Path | None, task_id: str | None, graph: bool, fmt: str, as_json:
 
     assert path is not None  # click: -f or -t is required (checked above)
     task = taskfile.load(path)
+    id_note = "" if task.source.get("id") else " (generated; fixed when the run starts)"
+    id_generated, model_given = not task.source.get("id"), task.model is not None
+    task = shown_task(task)
     cfg = config_mod.load()
     dag = dag_mod.build(task.deps())
     order, levels = dag_mod.order(dag), dag_mod.levels(dag)
-    id_note = "" if task.source.get("id") else " (generated; fixed when the run starts)"
     model = task.model or cfg["model"]
-    model_note = "" if task.model else f" (from {cfg.sources['model']})"
+    model_note = "" if model_given else f" (from {cfg.sources['model']})"
     base = task.base or "the current branch"
     if as_json:
         emit_json(
             {
                 "id": task.id,
-                "id_generated": not task.source.get("id"),
+                "id_generated": id_generated,
                 "title": task.title,
                 "branch": task.branch,
                 "base": task.base,
@@ -125,7 +128,7 @@ def show(path: Path | None, task_id: str | None, graph: bool, fmt: str, as_json:
             }
         )
         return
-    click.echo(f"{task.title}")
+    click.echo(escaped(task.title))
     click.echo(f"  id      {task.id}{id_note}")
     click.echo(f"  branch  {task.branch}  (from {base})")
     click.echo(f"  model   {model}{model_note}")
@@ -138,7 +141,7 @@ def show(path: Path | None, task_id: str | None, graph: bool, fmt: str, as_json:
         for sid in level:
             s = steps[sid]
             needs = f"  <- {', '.join(s.depends_on)}" if s.depends_on else ""
-            click.echo(f"  {sid:<{width}}  {s.kind:<7}  {_one_line(s.goal)}{needs}")
+            click.echo(f"  {sid:<{width}}  {s.kind:<7}  {escaped(_one_line(s.goal))}{needs}")
 
 
 def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
@@ -155,7 +158,7 @@ def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
         from coder import taskfile
 
         assert path is not None
-        task = taskfile.load(path)
+        task = shown_task(taskfile.load(path))
         nodes, title, header = diagram.nodes_of_task(task), task.title, f"{task.title}\n"
     if fmt == "mermaid":
         click.echo(diagram.mermaid(nodes), nl=False)
@@ -165,8 +168,23 @@ def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
         import shutil
 
         width = shutil.get_terminal_size((100, 24)).columns
-        click.echo(header)
+        click.echo(escaped(header, lines=True))
         click.echo(diagram.text(nodes, width=width, style=status_style), nl=False)
+
+
+def shown_task(task: Any) -> Any:
+    """A taskfile as `show` shows it: as a run stores it, the literal secrets it holds redacted
+    (coder.run.secrets.stored_task, with what this repository and process know)."""
+    from coder import taskfile
+    from coder.errors import CoderError
+    from coder.git import ops as gitops
+    from coder.run.secrets import stored_task, view_redactor
+
+    try:
+        root = gitops.repo_root(gitops.open_repo(cwd()))
+    except CoderError:  # not in a repository: the directory's own `.env` files
+        root = cwd()
+    return taskfile.from_dict(stored_task(task.to_dict(), view_redactor(root)))
 
 
 def status_style(status: str, text: str) -> str:

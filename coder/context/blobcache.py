@@ -4,6 +4,10 @@ A blob id names the content, so a cached entry never goes stale: the next build 
 tree reparses only the blobs it has not seen. Each cache is one JSON file holding the entries
 of the last tree it was saved for (older ones are pruned), written atomically; two runs saving
 at once leave one complete file, and a missing or unreadable one is rebuilt.
+
+No secret the run knows is kept: entries are computed from redacted text (the callers redact
+with the run's redactor), and an entry an earlier run wrote before it knew a secret is dropped
+when loaded (recomputed, and the file rewritten without it).
 """
 
 from __future__ import annotations
@@ -11,21 +15,25 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coder.durable import write_atomic
 
+if TYPE_CHECKING:
+    from coder.redact import Redactor
+
 
 class BlobCache:
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, redactor: Redactor | None = None) -> None:
         self.path = path
+        self.redactor = redactor
         self._entries: dict[str, Any] | None = None
         self._dirty = False
 
     @property
     def entries(self) -> dict[str, Any]:
         if self._entries is None:
-            self._entries = _load(self.path)
+            self._entries, self._dirty = _load(self.path, self.redactor)
         return self._entries
 
     def get(self, blob: str) -> Any:
@@ -55,14 +63,20 @@ class BlobCache:
         self._entries, self._dirty = kept, False
 
 
-def _load(path: Path | None) -> dict[str, Any]:
+def _load(path: Path | None, redactor: Redactor | None) -> tuple[dict[str, Any], bool]:
+    """The entries, and whether some were dropped for holding a known secret."""
     if path is None:
-        return {}
+        return {}, False
     try:
-        data = json.loads(path.read_bytes())
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
     except (OSError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return {}, False
+    if not isinstance(data, dict):
+        return {}, False
+    if redactor is None or not redactor.mentions_known(text):
+        return data, False
+    return {k: v for k, v in data.items() if not redactor.mentions_known(f"{k} {v}")}, True
 
 
 def write_text(path: Path, text: str) -> None:

@@ -16,7 +16,8 @@ works:
 
 The rendered map is cached under `.coder/cache/repomap/` by tree id, budget and focus, so every
 step of a run and every later run of the same tree and task get the same bytes for the cost of
-reading one file.
+reading one file. What is cached and returned is redacted by the run's redactor (file names and
+first lines can hold a secret); a cached map holding a secret the run knows is built again.
 
 PageRank is computed here in plain Python (power iteration, the same definition and stopping
 rule as networkx's): `networkx.pagerank` needs scipy and numpy, 100 MB of wheels coder
@@ -40,6 +41,8 @@ from coder.context.tags import Definition, FileTags, extract
 
 if TYPE_CHECKING:
     import pygit2
+
+    from coder.redact import Redactor
 
 VERSION = 1  # bump when the tags or the rendering change: old caches are then ignored
 CHARS_PER_TOKEN = 4  # as the agent loop estimates
@@ -109,12 +112,17 @@ def build(
     budget: int,
     focus: Focus = Focus(),
     cache_dir: Path | None = None,
+    redactor: Redactor | None = None,
 ) -> RepoMap:
-    """The map of `commit` (see the module docstring), at most `budget` tokens."""
+    """The map of `commit` (see the module docstring), at most `budget` tokens, redacted by
+    `redactor` (else the built-in secret formats)."""
     started = time.perf_counter()
     import pygit2
 
     from coder.git.ops import tree_blobs
+    from coder.redact import Redactor
+
+    scrub = redactor or Redactor()
 
     tree_id = str(repo.revparse_single(commit).peel(pygit2.Tree).id)
     rendered = None
@@ -127,6 +135,8 @@ def build(
             text = rendered.read_text(encoding="utf-8")
             header, _, body = text.partition("\n")
             files, definitions = (int(n) for n in header.split())
+            if scrub.mentions_known(body):  # written before the secret was known
+                raise ValueError("built again")
             return RepoMap(
                 body, files, definitions, _tokens(body), True, time.perf_counter() - started
             )
@@ -136,7 +146,8 @@ def build(
     paths = [path for path, _ in blobs]
     if budget <= 0:  # no map (repo_map_tokens: 0): nothing is parsed
         return RepoMap("", len(paths), 0, 0, False, time.perf_counter() - started)
-    text, shown = render(paths, file_tags(repo, blobs, cache_dir), focus, budget)
+    text, shown = render(paths, file_tags(repo, blobs, cache_dir, scrub), focus, budget)
+    text = scrub.redact(text)
     if rendered is not None:
         write_text(rendered, f"{len(paths)} {shown}\n{text}")
         _prune(rendered.parent)
@@ -154,12 +165,16 @@ def _prune(folder: Path, keep: int = KEEP_MAPS) -> None:
 
 
 def file_tags(
-    repo: pygit2.Repository, blobs: Sequence[tuple[str, str]], cache_dir: Path | None
+    repo: pygit2.Repository,
+    blobs: Sequence[tuple[str, str]],
+    cache_dir: Path | None,
+    redactor: Redactor,
 ) -> dict[str, FileTags]:
-    """Tags of every code file among `blobs` ((path, blob id)), from the cache when known."""
+    """Tags of every code file among `blobs` ((path, blob id)), from the cache when known;
+    names and first lines redacted by `redactor` before they are cached."""
     import pygit2
 
-    cache = BlobCache(cache_dir / f"tags-v{VERSION}.json" if cache_dir else None)
+    cache = BlobCache(cache_dir / f"tags-v{VERSION}.json" if cache_dir else None, redactor)
     out: dict[str, FileTags] = {}
     keep = []
     for path, blob in blobs:
@@ -172,11 +187,28 @@ def file_tags(
         if entry is None:
             data = repo[blob].peel(pygit2.Blob).data
             tags = FileTags((), {}) if len(data) > MAX_TAG_BYTES else extract(language, data)
-            entry = [[d.as_list() for d in tags.definitions], tags.references]
+            entry = _redacted_tags(tags, redactor)
             cache.put(key, entry)
         out[path] = FileTags(tuple(Definition.from_list(d) for d in entry[0]), dict(entry[1]))
     cache.save(keep)
     return out
+
+
+def _redacted_tags(tags: FileTags, redactor: Redactor) -> list[Any]:
+    """A cache entry of `tags`: names and first lines redacted, a reference that names a
+    secret left out (one scan of the whole file's worth when nothing is to be redacted, the
+    common case)."""
+    definitions = [d.as_list() for d in tags.definitions]
+    texts = [t for d in tags.definitions for t in (d.name, d.signature)] + list(tags.references)
+    joined = "\n".join(texts)
+    if redactor.redact(joined) == joined:
+        return [definitions, tags.references]
+    definitions = [
+        [redactor.redact(d.name), d.kind, d.line, d.end, redactor.redact(d.signature)]
+        for d in tags.definitions
+    ]
+    references = {k: n for k, n in tags.references.items() if redactor.redact(k) == k}
+    return [definitions, references]
 
 
 def _tokens(text: str) -> int:

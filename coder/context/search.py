@@ -8,9 +8,12 @@ plus its path and its definition's name, so "parse the config file" finds `def l
 in `config/parser.py`.
 
 The index covers the working directory as it is: files unchanged since HEAD are read from the
-HEAD tree, changed and new ones from disk. Chunks are cached per blob id (`blobcache.py`), so a
-new tree re-chunks only the files that changed, and the BM25 index is rebuilt from the
-cached tokens when the set of files changes and kept in memory for the state it was built for.
+HEAD tree, changed and new ones from disk. Chunks are cached per blob id and language
+(`blobcache.py`), so a new tree re-chunks only the files that changed, and the BM25 index
+is rebuilt from the cached tokens (plus each file's path tokens, never cached) when the
+set of files changes and kept in memory for the state it was built for. A chunk's tokens and
+name come from text redacted by the run's redactor: no secret becomes a token or a cache entry,
+and no file name is cached.
 
 Hybrid: with an embedder (an embedding model configured), BM25's best CANDIDATES chunks are
 embedded (vectors cached by chunk content), ranked by cosine similarity to the query, and the
@@ -38,9 +41,9 @@ from coder.context.languages import language_of, vendored
 from coder.context.repomap import MAX_TAG_BYTES
 from coder.context.tags import Definition, extract
 from coder.durable import write_atomic
-from coder.redact import redact
+from coder.redact import Redactor
 
-VERSION = 1
+VERSION = 2  # 2: entries keyed by blob and language, path tokens no longer cached
 WINDOW = 40  # lines per window chunk
 MAX_CHUNK_LINES = 120  # a longer definition is split into windows
 CANDIDATES = 100  # BM25 hits re-ranked by embeddings
@@ -115,10 +118,15 @@ class Hit:
 # --------------------------------------------------------------------------- chunking
 
 
-def chunk_file(path: str, data: bytes) -> list[tuple[int, int, str, list[str]]]:
-    """(start, end, name, tokens) of each chunk of one file's content."""
+def chunk_file(
+    path: str, data: bytes, redactor: Redactor | None = None
+) -> list[tuple[int, int, str, list[str]]]:
+    """(start, end, name, tokens) of each chunk of one file's content (its path only says
+    which language it is: path tokens are added by the index), redacted by `redactor` (else
+    the built-in secret formats)."""
+    scrub = redactor or Redactor()
     text = data.decode("utf-8", errors="replace")
-    lines = redact(text).split("\n")  # no secret becomes a token (or a cache entry)
+    lines = scrub.redact(text).split("\n")  # no secret becomes a token (or a cache entry)
     if lines and lines[-1] == "":
         lines.pop()
     if not lines:
@@ -127,13 +135,13 @@ def chunk_file(path: str, data: bytes) -> list[tuple[int, int, str, list[str]]]:
     spans: list[tuple[int, int, str]] = []
     if language is not None:
         spans = _definition_spans(extract(language, data).definitions, len(lines))
-    path_tokens = tokenize(path)
     out = []
     for start, end, name in spans or _windows(1, len(lines), ""):
         body = "\n".join(lines[start - 1 : end])
         if not body.strip():
             continue
-        out.append((start, end, name, path_tokens + tokenize(name) * 2 + tokenize(body)))
+        name = scrub.redact(name) if name else name
+        out.append((start, end, name, tokenize(name) * 2 + tokenize(body)))
     return out
 
 
@@ -224,49 +232,55 @@ def search(
     cache_dir: Path | None = None,
     embedder: Embedder | None = None,
     embed_key: str = "",
+    redactor: Redactor | None = None,
 ) -> list[Hit]:
-    """The k best chunks of the working directory `root` for `query`."""
-    index = index_for(root, cache_dir)
+    """The k best chunks of the working directory `root` for `query` (chunk names redacted by
+    `redactor`, else the built-in secret formats; the paths are the files' own)."""
+    index = index_for(root, cache_dir, redactor or Redactor())
     hits = index.bm25(query, CANDIDATES if embedder else k)
     if embedder is None or not hits:
         return hits[:k]
     return fuse(hits, query, root, embedder, cache_dir, embed_key)[:k]
 
 
-_indexes: dict[str, CodeIndex] = {}  # state digest -> index (the latest few)
+# (state digest, the secrets it was redacted for) -> index (the latest few; in memory only)
+_indexes: dict[tuple[str, frozenset[str]], CodeIndex] = {}
 _lock = threading.Lock()
 
 
-def index_for(root: Path, cache_dir: Path | None) -> CodeIndex:
+def index_for(root: Path, cache_dir: Path | None, redactor: Redactor | None = None) -> CodeIndex:
+    scrub = redactor or Redactor()
     files = worktree_files(root)
     digest = hashlib.sha256(
         "\n".join(f"{p}\0{b}" for p, b, _ in files).encode() + str(cache_dir).encode()
     ).hexdigest()
+    memo = (digest, scrub.known)
     with _lock:
-        index = _indexes.get(digest)
+        index = _indexes.get(memo)
     if index is not None:
         return index
-    cache = BlobCache(cache_dir / f"chunks-v{VERSION}.json" if cache_dir else None)
+    cache = BlobCache(cache_dir / f"chunks-v{VERSION}.json" if cache_dir else None, scrub)
     chunks: list[Chunk] = []
     tokens: list[list[str]] = []
     keep = []
     for path, blob, read in files:
-        key = f"{blob}:{path}"  # a chunk's tokens include its path
+        key = f"{blob}:{language_of(path) or 'text'}"  # how it is chunked; no file name
         entry = cache.get(key)
         if entry is None:
             data = read()
-            entry = [] if data is None else [list(c) for c in chunk_file(path, data)]
+            entry = [] if data is None else [list(c) for c in chunk_file(path, data, scrub)]
             cache.put(key, entry)
         keep.append(key)
+        path_tokens = tokenize(path)
         for start, end, name, toks in entry:
             chunks.append(Chunk(path, start, end, name))
-            tokens.append(toks)
+            tokens.append(path_tokens + toks)
     cache.save(keep)
     index = CodeIndex(chunks, tokens)
     with _lock:
         if len(_indexes) >= 4:
             _indexes.pop(next(iter(_indexes)))
-        _indexes[digest] = index
+        _indexes[memo] = index
     return index
 
 

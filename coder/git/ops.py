@@ -34,7 +34,6 @@ import pygit2
 from pygit2.enums import (
     CheckoutStrategy,
     DiffOption,
-    DiffStatsFormat,
     FileStatus,
     ResetMode,
     SortMode,
@@ -1212,18 +1211,25 @@ def _diff(repo: pygit2.Repository, old: str, new: str) -> pygit2.Diff:
 
 
 def diff_patch(
-    repo: pygit2.Repository, old: str, new: str | None = None, *, worktree: Path | None = None
+    repo: pygit2.Repository,
+    old: str,
+    new: str | None = None,
+    *,
+    worktree: Path | None = None,
+    shown: Callable[[str], str] | None = None,
 ) -> str:
     """Unified diff ``old``..``new``; with ``new`` None, ``old`` against the files of
-    ``worktree`` (default: the repo's own working tree), untracked files included."""
+    ``worktree`` (default: the repo's own working tree), untracked files included. `shown`:
+    how a file name is written in the headers (`a/NAME` passed whole, as git quotes
+    `"a/NAME"`), so a name cannot forge a header line; the names as they are by default."""
     if new is not None:
-        return _diff(repo, old, new).patch or ""
-    w = _open_worktree(worktree, writing=False) if worktree is not None else repo
-    d = _tree(w, old).diff_to_workdir(_WORKDIR_FLAGS)
-    # .coder/ is normally ignored via info/exclude; drop it here too in case it is not.
-    return "".join(
-        p.text or "" for p in d if p is not None and not _under_coder_dir(p.delta.new_file.path)
-    )
+        patches = [p for p in _diff(repo, old, new) if p is not None]
+    else:
+        w = _open_worktree(worktree, writing=False) if worktree is not None else repo
+        d = _tree(w, old).diff_to_workdir(_WORKDIR_FLAGS)
+        # .coder/ is normally ignored via info/exclude; drop it here too in case it is not.
+        patches = [p for p in d if p is not None and not _under_coder_dir(p.delta.new_file.path)]
+    return "".join(_patch_text(p, shown) for p in patches)
 
 
 def added_lines(worktree: Path, old: str) -> dict[str, set[int]]:
@@ -1249,12 +1255,63 @@ def added_lines(worktree: Path, old: str) -> dict[str, set[int]]:
     return found
 
 
-def diff_stat(repo: pygit2.Repository, old: str, new: str) -> str:
-    """``git diff --stat --summary``-like text for ``old``..``new``."""
-    d = _diff(repo, old, new)
-    if not len(d):
+def _patch_text(patch: pygit2.Patch, shown: Callable[[str], str] | None) -> str:
+    text = patch.text or ""
+    if shown is None:
+        return text
+    old, new = patch.delta.old_file.path, patch.delta.new_file.path
+    cut = text.find("\n@@")
+    header, rest = (text, "") if cut < 0 else (text[:cut], text[cut:])
+    for raw, written in (
+        (f"a/{old}", shown(f"a/{old}")),
+        (f"b/{new}", shown(f"b/{new}")),
+        (f"rename from {old}", f"rename from {shown(old)}"),
+        (f"rename to {new}", f"rename to {shown(new)}"),
+    ):
+        header = header.replace(raw, written)
+    return header + rest
+
+
+def diff_stat(
+    repo: pygit2.Repository,
+    old: str,
+    new: str,
+    *,
+    shown: Callable[[str], str] = str,
+    width: int = 80,
+) -> str:
+    """``git diff --stat``-like text for ``old``..``new``: a line per file (`shown`: how its
+    name is written), then the totals as git words them."""
+    changes = diff_files(repo, old, new)
+    if not changes:
         return ""
-    return str(d.stats.format(DiffStatsFormat.FULL | DiffStatsFormat.INCLUDE_SUMMARY, 80))
+    names = [
+        f"{shown(c.old_path)} => {shown(c.path)}" if c.old_path else shown(c.path) for c in changes
+    ]
+    sizes = [c.added + c.removed for c in changes]
+    name_width, count_width = max(map(len, names)), len(str(max(sizes)))
+    room = max(10, width - name_width - count_width - 6)
+    biggest = max(max(sizes), 1)
+    lines = []
+    for name, change, size in zip(names, changes, sizes, strict=True):
+        plus, minus = (
+            (change.added, change.removed)
+            if biggest <= room
+            else (_scaled(change.added, room, biggest), _scaled(change.removed, room, biggest))
+        )
+        bar = "+" * plus + "-" * minus
+        lines.append(f" {name:<{name_width}} | {size:>{count_width}} {bar}".rstrip())
+    added, removed = sum(c.added for c in changes), sum(c.removed for c in changes)
+    total = f" {len(changes)} file{'s' * (len(changes) != 1)} changed"
+    if added or not removed:
+        total += f", {added} insertion{'s' * (added != 1)}(+)"
+    if removed or not added:
+        total += f", {removed} deletion{'s' * (removed != 1)}(-)"
+    return "\n".join([*lines, total]) + "\n"
+
+
+def _scaled(count: int, room: int, biggest: int) -> int:
+    return 0 if not count else max(1, count * room // biggest)
 
 
 @dataclass(frozen=True)

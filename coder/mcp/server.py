@@ -48,12 +48,13 @@ def tool_context(root: Path) -> ToolContext:
 
     cfg = config_mod.load(root)
     coder_dir = project.coder_dir(root)
+    redactor = Redactor()
     return ToolContext(
         root=root,
         policy=Policy.from_config(cfg.values),
-        redactor=Redactor(),
+        redactor=redactor,
         test_command=cfg.get("test_command"),
-        **code_settings(cfg, {}, coder_dir / "cache" if coder_dir.is_dir() else None),
+        **code_settings(cfg, {}, coder_dir / "cache" if coder_dir.is_dir() else None, redactor),
     )
 
 

@@ -1,14 +1,16 @@
 """One place that builds model providers from the configuration.
 
-    open_models(cfg)          the run's models: a Router over the configured endpoints (one
+    open_models(cfg, r)       the run's models: a Router over the configured endpoints (one
                               provider per endpoint and model, built on first use), a ModelSet
                               of such Routers when the config names models on other servers
-                              (`models`), wrapped for --record, or a recording for --replay
+                              (`models`), wrapped for --record, or a recording for --replay;
+                              every request redacted by `r` (models/redacting.py)
     model_config(cfg, name)   the config of the server a (named) model is on, and its name there
     make_provider(cfg, e, m)  one provider for model `m` at endpoint `e` (doctor checks each)
     endpoints(cfg)            the configured endpoints, normalized
-    open_embedder(cfg)        texts -> vectors with `embedding_model` through the configured
-                              provider's `embed` (hybrid code_search), or None when unset
+    open_embedder(cfg, r)     texts -> vectors with `embedding_model` through the configured
+                              provider's `embed` (hybrid code_search), or None when unset; the
+                              texts redacted by `r`
 
 Adding a provider is one module plus one entry in PROVIDERS: a function that takes the config,
 an endpoint and a model and returns a `ModelProvider`.
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from coder.config import Config
     from coder.models.provider import ModelProvider, Models
     from coder.models.router import Router
+    from coder.redact import Redactor
 
 
 def _ollama(cfg: Config, endpoint: str, model: str) -> ModelProvider:
@@ -136,13 +139,15 @@ def make_provider(cfg: Config, endpoint: str, model: str | None = None) -> Model
 def open_models(
     cfg: Config,
     *,
+    redactor: Redactor,
     model: str | None = None,
     replay: Path | None = None,
     record: Path | None = None,
 ) -> Models:
     """The models of a run (or a plan): `model` is the default one (else the config's). With
     named models (`models`), a step's model may be one of them: a ModelSet routes each model
-    to its own server."""
+    to its own server. Every request passes `redactor` last, right before the provider."""
+    from coder.models.redacting import RedactedModels
     from coder.models.replay import RecordingModels, ReplayModels
     from coder.models.router import ModelSet, Router
 
@@ -170,21 +175,22 @@ def open_models(
         models = router("")
     if record is not None:
         models = RecordingModels(models, record)
-    return models
+    return RedactedModels(models, redactor)
 
 
 Embedder = Callable[[Sequence[str]], list[list[float]]]
 
 
-def open_embedder(cfg: Config | Mapping[str, Any]) -> Embedder | None:
+def open_embedder(cfg: Config | Mapping[str, Any], *, redactor: Redactor) -> Embedder | None:
     """Texts -> vectors through `embed` of the configured provider with `embedding_model`
     (Ollama's /api/embed, an OpenAI-compatible server's /v1/embeddings; a named model on its
     own server), at the configured endpoints (one that refuses is left out, as for chats);
     None when no embedding model is configured. Each call opens its providers and closes them
     after (a search makes at most two calls); an endpoint that refused stays left out for the
     router's cooldown. A missing endpoint or API key is raised by the call, not here, so what
-    only wanted BM25 never fails for it."""
+    only wanted BM25 never fails for it. The texts pass `redactor` first."""
     from coder import config as config_mod
+    from coder.models.redacting import RedactedProvider, Scrubber
 
     model = cfg.get("embedding_model")
     if not model:
@@ -197,6 +203,7 @@ def open_embedder(cfg: Config | Mapping[str, Any]) -> Embedder | None:
 
     settings, name = model_config(settings, str(model))  # a named model: its own server
     routers: list[Router] = []  # one, made at the first call; it remembers dead endpoints
+    scrub = Scrubber(redactor)
 
     def embed(texts: Sequence[str]) -> list[list[float]]:
         from coder.models.router import Router
@@ -204,7 +211,7 @@ def open_embedder(cfg: Config | Mapping[str, Any]) -> Embedder | None:
         if not routers:
             make = lambda endpoint, model: make_provider(settings, endpoint, model)  # noqa: E731
             routers.append(Router(make, endpoints(settings), name))
-        provider = routers[0].for_step("embeddings")
+        provider = RedactedProvider(routers[0].for_step("embeddings"), scrub)
         try:
             return provider.embed(texts)
         finally:

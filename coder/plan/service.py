@@ -842,8 +842,11 @@ def plan(
     policy = Policy.from_config(cfg.values)
     planner = _Planner(spec, cwd, options, cfg, ctx, policy, out, say, watch or (lambda _e: None))
     from coder.models.factory import open_models
+    from coder.redact import Redactor
+    from coder.run.secrets import known_secrets
 
-    models = open_models(cfg)
+    # what the planner sends (the spec, the project's context) leaves no known secret in
+    models = open_models(cfg, redactor=Redactor(known_secrets([root], cfg.values)))
     try:
         return planner.run(models)
     finally:

@@ -18,13 +18,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coder import taskfile
 from coder.durable import write_atomic
 from coder.errors import CoderError, InvalidInput
 from coder.run.secrets import stored_task
 from coder.run.state import DONE, RunState, StepRecord
+
+if TYPE_CHECKING:
+    from coder.redact import Redactor
 
 
 @dataclass(frozen=True)
@@ -122,14 +125,15 @@ def check_done_unchanged(edit: Edit, state: RunState) -> None:
 
 
 def take(
-    edit: Edit, state: RunState, manifest: dict[str, Any], manifest_path: Path
+    edit: Edit, state: RunState, manifest: dict[str, Any], manifest_path: Path, redactor: Redactor
 ) -> dict[str, Any]:
     """Make the new version the run's: the manifest first, then the checkpoint's task and
-    steps (the caller saves it). Returns the new manifest."""
-    stored = stored_task(edit.task.to_dict())
+    steps (the caller saves it), both with the secrets `redactor` knows left out. Returns the
+    new manifest."""
+    stored = stored_task(edit.task.to_dict(), redactor)
     manifest = {**manifest, "task": stored, "taskfile": str(edit.path.resolve())}
     write_atomic(manifest_path, json.dumps(manifest, indent=2).encode("utf-8"))
-    state.task, state.title, state.taskfile = stored, edit.task.title, manifest["taskfile"]
+    state.task, state.title, state.taskfile = stored, stored["title"], manifest["taskfile"]
     align(state, edit.task)
     for sid in edit.steps:
         if sid in state.steps:

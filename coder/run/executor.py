@@ -583,7 +583,7 @@ class InPlace:
         return self.ex._tip()
 
     def commit(self, step: Step, attempt: int, outcome: StepOutcome, tip: str) -> str | None:
-        message = commit_parts(self.ex.task, step, attempt, outcome)
+        message = commit_parts(self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact)
         return gitops.commit_step(self.workdir, **message, expected_tip=tip)
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
@@ -606,7 +606,7 @@ class Scratch:
         return self.tip
 
     def commit(self, step: Step, attempt: int, outcome: StepOutcome, tip: str) -> str | None:
-        message = commit_parts(self.ex.task, step, attempt, outcome)
+        message = commit_parts(self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact)
         return gitops.commit_detached(self.workdir, **message, parent=tip)
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
@@ -649,27 +649,27 @@ def success_problems(ex: Executor) -> list[str]:
     return problems
 
 
-def commit_parts(task: Task, step: Step, attempt: int, outcome: StepOutcome) -> dict[str, Any]:
-    """What a step commit says: title, body and the trailers' values."""
+def commit_parts(
+    task: Task, step: Step, attempt: int, outcome: StepOutcome, redact: Callable[[str], str]
+) -> dict[str, Any]:
+    """What a step commit says: title, body and the trailers' values; what the taskfile and
+    the model wrote passes `redact` (the run's redactor)."""
     return {
         "task_id": task.id,
         "step_id": step.id,
         "attempt": attempt,
-        "title": commit_title(step),
-        "body": commit_body(step, outcome),
+        "title": commit_title(step, redact),
+        "body": commit_body(step, outcome, redact),
     }
 
 
-def commit_title(step: Step) -> str:
-    from coder.redact import redact
-
+def commit_title(step: Step, redact: Callable[[str], str]) -> str:
     goal = redact(" ".join(step.goal.split()))
     title = f"{step.id}: {goal}"
     return title if len(title) <= 72 else title[:71] + "…"
 
 
-def commit_body(step: Step, outcome: StepOutcome) -> str:
-    from coder.redact import redact
+def commit_body(step: Step, outcome: StepOutcome, redact: Callable[[str], str]) -> str:
     from coder.taskfile import shown_command
 
     lines = [f"Step {step.id} ({step.kind})."]

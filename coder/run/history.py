@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coder import project
 from coder.errors import ConcurrentRun, CorruptState, EnvironmentProblem, InvalidInput
@@ -13,6 +13,9 @@ from coder.git import ops as gitops
 from coder.run.lock import read_lock_owner
 from coder.run.runs import load_manifest, manifest_path
 from coder.run.state import RunState, StateStore
+
+if TYPE_CHECKING:
+    from coder.redact import Redactor
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,26 @@ def open_run(cwd: Path, task_id: str) -> RunView:
     return RunView(root, coder_dir, manifest, state, read_lock_owner(coder_dir, task_id))
 
 
+def redactor_of(view: RunView) -> Redactor:
+    """What showing the run redacts (coder.run.secrets.view_redactor)."""
+    from coder.run.secrets import view_redactor
+
+    return view_redactor(view.root, [view.state.worktree])
+
+
+def shown_name(name: str, redactor: Redactor) -> str:
+    """A file name as coder shows it: redacted, then quoted when unusual (coder.display)."""
+    from coder.display import quoted_name
+
+    return quoted_name(redactor.redact(name))
+
+
 def diff(view: RunView, *, step: str | None = None, stat: bool = False) -> str:
-    """The run's accumulated diff (base..branch), or one step's own commit."""
+    """The run's accumulated diff (base..branch), or one step's own commit: file names
+    redacted and quoted when unusual, the text redacted, control characters escaped (it goes
+    to a terminal; `git diff BASE..BRANCH` gives the patch as it is)."""
+    from coder.display import escaped
+
     repo = gitops.open_repo(view.root)
     state = view.state
     tip = gitops.branch_tip(repo, state.branch)
@@ -52,7 +73,17 @@ def diff(view: RunView, *, step: str | None = None, stat: bool = False) -> str:
                 "nothing makes none)"
             )
         old, new = gitops.resolve_commit(repo, f"{record.commit}^"), record.commit
-    return gitops.diff_stat(repo, old, new) if stat else gitops.diff_patch(repo, old, new)
+    redactor = redactor_of(view)
+
+    def shown(name: str) -> str:
+        return shown_name(name, redactor)
+
+    text = (
+        gitops.diff_stat(repo, old, new, shown=shown)
+        if stat
+        else gitops.diff_patch(repo, old, new, shown=shown)
+    )
+    return escaped(redactor.redact(text), lines=True)
 
 
 def clean(

@@ -368,8 +368,10 @@ class _Merge:
         from coder import config as config_mod
         from coder import taskfile
         from coder.run.runs import policy_for
+        from coder.run.secrets import restore
 
-        task = taskfile.from_dict(self.manifest["task"])
+        # the tests run as the taskfile wrote them (the manifest keeps them redacted)
+        task = taskfile.from_dict(restore(self.manifest["task"], self.manifest.get("taskfile")))
         cfg = config_mod.load(self.root)
         config_mod.require_trusted(cfg)  # its settings would widen what the check runs
         name = check_worktree_name(self.task_id)
@@ -479,7 +481,7 @@ def merge_message(
     for step in task.steps:
         st = state.steps.get(step.id) or StepRecord()
         note = "" if st.commit else " (skipped)" if st.status == "skipped" else " (no changes)"
-        lines.append(f"- {commit_title(step)}{note}")
+        lines.append(f"- {commit_title(step, redact)}{note}")
     what = "Squash merge" if mode == "squash" else "Merge"
     title = redact(" ".join(task.title.split())) or f"coder task {task.id}"
     intro = f"{what} of coder task {task.id} from {state.branch} ({len(lines)} steps):"

@@ -5,19 +5,26 @@ diff's stat; how to merge or revert.
 
 Built on what `coder show -t` reads (`coder.run.history.open_run`), so its figures are show's;
 the event log adds what the state does not keep (the failing tests each fix cycle started
-from), git the files each commit changed. Everything that leaves is redacted, as logs are.
+from), git the files each commit changed. Everything that leaves is redacted, as logs are (file
+names first, each on its own); a file name is quoted as git quotes an unusual one, and what
+goes into a table cannot break its row (`|` and newlines escaped).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import re
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from coder import diagram
+from coder.display import escaped, quoted_name
 from coder.git import ops as gitops
 from coder.models.provider import cache_share
 from coder.run import events
 from coder.run.history import RunView
+
+if TYPE_CHECKING:
+    from coder.redact import Redactor
 
 EMOJI = {
     "success": "✅",
@@ -278,7 +285,8 @@ def markdown(report: RunReport) -> str:
     out.append(f"Run `{report.task_id}` · {status}")
     out.append("")
     facts = [
-        f"| branch | `{report.branch}` from `{report.base}` at `{report.base_commit[:8]}` |",
+        f"| branch | {_code(report.branch)} from {_code(report.base)} at "
+        f"`{report.base_commit[:8]}` |",
         f"| steps | {t['steps']} ({_count(t['commits'], 'commit')}, "
         f"{_count(t['fix_cycles'], 'fix cycle')}) |",
         f"| changes | {_count(t['files'], 'file')}, +{t['added']} −{t['removed']} |",
@@ -296,9 +304,10 @@ def markdown(report: RunReport) -> str:
 
     out += ["## Task", ""]
     if report.taskfile:
-        out += [f"Taskfile: `{report.taskfile}`", ""]
+        out += [f"Taskfile: {_code(report.taskfile)}", ""]
     if report.spec:
-        out += ["<details open><summary>Spec</summary>", "", report.spec.strip(), "", "</details>"]
+        spec = escaped(report.spec.strip(), lines=True)
+        out += ["<details open><summary>Spec</summary>", "", spec, "", "</details>"]
     else:
         out.append("No spec: the taskfile was written by hand.")
     out.append("")
@@ -387,9 +396,19 @@ def _step_section(s: StepReport) -> list[str]:
 def _files_table(files: list[gitops.FileChange]) -> list[str]:
     rows = ["| file | | + | − |", "|---|---|---:|---:|"]
     for f in files:
-        name = f"`{f.old_path}` → `{f.path}`" if f.old_path else f"`{f.path}`"
+        name = f"{_code(f.old_path)} → {_code(f.path)}" if f.old_path else _code(f.path)
         rows.append(f"| {name} | {f.status} | {f.added} | {f.removed} |")
     return rows
+
+
+def _code(name: str) -> str:
+    """A file name as a Markdown code span that keeps to its table cell: quoted when unusual
+    (its controls and newlines escaped), `|` escaped, fenced by more backticks than it holds."""
+    shown = quoted_name(name)
+    longest = max((len(run) for run in re.findall("`+", shown)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if shown.startswith("`") or shown.endswith("`") else ""
+    return f"{fence}{pad}{shown}{pad}{fence}".replace("|", "\\|")
 
 
 def _files_cell(files: list[gitops.FileChange]) -> str:
@@ -414,15 +433,14 @@ def _share(share: float | None) -> str:
 
 def _anchor(s: StepReport) -> str:
     """GitHub's heading anchor for `### {id} · {kind}`."""
-    import re
-
     text = f"{s.id} · {s.kind}".lower()
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
 def _inline(text: str) -> str:
-    """One line that cannot break a table or open HTML."""
-    return " ".join(str(text).split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    """One line that cannot break a table, open HTML or drive a terminal."""
+    line = escaped(" ".join(str(text).split()))
+    return line.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _count(n: int, word: str) -> str:
@@ -457,14 +475,27 @@ def commit_summary(report: RunReport) -> str:
     return "\n".join(lines)
 
 
-def render(report: RunReport, fmt: str = "md") -> str:
-    """The report as Markdown (`md`) or JSON, redacted: known key formats, secret-looking
-    assignments and the values of this process's secret variables (`*KEY*`, `*TOKEN*`...)."""
+def render(report: RunReport, redactor: Redactor, fmt: str = "md") -> str:
+    """The report as Markdown (`md`) or JSON, redacted by `redactor` (the run's secrets as
+    far as this process knows them, coder.run.history.redactor_of): each file name on its
+    own first (before it is quoted), then the whole text."""
     import json
 
-    from coder.redact import Redactor, secrets_from_environ
+    def names(files: list[gitops.FileChange]) -> list[gitops.FileChange]:
+        return [
+            replace(
+                f,
+                path=redactor.redact(f.path),
+                old_path=f.old_path and redactor.redact(f.old_path),
+            )
+            for f in files
+        ]
 
-    redactor = Redactor(secrets_from_environ())
+    report = replace(
+        report,
+        files=names(report.files),
+        steps=[replace(s, files=names(s.files)) for s in report.steps],
+    )
     if fmt == "json":
         return json.dumps(redactor.redact_obj(report.as_dict()), indent=2) + "\n"
     return redactor.redact(markdown(report))

@@ -21,9 +21,9 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
 from coder import project, taskfile
@@ -34,8 +34,11 @@ from coder.git import land as gitland
 from coder.git import ops as gitops
 from coder.run import amend
 from coder.run.lock import TaskLock
-from coder.run.secrets import restore_env, run_secrets, stored_task
+from coder.run.secrets import restore, run_secrets, stored_task
 from coder.run.state import DONE, RunState, StateStore, new_run, now_iso
+
+if TYPE_CHECKING:
+    from coder.redact import Redactor
 
 Console = Callable[[dict[str, Any]], None]
 
@@ -146,6 +149,11 @@ def start(
     worktree = coder_dir / "worktrees" / task.id
     # The lock before the checks: a second `coder run` of a task that is running is told who
     # runs it (ConcurrentRun), and two starts cannot both pass the checks and create the run.
+    # every secret the run knows, before anything is stored, sent or logged (the worktree's
+    # own `.env*` files join when it exists)
+    redactor = run_redactor([root], task, policy, cfg)
+    if not task.source.get("branch"):  # named after the title: never after a secret in it
+        task = replace(task, branch=taskfile.default_branch(task.id, redactor.redact(task.title)))
     with TaskLock(coder_dir, task.id) as lock:
         if store.exists(task.id) or manifest_path(coder_dir, task.id).exists():
             raise InvalidInput(
@@ -159,14 +167,15 @@ def start(
                     f"branch {task.branch} already exists",
                     hint="set another `id` or `branch` in the taskfile, or delete the branch",
                 )
-            agent = open_agent(task, cfg, repo, base_commit, options)  # no model: we stop here
+            # no model: we stop here
+            agent = open_agent(task, cfg, repo, base_commit, options, redactor)
         except BaseException:
             lock.path.unlink(missing_ok=True)
             raise
         try:  # the manifest first, then the branch and worktree, then the first checkpoint
             manifest = {
                 "task_id": task.id,
-                "task": stored_task(task.to_dict()),  # secret env values left out
+                "task": stored_task(task.to_dict(), redactor),  # secrets left out
                 "taskfile": str(path.resolve()),
                 "base": base,
                 "base_commit": base_commit,
@@ -203,6 +212,7 @@ def start(
                 console,
                 warnings=tuple(warnings),
                 agent=agent,
+                redactor=redactor,
             )
         except BaseException:
             if agent is not None:  # _execute closes it too; closing twice is harmless
@@ -248,12 +258,22 @@ def _missing_base(base: str) -> str:
     )
 
 
+def run_redactor(
+    roots: list[Path], task: taskfile.Task, policy: Any, cfg: config_mod.Config
+) -> Redactor:
+    """The run's redactor: every secret it knows (coder.run.secrets.run_secrets)."""
+    from coder.redact import Redactor
+
+    return Redactor(run_secrets(roots, task, policy, cfg.values))
+
+
 def open_agent(
     task: taskfile.Task,
     cfg: config_mod.Config,
     repo: Any,
     base_commit: str,
     options: RunOptions,
+    redactor: Redactor,
     done: Collection[str] = (),
     attempts: Mapping[str, int] | None = None,
 ) -> Any:
@@ -262,7 +282,8 @@ def open_agent(
     prefix every request starts with. Every model those steps can still reach must be on its
     server first (each server is asked what it serves, loading nothing); then only the models
     they start with are warmed up (loaded), so a missing host or model fails before anything
-    is created and Ollama does not load a model no step uses."""
+    is created and Ollama does not load a model no step uses. Every request to a model passes
+    `redactor` (coder.models.redacting)."""
     pending = [s for s in task.steps if s.uses_model and s.id not in done]
     if not pending:
         return None
@@ -275,7 +296,9 @@ def open_agent(
     made = attempts or {}
     if options.replay is None:  # a replay asks no server
         require_served(cfg, model_uses(task, pending, made))
-    models = open_models(cfg, model=task.model, replay=options.replay, record=options.record)
+    models = open_models(
+        cfg, redactor=redactor, model=task.model, replay=options.replay, record=options.record
+    )
     first = list(
         dict.fromkeys(next_model(task, s, made.get(s.id, 0)) or models.model for s in pending)
     )
@@ -288,10 +311,11 @@ def open_agent(
     built = prefix.build(
         repo,
         base_commit,
-        stored_task(task.to_dict()),  # secret env values never reach the model
+        stored_task(task.to_dict(), redactor),  # as the manifest keeps it
         cfg,
         num_ctx=facts.num_ctx,
         cache_dir=project.coder_dir(gitops.repo_root(repo)) / "cache",
+        redactor=redactor,
     )
     session = AgentSession(models, registry, built.system, registry.definitions(), facts)
     if cfg.get("warm_prefix", True) and options.replay is None:
@@ -311,7 +335,6 @@ def warm_up(models: Any, names: Sequence[str]) -> Any:
     a server that holds one model at a time keeps the one needed first. The facts are the
     first's, with the smallest context of them all (every step shares the prefix built to
     it)."""
-    from dataclasses import replace
 
     warmed = {name: models.warm_up(name) for name in reversed(names)}
     facts = warmed[names[0]]
@@ -349,7 +372,6 @@ def model_uses(
 def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Any:
     """The run's policy: the config's, narrowed by the taskfile. A taskfile can turn the
     network off but never on; only coder.config.json widens permissions."""
-    from dataclasses import replace
 
     from coder.policy.commands import Policy
 
@@ -428,7 +450,7 @@ def resume(
                     else f", or merge it with `coder merge -t {task_id}`"
                 ),
             )
-        task = taskfile.from_dict(restore_env(manifest["task"], manifest.get("taskfile")))
+        task = taskfile.from_dict(restore(manifest["task"], manifest.get("taskfile")))
         worktree = Path(manifest["worktree"])
         amend.align(state, task)  # after a crash while an edited taskfile was being taken
         warnings += reconcile(repo, state, manifest, worktree)
@@ -437,17 +459,20 @@ def resume(
         edit, warning = amend.load_or_warn(manifest, task, root, options.taskfile)
         if warning:
             warnings.append(warning)
+        running = edit.task if edit is not None else task
+        redactor = run_redactor([root], running, policy_for(running, cfg), cfg)
         if edit is not None:
             amend.check_done_unchanged(edit, state)
             preflight(edit.todo(state), policy_for(edit.task, cfg), root, cfg)
-            manifest = amend.take(edit, state, manifest, manifest_path(coder_dir, task_id))
+            path = manifest_path(coder_dir, task_id)
+            manifest = amend.take(edit, state, manifest, path, redactor)
             task = edit.task
             warnings.append(f"{edit.summary()}; taking the new version for the steps not yet done")
         store.save(state)
         sandbox.require_sandbox(policy_for(task, cfg))
         done = {sid for sid, st in state.steps.items() if st.status in DONE}
         made = {sid: st.attempts for sid, st in state.steps.items()}
-        agent = open_agent(task, cfg, repo, manifest["base_commit"], options, done, made)
+        agent = open_agent(task, cfg, repo, manifest["base_commit"], options, redactor, done, made)
         return _execute(
             task,
             root,
@@ -461,6 +486,7 @@ def resume(
             console,
             warnings=tuple(warnings),
             agent=agent,
+            redactor=redactor,
         )
 
 
@@ -561,14 +587,15 @@ def _execute(
     options: RunOptions,
     console: Console | None,
     warnings: tuple[str, ...],
-    agent: Any = None,
+    agent: Any,
+    redactor: Redactor,
 ) -> RunResult:
-    from coder.redact import Redactor
+    from coder.redact import secrets_from_repo
     from coder.run.events import EventLog
     from coder.run.executor import Executor, RunContext
 
-    # every secret the run knows, before anything is logged or any command runs
-    redactor = Redactor(run_secrets([root, worktree], task, policy, cfg.values))
+    # the worktree's `.env*` files too, before anything is logged or any command runs
+    redactor.add(*secrets_from_repo(worktree))
     if agent is not None and options.replay is None:  # the server's API key stays secret
         from coder.models.factory import api_key
 

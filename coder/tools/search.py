@@ -73,7 +73,13 @@ def _search(
 
     k = limit if wanted is None else limit * 20
     hits = search.search(
-        root, query, k=k, cache_dir=ctx.cache_dir, embedder=embedder, embed_key=ctx.embed_key
+        root,
+        query,
+        k=k,
+        cache_dir=ctx.cache_dir,
+        embedder=embedder,
+        embed_key=ctx.embed_key,
+        redactor=ctx.redactor,
     )
     if wanted is not None:
         hits = [h for h in hits if wanted.fullmatch(h.chunk.path)]

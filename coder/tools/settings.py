@@ -7,13 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from coder.redact import Redactor
 
 
 def code_settings(
-    config: Mapping[str, Any] | Any, policies: Mapping[str, Any], cache_dir: Path | None
+    config: Mapping[str, Any] | Any,
+    policies: Mapping[str, Any],
+    cache_dir: Path | None,
+    redactor: Redactor,
 ) -> dict[str, Any]:
-    """Keyword arguments for ToolContext."""
+    """Keyword arguments for ToolContext (what the embedder is sent passes `redactor`)."""
     from coder.models.factory import open_embedder
 
     model = config.get("embedding_model")
@@ -22,7 +28,7 @@ def code_settings(
         "veto_syntax_errors": bool(policies.get("veto_syntax_errors", True)),
         "lint_after_edit": bool(policies.get("lint_after_edit", True)),
         "lint_command": config.get("lint_command"),
-        "embedder": open_embedder(config),
+        "embedder": open_embedder(config, redactor=redactor),
         # names the vector cache: the same model name on another kind of server may differ
         "embed_key": embed_key(config) if model else "",
     }

@@ -159,7 +159,7 @@ def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> 
     models = {**DEFAULT_MODELS, "nomic-embed-text:latest": {"capabilities": ["embedding"]}}
     with FakeOllama(models=models) as server:
         config = {"ollama_host": server.url, "embedding_model": "nomic-embed-text"}
-        settings = code_settings(config, {}, tmp_path / "cache")
+        settings = code_settings(config, {}, tmp_path / "cache", Redactor())
         vectors = settings["embedder"](["parse the config", "parse the config file"])
         assert len(vectors) == 2 and len(vectors[0]) == 16
         ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **settings)
@@ -171,7 +171,9 @@ def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> 
         assert embeds and embeds[-1].body["model"] == "nomic-embed-text"
         assert list((tmp_path / "cache").glob("embeddings-ollama-nomic-embed-text.bin"))
         # an embedding model the server does not have: BM25 alone, and the model is told
-        missing = code_settings({**config, "embedding_model": "no-such-model"}, {}, None)
+        missing = code_settings(
+            {**config, "embedding_model": "no-such-model"}, {}, None, Redactor()
+        )
         ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **missing)
         result = default_registry().call(
             "code_search", {"query": "reduce a price by a percentage"}, ctx
@@ -203,7 +205,7 @@ def test_hybrid_code_search_through_an_openai_compatible_server(shop: Path, tmp_
             "base_url": [down_url() + "/v1", server.url],
             "embedding_model": embedder,
         }
-        settings = code_settings(config, {}, tmp_path / "cache")
+        settings = code_settings(config, {}, tmp_path / "cache", Redactor())
         ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **settings)
         result = default_registry().call("code_search", query, ctx)
         assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
@@ -215,7 +217,7 @@ def test_hybrid_code_search_through_an_openai_compatible_server(shop: Path, tmp_
         assert list((tmp_path / "cache").glob("embeddings-openai-nomic-embed-text-v1.5.bin"))
         assert settings["embedder"](["again"]) == [embedding("again")]
         # a chat model (a server started without --embeddings): BM25 alone, and why
-        chat_only = code_settings({**config, "embedding_model": MODEL}, {}, None)
+        chat_only = code_settings({**config, "embedding_model": MODEL}, {}, None, Redactor())
         ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **chat_only)
         result = default_registry().call("code_search", query, ctx)
         assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
@@ -247,7 +249,7 @@ def test_the_embedding_model_may_be_a_named_model_on_another_server(
             },
             "embedding_model": "embedder",
         }
-        settings = code_settings(config, {}, tmp_path / "cache")
+        settings = code_settings(config, {}, tmp_path / "cache", Redactor())
         ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **settings)
         result = default_registry().call(
             "code_search", {"query": "reduce a price by a percentage"}, ctx

@@ -12,7 +12,9 @@ import pytest
 
 from coder import config as config_mod
 from coder.models.factory import model_config, open_models
+from coder.models.redacting import RedactedModels
 from coder.models.router import ModelSet
+from coder.redact import Redactor
 
 BIG = {"provider": "openai", "base_url": "http://127.0.0.1:8000/v1", "model": "qwen-32b"}
 
@@ -70,9 +72,13 @@ def test_steps_go_to_the_server_of_their_model(
     for provider in ("ollama", "openai"):
         monkeypatch.setitem(factory.PROVIDERS, provider, recording(provider))
     cfg = load(tmp_path, model="qwen-7b", models={"big": BIG})
-    models = open_models(cfg)
-    assert isinstance(models, ModelSet)
-    steps = [models.for_step("s1"), models.for_step("s2", "big"), models.for_step("s3", "q14")]
+    models = open_models(cfg, redactor=Redactor())
+    assert isinstance(models, RedactedModels) and isinstance(models.inner, ModelSet)
+    steps = [
+        models.for_step("s1").inner,
+        models.for_step("s2", "big").inner,
+        models.for_step("s3", "q14").inner,
+    ]
     assert [s.model for s in steps] == ["qwen-7b", "qwen-32b", "q14"]
     providers = [step.router.provider(step.endpoint, step.model) for step in steps]
     assert made == [
@@ -81,7 +87,9 @@ def test_steps_go_to_the_server_of_their_model(
         ("ollama", "http://127.0.0.1:11434", "q14"),
     ]
     assert models.warm_up().model == "qwen-7b"  # the run's default, on its server
-    assert open_models(cfg, model="big").warm_up().model == "qwen-32b"  # a task's model
+    assert (
+        open_models(cfg, redactor=Redactor(), model="big").warm_up().model == "qwen-32b"
+    )  # a task's model
     models.close()
     assert all(p.closed for p in providers)
 
@@ -89,7 +97,7 @@ def test_steps_go_to_the_server_of_their_model(
 def test_without_named_models_a_run_has_one_router(tmp_path: Path) -> None:
     from coder.models.router import Router
 
-    assert isinstance(open_models(load(tmp_path)), Router)
+    assert isinstance(open_models(load(tmp_path), redactor=Redactor()).inner, Router)
 
 
 def test_a_named_model_elsewhere_waits_for_trust(make_repo) -> None:

@@ -67,6 +67,7 @@ def run(ctx: StepContext) -> StepOutcome:
             ctx.workdir,
             ctx.step.goal or "",
             [c["path"] for c in ctx.step.changes],
+            redactor=ctx.redactor,
             cache_dir=cache_dir(ctx),
         ),
     )
@@ -124,7 +125,7 @@ def converse(
         command_timeout=ctx.step.timeout_s,
         owner=ctx.owner,
         stop_on_environment=True,
-        **code_settings(ctx.config, ctx.task.policies, cache_dir(ctx)),
+        **code_settings(ctx.config, ctx.task.policies, cache_dir(ctx), ctx.redactor),
     )
     messages = [
         {"role": "system", "content": session.system},

@@ -1,0 +1,47 @@
+"""Text from a repository or a command made safe to show: what coder prints never drives the
+terminal or forges a line.
+
+A file name is the repository's (a command or the model chose it) and so is a command's output:
+either can hold an escape sequence (`\\x1b]...`, `\\x1b[2J`) that a terminal would obey, a
+carriage return that overwrites what came before, a newline that forges a line of its own, or
+a bidirectional override that shows the text in another order than it is. `escaped` shows each
+such character as an escape (`\\x1b`, `\\n`, `\\u202e`); `quoted_name` is a file name as git
+shows an unusual one (`"a\\x1bb"`), so a name and its escapes cannot be confused.
+"""
+
+from __future__ import annotations
+
+import re
+
+# C0 controls and DEL, C1 controls (some terminals read \x9b as CSI), and the characters that
+# reorder or break a line where it is shown: bidirectional marks and overrides, the Unicode line
+# and paragraph separators.
+_REORDERING = "\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_UNSAFE = "\x00-\x1f\x7f-\x9f" + _REORDERING
+_UNSAFE_CHAR = re.compile(f"[{_UNSAFE}]")
+_UNSAFE_IN_LINES = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_REORDERING}]")  # \t, \n kept
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_NEEDS_QUOTES = re.compile(f'[{_UNSAFE}"\\\\]')
+
+
+def _escape(char: str) -> str:
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escaped(text: str, *, lines: bool = False) -> str:
+    """`text` with every control character shown as an escape. `lines`: a multi-line text
+    (a patch, a command's output) keeps its newlines and tabs, every other control is shown."""
+    pattern = _UNSAFE_IN_LINES if lines else _UNSAFE_CHAR
+    return pattern.sub(lambda m: _escape(m.group()), text)
+
+
+def quoted_name(name: str) -> str:
+    """A file name to print: as it is when it is plain, else in double quotes with its
+    controls, quotes and backslashes escaped (as git quotes an unusual name)."""
+    if not _NEEDS_QUOTES.search(name):
+        return name
+    inner = name.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + _UNSAFE_CHAR.sub(lambda m: _escape(m.group()), inner) + '"'
