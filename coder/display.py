@@ -5,8 +5,9 @@ A file name is the repository's (a command or the model chose it) and so is a co
 either can hold an escape sequence (`\\x1b]...`, `\\x1b[2J`) that a terminal would obey, a
 carriage return that overwrites what came before, a newline that forges a line of its own, or
 a bidirectional override that shows the text in another order than it is. `escaped` shows each
-such character as an escape (`\\x1b`, `\\n`, `\\u202e`); `quoted_name` is a file name as git
-shows an unusual one (`"a\\x1bb"`), so a name and its escapes cannot be confused.
+such character as git and libgit2 write it in a quoted name (`\\033`, `\\n`, `\\a`; beyond
+ASCII `\\u202e`); `quoted_name` is a file name as git shows an unusual one (`"a\\033b"`), so
+a name and its escapes cannot be confused, and it reads as in `git diff` and `coder diff`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ _REORDERING = "\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
 _UNSAFE = "\x00-\x1f\x7f-\x9f" + _REORDERING
 _UNSAFE_CHAR = re.compile(f"[{_UNSAFE}]")
 _UNSAFE_IN_LINES = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_REORDERING}]")  # \t, \n kept
-_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_NAMED = {
+    "\a": "\\a",
+    "\b": "\\b",
+    "\t": "\\t",
+    "\n": "\\n",
+    "\v": "\\v",
+    "\f": "\\f",
+    "\r": "\\r",
+}
 _NEEDS_QUOTES = re.compile(f'[{_UNSAFE}"\\\\]')
 
 
@@ -28,7 +37,7 @@ def _escape(char: str) -> str:
     if char in _NAMED:
         return _NAMED[char]
     code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return f"\\{code:03o}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def escaped(text: str, *, lines: bool = False) -> str:

@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "schemas",
         "yamldoc",
         "redact",
+        "display",
         "durable",
         "nofollow",
         "crashpoints",

@@ -129,11 +129,13 @@ def _echo_json_error(message: str, hint: str | None, exit_code: int) -> None:
 
 def report_error(ctx: click.Context, exc: CoderError) -> None:
     obj = ctx.ensure_object(dict)
+    from coder.display import escaped  # a message may name a file or quote a command's output
+
     if obj.get("json"):
         _echo_json_error(exc.message, exc.hint, exc.exit_code)
-    click.echo(f"coder: error: {exc.message}", err=True)
+    click.echo(f"coder: error: {escaped(exc.message)}", err=True)
     if exc.hint:
-        click.echo(f"  hint: {exc.hint}", err=True)
+        click.echo(f"  hint: {escaped(exc.hint)}", err=True)
     if obj.get("debug"):
         import traceback
 

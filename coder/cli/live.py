@@ -34,6 +34,7 @@ from coder.cli.progress import (
     line_parts,
 )
 from coder.diagram import GLYPHS
+from coder.display import escaped
 
 TICK = 0.25  # seconds between redraws
 TEXT_LINES = 3  # streamed text shown per running step with -v
@@ -204,7 +205,7 @@ def _visible(steps: list[StepActivity], height: int) -> tuple[list[StepActivity]
 
 
 def _tail(text: str, lines: int) -> list[str]:
-    kept = [line.rstrip() for line in text.splitlines() if line.strip()]
+    kept = [escaped(line.rstrip()) for line in text.splitlines() if line.strip()]
     return kept[-lines:]
 
 
@@ -220,7 +221,7 @@ class LiveActivity(Activity):
 
     def note(self, message: str) -> None:
         with self.lock:
-            self.region.print(Text(message))
+            self.region.print(Text(escaped(message, lines=True)))
 
     def status(self, text: str, *, restart: bool = False) -> None:
         with self.lock:
@@ -240,6 +241,9 @@ class LiveActivity(Activity):
         line = Table.grid(padding=(0, 1))
         line.add_row(
             Spinner("dots", style="cyan"),
-            Text(f"{self._status} · {clock_of(time.monotonic() - self._since)}", style="cyan"),
+            Text(
+                f"{escaped(self._status)} · {clock_of(time.monotonic() - self._since)}",
+                style="cyan",
+            ),
         )
         return line

@@ -25,6 +25,8 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from coder.display import escaped
+
 SHOWN = {
     "run.started": "run started",
     "run.warning": "warning",
@@ -63,7 +65,9 @@ def format_line(event: dict[str, Any], clock: str) -> str:
 
 
 def line_parts(event: dict[str, Any], clock: str) -> tuple[str, str, str]:
-    """A SHOWN event's line in three parts: time and step, what happened, the detail."""
+    """A SHOWN event's line in three parts: time and step, what happened, the detail (its
+    control characters escaped: a goal, a file name or a command's output is not the
+    terminal's to obey)."""
     name, step = event.get("event", ""), event.get("step_id", "")
     if name == "step.started":
         detail = f"{event.get('kind', '')}: {event.get('goal', '')}"
@@ -83,7 +87,7 @@ def line_parts(event: dict[str, Any], clock: str) -> tuple[str, str, str]:
         detail = event.get("status", "") + (f": {event['error']}" if event.get("error") else "")
     else:
         detail = str(event.get("error") or event.get("reason") or event.get("message") or "")
-    return f"{clock}  {step:<10} ", f"{SHOWN[name]:<11}", f" {detail}"
+    return f"{clock}  {step:<10} ", f"{SHOWN[name]:<11}", f" {escaped(detail)}"
 
 
 # --- the run as the user sees it ------------------------------------------------------------
@@ -131,7 +135,7 @@ class StepActivity:
         if self.tokens_per_s:
             parts.append(f"{self.tokens_per_s:.1f} tok/s")
         parts.append(clock_of(now - (now if self.started is None else self.started)))
-        return " · ".join(parts)
+        return escaped(" · ".join(parts))
 
 
 TEXT_TAIL = 2000  # characters of streamed text kept per step
@@ -316,7 +320,7 @@ class Activity:
     def note(self, message: str) -> None:
         if not self.silent:
             with self.lock:
-                self.stream.write(message + "\n")
+                self.stream.write(escaped(message, lines=True) + "\n")
                 self.stream.flush()
 
     def status(self, text: str, *, restart: bool = False) -> None:

@@ -343,7 +343,6 @@ def status(as_json: bool) -> None:
 
 def approval_prompt(step: Any, run: Any) -> str:
     """Ask before a step: [r]un, [s]kip, [d]iff so far, [q]uit."""
-    from coder.display import quoted_name
     from coder.git import ops as gitops
     from coder.taskfile import shown_command
 
@@ -359,12 +358,7 @@ def approval_prompt(step: Any, run: Any) -> str:
         )
         if answer == "d":
             repo = gitops.open_repo(run.worktree)
-            text = gitops.diff_patch(
-                repo,
-                run.state.base_commit,
-                worktree=run.worktree,
-                shown=lambda name: quoted_name(redact(name)),
-            )
+            text = gitops.diff_patch(repo, run.state.base_commit, worktree=run.worktree)
             click.echo(escaped(redact(text), lines=True) or "(no changes yet)", err=True)
             continue
         return {"r": "run", "s": "skip", "q": "quit"}[answer]
@@ -532,7 +526,7 @@ def _finish(
             line += f", {note}"
         if state.error:
             line += f" ({state.error})"
-        click.echo(line)
+        click.echo(escaped(line))
         click.echo(f"  branch   {state.branch}\n  worktree {state.worktree}")
         if usage_line(state):
             click.echo(f"  model    {usage_line(state)}")

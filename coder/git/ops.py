@@ -1211,25 +1211,20 @@ def _diff(repo: pygit2.Repository, old: str, new: str) -> pygit2.Diff:
 
 
 def diff_patch(
-    repo: pygit2.Repository,
-    old: str,
-    new: str | None = None,
-    *,
-    worktree: Path | None = None,
-    shown: Callable[[str], str] | None = None,
+    repo: pygit2.Repository, old: str, new: str | None = None, *, worktree: Path | None = None
 ) -> str:
     """Unified diff ``old``..``new``; with ``new`` None, ``old`` against the files of
-    ``worktree`` (default: the repo's own working tree), untracked files included. `shown`:
-    how a file name is written in the headers (`a/NAME` passed whole, as git quotes
-    `"a/NAME"`), so a name cannot forge a header line; the names as they are by default."""
+    ``worktree`` (default: the repo's own working tree), untracked files included. An unusual
+    file name is quoted in the headers as git quotes it (libgit2 does), so none forges a
+    line; the changed lines are as they are."""
     if new is not None:
-        patches = [p for p in _diff(repo, old, new) if p is not None]
-    else:
-        w = _open_worktree(worktree, writing=False) if worktree is not None else repo
-        d = _tree(w, old).diff_to_workdir(_WORKDIR_FLAGS)
-        # .coder/ is normally ignored via info/exclude; drop it here too in case it is not.
-        patches = [p for p in d if p is not None and not _under_coder_dir(p.delta.new_file.path)]
-    return "".join(_patch_text(p, shown) for p in patches)
+        return _diff(repo, old, new).patch or ""
+    w = _open_worktree(worktree, writing=False) if worktree is not None else repo
+    d = _tree(w, old).diff_to_workdir(_WORKDIR_FLAGS)
+    # .coder/ is normally ignored via info/exclude; drop it here too in case it is not.
+    return "".join(
+        p.text or "" for p in d if p is not None and not _under_coder_dir(p.delta.new_file.path)
+    )
 
 
 def added_lines(worktree: Path, old: str) -> dict[str, set[int]]:
@@ -1253,23 +1248,6 @@ def added_lines(worktree: Path, old: str) -> dict[str, set[int]]:
         if lines:
             found[path] = lines
     return found
-
-
-def _patch_text(patch: pygit2.Patch, shown: Callable[[str], str] | None) -> str:
-    text = patch.text or ""
-    if shown is None:
-        return text
-    old, new = patch.delta.old_file.path, patch.delta.new_file.path
-    cut = text.find("\n@@")
-    header, rest = (text, "") if cut < 0 else (text[:cut], text[cut:])
-    for raw, written in (
-        (f"a/{old}", shown(f"a/{old}")),
-        (f"b/{new}", shown(f"b/{new}")),
-        (f"rename from {old}", f"rename from {shown(old)}"),
-        (f"rename to {new}", f"rename to {shown(new)}"),
-    ):
-        header = header.replace(raw, written)
-    return header + rest
 
 
 def diff_stat(

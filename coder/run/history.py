@@ -78,11 +78,10 @@ def diff(view: RunView, *, step: str | None = None, stat: bool = False) -> str:
     def shown(name: str) -> str:
         return shown_name(name, redactor)
 
-    text = (
-        gitops.diff_stat(repo, old, new, shown=shown)
-        if stat
-        else gitops.diff_patch(repo, old, new, shown=shown)
-    )
+    if stat:
+        text = gitops.diff_stat(repo, old, new, shown=shown)
+    else:  # libgit2 quotes an unusual name in the headers, as git does
+        text = gitops.diff_patch(repo, old, new)
     return escaped(redactor.redact(text), lines=True)
 
 

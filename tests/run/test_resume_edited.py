@@ -9,6 +9,7 @@ from pathlib import Path
 
 from coder import taskfile as taskfile_mod
 from coder.errors import EXIT_FAILED, EXIT_USAGE
+from coder.redact import Redactor
 from coder.run import amend
 from coder.run.state import RunState, StateStore
 from tests.conftest import coder
@@ -134,7 +135,8 @@ def test_a_crash_between_the_manifest_and_the_checkpoint_is_mended(make_repo) ->
     current = taskfile_mod.from_dict(manifest["task"])
     edit = amend.compare(manifest, current, path)
     assert edit is not None
-    amend.take(edit, RunState.from_dict(state.to_dict()), manifest, manifest_file)  # not saved
+    not_saved = RunState.from_dict(state.to_dict())
+    amend.take(edit, not_saved, manifest, manifest_file, Redactor())
     assert "s4" not in store.load("ed").steps
 
     code, out, err = coder(repo, "resume", "-t", "ed")
