@@ -31,6 +31,7 @@ def planted(make_repo, isolated_home: Path, monkeypatch: pytest.MonkeyPatch) -> 
             "README.md": "# r\n",
             # a tracked file holding the passed-through value in a definition's first line
             "deploy.py": f'def deploy_handle(handle="{PASSED}"):\n    return handle\n',
+            f"docs/{PASSED}.md": "# how the deploy handle is kept\n",  # a name in the repo map
         }
     )
     (repo / ".env").write_text(f"DATABASE_URL=postgres://u@h/db\nAPI_PASSWORD={ENV}\n")
@@ -45,9 +46,15 @@ def _leaks(text: str) -> list[str]:
     return [s for s in SECRETS if s in text]
 
 
-def _outputs(repo: Path, task_id: str) -> dict[str, str]:
-    """What every command that looks at a run prints."""
+def _outputs(repo: Path, task_id: str, path: Path) -> dict[str, str]:
+    """What every command that looks at a run or its taskfile prints."""
     commands = {
+        "show -f": ("show", "-f", str(path)),
+        "show -f --json": ("show", "-f", str(path), "--json"),
+        "show -f --graph": ("show", "-f", str(path), "--graph"),
+        "show -f dot": ("show", "-f", str(path), "--format", "dot"),
+        "run --dry-run": ("run", "--dry-run", "-f", str(path)),
+        "run --dry-run --json": ("run", "--dry-run", "-f", str(path), "--json"),
         "report": ("report", "-t", task_id),
         "report json": ("report", "-t", task_id, "--format", "json"),
         "diff": ("diff", "-t", task_id),
@@ -65,7 +72,7 @@ def _outputs(repo: Path, task_id: str) -> dict[str, str]:
     found = {}
     for name, args in commands.items():
         code, out, err = coder(repo, *args)
-        assert code == 0, (name, out, err)
+        assert code == (2 if "dry-run" in name else 0), (name, out, err)  # the run exists
         found[name] = out + err
     return found
 
@@ -86,7 +93,7 @@ def test_no_secret_leaves_a_run_anywhere(planted: Path, fake) -> None:
           - id: s1
             kind: shell
             cmd: >-
-              echo "Authorization: Bearer {GITHUB}" > /dev/null;
+              echo "Authorization: Bearer {GITHUB}" > /dev/null; echo {ENV} > /dev/null;
               printf 'deploy handle configuration\\n' > "$DEPLOY_HANDLE.txt";
               printf 'deploy handle configuration\\n'
               > "$(sed -n 's/^API_PASSWORD=//p' ../../../.env).txt";
@@ -95,7 +102,7 @@ def test_no_secret_leaves_a_run_anywhere(planted: Path, fake) -> None:
               {GITHUB} > digest.txt
           - id: s2
             kind: custom
-            goal: look at the deploy handle configuration (key {AWS})
+            goal: look at the deploy handle configuration (key {AWS}, handle {PASSED})
             depends_on: [s1]
         """,
     )
@@ -138,7 +145,7 @@ def test_no_secret_leaves_a_run_anywhere(planted: Path, fake) -> None:
     messages = git(repo, "log", "--all", "--format=%B")
     assert "Step s1" in messages and not _leaks(messages), messages
 
-    for name, text in _outputs(repo, "leaky").items():
+    for name, text in _outputs(repo, "leaky", path).items():
         assert not _leaks(text), (name, _leaks(text), text[:2000])
     report = coder(repo, "report", "-t", "leaky")[1]
     assert report.count("[REDACTED") >= 3  # the three file names (and the title)
@@ -199,3 +206,27 @@ def test_resume_refuses_when_the_taskfile_lost_a_redacted_value(planted: Path) -
     taskfile(repo, text.replace(GITHUB, "ghp_" + "0" * 36))  # a token rotated meanwhile
     code, out, err = coder(repo, "resume", "-t", "lost")
     assert code == 0, out + err  # the taskfile's value stands where the run kept a marker
+
+
+def test_what_names_the_run_is_never_redacted(tmp_path: Path) -> None:
+    """Ids, branch, models and dependencies stay as written (they name files, refs and
+    edges), whatever the redactor knows; the free text around them is redacted."""
+    from coder import taskfile as taskfile_mod
+    from coder.redact import Redactor
+    from coder.run.secrets import restore, stored_task
+
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        "id: build7x\ntitle: build7x with " + AWS + "\nbranch: agent/build7x\n"
+        "graph:\n  - {id: build7x, kind: shell, cmd: echo build7x " + GITHUB + "}\n"
+        "  - {id: s2, kind: shell, cmd: 'true', depends_on: [build7x], env: {MODE: build7x}}\n"
+    )
+    task = taskfile_mod.load(path)
+    stored = stored_task(task.to_dict(), Redactor(["build7x"]))
+    assert (stored["id"], stored["branch"]) == ("build7x", "agent/build7x")
+    assert [s["id"] for s in stored["graph"]] == ["build7x", "s2"]
+    assert stored["graph"][1]["depends_on"] == ["build7x"]
+    assert stored["title"] == "[REDACTED:known_secret] with [REDACTED:aws_access_key_id]"
+    assert stored["graph"][0]["cmd"] == "echo [REDACTED:known_secret] [REDACTED:github_token]"
+    assert stored["graph"][1]["env"] == {"MODE": "[REDACTED:known_secret]"}
+    assert taskfile_mod.from_dict(restore(stored, str(path))) == task
