@@ -369,12 +369,14 @@ def _dry_run(path: Path, options: Any, as_json: bool) -> None:
     would start, 2 when it would be refused (the problems say why)."""
     from coder.errors import EXIT_USAGE
     from coder.run.dryrun import dry_run
+    from coder.run.secrets import view_redactor_at
 
     plan = dry_run(path, cwd=cwd(), options=options)
+    redactor = view_redactor_at(cwd())  # the taskfile's literal secrets, as `show -f`
     if as_json:
-        emit_json(plan.as_dict())
+        emit_json(redactor.redact_obj(plan.as_dict()))
     else:
-        click.echo(render_dry_run(plan))
+        click.echo(escaped(redactor.redact(render_dry_run(plan)), lines=True))
     raise SystemExit(EXIT_OK if plan.would_start else EXIT_USAGE)
 
 

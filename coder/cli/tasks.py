@@ -176,15 +176,9 @@ def shown_task(task: Any) -> Any:
     """A taskfile as `show` shows it: as a run stores it, the literal secrets it holds redacted
     (coder.run.secrets.stored_task, with what this repository and process know)."""
     from coder import taskfile
-    from coder.errors import CoderError
-    from coder.git import ops as gitops
-    from coder.run.secrets import stored_task, view_redactor
+    from coder.run.secrets import stored_task, view_redactor_at
 
-    try:
-        root = gitops.repo_root(gitops.open_repo(cwd()))
-    except CoderError:  # not in a repository: the directory's own `.env` files
-        root = cwd()
-    return taskfile.from_dict(stored_task(task.to_dict(), view_redactor(root)))
+    return taskfile.from_dict(stored_task(task.to_dict(), view_redactor_at(cwd())))
 
 
 def status_style(status: str, text: str) -> str:

@@ -13,6 +13,8 @@ conversation that only grows costs one scan per new message.
 
 from __future__ import annotations
 
+import copy
+import json
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,34 +31,40 @@ class Scrubber:
     def __init__(self, redactor: Redactor) -> None:
         self.redactor = redactor
         self._lock = threading.Lock()
-        self._memo: dict[str, str] = {}
+        self._memo: dict[str, Any] = {}
         self._known = -1
 
     def text(self, text: str) -> str:
+        redacted: str = self._memoized(text, text, self.redactor.redact)
+        return redacted
+
+    def value(self, value: Any) -> Any:
+        """A JSON value (tool calls, tool definitions), every string in it redacted."""
+        if isinstance(value, str):
+            return self.text(value)
+        key = "\0" + json.dumps(value, sort_keys=True, default=str)  # never a text's own key
+        return copy.deepcopy(self._memoized(key, value, self.redactor.redact_obj))
+
+    def _memoized(self, key: str, value: Any, redact: Callable[[Any], Any]) -> Any:
         with self._lock:
             if self._known != len(self.redactor):  # a new secret: what was clean may not be
                 self._memo, self._known = {}, len(self.redactor)
-            hit = self._memo.get(text)
+            hit = self._memo.get(key)
         if hit is None:
-            hit = self.redactor.redact(text)
+            hit = redact(value)
             with self._lock:
                 if len(self._memo) < MEMO_LIMIT:
-                    self._memo[text] = hit
+                    self._memo[key] = hit
         return hit
 
     def messages(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [self.message(m) for m in messages]
-
-    def message(self, message: dict[str, Any]) -> dict[str, Any]:
-        return {
-            key: self.text(value) if isinstance(value, str) else self.redactor.redact_obj(value)
-            for key, value in message.items()  # tool calls too: arguments go back to the model
-        }
+        # every field, tool calls too: the model's own arguments go back to it
+        return [{key: self.value(v) for key, v in m.items()} for m in messages]
 
     def tools(self, tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         if tools is None:
             return None
-        redacted: list[dict[str, Any]] = self.redactor.redact_obj(list(tools))
+        redacted: list[dict[str, Any]] = self.value(list(tools))
         return redacted
 
 

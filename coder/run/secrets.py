@@ -72,6 +72,19 @@ def view_redactor(root: Path, worktrees: Iterable[str | Path] = ()) -> Redactor:
     return Redactor(known_secrets(roots, config_mod.load(root).values))
 
 
+def view_redactor_at(cwd: Path) -> Redactor:
+    """`view_redactor` of the repository `cwd` is in (of `cwd` itself outside one): for what a
+    command shows of a taskfile (`show -f`, `run --dry-run`)."""
+    from coder.errors import CoderError
+    from coder.git import ops as gitops
+
+    try:
+        root = gitops.repo_root(gitops.open_repo(cwd))
+    except CoderError:
+        root = cwd
+    return view_redactor(root)
+
+
 def _credential_variables(value: Any, key: str = "") -> Iterator[str]:
     """Names of environment variables the settings point at for credentials."""
     if isinstance(value, Mapping):
