@@ -44,11 +44,13 @@ def tool_context(root: Path) -> ToolContext:
     from coder import project
     from coder.policy.commands import Policy
     from coder.redact import Redactor
+    from coder.run.secrets import known_secrets
     from coder.tools.settings import code_settings
 
     cfg = config_mod.load(root)
     coder_dir = project.coder_dir(root)
-    redactor = Redactor()
+    # what a run would redact: `.env*` values, secret-named and passed-through variables
+    redactor = Redactor(known_secrets([root], cfg.values))
     return ToolContext(
         root=root,
         policy=Policy.from_config(cfg.values),
