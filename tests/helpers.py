@@ -21,6 +21,15 @@ from tests.prefix_cache import is_priming
 ROOT = Path(__file__).resolve().parent.parent  # the repository: fixtures/, tasks/, README.md
 
 
+def denied() -> str:
+    """How a write outside a command's sandbox fails here: EROFS where the read-only mount
+    namespace refuses it first (coder.policy.mounts, as root), else Landlock's EACCES."""
+    from coder.policy import confine
+
+    found = confine.support()
+    return "Read-only file system" if found.mounts_problem is None else "Permission denied"
+
+
 def taskfile(repo: Path, text: str, name: str = "task.yaml") -> Path:
     """Write a (dedented) taskfile beside the repository, so it is not part of the checkout."""
     path = repo.parent / name

@@ -76,6 +76,8 @@ class Profile:
 
     writable: tuple[str, ...]  # real paths of directories
     network: bool = False
+    # real paths inside `writable` kept read-only (bound over themselves; needs the mount wall)
+    readonly: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,10 @@ class Support:
     abi: int  # Landlock ABI version; 0 when the kernel has none
     netns: str  # "thread" (own namespace, capabilities dropped), "per-command", or "none"
     problem: str | None  # why commands cannot be confined here, or None
+    # The metadata wall: why commands get no read-only mount namespace (coder.policy.mounts),
+    # and why setuid/setgid bits are not refused (coder.policy.seccomp); None when they are.
+    mounts_problem: str | None = "not probed"
+    setid_problem: str | None = "not probed"
 
     @property
     def available(self) -> bool:
@@ -103,27 +109,64 @@ def support() -> Support:
     except OSError as exc:
         return Support(0, "none", f"Landlock is not usable: {exc}")
     netns = _netns_mode()
+    walls = {"mounts_problem": _mounts_problem(), "setid_problem": _setid_problem()}
     if abi == 0:
-        return Support(0, netns, "this kernel has no Landlock (Linux 5.13+ with lsm=landlock)")
+        problem = "this kernel has no Landlock (Linux 5.13+ with lsm=landlock)"
+        return Support(0, netns, problem, **walls)
     if abi < MIN_ABI:
-        return Support(
-            abi, netns, f"this kernel's Landlock ABI {abi} is too old (needs {MIN_ABI}, Linux 6.2+)"
-        )
-    return Support(abi, netns, None)
+        problem = f"this kernel's Landlock ABI {abi} is too old (needs {MIN_ABI}, Linux 6.2+)"
+        return Support(abi, netns, problem, **walls)
+    return Support(abi, netns, None, **walls)
+
+
+def _in_throwaway_thread(probe: Callable[[], object]) -> OSError | None:
+    """Run `probe` on a thread of its own (what it changes there, namespaces, filters, dies
+    with the thread); the OSError it raised, or None."""
+    result: list[OSError | None] = [OSError(errno.EINVAL, "the probe did not finish")]
+
+    def run() -> None:
+        try:
+            probe()
+        except OSError as exc:
+            result[0] = exc
+        else:
+            result[0] = None
+
+    thread = threading.Thread(target=run, name="coder-sandbox-probe")
+    thread.start()
+    thread.join()
+    return result[0]
 
 
 def _netns_mode() -> str:
-    result: list[str] = []
+    def probe() -> None:
+        if _libc().unshare(_CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), _errno_text())
 
-    def probe() -> None:  # a throwaway thread: its namespace dies with it
-        result.append("thread" if _libc().unshare(_CLONE_NEWNET) == 0 else "")
-
-    thread = threading.Thread(target=probe, name="coder-netns-probe")
-    thread.start()
-    thread.join()
-    if result and result[0]:
+    if _in_throwaway_thread(probe) is None:
         return "thread"
     return "per-command" if unshare_prefix() is not None else "none"
+
+
+def _mounts_problem() -> str | None:
+    from coder.policy import mounts
+
+    with tempfile.TemporaryDirectory(prefix="coder-probe-") as tmp:
+        failed = _in_throwaway_thread(lambda: mounts.wall([tmp]))
+    if failed is None:
+        return None
+    if failed.errno == errno.EPERM:
+        return "making a mount namespace in a thread needs CAP_SYS_ADMIN (root)"
+    return failed.strerror or str(failed)
+
+
+def _setid_problem() -> str | None:
+    from coder.policy import seccomp
+
+    if problem := seccomp.problem():
+        return problem
+    failed = _in_throwaway_thread(seccomp.refuse_setid)
+    return None if failed is None else failed.strerror or str(failed)
 
 
 @functools.lru_cache(maxsize=1)
@@ -270,6 +313,7 @@ def confine_current_thread(profile: Profile, tmp_root: str, *, netns_done: bool 
                 raise EnvironmentProblem(f"cannot give commands a private network: {_errno_text()}")
         else:
             per_command_netns = found.netns == "per-command"
+    _metadata_wall(found, profile, tmp_root)
     # Root without CAP_SYS_ADMIN (a container): `unshare` maps uid 0 into its namespace, which
     # the kernel allows only with CAP_SETFCAP (harmless under no_new_privs): keep that one.
     _drop_capabilities(_CAP_SETFCAP if per_command_netns and os.geteuid() == 0 else None)
@@ -289,7 +333,34 @@ def confine_current_thread(profile: Profile, tmp_root: str, *, netns_done: bool 
         if per_command_netns:  # unshare writes /proc/self/{uid,gid}_map, setgroups
             rs.allow_path("/proc", read | AccessFS.WRITE_FILE)
         rs.restrict()
+    if found.setid_problem is None:
+        from coder.policy import seccomp
+
+        try:
+            seccomp.refuse_setid()
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot refuse setuid files to commands: {exc}") from exc
     return per_command_netns
+
+
+def _metadata_wall(found: Support, profile: Profile, tmp_root: str) -> None:
+    """Everything read-only to the thread but the profile's writable dirs (coder.policy.mounts),
+    where this machine allows it; a read-only carve-out needs it."""
+    from coder.policy import mounts
+
+    if found.mounts_problem is not None:
+        if profile.readonly:
+            raise EnvironmentProblem(
+                f"cannot keep {profile.readonly[0]} read-only for commands: "
+                f"no read-only mount namespace here ({found.mounts_problem})"
+            )
+        return
+    try:
+        mounts.wall((*profile.writable, os.path.realpath(tmp_root)), profile.readonly)
+    except OSError as exc:
+        raise EnvironmentProblem(
+            f"cannot make the filesystem read-only for commands: {exc}"
+        ) from exc
 
 
 def launcher_argv(argv: list[str], root: Path, *, network: bool) -> list[str]:

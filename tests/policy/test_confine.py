@@ -15,7 +15,7 @@ from coder.policy import confine, sandbox
 from coder.policy.commands import Limits, Policy
 from coder.policy.sandbox import run_command
 from tests.conftest import coder, git
-from tests.helpers import taskfile
+from tests.helpers import denied, taskfile
 
 needs_sandbox = pytest.mark.skipif(
     not confine.support().available,
@@ -37,7 +37,7 @@ def test_only_the_root_and_tmpdir_are_writable(tmp_path: Path) -> None:
     )
     assert (root / "in.txt").read_text() == "a\n"
     assert "tmp-ok" in result.stdout
-    assert result.stderr.count("Permission denied") == 2, result.stderr
+    assert result.stderr.count(denied()) == 2, result.stderr
     assert outside.read_text() == "keep\n"
 
 
@@ -104,7 +104,7 @@ def test_the_launcher_confines_a_program_coder_does_not_start_itself(tmp_path: P
     argv = confine.launcher_argv(["bash", "-c", script], root, network=False)
     done = subprocess.run(argv, cwd=root, capture_output=True, text=True, check=False)
     assert (root / "in.txt").read_text() == "in\n" and not outside.exists()
-    assert "Permission denied" in done.stderr and "CapEff:\t0000000000000000" in done.stdout
+    assert denied() in done.stderr and "CapEff:\t0000000000000000" in done.stdout
 
 
 # Leaves its command's process group, as a daemon does, before the command returns; its pid

@@ -15,7 +15,7 @@ import pytest
 from coder.policy import confine
 from coder.policy.paths import PROTECTED
 from tests.conftest import coder, git
-from tests.helpers import call, chat_requests, done, snapshot, state_of, taskfile
+from tests.helpers import call, chat_requests, denied, done, snapshot, state_of, taskfile
 from tests.policy.test_protected_table import example
 
 pytestmark = pytest.mark.skipif(
@@ -104,8 +104,8 @@ def test_a_step_cannot_delete_the_users_files_or_write_home(make_repo, isolated_
     )
     assert code == 1 and step["status"] == "failed"
     log = step_log(repo)
-    assert "rm: cannot remove '../../../notes.txt': Permission denied" in log
-    assert "pwned.txt: Permission denied" in log
+    assert f"rm: cannot remove '../../../notes.txt': {denied()}" in log
+    assert f"pwned.txt: {denied()}" in log
     outside.assert_unchanged()
     assert not (isolated_home / "pwned.txt").exists()
     assert (repo / "work.txt").read_text() == "uncommitted edit\n"
@@ -116,7 +116,7 @@ def test_a_step_cannot_move_the_base_branch(make_repo, isolated_home) -> None:
     outside = Outside(repo, isolated_home)
     code, step = run_shell(repo, "echo x > x.txt && git update-ref refs/heads/main HEAD")
     assert code == 1 and "exited with 128" in step["error"]
-    assert "Permission denied" in step_log(repo)
+    assert denied() in step_log(repo)
     outside.assert_unchanged()
 
 
@@ -126,7 +126,7 @@ def test_writes_outside_the_worktree_fail(make_repo, isolated_home, target: str)
     outside = Outside(repo, isolated_home)
     code, step = run_shell(repo, f"echo pwned > {target}")
     assert code == 1 and step["status"] == "failed"
-    assert "Permission denied" in step_log(repo)
+    assert denied() in step_log(repo)
     outside.assert_unchanged()
     assert not Path("/tmp/coder-escape-x").exists()
     assert not (repo / ".coder" / "worktrees" / "x").exists()
@@ -148,7 +148,7 @@ def test_refs_hooks_config_and_commits_are_out_of_reach(make_repo, isolated_home
     code, step = run_shell(repo, cmd)
     assert code == 1 and step["status"] == "failed", step
     log = step_log(repo)  # the kernel's EACCES, as each program words it
-    assert "Permission denied" in log or "insufficient permission" in log, log
+    assert denied() in log or "insufficient permission" in log, log
     outside.assert_unchanged()
     assert git(repo, "tag") == ""
 
@@ -249,7 +249,7 @@ def test_the_model_cannot_reset_the_users_checkout(make_repo, isolated_home, fak
     )
     coder(repo, "run", "--autonomous", "-f", str(path))
     tool_reply = [m for m in fake.chat_bodies()[-1]["messages"] if m["role"] == "tool"][0]
-    assert "Permission denied" in tool_reply["content"]
+    assert denied() in tool_reply["content"]
     outside.assert_unchanged()
     assert (repo / "work.txt").read_text() == "uncommitted edit\n"
 
