@@ -77,9 +77,10 @@ def snapshot(repo: Path) -> dict[str, Any]:
 
 
 def fingerprint(root: Path) -> dict[str, Any]:
-    """Everything about a directory tree that a write, delete, chmod or touch changes: for
-    each entry its type, mode, owner, mtime and content (a link: its target), never
-    followed through a link. Compare one taken before with one taken after."""
+    """Everything about a directory tree that a write, delete, chmod, chown, touch or setxattr
+    changes: for each entry its type, mode, owner, mtime, extended attributes and content (a
+    link: its target), never followed through a link. Compare one taken before with one taken
+    after."""
     import hashlib
     import stat
 
@@ -91,8 +92,16 @@ def fingerprint(root: Path) -> dict[str, Any]:
             found[rel] = ("link", os.readlink(entry))
             continue
         what = hashlib.sha256(entry.read_bytes()).hexdigest() if entry.is_file() else "dir"
-        found[rel] = (what, st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns)
+        found[rel] = (what, st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns, xattrs(entry))
     return found
+
+
+def xattrs(path: Path) -> dict[str, bytes]:
+    """The extended attributes of `path` (none where the filesystem has none)."""
+    try:
+        return {name: os.getxattr(path, name) for name in sorted(os.listxattr(path))}
+    except OSError:  # ENOTSUP
+        return {}
 
 
 def call(name: str, **arguments: Any) -> Reply:
