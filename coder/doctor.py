@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
 from coder.errors import CoderError
+
+if TYPE_CHECKING:
+    from coder.policy.confine import Support
 
 MIN_USEFUL_CTX = 8192
 
@@ -120,7 +123,38 @@ def _sandbox(cfg: config_mod.Config) -> list[Check]:
             "allowlist and Landlock's TCP rules keep commands off the network",
             "enable user namespaces (sysctl kernel.unprivileged_userns_clone=1) if you can",
         )
-    return [files, net]
+    return [files, net, _metadata(found, off=off)]
+
+
+def _metadata(found: Support, *, off: bool) -> Check:
+    """The metadata wall: what a command can do to files' modes, owners, times and xattrs
+    (Landlock has no rights for them) and whether it can make a setuid or setgid file."""
+    name = "command metadata"
+    if off or not found.available:
+        return Check(name, "warn" if off else "fail", "no kernel sandbox: see command sandbox")
+    parts, missing = [], []
+    if found.mounts_problem is None:
+        parts.append("read-only outside the worktree (mount namespace)")
+    else:
+        missing.append(
+            "chmod, chown, touch and setxattr reach files outside the worktree "
+            f"({found.mounts_problem})"
+        )
+    if found.setid_problem is None:
+        parts.append("setuid refused (seccomp)")
+    else:
+        missing.append(f"setuid/setgid files can be made ({found.setid_problem})")
+    if not missing:
+        return Check(name, "ok", "; ".join(parts))
+    return Check(
+        name,
+        "warn",
+        "; ".join([*missing, *parts]),
+        "run coder as root (it drops every capability before starting a command) for the "
+        "read-only mount namespace"
+        if found.mounts_problem is not None
+        else None,
+    )
 
 
 def _trust(cfg: config_mod.Config) -> Check:

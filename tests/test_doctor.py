@@ -32,6 +32,7 @@ def test_all_good(repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     statuses = {n: c["status"] for n, c in found.items()}
     assert statuses.pop("command sandbox") == ("ok" if confine.support().available else "fail")
     assert statuses.pop("command network") in ("ok", "warn")  # depends on the kernel
+    assert statuses.pop("command metadata") in ("ok", "warn", "fail")  # see the next test
     assert statuses == {
         "git repository": "ok",
         "test command": "ok",
@@ -89,3 +90,32 @@ def test_outside_a_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert code == 3
     assert found["git repository"]["status"] == "fail"
     assert found["git repository"]["detail"].startswith("not a git repository")
+
+
+def test_the_metadata_wall_and_what_is_missing(
+    repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    monkeypatch.setenv("OLLAMA_HOST", down_url())
+    found = confine.support()
+    metadata = checks(repo_with_tests)[1]["command metadata"]
+    if found.available and found.mounts_problem is None and found.setid_problem is None:
+        assert metadata["status"] == "ok"
+        assert metadata["detail"] == (
+            "read-only outside the worktree (mount namespace); setuid refused (seccomp)"
+        )
+    walls = dataclasses.replace(
+        found, problem=None, mounts_problem="needs CAP_SYS_ADMIN", setid_problem=None
+    )
+    monkeypatch.setattr(confine, "support", lambda: walls)
+    metadata = checks(repo_with_tests)[1]["command metadata"]
+    assert metadata["status"] == "warn" and "root" in metadata["fix"]
+    assert metadata["detail"] == (
+        "chmod, chown, touch and setxattr reach files outside the worktree (needs "
+        "CAP_SYS_ADMIN); setuid refused (seccomp)"
+    )
+    none = dataclasses.replace(walls, problem="this kernel has no Landlock")
+    monkeypatch.setattr(confine, "support", lambda: none)
+    _, out, _ = coder(repo_with_tests, "doctor")
+    assert "FAIL  command metadata  no kernel sandbox: see command sandbox" in out
