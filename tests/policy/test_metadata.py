@@ -5,6 +5,7 @@ nowhere can it make a setuid or setgid file (seccomp); what commands need still 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -246,3 +247,41 @@ def test_the_wall_changes_nothing_for_the_rest_of_coder(tmp_path: Path) -> None:
     os.chmod(outside / "f.txt", 0o600)  # this (main) thread
     assert stat.S_IMODE((outside / "f.txt").stat().st_mode) == 0o600
     assert str(root) not in Path("/proc/thread-self/mountinfo").read_text()  # no bind here
+
+
+@pytest.mark.skipif(
+    not FOUND.available or os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="simulating a runner without CAP_SYS_ADMIN needs root, setpriv and Landlock",
+)
+def test_without_cap_sys_admin_setuid_is_still_refused_but_metadata_outside_is_not(
+    tmp_path: Path,
+) -> None:
+    """What a non-root user (or a container's root) gets: no mount namespace in a thread, so
+    chmod outside the worktree goes through (README: what is not contained); the seccomp
+    filter needs no privilege, so setuid bits are refused all the same."""
+    import sys
+
+    root, outside = tree(tmp_path)
+    os.chmod(outside / "f.txt", 0o644)
+    script = f"""
+from pathlib import Path
+from coder.policy import confine
+from coder.policy.commands import Policy
+from coder.policy.sandbox import run_command
+found = confine.support()
+assert found.mounts_problem and found.setid_problem is None, found
+cmd = "chmod 4755 f.txt; chmod 2755 .; chmod 600 {outside / "f.txt"}"
+print(run_command(cmd, cwd=Path("{root}"), policy=Policy(), root=Path("{root}")).stderr)
+"""
+    done = subprocess.run(
+        ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]
+        + [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("Operation not permitted") == 2, done.stdout
+    assert not (root / "f.txt").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+    assert not root.stat().st_mode & stat.S_ISGID
+    assert stat.S_IMODE((outside / "f.txt").stat().st_mode) == 0o600  # not contained
