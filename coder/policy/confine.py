@@ -315,8 +315,11 @@ def confine_current_thread(profile: Profile, tmp_root: str, *, netns_done: bool 
             per_command_netns = found.netns == "per-command"
     _metadata_wall(found, profile, tmp_root)
     # Root without CAP_SYS_ADMIN (a container): `unshare` maps uid 0 into its namespace, which
-    # the kernel allows only with CAP_SETFCAP (harmless under no_new_privs): keep that one.
-    _drop_capabilities(_CAP_SETFCAP if per_command_netns and os.geteuid() == 0 else None)
+    # the kernel allows only with CAP_SETFCAP (harmless under no_new_privs): keep that one. A
+    # command is then root in a namespace whose root is the real one: the seccomp filter
+    # refuses it extended attributes, or it could give a file capabilities (security.capability).
+    mapped_root = per_command_netns and os.geteuid() == 0
+    _drop_capabilities(_CAP_SETFCAP if mapped_root else None)
     read = AccessFS.READ_FILE | AccessFS.READ_DIR | AccessFS.EXECUTE
     device = AccessFS.READ_FILE | AccessFS.WRITE_FILE | AccessFS.IOCTL_DEV
     full = ~(AccessFS.MAKE_CHAR | AccessFS.MAKE_BLOCK | AccessFS.IOCTL_DEV)
@@ -337,7 +340,7 @@ def confine_current_thread(profile: Profile, tmp_root: str, *, netns_done: bool 
         from coder.policy import seccomp
 
         try:
-            seccomp.refuse_setid()
+            seccomp.refuse_setid(xattrs=mapped_root)
         except OSError as exc:
             raise EnvironmentProblem(f"cannot refuse setuid files to commands: {exc}") from exc
     return per_command_netns

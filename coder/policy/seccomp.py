@@ -10,6 +10,11 @@ per thread and inherited by all the thread starts) that fails with EPERM:
 - open, openat (only with O_CREAT or O_TMPFILE: the mode is read only then), creat, mkdir,
   mkdirat, mknod, mknodat creating with those bits.
 
+With `xattrs`, setxattr, lsetxattr, fsetxattr and setxattrat fail with EPERM as well: for a
+command that is root in a user namespace mapped to the real root (coder as a container's root
+without CAP_SYS_ADMIN), which could otherwise give a file capabilities (`security.capability`,
+a setuid by another name); the filter cannot read the attribute's name.
+
 openat2 carries its mode inside a struct the filter cannot read: it fails with ENOSYS, so libc
 falls back to openat. io_uring fails with ENOSYS too: its opens carry their mode in a ring the
 filter never sees (libuv and the like fall back to plain system calls). A system call of
@@ -57,11 +62,15 @@ _NUMBERS = {  # asm/unistd_64.h; aarch64 has only the *at forms
         "mkdirat": 258,
         "mknodat": 259,
         "fchmodat": 268,
+        "setxattr": 188,
+        "lsetxattr": 189,
+        "fsetxattr": 190,
     },
-    "aarch64": {"mknodat": 33, "mkdirat": 34, "fchmod": 52, "fchmodat": 53, "openat": 56},
+    "aarch64": {"setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "mknodat": 33, "mkdirat": 34}
+    | {"fchmod": 52, "fchmodat": 53, "openat": 56},
 }
 _COMMON = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}
-_COMMON |= {"openat2": 437, "fchmodat2": 452}  # numbered alike on every architecture
+_COMMON |= {"openat2": 437, "fchmodat2": 452, "setxattrat": 463}  # alike everywhere
 _MODE_ARG = {
     "chmod": 1,
     "fchmod": 1,
@@ -75,6 +84,7 @@ _MODE_ARG = {
 }
 _OPEN_ARGS = {"open": (1, 2), "openat": (2, 3)}  # (flags, mode)
 _NOSYS = ("openat2", "io_uring_setup", "io_uring_enter", "io_uring_register")
+_XATTR = ("setxattr", "lsetxattr", "fsetxattr", "setxattrat")
 
 
 class _Insn(ctypes.Structure):
@@ -100,11 +110,11 @@ def problem() -> str | None:
     return None
 
 
-def refuse_setid() -> None:
+def refuse_setid(*, xattrs: bool = False) -> None:
     """Install the filter on the calling thread (and all it starts); see the module
     docstring. Sets no_new_privs, which the kernel requires of a thread without
     CAP_SYS_ADMIN. Raises OSError if the kernel refuses."""
-    code = _program()
+    code = _program(xattrs)
     prog = _Prog(len(code), code)
     libc = ctypes.CDLL(None, use_errno=True)
     if (
@@ -141,8 +151,8 @@ class _Assembler:
         return (_Insn * len(insns))(*insns)
 
 
-@functools.lru_cache(maxsize=1)
-def _program() -> ctypes.Array[_Insn]:
+@functools.lru_cache(maxsize=2)
+def _program(xattrs: bool = False) -> ctypes.Array[_Insn]:
     machine = platform.machine()
     numbers = _NUMBERS[machine] | _COMMON
     bpf = _Assembler()
@@ -153,6 +163,8 @@ def _program() -> ctypes.Array[_Insn]:
         bpf.add(_JGE, _X32_BIT, jt="kill")
     for name in _NOSYS:
         bpf.add(_JEQ, numbers[name], jt="nosys")
+    for name in _XATTR if xattrs else ():
+        bpf.add(_JEQ, numbers[name], jt="eperm")
     for name, arg in _MODE_ARG.items():
         if name in numbers:
             bpf.add(_JEQ, numbers[name], jt=f"mode{arg}")

@@ -249,6 +249,12 @@ def test_the_wall_changes_nothing_for_the_rest_of_coder(tmp_path: Path) -> None:
     assert str(root) not in Path("/proc/thread-self/mountinfo").read_text()  # no bind here
 
 
+CAPS = (  # cap_setuid in the effective set of f.txt (VFS_CAP_REVISION_2)
+    "python3 -c \"import os, struct; os.setxattr('f.txt', 'security.capability',"
+    " struct.pack('<5I', 0x02000001, 1 << 7, 0, 0, 0))\""
+)
+
+
 @pytest.mark.skipif(
     not FOUND.available or os.geteuid() != 0 or not shutil.which("setpriv"),
     reason="simulating a runner without CAP_SYS_ADMIN needs root, setpriv and Landlock",
@@ -258,7 +264,9 @@ def test_without_cap_sys_admin_setuid_is_still_refused_but_metadata_outside_is_n
 ) -> None:
     """What a non-root user (or a container's root) gets: no mount namespace in a thread, so
     chmod outside the worktree goes through (README: what is not contained); the seccomp
-    filter needs no privilege, so setuid bits are refused all the same."""
+    filter needs no privilege, so setuid bits are refused all the same. A container's root
+    keeps CAP_SETFCAP for `unshare`: its commands are refused extended attributes, or they
+    could give a file capabilities (cap_setuid here), as good as setuid root."""
     import sys
 
     root, outside = tree(tmp_path)
@@ -270,7 +278,7 @@ from coder.policy.commands import Policy
 from coder.policy.sandbox import run_command
 found = confine.support()
 assert found.mounts_problem and found.setid_problem is None, found
-cmd = "chmod 4755 f.txt; chmod 2755 .; chmod 600 {outside / "f.txt"}"
+cmd = "chmod 4755 f.txt; chmod 2755 .; chmod 600 {outside / "f.txt"}; " + {CAPS!r}
 print(run_command(cmd, cwd=Path("{root}"), policy=Policy(), root=Path("{root}")).stderr)
 """
     done = subprocess.run(
@@ -281,7 +289,8 @@ print(run_command(cmd, cwd=Path("{root}"), policy=Policy(), root=Path("{root}"))
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("Operation not permitted") == 2, done.stdout
+    assert done.stdout.count("Operation not permitted") == 3, done.stdout
     assert not (root / "f.txt").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+    assert os.listxattr(root / "f.txt") == []  # no file capabilities either
     assert not root.stat().st_mode & stat.S_ISGID
     assert stat.S_IMODE((outside / "f.txt").stat().st_mode) == 0o600  # not contained
