@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable

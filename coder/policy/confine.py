@@ -25,6 +25,16 @@ mode the ruleset also lets commands write under `/proc`, where an unprivileged u
 touch their own processes (Landlock still denies ptrace-like access to processes outside the
 sandbox).
 
+Metadata. Landlock has no rights for a file's mode, owner, times or extended attributes. With
+CAP_SYS_ADMIN the spawner thread also makes itself a mount namespace in which everything is
+read-only but the profile's writable directories (coder.policy.mounts; `Profile.readonly`
+carves read-only paths out of them), before Landlock and before it drops its capabilities; for
+every user, a seccomp filter refuses setuid and setgid modes (coder.policy.seccomp), after
+Landlock. Both are made once per thread and inherited by every command, so they cost nothing
+per command. Without CAP_SYS_ADMIN there is no mount namespace (a thread of a process with
+threads cannot make the user namespace it would need): metadata outside the worktree is then
+not contained, and `support().mounts_problem` says why.
+
 Leftovers. A process that leaves its command's process group (`setsid`, a daemon) outlives
 the kill of the group, and would go on changing the worktree while coder checks and commits
 it. `end_leftovers` ends every process still in a worktree's sandbox: a process started in
