@@ -22,7 +22,7 @@ Examples:
 
 @click.group(
     epilog="\b\nExamples:\n  coder mcp serve --root .\n  coder mcp serve --http --port 3323\n"
-    "  coder mcp list --json"
+    "  coder mcp token --new\n  coder mcp list --json"
 )
 def mcp() -> None:
     """MCP: serve coder's tools, or list the external MCP servers runs use."""
@@ -42,9 +42,11 @@ def serve(root: Path | None, http: bool, port: int | None) -> None:
     """Serve coder's tools and task control over MCP.
 
     Tools: fs_*, shell_run, tests_run, git_* and task_validate, task_run, task_status,
-    task_stop, on the repository, with the same policy as runs (paths kept inside it, the
-    command allowlist, no network, secrets redacted). stdio by default; --http serves
-    streamable HTTP on 127.0.0.1 only."""
+    task_stop, on the repository, with the same policy and walls as runs (paths kept inside
+    it, the command allowlist, no network, secrets redacted; what a command changes in .git
+    is put back and its leftover processes ended after each call). stdio by default; --http
+    serves streamable HTTP on 127.0.0.1 only, to requests with the bearer token it prints
+    (`coder mcp token`)."""
     from coder import config as config_mod
     from coder.mcp.server import DEFAULT_PORT
     from coder.mcp.server import serve as run_server
@@ -58,6 +60,18 @@ def serve(root: Path | None, http: bool, port: int | None) -> None:
                 "not inside a git repository", hint="run it in a repository, or pass --root DIR"
             )
     run_server(root.resolve(), http=http, port=port or DEFAULT_PORT)
+
+
+@mcp.command(epilog="\b\nExamples:\n  coder mcp token\n  coder mcp token --new")
+@click.option("--new", "rotate", is_flag=True, help="Replace the token; the old one stops working.")
+def token(rotate: bool) -> None:
+    """Print the bearer token `coder mcp serve --http` requires.
+
+    Generated on first use and kept in the user's config dir (mode 0600); one token for every
+    repository served. --new replaces it: running servers refuse the old one at once."""
+    from coder.mcp.token import load_token, new_token
+
+    click.echo(new_token() if rotate else load_token())
 
 
 @mcp.command("list")

@@ -5,8 +5,10 @@ registry's own names, descriptions and JSON schemas as they are (the high-level 
 derives schemas from Python signatures, which would mean a second copy of every schema).
 Every call goes through `Registry.call` with one `ToolContext` built from the repository's
 config, so an MCP client gets exactly the policy of a run: paths guarded, the command allowlist,
-no network, secrets redacted. A refusal is a tool error (`isError`) carrying the message (and
-hint) a user of coder sees.
+no network, secrets redacted; and inside the walls of a run's step (coder.mcp.walls): `.git`
+put back and leftover processes ended after each call. A refusal is a tool error (`isError`)
+carrying the message (and hint) a user of coder sees. The HTTP transport listens on 127.0.0.1
+only and answers only requests with the user's bearer token (coder.mcp.token).
 """
 
 from __future__ import annotations
@@ -82,9 +84,11 @@ def build_server(root: Path) -> Any:
     from mcp.server.lowlevel import Server
 
     from coder import __version__
+    from coder.mcp.tasks import TASK_TOOLS
+    from coder.mcp.walls import Walls
 
     registry = server_registry()
-    ctx = tool_context(root)
+    walls = Walls(registry, tool_context(root), unguarded=[t.name for t in TASK_TOOLS])
     listed = [
         types.Tool(
             name=t.name,
@@ -100,9 +104,7 @@ def build_server(root: Path) -> Any:
 
     async def call_tool(_ctx: Any, params: Any) -> Any:
         # Tools block (commands, git, waiting for a run to start): keep the loop free.
-        result = await anyio.to_thread.run_sync(
-            registry.call, params.name, params.arguments or {}, ctx
-        )
+        result = await anyio.to_thread.run_sync(walls.call, params.name, params.arguments or {})
         return to_call_result(result)
 
     def input_schema(name: str) -> dict[str, Any] | None:
@@ -115,7 +117,8 @@ def build_server(root: Path) -> Any:
         instructions=(
             f"coder's tools on the repository at {root}. Paths are relative to it. "
             "The policy of coder runs applies: paths stay inside the repository, only "
-            "allowed commands run, without network, and secrets are redacted. "
+            "allowed commands run, without network, and secrets are redacted; commands "
+            "cannot change .git (commits, refs, hooks, git config are put back). "
             "task_validate/task_run/task_status/task_stop drive coder runs."
         ),
         on_list_tools=list_tools,
@@ -130,8 +133,12 @@ def serve(root: Path, *, http: bool = False, port: int = DEFAULT_PORT) -> None:
 
     server = build_server(root)
     if http:
+        from coder.mcp.token import how_to_connect, load_token
+
         _check_port(port)
-        print(f"coder mcp: serving {root} at http://{HOST}:{port}/mcp", file=sys.stderr, flush=True)
+        url = f"http://{HOST}:{port}/mcp"
+        print(f"coder mcp: serving {root} at {url}", file=sys.stderr)
+        print(how_to_connect(url, load_token()), file=sys.stderr, flush=True)
         anyio.run(_serve_http, server, port)
     else:
         anyio.run(_serve_stdio, server)
@@ -147,8 +154,11 @@ async def _serve_stdio(server: Any) -> None:
 async def _serve_http(server: Any, port: int) -> None:
     import uvicorn
 
+    from coder.mcp.token import RequireToken, token_path
+
     app = server.streamable_http_app(host=HOST)  # also turns on DNS-rebinding protection
-    config = uvicorn.Config(app, host=HOST, port=port, log_level="warning")
+    guarded = RequireToken(app, token_path())  # before anything else sees the request
+    config = uvicorn.Config(guarded, host=HOST, port=port, log_level="warning")
     await uvicorn.Server(config).serve()
 
 

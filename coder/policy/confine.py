@@ -452,7 +452,20 @@ _END_LEFTOVERS = "kill -0 {coder} 2>/dev/null || kill -9 -1 2>/dev/null; exit 0"
 
 def profile_for(root: Path, *, network: bool = False) -> Profile:
     """The profile of the commands that run in worktree (or checkout) `root`."""
-    return Profile(writable_for(root), network=network)
+    return Profile(writable_for(root), network=network, readonly=kept_readonly(root))
+
+
+def kept_readonly(root: Path) -> tuple[str, ...]:
+    """What stays read-only to the commands of `root` inside it: a main checkout's `.git` and
+    `.coder` (`coder mcp serve` runs commands in the user's checkout itself; a run's worktree
+    has neither: its `.git` is a file, its repository is outside it). Only where this machine
+    has the read-only mount wall that keeps them so; elsewhere the git guard around each call
+    puts `.git` back (coder.mcp.walls)."""
+    if support().mounts_problem is not None:
+        return ()
+    real = os.path.realpath(root)
+    inside = (os.path.join(real, name) for name in (".git", ".coder"))
+    return tuple(p for p in inside if os.path.isdir(p) and not os.path.islink(p))
 
 
 def confined(root: Path, fn: Callable[[], _T]) -> _T:
@@ -465,7 +478,12 @@ def confined(root: Path, fn: Callable[[], _T]) -> _T:
     profile = profile_for(root)
     with _lock:  # the spawner of `root`'s commands if there is one, whatever its network
         spawner = next(
-            (c for p, c in _confinements.items() if p.writable == profile.writable), None
+            (
+                c
+                for p, c in _confinements.items()
+                if (p.writable, p.readonly) == (profile.writable, profile.readonly)
+            ),
+            None,
         )
     return (spawner or confinement(profile)).call(fn)
 

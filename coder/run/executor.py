@@ -37,11 +37,12 @@ from coder.crashpoints import crashpoint
 from coder.durable import write_private
 from coder.errors import CoderError, EnvironmentProblem
 from coder.git import ops as gitops
+from coder.git.guard import GitGuard
 from coder.kinds import KINDS
 from coder.run.schedule import Schedule
 from coder.run.state import RunState, RunStatus, SkipCause, StepRecord, now_iso
 from coder.run.steps import StepContext, StepOutcome, runner_for
-from coder.run.steps.checks import CHECKS, GitGuard, Verification
+from coder.run.steps.checks import CHECKS, Verification
 
 if TYPE_CHECKING:
     from coder.config import Config

@@ -1,17 +1,20 @@
 """`coder mcp serve` driven by the official MCP client SDK: over stdio (the server started as a
-real subprocess, as an MCP client would) and once over streamable HTTP on 127.0.0.1."""
+real subprocess, as an MCP client would) and over streamable HTTP on 127.0.0.1, which answers
+only requests with the user's bearer token."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -189,12 +192,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_streamable_http_on_localhost(make_repo, tmp_path: Path) -> None:
-    from mcp import Client
-
-    repo = make_repo()
-    port = free_port()
-    with open(tmp_path / "server.err", "w") as err:
+@contextmanager
+def http_server(repo: Path, port: int, errlog: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`coder mcp serve --http` on `port`, up and answering, stopped with SIGINT afterwards."""
+    with open(errlog, "w") as err:
         server = subprocess.Popen(
             [*SERVE, "--root", str(repo), "--http", "--port", str(port)],
             stdin=subprocess.DEVNULL,
@@ -208,12 +209,44 @@ def test_streamable_http_on_localhost(make_repo, tmp_path: Path) -> None:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
                 break
             except OSError:
-                assert server.poll() is None, (tmp_path / "server.err").read_text()
+                assert server.poll() is None, errlog.read_text()
                 assert time.monotonic() < deadline, "the HTTP server did not come up"
                 time.sleep(0.1)
+        yield server
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+@asynccontextmanager
+async def authorized(url: str, token: str) -> AsyncIterator[Any]:
+    """The SDK's client over streamable HTTP, sending the bearer token."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        transport = streamable_http_client(url, http_client=http)
+        async with Client(transport, read_timeout_seconds=30) as client:
+            yield client
+
+
+def test_streamable_http_on_localhost_with_the_token(make_repo, tmp_path: Path) -> None:
+    repo = make_repo()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    with http_server(repo, port, tmp_path / "server.err"):
+        token = subprocess.run(
+            [*SERVE[:-1], "token"], capture_output=True, text=True, check=True
+        ).stdout.strip()
 
         async def scenario() -> None:
-            async with Client(f"http://127.0.0.1:{port}/mcp", read_timeout_seconds=30) as client:
+            async with authorized(url, token) as client:
                 names = {t.name for t in (await client.list_tools()).tools}
                 assert "fs_read" in names and "task_run" in names
                 result = await client.call_tool("fs_read", {"path": "README.md"})
@@ -224,14 +257,91 @@ def test_streamable_http_on_localhost(make_repo, tmp_path: Path) -> None:
                 assert refused.is_error and "refusing to write .git/config" in text(refused)
 
         asyncio.run(scenario())
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-    assert "serving" in (tmp_path / "server.err").read_text()
+    printed = (tmp_path / "server.err").read_text()
+    assert f"serving {repo} at {url}" in printed
+    assert f"every request needs the header `Authorization: Bearer {token}`" in printed
+    assert f'claude mcp add --transport http coder {url} --header "Authorization: Bearer' in printed
+    settings = json.loads(printed.split("(.mcp.json and the like):\n", 1)[1].splitlines()[0])
+    assert settings["mcpServers"]["coder"] == {
+        "type": "http",
+        "url": url,
+        "headers": {"Authorization": f"Bearer {token}"},
+    }
+    stored = Path(os.environ["XDG_CONFIG_HOME"]) / "coder" / "mcp-token"
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+    assert stat.S_IMODE(stored.parent.stat().st_mode) == 0o700
+    assert stored.read_text() == f"{token}\n"
+
+
+def rpc(method: str, params: dict[str, Any], id_: int | None = 1) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params}
+    return message if id_ is None else {**message, "id": id_}
+
+
+INITIALIZE = rpc(
+    "initialize",
+    {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+)
+
+
+def test_http_without_the_token_gets_401_and_nothing_runs(make_repo, tmp_path: Path) -> None:
+    """Requests without the token, with a wrong one, a stale one (`coder mcp token --new`) or a
+    second Authorization header get 401, even inside a session the right token opened; the
+    same tools/call with the token runs (so the refused ones would have)."""
+    import httpx
+
+    repo = make_repo()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    accept = {"Accept": "application/json, text/event-stream"}
+    touch = rpc("tools/call", {"name": "shell_run", "arguments": {"cmd": "touch ran.txt"}}, 2)
+    with http_server(repo, port, tmp_path / "server.err"), httpx.Client(timeout=30) as http:
+        token = subprocess.run(
+            [*SERVE[:-1], "token"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        good = {**accept, "Authorization": f"Bearer {token}"}
+        assert http.post(url, json=INITIALIZE, headers=accept).status_code == 401
+        opened = http.post(url, json=INITIALIZE, headers=good)
+        assert opened.status_code == 200, opened.text
+        session = {"mcp-session-id": opened.headers["mcp-session-id"]}
+        ready = http.post(
+            url, json=rpc("notifications/initialized", {}, None), headers={**good, **session}
+        )
+        assert ready.status_code == 202, ready.text
+
+        for headers in (
+            accept,
+            {**accept, "Authorization": f"Bearer {token[:-1]}x"},
+            {**accept, "Authorization": f"Basic {token}"},
+            {**accept, "Authorization": token},
+        ):
+            refused = http.post(url, json=touch, headers={**headers, **session})
+            assert refused.status_code == 401, refused.text
+            assert refused.headers["www-authenticate"].startswith("Bearer")
+            assert refused.json()["error"] == "unauthorized"
+        twice = [*good.items(), *session.items(), ("Authorization", "Bearer wrong")]
+        assert http.post(url, json=touch, headers=httpx.Headers(twice)).status_code == 401
+        assert http.get(url, headers=session).status_code == 401
+        assert not (repo / "ran.txt").exists()
+
+        ran = http.post(url, json=touch, headers={**good, **session})
+        assert ran.status_code == 200 and '"isError":false' in ran.text, ran.text
+        assert (repo / "ran.txt").exists()
+
+        new = subprocess.run(
+            [*SERVE[:-1], "token", "--new"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert new != token
+        stale = http.post(url, json=touch, headers={**good, **session})
+        assert stale.status_code == 401  # the running server refuses the old token at once
+        fresh = http.post(
+            url, json=INITIALIZE, headers={**accept, "Authorization": f"Bearer {new}"}
+        )
+        assert fresh.status_code == 200
 
 
 def test_http_port_in_use_is_one_line_error(make_repo) -> None:
@@ -249,3 +359,27 @@ def test_http_port_in_use_is_one_line_error(make_repo) -> None:
     assert proc.returncode == 3
     assert proc.stderr.startswith(f"coder: error: cannot listen on 127.0.0.1:{port}")
     assert "Traceback" not in proc.stderr
+
+
+def test_the_token_is_private_and_replaced_on_request(repo: Path) -> None:
+    """`coder mcp token` makes one 0600 token and prints the same one again; `--new` replaces
+    it; a token file others can read is refused (its token may be known), as by the server."""
+    from tests.conftest import coder
+
+    code, first, _ = coder(repo, "mcp", "token")
+    assert code == 0 and len(first.strip()) >= 40
+    stored = Path(os.environ["XDG_CONFIG_HOME"]) / "coder" / "mcp-token"
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+    assert coder(repo, "mcp", "token")[1] == first
+    code, second, _ = coder(repo, "mcp", "token", "--new")
+    assert code == 0 and second != first and stored.read_text() == second
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+
+    stored.chmod(0o644)
+    code, out, err = coder(repo, "mcp", "token")
+    assert code == 3 and out == ""
+    assert err.startswith(f"coder: error: {stored} can be read by other users (mode 0644)")
+    assert "coder mcp token --new" in err
+    code, third, _ = coder(repo, "mcp", "token", "--new")
+    assert code == 0 and third not in (first, second)
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600

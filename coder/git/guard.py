@@ -1,0 +1,479 @@
+"""The git guard: what a command changed in a repository's `.git` is put back, and named.
+
+Commands run where git looks for its own instructions: `.git/config` (`core.fsmonitor`,
+`core.hooksPath`, aliases, filters run programs), `.git/hooks`, and the refs, HEAD and index
+that say what the user's history and next commit are. Around every command that could write
+there, coder takes a `GitGuard` and afterwards restores what changed and reports it:
+
+* around a run's step (`take`): the repository's config and hooks (read-only in the sandbox,
+  but not with `sandbox: off`), and the files a sandboxed command CAN write: its worktree's
+  `.git` file and its admin dir's HEAD, commondir and gitdir (a HEAD pointed at the base branch
+  would make the step commit land there); the step fails;
+* around an MCP call that works in the user's checkout itself (`take_checkout`, for
+  `coder mcp serve`): the whole `.git` but what is not the user's history or settings and
+  only grows (`objects/`, `logs/`), what runs write beside the call (`worktrees/`, and their
+  refs: `refs/heads/agent/`, `refs/heads/coder-scratch/`, `refs/tags/coder/`) and what only a
+  fetch writes (`refs/remotes/`, `FETCH_HEAD`; commands have no network). So config, hooks,
+  `info/`, HEAD, every other ref (loose or packed), a forged `MERGE_HEAD` or rebase todo, the
+  index (by its entries, so a `git status` refreshing file times is no change; staging is),
+  and each submodule's config and hooks; `.git` itself moved away and replaced by another
+  directory is put back too. The call becomes a tool error.
+
+Which files are watched is fixed when the guard is taken, from the tree as it was: a rewritten
+`.git` file cannot aim the restore at another repository's files. Nothing is followed: a file
+or directory replaced by a symlink (or a fifo) counts as changed, and the restore removes it
+and writes the original in its place, never through it; a restore whose parent directory is
+no longer where it was (a link on its way) is refused with the path, not made through the link.
+
+A change made by someone else while the command ran (a commit from the user's terminal during
+a long `tests_run`) cannot be told from the command's: it is put back too, and named.
+
+`refs/stash` is the repository's, shared by its worktrees: with `sandbox: off` a step's
+`git stash` lands there, and the user's next `git stash pop` would apply the step's work.
+Putting the old refs/stash back would lose stashes the user made meanwhile, so only the
+entries the step added are dropped (`drop_stashes`): new since the guard was taken, made on the
+step's worktree (the stash names its branch, "(no branch)" where its HEAD was detached, and its
+parent is the commit the step started from); any other new entry is left, with the exact
+`git stash drop` command.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coder.errors import EnvironmentProblem
+
+_Content = tuple[bytes, int]  # a regular file's bytes and permission bits; a directory's mode
+_NOT_A_FILE: _Content = (b"", -1)  # a symlink, fifo, device, ...: never read through
+
+# What the checkout guard does not watch, relative to the git dir (see the module docstring).
+_NOT_WATCHED = (
+    "objects",
+    "logs",
+    "lfs",
+    "worktrees",
+    "modules",  # each submodule's config and hooks are watched, not its objects and refs
+    "FETCH_HEAD",
+    "refs/remotes",
+    "refs/heads/agent",
+    "refs/heads/coder-scratch",
+    "refs/tags/coder",
+)
+_RUN_REFS = tuple(f"{rel}/".encode() for rel in _NOT_WATCHED if rel.startswith("refs/"))
+
+
+@dataclass(frozen=True)
+class GitGuard:
+    """A copy of what a command could change in `.git` (see the module docstring)."""
+
+    common_dir: Path
+    watched: tuple[Path, ...]  # files
+    saved: dict[Path, _Content]
+    stashes: frozenset[str] = frozenset()  # the commit ids of refs/stash's entries
+    on: tuple[str, str] | None = None  # the worktree's (branch or "(no branch)", HEAD commit)
+    trees: tuple[Path, ...] = ()  # directories watched with everything below them
+    skip: frozenset[Path] = frozenset()  # ... but these
+    held: int | None = None  # a descriptor of the git dir itself, to find it if it is moved
+    aside: list[Path] = field(default_factory=list)  # where a replacement of it was put
+
+    @property
+    def _actor(self) -> str:
+        return "the step" if self.held is None else "the command"
+
+    @property
+    def _unconfined(self) -> str:  # a step's command can stash only outside the sandbox
+        return " with `sandbox: off`" if self.held is None else ""
+
+    @classmethod
+    def take(cls, common_dir: Path, workdir: Path | None = None) -> GitGuard:
+        """The guard around a step in `workdir`, a linked worktree of `common_dir`."""
+        common_dir = Path(os.path.realpath(common_dir))
+        real = None if workdir is None else Path(os.path.realpath(workdir))
+        watched = _watched(common_dir, real)
+        trees = (common_dir / "hooks",)
+        stashes = frozenset(s.commit_id for s in _stash_list(common_dir))
+        on = _worktree_head(workdir) if workdir is not None else None
+        saved = _snapshot(watched, trees, frozenset())
+        return cls(common_dir, watched, saved, stashes, on, trees)
+
+    @classmethod
+    def take_checkout(cls, checkout: Path) -> GitGuard:
+        """The guard around a command in the main checkout `checkout` (its `.git` a directory).
+        Call `close` when done with it."""
+        git_dir = Path(os.path.realpath(checkout / ".git"))
+        held = os.open(git_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        watched, trees = _submodules(git_dir)
+        trees = (git_dir, *trees)
+        skip = frozenset(git_dir / rel for rel in (*_NOT_WATCHED, "refs/stash"))
+        saved = _snapshot(watched, trees, skip)
+        stashes = frozenset(s.commit_id for s in _stash_list(git_dir))
+        on = _worktree_head(checkout)
+        return cls(git_dir, watched, saved, stashes, on, trees, skip, held)
+
+    def close(self) -> None:
+        if self.held is not None:
+            os.close(self.held)
+
+    def changes(self) -> list[Path]:
+        now = _snapshot(self.watched, self.trees, self.skip)
+        return sorted(
+            k
+            for k in self.saved.keys() | now.keys()
+            if _differs(self.common_dir, k, self.saved.get(k), now.get(k))
+        )
+
+    def describe(self, paths: list[Path]) -> list[str]:
+        """`.git/config`-style names for messages."""
+        base = self.common_dir.parent
+        names = [str(p.relative_to(base)) if p.is_relative_to(base) else str(p) for p in paths]
+        if self.aside and self.common_dir in paths:
+            names[paths.index(self.common_dir)] += (
+                f" (moved away and replaced; the original is back, the replacement is now "
+                f"{self.aside[-1].name})"
+            )
+        return names
+
+    def restore(self) -> list[Path]:
+        """Put back what changed; returns it (the git dir itself first, if it was replaced).
+        EnvironmentProblem if something cannot be put back."""
+        moved = [self.common_dir] if self._put_back_git_dir() else []
+        changed = self.changes()
+        for path in changed:
+            _replace(path, self.saved.get(path))
+        return moved + changed
+
+    def _put_back_git_dir(self) -> bool:
+        """If the git dir was moved away (and something else put in its place), move it back:
+        the replacement goes aside, to `.git.replaced-TIME`, and is not deleted."""
+        if self.held is None:
+            return False
+        original = os.fstat(self.held)
+        try:
+            now = os.lstat(self.common_dir)
+            if (now.st_dev, now.st_ino) == (original.st_dev, original.st_ino):
+                return False
+        except FileNotFoundError:
+            now = None
+        if original.st_nlink == 0:
+            raise EnvironmentProblem(
+                f"a command deleted the repository's git directory {self.common_dir}",
+                hint="restore it from a backup or a clone; coder cannot put it back",
+            )
+        if now is not None:  # first, as the original may have been moved into it
+            self.aside.append(Path(f"{self.common_dir}.replaced-{int(time.time())}"))
+            os.rename(self.common_dir, self.aside[-1])
+        os.rename(os.readlink(f"/proc/self/fd/{self.held}"), self.common_dir)
+        return True
+
+    def drop_stashes(self) -> list[str]:
+        """Drop the refs/stash entries the step added; a problem for each new entry (empty:
+        none), naming what was dropped, or the `git stash drop` command for one that may not
+        be the step's."""
+        import pygit2
+
+        problems: list[str] = []
+        repo = pygit2.Repository(str(self.common_dir))
+        added = [s for s in _stash_list(self.common_dir) if s.commit_id not in self.stashes]
+        left = []
+        for entry in added:  # the step's first: the commands name the indices after the drops
+            message = entry.message.strip()
+            index = _stash_index(self.common_dir, entry.commit_id)
+            if index is not None and self._made_here(repo, entry.commit_id, message):
+                repo.stash_drop(index)
+                problems.append(
+                    f"{self._actor} added stash entry {message!r} to the repository's shared "
+                    f"refs/stash (a `git stash`{self._unconfined}); coder dropped it, the "
+                    "other stash entries are as they were"
+                )
+            else:
+                left.append(entry)
+        for entry in left:
+            index = _stash_index(self.common_dir, entry.commit_id)
+            if index is None:
+                continue  # dropped meanwhile
+            problems.append(
+                f"stash entry stash@{{{index}}} ({entry.message.strip()!r}) was added to the "
+                f"repository's shared refs/stash while {self._actor} ran and may be "
+                f"{self._actor}'s (a `git stash`{self._unconfined}): if it is not yours, drop "
+                f"it with `git stash drop stash@{{{index}}}` (check `git stash list` first)"
+            )
+        return problems
+
+    def _made_here(self, repo: Any, commit_id: Any, message: str) -> bool:
+        if self.on is None:
+            return False
+        branch, head = self.on
+        try:
+            parents = [str(p) for p in repo[commit_id].parent_ids]
+        except (KeyError, ValueError):
+            return False
+        named = message.startswith((f"WIP on {branch}: ", f"On {branch}: "))
+        return named and parents[:1] == [head]
+
+
+def _stash_list(common_dir: Path) -> list[Any]:
+    """refs/stash's entries, newest first (pygit2 Stash: commit_id, message)."""
+    import pygit2
+
+    try:
+        return list(pygit2.Repository(str(common_dir)).listall_stashes())
+    except pygit2.GitError:
+        return []
+
+
+def _stash_index(common_dir: Path, commit_id: Any) -> int | None:
+    for index, entry in enumerate(_stash_list(common_dir)):
+        if entry.commit_id == commit_id:
+            return index
+    return None
+
+
+def _worktree_head(workdir: Path) -> tuple[str, str] | None:
+    """(the branch checked out at `workdir`, or "(no branch)", the commit of its HEAD), as
+    `git stash` names them in an entry's message and parents."""
+    import pygit2
+
+    try:
+        repo = pygit2.Repository(str(workdir))
+        head = str(repo.head.target)
+        branch = "(no branch)" if repo.head_is_detached else repo.head.shorthand
+    except (pygit2.GitError, KeyError, ValueError):
+        return None
+    return branch, head
+
+
+def _watched(common_dir: Path, workdir: Path | None) -> tuple[Path, ...]:
+    paths = [common_dir / "config"]
+    gitfile = None if workdir is None else workdir / ".git"
+    found = None if gitfile is None else _read(gitfile)
+    if gitfile is not None and found is not None and found != _NOT_A_FILE:
+        paths.append(gitfile)
+        text = found[0].decode("utf-8", errors="replace").strip()
+        admin = Path(os.path.realpath(gitfile.parent / text.removeprefix("gitdir:").strip()))
+        if admin.parent == Path(os.path.realpath(common_dir / "worktrees")):
+            # config.worktree: read by git and libgit2 when the repository sets
+            # extensions.worktreeConfig; a command's `core.worktree` there would redirect
+            # coder's own checkouts, its `core.fsmonitor` run a program
+            paths += [admin / n for n in ("HEAD", "commondir", "gitdir", "config.worktree")]
+    return tuple(paths)
+
+
+def _submodules(git_dir: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+    """(files, trees) of each submodule's git dir under `modules/`: its config and hooks,
+    where a command could make the user's next `git status` in the superproject run code."""
+    files: list[Path] = []
+    trees: list[Path] = []
+    pending = [git_dir / "modules"]
+    while pending:
+        directory = pending.pop()
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError:  # absent, not a directory, a link (not followed)
+            continue
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            sub = Path(entry.path)
+            if os.path.isfile(sub / "HEAD") and not os.path.islink(sub / "HEAD"):  # a git dir
+                files += [sub / "config", sub / "config.worktree"]
+                trees.append(sub / "hooks")
+                pending.append(sub / "modules")
+            else:  # a submodule named with slashes: modules/libs/foo
+                pending.append(sub)
+    return tuple(files), tuple(trees)
+
+
+def _snapshot(
+    watched: tuple[Path, ...], trees: tuple[Path, ...], skip: frozenset[Path]
+) -> dict[Path, _Content]:
+    out: dict[Path, _Content] = {}
+    for path in watched:
+        content = _read(path)
+        if content is not None:
+            out[path] = content
+    for tree in trees:
+        _walk(tree, skip, out)
+    return out
+
+
+def _walk(path: Path, skip: frozenset[Path], out: dict[Path, _Content]) -> None:
+    """Every entry at and below `path` but `skip`, without following links."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        content = _read(path)
+        if content is not None:
+            out[path] = content
+        return
+    out[path] = (b"", stat.S_IFDIR | stat.S_IMODE(info.st_mode))
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:  # unreadable: its mode is what changed
+        return
+    for name in names:
+        child = path / name
+        if child not in skip:
+            _walk(child, skip, out)
+
+
+def _read(path: Path) -> _Content | None:
+    """The file's content, _NOT_A_FILE for anything but a regular file, None if absent."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError:  # a symlink (ELOOP), unreadable
+        return _NOT_A_FILE
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return _NOT_A_FILE
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return file.read(), stat.S_IMODE(info.st_mode)
+    finally:
+        os.close(fd)
+
+
+def _is_dir(content: _Content | None) -> bool:
+    return content is not None and content[1] > 0 and stat.S_ISDIR(content[1])
+
+
+def _differs(git_dir: Path, path: Path, before: _Content | None, after: _Content | None) -> bool:
+    """Whether `path` changed; the index by its entries, packed-refs without the refs of runs
+    (coder's runs and a `git status` rewrite them beside the command, with no change that
+    matters)."""
+    if before == after:
+        return False
+    if before is None or after is None or before[1] != after[1]:
+        return True
+    if path == git_dir / "index":
+        return _index_entries(before[0]) != _index_entries(after[0])
+    if path == git_dir / "packed-refs":
+        return _packed_refs(before[0]) != _packed_refs(after[0])
+    return True
+
+
+def _replace(path: Path, content: _Content | None) -> None:
+    """Make `path` what `content` says (absent, a directory, a regular file), removing whatever
+    is there now without following it."""
+    parent = os.path.dirname(path)
+    if os.path.realpath(parent) != parent:
+        raise EnvironmentProblem(
+            f"cannot put back {path}: {parent} is no longer the directory it was (a link or a "
+            "moved directory is on its way)",
+            hint=f"look at {parent}, then restore {path} by hand",
+        )
+    try:
+        mode: int | None = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if content is not None and _is_dir(content) and mode is not None and stat.S_ISDIR(mode):
+        os.chmod(path, stat.S_IMODE(content[1]))  # a directory keeps what is in it
+        return
+    if mode is not None and stat.S_ISDIR(mode):
+        shutil.rmtree(path)
+    elif mode is not None:
+        os.unlink(path)
+    if content is None or content == _NOT_A_FILE:
+        return
+    data, bits = content
+    if _is_dir(content):
+        os.mkdir(path, 0o700)
+        os.chmod(path, stat.S_IMODE(bits))
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, bits)
+    with os.fdopen(fd, "wb") as file:
+        os.fchmod(fd, bits)
+        file.write(data)
+
+
+def _packed_refs(data: bytes) -> list[bytes]:
+    """packed-refs' lines without the header and without the refs runs own (see _NOT_WATCHED)
+    and their peeled `^` lines."""
+    kept: list[bytes] = []
+    dropped = False
+    for line in data.splitlines():
+        if line.startswith(b"^"):
+            if not dropped:
+                kept.append(line)
+            continue
+        name = line.partition(b" ")[2]
+        dropped = line.startswith(b"#") or name.startswith(_RUN_REFS)
+        if not dropped:
+            kept.append(line)
+    return kept
+
+
+_ASSUME_VALID, _EXTENDED, _STAGE = 0x8000, 0x4000, 0x3000
+_SKIP_WORKTREE, _INTENT_TO_ADD = 0x4000, 0x2000
+
+
+def _index_entries(data: bytes) -> list[tuple[bytes, ...]] | bytes:
+    """What an index says about the next commit and what `git status` shows: each entry's path,
+    mode, object id, stage and the assume-unchanged, skip-worktree and intent-to-add flags; not
+    the file times and sizes git refreshes, nor cache extensions. The bytes themselves when
+    the index is not one this reads (another version, a split index)."""
+    try:
+        return _parse_index(data)
+    except (ValueError, struct.error, IndexError):
+        return data
+
+
+def _parse_index(data: bytes) -> list[tuple[bytes, ...]]:
+    signature, version, count = struct.unpack_from(">4sII", data)
+    if signature != b"DIRC" or version not in (2, 3, 4):
+        raise ValueError("not an index")
+    entries: list[tuple[bytes, ...]] = []
+    pos, previous = 12, b""
+    for _ in range(count):
+        start = pos
+        mode = data[pos + 24 : pos + 28]
+        oid = data[pos + 40 : pos + 60]
+        (flags,) = struct.unpack_from(">H", data, pos + 60)
+        pos += 62
+        extended = 0
+        if flags & _EXTENDED:
+            if version < 3:
+                raise ValueError("extended flags before version 3")
+            (extended,) = struct.unpack_from(">H", data, pos)
+            pos += 2
+        if version == 4:
+            strip, pos = _varint(data, pos)
+            end = data.index(b"\0", pos)
+            path = previous[: len(previous) - strip] + data[pos:end]
+            pos = end + 1
+        else:
+            end = data.index(b"\0", pos)
+            path = data[pos:end]
+            pos = start + ((end - start + 8) & ~7)  # 1 to 8 NULs pad the entry
+        previous = path
+        flags &= _ASSUME_VALID | _STAGE
+        extended &= _SKIP_WORKTREE | _INTENT_TO_ADD
+        entries.append((path, mode, oid, bytes([flags >> 8, extended >> 8])))
+    while pos + 8 <= len(data) - 20:  # extensions, then the checksum
+        name, size = struct.unpack_from(">4sI", data, pos)
+        if name == b"link":  # a split index: the entries live in another file too
+            raise ValueError("split index")
+        pos += 8 + size
+    return entries
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """git's offset encoding (index version 4)."""
+    byte = data[pos]
+    pos += 1
+    value = byte & 0x7F
+    while byte & 0x80:
+        byte = data[pos]
+        pos += 1
+        value = ((value + 1) << 7) | (byte & 0x7F)
+    return value, pos
