@@ -7,7 +7,7 @@ there, coder takes a `GitGuard` and afterwards restores what changed and reports
 
 * around a run's step (`take`): the repository's config and hooks (read-only in the sandbox,
   but not with `sandbox: off`), and the files a sandboxed command CAN write: its worktree's
-  `.git` file and its admin dir's HEAD, commondir and gitdir (a HEAD pointed at the base branch
+  `.git` file and its admin dir's HEAD, commondir, gitdir and config.worktree (a HEAD pointed at the base branch
   would make the step commit land there); the step fails;
 * around an MCP call that works in the user's checkout itself (`take_checkout`, for
   `coder mcp serve`): the whole `.git` but what is not the user's history or settings and
@@ -29,12 +29,13 @@ A change made by someone else while the command ran (a commit from the user's te
 a long `tests_run`) cannot be told from the command's: it is put back too, and named.
 
 `refs/stash` is the repository's, shared by its worktrees: with `sandbox: off` a step's
-`git stash` lands there, and the user's next `git stash pop` would apply the step's work.
+`git stash` lands there (as any `git stash` of an MCP call in the checkout does), and the user's
+next `git stash pop` would apply the command's work.
 Putting the old refs/stash back would lose stashes the user made meanwhile, so only the
 entries the step added are dropped (`drop_stashes`): new since the guard was taken, made on the
-step's worktree (the stash names its branch, "(no branch)" where its HEAD was detached, and its
-parent is the commit the step started from); any other new entry is left, with the exact
-`git stash drop` command.
+step's worktree or the checkout (the stash names its branch, "(no branch)" where its HEAD was
+detached, and its parent is the commit the command started from); any other new entry is left,
+with the exact `git stash drop` command.
 """
 
 from __future__ import annotations
@@ -75,11 +76,11 @@ class GitGuard:
 
     common_dir: Path
     watched: tuple[Path, ...]  # files
-    saved: dict[Path, _Content]
+    saved: dict[str, _Content]  # by path
     stashes: frozenset[str] = frozenset()  # the commit ids of refs/stash's entries
     on: tuple[str, str] | None = None  # the worktree's (branch or "(no branch)", HEAD commit)
     trees: tuple[Path, ...] = ()  # directories watched with everything below them
-    skip: frozenset[Path] = frozenset()  # ... but these
+    skip: frozenset[str] = frozenset()  # ... but these paths
     held: int | None = None  # a descriptor of the git dir itself, to find it if it is moved
     aside: list[Path] = field(default_factory=list)  # where a replacement of it was put
 
@@ -111,7 +112,7 @@ class GitGuard:
         held = os.open(git_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         watched, trees = _submodules(git_dir)
         trees = (git_dir, *trees)
-        skip = frozenset(git_dir / rel for rel in (*_NOT_WATCHED, "refs/stash"))
+        skip = frozenset(str(git_dir / rel) for rel in (*_NOT_WATCHED, "refs/stash"))
         saved = _snapshot(watched, trees, skip)
         stashes = frozenset(s.commit_id for s in _stash_list(git_dir))
         on = _worktree_head(checkout)
@@ -124,7 +125,7 @@ class GitGuard:
     def changes(self) -> list[Path]:
         now = _snapshot(self.watched, self.trees, self.skip)
         return sorted(
-            k
+            Path(k)
             for k in self.saved.keys() | now.keys()
             if _differs(self.common_dir, k, self.saved.get(k), now.get(k))
         )
@@ -146,7 +147,7 @@ class GitGuard:
         moved = [self.common_dir] if self._put_back_git_dir() else []
         changed = self.changes()
         for path in changed:
-            _replace(path, self.saved.get(path))
+            _replace(path, self.saved.get(str(path)))
         return moved + changed
 
     def _put_back_git_dir(self) -> bool:
@@ -291,44 +292,50 @@ def _submodules(git_dir: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
 
 
 def _snapshot(
-    watched: tuple[Path, ...], trees: tuple[Path, ...], skip: frozenset[Path]
-) -> dict[Path, _Content]:
-    out: dict[Path, _Content] = {}
+    watched: tuple[Path, ...], trees: tuple[Path, ...], skip: frozenset[str]
+) -> dict[str, _Content]:
+    out: dict[str, _Content] = {}
     for path in watched:
-        content = _read(path)
+        content = _read(str(path))
         if content is not None:
-            out[path] = content
+            out[str(path)] = content
     for tree in trees:
-        _walk(tree, skip, out)
+        try:
+            info = os.lstat(tree)
+        except FileNotFoundError:
+            continue
+        _walk(str(tree), info.st_mode, skip, out)
     return out
 
 
-def _walk(path: Path, skip: frozenset[Path], out: dict[Path, _Content]) -> None:
-    """Every entry at and below `path` but `skip`, without following links."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(info.st_mode):
+def _walk(path: str, mode: int, skip: frozenset[str], out: dict[str, _Content]) -> None:
+    """`path` (its lstat mode given) and everything below it but `skip`, without following
+    links. Paths as strings: a .git with thousands of loose refs is walked twice per call."""
+    if not stat.S_ISDIR(mode):
         content = _read(path)
         if content is not None:
             out[path] = content
         return
-    out[path] = (b"", stat.S_IFDIR | stat.S_IMODE(info.st_mode))
+    out[path] = (b"", stat.S_IFDIR | stat.S_IMODE(mode))
     try:
-        names = sorted(os.listdir(path))
+        with os.scandir(path) as found:
+            entries = sorted(found, key=lambda e: e.name)
     except OSError:  # unreadable: its mode is what changed
         return
-    for name in names:
-        child = path / name
-        if child not in skip:
-            _walk(child, skip, out)
+    for entry in entries:
+        if entry.path in skip:
+            continue
+        try:
+            child = entry.stat(follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            continue
+        _walk(entry.path, child, skip, out)
 
 
-def _read(path: Path) -> _Content | None:
+def _read(path: str | Path) -> _Content | None:
     """The file's content, _NOT_A_FILE for anything but a regular file, None if absent."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError:  # a symlink (ELOOP), unreadable
@@ -337,8 +344,10 @@ def _read(path: Path) -> _Content | None:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return _NOT_A_FILE
-        with os.fdopen(os.dup(fd), "rb") as file:
-            return file.read(), stat.S_IMODE(info.st_mode)
+        chunks = []
+        while chunk := os.read(fd, max(info.st_size, 4096) + 1):
+            chunks.append(chunk)
+        return b"".join(chunks), stat.S_IMODE(info.st_mode)
     finally:
         os.close(fd)
 
@@ -347,7 +356,7 @@ def _is_dir(content: _Content | None) -> bool:
     return content is not None and content[1] > 0 and stat.S_ISDIR(content[1])
 
 
-def _differs(git_dir: Path, path: Path, before: _Content | None, after: _Content | None) -> bool:
+def _differs(git_dir: Path, path: str, before: _Content | None, after: _Content | None) -> bool:
     """Whether `path` changed; the index by its entries, packed-refs without the refs of runs
     (coder's runs and a `git status` rewrite them beside the command, with no change that
     matters)."""
@@ -355,9 +364,9 @@ def _differs(git_dir: Path, path: Path, before: _Content | None, after: _Content
         return False
     if before is None or after is None or before[1] != after[1]:
         return True
-    if path == git_dir / "index":
+    if path == str(git_dir / "index"):
         return _index_entries(before[0]) != _index_entries(after[0])
-    if path == git_dir / "packed-refs":
+    if path == str(git_dir / "packed-refs"):
         return _packed_refs(before[0]) != _packed_refs(after[0])
     return True
 

@@ -1,4 +1,5 @@
-"""MCP both ways: `server` exposes the tool registry and task control (`coder mcp serve`);
+"""MCP both ways: `server` exposes the tool registry and task control (`coder mcp serve`),
+each call inside `walls` (the git guard, leftovers ended) and, over HTTP, behind `token`;
 `client` brings external MCP servers' tools into a run. Nothing here imports the `mcp` SDK at
 module level except where it is used (it costs ~0.4 s), so importing this package is cheap.
 

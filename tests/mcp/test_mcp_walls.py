@@ -59,6 +59,7 @@ def git_state(repo: Path) -> dict[str, Any]:
         "files": files,
         "refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname) %(symref)"),
         "head": git(repo, "symbolic-ref", "HEAD") + git(repo, "rev-parse", "HEAD"),
+        "stashes": git(repo, "stash", "list"),
         "index": git(repo, "ls-files", "--stage", "-v", "--debug"),
         "identity": (gitdir.lstat().st_ino, gitdir.lstat().st_dev),
     }
@@ -75,12 +76,13 @@ def refused(result: Any) -> bool:
     or the sandbox's read-only .git refused the write (the command failed)."""
     said = text(result)
     if result.is_error:
-        return "it was put back as it was" in said
+        return "it was put back as it was" in said or "coder dropped it" in said
     return result.structured_content["exit_code"] != 0 and "Read-only file system" in said
 
 
 # Each attack on the repository, as a command a client may send through shell_run.
 ATTACKS = {
+    "a stash": f"echo stashed >> README.md && {IDENTITY} git stash -q",
     # (`git config core.*` itself is refused by the command policy; a shell writes the file)
     "an fsmonitor in .git/config": "printf '[core]\\n\\tfsmonitor = echo pwned\\n' >> .git/config",
     "a pre-commit hook": "printf '#!/bin/sh\\necho hook\\n' > .git/hooks/pre-commit && "
@@ -132,7 +134,7 @@ def test_shell_run_cannot_change_git(make_repo, tmp_path: Path) -> None:
     for name in ATTACKS:
         result, after = results[name]
         assert refused(result), (name, text(result))
-        for key in ("files", "refs", "head", "identity"):
+        for key in ("files", "refs", "head", "stashes", "identity"):
             assert after[key] == before[key], (name, key)
         assert without_times(after["index"]) == without_times(before["index"]), name
     assert git_state(repo)["files"] == before["files"]
@@ -144,6 +146,7 @@ def test_shell_run_cannot_change_git(make_repo, tmp_path: Path) -> None:
     assert ".git/config" in text(results["an fsmonitor in .git/config"][0])
     assert ".git/hooks/pre-commit" in text(results["a pre-commit hook"][0])
     assert ".git/index" in text(results["staged work"][0])
+    assert "\nthe command added stash entry 'WIP on main: " in text(results["a stash"][0])
     aside = [p.name for p in repo.glob(".git.replaced-*")]  # the impostor, set aside
     assert len(aside) == 1
     assert (
