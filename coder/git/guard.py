@@ -7,8 +7,8 @@ there, coder takes a `GitGuard` and afterwards restores what changed and reports
 
 * around a run's step (`take`): the repository's config and hooks (read-only in the sandbox,
   but not with `sandbox: off`), and the files a sandboxed command CAN write: its worktree's
-  `.git` file and its admin dir's HEAD, commondir, gitdir and config.worktree (a HEAD pointed at the base branch
-  would make the step commit land there); the step fails;
+  `.git` file and its admin dir's HEAD, commondir, gitdir and config.worktree (a HEAD pointed
+  at the base branch would make the step commit land there); the step fails;
 * around an MCP call that works in the user's checkout itself (`take_checkout`, for
   `coder mcp serve`): the whole `.git` but what is not the user's history or settings and
   only grows (`objects/`, `logs/`), what runs write beside the call (`worktrees/`, and their

@@ -11,6 +11,8 @@ shared `refs/stash` fails too, and its own entries are dropped).
 from __future__ import annotations
 
 import functools
+import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
