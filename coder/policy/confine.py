@@ -475,7 +475,9 @@ def confined(root: Path, fn: Callable[[], _T]) -> _T:
     also avoid following links themselves (see README: Safety)."""
     if not support().available:
         return fn()
-    profile = profile_for(root)
+    # Inside `root` coder's own writes go where they mean to (a checkout's `.git` included:
+    # libgit2 locks the index even to patch files); a command's carve-outs are not theirs.
+    profile = Profile(writable_for(root))
     with _lock:  # the spawner of `root`'s commands if there is one, whatever its network
         spawner = next(
             (

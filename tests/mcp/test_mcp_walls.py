@@ -23,11 +23,6 @@ pytestmark = pytest.mark.skipif(
     reason=f"no kernel sandbox here: {confine.support().problem}",
 )
 
-IDENTITY = (
-    "GIT_AUTHOR_NAME=m GIT_AUTHOR_EMAIL=m@example.com GIT_COMMITTER_NAME=m "
-    "GIT_COMMITTER_EMAIL=m@example.com"
-)
-
 
 def tree(root: Path) -> dict[str, str]:
     """Every entry under `root` (and `root` itself): its kind, mode and content hash, links by
@@ -72,28 +67,29 @@ def without_times(index: str) -> str:
 
 
 def refused(result: Any) -> bool:
-    """The call was stopped at the wall: the guard put .git back and said so (a tool error),
-    or the sandbox's read-only .git refused the write (the command failed)."""
+    """The call was stopped at a wall: the guard put .git back and said so (a tool error),
+    or the sandbox's read-only .git refused the write (the command failed; `git stash` fails
+    saying nothing)."""
     said = text(result)
     if result.is_error:
         return "it was put back as it was" in said or "coder dropped it" in said
-    return result.structured_content["exit_code"] != 0 and "Read-only file system" in said
+    return bool(result.structured_content["exit_code"])
 
 
 # Each attack on the repository, as a command a client may send through shell_run.
 ATTACKS = {
-    "a stash": f"echo stashed >> README.md && {IDENTITY} git stash -q",
+    "a stash": "echo stashed >> README.md && git stash",
     # (`git config core.*` itself is refused by the command policy; a shell writes the file)
     "an fsmonitor in .git/config": "printf '[core]\\n\\tfsmonitor = echo pwned\\n' >> .git/config",
     "a pre-commit hook": "printf '#!/bin/sh\\necho hook\\n' > .git/hooks/pre-commit && "
     "chmod +x .git/hooks/pre-commit",
     "a sample hook made live": "chmod +x .git/hooks/pre-push.sample && "
     "mv .git/hooks/pre-push.sample .git/hooks/pre-push",
-    "a commit onto main": f"echo sneaky >> README.md && {IDENTITY} git commit -qam sneaky",
+    "a commit onto main": "echo sneaky >> README.md && git commit -qam sneaky",
     "update-ref of main": "git update-ref refs/heads/main "
-    f"$({IDENTITY} git commit-tree -m forged 'HEAD^{{tree}}')",
+    "$(git commit-tree -m forged 'HEAD^{tree}')",
     "a new branch": "git branch side",
-    "a tag": f"{IDENTITY} git tag -a v9 -m 'release'",
+    "a tag": "git tag -a v9 -m 'release'",
     "HEAD moved to another branch": "git symbolic-ref HEAD refs/heads/elsewhere",
     "staged work": "echo new > staged.txt && git add staged.txt",
     "a change hidden from git status": "git update-index --skip-worktree README.md",
@@ -107,7 +103,18 @@ ATTACKS = {
 }
 
 
-def test_shell_run_cannot_change_git(make_repo, tmp_path: Path) -> None:
+@pytest.mark.parametrize("wall", ["read-only .git", "the guard alone"])
+def test_shell_run_cannot_change_git(
+    make_repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wall: str
+) -> None:
+    """Both walls, each on its own: the sandbox keeps .git read-only to the server's commands
+    (where the machine has the mount wall), and the git guard puts back what a command
+    changed there anyway (here with the sandbox off, as on a machine without one)."""
+    guard_only = wall == "the guard alone" or confine.support().mounts_problem is not None
+    if wall == "the guard alone":
+        user_config = tmp_path / "user-config.json"
+        user_config.write_text('{"sandbox": "off"}')
+        monkeypatch.setenv("CODER_CONFIG", str(user_config))
     repo = make_repo({"README.md": "# sample\n", "src/app.py": "x = 1\n"})
     git(repo, "tag", "v1")  # a ref for pack-refs to move into packed-refs
     outside = tmp_path / "outside"
@@ -139,7 +146,15 @@ def test_shell_run_cannot_change_git(make_repo, tmp_path: Path) -> None:
         assert without_times(after["index"]) == without_times(before["index"]), name
     assert git_state(repo)["files"] == before["files"]
     assert tree(outside) == outside_before  # the restore never went through the link
+    if guard_only:
+        check_guard_messages(repo, results)
+    for name in ("git status", "fs_write"):
+        assert not results[name].is_error, (name, text(results[name]))
+    assert (repo / "new.txt").read_text() == "ok\n"
 
+
+def check_guard_messages(repo: Path, results: dict[str, Any]) -> None:
+    """What the guard says when it put .git back: what changed, never a guess at the cause."""
     said = text(results["a commit onto main"][0])
     assert said.startswith("the command changed ") and ".git/refs/heads/main" in said
     assert "git commit" not in said.split("\n")[0]  # names what changed, not a guess
@@ -153,10 +168,6 @@ def test_shell_run_cannot_change_git(make_repo, tmp_path: Path) -> None:
         f"the command changed .git (moved away and replaced; the original is back, the "
         f"replacement is now {aside[0]})"
     ) in text(results[".git itself replaced"][0])
-
-    for name in ("git status", "fs_write"):
-        assert not results[name].is_error, (name, text(results[name]))
-    assert (repo / "new.txt").read_text() == "ok\n"
     # the checkout's files are the commands' to change: the commit's edit is still there
     assert (repo / "README.md").read_text() == "# sample\nsneaky\n"
 
