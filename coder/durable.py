@@ -74,7 +74,7 @@ def write_private(path: Path, text: str) -> None:
     read-only) is an EnvironmentProblem: a run stops as `error`, not as a failed step."""
     path = Path(path)
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dirs(path.parent)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.fchmod(fd, 0o600)
@@ -83,6 +83,16 @@ def write_private(path: Path, text: str) -> None:
             os.close(fd)
     except OSError as exc:
         raise write_failed(path, exc) from exc
+
+
+def make_private_dirs(path: Path) -> None:
+    """`path` and each missing directory above it, made 0700 (`Path.mkdir(parents=True)` gives
+    the parents the umask's mode: a `.coder/` deleted during a run came back 0755)."""
+    path = Path(path)
+    for directory in [*reversed(path.parents), path]:
+        if not directory.is_dir():
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory, 0o700)
 
 
 def write_failed(path: Path, exc: OSError) -> EnvironmentProblem:

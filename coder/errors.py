@@ -12,6 +12,7 @@
     ├── EnvironmentProblem       3  something outside the run broke; the run stops as `error`
     │   ├── ConcurrentRun        3  another runner holds the task lock
     │   ├── CorruptState         3  a run's state file or manifest cannot be read back
+    │   ├── RunFilesGone         3  a run's checkpoint, manifest or worktree vanished as it ran
     │   ├── BranchMoved          3  the agent branch is not where coder left it
     │   ├── ModelUnavailable     3  the model host is unreachable or lacks the model
     │   │   ├── HostUnreachable  3  nothing answers at the server's address (named)
@@ -119,6 +120,11 @@ class EnvironmentProblem(CoderError):
 
 class ConcurrentRun(EnvironmentProblem):
     pass
+
+
+class RunFilesGone(EnvironmentProblem):
+    """A running run's own files (its checkpoint, manifest or worktree) were deleted under it:
+    it stops, and writes nothing back of what was deleted."""
 
 
 class CorruptState(EnvironmentProblem):

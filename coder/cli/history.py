@@ -125,6 +125,8 @@ def clean(task_id: str, keep_branch: bool, delete_branch: bool, force: bool, as_
 
     The branch goes too when the run was merged (unless --keep-branch) or with --delete-branch.
     A worktree with uncommitted changes is refused (the files are listed) unless --force.
+    Commands a killed runner left running are ended first. A clean that was cut short is
+    finished by the next one; with nothing left to remove, it says so and exits 0.
     """
     from coder.run import history
 
@@ -134,13 +136,25 @@ def clean(task_id: str, keep_branch: bool, delete_branch: bool, force: bool, as_
     if as_json:
         emit_json(result)
         return
+    if result["nothing"]:
+        known = ", ".join(result["runs"][:10]) or "none"
+        click.echo(f"Nothing to clean: no run {task_id} (runs here: {known}).")
+        if result["branch"]:
+            click.echo(
+                f"Kept branch {result['branch']}, which holds commits of the run (delete it "
+                "with --delete-branch)."
+            )
+        return
+    if result["ended"]:
+        pids = ", ".join(map(str, result["ended"][:10]))
+        click.echo(f"Ended {len(result['ended'])} leftover command process(es) (pids {pids}).")
     if result["discarded"]:
         names = ", ".join(quoted_name(n) for n in result["discarded"])
         click.echo(f"Discarded uncommitted changes: {names}.")
     click.echo(f"Removed run {task_id}.")
     if result["branch_deleted"]:
         click.echo(f"Deleted branch {result['branch']}.")
-    elif result["branch"] is None:  # its manifest and state were both unreadable
-        click.echo("Kept the run's branch (unknown: its files were unreadable; see `git branch`).")
+    elif result["branch"] is None:  # gone already, or its manifest and state unreadable
+        click.echo("No branch of the run found (see `git branch`).")
     else:
         click.echo(f"Kept branch {result['branch']} (delete it with --delete-branch).")

@@ -21,6 +21,7 @@ from coder.errors import (
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from coder.errors import CorruptState
     from coder.run.state import RunState
 
 EXIT_FOR = {
@@ -297,15 +298,21 @@ def status(as_json: bool) -> None:
     from coder import project
     from coder.errors import CorruptState
     from coder.git import ops as gitops
+    from coder.run import manifest as manifests
     from coder.run.lock import read_lock_owner
     from coder.run.state import DONE, StateStore
 
     root = gitops.repo_root(gitops.open_repo(cwd()))
     coder_dir = project.coder_dir(root)
     rows: list[dict[str, Any]] = []
-    for item in StateStore(coder_dir).load_all():
+    states = {item.task_id: item for item in StateStore(coder_dir).load_all()}
+    for task_id in manifests.run_ids(coder_dir):  # a run: a manifest or a checkpoint
+        item = states.get(task_id) or _from_manifest(coder_dir, task_id)
         if isinstance(item, CorruptState):
             rows.append({"id": item.task_id, "status": "corrupt", "error": item.message})
+            continue
+        if isinstance(item, dict):
+            rows.append(item)
             continue
         done = sum(1 for r in item.steps.values() if r.status in DONE)
         skipped = sum(1 for r in item.steps.values() if r.status == "skipped")
@@ -339,6 +346,30 @@ def status(as_json: bool) -> None:
             f"{row['id']:<28} {row['status']:<{width}} {row.get('progress', ''):>7}  "
             f"{escaped(row.get('title', row.get('error', '')))}"
         )
+
+
+def _from_manifest(coder_dir: Path, task_id: str) -> dict[str, Any] | CorruptState:
+    """`status`'s row of a run with a manifest and no checkpoint: its runner was killed
+    before writing the first one (during its checkout), or the file was deleted."""
+    from coder.errors import CorruptState
+    from coder.run.lock import read_lock_owner
+    from coder.run.manifest import read_manifest
+
+    try:
+        manifest = read_manifest(coder_dir, task_id)
+    except CorruptState as exc:
+        return exc
+    running = read_lock_owner(coder_dir, task_id) is not None
+    return {
+        "id": task_id,
+        "title": manifest["task"]["title"],
+        "status": "running" if running else "interrupted (no state; coder resume)",
+        "progress": f"0/{len(manifest['task']['graph'])}",
+        "skipped": 0,
+        "branch": manifest["branch"],
+        "updated_at": manifest["created_at"],
+        "error": None,
+    }
 
 
 def approval_prompt(step: Any, run: Any) -> str:
@@ -533,7 +564,7 @@ def _finish(
         if usage_line(state):
             click.echo(f"  model    {usage_line(state)}")
         if result.status in ("interrupted", "failed", "error"):
-            click.echo(f"  continue with `coder resume -t {result.task_id}`")
+            click.echo(f"  continue with `{result.resume or f'coder resume -t {result.task_id}'}`")
         if merged:
             click.echo(merged[1])
     raise SystemExit(merged[2] if merged else EXIT_FOR.get(result.status, EXIT_FAILED))

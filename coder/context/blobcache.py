@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coder.durable import write_atomic
+from coder.durable import make_private_dirs, write_atomic
 
 if TYPE_CHECKING:
     from coder.redact import Redactor
@@ -54,7 +54,7 @@ class BlobCache:
             return
         kept = {k: v for k, v in entries.items() if k in wanted}
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self.path.parent)
             write_atomic(
                 self.path, json.dumps(kept, separators=(",", ":")).encode(), crash_point=None
             )
@@ -82,7 +82,7 @@ def _load(path: Path | None, redactor: Redactor | None) -> tuple[dict[str, Any],
 def write_text(path: Path, text: str) -> None:
     """A derived file (a rendered map, an index) written atomically; errors ignored."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(path.parent)
         write_atomic(path, text.encode("utf-8"), crash_point=None)
     except OSError:
         pass

@@ -21,6 +21,7 @@ repositories, ``GIT_AUTHOR_*`` variables ignored.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -40,6 +41,7 @@ from pygit2.enums import (
 )
 
 from coder import nofollow, safeio
+from coder.durable import fsync_dir, make_private_dirs
 from coder.errors import BranchMoved, EnvironmentProblem, InvalidInput, RunFailed
 
 CODER_DIR = ".coder"
@@ -328,6 +330,8 @@ def create_worktree(
     path = Path(path).absolute()
     refname = f"refs/heads/{branch}"
     common = common_dir(repo)
+    if pending_change(path) is not None:  # a checkout or removal cut short: start afresh
+        remove_worktree(repo, name, path)
     _prune_stale(repo, common, name)
 
     if name in repo.list_worktrees():
@@ -362,9 +366,10 @@ def create_worktree(
                 "switch that checkout to another branch or remove that worktree",
             )
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     if path.exists():
         path.rmdir()  # empty (checked above); libgit2 insists on creating it itself
+    creating = _mark(path, CREATING)
     try:
         repo.add_worktree(name, str(path), ref)
     except (pygit2.GitError, OSError) as exc:
@@ -372,7 +377,50 @@ def create_worktree(
         _remove_half_registration(common, name)
         raise EnvironmentProblem(f"cannot create worktree '{name}' at {path}: {exc}") from None
     init_submodules(repo, path, str(ref.target))
+    os.unlink(creating)  # the checkout is complete: from now on its files are the branch's
     return path
+
+
+# --- a worktree being created or removed ---------------------------------------------------
+#
+# A checkout of thousands of files takes seconds, their removal a moment: a kill in between
+# leaves a half worktree whose missing or extra files would read as someone's uncommitted
+# changes. So the worktree is marked first (`<path>.creating` or `<path>.removing`, next to it
+# in `.coder/worktrees/`) and unmarked when done; whoever finds a mark finishes the job
+# (`create_worktree` removes the half checkout and checks out again, `remove_worktree` removes
+# what is left), and a marked worktree's files are never counted as changes.
+
+CREATING = "creating"
+REMOVING = "removing"
+
+
+def _marker(path: Path, doing: str) -> Path:
+    return path.with_name(f"{path.name}.{doing}")
+
+
+def _mark(path: Path, doing: str) -> Path:
+    """Mark ``path`` as being created or removed, durably, before the work starts."""
+    marker = _marker(path, doing)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    os.close(os.open(marker, flags, 0o600))
+    fsync_dir(marker.parent)
+    return marker
+
+
+def pending_change(path: Path) -> str | None:
+    """``REMOVING`` or ``CREATING`` when coder's removal or checkout of the worktree at
+    ``path`` was cut short (by a kill), else None."""
+    path = Path(path).absolute()
+    for doing in (REMOVING, CREATING):
+        if os.path.lexists(_marker(path, doing)):
+            return doing
+    return None
+
+
+def worktree_ready(path: Path) -> bool:
+    """Whether ``path`` holds a complete worktree: checked out to the end, not half removed.
+    Only then can its files differ from its branch by anyone's changes."""
+    return (Path(path) / ".git").is_file() and pending_change(path) is None
 
 
 # --- submodules ----------------------------------------------------------------------------
@@ -577,23 +625,35 @@ def remove_worktree(repo: pygit2.Repository, name: str, path: Path) -> None:
 
     The directory deleted is ``path``, coder's own, never the one the registration's
     ``gitdir`` file names: that file is in the admin dir, which the worktree's commands can
-    write. Nothing is followed through a link."""
+    write. Nothing is followed through a link. A removal or checkout cut short by a kill
+    (see ``pending_change``) is finished even where its registration is already gone."""
     common = common_dir(repo)
     root = repo_root(repo)
     real = Path(os.path.realpath(path))
     if real == root or real in root.parents or real == common or common in real.parents:
         raise EnvironmentProblem(f"refusing to delete {real}: it is not a linked worktree")
     admin = common / "worktrees" / name
-    if not os.path.lexists(admin):
+    path = Path(path).absolute()
+    if not os.path.lexists(admin) and pending_change(path) is None:
         return  # not coder's (any more): whatever is at `path` is someone else's
+    removing = _mark(path, REMOVING) if path.parent.is_dir() else None
     nofollow.remove_tree(path)
-    nofollow.remove_tree(admin)  # last: a removal cut short is found and finished next time
+    nofollow.remove_tree(admin)  # after the files: a removal cut short is still registered
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_marker(path, CREATING))
+    if removing is not None:
+        os.unlink(removing)
 
 
 def _prune_stale(repo: pygit2.Repository, common: Path, name: str) -> None:
-    """Forget registrations whose directory is gone (as `git worktree prune` does; locked ones
-    stay), so a deleted worktree neither blocks its name nor keeps its branch checked out."""
     _remove_half_registration(common, name)
+    prune_stale_worktrees(repo)
+
+
+def prune_stale_worktrees(repo: pygit2.Repository) -> None:
+    """Forget registrations whose directory is gone (as `git worktree prune` does; locked ones
+    stay), so a deleted worktree neither blocks its name nor keeps its branch checked out
+    (`git branch -D` refuses a branch checked out in a worktree, even a missing one)."""
     for other in repo.list_worktrees():
         wt = repo.lookup_worktree(other)
         if not Path(wt.path).exists() and wt.is_prunable:
@@ -614,6 +674,13 @@ def _head_of(gitdir: Path) -> str | None:
     except OSError:
         return None
     return text[len("ref: ") :] if text.startswith("ref: ") else None
+
+
+def registered_branch(repo: pygit2.Repository, name: str) -> str | None:
+    """The branch the worktree registered as ``name`` has checked out (its directory may be
+    gone), or None."""
+    head = _head_of(common_dir(repo) / "worktrees" / name)
+    return head.removeprefix("refs/heads/") if head and head.startswith("refs/heads/") else None
 
 
 def _checked_out_at(repo: pygit2.Repository, refname: str) -> Path | None:
@@ -642,12 +709,26 @@ def _under_coder_dir(path: str) -> bool:
     return path == CODER_DIR or path.startswith(CODER_DIR + "/")
 
 
+_WORKDIR_CHANGES = (
+    FileStatus.WT_NEW
+    | FileStatus.WT_MODIFIED
+    | FileStatus.WT_DELETED
+    | FileStatus.WT_TYPECHANGE
+    | FileStatus.WT_RENAMED
+)
+
+
 def _status(w: pygit2.Repository) -> dict[str, int]:
-    """Paths differing from HEAD (index or workdir), ignored files and ``.coder/`` left out."""
+    """Paths differing from HEAD (index or workdir), ignored files and ``.coder/`` left out.
+    When HEAD's branch is gone (deleted by hand), the files are compared with the index,
+    which still holds the last commit checked out there: against no commit at all, every
+    file would read as a change."""
+    mask = _WORKDIR_CHANGES if w.head_is_unborn else ~0
     return {
-        p: flags
+        p: flags & mask
         for p, flags in w.status(untracked_files="all", ignored=False).items()
-        if flags != FileStatus.CURRENT
+        if flags & mask
+        and flags != FileStatus.CURRENT
         and not (flags & FileStatus.IGNORED)
         and not _under_coder_dir(p)
     }
@@ -1167,6 +1248,36 @@ def effective_step_commits(
                 del effective[i]
                 break
     return effective
+
+
+def run_base(repo: pygit2.Repository, branch: str, task_id: str) -> tuple[str, int] | None:
+    """Where run ``task_id`` started on ``branch``, read from its commits alone: (the base
+    commit, how many of the run's commits are on it). The run's commits (steps, and `coder
+    revert`'s) carry ``Coder-Task: task_id`` and follow one another from the base (parallel
+    steps land as cherry-picks), so the base is the first commit without it, walking first
+    parents from the tip. None when the branch is missing or its tip is not the run's."""
+    tip = branch_tip(repo, branch)
+    if tip is None:
+        return None
+    commit = repo[tip].peel(pygit2.Commit)
+    count = 0
+    while parse_trailers(commit.message).get(TRAILER_TASK.lower()) == task_id:
+        if not commit.parents:
+            return None
+        count += 1
+        commit = commit.parents[0]
+    return (str(commit.id), count) if count else None
+
+
+def task_branches(repo: pygit2.Repository, task_id: str) -> list[str]:
+    """Local branches whose tip is a commit of run ``task_id`` (its trailers say so)."""
+    found = []
+    for name in repo.branches.local:
+        tip = branch_tip(repo, name)
+        message = repo[tip].peel(pygit2.Commit).message if tip else ""
+        if parse_trailers(message).get(TRAILER_TASK.lower()) == task_id:
+            found.append(name)
+    return sorted(found)
 
 
 def foreign_commits(

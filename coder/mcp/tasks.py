@@ -83,15 +83,14 @@ def task_validate(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     from coder import project, taskfile
     from coder.git import ops as gitops
-    from coder.run import runs
-    from coder.run.state import StateStore
+    from coder.run import manifest as manifests
 
     rel = args["path"]
     task = taskfile.load(_taskfile(ctx, rel), rel)
     repo, coder_dir = _repo(ctx)
     project.ensure_coder_dir(coder_dir.parent)
     gitops.ensure_excluded(repo, f"/{project.CODER_DIR}/")
-    if StateStore(coder_dir).exists(task.id) or runs.manifest_path(coder_dir, task.id).exists():
+    if manifests.run_exists(coder_dir, task.id):
         raise InvalidInput(
             f"a run of task {task.id} already exists",
             hint=f"follow it with task_status, continue it with `coder resume -t "
@@ -123,7 +122,7 @@ def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     launch = _Launch(process, log, bool(args.get("merge_on_success")))
     with _lock:
         _launched[task.id] = launch
-    manifest = runs.manifest_path(coder_dir, task.id)
+    manifest = manifests.manifest_path(coder_dir, task.id)
     deadline = time.monotonic() + START_WAIT
     while time.monotonic() < deadline and process.poll() is None and not manifest.exists():
         time.sleep(0.05)

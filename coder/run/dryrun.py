@@ -17,8 +17,9 @@ from coder import graph, project, taskfile
 from coder.errors import CoderError
 from coder.git import ops as gitops
 from coder.policy.sandbox import require_sandbox
+from coder.run.manifest import run_exists
 from coder.run.preflight import command_of, refusals
-from coder.run.runs import RunOptions, manifest_path, policy_for
+from coder.run.runs import RunOptions, policy_for
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def dry_run(path: Path, *, cwd: Path, options: RunOptions) -> DryRun:
         problems.append(f"base branch {base!r} does not exist")
     task = task.resolved(base=base, model=str(cfg["model"]))
     coder_dir = project.coder_dir(root)
-    if manifest_path(coder_dir, task.id).exists():
+    if run_exists(coder_dir, task.id):
         problems.append(f"a run of task {task.id} already exists (coder resume -t {task.id})")
     branch_exists = gitops.branch_tip(repo, task.branch) is not None
     if branch_exists:

@@ -28,7 +28,7 @@ from typing import Any, Self
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from coder.durable import write_failed
+from coder.durable import make_private_dirs, write_failed
 from coder.redact import SCAN_FAILED, Redactor
 from coder.run.state import check_task_id
 
@@ -97,7 +97,7 @@ class _Sink:
     event to the console. Every level method is the same method."""
 
     def __init__(self, path: Path, console: Console | None, live: LiveView | None) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(path.parent)
         self.path = path
         self._lock = threading.Lock()
         self._console = console

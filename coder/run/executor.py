@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from coder.crashpoints import crashpoint
 from coder.durable import write_private
-from coder.errors import CoderError, EnvironmentProblem
+from coder.errors import CoderError, EnvironmentProblem, RunFilesGone
 from coder.git import ops as gitops
 from coder.git.guard import GitGuard
 from coder.kinds import KINDS
@@ -125,6 +125,7 @@ class Executor:
         self.schedule = Schedule(self.task, {sid: r.status for sid, r in run.state.steps.items()})
         self.halted = False
         self.error: str | None = None  # the environment problem that stopped the run
+        self.gone = False  # the checkpoint was deleted under the run: nothing is written back
         self._lock = threading.RLock()
         steps = run.state.steps.values()
         self._tokens = sum(r.tokens for r in steps)  # run budgets, kept up to date
@@ -138,7 +139,20 @@ class Executor:
     def checkpoint(self) -> None:
         """The whole state as a snapshot (the run's start and end)."""
         with self._lock:
-            self.run.store.save(self.run.state)
+            self._write(lambda: self.run.store.save(self.run.state))
+
+    def _write(self, write: Callable[[], None]) -> None:
+        """A checkpoint write, unless the checkpoint was deleted under the run: then it stops
+        (RunFilesGone naming everything of the run that vanished) and writes no more."""
+        if self.gone:
+            return
+        try:
+            write()
+        except RunFilesGone:
+            self.gone = True
+            gone = self._files_gone(assume_state=True)  # the checkpoint at least
+            assert gone is not None
+            raise gone from None
 
     def _update(self, step_id: str, **changes: Any) -> None:
         """Change a step's record and journal it (one line, fsync'd)."""
@@ -151,7 +165,7 @@ class Executor:
                 self._seconds += (changes["duration_s"] or 0) - (record.duration_s or 0)
             for key, value in changes.items():
                 setattr(record, key, value)
-            self.run.store.record(self.run.state, step_id)
+            self._write(lambda: self.run.store.record(self.run.state, step_id))
 
     def _add_usage(self, step_id: str, usage: Usage) -> None:
         """Usage accumulates over a step's attempts (they all cost model time)."""
@@ -275,6 +289,11 @@ class Executor:
                 outcome, commit = self._attempt(step, place, attempt, tip)
             except EnvironmentProblem as exc:
                 return Attempted(StepOutcome(False, environment_error(exc), errored=True), tip)
+            except OSError:  # a file of the run's vanished mid-way through the pipeline
+                gone = self._files_gone(place.workdir)
+                if gone is None:
+                    raise
+                return Attempted(StepOutcome(False, environment_error(gone), errored=True), tip)
             if outcome.result != "failed" or self.run.stop.is_set():
                 return Attempted(outcome, tip, commit)
             failures += 1
@@ -290,6 +309,9 @@ class Executor:
             )
 
     def _start(self, step: Step, tip: str) -> int:
+        gone = self._files_gone()
+        if gone is not None:  # no step starts on a run whose files were deleted
+            raise gone
         with self._lock:
             attempt = self.record(step.id).attempts + 1
             self._update(
@@ -317,6 +339,9 @@ class Executor:
         started = time.monotonic()
         acted = self._act(step, place.workdir, attempt)
         end_leftovers(place.workdir)
+        gone = self._files_gone(place.workdir)
+        if gone is not None:  # deleted while the step ran: nothing left to check or commit
+            raise gone
         outcome = self._verify(step, place.workdir, acted, guard)
         self.run.log.debug(
             "step.acted",
@@ -500,10 +525,11 @@ class Executor:
 
     def _errored(self, step: Step, error: str, workdir: Path | None, tip: str) -> None:
         """An environment problem stopped the step: not its failure. Its changes are
-        discarded when git still lets us; otherwise it stays `running`, and resume discards
-        them as after a crash. Either way `coder resume` runs it again."""
+        discarded when git still lets us (a deleted worktree took them along); otherwise it
+        stays `running`, and resume discards them as after a crash. Either way `coder resume`
+        runs it again."""
         try:
-            if workdir is not None:
+            if workdir is not None and workdir.is_dir():
                 gitops.discard_changes(workdir, tip)
         except EnvironmentProblem:
             self._reason(step.id, f"stopped by an environment problem: {error}")
@@ -522,6 +548,37 @@ class Executor:
             )
         self.run.log.error("step.errored", step_id=step.id, error=error)
         self._stop_for(error)
+
+    def _files_gone(
+        self, workdir: Path | None = None, *, assume_state: bool = False
+    ) -> RunFilesGone | None:
+        """The run's own files deleted under it (by hand): `.coder/`, the manifest, the
+        checkpoint, the worktree (or the scratch worktree `workdir`), named in one error with
+        the way back; None when all are there."""
+        from coder.errors import display_path
+        from coder.run.manifest import manifest_path
+
+        run, task_id = self.run, self.task.id
+        manifest, state = manifest_path(run.coder_dir, task_id), run.store.path(task_id)
+        if not run.coder_dir.is_dir():
+            gone = [run.coder_dir]
+        else:
+            files = [p for p in (manifest, state) if not p.is_file()]
+            gone = files + [w for w in {run.worktree, workdir or run.worktree} if not w.is_dir()]
+        if assume_state and state not in gone:
+            gone.append(state)
+        if not gone:
+            return None
+        if run.coder_dir in gone or {manifest, state} <= set(gone):
+            taskfile = self.run.state.taskfile or "TASKFILE"
+            hint = (
+                f"`coder resume -t {task_id} -f {taskfile}` rebuilds the run from the taskfile "
+                "and the commits on its branch"
+            )
+        else:
+            hint = f"`coder resume -t {task_id}` rebuilds what is missing"
+        named = ", ".join(display_path(p) for p in gone)
+        return RunFilesGone(f"deleted while run {task_id} was running: {named}", hint=hint)
 
     def _stop_for(self, error: str) -> None:
         self.halted = True
@@ -545,7 +602,12 @@ class Executor:
         state = self.run.state
         state.status = status
         state.error = self.run.redactor.redact(error) if error else None
-        self.checkpoint()
+        try:
+            self.checkpoint()
+        except RunFilesGone as exc:  # deleted after the last step: the run ends on that
+            self._stop_for(environment_error(exc))
+            status, error = "error", self.error
+            state.status, state.error = status, self.run.redactor.redact(self.error or "")
         note = state.skipped_note()
         self.run.log.info("run.finished", status=status, error=error or "", skipped=note or "")
         return status

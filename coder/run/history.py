@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coder import project
-from coder.errors import ConcurrentRun, CorruptState, EnvironmentProblem, InvalidInput
+from coder.errors import (
+    ConcurrentRun,
+    CorruptState,
+    EnvironmentProblem,
+    InvalidInput,
+    UnknownTask,
+)
 from coder.git import ops as gitops
-from coder.run.lock import read_lock_owner
-from coder.run.runs import load_manifest, manifest_path
-from coder.run.state import RunState, StateStore
+from coder.run import manifest as manifests
+from coder.run.lock import TaskLock, read_lock_owner
+from coder.run.manifest import load_manifest, manifest_path
+from coder.run.state import RunState, StateStore, check_task_id
 
 if TYPE_CHECKING:
     from coder.redact import Redactor
@@ -95,23 +104,62 @@ def clean(
 ) -> dict[str, Any]:
     """Remove a run's worktree, state, artifacts and logs; its branch only when it was merged
     (unless `keep_branch`) or when asked (`delete_branch`). Uncommitted changes in the
-    worktree are refused (InvalidInput naming them) unless `force` discards them."""
+    worktree are refused (InvalidInput naming them) unless `force` discards them; a worktree
+    coder was still checking out or removing when it was killed has none. Commands a killed
+    runner left running are ended first. Of a run whose manifest and checkpoint are gone, what
+    is left is removed (its worktree; its branch with `delete_branch`); with nothing left,
+    nothing happens (`nothing` in the result)."""
     repo = gitops.open_repo(cwd)
     root = gitops.repo_root(repo)
     coder_dir = project.coder_dir(root)
+    check_task_id(task_id)
     try:
         manifest = load_manifest(coder_dir, task_id)
     except CorruptState:  # the run cannot go on: what it made can still be removed
-        manifest = _manifest_from_state(coder_dir, task_id)
+        manifest = _manifest_from_state(repo, coder_dir, task_id)
+    except UnknownTask:
+        manifest = _manifest_from_state(repo, coder_dir, task_id)
+        if not _anything_left(repo, coder_dir, task_id, manifest, delete_branch):
+            return {
+                "task_id": task_id,
+                "nothing": True,
+                "runs": manifests.run_ids(coder_dir),
+                "branch": manifest["branch"],
+                "branch_deleted": False,
+                "merged": False,
+                "discarded": [],
+                "ended": [],
+            }
     pid = read_lock_owner(coder_dir, task_id)
     if pid is not None:
         raise ConcurrentRun(
             f"run {task_id} is running (pid {pid})",
             hint=f"stop it first with `coder stop -t {task_id}`",
         )
+    with TaskLock(coder_dir, task_id) if coder_dir.is_dir() else contextlib.nullcontext():
+        return _remove(repo, coder_dir, task_id, manifest, keep_branch, delete_branch, force)
+
+
+def _remove(
+    repo: Any,
+    coder_dir: Path,
+    task_id: str,
+    manifest: dict[str, Any],
+    keep_branch: bool,
+    delete_branch: bool,
+    force: bool,
+) -> dict[str, Any]:
+    """`clean`'s work, holding the task's lock (no runner can start meanwhile)."""
+    from coder.policy import sandbox
+    from coder.policy.confine import end_leftovers
+
     worktree = Path(manifest["worktree"])
+    # Commands a killed runner left (they carry the run's owner token) would go on writing
+    # into the worktree while it is judged and removed.
+    ended = sandbox.kill_owned(sandbox.owner_token(coder_dir, task_id))
+    end_leftovers(worktree)
     changed: list[str] = []
-    if (worktree / ".git").is_file():
+    if gitops.worktree_ready(worktree):  # not one coder was still checking out or removing
         try:
             changed = gitops.changed_paths(worktree)
         except EnvironmentProblem:  # unreadable (its admin files forged): only --force goes on
@@ -133,39 +181,72 @@ def clean(
         merged = False
     # the run's own worktree, its steps' scratch worktrees and merge's check worktree: exact
     # names, so cleaning task `a` never touches task `a--b`'s
-    scratch = [f"{task_id}--{s['id']}" for s in manifest["task"]["graph"]]
-    for name in [task_id, *scratch, f"{task_id}--merge.check"]:
+    for name in _worktree_names(task_id, manifest):
         gitops.remove_worktree(repo, name, coder_dir / "worktrees" / name)
     branch = manifest["branch"]
+    if branch is not None and gitops.branch_tip(repo, branch) is None:
+        branch = None  # deleted by hand already
     drop_branch = branch is not None and (delete_branch or (merged and not keep_branch))
     if drop_branch:
+        gitops.prune_stale_worktrees(repo)  # one deleted by hand still "has it checked out"
         gitops.delete_branch(repo, branch)
     StateStore(coder_dir).delete(task_id)
-    for path in (
-        coder_dir / "logs" / f"{task_id}.jsonl",
-        coder_dir / "locks" / f"{task_id}.lock",
-        manifest_path(coder_dir, task_id),
-    ):
+    for path in _files(coder_dir, task_id):
         path.unlink(missing_ok=True)
     shutil.rmtree(coder_dir / "artifacts" / task_id, ignore_errors=True)
     return {
         "task_id": task_id,
+        "nothing": False,
         "branch": branch,
         "branch_deleted": drop_branch,
         "merged": merged,
         "discarded": changed,
+        "ended": ended,
     }
 
 
-def _manifest_from_state(coder_dir: Path, task_id: str) -> dict[str, Any]:
-    """What `clean` needs of a run whose manifest is corrupt: from its checkpoint (which
-    holds the same), else the run's worktree by its name and no branch (kept: unknown)."""
+def _worktree_names(task_id: str, manifest: dict[str, Any]) -> list[str]:
+    scratch = [f"{task_id}--{s['id']}" for s in manifest["task"]["graph"]]
+    return [task_id, *scratch, f"{task_id}--merge.check"]
+
+
+def _files(coder_dir: Path, task_id: str) -> list[Path]:
+    """A run's own files besides its checkpoint, artifacts and worktrees."""
+    return [
+        coder_dir / "logs" / f"{task_id}.jsonl",
+        coder_dir / "locks" / f"{task_id}.lock",
+        manifest_path(coder_dir, task_id),
+    ]
+
+
+def _anything_left(
+    repo: Any, coder_dir: Path, task_id: str, manifest: dict[str, Any], delete_branch: bool
+) -> bool:
+    """Whether a run with neither manifest nor checkpoint left anything `clean` removes."""
+    common = gitops.common_dir(repo)
+    for name in _worktree_names(task_id, manifest):
+        path = coder_dir / "worktrees" / name
+        if os.path.lexists(path) or os.path.lexists(common / "worktrees" / name):
+            return True
+        if gitops.pending_change(path) is not None:
+            return True
+    paths = [*_files(coder_dir, task_id), StateStore(coder_dir).journal_path(task_id)]
+    if any(os.path.lexists(p) for p in [*paths, coder_dir / "artifacts" / task_id]):
+        return True
+    return delete_branch and manifest["branch"] is not None
+
+
+def _manifest_from_state(repo: Any, coder_dir: Path, task_id: str) -> dict[str, Any]:
+    """What `clean` needs of a run whose manifest is corrupt or gone: from its checkpoint
+    (which holds the same), else its worktree by its name, and its branch: the one that
+    worktree has checked out, or one whose tip is the run's commit; else none (kept:
+    unknown)."""
     try:
-        state = StateStore(coder_dir).load(task_id)
+        return manifests.from_state(StateStore(coder_dir).load(task_id))
     except (CorruptState, InvalidInput):
+        branches = gitops.task_branches(repo, task_id)
         return {
             "worktree": str(coder_dir / "worktrees" / task_id),
-            "branch": None,
+            "branch": gitops.registered_branch(repo, task_id) or next(iter(branches), None),
             "task": {"graph": []},
         }
-    return {"worktree": state.worktree, "branch": state.branch, "task": state.task}

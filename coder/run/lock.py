@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from coder.durable import write_failed
+from coder.durable import make_private_dirs, write_failed
 from coder.errors import ConcurrentRun
 from coder.run.state import check_task_id, now_iso
 
@@ -91,7 +91,7 @@ class TaskLock:
     def acquire(self) -> Self:
         if self._fd is not None:
             raise RuntimeError(f"lock for task {self.task_id} is already held by this object")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.path.parent)
         # O_CLOEXEC: commands the runner starts must not inherit (and so keep) the lock.
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:

@@ -40,7 +40,7 @@ from coder.errors import (
 from coder.git import land as gitland
 from coder.git import ops as gitops
 from coder.run.lock import TaskLock
-from coder.run.runs import load_manifest
+from coder.run.manifest import load_manifest
 from coder.run.state import RunState, StateStore, StepRecord, now_iso
 
 MODES = ("squash", "no-ff", "ff-only")

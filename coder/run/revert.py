@@ -39,7 +39,7 @@ from coder.errors import CoderError, ConcurrentRun, EnvironmentProblem, InvalidI
 from coder.git import land as gitland
 from coder.git import ops as gitops
 from coder.run.lock import TaskLock
-from coder.run.runs import load_manifest
+from coder.run.manifest import load_manifest
 from coder.run.state import StateStore
 
 MODES = ("revert", "reset")
@@ -269,7 +269,7 @@ class _Revert:
         killed runner left running (they would write into the worktree behind our back)."""
         from coder.policy import sandbox
 
-        if not (self.worktree / ".git").is_file():
+        if not gitops.worktree_ready(self.worktree):  # missing, or its checkout cut short
             gitops.create_worktree(
                 self.repo, name=self.task_id, path=self.worktree, branch=self.branch, start=tip
             )

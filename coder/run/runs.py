@@ -13,7 +13,6 @@ Files per run, under `.coder/`:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -28,12 +27,20 @@ from typing import TYPE_CHECKING, Any
 from coder import config as config_mod
 from coder import project, taskfile
 from coder.crashpoints import crashpoint
-from coder.durable import write_atomic
-from coder.errors import CoderError, CorruptState, EnvironmentProblem, InvalidInput, UnknownTask
+from coder.errors import (
+    CoderError,
+    CorruptState,
+    EnvironmentProblem,
+    InvalidInput,
+    RunFilesGone,
+    UnknownTask,
+)
 from coder.git import land as gitland
 from coder.git import ops as gitops
 from coder.run import amend
+from coder.run import manifest as manifests
 from coder.run.lock import TaskLock
+from coder.run.manifest import load_manifest, manifest_path
 from coder.run.secrets import restore, run_secrets, stored_task
 from coder.run.state import DONE, RunState, StateStore, new_run, now_iso
 
@@ -70,55 +77,7 @@ class RunResult:
     status: str  # success | failed | error | interrupted
     state: RunState
     warnings: tuple[str, ...] = ()
-
-
-def manifest_path(coder_dir: Path, task_id: str) -> Path:
-    return coder_dir / "tasks" / f"{task_id}.json"
-
-
-_MANIFEST_STRINGS = ("task_id", "base", "base_commit", "branch", "worktree", "created_at")
-
-
-def load_manifest(coder_dir: Path, task_id: str) -> dict[str, Any]:
-    """The run's manifest; UnknownTask when there is none, CorruptState (naming the file)
-    when it cannot be read back as one."""
-    from coder.yamldoc import loads_json
-
-    path = manifest_path(coder_dir, task_id)
-    try:
-        data = loads_json(path.read_bytes())
-    except FileNotFoundError:
-        raise UnknownTask(task_id, StateStore(coder_dir).list_ids()) from None
-    except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise CorruptState(path, task_id, str(exc), manifest=True) from None
-    problem = _manifest_problem(data, task_id)
-    if problem:
-        raise CorruptState(path, task_id, problem, manifest=True)
-    manifest: dict[str, Any] = data
-    return manifest
-
-
-def _manifest_problem(data: Any, task_id: str) -> str | None:
-    """What makes `data` no manifest of `task_id` (the fields every command reads)."""
-    from coder.kinds import KINDS
-
-    if not isinstance(data, dict):
-        return "not a JSON object"
-    for key in _MANIFEST_STRINGS:
-        if not isinstance(data.get(key), str):
-            return f"its {key} is missing"
-    if data["task_id"] != task_id:
-        return f"it belongs to task {data['task_id']!r}"
-    task = data.get("task")
-    if not isinstance(task, dict) or not isinstance(task.get("title"), str):
-        return "no task"
-    graph = task.get("graph")
-    if not isinstance(graph, list) or not all(
-        isinstance(s, dict) and isinstance(s.get("id"), str) and s.get("kind") in KINDS
-        for s in graph
-    ):
-        return "no task graph"
-    return None
+    resume: str = ""  # how to continue it: `coder resume -t ID`, with -f when its files are gone
 
 
 # --- start ---------------------------------------------------------------------------------
@@ -155,7 +114,7 @@ def start(
     if not task.source.get("branch"):  # named after the title: never after a secret in it
         task = replace(task, branch=taskfile.default_branch(task.id, redactor.redact(task.title)))
     with TaskLock(coder_dir, task.id) as lock:
-        if store.exists(task.id) or manifest_path(coder_dir, task.id).exists():
+        if manifests.run_exists(coder_dir, task.id):
             raise InvalidInput(
                 f"a run of task {task.id} already exists",
                 hint=f"continue it with `coder resume -t {task.id}`, or remove it "
@@ -163,29 +122,22 @@ def start(
             )
         try:  # refused before anything of the run exists: its lock file goes too
             if gitops.branch_tip(repo, task.branch):
-                raise InvalidInput(
-                    f"branch {task.branch} already exists",
-                    hint="set another `id` or `branch` in the taskfile, or delete the branch",
-                )
+                raise _branch_exists(repo, task, path)
             # no model: we stop here
             agent = open_agent(task, cfg, repo, base_commit, options, redactor)
         except BaseException:
             lock.path.unlink(missing_ok=True)
             raise
         try:  # the manifest first, then the branch and worktree, then the first checkpoint
-            manifest = {
-                "task_id": task.id,
-                "task": stored_task(task.to_dict(), redactor),  # secrets left out
-                "taskfile": str(path.resolve()),
-                "base": base,
-                "base_commit": base_commit,
-                "branch": task.branch,
-                "worktree": str(worktree),
-                "created_at": now_iso(),
-            }
-            write_atomic(
-                manifest_path(coder_dir, task.id), json.dumps(manifest, indent=2).encode("utf-8")
+            manifest = manifests.build(
+                stored_task(task.to_dict(), redactor),  # secrets left out
+                taskfile=path,
+                base=base,
+                base_commit=base_commit,
+                worktree=worktree,
+                created_at=now_iso(),
             )
+            manifests.write(coder_dir, manifest)
             gitops.create_worktree(
                 repo, name=task.id, path=worktree, branch=task.branch, start=base_commit
             )
@@ -214,16 +166,46 @@ def start(
                 agent=agent,
                 redactor=redactor,
             )
-        except BaseException:
+        except BaseException as exc:
             if agent is not None:  # _execute closes it too; closing twice is harmless
                 agent.models.close()
-            if not _started(store, task.id):
-                _remove_unstarted(repo, coder_dir, task, store, lock.path)
+            if not _started(repo, store, task.id, task.branch, base_commit):
+                _remove_unstarted(repo, coder_dir, task, store, lock.path, base_commit)
+                if isinstance(exc, RunFilesGone):  # before any step: nothing to rebuild
+                    raise RunFilesGone(
+                        exc.message,
+                        hint=f"nothing of the run was kept; start it again with `coder run "
+                        f"--autonomous -f {path}`",
+                    ) from None
             raise
 
 
-def _started(store: StateStore, task_id: str) -> bool:
-    """Whether the run got as far as its executor (which marks it `running` before a step)."""
+def _branch_exists(repo: Any, task: taskfile.Task, path: Path) -> CoderError:
+    """The run's branch is there before the run: a run whose files under `.coder/` were
+    deleted (its commits say so), or a branch of someone else's."""
+    found = gitops.run_base(repo, task.branch, task.id)
+    if found is not None:
+        count = found[1]
+        return EnvironmentProblem(
+            f"branch {task.branch} already exists and holds {count} commit"
+            f"{'s' * (count != 1)} of run {task.id}, whose files under .coder/ are gone",
+            hint=f"continue the run with `coder resume -t {task.id} -f {path}`, or delete the "
+            f"branch with `coder clean -t {task.id} --delete-branch` and run again",
+        )
+    gitops.prune_stale_worktrees(repo)  # else `git branch -D` refuses a branch checked out
+    return InvalidInput(  # in a worktree deleted by hand
+        f"branch {task.branch} already exists",
+        hint="set another `id` or `branch` in the taskfile, or delete the branch "
+        f"(`git branch -D {task.branch}`)",
+    )
+
+
+def _started(repo: Any, store: StateStore, task_id: str, branch: str, base_commit: str) -> bool:
+    """Whether the run got as far as its executor (which marks it `running` before a step),
+    or committed anything: its checkpoint may be gone (deleted by hand), its commits stay."""
+    tip = gitops.branch_tip(repo, branch)
+    if tip is not None and tip != base_commit:
+        return True
     try:
         return store.load(task_id).status != "pending"
     except UnknownTask:
@@ -233,14 +215,25 @@ def _started(store: StateStore, task_id: str) -> bool:
 
 
 def _remove_unstarted(
-    repo: Any, coder_dir: Path, task: taskfile.Task, store: StateStore, lock: Path
+    repo: Any,
+    coder_dir: Path,
+    task: taskfile.Task,
+    store: StateStore,
+    lock: Path,
+    base_commit: str,
 ) -> None:
     """A start that failed before any step ran leaves nothing behind, so the same `coder run`
-    can simply be tried again: its worktree, branch (created by this start: it did not exist),
-    checkpoint, manifest, log, artifacts and lock file go."""
+    can simply be tried again: its worktree, branch, checkpoint, manifest, log, artifacts and
+    lock file go. The branch goes only while it points at the run's base: this start created
+    it (the branch did not exist when the start took the lock) and nothing was committed."""
+
+    def drop_branch() -> None:
+        if gitops.branch_tip(repo, task.branch) == base_commit:
+            gitops.delete_branch(repo, task.branch)
+
     undo: list[Callable[[], None]] = [
         lambda: gitops.remove_worktree(repo, task.id, coder_dir / "worktrees" / task.id),
-        lambda: gitops.delete_branch(repo, task.branch),
+        drop_branch,
         lambda: store.delete(task.id),
     ]
     for step in undo:
@@ -406,10 +399,12 @@ def resume(
     repo = gitops.open_repo(cwd)
     root = gitops.repo_root(repo)
     coder_dir = project.coder_dir(root)
-    manifest = load_manifest(coder_dir, task_id)
     store = StateStore(coder_dir)
     warnings: list[str] = []
+    if not manifests.run_exists(coder_dir, task_id) and not options.taskfile:
+        raise manifests.missing_run(repo, coder_dir, task_id)  # before a lock file is made
     with TaskLock(coder_dir, task_id) as lock:
+        manifest = _recover_manifest(repo, coder_dir, store, task_id, options, cwd, warnings)
         if lock.took_over_from:
             warnings.append(
                 f"the previous runner (pid {lock.took_over_from}) is gone; taking over its lock"
@@ -437,6 +432,8 @@ def resume(
             warnings.append(f"{problem}; rebuilding the state from the branch's commits")
             state = new_run(manifest)
             state.status = "interrupted"
+        if gitops.branch_tip(repo, manifest["branch"]) is None:
+            raise _branch_gone(repo, state, manifest["branch"])
         if state.status == "success":
             merged = state.merge
             raise InvalidInput(
@@ -490,6 +487,40 @@ def resume(
         )
 
 
+def _recover_manifest(
+    repo: Any,
+    coder_dir: Path,
+    store: StateStore,
+    task_id: str,
+    options: RunOptions,
+    cwd: Path,
+    warnings: list[str],
+) -> dict[str, Any]:
+    """The run's manifest. A missing one is rebuilt and written back: from the checkpoint,
+    or, when that is gone too (`.coder/` deleted by hand), from the taskfile given with -f
+    and the commits on the run's branch."""
+    try:
+        return manifests.read_manifest(coder_dir, task_id)
+    except UnknownTask:
+        pass
+    try:
+        manifest = manifests.from_state(store.load(task_id))
+        warnings.append(f"the manifest of run {task_id} was missing; rebuilt it from its state")
+    except (UnknownTask, CorruptState):
+        if not options.taskfile:
+            raise manifests.missing_run(repo, coder_dir, task_id) from None
+        cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
+        path = Path(options.taskfile)
+        manifest, count = manifests.rebuild(repo, coder_dir, task_id, path, str(cfg["model"]))
+        warnings.append(
+            f"run {task_id} had no manifest or state; rebuilt it from {path} and the {count} "
+            f"commit{'s' * (count != 1)} of the run on {manifest['branch']}"
+        )
+    project.ensure_coder_dir(gitops.repo_root(repo))
+    manifests.write(coder_dir, manifest)
+    return manifest
+
+
 def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Path) -> list[str]:
     """Bring the checkpoint in line with git, the source of truth. Refuses (changing nothing)
     when someone else moved the branch or edited the worktree while no runner was there."""
@@ -497,10 +528,7 @@ def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Pa
     task_id, branch = manifest["task_id"], manifest["branch"]
     tip = gitops.branch_tip(repo, branch)
     if tip is None:
-        raise EnvironmentProblem(
-            f"branch {branch} of run {task_id} no longer exists",
-            hint=f"the run cannot continue; remove it with `coder clean -t {task_id}`",
-        )
+        raise _branch_gone(repo, state, branch)
     foreign = gitops.foreign_commits(
         repo, branch=branch, base_commit=manifest["base_commit"], task_id=task_id
     )
@@ -511,9 +539,13 @@ def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Pa
             hint=f"move those commits to another branch and reset {branch} to its last coder "
             "commit, then resume",
         )
-    if not (worktree / ".git").is_file():
+    if not gitops.worktree_ready(worktree):
+        cut_short = {
+            gitops.CREATING: "the checkout of worktree {} was cut short; checked it out again",
+            gitops.REMOVING: "the removal of worktree {} was cut short; re-created it",
+        }.get(gitops.pending_change(worktree) or "", "worktree {} was missing; re-created it")
         gitops.create_worktree(repo, name=task_id, path=worktree, branch=branch, start=tip)
-        warnings.append(f"worktree {worktree} was missing; re-created it from {branch}")
+        warnings.append(f"{cut_short.format(worktree)} from {branch}")
     if gitops.clear_stale_index_lock(worktree):
         warnings.append("removed a stale index.lock left by the crash")
 
@@ -570,6 +602,30 @@ def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Pa
         gitops.remove_worktree(repo, name, worktree.parent / name)
         gitops.delete_branch(repo, f"coder-scratch/{task_id}--{step_id}")
     return warnings
+
+
+def _branch_gone(repo: Any, state: RunState, branch: str) -> EnvironmentProblem:
+    """The run's branch was deleted by hand: how to bring it back, or remove the run."""
+    last = _last_commit(repo, [st.commit for st in state.steps.values() if st.commit])
+    restore = (
+        f"restore it with `git branch {branch} {last[:12]}` (its last step commit) and resume, or "
+        if last
+        else ""
+    )
+    return EnvironmentProblem(
+        f"branch {branch} of run {state.task_id} no longer exists",
+        hint=f"{restore}remove the run with `coder clean -t {state.task_id}`",
+    )
+
+
+def _last_commit(repo: Any, commits: list[str]) -> str | None:
+    """Of the run's recorded step commits still in the repository, the one all others lead
+    to (the branch's last tip), or None."""
+    present = [c for c in commits if repo.get(c) is not None]
+    for commit in present:
+        if all(c == commit or repo.descendant_of(commit, c) for c in present):
+            return commit
+    return None
 
 
 # --- running and stopping ------------------------------------------------------------------
@@ -638,7 +694,10 @@ def _execute(
                 attached.close()
             if agent is not None:
                 agent.models.close()
-    return RunResult(task.id, status, state, warnings)
+    resume = f"coder resume -t {task.id}"
+    if not manifests.run_exists(coder_dir, task.id):  # deleted under the run
+        resume += f" -f {state.taskfile or 'TASKFILE'}"
+    return RunResult(task.id, status, state, warnings, resume)
 
 
 @contextmanager

@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from coder.crashpoints import armed, crashpoint
-from coder.durable import fsync_dir, write_atomic
+from coder.durable import fsync_dir, make_private_dirs, write_atomic
 from coder.errors import (
     CorruptState,
     EnvironmentProblem,
     InvalidInput,
+    RunFilesGone,
     UnknownTask,
     display_path,
 )
@@ -336,6 +337,8 @@ class StateStore:
         """Write the whole state as the snapshot (stamping `updated_at`), then empty the
         journal it now contains. A state that does not match the schema is a bug in coder,
         not a user error: ValueError, nothing written."""
+        if state.task_id in self._journals:  # read or written before: it must still be there
+            self._require_snapshot(state.task_id)
         journal = self._journals.setdefault(state.task_id, _Journal())
         state.updated_at = now_iso()
         state.journal_seq = journal.seq
@@ -347,7 +350,7 @@ class StateStore:
         path = self.path(state.task_id)
         text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self.dir)
             write_atomic(path, text.encode("utf-8"))
             journal_path = self.journal_path(state.task_id)
             if journal.length or journal_path.exists():
@@ -365,6 +368,7 @@ class StateStore:
         if journal is None:  # a writer starts from a snapshot it wrote or read
             self.save(state, validate=False)
             return
+        self._require_snapshot(state.task_id)
         journal.seq += 1
         at = now_iso()
         line = json.dumps(
@@ -387,6 +391,16 @@ class StateStore:
         state.updated_at = at
         if journal.lines > (self.compact_every or max(256, len(state.steps))):
             self.save(state, validate=False)
+
+    def _require_snapshot(self, task_id: str) -> None:
+        """A snapshot this store wrote or read is gone: deleted by hand (or `.coder/` with
+        it). Writing on would leave a journal, or a checkpoint, nobody asked for."""
+        path = self.path(task_id)
+        if not path.is_file():
+            raise RunFilesGone(
+                f"the state file {display_path(path)} of run {task_id} was deleted while the "
+                "run was using it"
+            )
 
     def delete(self, task_id: str) -> None:
         for path in (self.path(task_id), self.journal_path(task_id)):

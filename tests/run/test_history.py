@@ -82,11 +82,14 @@ def test_unknown_task_everywhere(finished: Path) -> None:
         ["show", "-t", "nope"],
         ["diff", "-t", "nope"],
         ["logs", "-t", "nope"],
-        ["clean", "-t", "nope"],
         ["stop", "-t", "nope"],
     ):
         code, _, err = coder(finished, *args)
         assert code == 2 and "nope" in err, args
+    # clean is idempotent: with nothing of the run left there is nothing to do, and it says
+    # which runs there are (a mistyped id)
+    code, out, err = coder(finished, "clean", "-t", "nope")
+    assert code == 0 and "Nothing to clean: no run nope (runs here: h1)" in out, out + err
 
 
 def test_clean_removes_the_run_but_keeps_an_unmerged_branch(finished: Path) -> None:

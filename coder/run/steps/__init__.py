@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from coder.durable import make_private_dirs
+
 if TYPE_CHECKING:
     from coder.config import Config
     from coder.models.provider import Usage
@@ -43,7 +45,7 @@ class StepContext:
     previous_error: str | None = None  # why the previous attempt failed, for the model
 
     def artifact(self, suffix: str) -> Path:
-        self.artifacts.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dirs(self.artifacts)
         return self.artifacts / f"{self.step.id}-attempt{self.attempt}{suffix}"
 
 

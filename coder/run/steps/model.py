@@ -14,7 +14,7 @@ from coder.agent import events as ev
 from coder.agent import prompts
 from coder.agent.loop import TERMINAL, AgentLoop, Limits, LoopResult
 from coder.agent.prefix import step_focus
-from coder.durable import write_private
+from coder.durable import make_private_dirs, write_private
 from coder.git import ops as gitops
 from coder.kinds import KINDS, ModelRole
 from coder.policy.paths import naming
@@ -309,7 +309,7 @@ def cache_dir(ctx: StepContext) -> Path:
 
 
 def notes_path(artifacts: Path, step_id: str) -> Path:
-    artifacts.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(artifacts)
     return artifacts / f"{step_id}.notes.md"
 
 

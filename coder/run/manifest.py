@@ -1,0 +1,228 @@
+"""A run's manifest (`.coder/tasks/ID.json`): what the run is, written before anything else.
+
+The manifest and the checkpoint (coder.run.state) hold the same facts about a run: its
+resolved task, the taskfile it started from, base, base commit, branch and worktree. So either
+can be rebuilt from the other, and when both are gone (`.coder/` deleted by hand) the run is
+found again by its branch: its commits carry `Coder-Task: ID`, the commit below them is the
+base, and the taskfile supplies the task (`coder resume -t ID -f FILE`). A run exists while
+its manifest or its checkpoint does; that is what `run`, `status` and every `-t ID` agree on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from coder.durable import write_atomic
+from coder.errors import CoderError, CorruptState, EnvironmentProblem, InvalidInput, UnknownTask
+from coder.run.state import TASK_ID, RunState, StateStore, check_task_id
+
+_STRINGS = ("task_id", "base", "base_commit", "branch", "worktree", "created_at")
+
+
+def manifest_path(coder_dir: Path, task_id: str) -> Path:
+    return coder_dir / "tasks" / f"{check_task_id(task_id)}.json"
+
+
+def run_ids(coder_dir: Path) -> list[str]:
+    """Every run of the project: each task with a manifest or a checkpoint."""
+    tasks = coder_dir / "tasks"
+    manifests = {p.stem for p in tasks.glob("*.json")} if tasks.is_dir() else set()
+    ids = manifests | set(StateStore(coder_dir).list_ids())
+    return sorted(i for i in ids if TASK_ID.fullmatch(i))
+
+
+def run_exists(coder_dir: Path, task_id: str) -> bool:
+    return StateStore(coder_dir).exists(task_id) or manifest_path(coder_dir, task_id).exists()
+
+
+def load_manifest(coder_dir: Path, task_id: str) -> dict[str, Any]:
+    """The run's manifest; when its file is missing, the same facts from its checkpoint.
+    UnknownTask when neither exists; CorruptState (naming the file) when the manifest, or the
+    checkpoint standing in for it, cannot be read back."""
+    try:
+        return read_manifest(coder_dir, task_id)
+    except UnknownTask:
+        pass
+    try:
+        return from_state(StateStore(coder_dir).load(task_id))
+    except UnknownTask:
+        raise UnknownTask(task_id, run_ids(coder_dir)) from None
+
+
+def read_manifest(coder_dir: Path, task_id: str) -> dict[str, Any]:
+    """The manifest file itself: UnknownTask when it is missing, CorruptState when it is no
+    manifest of `task_id`."""
+    from coder.yamldoc import loads_json
+
+    path = manifest_path(coder_dir, task_id)
+    try:
+        data = loads_json(path.read_bytes())
+    except FileNotFoundError:
+        raise UnknownTask(task_id, run_ids(coder_dir)) from None
+    except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise CorruptState(path, task_id, str(exc), manifest=True) from None
+    problem = _problem(data, task_id)
+    if problem:
+        raise CorruptState(path, task_id, problem, manifest=True)
+    manifest: dict[str, Any] = data
+    return manifest
+
+
+def _problem(data: Any, task_id: str) -> str | None:
+    """What makes `data` no manifest of `task_id` (the fields every command reads)."""
+    from coder.kinds import KINDS
+
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    for key in _STRINGS:
+        if not isinstance(data.get(key), str):
+            return f"its {key} is missing"
+    if data["task_id"] != task_id:
+        return f"it belongs to task {data['task_id']!r}"
+    task = data.get("task")
+    if not isinstance(task, dict) or not isinstance(task.get("title"), str):
+        return "no task"
+    graph = task.get("graph")
+    if not isinstance(graph, list) or not all(
+        isinstance(s, dict) and isinstance(s.get("id"), str) and s.get("kind") in KINDS
+        for s in graph
+    ):
+        return "no task graph"
+    return None
+
+
+def build(
+    task: dict[str, Any],
+    *,
+    taskfile: Path | None,
+    base: str,
+    base_commit: str,
+    worktree: Path,
+    created_at: str,
+) -> dict[str, Any]:
+    """A manifest: `task` is the resolved task as stored (secret env values left out)."""
+    return {
+        "task_id": task["id"],
+        "task": task,
+        "taskfile": str(taskfile.resolve()) if taskfile else None,
+        "base": base,
+        "base_commit": base_commit,
+        "branch": task["branch"],
+        "worktree": str(worktree),
+        "created_at": created_at,
+    }
+
+
+def write(coder_dir: Path, manifest: dict[str, Any]) -> None:
+    data = json.dumps(manifest, indent=2).encode("utf-8")
+    write_atomic(manifest_path(coder_dir, manifest["task_id"]), data)
+
+
+def from_state(state: RunState) -> dict[str, Any]:
+    """The manifest a checkpoint holds."""
+    manifest = {key: getattr(state, key) for key in (*_STRINGS, "task", "taskfile")}
+    return manifest
+
+
+def rebuild(
+    repo: Any, coder_dir: Path, task_id: str, path: Path, model: str
+) -> tuple[dict[str, Any], int]:
+    """The manifest of run `task_id`, whose manifest and checkpoint are both gone, from the
+    taskfile at `path` and its branch's commits: (the manifest, how many of the run's commits
+    the branch holds). Refused, with the way back, when the branch holds none: then nothing
+    of the run was committed and it can simply start again."""
+    from coder import taskfile
+    from coder.git import ops as gitops
+    from coder.run.secrets import stored_task
+    from coder.run.state import now_iso
+
+    task = taskfile.load(path)
+    if not task.source.get("id"):  # an id was generated when the run started: it is this one
+        task = taskfile.from_dict({**task.source, "id": task_id})
+    if task.id != task_id:
+        raise InvalidInput(
+            f"{path} is the taskfile of task {task.id}, not of {task_id}",
+            hint=f"pass the taskfile run {task_id} started from",
+        )
+    found = gitops.run_base(repo, task.branch, task_id)
+    if found is None:
+        raise EnvironmentProblem(
+            f"run {task_id} has no manifest or checkpoint under .coder/ and its branch "
+            f"{task.branch} holds none of its commits: there is nothing of it to rebuild",
+            hint=_start_again(repo, task_id, task.branch, str(path)),
+        )
+    base_commit, count = found
+    base = task.base or gitops.current_branch(repo)
+    tip = gitops.branch_tip(repo, base)
+    if tip is None or not (tip == base_commit or repo.descendant_of(tip, base_commit)):
+        raise EnvironmentProblem(
+            f"run {task_id} started from commit {base_commit[:12]}, which branch {base} does "
+            "not contain",
+            hint="check out the branch the run started from (or set `base` in the taskfile), "
+            "then resume again",
+        )
+    resolved = task.resolved(base=base, model=model)
+    manifest = build(
+        stored_task(resolved.to_dict()),
+        taskfile=path,
+        base=base,
+        base_commit=base_commit,
+        worktree=coder_dir / "worktrees" / task_id,
+        created_at=now_iso(),
+    )
+    return manifest, count
+
+
+def missing_run(repo: Any, coder_dir: Path, task_id: str) -> CoderError:
+    """What to say of a task with neither manifest nor checkpoint: when a branch still holds
+    its commits (`.coder/` was deleted by hand), how to rebuild the run or remove the branch
+    (exit 3); when only its worktree's registration is left, how to start again; else no
+    such task (exit 2)."""
+    from coder.git import ops as gitops
+
+    taskfile = _taskfile_hint(repo, task_id)
+    for branch in gitops.task_branches(repo, task_id):
+        found = gitops.run_base(repo, branch, task_id)
+        count = found[1] if found else 0
+        return EnvironmentProblem(
+            f"run {task_id} has no manifest or checkpoint under .coder/ (deleted?), but its "
+            f"branch {branch} holds {count} commit{'s' * (count != 1)} of the run",
+            hint=f"rebuild the run from them with `coder resume -t {task_id} -f {taskfile}` "
+            f"(the taskfile it started from), or delete the branch with `coder clean -t "
+            f"{task_id} --delete-branch`",
+        )
+    registered = gitops.registered_branch(repo, task_id)
+    if registered is not None and gitops.branch_tip(repo, registered) is not None:
+        return EnvironmentProblem(
+            f"run {task_id} has no manifest or checkpoint under .coder/ (deleted?), and its "
+            f"branch {registered} holds none of its commits: nothing of it was kept",
+            hint=_start_again(repo, task_id, registered, taskfile),
+        )
+    return UnknownTask(task_id, run_ids(coder_dir))
+
+
+def _start_again(repo: Any, task_id: str, branch: str, taskfile: str) -> str:
+    """How to start a run again whose branch holds nothing of it: `clean` deletes the
+    branch while the run's worktree still has it checked out (`clean` finds it there), else
+    git does (its worktree deleted by hand no longer holds it once pruned)."""
+    from coder.git import ops as gitops
+
+    if gitops.registered_branch(repo, task_id) == branch:
+        remove = f"`coder clean -t {task_id} --delete-branch`"
+    else:
+        gitops.prune_stale_worktrees(repo)
+        remove = f"`git branch -D {branch}`"
+    return f"start it again: {remove}, then `coder run --autonomous -f {taskfile}`"
+
+
+def _taskfile_hint(repo: Any, task_id: str) -> str:
+    """The taskfile in the checkout's tasks/ with this id, else a placeholder."""
+    from coder import project
+    from coder.git import ops as gitops
+
+    try:
+        return str(project.find_taskfile(gitops.repo_root(repo), task_id))
+    except (CoderError, OSError):
+        return "TASKFILE"
