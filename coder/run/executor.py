@@ -563,10 +563,11 @@ class Executor:
         if not run.coder_dir.is_dir():
             gone = [run.coder_dir]
         else:
-            files = [p for p in (manifest, state) if not p.is_file()]
-            gone = files + [w for w in {run.worktree, workdir or run.worktree} if not w.is_dir()]
-        if assume_state and state not in gone:
-            gone.append(state)
+            places = dict.fromkeys([run.worktree, workdir or run.worktree])
+            gone = [p for p in (manifest, state) if not p.is_file()]
+            gone += [w for w in places if not w.is_dir()]
+            if assume_state and state not in gone:
+                gone.append(state)
         if not gone:
             return None
         if run.coder_dir in gone or {manifest, state} <= set(gone):
@@ -575,8 +576,10 @@ class Executor:
                 f"`coder resume -t {task_id} -f {taskfile}` rebuilds the run from the taskfile "
                 "and the commits on its branch"
             )
-        else:
+        elif manifest in gone or state in gone:
             hint = f"`coder resume -t {task_id}` rebuilds what is missing"
+        else:
+            hint = f"`coder resume -t {task_id}` checks the worktree out again from the branch"
         named = ", ".join(display_path(p) for p in gone)
         return RunFilesGone(f"deleted while run {task_id} was running: {named}", hint=hint)
 

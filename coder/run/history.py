@@ -40,7 +40,14 @@ def open_run(cwd: Path, task_id: str) -> RunView:
     root = gitops.repo_root(gitops.open_repo(cwd))
     coder_dir = project.coder_dir(root)
     manifest = load_manifest(coder_dir, task_id)
-    state = StateStore(coder_dir).load(task_id)
+    try:
+        state = StateStore(coder_dir).load(task_id)
+    except UnknownTask:  # a manifest alone: `status` lists the run, so this must not deny it
+        raise EnvironmentProblem(
+            f"run {task_id} has no state file (its runner was killed before writing the "
+            "first one, or the file was deleted)",
+            hint=f"`coder resume -t {task_id}` rebuilds it from the commits on the run's branch",
+        ) from None
     return RunView(root, coder_dir, manifest, state, read_lock_owner(coder_dir, task_id))
 
 

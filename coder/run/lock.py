@@ -93,7 +93,7 @@ class TaskLock:
             raise RuntimeError(f"lock for task {self.task_id} is already held by this object")
         make_private_dirs(self.path.parent)
         # O_CLOEXEC: commands the runner starts must not inherit (and so keep) the lock.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             if not _flock(fd, fcntl.LOCK_EX):
                 raise self._busy(_read_owner(fd))

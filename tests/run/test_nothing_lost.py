@@ -365,9 +365,9 @@ def kill_at(proc: subprocess.Popen[str], ready: object) -> None:
     assert proc.returncode == -signal.SIGKILL
 
 
-@pytest.mark.parametrize("seed", [12, 37])
+@pytest.mark.parametrize(("seed", "follow"), [(12, "resume"), (37, "resume"), (25, "clean")])
 def test_a_kill_during_the_first_checkout_then_resume_finishes_it(
-    big: Path, tmp_path: Path, seed: int
+    big: Path, tmp_path: Path, seed: int, follow: str
 ) -> None:
     """Before: resume refused, calling the files not yet checked out "changes coder did not
     make" (with `git stash -u` as the hint), `status` said "No runs yet" while `run` said the
@@ -384,6 +384,13 @@ def test_a_kill_during_the_first_checkout_then_resume_finishes_it(
     assert status.returncode == 0 and status.stdout.startswith("co "), out(status)
     again = invoke(repo, "run", "--autonomous", "-f", str(path))
     assert again.returncode == EXIT_USAGE and "a run of task co already exists" in again.stderr
+    if follow == "clean":  # the half checkout is coder's: nothing to refuse, nothing to force
+        cleaned = invoke(repo, "clean", "-t", "co", "--delete-branch")
+        assert cleaned.returncode == 0, out(cleaned)
+        assert not wt.exists() and worktrees(repo) == [str(repo)]
+        assert not git(repo, "branch", "--list", "agent/co").strip()
+        assert os.listdir(repo / ".coder" / "worktrees") == []
+        return
     resumed = invoke(repo, "resume", "-t", "co")
     assert resumed.returncode == 0, out(resumed)
     assert clean_worktree(repo, "co") and checked_out(wt) == len(BIG) + 2
