@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coder.durable import write_atomic
 from coder.errors import CoderError, CorruptState, EnvironmentProblem, InvalidInput, UnknownTask
 from coder.run.state import TASK_ID, RunState, StateStore, check_task_id
+
+if TYPE_CHECKING:
+    from coder.redact import Redactor
 
 _STRINGS = ("task_id", "base", "base_commit", "branch", "worktree", "created_at")
 
@@ -127,7 +130,7 @@ def from_state(state: RunState) -> dict[str, Any]:
 
 
 def rebuild(
-    repo: Any, coder_dir: Path, task_id: str, path: Path, model: str
+    repo: Any, coder_dir: Path, task_id: str, path: Path, model: str, redactor: Redactor
 ) -> tuple[dict[str, Any], int]:
     """The manifest of run `task_id`, whose manifest and checkpoint are both gone, from the
     taskfile at `path` and its branch's commits: (the manifest, how many of the run's commits
@@ -165,7 +168,7 @@ def rebuild(
         )
     resolved = task.resolved(base=base, model=model)
     manifest = build(
-        stored_task(resolved.to_dict()),
+        stored_task(resolved.to_dict(), redactor),
         taskfile=path,
         base=base,
         base_commit=base_commit,

@@ -511,7 +511,11 @@ def _recover_manifest(
             raise manifests.missing_run(repo, coder_dir, task_id) from None
         cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
         path = Path(options.taskfile)
-        manifest, count = manifests.rebuild(repo, coder_dir, task_id, path, str(cfg["model"]))
+        task = taskfile.load(path)
+        redactor = run_redactor([gitops.repo_root(repo)], task, policy_for(task, cfg), cfg)
+        manifest, count = manifests.rebuild(
+            repo, coder_dir, task_id, path, str(cfg["model"]), redactor
+        )
         warnings.append(
             f"run {task_id} had no manifest or state; rebuilt it from {path} and the {count} "
             f"commit{'s' * (count != 1)} of the run on {manifest['branch']}"
