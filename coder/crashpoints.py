@@ -32,6 +32,7 @@ MERGE_POINTS = (
     "merge_verify",  # --if-green: check worktree created, before the tests run
     "merge_before_ref",  # merge commit written (on no branch), before the base ref moves
     "merge_after_ref",  # base branch and tag moved, before the checkout update and state
+    "merge_file_write",  # a file of the checkout half written to its temp name, not renamed
     "merge_after_checkout",  # user's checkout updated, before the state records the merge
 )
 

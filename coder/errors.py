@@ -20,6 +20,7 @@
     │   ├── MergeConflict        3  the base moved and changed the same lines
     │   ├── CheckoutInTheWay     3  uncommitted changes in the base checkout block a merge
     │   └── RunNotStarted        3  an MCP `task_run` whose `coder run` exited before starting
+    ├── Interrupted            130  a signal ended a command part-way; it says what was done
     └── RunFailed                1  the work ran and did not succeed
         ├── ModelError           1  a model call failed after retries: its step fails
         └── PlanFailed           1  `coder plan` found no valid taskfile within its attempts
@@ -119,7 +120,11 @@ class EnvironmentProblem(CoderError):
 
 
 class ConcurrentRun(EnvironmentProblem):
-    pass
+    """`holder` names the command holding the task lock: run (also resume), merge, revert."""
+
+    def __init__(self, message: str, hint: str | None = None, *, holder: str = "run") -> None:
+        super().__init__(message, hint)
+        self.holder = holder
 
 
 class RunFilesGone(EnvironmentProblem):
@@ -181,6 +186,16 @@ class CheckoutInTheWay(EnvironmentProblem):
 
 class RunNotStarted(EnvironmentProblem):
     """`coder run` exited before creating the run; the message is its own error line."""
+
+
+# --- interrupted (130) ------------------------------------------------------------------------
+
+
+class Interrupted(CoderError):
+    """Ctrl-C, SIGTERM or a hang-up ended a command (`coder merge`) part-way; the message says
+    what it had done and the hint how to finish."""
+
+    exit_code = EXIT_INTERRUPTED
 
 
 # --- the work did not succeed (1) -----------------------------------------------------------

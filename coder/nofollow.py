@@ -20,6 +20,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from coder.crashpoints import armed, crashpoint
 from coder.errors import LinkInTheWay
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -86,13 +87,15 @@ def write_file(
     exact_mode: bool = False,
     link: bytes | None = None,
     new_only: bool = False,
+    crash_point: str | None = None,
 ) -> None:
     """Replace `root/rel` with a file holding `data` (created with `mode`, less the umask
     unless `exact_mode`), or with a symlink to `link`: written to a temporary name in the same
     directory, then renamed over the old entry (a link there is replaced, never written
     through), or with `new_only` linked to the name (FileExistsError if anything is there).
     Missing parent directories are made. The temporary name carries no PID, so a write killed
-    half-way leaves a file the next write of the same path replaces (`.NAME.coder-tmp`)."""
+    half-way leaves a file the next write of the same path replaces (`.NAME.coder-tmp`).
+    `crash_point` names the test-only crash hook, with half of `data` in the temp file."""
     parts = _parts(rel)
     parent, name = "/".join(parts[:-1]), parts[-1]
     tmp = f".{name}.coder-tmp"
@@ -109,6 +112,11 @@ def write_file(
                     if exact_mode:
                         os.fchmod(out, mode)
                     view = memoryview(data)
+                    if crash_point and armed(crash_point):  # test-only: killed half-way
+                        half = len(data) // 2
+                        while len(view) > half:
+                            view = view[os.write(out, view[: len(view) - half]) :]
+                        crashpoint(crash_point)
                     while view:
                         view = view[os.write(out, view) :]
                 finally:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,30 @@ def denied() -> str:
 
     found = confine.support()
     return "Read-only file system" if found.mounts_problem is None else "Permission denied"
+
+
+def stray_processes(argv: list[str]) -> list[int]:
+    """Pids of live processes whose command line is exactly `argv`."""
+    wanted = "\0".join(argv) + "\0"
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_text()
+            state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if cmdline == wanted and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
 
 
 def taskfile(repo: Path, text: str, name: str = "task.yaml") -> Path:
@@ -177,17 +202,29 @@ def check_mermaid(text: str) -> dict[str, str]:
 
 class Terminal:
     """`coder` on a real pseudo-terminal (120x30; TERM=xterm-256color unless `env` says
-    otherwise): type answers, read what it prints."""
+    otherwise): type answers, read what it prints. With `session`, coder leads a session of
+    its own whose controlling terminal this is (`setsid -c`), as a login shell does: closing
+    the terminal (`hang_up`) sends it SIGHUP, and its writes to the terminal fail from then
+    on."""
 
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        *,
+        session: bool = False,
+    ) -> None:
         import fcntl
         import struct
         import termios
 
         self.master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
+        # not a process group leader, so setsid(1) calls setsid() and execs in its place
+        lead = ["setsid", "--ctty"] if session else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coder", *args],
+            [*lead, sys.executable, "-m", "coder", *args],
             cwd=cwd,
             stdin=slave,
             stdout=slave,
@@ -237,6 +274,10 @@ class Terminal:
 
     def send(self, line: str) -> None:
         os.write(self.master, (line + "\n").encode())
+
+    def hang_up(self) -> None:
+        """Close the terminal, as closing its window or losing the ssh connection does."""
+        os.close(self.master)
 
     def finish(self) -> int:
         while self.proc.poll() is None:

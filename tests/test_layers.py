@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "nofollow",
         "crashpoints",
         "safeio",
+        "interrupts",
     ),
     # the domain: configuration, taskfiles and their graph, test reports
     ("config", "kinds", "taskfile", "graph", "diagram", "testreport", "lintreport"),

@@ -79,8 +79,11 @@ class CoderGroup(click.Group):
         return ctx
 
     def invoke(self, ctx: click.Context) -> Any:
+        from coder.interrupts import interrupting
+
         try:
-            return super().invoke(ctx)
+            with interrupting():  # SIGTERM and a hang-up end a command as Ctrl-C does
+                return super().invoke(ctx)
         except CoderError as exc:
             report_error(ctx, exc)
             ctx.exit(exc.exit_code)
@@ -133,7 +136,8 @@ def report_error(ctx: click.Context, exc: CoderError) -> None:
 
     if obj.get("json"):
         _echo_json_error(exc.message, exc.hint, exc.exit_code)
-    click.echo(f"coder: error: {escaped(exc.message)}", err=True)
+    what = "interrupted" if exc.exit_code == EXIT_INTERRUPTED else "error"
+    click.echo(f"coder: {what}: {escaped(exc.message)}", err=True)
     if exc.hint:
         click.echo(f"  hint: {escaped(exc.hint)}", err=True)
     if obj.get("debug"):

@@ -11,7 +11,9 @@ the user's is ever overwritten.
 from __future__ import annotations
 
 import os
+import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -304,13 +306,20 @@ def plan_checkout_update(checkout: Path, old: str, new: str) -> CheckoutUpdate:
     )
 
 
-def apply_checkout_update(checkout: Path, new: str, paths: tuple[str, ...]) -> None:
+def apply_checkout_update(
+    checkout: Path,
+    new: str,
+    paths: tuple[str, ...],
+    *,
+    before_index: Callable[[Path], None] | None = None,
+) -> None:
     """Write ``new``'s version of ``paths`` (from a ``CheckoutUpdate``'s ``pending``) into the
     checkout's files, then its index, as ``git checkout`` would write them (through git's
     filters: eol, ident, drivers). Deletions go first so a file can replace a directory, then
     `.gitattributes` files, which decide how the others are written. Files are replaced by
     rename, so each is either old or new; a crash part-way leaves paths that a new plan still
-    finds pending."""
+    finds pending. ``before_index`` is called with the index's lock file (`index_lock`) just
+    before the index is written: a kill inside that write leaves the lock behind."""
     w = _open_checkout(checkout)
     root = Path(w.workdir)
     tree = w[new].peel(pygit2.Tree)
@@ -326,6 +335,8 @@ def apply_checkout_update(checkout: Path, new: str, paths: tuple[str, ...]) -> N
                 _remove_checkout_file(root, path)
             else:
                 _write_checkout_file(w, root, path, entry)
+        if before_index is not None:
+            before_index(index_lock(checkout))
         index = w.index
         index.read(True)
         for path in paths:
@@ -346,6 +357,46 @@ def apply_checkout_update(checkout: Path, new: str, paths: tuple[str, ...]) -> N
         raise _git_failure(exc, "update the checked-out files", Path(checkout)) from None
 
 
+def index_lock(checkout: Path) -> Path:
+    """The lock file git (and libgit2) hold while writing the checkout's index: `.git/
+    index.lock`, or the linked worktree's `.git/worktrees/NAME/index.lock`."""
+    return Path(_open_checkout(checkout).path) / "index.lock"
+
+
+# `.NAME.coder-tmp` (nofollow.write_file) and `.NAME.coder-PID.tmp` (coder's earlier checkout
+# writes): a kill between writing one and renaming it over NAME leaves it.
+_OLD_TEMP = re.compile(r"\.(?P<name>.+)\.coder-[0-9]+\.tmp", re.DOTALL)
+
+
+def sweep_temp_files(checkout: Path, paths: tuple[str, ...]) -> list[str]:
+    """Remove the temporary files a killed checkout update left next to ``paths`` in the
+    checkout; never a directory, a tracked file or one of ``paths``, never through a link.
+    Returns them, relative."""
+    index = _open_checkout(checkout).index
+    names: dict[str, set[str]] = {}
+    for path in paths:
+        parent, _, name = path.rpartition("/")
+        names.setdefault(parent, set()).add(name)
+    removed = []
+    for parent, wanted in sorted(names.items()):
+        temps = {nofollow.temp_name(name) for name in wanted}
+        try:
+            with nofollow.open_dir(checkout, parent) as fd:
+                for entry in os.listdir(fd):
+                    old = _OLD_TEMP.fullmatch(entry)
+                    if entry not in temps and (old is None or old["name"] not in wanted):
+                        continue
+                    rel = f"{parent}/{entry}" if parent else entry
+                    mode = os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode
+                    if stat.S_ISDIR(mode) or rel in paths or rel in index:
+                        continue
+                    os.unlink(entry, dir_fd=fd)
+                    removed.append(rel)
+        except OSError:  # the directory is gone or not one (LinkInTheWay): nothing to sweep
+            continue
+    return removed
+
+
 def _remove_checkout_file(root: Path, path: str) -> None:
     nofollow.remove(root, path)
 
@@ -363,7 +414,8 @@ def _write_checkout_file(
         nofollow.write_file(root, path, b"", link=w[oid].peel(pygit2.Blob).data)
         return
     perms = 0o777 if mode == _EXECUTABLE else 0o666  # less the umask, as git does
-    nofollow.write_file(root, path, filters.smudged(w, path, oid), mode=perms)
+    data = filters.smudged(w, path, oid)
+    nofollow.write_file(root, path, data, mode=perms, crash_point="merge_file_write")
 
 
 def left_behind_at(repo: pygit2.Repository, worktree: Path, *, reflog_prefix: str) -> str | None:

@@ -78,9 +78,10 @@ class TaskLock:
     releasing it, the lock is taken over and `took_over_from` holds its pid (log a warning).
     Keep the object alive for as long as the run lasts: the lock lives in its open fd."""
 
-    def __init__(self, coder_dir: Path, task_id: str) -> None:
+    def __init__(self, coder_dir: Path, task_id: str, *, holder: str = "run") -> None:
         self.task_id = check_task_id(task_id)
         self.path = _lock_path(coder_dir, task_id)
+        self.holder = holder  # the command taking it (run, merge, revert), for the refusals
         self.took_over_from: int | None = None
         self._fd: int | None = None
 
@@ -98,7 +99,12 @@ class TaskLock:
             if not _flock(fd, fcntl.LOCK_EX):
                 raise self._busy(_read_owner(fd))
             previous = _read_owner(fd)
-            record = {"pid": os.getpid(), "started_at": now_iso(), "host": socket.gethostname()}
+            record = {
+                "pid": os.getpid(),
+                "started_at": now_iso(),
+                "host": socket.gethostname(),
+                "holder": self.holder,
+            }
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
         except OSError as exc:  # a full disk
@@ -118,6 +124,14 @@ class TaskLock:
         who = f"pid {pid}" if pid else "another process"
         since = f", started {owner['started_at']}" if owner.get("started_at") else ""
         host = f" on {owner['host']}" if owner.get("host") else ""
+        holder = owner.get("holder")
+        if holder in ("merge", "revert"):  # short, and safe to kill: never to be stopped
+            return ConcurrentRun(
+                f"another `coder {holder}` of run {self.task_id} ({who}{since}{host}) is "
+                "running; wait for it",
+                hint="run the command again once it has finished",
+                holder=holder,
+            )
         return ConcurrentRun(
             f"task {self.task_id} is already being run by {who}{since}{host}",
             hint=f"wait for it to finish, or stop it with `coder stop -t {self.task_id}`",
@@ -170,3 +184,29 @@ def _wait_for_owner_pid(fd: int, timeout: float = 1.0) -> int | None:
         if pid is not None or time.monotonic() >= deadline:
             return pid
         time.sleep(0.02)
+
+
+def processes_holding(path: Path) -> list[int]:
+    """Pids of the other live processes that have `path` open (Linux: `/proc/PID/fd`; none
+    where there is no procfs). A lock file still open is a lock still being written."""
+    target = os.path.realpath(path)
+    found = []
+    try:
+        pids = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # gone, or not ours to look at
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    found.append(pid)
+                    break
+            except OSError:
+                continue
+    return found

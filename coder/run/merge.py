@@ -17,10 +17,20 @@ and running the merge again finishes the job:
 6. Bring the checkout of base along: the merged paths only, each only if still at the old
    content, so the user's other edits survive byte for byte.
 7. Record the merge in the state, last: a recorded merge means every step above is done.
+
+What a kill in step 6 leaves in the user's checkout, the next merge removes: temporary files
+next to the merged paths (`gitland.sweep_temp_files`), and the index's `index.lock` when the
+merge journal (`.coder/artifacts/ID/merge-index.json`, written just before the index is)
+shows that a merge of this run, now dead, was writing it. Any other `index.lock` refuses the
+merge in step 3, before base moves: the checkout's files could not be recorded there.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,13 +43,14 @@ from coder.errors import (
     CoderError,
     ConcurrentRun,
     EnvironmentProblem,
+    Interrupted,
     InvalidInput,
     MergeConflict,
     RunFailed,
 )
 from coder.git import land as gitland
 from coder.git import ops as gitops
-from coder.run.lock import TaskLock
+from coder.run.lock import TaskLock, pid_alive, processes_holding
 from coder.run.manifest import load_manifest
 from coder.run.state import RunState, StateStore, StepRecord, now_iso
 
@@ -100,10 +111,12 @@ def merge_run(
     root = gitops.repo_root(repo)
     coder_dir = project.coder_dir(root)
     manifest = load_manifest(coder_dir, task_id)
-    lock = TaskLock(coder_dir, task_id)  # no run, resume or other merge of it meanwhile
+    lock = TaskLock(coder_dir, task_id, holder="merge")  # no run, resume or other merge
     try:
         lock.acquire()
     except ConcurrentRun as exc:
+        if exc.holder != "run":  # another merge (or a revert): it says so itself
+            raise
         raise ConcurrentRun(
             f"cannot merge run {task_id} while it runs: {exc.message}", hint=exc.hint
         ) from None
@@ -125,6 +138,10 @@ def merge_run(
             except CoderError as exc:
                 log.warning("merge.refused", mode=mode, error=exc.message)
                 raise
+            except KeyboardInterrupt:  # Ctrl-C, SIGTERM, a hang-up: say where it stopped
+                interrupted = job.interrupted()
+                log.warning("merge.interrupted", mode=mode, error=interrupted.message)
+                raise interrupted from None
             log.info(
                 f"merge.{result.outcome}",
                 mode=result.mode,
@@ -162,6 +179,7 @@ class _Merge:
         self.branch: str = self.state.branch
         self.tag = tag_name(self.task_id)
         self.warnings: list[str] = []
+        self.target: str | None = None  # the commit base is to point at, once known
 
     def run(self) -> MergeResult:
         self._drop_leftover_check()
@@ -171,7 +189,7 @@ class _Merge:
         if landed is not None:
             return self._finish_landed(*landed, base_tip=base_tip)
         self._check_mergeable()
-        commit = self._build(base_tip, run_tip)
+        commit = self.target = self._build(base_tip, run_tip)
         if commit is None:
             return self._result("nothing_to_merge", None, base_tip)
         checkout = gitland.checked_out_in(self.repo, self.base)
@@ -335,26 +353,111 @@ class _Merge:
                 f"{', '.join(plan.blocked[:10])}; nothing was changed",
                 hint=f"{hint}, then run `coder merge -t {self.task_id}` again",
             )
+        if plan.pending:
+            self._check_index_lock(checkout)
+
+    def _check_index_lock(self, checkout: Path, *, landed: str | None = None) -> None:
+        """The checkout's index must be free to record the merged files in: an `index.lock`
+        left by a merge of this run that was killed writing it goes; any other refuses, before
+        this call changes anything (``landed``: an earlier, interrupted merge moved base)."""
+        lock = gitland.index_lock(checkout)
+        if not lock.exists():
+            return
+        killed = self._killed_index_writer(lock)
+        if killed is not None:
+            lock.unlink(missing_ok=True)
+            self.warnings.append(
+                f"removed {lock}, left by a `coder merge` of this run (pid {killed}) killed "
+                "while it wrote the index"
+            )
+            return
+        what = f"{lock} exists: a git process is working in {checkout}, or one was killed there"
+        if landed is None:
+            message = f"{what}; nothing was changed"
+        else:
+            message = (
+                f"run {self.task_id} landed on {self.base} as {landed[:12]}, but {checkout} "
+                f"cannot follow: {what}"
+            )
+        raise EnvironmentProblem(
+            message,
+            hint=f"if no git process is running there, delete {lock}; then run "
+            f"`coder merge -t {self.task_id}` again",
+        )
+
+    # --- the merge journal: which index a merge is writing ---------------------------------
+
+    @property
+    def _journal(self) -> Path:
+        return self.coder_dir / "artifacts" / self.task_id / "merge-index.json"
+
+    def _journal_index_write(self, lock: Path) -> None:
+        """Just before the index is written: a kill inside the write leaves `lock`, and the
+        next merge of this run reads here that it was this merge's."""
+        from coder.durable import write_private
+
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "lock": str(lock),
+            "since": time.time(),
+        }
+        write_private(self._journal, json.dumps(record) + "\n")
+
+    def _killed_index_writer(self, lock: Path) -> int | None:
+        """The pid of the merge of this run that was writing the index when it was killed, if
+        `lock` is the one it left: the journal names this lock, its pid is dead (this merge
+        holds the task lock), the lock was last written within a minute of the journal, and
+        no process has it open."""
+        try:
+            record = json.loads(self._journal.read_text())
+            pid, since = record["pid"], float(record["since"])
+            mine = record["lock"] == str(lock) and record["host"] == socket.gethostname()
+            written = lock.stat().st_mtime
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not mine or not isinstance(pid, int) or pid == os.getpid() or pid_alive(pid):
+            return None
+        if not since - 1 <= written <= since + 60 or processes_holding(lock):
+            return None
+        return pid
 
     def _update_checkout(self, checkout: Path, old: str, new: str) -> bool:
-        """True if files were written. A failure here comes after the base moved: say so, and
+        """True if files were written. This comes after base moved: a failure says so, and
         that merging again finishes the job."""
         try:
             plan = gitland.plan_checkout_update(checkout, old, new)
-            if plan.pending:
-                gitland.apply_checkout_update(checkout, new, plan.pending)
+            swept = gitland.sweep_temp_files(checkout, plan.pending + plan.done + plan.blocked)
         except CoderError as exc:
-            raise EnvironmentProblem(
-                f"run {self.task_id} landed on {self.base} as {new[:12]}, but updating the "
-                f"checkout {checkout} failed: {exc.message}",
-                hint=f"fix that, then run `coder merge -t {self.task_id}` again to finish",
-            ) from None
+            raise self._unfinished(checkout, new, exc) from None
+        if swept:
+            self.warnings.append(
+                f"removed {len(swept)} temporary file(s) an interrupted merge left in "
+                f"{checkout}: {', '.join(swept[:10])}"
+            )
+        if plan.pending:
+            self._check_index_lock(checkout, landed=new)
+            try:
+                gitland.apply_checkout_update(
+                    checkout, new, plan.pending, before_index=self._journal_index_write
+                )
+            except CoderError as exc:
+                raise self._unfinished(checkout, new, exc) from None
+            finally:  # the index is written, or its write failed and removed its lock
+                self._journal.unlink(missing_ok=True)
         if plan.blocked:
             self.warnings.append(
                 f"left {', '.join(plan.blocked[:10])} in {checkout} as they are (changed "
                 f"during the merge); `git status` there shows how they differ from {self.base}"
             )
         return bool(plan.pending)
+
+    def _unfinished(self, checkout: Path, new: str, exc: CoderError) -> EnvironmentProblem:
+        return EnvironmentProblem(
+            f"run {self.task_id} landed on {self.base} as {new[:12]}, but updating the "
+            f"checkout {checkout} failed: {exc.message}",
+            hint=f"fix that, then run `coder merge -t {self.task_id}` again to finish",
+        )
 
     # --- --if-green --------------------------------------------------------------------------
 
@@ -400,6 +503,7 @@ class _Merge:
         interrupted merge left undone (tag, checkout, state)."""
         if recorded:
             return self._result("already_merged", commit, None, mode=mode)
+        self.target = commit
         finished = []
         current = gitland.ref_target(self.repo, self._tagref)
         if current != commit:
@@ -428,6 +532,26 @@ class _Merge:
             mode=mode,
             finished=tuple(finished),
             checkout=checkout if "checkout" in finished else None,
+        )
+
+    def interrupted(self) -> Interrupted:
+        """What a signal that ended this merge leaves: by git, whether base has moved."""
+        again = f"run `coder merge -t {self.task_id}` again"
+        tip = gitops.branch_tip(self.repo, self.base)
+        if (
+            self.target is None
+            or tip is None
+            or not gitland.is_ancestor(self.repo, self.target, tip)
+        ):
+            return Interrupted(
+                f"the merge of run {self.task_id} stopped before anything landed; {self.base} "
+                "is unchanged",
+                hint=f"{again} to merge it",
+            )
+        return Interrupted(
+            f"the merge of run {self.task_id} stopped after it landed on {self.base} as "
+            f"{self.target[:12]}; the tag, the checkout or the run's record may be unfinished",
+            hint=f"{again} to finish it",
         )
 
     def _record(self, commit: str, mode: str) -> None:

@@ -84,10 +84,12 @@ def revert_run(task_id: str, *, cwd: Path, to_step: str, mode: str = "revert") -
     order = step_order(manifest)
     if to_step not in order:
         raise InvalidInput(f"run {task_id} has no step {to_step!r} (its steps: {', '.join(order)})")
-    lock = TaskLock(coder_dir, task_id)  # no run, resume or merge of it meanwhile
+    lock = TaskLock(coder_dir, task_id, holder="revert")  # no run, resume or merge meanwhile
     try:
         lock.acquire()
     except ConcurrentRun as exc:
+        if exc.holder != "run":  # a merge (or another revert): it says so itself
+            raise
         raise ConcurrentRun(
             f"cannot revert run {task_id} while it runs: {exc.message}",
             hint=f"stop it first with `coder stop -t {task_id}`",

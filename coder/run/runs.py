@@ -37,6 +37,7 @@ from coder.errors import (
 )
 from coder.git import land as gitland
 from coder.git import ops as gitops
+from coder.interrupts import STOP_SIGNALS, detach_terminal
 from coder.run import amend
 from coder.run import manifest as manifests
 from coder.run.lock import TaskLock
@@ -706,19 +707,22 @@ def _execute(
 
 @contextmanager
 def _stop_on_signals(stop: threading.Event, log: Any) -> Iterator[None]:
-    """SIGTERM (`coder stop`) and Ctrl-C stop gracefully: the current step is interrupted and
-    the checkpoint written. A second Ctrl-C stops at once."""
+    """SIGTERM (`coder stop`), Ctrl-C and a hang-up (the terminal closed) stop gracefully: the
+    current step is interrupted, its commands ended and the checkpoint written. A second
+    Ctrl-C stops at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, _frame: Any) -> None:
+        if signum == signal.SIGHUP:  # before anything is written to the terminal that is gone
+            detach_terminal()
         if stop.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
         stop.set()
         log.warning("run.stop_requested", signal=signal.Signals(signum).name)
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
         yield
     finally:

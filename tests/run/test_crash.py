@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from coder.errors import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_USAGE, CoderEr
 from coder.run.state import StateStore
 from coder.schemas import validator
 from tests.conftest import git
+from tests.helpers import stray_processes, wait_for
 
 TASK_ID = "crash1"
 BRANCH = f"agent/{TASK_ID}"
@@ -205,30 +205,6 @@ def warnings_logged(repo: Path) -> list[str]:
 def crash(repo: Path, taskfile: Path, at: str, delay: float | None = None) -> None:
     result = coder(repo, "run", "--autonomous", "-f", str(taskfile), crash=at, delay=delay)
     assert result.returncode == -signal.SIGKILL, f"CODER_CRASH_AT={at}: {out(result)}"
-
-
-def stray_processes(argv: list[str]) -> list[int]:
-    """Pids of live processes whose command line is exactly `argv`."""
-    wanted = "\0".join(argv) + "\0"
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_text()
-            state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if cmdline == wanted and state != "Z":
-            found.append(int(proc.name))
-    return found
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def finished(repo: Path) -> bool:

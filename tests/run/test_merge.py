@@ -489,6 +489,7 @@ CRASHES = [  # (CODER_CRASH_AT, mode, whether base has moved when it dies)
     ("merge_verify", "squash", False),
     ("merge_before_ref", "squash", False),
     ("merge_after_ref", "squash", True),
+    ("merge_file_write", "squash", True),  # README.md half written to .README.md.coder-tmp
     ("merge_after_checkout", "squash", True),
     ("checkpoint#1", "squash", True),  # inside the state write that records the merge
     ("merge_after_ref", "ff-only", True),
@@ -513,6 +514,8 @@ def test_kill_9_inside_merge_leaves_base_old_or_new_and_a_second_merge_finishes(
     if landed and mode == "squash":
         assert_squash_of_run(repo, old_main)
     assert state_of(repo)["merge"] is None  # recorded last, never before the ref moved
+    if at == "merge_file_write":  # the kill left the temp file: the second merge removes it
+        assert (repo / ".README.md.coder-tmp").read_bytes() == b"# r\nmore\n"[:5]
 
     result = coder_process(repo, "merge", "-t", "t1", "--mode", mode)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -531,6 +534,210 @@ def test_kill_9_inside_merge_leaves_base_old_or_new_and_a_second_merge_finishes(
     assert "t1--merge.check" not in git(repo, "worktree", "list")
     assert not (repo / ".coder" / "worktrees" / "t1--merge.check").exists()
     git(repo, "fsck", "--strict")
+
+
+# --- what a kill leaves in the user's checkout (RELIABILITY.md row 25) -----------------------
+# Row 25's tests: test_kill_9_inside_merge_leaves_base_old_or_new_and_a_second_merge_finishes
+# [merge_file_write-squash], test_a_temp_file_a_killed_merge_left_is_swept_though_its_path_
+# is_not_written_again, test_a_merge_killed_inside_its_index_write_is_finished_by_the_next_one,
+# test_an_index_lock_not_coders_refuses_the_merge_before_base_moves.
+
+
+def untracked(repo: Path) -> list[str]:
+    """What `git status` lists as untracked or ignored in the checkout (`.coder/` aside)."""
+    status = git(repo, "status", "--porcelain", "--untracked-files=all", "--ignored")
+    listed = [line[3:] for line in status.splitlines() if line[:2] in ("??", "!!")]
+    return [path for path in listed if not path.startswith(".coder/")]
+
+
+def test_a_temp_file_a_killed_merge_left_is_swept_though_its_path_is_not_written_again(
+    make_repo,
+) -> None:
+    """Killed with README.md half written to `.README.md.coder-tmp`; the user then edits
+    README.md, so the second merge leaves it alone, and still removes the temp file (and one
+    an earlier coder named `.NAME.coder-PID.tmp`), never a tracked file of that shape."""
+    repo = finished_run(make_repo)
+    (repo / "items" / ".a.coder-tmp").write_text("tracked, shaped like a temp file\n")
+    git(repo, "add", "items/.a.coder-tmp")
+    git(repo, "commit", "-q", "-m", "a file named like a temp file")
+    old_main = rev(repo, "main")
+    result = coder_process(repo, "merge", "-t", "t1", crash="merge_file_write")
+    assert result.returncode == -9, result.stdout + result.stderr
+    assert untracked(repo) == [".README.md.coder-tmp"]
+    (repo / "bin").mkdir()
+    (repo / "bin" / ".hi.coder-31337.tmp").write_text("an older coder's half file\n")
+    (repo / "README.md").write_text("# r\nthe user's line\n")
+
+    result = coder_process(repo, "merge", "-t", "t1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "left README.md in" in result.stdout
+    assert "removed 2 temporary file(s)" in result.stdout
+    assert untracked(repo) == []
+    assert git(repo, "rev-list", "--count", f"{old_main}..main") == "1\n"
+    assert git(repo, "status", "--porcelain") == "MM README.md\n"
+    assert (repo / "README.md").read_text() == "# r\nthe user's line\n"
+    assert (repo / "items" / ".a.coder-tmp").read_text() == "tracked, shaped like a temp file\n"
+    git(repo, "fsck", "--strict")
+
+
+def kill_when_created(proc: subprocess.Popen[str], path: Path, timeout: float = 60) -> bool:
+    """SIGKILL `proc` the instant `path` is created (inotify on its directory); False if the
+    process ended first."""
+    import ctypes
+    import select
+    import signal
+    import struct
+    import time
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    try:
+        assert libc.inotify_add_watch(fd, bytes(path.parent), 0x100) >= 0  # IN_CREATE
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            if not select.select([fd], [], [], 0.05)[0]:
+                continue
+            data = os.read(fd, 65536)
+            while data:
+                _wd, _mask, _cookie, size = struct.unpack_from("iIII", data)
+                name = data[16 : 16 + size].rstrip(b"\0")
+                data = data[16 + size :]
+                if name == path.name.encode():
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.communicate(timeout=30)
+                    return True
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_a_merge_killed_inside_its_index_write_is_finished_by_the_next_one(make_repo) -> None:
+    """SIGKILL the moment `.git/index.lock` appears (inotify; 500 more files with 1,600-byte
+    paths make an 800 kB index, some 10 ms to write): the lock stays, base has moved, the files
+    are written but not recorded. The next merge finds its journal, sees the writer dead,
+    removes the lock and finishes: one squash commit, no lock, nothing else changed."""
+    deep = "/".join(["d" * 200] * 8)
+    files = {**FILES, **{f"{deep}/{i}": f"{i}\n" for i in range(500)}}
+    for attempt in range(8):  # the kill may come after the rename: then start again
+        repo = finished_run(lambda f, name: make_repo(files, name=name), name=f"repo{attempt}")
+        (repo / "a.txt").write_text("the user's edit\n")
+        old_main = rev(repo, "main")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CODER_CRASH")}
+        merging = subprocess.Popen(  # niced: this process reacts before it writes on
+            ["nice", "-n", "19", sys.executable, "-m", "coder", "merge", "-t", "t1"],
+            cwd=repo,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        killed = kill_when_created(merging, repo / ".git" / "index.lock")
+        if killed and (repo / ".git" / "index.lock").exists():
+            break
+        merging.communicate(timeout=30)
+    else:
+        pytest.fail("no kill landed inside the index write in 8 attempts")
+    assert_squash_of_run(repo, old_main)  # base moved before the checkout was written
+    assert state_of(repo)["merge"] is None
+    assert (repo / ".coder" / "artifacts" / "t1" / "merge-index.json").exists()
+
+    result = coder_process(repo, "merge", "-t", "t1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"removed {repo}/.git/index.lock, left by a `coder merge` of this run" in result.stdout
+    assert not (repo / ".git" / "index.lock").exists()
+    assert not (repo / ".coder" / "artifacts" / "t1" / "merge-index.json").exists()
+    assert_squash_of_run(repo, old_main)
+    assert git(repo, "rev-list", "--count", f"{old_main}..main") == "1\n"
+    assert state_of(repo)["merge"]["commit"] == rev(repo, "main")
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == " M a.txt\n"
+    git(repo, "fsck", "--strict")
+
+
+def test_an_index_lock_not_coders_refuses_the_merge_before_base_moves(make_repo) -> None:
+    """A lock no merge of this run left (a git process at work, or one killed) refuses the
+    merge before anything changes, naming the lock and the fix; so does one found when an
+    interrupted merge had already moved base. Deleting it lets the merge finish."""
+    repo = finished_run(make_repo)
+    lock = repo / ".git" / "index.lock"
+    lock.write_bytes(b"")
+    old_main = rev(repo, "main")
+    before = snapshot(repo)
+    result = coder_process(repo, "merge", "-t", "t1")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert result.stderr.splitlines() == [
+        f"coder: error: {lock} exists: a git process is working in {repo}, or one was killed "
+        "there; nothing was changed",
+        f"  hint: if no git process is running there, delete {lock}; then run "
+        "`coder merge -t t1` again",
+    ]
+    assert_nothing_landed(repo, before)
+
+    lock.unlink()  # killed after base moved; then a lock of someone else's appears
+    result = coder_process(repo, "merge", "-t", "t1", crash="merge_after_ref")
+    assert result.returncode == -9
+    landed = rev(repo, "main")
+    lock.write_bytes(b"")
+    before = snapshot(repo)
+    result = coder_process(repo, "merge", "-t", "t1")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert result.stderr.startswith(
+        f"coder: error: run t1 landed on main as {landed[:12]}, but {repo} cannot follow: "
+        f"{lock} exists"
+    )
+    assert snapshot(repo) == before and lock.exists()
+
+    lock.unlink()
+    result = coder_process(repo, "merge", "-t", "t1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_squash_of_run(repo, old_main)
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+def test_the_lock_refusal_names_the_command_holding_it(make_repo) -> None:
+    """Another merge of the run holds its lock: wait for it (not `coder stop`, which is for
+    runs); a run holding it is still named as one, with the way to stop it."""
+    repo = finished_run(make_repo)
+    before = snapshot(repo)
+    with TaskLock(repo / ".coder", "t1", holder="merge"):
+        code, _, err = coder(repo, "merge", "-t", "t1")
+    assert code == 3
+    assert err.splitlines()[0].startswith(
+        f"coder: error: another `coder merge` of run t1 (pid {os.getpid()}, started "
+    )
+    assert err.splitlines()[0].endswith(") is running; wait for it")
+    assert "coder stop" not in err
+    assert_nothing_landed(repo, before)
+
+
+def test_ctrl_c_after_base_moved_says_it_landed_and_the_next_merge_finishes(
+    make_repo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the checkout is written (base has moved): exit 130, and the message says
+    what landed and to merge again, which finishes the job."""
+    from coder.git import land as gitland
+
+    repo = finished_run(make_repo)
+    old_main = rev(repo, "main")
+
+    def interrupted(*_args: Any, **_kw: Any) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gitland, "apply_checkout_update", interrupted)
+        code, _, err = coder(repo, "merge", "-t", "t1")
+    landed = rev(repo, "main")
+    assert code == 130
+    assert err.splitlines() == [
+        f"coder: interrupted: the merge of run t1 stopped after it landed on main as "
+        f"{landed[:12]}; the tag, the checkout or the run's record may be unfinished",
+        "  hint: run `coder merge -t t1` again to finish it",
+    ]
+    assert state_of(repo)["merge"] is None
+    code, out, err = coder(repo, "merge", "-t", "t1")
+    assert code == 0, out + err
+    assert_squash_of_run(repo, old_main)
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
 
 
 # --- coder run --merge-on-success ---------------------------------------------------------------
