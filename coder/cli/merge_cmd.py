@@ -13,7 +13,8 @@ from coder.cli.common import cwd, emit_json, json_option
 MERGE_EPILOG = """\b
 Exit codes: 0 merged (or already merged, or nothing to merge), 1 --if-green found the
 merge result red, 2 unknown task or a run that did not succeed, 3 the run is running,
-conflicts, a base that cannot be fast-forwarded, or uncommitted changes in the way.
+conflicts, a base that cannot be fast-forwarded, uncommitted changes or an index.lock in
+the way, 130 interrupted (it says whether anything landed; merge again to finish).
 
 \b
 Examples:

@@ -127,7 +127,8 @@ def run(
 
     Exit 0 when the run succeeded, 1 when a step or the success criteria failed, 3 when an
     environment problem stopped it (model host gone, branch moved, disk full), 130 when it
-    was stopped; resume the last two with `coder resume -t ID`.
+    was stopped (Ctrl-C, SIGTERM, the terminal closed); resume the last two with
+    `coder resume -t ID`.
     """
     from coder.run import runs
 

@@ -15,12 +15,10 @@ test_a_signal_during_merge_lands_nothing_ends_its_tests_and_says_to_merge_again.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,42 +28,11 @@ from coder.errors import EXIT_INTERRUPTED
 from coder.run.state import StateStore
 from tests.conftest import git
 from tests.helpers import Terminal, stray_processes, wait_for
+from tests.run.test_crash import coder, out, spawn  # the real CLI, in a subprocess
 
 TASK_ID = "sig1"
 BRANCH = f"agent/{TASK_ID}"
 BASE_FILES = {"a.txt": "a\n", "README.md": "# sample\n"}
-
-
-def env(crash: str | None = None) -> dict[str, str]:
-    variables = {k: v for k, v in os.environ.items() if not k.startswith("CODER_CRASH")}
-    return {**variables, "CODER_CRASH_AT": crash} if crash else variables
-
-
-def coder(repo: Path, *args: str, crash: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "coder", *args],
-        cwd=repo,
-        env=env(crash),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-def spawn(repo: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "coder", *args],
-        cwd=repo,
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def out(result: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
 
 
 def unique_sleep() -> list[str]:
