@@ -14,12 +14,15 @@ test_a_signal_during_merge_lands_nothing_ends_its_tests_and_says_to_merge_again.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,18 @@ from tests.run.test_crash import coder, out, spawn  # the real CLI, in a subproc
 TASK_ID = "sig1"
 BRANCH = f"agent/{TASK_ID}"
 BASE_FILES = {"a.txt": "a\n", "README.md": "# sample\n"}
+
+
+@pytest.fixture
+def strays() -> Iterator[list[list[str]]]:
+    """Command lines of processes a test starts; any still running at its end (the test
+    failed) are killed, so a failure does not leave them behind."""
+    marks: list[list[str]] = []
+    yield marks
+    for mark in marks:
+        for pid in stray_processes(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def unique_sleep() -> list[str]:
@@ -121,11 +136,12 @@ def interrupt(proc: subprocess.Popen[str], sig: signal.Signals) -> tuple[float, 
     ids=["SIGHUP", "SIGINT", "SIGTERM", "SIGHUP-setsid"],
 )
 def test_a_signal_mid_step_ends_every_process_of_the_step_and_resume_finishes(
-    make_repo, tmp_path: Path, sig: signal.Signals, escape: bool
+    make_repo, tmp_path: Path, strays: list[list[str]], sig: signal.Signals, escape: bool
 ) -> None:
     repo = make_repo(BASE_FILES)
     go = tmp_path / "go"
     taskfile, marks = hanging_task(repo, go, escape=escape)
+    strays += marks
     runner = spawn(repo, "run", "--autonomous", "-f", str(taskfile))
     try:
         wait_for(lambda: started(repo, marks), what="s1's processes")
@@ -136,10 +152,13 @@ def test_a_signal_mid_step_ends_every_process_of_the_step_and_resume_finishes(
     assert_interrupted_then_resumed(repo, go)
 
 
-def test_a_hang_up_during_resume_ends_its_step_too(make_repo, tmp_path: Path) -> None:
+def test_a_hang_up_during_resume_ends_its_step_too(
+    make_repo, tmp_path: Path, strays: list[list[str]]
+) -> None:
     repo = make_repo(BASE_FILES)
     go = tmp_path / "go"
-    taskfile, marks = hanging_task(repo, go, escape=True)
+    taskfile, marks = hanging_task(repo, go)
+    strays += marks
     crashed = coder(repo, "run", "--autonomous", "-f", str(taskfile), crash="before_step@s1")
     assert crashed.returncode == -signal.SIGKILL, out(crashed)
     resuming = spawn(repo, "resume", "-t", TASK_ID)
@@ -153,12 +172,15 @@ def test_a_hang_up_during_resume_ends_its_step_too(make_repo, tmp_path: Path) ->
 
 
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid(1) from util-linux")
-def test_closing_the_terminal_stops_the_run(make_repo, tmp_path: Path) -> None:
+def test_closing_the_terminal_stops_the_run(
+    make_repo, tmp_path: Path, strays: list[list[str]]
+) -> None:
     """A real hang-up: coder on a terminal it controls, which then closes. It gets SIGHUP and
     every write to the terminal fails from then on; it stops as `coder stop` would."""
     repo = make_repo(BASE_FILES)
     go = tmp_path / "go"
     taskfile, marks = hanging_task(repo, go)
+    strays += marks
     term = Terminal(["run", "--autonomous", "-f", str(taskfile)], cwd=repo, session=True)
     try:
 
@@ -196,7 +218,7 @@ graph:
     "sig", [signal.SIGHUP, signal.SIGINT, signal.SIGTERM], ids=lambda sig: sig.name
 )
 def test_a_signal_during_merge_lands_nothing_ends_its_tests_and_says_to_merge_again(
-    make_repo, tmp_path: Path, sig: signal.Signals
+    make_repo, tmp_path: Path, strays: list[list[str]], sig: signal.Signals
 ) -> None:
     """`coder merge --if-green` is signalled while the tests run on the merge result: base and
     the tag are untouched, the check worktree and every test process are gone, the message
@@ -204,6 +226,7 @@ def test_a_signal_during_merge_lands_nothing_ends_its_tests_and_says_to_merge_ag
     repo = make_repo(BASE_FILES)
     go = tmp_path / "go"  # present while the run tests: quick; absent for the first merge
     mark = unique_sleep()
+    strays.append(mark)
     test = f"if [ -e {go} ]; then true; else echo > started; {' '.join(mark)}; fi"
     taskfile = tmp_path / "m1.yaml"
     taskfile.write_text(MERGE_TASK.format(test=json.dumps(test)))
