@@ -58,6 +58,17 @@ def libgit2_config(isolated_home: Path, tmp_path_factory: pytest.TempPathFactory
         paths[level] = value
 
 
+@pytest.fixture(params=["libgit2", "git"])
+def scan(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with each of the step scan's two ways (coder.git.staging): libgit2 in
+    process (small trees), and the git program run confined (large ones)."""
+    from coder.git import staging
+
+    below = 10**9 if request.param == "libgit2" else 0
+    monkeypatch.setattr(staging, "IN_PROCESS_BELOW", below)
+    return str(request.param)
+
+
 def git(repo: Path, *args: str) -> str:
     """Run the real git CLI (tests verify what coder did with it, not with pygit2)."""
     out = subprocess.run(

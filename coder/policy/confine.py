@@ -473,12 +473,20 @@ def confined(root: Path, fn: Callable[[], _T]) -> _T:
     write it makes through a link or a path a command planted fails instead of landing
     outside `root`. Where this machine has no sandbox, `fn()` runs as it is: the callers
     also avoid following links themselves (see README: Safety)."""
+    spawner = spawner_for(root)
+    return fn() if spawner is None else spawner.call(fn)
+
+
+def spawner_for(root: Path) -> Confinement | None:
+    """The spawner for coder's own work in `root`: it may write only `writable_for(root)` (the
+    commands' spawner when their profile is exactly that, whatever its network), or None where
+    this machine has no sandbox."""
     if not support().available:
-        return fn()
+        return None
     # Inside `root` coder's own writes go where they mean to (a checkout's `.git` included:
     # libgit2 locks the index even to patch files); a command's carve-outs are not theirs.
     profile = Profile(writable_for(root))
-    with _lock:  # the spawner of `root`'s commands if there is one, whatever its network
+    with _lock:
         spawner = next(
             (
                 c
@@ -487,7 +495,7 @@ def confined(root: Path, fn: Callable[[], _T]) -> _T:
             ),
             None,
         )
-    return (spawner or confinement(profile)).call(fn)
+    return spawner or confinement(profile)
 
 
 def end_leftovers(root: Path) -> None:

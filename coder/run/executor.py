@@ -46,6 +46,7 @@ from coder.run.steps.checks import CHECKS, Verification
 
 if TYPE_CHECKING:
     from coder.config import Config
+    from coder.git.staging import Staged
     from coder.models.provider import Usage
     from coder.policy.commands import Policy
     from coder.redact import Redactor
@@ -108,8 +109,9 @@ class Place(Protocol):
     def start(self) -> str:
         """The commit an attempt starts from."""
 
-    def commit(self, step: Step, attempt: int, outcome: StepOutcome, tip: str) -> str | None:
-        """Commit the attempt's changes (None when it changed nothing)."""
+    def commit(self, step: Step, attempt: int, outcome: StepOutcome, staged: Staged) -> str | None:
+        """Commit the attempt's changes, as verify staged them (None when it changed
+        nothing)."""
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
         """Put the commit on the branch: (the commit now on it, the commit before it)."""
@@ -342,7 +344,8 @@ class Executor:
         gone = self._files_gone(place.workdir)
         if gone is not None:  # deleted while the step ran: nothing left to check or commit
             raise gone
-        outcome = self._verify(step, place.workdir, acted, guard)
+        seen = Verification(self.task, step, place.workdir, self.run.policy, self.run.config, tip)
+        outcome = self._verify(seen, acted, guard)
         self.run.log.debug(
             "step.acted",
             step_id=step.id,
@@ -353,7 +356,7 @@ class Executor:
             gitops.discard_changes(place.workdir, tip)
             return outcome, None
         crashpoint("after_checks", step.id)
-        return outcome, place.commit(step, attempt, outcome, tip)
+        return outcome, place.commit(step, attempt, outcome, seen.staged)
 
     def _act(self, step: Step, workdir: Path, attempt: int) -> StepOutcome:
         """The step kind's runner. A CoderError it raises is the step's own failure (its
@@ -385,12 +388,10 @@ class Executor:
             self._reason(step.id, note)
         return outcome
 
-    def _verify(
-        self, step: Step, workdir: Path, outcome: StepOutcome, guard: GitGuard
-    ) -> StepOutcome:
+    def _verify(self, seen: Verification, outcome: StepOutcome, guard: GitGuard) -> StepOutcome:
         """The one verify stage, between act and commit. .git is put back whatever the step
-        did; a step that acted successfully then passes every check in CHECKS, or fails with
-        all their problems."""
+        did; a step that acted successfully then passes every check in CHECKS (on its changes,
+        staged once: `seen.staged`), or fails with all their problems."""
         touched = guard.restore()
         stashed = guard.drop_stashes()
         if touched or stashed:
@@ -401,7 +402,6 @@ class Executor:
             return StepOutcome(False, "; ".join(changed * bool(touched) + stashed))
         if not outcome.ok:
             return outcome
-        seen = Verification(self.task, step, workdir, self.run.policy, self.run.config)
         problems = [problem for check in CHECKS for problem in check(seen)]
         if problems:
             return StepOutcome(False, "; ".join(problems), tests=outcome.tests)
@@ -648,9 +648,9 @@ class InPlace:
     def start(self) -> str:
         return self.ex._tip()
 
-    def commit(self, step: Step, attempt: int, outcome: StepOutcome, tip: str) -> str | None:
+    def commit(self, step: Step, attempt: int, outcome: StepOutcome, staged: Staged) -> str | None:
         message = commit_parts(self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact)
-        return gitops.commit_step(self.workdir, **message, expected_tip=tip)
+        return gitops.commit_step(self.workdir, **message, expected_tip=staged.base, staged=staged)
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
         return commit, tip  # the commit moved the branch already
@@ -671,9 +671,9 @@ class Scratch:
     def start(self) -> str:
         return self.tip
 
-    def commit(self, step: Step, attempt: int, outcome: StepOutcome, tip: str) -> str | None:
+    def commit(self, step: Step, attempt: int, outcome: StepOutcome, staged: Staged) -> str | None:
         message = commit_parts(self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact)
-        return gitops.commit_detached(self.workdir, **message, parent=tip)
+        return gitops.commit_detached(self.workdir, **message, parent=staged.base, staged=staged)
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
         current = self.ex._tip()

@@ -82,8 +82,18 @@ def test_a_configured_filter_driver_is_applied(make_repo) -> None:
 def test_a_required_filter_that_is_missing_is_refused_naming_the_file(make_repo) -> None:
     repo = make_repo({**FILES, ".gitattributes": "*.bin filter=lfs\n"})
     git(repo, "config", "filter.lfs.required", "true")
+    git(repo, "config", "filter.lfs.clean", "cat")  # there while the run stages big.bin...
+    git(repo, "config", "filter.lfs.smudge", "cat")
     before = git(repo, "rev-parse", "main")
-    code, _, err = run_and_merge(repo, "echo data > big.bin")
+    task = repo.parent / "task.yaml"
+    task.write_text(
+        'id: f1\ntitle: t\ngraph:\n  - {"kind": "shell", "cmd": "echo data > big.bin"}\n'
+    )
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(task))
+    assert code == 0, out + err
+    git(repo, "config", "--remove-section", "filter.lfs")  # ...gone when it merges
+    git(repo, "config", "filter.lfs.required", "true")
+    code, _, err = coder(repo, "merge", "-t", "f1")
     assert code == 3
     assert err.splitlines()[0] == (
         "coder: error: big.bin needs the filter `lfs` (.gitattributes), which is required but "

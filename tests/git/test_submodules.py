@@ -7,7 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import coder, git
+
+pytestmark = pytest.mark.usefixtures("scan")  # each test with both ways of staging
 
 
 def with_submodule(tmp_path: Path, make_repo) -> Path:

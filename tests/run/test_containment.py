@@ -165,6 +165,7 @@ def test_the_worktree_its_git_admin_dir_and_tmpdir_are_writable(make_repo) -> No
     assert "?? made.txt" in step_log(repo)
 
 
+@pytest.mark.usefixtures("scan")
 def test_the_admin_dir_head_cannot_redirect_the_step_commit(make_repo, isolated_home) -> None:
     """The admin dir is writable (git status needs its index); pointing its HEAD at main
     would make the executor's commit land on main. The guard fails the step and undoes it."""
@@ -208,6 +209,7 @@ def test_the_worktree_config_cannot_redirect_coders_own_git(make_repo, isolated_
         "os.mkfifo('$(git rev-parse --git-dir)/HEAD')\"",  # reading it would hang
     ],
 )
+@pytest.mark.usefixtures("scan")
 def test_the_git_guard_restores_without_following_the_step(
     make_repo, isolated_home, cmd: str
 ) -> None:
@@ -266,6 +268,7 @@ PROTECTED_WRITES = {
 
 
 @pytest.mark.parametrize("rel", sorted(PROTECTED_WRITES))
+@pytest.mark.usefixtures("scan")
 def test_a_step_commit_of_a_protected_path_fails(make_repo, rel: str) -> None:
     repo = make_repo()
     code, step = run_shell(repo, PROTECTED_WRITES[rel] + " && echo fine > ok.txt")
@@ -332,6 +335,7 @@ def test_a_tracked_symlinked_github_makes_its_target_a_workflow(make_repo) -> No
     no_commit_carries(repo, "ci/workflows/x.yml")
 
 
+@pytest.mark.usefixtures("scan")
 def test_a_protected_path_the_step_names_in_changes_is_committed(make_repo) -> None:
     repo = make_repo()
     code, step = run_shell(

@@ -9,8 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import coder, git
 from tests.helpers import state_of, taskfile
+
+pytestmark = pytest.mark.usefixtures("scan")  # each test with both ways of staging
 
 
 def user_repo(make_repo: Any) -> Path:

@@ -22,25 +22,32 @@ from coder.taskfile import Assertion
 
 if TYPE_CHECKING:
     from coder.config import Config
+    from coder.git.staging import Staged
     from coder.policy.commands import Policy
     from coder.taskfile import Step, Task
 
 
 class Verification:
-    """What a check sees: the step, its working directory, the run's policy and config."""
+    """What a check sees: the step, its working directory (where it started from commit
+    `base`), the run's policy and config."""
 
     def __init__(
-        self, task: Task, step: Step, workdir: Path, policy: Policy, config: Config
+        self, task: Task, step: Step, workdir: Path, policy: Policy, config: Config, base: str
     ) -> None:
-        self.task, self.step, self.workdir = task, step, workdir
+        self.task, self.step, self.workdir, self.base = task, step, workdir, base
         self.policy, self.config = policy, config
 
     @functools.cached_property
-    def changed(self) -> list[str]:
-        """The paths the step changed (computed once, for every check that asks)."""
-        from coder.git import ops as gitops
+    def staged(self) -> Staged:
+        """The step's changes, staged (once, for every check that asks and for the commit)."""
+        from coder.git.staging import stage
 
-        return gitops.changed_paths(self.workdir)
+        return stage(self.workdir, self.base)
+
+    @property
+    def changed(self) -> list[str]:
+        """The paths the step changed."""
+        return self.staged.paths
 
 
 def asserts_hold(seen: Verification) -> list[str]:
@@ -76,8 +83,7 @@ def diff_within_caps(seen: Verification) -> list[str]:
     if max_lines is not None and seen.changed:
         from coder.git import ops as gitops
 
-        patch = gitops.diff_patch(gitops.open_repo(seen.workdir), "HEAD", worktree=seen.workdir)
-        added, removed = diff_lines(patch)
+        added, removed = diff_lines(gitops.staged_patch(seen.workdir, seen.staged))
         if added + removed > max_lines:
             problems.append(
                 f"the step changed {added + removed} lines (+{added} -{removed}), more than "

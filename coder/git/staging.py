@@ -1,0 +1,488 @@
+"""A step's changes in one scan of its worktree: what it changed, staged, as the tree its commit
+will record.
+
+    stage(worktree, base)   `git status` (the one walk of the tree), `git update-index` of what
+                            it reported, `git write-tree`: the index holds the step's work, and
+                            the change set is the staged tree against the base commit's tree
+    Staged                  that tree, its changes against the base, and the directories the
+                            scan saw but nothing stages (nested repositories)
+
+The verify stage stages and checks this change set; the commit then only writes the commit
+object for the tree (`ops.commit_step(staged=...)`): what was checked is exactly what is
+committed, and the tree is walked once per step.
+
+Why the git program and not libgit2 (bench/scan.py measures both): git trusts the index's stat
+data with its untracked cache (`core.untrackedCache`: directories whose mtime did not change are
+not read again) and stats the files on several threads; libgit2's status reads every directory
+and writes the index about twice as slowly. At 20,000 files the git scan and staging take about
+half of libgit2's time; at 100 files three git processes cost a few milliseconds more than
+libgit2 in-process, less than one `git commit`.
+
+The worktree is one a command has touched, and git runs programs its config names. So every
+git call here runs confined like the commands (`confine.spawner_for`): a filter driver a
+planted `config.worktree` names can do no more than the command that planted it. Besides:
+`core.fsmonitor` off, no hooks, submodules ignored (`--ignore-submodules=all`: coder checks
+them itself, `ops.changed_submodules`; git would otherwise run `git status` inside each), the
+git dir and work tree given (the `.git` file is the command's to write; the executor's guard
+puts it back before verify). The confined git cannot write the repository's objects, so its
+objects go to a fresh quarantine directory (as `git receive-pack` does) and coder copies them
+into the object database afterwards, re-hashing each: nothing a filter planted there can stand
+in for an object it does not match.
+
+The change set is the tree diff walked through tree ids, so it costs what changed, not the size
+of the tree; `.coder/` is never staged (a command's `git add -f` there is undone), nested
+repositories are seen but not staged, and a conflicted index (a merge a command left
+half-done) is an error naming the paths.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pygit2
+from pygit2.enums import FileStatus
+
+from coder.errors import EnvironmentProblem
+
+CODER_DIR = ".coder"
+_TIMEOUT_S = 600
+# Options of every git call on a worktree (see the module docstring).
+_CONFIG = (
+    "core.fsmonitor=false",
+    "core.hooksPath=/dev/null",
+    "core.untrackedCache=true",
+    "status.showUntrackedFiles=all",  # the untracked cache serves `-uall` only when so created
+    "core.splitIndex=false",  # libgit2 (the discard, `coder diff`) cannot read a split index
+)
+_TREE = pygit2.enums.FileMode.TREE
+# Trees of fewer index entries are scanned and staged by libgit2 in process, larger ones by the
+# git program: where each costs less (bench/scan.py).
+IN_PROCESS_BELOW = 4000
+
+Entry = tuple[int, str]  # (file mode, object id) of a tree entry
+
+
+@dataclass(frozen=True)
+class Change:
+    """One path the staged tree changes: its entry in the base and in the staged tree."""
+
+    path: str
+    old: Entry | None  # None: added
+    new: Entry | None  # None: deleted
+
+
+@dataclass(frozen=True)
+class Staged:
+    base: str  # the commit the change set is taken against
+    tree: str  # the staged tree: what the step's commit records
+    changes: tuple[Change, ...]  # sorted by path
+    unstaged: tuple[str, ...] = ()  # directories seen but not staged ("nested/")
+
+    @property
+    def paths(self) -> list[str]:
+        """Every changed path (both sides of a rename), and the unstaged directories."""
+        return sorted({c.path for c in self.changes} | set(self.unstaged))
+
+
+def stage(worktree: Path, base: str) -> Staged:
+    """Stage everything that differs from the index in ``worktree`` (like ``git add -A``, less
+    ``.coder/``, nested repositories and submodules) and return the staged tree with its
+    changes against commit ``base``."""
+    from coder.git.ops import _open_worktree
+
+    worktree = Path(worktree)
+    w = _open_worktree(worktree)
+    git = _Git(w, worktree)
+    staged = _stage_in_process(w, worktree) if _index_entries(w) < IN_PROCESS_BELOW else None
+    tree, unstaged = staged or _stage_with_git(git, worktree)
+    base_tree = w[base].peel(pygit2.Commit).tree_id
+    changes = _changes(w, base_tree, pygit2.Oid(hex=tree))
+    ours = [c for c in changes if _under_coder_dir(c.path)]
+    if ours:  # a command staged something under .coder/: the base's entries go back
+        with _quarantine(w, git) as objects:
+            git("update-index", "-z", "--index-info", stdin=b"".join(map(_index_info, ours)))
+            tree = _write_tree(git, objects)
+        changes = [c for c in changes if not _under_coder_dir(c.path)]
+    _check_objects(w, changes)
+    return Staged(base, tree, tuple(changes), unstaged)
+
+
+def _index_entries(w: pygit2.Repository) -> int:
+    """How many entries the index holds, from its header (0 when unreadable)."""
+    try:
+        with open(os.path.join(w.path, "index"), "rb") as index:
+            header = index.read(12)
+    except OSError:
+        return 0
+    return int.from_bytes(header[8:12], "big") if header[:4] == b"DIRC" else 0
+
+
+def _unmerged(worktree: Path, paths: list[str]) -> EnvironmentProblem:
+    return EnvironmentProblem(
+        f"the index of {worktree} has unmerged paths: {', '.join(sorted(paths))} "
+        "(a merge or cherry-pick a command left half-done)",
+        hint="the step's command must finish or abort what it started",
+    )
+
+
+# --- the scan: the git program -------------------------------------------------------------
+
+
+def _stage_with_git(git: _Git, worktree: Path) -> tuple[str, tuple[str, ...]]:
+    """`git status`, `git update-index` of what it reported, `git write-tree`: the tree and
+    the unstaged directories."""
+    out = git(
+        "status",
+        "--porcelain=v2",
+        "-z",
+        "--untracked-files=all",
+        "--ignore-submodules=all",
+        "--no-renames",
+    )
+    to_stage: list[bytes] = []
+    beyond_links: list[bytes] = []  # deleted: a directory above them is now a symlink
+    conflicted: list[str] = []
+    unstaged: list[str] = []
+    links = _LeadingLinks(worktree)
+    records = iter(out.split(b"\0"))
+    for record in records:
+        kind = record[:2]
+        if kind == b"1 ":
+            fields = record.split(b" ", 8)
+            path, worktree_side, submodule = fields[8], fields[1][1:2], fields[2]
+        elif kind == b"2 ":  # a rename (should --no-renames be ignored): its source follows
+            fields = record.split(b" ", 9)
+            path, worktree_side, submodule = fields[9], fields[1][1:2], fields[2]
+            next(records, None)
+        elif kind == b"u ":
+            conflicted.append(os.fsdecode(record.split(b" ", 10)[10]))
+            continue
+        elif kind == b"? ":
+            path, worktree_side, submodule = record[2:], b"?", b"N..."
+        else:  # headers, ignored files, the empty field after the last NUL
+            continue
+        if _under_coder_dir(os.fsdecode(path)) or worktree_side == b".":
+            continue  # coder's own; or staged already as it is in the worktree
+        if path.endswith(b"/"):  # an untracked nested repository: not coder's to record
+            unstaged.append(os.fsdecode(path))
+        elif submodule.startswith(b"S"):
+            continue  # a submodule: ops.changed_submodules judges it
+        elif worktree_side == b"D" and links.above(os.fsdecode(path)):
+            beyond_links.append(path)
+        else:
+            to_stage.append(path)
+    if conflicted:
+        raise _unmerged(worktree, conflicted)
+    with _quarantine(git.w, git) as objects:
+        if to_stage:  # sorted: a file replacing a directory comes before what it replaces
+            _update_index(git, objects, ["--add", "--remove", "--replace"], sorted(to_stage))
+        if beyond_links:  # git refuses to look at them, and they are gone anyway
+            _update_index(git, objects, ["--force-remove"], beyond_links)
+        tree = _write_tree(git, objects)
+    return tree, tuple(sorted(unstaged))
+
+
+def _update_index(
+    git: _Git, objects: dict[str, str], options: list[str], paths: list[bytes]
+) -> None:
+    stdin = b"".join(p + b"\0" for p in paths)
+    git("update-index", *options, "-z", "--stdin", stdin=stdin, env=objects)
+
+
+def _write_tree(git: _Git, objects: dict[str, str]) -> str:
+    return git("write-tree", env=objects).decode().strip()
+
+
+def _index_info(change: Change) -> bytes:
+    """A `git update-index --index-info` line putting back the base's entry (mode 0: none)."""
+    mode, oid = change.old if change.old is not None else (0, "0" * 40)
+    return f"{mode:o} {oid}\t{change.path}".encode() + b"\0"
+
+
+# --- the scan: libgit2, in process ---------------------------------------------------------
+
+
+def _stage_in_process(w: pygit2.Repository, worktree: Path) -> tuple[str, tuple[str, ...]] | None:
+    """libgit2's status and index, for a small tree (see the module docstring): the tree and
+    the unstaged directories; None when a changed path needs the git program (a filter
+    driver, a working-tree-encoding) or the index has a link extension libgit2 cannot keep."""
+    from coder.git import filters
+
+    status = w.status(untracked_files="all", ignored=False)
+    index = w.index
+    index.read(False)  # status() just loaded it; re-read only if it changed on disk
+    links = _LeadingLinks(worktree)
+    adds: list[str] = []
+    removes: list[str] = []
+    conflicted: list[str] = []
+    unstaged: list[str] = []
+    for rel, flags in status.items():
+        if flags == FileStatus.CURRENT or flags & FileStatus.IGNORED or _under_coder_dir(rel):
+            continue
+        if flags & FileStatus.CONFLICTED:
+            conflicted.append(rel)
+            continue
+        if rel.endswith("/"):  # an untracked nested repository: not coder's to record
+            unstaged.append(rel)
+            continue
+        entry = index[rel] if rel in index else None
+        if entry is not None and entry.mode == pygit2.enums.FileMode.COMMIT:
+            continue  # a submodule: ops.changed_submodules judges it
+        try:
+            mode = None if links.above(rel) else os.lstat(worktree / rel).st_mode
+        except OSError:
+            mode = None
+        if mode is None:
+            removes.append(rel)
+        elif stat.S_ISDIR(mode):
+            continue  # a repository of its own, or a submodule
+        elif filters.needs_git(w, rel) is not None:
+            return None
+        else:
+            adds.append(rel)
+    if conflicted:
+        raise _unmerged(worktree, conflicted)
+
+    def write() -> str:
+        for rel in removes:
+            if rel in index:
+                index.remove(rel)
+        for rel in sorted(adds):
+            index.add(rel)
+        # write_tree() first: it fills the index's tree cache, which write() then persists,
+        # so the next step only re-hashes the trees it touched.
+        tree = str(index.write_tree())
+        index.write()
+        return tree
+
+    from coder.git.ops import _git_failure, _retry_on_index_lock
+
+    try:
+        tree = _retry_on_index_lock(worktree, write)
+    except (pygit2.GitError, OSError) as exc:
+        raise _git_failure(exc, "stage the step's changes", worktree) from None
+    return tree, tuple(sorted(unstaged))
+
+
+# --- both -------------------------------------------------------------------------------------
+
+
+class _LeadingLinks:
+    """Which paths have a symlink among their parent directories (cached per directory)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.known: dict[str, bool] = {}
+
+    def above(self, path: str) -> bool:
+        parent = path.rpartition("/")[0]
+        if not parent:
+            return False
+        if parent not in self.known:
+            try:
+                link = stat.S_ISLNK(os.lstat(self.root / parent).st_mode)
+            except OSError:
+                link = False
+            self.known[parent] = link or self.above(parent)
+        return self.known[parent]
+
+
+def _under_coder_dir(path: str) -> bool:
+    return path == CODER_DIR or path.startswith(CODER_DIR + "/")
+
+
+# --- the git program, confined --------------------------------------------------------------
+
+
+class _Git:
+    """The git program on one worktree, run as the module docstring says."""
+
+    def __init__(self, w: pygit2.Repository, worktree: Path) -> None:
+        from coder.policy import confine
+
+        self.w, self.worktree = w, worktree
+        self.argv = ["git", f"--git-dir={w.path}", f"--work-tree={worktree}"]
+        for option in _CONFIG:
+            self.argv += ["-c", option]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        self.spawner = confine.spawner_for(worktree)
+
+    def __call__(
+        self, *args: str, stdin: bytes | None = None, env: dict[str, str] | None = None
+    ) -> bytes:
+        from coder.git.ops import clear_stale_index_lock
+
+        try:
+            return self._run(args, stdin, env)
+        except _Failed as exc:
+            if "index.lock" not in exc.detail or not clear_stale_index_lock(self.worktree):
+                raise exc.problem(self.worktree) from None
+        try:  # a lock a crash left behind, now cleared
+            return self._run(args, stdin, env)
+        except _Failed as exc:
+            raise exc.problem(self.worktree) from None
+
+    def _run(self, args: tuple[str, ...], stdin: bytes | None, env: dict[str, str] | None) -> bytes:
+        popen = self.spawner.popen if self.spawner is not None else subprocess.Popen
+        try:
+            proc = popen(
+                [*self.argv, *args],
+                cwd=self.worktree,
+                env={**self.env, **(env or {})},
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        except OSError as exc:
+            raise EnvironmentProblem(
+                f"cannot run git in {self.worktree}: {exc}",
+                hint="coder needs the git program on PATH",
+            ) from None
+        try:
+            out, err = proc.communicate(stdin, timeout=_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise _Failed(args[0], f"no answer in {_TIMEOUT_S} s") from None
+        if proc.returncode != 0:
+            lines = err.decode(errors="replace").strip().splitlines()
+            said = [line for line in lines if line.startswith(("fatal: ", "error: "))]
+            raise _Failed(args[0], (said or lines or [f"exit code {proc.returncode}"])[0])
+        return out
+
+
+class _Failed(Exception):
+    def __init__(self, command: str, detail: str) -> None:
+        super().__init__(detail)
+        self.command, self.detail = command, detail
+
+    def problem(self, worktree: Path) -> EnvironmentProblem:
+        quoted = self.detail.partition("'")[2].partition("'")[0]
+        hint = None
+        if quoted.endswith("index.lock"):
+            hint = f"if no git process is running, delete the stale lock file {quoted}"
+        elif "filter" in self.detail:
+            hint = (
+                f"the filter `{quoted}` (.gitattributes) must be configured here "
+                f"(git config filter.{quoted}.clean ...; for Git LFS: `git lfs install`); it "
+                "runs confined like the step's commands, writing only the worktree"
+            )
+        return EnvironmentProblem(f"git {self.command} in {worktree}: {self.detail}", hint=hint)
+
+
+@contextmanager
+def _quarantine(w: pygit2.Repository, git: _Git) -> Iterator[dict[str, str]]:
+    """The environment that makes git write its objects into a quarantine directory (where
+    the confined git may write), the repository's own objects readable as an alternate; what
+    it wrote is copied into the object database afterwards, each object re-hashed, and the
+    quarantine emptied (its directories kept for the next step: creating and removing them
+    cost more than the staging at 100 files)."""
+    from coder.git.ops import common_dir
+
+    if git.spawner is not None:
+        objects = os.path.join(git.spawner.tmp_root, "objects")
+        os.makedirs(objects, mode=0o700, exist_ok=True)
+    else:
+        objects = tempfile.mkdtemp(prefix="coder-objects-")
+    try:
+        yield {
+            "GIT_OBJECT_DIRECTORY": objects,
+            "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(common_dir(w) / "objects"),
+            "GIT_QUARANTINE_PATH": objects,  # git refuses ref updates meanwhile
+        }
+        written = pygit2.Odb(objects)
+        for oid in written:
+            try:
+                w.odb.write(*written.read(oid))  # the read checks the content against the id
+            except pygit2.GitError as exc:
+                raise EnvironmentProblem(
+                    f"staging the step's changes: git's object quarantine {objects} holds an "
+                    f"object that does not hold what its name says ({exc}); nothing was "
+                    "committed"
+                ) from None
+    finally:
+        if git.spawner is None:
+            shutil.rmtree(objects, ignore_errors=True)
+        else:
+            _empty(objects)
+
+
+def _empty(objects: str) -> None:
+    """Remove every object file, keeping the fan-out directories (``ab/``) themselves."""
+    for entry in os.scandir(objects):
+        if len(entry.name) == 2 and entry.is_dir(follow_symlinks=False):
+            for inner in os.scandir(entry.path):
+                if inner.is_dir(follow_symlinks=False):
+                    shutil.rmtree(inner.path, ignore_errors=True)
+                else:
+                    os.unlink(inner.path)
+        elif entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            os.unlink(entry.path)
+
+
+# --- the change set ---------------------------------------------------------------------------
+
+
+def _changes(w: pygit2.Repository, old: pygit2.Oid | None, new: pygit2.Oid | None) -> list[Change]:
+    """The entries that differ between two trees, walking only subtrees whose ids differ."""
+    found: list[Change] = []
+
+    def walk(old: pygit2.Oid | None, new: pygit2.Oid | None, prefix: str) -> None:
+        olds = _entries(w, old)
+        news = _entries(w, new)
+        for name in olds.keys() | news.keys():
+            o, n = olds.get(name), news.get(name)
+            if o == n:
+                continue
+            path = prefix + name
+            o_tree = o is not None and o[0] == _TREE
+            n_tree = n is not None and n[0] == _TREE
+            if o_tree or n_tree:
+                walk(
+                    pygit2.Oid(hex=o[1]) if o is not None and o_tree else None,
+                    pygit2.Oid(hex=n[1]) if n is not None and n_tree else None,
+                    path + "/",
+                )
+            old_blob = None if o_tree else o
+            new_blob = None if n_tree else n
+            if old_blob is not None or new_blob is not None:
+                found.append(Change(path, old_blob, new_blob))
+
+    if old != new:
+        try:
+            walk(old, new, "")
+        except KeyError as exc:  # a tree the quarantine did not really hold (_check_objects)
+            raise EnvironmentProblem(
+                f"staging the step's changes left tree {exc} out of the repository "
+                "(something wrote into git's object quarantine)"
+            ) from None
+    return sorted(found, key=lambda c: c.path)
+
+
+def _entries(w: pygit2.Repository, tree: pygit2.Oid | None) -> dict[str, Entry]:
+    if tree is None:
+        return {}
+    return {e.name: (e.filemode, str(e.id)) for e in w[tree].peel(pygit2.Tree) if e.name}
+
+
+def _check_objects(w: pygit2.Repository, changes: list[Change]) -> None:
+    """Every blob the staged tree adds is in the object database (see `_quarantine`)."""
+    odb = w.odb
+    for change in changes:
+        if change.new is None or change.new[0] == pygit2.enums.FileMode.COMMIT:
+            continue
+        if not odb.exists(change.new[1]):
+            raise EnvironmentProblem(
+                f"staging {change.path} left its object {change.new[1][:12]} out of the "
+                "repository (something wrote into git's object quarantine)"
+            )
