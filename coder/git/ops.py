@@ -27,7 +27,7 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,7 +44,7 @@ from pygit2.enums import (
 from coder import nofollow, safeio
 from coder.durable import fsync_dir, make_private_dirs
 from coder.errors import BranchMoved, EnvironmentProblem, InvalidInput, RunFailed
-from coder.git.staging import Staged, stage
+from coder.git.staging import Change, Staged, changes, stage
 
 CODER_DIR = ".coder"
 FALLBACK_NAME = "coder"
@@ -1341,12 +1341,53 @@ def added_lines(worktree: Path, old: str) -> dict[str, set[int]]:
     return found
 
 
-def staged_patch(worktree: Path, staged: Staged) -> str:
-    """Unified diff of what ``staging.stage`` staged in ``worktree``, against its base (no
-    rename detection: a moved file counts its lines twice, as in the files' own diff)."""
-    w = _open_worktree(worktree, writing=False)
-    base = _tree(w, staged.base)
-    return base.diff_to_tree(w[staged.tree].peel(pygit2.Tree)).patch or ""
+_GITLINK = pygit2.enums.FileMode.COMMIT
+
+
+def step_patch(repo: pygit2.Repository, old: str, new: str) -> str:
+    """``diff_patch(repo, old, new)`` at the cost of what changed: the trees are walked
+    through their ids, and each changed file is diffed on its own (a moved file shows as
+    deleted and added, with no rename detection)."""
+    return changes_patch(repo, changes(repo, _tree(repo, old).id, _tree(repo, new).id))
+
+
+def changes_patch(repo: pygit2.Repository, found: Iterable[Change]) -> str:
+    """Unified diff of ``found`` (``staging.Change``), as ``git diff --no-renames`` prints it."""
+    return "".join(_change_patch(repo, change) for change in found)
+
+
+def _change_patch(repo: pygit2.Repository, change: Change) -> str:
+    old, new = _side(repo, change.old), _side(repo, change.new)
+    path = change.path
+    text = pygit2.Patch.create_from(old, new, old_as_path=path, new_as_path=path).text or ""
+    # libgit2 takes both sides as regular files (100644): put the real modes in the header
+    head, sep, body = text.partition("\n--- ") if "\n--- " in text else text.partition("\nBinary")
+    old_mode, new_mode = (f"{e[0]:o}" if e else None for e in (change.old, change.new))
+    if old_mode is None:
+        head = head.replace("new file mode 100644", f"new file mode {new_mode}")
+    elif new_mode is None:
+        head = head.replace("deleted file mode 100644", f"deleted file mode {old_mode}")
+    elif old_mode == new_mode:
+        head = head.replace(" 100644", f" {new_mode}") if head else head
+    else:
+        index = head.partition("\nindex ")[2].split(" ")[0]
+        head = f"diff --git a/{path} b/{path}\nold mode {old_mode}\nnew mode {new_mode}"
+        head += f"\nindex {index}" if index else ""
+    if _GITLINK in (change.old or (0,))[:1] + (change.new or (0,))[:1]:  # ids, not the text's
+        ids = (e[1][:7] if e else "0000000" for e in (change.old, change.new))
+        head = re.sub(r"\nindex \S+", "\nindex {}..{}".format(*ids), head)
+    return head + sep + body if sep else head + "\n"
+
+
+def _side(repo: pygit2.Repository, entry: tuple[int, str] | None) -> Any:
+    """What ``pygit2.Patch.create_from`` compares for one side of a change (the Blob object
+    is kept by the caller while the patch is made: libgit2 reads it then)."""
+    if entry is None:
+        return None
+    mode, oid = entry
+    if mode == _GITLINK:
+        return f"Subproject commit {oid}\n".encode()
+    return repo[oid].peel(pygit2.Blob)
 
 
 def diff_stat(

@@ -104,15 +104,15 @@ def stage(worktree: Path, base: str) -> Staged:
     staged = _stage_in_process(w, worktree) if _index_entries(w) < IN_PROCESS_BELOW else None
     tree, unstaged = staged or _stage_with_git(git, worktree)
     base_tree = w[base].peel(pygit2.Commit).tree_id
-    changes = _changes(w, base_tree, pygit2.Oid(hex=tree))
-    ours = [c for c in changes if _under_coder_dir(c.path)]
+    found = changes(w, base_tree, pygit2.Oid(hex=tree))
+    ours = [c for c in found if _under_coder_dir(c.path)]
     if ours:  # a command staged something under .coder/: the base's entries go back
         with _quarantine(w, git) as objects:
             git("update-index", "-z", "--index-info", stdin=b"".join(map(_index_info, ours)))
             tree = _write_tree(git, objects)
-        changes = [c for c in changes if not _under_coder_dir(c.path)]
-    _check_objects(w, changes)
-    return Staged(base, tree, tuple(changes), unstaged)
+        found = [c for c in found if not _under_coder_dir(c.path)]
+    _check_objects(w, found)
+    return Staged(base, tree, tuple(found), unstaged)
 
 
 def _index_entries(w: pygit2.Repository) -> int:
@@ -433,13 +433,13 @@ def _empty(objects: str) -> None:
 # --- the change set ---------------------------------------------------------------------------
 
 
-def _changes(w: pygit2.Repository, old: pygit2.Oid | None, new: pygit2.Oid | None) -> list[Change]:
-    """The entries that differ between two trees, walking only subtrees whose ids differ."""
+def changes(w: pygit2.Repository, old: pygit2.Oid | None, new: pygit2.Oid | None) -> list[Change]:
+    """The entries that differ between two trees, sorted by path, walking only subtrees whose
+    ids differ: the cost is what changed, not the size of the trees."""
     found: list[Change] = []
 
-    def walk(old: pygit2.Oid | None, new: pygit2.Oid | None, prefix: str) -> None:
-        olds = _entries(w, old)
-        news = _entries(w, new)
+    def walk(old: bytes | None, new: bytes | None, prefix: str) -> None:
+        olds, news = _entries(w, old), _entries(w, new)
         for name in olds.keys() | news.keys():
             o, n = olds.get(name), news.get(name)
             if o == n:
@@ -448,19 +448,15 @@ def _changes(w: pygit2.Repository, old: pygit2.Oid | None, new: pygit2.Oid | Non
             o_tree = o is not None and o[0] == _TREE
             n_tree = n is not None and n[0] == _TREE
             if o_tree or n_tree:
-                walk(
-                    pygit2.Oid(hex=o[1]) if o is not None and o_tree else None,
-                    pygit2.Oid(hex=n[1]) if n is not None and n_tree else None,
-                    path + "/",
-                )
-            old_blob = None if o_tree else o
-            new_blob = None if n_tree else n
-            if old_blob is not None or new_blob is not None:
-                found.append(Change(path, old_blob, new_blob))
+                walk(o[1] if o and o_tree else None, n[1] if n and n_tree else None, path + "/")
+            old_entry = None if o is None or o_tree else (o[0], o[1].hex())
+            new_entry = None if n is None or n_tree else (n[0], n[1].hex())
+            if old_entry is not None or new_entry is not None:
+                found.append(Change(path, old_entry, new_entry))
 
     if old != new:
         try:
-            walk(old, new, "")
+            walk(old.raw if old else None, new.raw if new else None, "")
         except KeyError as exc:  # a tree the quarantine did not really hold (_check_objects)
             raise EnvironmentProblem(
                 f"staging the step's changes left tree {exc} out of the repository "
@@ -469,10 +465,23 @@ def _changes(w: pygit2.Repository, old: pygit2.Oid | None, new: pygit2.Oid | Non
     return sorted(found, key=lambda c: c.path)
 
 
-def _entries(w: pygit2.Repository, tree: pygit2.Oid | None) -> dict[str, Entry]:
+def _entries(w: pygit2.Repository, tree: bytes | None) -> dict[str, tuple[int, bytes]]:
+    """A tree's entries, name -> (mode, raw id), read from the object itself (pygit2's entry
+    objects cost ten times more, and a step reads a few trees of every level it touched)."""
     if tree is None:
         return {}
-    return {e.name: (e.filemode, str(e.id)) for e in w[tree].peel(pygit2.Tree) if e.name}
+    kind, data = w.odb.read(pygit2.Oid(raw=tree))
+    if kind != pygit2.enums.ObjectType.TREE:
+        raise KeyError(pygit2.Oid(raw=tree))
+    entries = {}
+    at, end = 0, len(data)
+    while at < end:
+        space = data.index(b" ", at)
+        nul = data.index(b"\0", space)
+        name = data[space + 1 : nul].decode("utf-8", "surrogateescape")
+        entries[name] = (int(data[at:space], 8), data[nul + 1 : nul + 21])
+        at = nul + 21
+    return entries
 
 
 def _check_objects(w: pygit2.Repository, changes: list[Change]) -> None:

@@ -445,7 +445,7 @@ class Executor:
         if commit:
             write_private(
                 self.run.artifacts / f"{step.id}.diff",
-                self.run.redactor.redact(gitops.diff_patch(self.repo, parent, commit)),
+                self.run.redactor.redact(gitops.step_patch(self.repo, parent, commit)),
             )
         self._update(
             step.id,

@@ -278,3 +278,29 @@ def test_a_submodule_is_never_looked_into_by_git_nor_staged(make_repo, scan, tmp
     assert staged.paths == ["top.txt"]
     assert not (sub / "filter-ran").exists()  # `git status` would run it inside the submodule
     assert gitops.changed_submodules(wt) == ["vendor/lib"]  # coder's own check sees it
+
+
+def test_a_steps_patch_is_what_git_diff_prints(make_repo) -> None:
+    """ops.step_patch (the step's diff artifact) walks only what changed; its text is
+    `git diff --no-renames` byte for byte: modes, symlinks, binary files, gitlinks."""
+    root = make_repo({"m": "a\nb\n", "x": "x\n", "del": "d\n", "dir/keep": "k\n"})
+    (root / "bin").write_bytes(b"bin\0\1")
+    (root / "link").symlink_to("m")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "more")
+    old = git(root, "rev-parse", "HEAD").strip()
+    (root / "m").write_text("a\nc\n")
+    (root / "m").chmod(0o755)
+    (root / "x").chmod(0o755)
+    (root / "del").unlink()
+    (root / "bin").write_bytes(b"bin\0\2")
+    (root / "link").unlink()
+    (root / "link").symlink_to("x")
+    (root / "dir" / "deep").mkdir()
+    (root / "dir" / "deep" / "new").write_text("new\n")
+    git(root, "mv", "dir/keep", "kept")
+    git(root, "add", "-A")
+    git(root, "update-index", "--add", "--cacheinfo", f"160000,{old},sub")
+    git(root, "commit", "-q", "-m", "change")
+    repo = gitops.open_repo(root)
+    assert gitops.step_patch(repo, old, "HEAD") == git(root, "diff", "--no-renames", old, "HEAD")

@@ -83,7 +83,8 @@ def diff_within_caps(seen: Verification) -> list[str]:
     if max_lines is not None and seen.changed:
         from coder.git import ops as gitops
 
-        added, removed = diff_lines(gitops.staged_patch(seen.workdir, seen.staged))
+        repo = gitops.open_repo(seen.workdir)
+        added, removed = diff_lines(gitops.changes_patch(repo, seen.staged.changes))
         if added + removed > max_lines:
             problems.append(
                 f"the step changed {added + removed} lines (+{added} -{removed}), more than "
