@@ -83,6 +83,12 @@ class GitGuard:
     skip: frozenset[str] = frozenset()  # ... but these paths
     held: int | None = None  # a descriptor of the git dir itself, to find it if it is moved
     aside: list[Path] = field(default_factory=list)  # where a replacement of it was put
+    # What `changes` and `drop_stashes` compare first, a few stat calls: when every watched
+    # path's inode, size, times and mode are as they were, nothing changed (any write sets a
+    # ctime, which no process can set back); no stash was added while the stash reflog is as
+    # it was (every `git stash` appends to it).
+    stamps: dict[str, _Stamp] = field(default_factory=dict)
+    stash_log: _Stamp | None = None
 
     @property
     def _actor(self) -> str:
@@ -99,10 +105,21 @@ class GitGuard:
         real = None if workdir is None else Path(os.path.realpath(workdir))
         watched = _watched(common_dir, real)
         trees = (common_dir / "hooks",)
-        stashes = frozenset(s.commit_id for s in _stash_list(common_dir))
+        stash_log = _stamp(_stash_log(common_dir))
+        stashes = frozenset(s.commit_id for s in _stash_list(common_dir)) if stash_log else None
         on = _worktree_head(workdir) if workdir is not None else None
+        stamps = _stamps(watched, trees, frozenset())
         saved = _snapshot(watched, trees, frozenset())
-        return cls(common_dir, watched, saved, stashes, on, trees)
+        return cls(
+            common_dir,
+            watched,
+            saved,
+            stashes or frozenset(),
+            on,
+            trees,
+            stamps=stamps,
+            stash_log=stash_log,
+        )
 
     @classmethod
     def take_checkout(cls, checkout: Path) -> GitGuard:
@@ -113,16 +130,31 @@ class GitGuard:
         watched, trees = _submodules(git_dir)
         trees = (git_dir, *trees)
         skip = frozenset(str(git_dir / rel) for rel in (*_NOT_WATCHED, "refs/stash"))
+        stamps = _stamps(watched, trees, skip)
         saved = _snapshot(watched, trees, skip)
-        stashes = frozenset(s.commit_id for s in _stash_list(git_dir))
+        stash_log = _stamp(_stash_log(git_dir))
+        stashes = frozenset(s.commit_id for s in _stash_list(git_dir)) if stash_log else None
         on = _worktree_head(checkout)
-        return cls(git_dir, watched, saved, stashes, on, trees, skip, held)
+        return cls(
+            git_dir,
+            watched,
+            saved,
+            stashes or frozenset(),
+            on,
+            trees,
+            skip,
+            held,
+            stamps=stamps,
+            stash_log=stash_log,
+        )
 
     def close(self) -> None:
         if self.held is not None:
             os.close(self.held)
 
     def changes(self) -> list[Path]:
+        if self.stamps and _stamps(self.watched, self.trees, self.skip) == self.stamps:
+            return []
         now = _snapshot(self.watched, self.trees, self.skip)
         return sorted(
             Path(k)
@@ -180,6 +212,8 @@ class GitGuard:
         import pygit2
 
         problems: list[str] = []
+        if _stamp(_stash_log(self.common_dir)) == self.stash_log:
+            return problems
         repo = pygit2.Repository(str(self.common_dir))
         added = [s for s in _stash_list(self.common_dir) if s.commit_id not in self.stashes]
         left = []
@@ -289,6 +323,42 @@ def _submodules(git_dir: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
             else:  # a submodule named with slashes: modules/libs/foo
                 pending.append(sub)
     return tuple(files), tuple(trees)
+
+
+_Stamp = tuple[int, int, int, int, int]  # inode, size, mtime, ctime (ns), mode
+
+
+def _stamp(path: str | Path) -> _Stamp | None:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode
+
+
+def _stamps(
+    watched: tuple[Path, ...], trees: tuple[Path, ...], skip: frozenset[str]
+) -> dict[str, _Stamp]:
+    """The stamp of every path `_snapshot` would read (a directory's covers what it lists)."""
+    out = {str(path): found for path in watched if (found := _stamp(path)) is not None}
+    pending = [str(tree) for tree in trees]
+    while pending:
+        path = pending.pop()
+        found = _stamp(path)
+        if found is None:
+            continue
+        out[path] = found
+        if stat.S_ISDIR(found[4]):
+            try:
+                with os.scandir(path) as entries:
+                    pending += [e.path for e in entries if e.path not in skip]
+            except OSError:
+                pass
+    return out
+
+
+def _stash_log(common_dir: Path) -> Path:
+    return common_dir / "logs" / "refs" / "stash"
 
 
 def _snapshot(
