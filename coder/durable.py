@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import tempfile
 from pathlib import Path
 
 from coder.crashpoints import crashpoint
@@ -28,6 +27,8 @@ def write_atomic(
     crash hook between the write and the rename."""
     path = Path(path)
     directory = path.parent
+    import tempfile  # here: it costs a 10th of `coder status`, which writes nothing
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
         try:

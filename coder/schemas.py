@@ -36,18 +36,11 @@ def load_schema(name: str) -> dict[str, Any]:
 
 @functools.cache
 def validator(name: str) -> Validator:
-    """A Draft 2020-12 validator for one schema, with the others resolvable by `$id`."""
+    """A Draft 2020-12 validator for one schema, its `$ref`s inlined (`bundled`): resolving
+    a reference at every step of a 1,000-step taskfile was a quarter of `coder validate`."""
     from jsonschema import Draft202012Validator
-    from referencing import Registry, Resource
 
-    registry: Registry = Registry().with_resources(
-        (load_schema(n)["$id"], Resource.from_contents(load_schema(n))) for n in NAMES
-    )
-    return Draft202012Validator(
-        load_schema(name),
-        registry=registry,
-        format_checker=Draft202012Validator.FORMAT_CHECKER,
-    )
+    return Draft202012Validator(bundled(name), format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
 def bundled(name: str) -> dict[str, Any]:

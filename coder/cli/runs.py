@@ -298,13 +298,11 @@ def status(as_json: bool) -> None:
     """List the runs in this repository."""
     from coder import project
     from coder.errors import CorruptState
-    from coder.git import ops as gitops
     from coder.run import manifest as manifests
     from coder.run.lock import read_lock_owner
     from coder.run.state import DONE, StateStore
 
-    root = gitops.repo_root(gitops.open_repo(cwd()))
-    coder_dir = project.coder_dir(root)
+    coder_dir = project.coder_dir(project.main_root(cwd()))
     rows: list[dict[str, Any]] = []
     states = {item.task_id: item for item in StateStore(coder_dir).load_all()}
     for task_id in manifests.run_ids(coder_dir):  # a run: a manifest or a checkpoint

@@ -10,7 +10,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import socket
 import time
 from pathlib import Path
 from types import TracebackType
@@ -99,6 +98,8 @@ class TaskLock:
             if not _flock(fd, fcntl.LOCK_EX):
                 raise self._busy(_read_owner(fd))
             previous = _read_owner(fd)
+            import socket  # here: `coder status` reads locks, and socket costs a 10th of it
+
             record = {
                 "pid": os.getpid(),
                 "started_at": now_iso(),

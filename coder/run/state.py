@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from coder.crashpoints import armed, crashpoint
 from coder.durable import fsync_dir, make_private_dirs, write_atomic
@@ -41,8 +41,10 @@ from coder.errors import (
     UnknownTask,
     display_path,
 )
-from coder.models.provider import Usage
 from coder.schemas import validator
+
+if TYPE_CHECKING:
+    from coder.models.provider import Usage
 
 TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # as in task.schema.json
 
@@ -111,7 +113,10 @@ class StepRecord:
         values = {k: v for k, v in data.items() if k in known}
         values["reasons"] = list(data.get("reasons") or [])
         usage = data.get("usage")
-        values["usage"] = Usage(**usage) if usage else None
+        if usage:
+            from coder.models.provider import Usage  # not at import: `coder status` needs none
+
+            values["usage"] = Usage(**usage)
         return cls(**values)
 
 
@@ -195,6 +200,8 @@ class RunState:
 
     def usage(self) -> Usage:
         """Model usage of the whole run."""
+        from coder.models.provider import Usage
+
         total = Usage()
         for record in self.steps.values():
             if record.usage:
