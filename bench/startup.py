@@ -103,6 +103,7 @@ def main() -> None:
             cwd=repo,
             check=True,
             stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         with_run = best_in(repo, [*coder, "status"])
         report("coder status (one finished run)", with_run, click_base, None)

@@ -54,6 +54,7 @@ import errno
 import functools
 import os
 import queue
+import select
 import shutil
 import subprocess
 import tempfile
@@ -236,6 +237,37 @@ def writable_for(root: Path) -> tuple[str, ...]:
     return (real,)
 
 
+class ProcessExit:
+    """Waits for a started process to end. A pidfd wakes the waiter the moment it does;
+    `Popen.wait(timeout)` sleeps in doubling steps and is late by up to half the command's
+    time (4 ms for an 8 ms command), on every step."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        try:
+            self.fd: int | None = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):  # not Linux 5.3+
+            self.fd = None
+
+    def within(self, seconds: float) -> bool:
+        """Whether the process ended (and was reaped) within `seconds`."""
+        if self.fd is None:
+            try:
+                self.proc.wait(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        poller = select.poll()  # not select(): no limit on the descriptor's number
+        poller.register(self.fd, select.POLLIN)
+        poller.poll(seconds * 1000)
+        return self.proc.poll() is not None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 class Confinement:
     """One profile's spawner thread: restricts itself once, then starts commands."""
 
@@ -284,9 +316,14 @@ class Confinement:
         start = functools.partial(subprocess.Popen, argv, stdin=subprocess.DEVNULL, env={})
         self._requests.put((start, done))
         try:
-            done.result(timeout=30).wait(timeout=30)  # TimeoutError is an OSError
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            exited = ProcessExit(done.result(timeout=30))  # TimeoutError is an OSError
+        except OSError as exc:
             raise EnvironmentProblem(f"cannot end the processes a command left: {exc}") from exc
+        try:
+            if not exited.within(30):
+                raise EnvironmentProblem("cannot end the processes a command left: no end in 30 s")
+        finally:
+            exited.close()
 
     def _serve(self) -> None:
         try:

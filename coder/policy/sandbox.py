@@ -19,7 +19,6 @@ in `CODER_RUN_OWNER`, and resume, holding the task lock, ends whatever still car
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -340,37 +339,6 @@ def _unshare_prefix() -> tuple[str, ...] | None:
     return confine.unshare_prefix()
 
 
-class _Exit:
-    """Waits for a started process to end. A pidfd wakes the waiter the moment it does;
-    `Popen.wait(timeout)` sleeps in doubling steps and is late by up to half the command's
-    time (4 ms for an 8 ms command), on every step."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-        try:
-            self.fd: int | None = os.pidfd_open(proc.pid)
-        except (AttributeError, OSError):  # not Linux 5.3+
-            self.fd = None
-
-    def within(self, seconds: float) -> bool:
-        """Whether the process ended (and was reaped) within `seconds`."""
-        if self.fd is None:
-            try:
-                self.proc.wait(timeout=seconds)
-            except subprocess.TimeoutExpired:
-                return False
-            return True
-        poller = select.poll()  # not select(): no limit on the descriptor's number
-        poller.register(self.fd, select.POLLIN)
-        poller.poll(seconds * 1000)
-        return self.proc.poll() is not None
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
 def _wait(
     proc: subprocess.Popen[bytes],
     cmd: str,
@@ -392,7 +360,9 @@ def _wait(
         reader.start()
 
     timed_out = cancelled = False
-    exited = _Exit(proc)
+    from coder.policy.confine import ProcessExit
+
+    exited = ProcessExit(proc)
     try:
         while True:
             if exited.within(_POLL_S):
