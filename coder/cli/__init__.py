@@ -14,7 +14,7 @@ import os
 import click
 
 from coder import __version__
-from coder.cli.common import EPILOG, CoderGroup
+from coder.cli.common import EPILOG, CoderGroup, help_width
 
 # The commands in journey order: name -> (module in coder.cli, function, the one line
 # `coder --help` shows). A command's module is imported only when that command runs or shows
@@ -75,7 +75,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     cls=CoderGroup,
     lazy_commands=COMMANDS,
     epilog=EPILOG,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": ["-h", "--help"], "terminal_width": help_width()},
 )
 @click.version_option(__version__, "-V", "--version", prog_name="coder")
 @click.option("--debug", is_flag=True, envvar="CODER_DEBUG", help="Show tracebacks for errors.")

@@ -26,6 +26,24 @@ Examples:
 """
 
 
+def help_width() -> int:
+    """The width click gives help (the terminal's less 2, within 50..78), found as
+    `shutil.get_terminal_size` finds it, without importing shutil: it and the compressors it
+    loads were a tenth of `coder --help` (bench/startup.py)."""
+    import os
+
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return max(min(columns or 80, 80) - 2, 50)
+
+
 class CoderGroup(click.Group):
     """The error edge for every command, and commands loaded when first used.
 

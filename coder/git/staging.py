@@ -1,38 +1,41 @@
 """A step's changes in one scan of its worktree: what it changed, staged, as the tree its commit
 will record.
 
-    stage(worktree, base)   `git status` (the one walk of the tree), `git update-index` of what
-                            it reported, `git write-tree`: the index holds the step's work, and
-                            the change set is the staged tree against the base commit's tree
-    Staged                  that tree, its changes against the base, and the directories the
-                            scan saw but nothing stages (nested repositories)
+    stage(worktree, base)   scan and stage everything the step changed (as `git add -A` would,
+                            less `.coder/`, nested repositories and submodules), then take the
+                            change set: the staged tree against the base commit's tree
+    Staged                  that tree, its changes, and the directories the scan saw but
+                            nothing stages (nested repositories)
+    changes(w, old, new)    the entries two trees differ in, walking only subtrees whose ids
+                            differ: it costs what changed, not the size of the tree
 
 The verify stage stages and checks this change set; the commit then only writes the commit
 object for the tree (`ops.commit_step(staged=...)`): what was checked is exactly what is
 committed, and the tree is walked once per step.
 
-Why the git program and not libgit2 (bench/scan.py measures both): git trusts the index's stat
-data with its untracked cache (`core.untrackedCache`: directories whose mtime did not change are
-not read again) and stats the files on several threads; libgit2's status reads every directory
-and writes the index about twice as slowly. At 20,000 files the git scan and staging take about
-half of libgit2's time; at 100 files three git processes cost a few milliseconds more than
-libgit2 in-process, less than one `git commit`.
+Two ways of scanning and staging, by the index's size (`IN_PROCESS_BELOW`, from bench/scan.py,
+where each is faster): libgit2 in process (its status, index.add, write_tree) for a small tree;
+for a large one the git program: `git status --porcelain=v2` (it trusts the index's stat data,
+keeps an untracked cache, stats files on several threads), `git update-index` of what it
+reported and `git write-tree`. libgit2 reads every directory and writes the index about twice
+as slowly, which costs more than three processes from about 8,000 files on. A file a filter
+driver or a working-tree-encoding covers goes through git either way (git's semantics: its
+`clean` runs), so both ways stage the same tree.
 
-The worktree is one a command has touched, and git runs programs its config names. So every
-git call here runs confined like the commands (`confine.spawner_for`): a filter driver a
-planted `config.worktree` names can do no more than the command that planted it. Besides:
-`core.fsmonitor` off, no hooks, submodules ignored (`--ignore-submodules=all`: coder checks
-them itself, `ops.changed_submodules`; git would otherwise run `git status` inside each), the
-git dir and work tree given (the `.git` file is the command's to write; the executor's guard
-puts it back before verify). The confined git cannot write the repository's objects, so its
-objects go to a fresh quarantine directory (as `git receive-pack` does) and coder copies them
-into the object database afterwards, re-hashing each: nothing a filter planted there can stand
-in for an object it does not match.
+The worktree is one a command has touched, and git runs programs its config names (config a
+command can write). So every git call here runs confined like the commands
+(`confine.spawner_for`): a filter driver a planted `config.worktree` names can do no more than
+the command that planted it. Besides: `core.fsmonitor` off, no hooks, submodules ignored
+(`--ignore-submodules=all`: coder checks them itself, `ops.changed_submodules`; git would
+otherwise run `git status` inside each), the git dir and work tree given (the `.git` file is
+the command's to write; the executor's guard puts it back before verify). The confined git
+cannot write the repository's objects, so its objects go to a quarantine directory (as `git
+receive-pack` does) and coder copies them into the object database, each read back against
+its id: nothing a filter planted there can stand in for an object it does not match.
 
-The change set is the tree diff walked through tree ids, so it costs what changed, not the size
-of the tree; `.coder/` is never staged (a command's `git add -f` there is undone), nested
-repositories are seen but not staged, and a conflicted index (a merge a command left
-half-done) is an error naming the paths.
+`.coder/` is never staged (a command's `git add -f` there is undone), nested repositories are
+seen but not staged, submodules are never staged, and a conflicted index (a merge a command
+left half-done) is an error naming the paths.
 """
 
 from __future__ import annotations
