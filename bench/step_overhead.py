@@ -35,19 +35,20 @@ For each size a repository of small text files in nested directories (50 files a
     coder per step vs git CLI per step                        goal <= 1.0x (each size)
     coder's growth (largest repo vs smallest) vs git's own    goal <= 1.0x
 
-Measured on a quiet moment of the shared 2-core machine (best of 3, 20 steps), before and after
-one scan per step (coder/git/staging.py):
+Measured on quiet moments of the shared 2-core machine (best of 3, 20 steps; three runs),
+before and after one scan per step (coder/git/staging.py):
 
-    100 files      coder 19.7 ms vs git 10.4 ms (1.88x)   ->  18.0-18.5 ms vs 10.3-10.8 (1.67-1.80x)
-    20,000 files   coder 191.9 ms vs git 83.9 ms (2.29x)  ->  82.0-83.7 ms vs 82.8-89.0 (0.92-1.01x)
-    growth         9.7x vs git's 8.1x                     ->  4.5-4.6x vs git's 7.6-8.7x
+    100 files      before 1.85-1.95x git's loop   now 16.0-17.8 ms vs 8.6-11.0 ms: 1.62-1.85x
+    20,000 files   before 2.35-2.36x              now 76.6-78.3 ms vs 79.3-86.0 ms: 0.91-0.97x
+    growth         before 10.0x vs git's 8.2x     now 4.4-4.8x vs git's 7.8-9.2x: 0.52-0.56x
 
 At 20,000 files a step's verify is now one `git status` (stat data trusted, untracked cache),
-one `git update-index` and one `git write-tree` (67 ms, 61 of them git's: 19 ms of lstat, two
-index writes of 9 ms), where it was two libgit2 status walks of ~78 ms each. At 100 files
-libgit2 stages in process (bench/scan.py: three git processes cost more than the scan there);
-what is left there is fixed per step: the command's spawn, two fsync'd journal lines, the
-commit object and ref (git's own loop pays the last one too).
+one `git update-index` and one `git write-tree` (63-65 ms, about 50 of them git's: 19 ms of
+stat calls, two index writes of 9 ms), where it was a libgit2 status walk, and the commit
+another (87 and 106 ms). At 100 files libgit2 stages in process (bench/scan.py: three git
+processes cost more than the scan there); what is left there is fixed per step: the command's
+spawn, two fsync'd journal lines, the commit object and ref (git's own loop pays the last one
+too).
 
 Both start measuring in a settled worktree: a 20,000-file checkout leaves seconds of disk
 writeback behind, which would slow whatever runs first. The taskfile's step w0 (not measured,

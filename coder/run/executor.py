@@ -4,8 +4,9 @@
     act      the step kind's runner, in the step's working directory
     verify   no process the step started still running (one that left its command's
              group would change the worktree behind the checks), .git untouched, then every
-             check in steps/checks.CHECKS (asserts, protected paths, ...)
-    commit   one commit of what the step changed, or none when it changed nothing
+             check in steps/checks.CHECKS (asserts, protected paths, ...) on the step's
+             changes, scanned and staged once (git/staging.py)
+    commit   one commit of the tree verify staged, or none when it changed nothing
     record   land the commit, checkpoint the outcome, tell the schedule
 
 A step works in the run's worktree when it runs alone (its commit moves the branch by
