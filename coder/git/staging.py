@@ -132,11 +132,14 @@ _CACHE_WHOLE: set[str] = set()
 
 def _index_entries(w: pygit2.Repository) -> int:
     """How many entries the index holds, from its header (0 when unreadable)."""
-    try:
-        with open(os.path.join(w.path, "index"), "rb") as index:
-            header = index.read(12)
+    try:  # the admin dir is the commands' to write: a fifo there must not hang coder
+        fd = os.open(os.path.join(w.path, "index"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return 0
+    try:
+        header = os.read(fd, 12) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
     return int.from_bytes(header[8:12], "big") if header[:4] == b"DIRC" else 0
 
 
@@ -411,16 +414,14 @@ class _Failed(Exception):
 def _quarantine(w: pygit2.Repository, git: _Git) -> Iterator[dict[str, str]]:
     """The environment that makes git write its objects into a quarantine directory (where
     the confined git may write), the repository's own objects readable as an alternate; what
-    it wrote is copied into the object database afterwards, each object re-hashed, and the
-    quarantine emptied (its directories kept for the next step: creating and removing them
-    cost more than the staging at 100 files)."""
+    it wrote is copied into the object database afterwards, each object read back against its
+    id. The directory is new each time (a random name made while no command runs: a path the
+    commands could plant a link at would aim coder's cleanup elsewhere), and removed without
+    following links."""
     from coder.git.ops import common_dir
 
-    if git.spawner is not None:
-        objects = os.path.join(git.spawner.tmp_root, "objects")
-        os.makedirs(objects, mode=0o700, exist_ok=True)
-    else:
-        objects = tempfile.mkdtemp(prefix="coder-objects-")
+    parent = git.spawner.tmp_root if git.spawner is not None else None
+    objects = tempfile.mkdtemp(prefix="objects-", dir=parent)
     try:
         yield {
             "GIT_OBJECT_DIRECTORY": objects,
@@ -438,25 +439,7 @@ def _quarantine(w: pygit2.Repository, git: _Git) -> Iterator[dict[str, str]]:
                     "committed"
                 ) from None
     finally:
-        if git.spawner is None:
-            shutil.rmtree(objects, ignore_errors=True)
-        else:
-            _empty(objects)
-
-
-def _empty(objects: str) -> None:
-    """Remove every object file, keeping the fan-out directories (``ab/``) themselves."""
-    for entry in os.scandir(objects):
-        if len(entry.name) == 2 and entry.is_dir(follow_symlinks=False):
-            for inner in os.scandir(entry.path):
-                if inner.is_dir(follow_symlinks=False):
-                    shutil.rmtree(inner.path, ignore_errors=True)
-                else:
-                    os.unlink(inner.path)
-        elif entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            os.unlink(entry.path)
+        shutil.rmtree(objects, ignore_errors=True)  # fd-based: never follows a link inside
 
 
 # --- the change set ---------------------------------------------------------------------------

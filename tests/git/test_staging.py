@@ -304,3 +304,26 @@ def test_a_steps_patch_is_what_git_diff_prints(make_repo) -> None:
     git(root, "commit", "-q", "-m", "change")
     repo = gitops.open_repo(root)
     assert gitops.step_patch(repo, old, "HEAD") == git(root, "diff", "--no-renames", old, "HEAD")
+
+
+@sandboxed
+def test_links_planted_in_the_sandboxs_temporary_directory_are_not_followed(setup, tmp_path):
+    """Commands may write anywhere in their sandbox's temporary root: a link planted there
+    under any name neither receives git's objects nor aims coder's cleanup at your files."""
+    root, wt, base = setup
+    yours = tmp_path / "yours"
+    (yours / "ab").mkdir(parents=True)
+    (yours / "ab" / "keep").write_text("yours\n")
+    (yours / "notes.txt").write_text("yours\n")
+    tmp_root = Path(confine.spawner_for(wt).tmp_root)
+    for name in ("objects", "objects-x", "quarantine"):
+        (tmp_root / name).symlink_to(yours)
+    (wt / "a.txt").write_text("a\n")
+    staged = staging.stage(wt, base)
+    assert staged.paths == ["a.txt"]
+    assert sorted(p.name for p in yours.rglob("*")) == ["ab", "keep", "notes.txt"]
+    assert not [
+        p
+        for p in tmp_root.iterdir()
+        if p.name.startswith("objects-") and p.is_dir() and not p.is_symlink()
+    ]  # its own quarantine is gone
