@@ -241,7 +241,7 @@ def _index_info(change: Change) -> bytes:
 def _stage_in_process(w: pygit2.Repository, worktree: Path) -> tuple[str, tuple[str, ...]] | None:
     """libgit2's status and index, for a small tree (see the module docstring): the tree and
     the unstaged directories; None when a changed path needs the git program (a filter
-    driver, a working-tree-encoding) or the index has a link extension libgit2 cannot keep."""
+    driver, a working-tree-encoding), which then stages them all."""
     from coder.git import filters
 
     status = w.status(untracked_files="all", ignored=False)
