@@ -223,7 +223,7 @@ def bench_map(trees: dict[str, Path], tmp: Path) -> None:
     import pygit2
 
     from coder.context import repomap
-    from coder.git.ops import tree_paths
+    from coder.git.trees import tree_paths
 
     budget = repomap.default_budget(32768)
     print(f"2. repo map (budget {budget} tokens: the default for num_ctx 32768)")

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from coder.errors import InvalidInput
-from coder.git import ops as gitops
+from coder.git import branches, diffs, repository
+from coder.git import commits as gitcommits
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def prepare(target: Path | None) -> Path:
         )
     shutil.copytree(assets().project, target, dirs_exist_ok=True)
     repo = pygit2.init_repository(str(target), initial_head="main")
-    who = gitops.identity(repo)
+    who = repository.identity(repo)
     index = repo.index
     index.add_all()
     index.write()
@@ -85,18 +86,18 @@ def run(
     landed = None
     if result.status == "success":
         landed = merge.merge_run(result.task_id, cwd=repo_dir, if_green=True, notify=notify)
-    repo = gitops.open_repo(repo_dir)
+    repo = repository.open_repo(repo_dir)
     state = result.state
-    tip = gitops.branch_tip(repo, state.branch)
+    tip = branches.branch_tip(repo, state.branch)
     commits = [
         f"{c.commit[:8]} {c.summary}"
-        for c in gitops.step_commits(
+        for c in gitcommits.step_commits(
             repo, branch=state.branch, base_commit=state.base_commit, task_id=result.task_id
         )
     ]
     stat = (
-        gitops.diff_stat(repo, state.base_commit, landed.commit)
+        diffs.diff_stat(repo, state.base_commit, landed.commit)
         if landed and landed.commit
-        else (gitops.diff_stat(repo, state.base_commit, tip) if tip else "")
+        else (diffs.diff_stat(repo, state.base_commit, tip) if tip else "")
     )
     return DemoResult(repo_dir, result, landed, commits, stat)

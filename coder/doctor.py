@@ -37,14 +37,14 @@ def run_checks(cwd: Path, *, model: str | None = None) -> list[Check]:
 def _git(cwd: Path) -> Check:
     import pygit2
 
-    from coder.git import ops as gitops
+    from coder.git import branches, repository
 
     try:
-        repo = gitops.open_repo(cwd)
-        branch = gitops.current_branch(repo)
+        repo = repository.open_repo(cwd)
+        branch = branches.current_branch(repo)
     except CoderError as exc:
         return Check("git repository", "fail", exc.message, exc.hint)
-    fallback = gitops.identity(repo).fallback
+    fallback = repository.identity(repo).fallback
     libgit2 = f"libgit2 {pygit2.LIBGIT2_VERSION}"
     if fallback:
         return Check(

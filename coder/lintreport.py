@@ -9,7 +9,7 @@ findings a change introduced:
   rule, its message and the text of its line, never its line number, so findings that only
   moved with the edit are not new;
 * a whole run, against its base: the findings on the lines the run added or changed
-  (`coder.git.ops.added_lines`), which needs no second lint of the base.
+  (`coder.git.diffs.added_lines`), which needs no second lint of the base.
 
 Running the command is the caller's job, through the sandbox like every command.
 """

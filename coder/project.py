@@ -38,9 +38,9 @@ def main_root(cwd: Path) -> Path:
     found = config_mod.find_project_root(cwd)
     if found is not None and (found / ".git").is_dir():
         return found
-    from coder.git import ops as gitops
+    from coder.git import repository
 
-    return gitops.repo_root(gitops.open_repo(cwd))
+    return repository.repo_root(repository.open_repo(cwd))
 
 
 @dataclass
@@ -57,12 +57,12 @@ def init(cwd: Path, *, force: bool = False) -> InitResult:
     project (its test command), and nothing else: defaults stay defaults, so your user config
     (`~/.config/coder/config.json`: the model, the server) keeps applying. Idempotent: an
     existing config is kept unless `force`."""
-    from coder.git import ops as gitops
+    from coder.git import repository
 
-    repo = gitops.open_repo(cwd)
-    root = gitops.repo_root(repo)
+    repo = repository.open_repo(cwd)
+    root = repository.repo_root(repo)
     ensure_coder_dir(root)
-    excluded = gitops.ensure_excluded(repo, f"/{CODER_DIR}/")
+    excluded = repository.ensure_excluded(repo, f"/{CODER_DIR}/")
     path = root / config_mod.PROJECT_FILE
     detected = detected_config(root)
     written = force or not path.exists()

@@ -88,7 +88,7 @@ def register_env_files(repo: pygit2.Repository, commit: str, redactor: Redactor)
     register them in a worktree) join `redactor`'s known secrets."""
     import pygit2
 
-    from coder.git.ops import tree_blobs
+    from coder.git.trees import tree_blobs
     from coder.tools.registry import is_env_file
 
     tree = str(repo.revparse_single(commit).peel(pygit2.Tree).id)

@@ -138,9 +138,9 @@ def run(
         from pathlib import Path
 
         from coder import project
-        from coder.git import ops as gitops
+        from coder.git import repository
 
-        checkout = gitops.open_repo(cwd()).workdir  # this checkout's tasks/, as -f would see
+        checkout = repository.open_repo(cwd()).workdir  # this checkout's tasks/, as -f would see
         path = project.find_taskfile(Path(checkout or cwd()), task_id)
         if not as_json:
             click.echo(f"Taskfile {path}", err=True)
@@ -373,7 +373,7 @@ def _from_manifest(coder_dir: Path, task_id: str) -> dict[str, Any] | CorruptSta
 
 def approval_prompt(step: Any, run: Any) -> str:
     """Ask before a step: [r]un, [s]kip, [d]iff so far, [q]uit."""
-    from coder.git import ops as gitops
+    from coder.git import diffs, repository
     from coder.taskfile import shown_command
 
     redact = run.redactor.redact
@@ -387,8 +387,8 @@ def approval_prompt(step: Any, run: Any) -> str:
             err=True,
         )
         if answer == "d":
-            repo = gitops.open_repo(run.worktree)
-            text = gitops.diff_patch(repo, run.state.base_commit, worktree=run.worktree)
+            repo = repository.open_repo(run.worktree)
+            text = diffs.diff_patch(repo, run.state.base_commit, worktree=run.worktree)
             click.echo(escaped(redact(text), lines=True) or "(no changes yet)", err=True)
             continue
         return {"r": "run", "s": "skip", "q": "quit"}[answer]

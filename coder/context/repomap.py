@@ -119,7 +119,7 @@ def build(
     started = time.perf_counter()
     import pygit2
 
-    from coder.git.ops import tree_blobs
+    from coder.git.trees import tree_blobs
     from coder.redact import Redactor
 
     scrub = redactor or Redactor()

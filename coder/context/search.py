@@ -290,7 +290,7 @@ def worktree_files(root: Path) -> list[tuple[str, str, Callable[[], bytes | None
     import pygit2
     from pygit2.enums import FileStatus
 
-    from coder.git.ops import tree_blobs
+    from coder.git.trees import tree_blobs
 
     repo = pygit2.Repository(str(root))
     base: dict[str, str] = {}

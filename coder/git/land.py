@@ -22,20 +22,11 @@ import pygit2
 from coder import nofollow
 from coder.errors import BranchMoved, EnvironmentProblem, RunFailed
 from coder.git import filters
-from coder.git.ops import (
-    TRAILER_TASK,
-    _branch_ref,
-    _checked_out_at,
-    _environment_error,
-    _git_failure,
-    _open_worktree,
-    _status,
-    _walk,
-    branch_tip,
-    changed_files_between,
-    identity,
-    parse_trailers,
-)
+from coder.git.branches import branch_ref, branch_tip, checked_out_at
+from coder.git.commits import TRAILER_TASK, commits_between, parse_trailers
+from coder.git.diffs import changed_files_between
+from coder.git.repository import environment_error, git_failure, identity, open_worktree
+from coder.git.workdir import status
 
 TRAILER_MERGE = "Coder-Merge"
 _LINK = int(pygit2.enums.FileMode.LINK)
@@ -112,7 +103,7 @@ def find_merge_commit(
 ) -> tuple[str, str] | None:
     """The newest commit in ``since..branch`` carrying ``Coder-Task: task_id`` and a
     ``Coder-Merge: MODE`` trailer, as (hex, mode); None if there is none."""
-    for commit in reversed(_walk(repo, branch, since)):
+    for commit in reversed(commits_between(repo, branch, since)):
         t = parse_trailers(commit.message)
         if t.get(TRAILER_TASK.lower()) == task_id and TRAILER_MERGE.lower() in t:
             return str(commit.id), t[TRAILER_MERGE.lower()]
@@ -187,7 +178,7 @@ def _check_ref(repo: pygit2.Repository, refname: str, expected: str | None) -> N
 
 def checked_out_in(repo: pygit2.Repository, branch: str) -> Path | None:
     """The checkout (main or linked worktree) where ``branch`` is checked out, else None."""
-    return _checked_out_at(repo, f"refs/heads/{branch}")
+    return checked_out_at(repo, f"refs/heads/{branch}")
 
 
 @dataclass(frozen=True)
@@ -247,7 +238,7 @@ def _open_checkout(checkout: Path) -> pygit2.Repository:
     try:
         return pygit2.Repository(str(checkout), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
     except (pygit2.GitError, OSError) as exc:
-        raise _environment_error(exc, Path(checkout)) from None
+        raise environment_error(exc, Path(checkout)) from None
 
 
 def plan_checkout_update(checkout: Path, old: str, new: str) -> CheckoutUpdate:
@@ -354,7 +345,7 @@ def apply_checkout_update(
         # so a crash in between leaves them pending, never recorded with a wrong blob
         filters.stage(w, [p for p, e in entries.items() if e is not None and e[1] != _GITLINK])
     except (pygit2.GitError, OSError) as exc:
-        raise _git_failure(exc, "update the checked-out files", Path(checkout)) from None
+        raise git_failure(exc, "update the checked-out files", Path(checkout)) from None
 
 
 def index_lock(checkout: Path) -> Path:
@@ -424,11 +415,11 @@ def left_behind_at(repo: pygit2.Repository, worktree: Path, *, reflog_prefix: st
     files instead of the tip's: a process killed between moving the ref and updating the files
     (``move_branch`` then ``discard_changes``). None when the worktree has anything else,
     so only changes that git can give back are ever recognised as left behind."""
-    w = _open_worktree(worktree, writing=False)
-    changed = set(_status(w))
+    w = open_worktree(worktree, writing=False)
+    changed = set(status(w))
     if not changed:
         return None
-    branch = _branch_ref(w, Path(worktree)).removeprefix("refs/heads/")
+    branch = branch_ref(w, Path(worktree)).removeprefix("refs/heads/")
     tip = branch_tip(repo, branch)
     old = landed_from_reflog(repo, branch, tip, prefix=reflog_prefix) if tip else None
     if tip is None or old is None or old == tip:

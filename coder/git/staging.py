@@ -10,7 +10,7 @@ will record.
                             differ: it costs what changed, not the size of the tree
 
 The verify stage stages and checks this change set; the commit then only writes the commit
-object for the tree (`ops.commit_step(staged=...)`): what was checked is exactly what is
+object for the tree (`commits.commit_step(staged=...)`): what was checked is exactly what is
 committed, and the tree is walked once per step.
 
 Two ways of scanning and staging, by the index's size (`IN_PROCESS_BELOW`, from bench/scan.py,
@@ -26,7 +26,7 @@ The worktree is one a command has touched, and git runs programs its config name
 command can write). So every git call here runs confined like the commands
 (`confine.spawner_for`): a filter driver a planted `config.worktree` names can do no more than
 the command that planted it. Besides: `core.fsmonitor` off, no hooks, submodules ignored
-(`--ignore-submodules=all`: coder checks them itself, `ops.changed_submodules`; git would
+(`--ignore-submodules=all`: coder checks them itself, `submodules.changed_submodules`; git would
 otherwise run `git status` inside each), the git dir and work tree given (the `.git` file is
 the command's to write; the executor's guard puts it back before verify). The confined git
 cannot write the repository's objects, so its objects go to a quarantine directory (as `git
@@ -104,10 +104,10 @@ def stage(worktree: Path, base: str) -> Staged:
     """Stage everything that differs from the index in ``worktree`` (like ``git add -A``, less
     ``.coder/``, nested repositories and submodules) and return the staged tree with its
     changes against commit ``base``."""
-    from coder.git.ops import _open_worktree
+    from coder.git.repository import open_worktree
 
     worktree = Path(worktree)
-    w = _open_worktree(worktree)
+    w = open_worktree(worktree)
     git = _Git(w, worktree)
     staged = _stage_in_process(w, worktree) if _index_entries(w) < IN_PROCESS_BELOW else None
     tree, unstaged = staged or _stage_with_git(git, worktree)
@@ -197,7 +197,7 @@ def _stage_with_git(git: _Git, worktree: Path) -> tuple[str, tuple[str, ...]]:
         if path.endswith(b"/"):  # an untracked nested repository: not coder's to record
             unstaged.append(os.fsdecode(path))
         elif submodule.startswith(b"S"):
-            continue  # a submodule: ops.changed_submodules judges it
+            continue  # a submodule: submodules.changed_submodules judges it
         elif worktree_side == b"D" and links.above(os.fsdecode(path)):
             beyond_links.append(path)
         else:
@@ -263,7 +263,7 @@ def _stage_in_process(w: pygit2.Repository, worktree: Path) -> tuple[str, tuple[
             continue
         entry = index[rel] if rel in index else None
         if entry is not None and entry.mode == pygit2.enums.FileMode.COMMIT:
-            continue  # a submodule: ops.changed_submodules judges it
+            continue  # a submodule: submodules.changed_submodules judges it
         try:
             mode = None if links.above(rel) else os.lstat(worktree / rel).st_mode
         except OSError:
@@ -291,12 +291,12 @@ def _stage_in_process(w: pygit2.Repository, worktree: Path) -> tuple[str, tuple[
         index.write()
         return tree
 
-    from coder.git.ops import _git_failure, _retry_on_index_lock
+    from coder.git.repository import git_failure, retry_on_index_lock
 
     try:
-        tree = _retry_on_index_lock(worktree, write)
+        tree = retry_on_index_lock(worktree, write)
     except (pygit2.GitError, OSError) as exc:
-        raise _git_failure(exc, "stage the step's changes", worktree) from None
+        raise git_failure(exc, "stage the step's changes", worktree) from None
     return tree, tuple(sorted(unstaged))
 
 
@@ -350,7 +350,7 @@ class _Git:
     def __call__(
         self, *args: str, stdin: bytes | None = None, env: dict[str, str] | None = None
     ) -> bytes:
-        from coder.git.ops import clear_stale_index_lock
+        from coder.git.repository import clear_stale_index_lock
 
         try:
             return self._run(args, stdin, env)
@@ -418,7 +418,7 @@ def _quarantine(w: pygit2.Repository, git: _Git) -> Iterator[dict[str, str]]:
     id. The directory is new each time (a random name made while no command runs: a path the
     commands could plant a link at would aim coder's cleanup elsewhere), and removed without
     following links."""
-    from coder.git.ops import common_dir
+    from coder.git.repository import common_dir
 
     parent = git.spawner.tmp_root if git.spawner is not None else None
     objects = tempfile.mkdtemp(prefix="objects-", dir=parent)

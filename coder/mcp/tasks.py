@@ -43,10 +43,10 @@ def _taskfile(ctx: ToolContext, rel: str) -> Path:
 def _repo(ctx: ToolContext) -> tuple[Any, Path]:
     """The pygit2 repository at the server's root and its `.coder/` directory."""
     from coder import project
-    from coder.git import ops as gitops
+    from coder.git import repository
 
-    repo = gitops.open_repo(Path(ctx.root))
-    return repo, project.coder_dir(gitops.repo_root(repo))
+    repo = repository.open_repo(Path(ctx.root))
+    return repo, project.coder_dir(repository.repo_root(repo))
 
 
 # --------------------------------------------------------------------------- handlers
@@ -82,14 +82,14 @@ def task_validate(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     from coder import project, taskfile
-    from coder.git import ops as gitops
+    from coder.git import repository
     from coder.run import manifest as manifests
 
     rel = args["path"]
     task = taskfile.load(_taskfile(ctx, rel), rel)
     repo, coder_dir = _repo(ctx)
     project.ensure_coder_dir(coder_dir.parent)
-    gitops.ensure_excluded(repo, f"/{project.CODER_DIR}/")
+    repository.ensure_excluded(repo, f"/{project.CODER_DIR}/")
     if manifests.run_exists(coder_dir, task.id):
         raise InvalidInput(
             f"a run of task {task.id} already exists",

@@ -106,13 +106,13 @@ class Walls:
 def _guard_for(root: Path) -> Callable[[], GitGuard | None]:
     """How to take the guard of a call in `root`: the checkout's, when `root` is (in) the main
     checkout; a run's, when it is (in) a linked worktree; none outside git."""
-    from coder.git import ops as gitops
+    from coder.git import repository
 
     try:
-        repo = gitops.open_repo(root)
+        repo = repository.open_repo(root)
     except EnvironmentProblem:
         return lambda: None
-    common, workdir = gitops.common_dir(repo), repo.workdir
+    common, workdir = repository.common_dir(repo), repo.workdir
     if workdir is None:
         return lambda: None
     if Path(os.path.realpath(repo.path)) == common:

@@ -29,7 +29,8 @@ from coder import taskfile, yamldoc
 from coder.context.languages import vendored
 from coder.durable import write_atomic
 from coder.errors import BadSpec, DocumentError, InvalidInput, PlanFailed
-from coder.git import ops as gitops
+from coder.git import branches as gitbranches
+from coder.git import repository, trees
 from coder.policy.commands import SHELL_BUILTINS
 from coder.yamldoc import Problem
 
@@ -239,10 +240,10 @@ def estimate_tokens(text: str) -> int:
 def gather_context(repo: pygit2.Repository, root: Path, cfg: config_mod.Config) -> ProjectContext:
     """Compact facts about the project at HEAD (only tracked files: ignored ones never appear)."""
     head = _head_commit(repo)
-    files = tuple(gitops.tree_paths(repo, head)) if head else ()
+    files = tuple(trees.tree_paths(repo, head)) if head else ()
     listed = tuple(p for p in files if _worth_listing(p))
     try:
-        branch: str | None = gitops.current_branch(repo)
+        branch: str | None = gitbranches.current_branch(repo)
     except Exception:  # detached or unborn: the plan still works, `base` just cannot be named
         branch = None
     return ProjectContext(
@@ -830,8 +831,8 @@ def plan(
 
     say = notify or (lambda message: None)
     cfg = config_mod.load(cwd, flags={"model": options.model})
-    repo = gitops.open_repo(cwd)
-    root = gitops.repo_root(repo)
+    repo = repository.open_repo(cwd)
+    root = repository.repo_root(repo)
     out = (cwd / options.out) if options.out is not None else None
     if out is not None and out.exists() and not options.force and not options.dry_run:
         raise InvalidInput(

@@ -15,7 +15,7 @@ from typing import Any
 from coder import config as config_mod
 from coder import graph, project, taskfile
 from coder.errors import CoderError
-from coder.git import ops as gitops
+from coder.git import branches, repository
 from coder.policy.sandbox import require_sandbox
 from coder.run.manifest import run_exists
 from coder.run.preflight import command_of, refusals
@@ -93,22 +93,22 @@ def dry_run(path: Path, *, cwd: Path, options: RunOptions) -> DryRun:
     """Check everything `coder run` checks before it creates anything, and describe the run."""
     task = taskfile.load(path)
     cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
-    repo = gitops.open_repo(cwd)
-    root = gitops.repo_root(repo)
+    repo = repository.open_repo(cwd)
+    root = repository.repo_root(repo)
     policy = policy_for(task, cfg)
     problems: list[str] = []
     try:
         require_sandbox(policy)
     except CoderError as exc:
         problems.append(exc.message)
-    base = task.base or gitops.current_branch(repo)
-    if not gitops.branch_tip(repo, base):
+    base = task.base or branches.current_branch(repo)
+    if not branches.branch_tip(repo, base):
         problems.append(f"base branch {base!r} does not exist")
     task = task.resolved(base=base, model=str(cfg["model"]))
     coder_dir = project.coder_dir(root)
     if run_exists(coder_dir, task.id):
         problems.append(f"a run of task {task.id} already exists (coder resume -t {task.id})")
-    branch_exists = gitops.branch_tip(repo, task.branch) is not None
+    branch_exists = branches.branch_tip(repo, task.branch) is not None
     if branch_exists:
         problems.append(f"branch {task.branch} already exists")
     commands = _judge_commands(task, root, policy, cfg, problems)

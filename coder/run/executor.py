@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from coder.crashpoints import crashpoint
 from coder.durable import write_private
 from coder.errors import CoderError, EnvironmentProblem, RunFilesGone
-from coder.git import ops as gitops
+from coder.git import branches, commits, diffs, repository, restore, worktrees
 from coder.git.guard import GitGuard
 from coder.kinds import KINDS
 from coder.run.schedule import Schedule
@@ -122,8 +122,8 @@ class Executor:
     def __init__(self, run: RunContext) -> None:
         self.run = run
         self.task = run.task
-        self.repo = gitops.open_repo(run.repo_root)
-        self.common_dir = gitops.common_dir(self.repo)
+        self.repo = repository.open_repo(run.repo_root)
+        self.common_dir = repository.common_dir(self.repo)
         self.steps = {s.id: s for s in self.task.steps}
         self.schedule = Schedule(self.task, {sid: r.status for sid, r in run.state.steps.items()})
         self.halted = False
@@ -278,7 +278,7 @@ class Executor:
         finally:
             for step in steps:
                 name = f"{self.task.id}--{step.id}"
-                gitops.remove_worktree(self.repo, name, self.run.coder_dir / "worktrees" / name)
+                worktrees.remove_worktree(self.repo, name, self.run.coder_dir / "worktrees" / name)
 
     # --- the step pipeline --------------------------------------------------------------
 
@@ -354,7 +354,7 @@ class Executor:
             duration_s=round(time.monotonic() - started, 3),
         )
         if not outcome.ok:
-            gitops.discard_changes(place.workdir, tip)
+            restore.discard_changes(place.workdir, tip)
             return outcome, None
         crashpoint("after_checks", step.id)
         return outcome, place.commit(step, attempt, outcome, seen.staged)
@@ -432,7 +432,7 @@ class Executor:
         self._succeed(step, outcome, landed, parent)
 
     def _tip(self) -> str:
-        tip = gitops.branch_tip(self.repo, self.run.branch)
+        tip = branches.branch_tip(self.repo, self.run.branch)
         if tip is None:
             raise EnvironmentProblem(f"branch {self.run.branch} disappeared during the run")
         return tip
@@ -446,7 +446,7 @@ class Executor:
         if commit:
             write_private(
                 self.run.artifacts / f"{step.id}.diff",
-                self.run.redactor.redact(gitops.step_patch(self.repo, parent, commit)),
+                self.run.redactor.redact(diffs.step_patch(self.repo, parent, commit)),
             )
         self._update(
             step.id,
@@ -531,7 +531,7 @@ class Executor:
         runs it again."""
         try:
             if workdir is not None and workdir.is_dir():
-                gitops.discard_changes(workdir, tip)
+                restore.discard_changes(workdir, tip)
         except EnvironmentProblem:
             self._reason(step.id, f"stopped by an environment problem: {error}")
         else:
@@ -651,7 +651,7 @@ class InPlace:
 
     def commit(self, step: Step, attempt: int, outcome: StepOutcome, staged: Staged) -> str | None:
         message = commit_parts(self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact)
-        return gitops.commit_step(self.workdir, **message, expected_tip=staged.base, staged=staged)
+        return commits.commit_step(self.workdir, **message, expected_tip=staged.base, staged=staged)
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
         return commit, tip  # the commit moved the branch already
@@ -665,7 +665,7 @@ class Scratch:
         self.ex = ex
         self.tip = tip
         name = f"{ex.task.id}--{step.id}"
-        self.workdir = gitops.add_scratch_worktree(
+        self.workdir = worktrees.add_scratch_worktree(
             ex.repo, name=name, path=ex.run.coder_dir / "worktrees" / name, commit=tip
         )
 
@@ -674,13 +674,13 @@ class Scratch:
 
     def commit(self, step: Step, attempt: int, outcome: StepOutcome, staged: Staged) -> str | None:
         message = commit_parts(self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact)
-        return gitops.commit_detached(self.workdir, **message, parent=staged.base, staged=staged)
+        return commits.commit_detached(self.workdir, **message, parent=staged.base, staged=staged)
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
         current = self.ex._tip()
         if commit is None:
             return None, current
-        return gitops.cherry_pick(self.ex.run.worktree, commit, expected_tip=current), current
+        return commits.cherry_pick(self.ex.run.worktree, commit, expected_tip=current), current
 
 
 def environment_error(exc: EnvironmentProblem) -> str:

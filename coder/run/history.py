@@ -17,7 +17,8 @@ from coder.errors import (
     InvalidInput,
     UnknownTask,
 )
-from coder.git import ops as gitops
+from coder.git import branches as gitbranches
+from coder.git import commits, diffs, repository, workdir, worktrees
 from coder.run import manifest as manifests
 from coder.run.lock import TaskLock, read_lock_owner
 from coder.run.manifest import load_manifest, manifest_path
@@ -37,7 +38,7 @@ class RunView:
 
 
 def open_run(cwd: Path, task_id: str) -> RunView:
-    root = gitops.repo_root(gitops.open_repo(cwd))
+    root = repository.repo_root(repository.open_repo(cwd))
     coder_dir = project.coder_dir(root)
     manifest = load_manifest(coder_dir, task_id)
     try:
@@ -71,9 +72,9 @@ def diff(view: RunView, *, step: str | None = None, stat: bool = False) -> str:
     to a terminal; `git diff BASE..BRANCH` gives the patch as it is)."""
     from coder.display import escaped
 
-    repo = gitops.open_repo(view.root)
+    repo = repository.open_repo(view.root)
     state = view.state
-    tip = gitops.branch_tip(repo, state.branch)
+    tip = gitbranches.branch_tip(repo, state.branch)
     if tip is None:
         raise InvalidInput(f"branch {state.branch} no longer exists")
     if step is None:
@@ -88,16 +89,16 @@ def diff(view: RunView, *, step: str | None = None, stat: bool = False) -> str:
                 f"step {step} has no commit (status {record.status}; a step that changed "
                 "nothing makes none)"
             )
-        old, new = gitops.resolve_commit(repo, f"{record.commit}^"), record.commit
+        old, new = gitbranches.resolve_commit(repo, f"{record.commit}^"), record.commit
     redactor = redactor_of(view)
 
     def shown(name: str) -> str:
         return shown_name(name, redactor)
 
     if stat:
-        text = gitops.diff_stat(repo, old, new, shown=shown)
+        text = diffs.diff_stat(repo, old, new, shown=shown)
     else:  # libgit2 quotes an unusual name in the headers, as git does
-        text = gitops.diff_patch(repo, old, new)
+        text = diffs.diff_patch(repo, old, new)
     return escaped(redactor.redact(text), lines=True)
 
 
@@ -116,8 +117,8 @@ def clean(
     runner left running are ended first. Of a run whose manifest and checkpoint are gone, what
     is left is removed (its worktree; its branch with `delete_branch`); with nothing left,
     nothing happens (`nothing` in the result)."""
-    repo = gitops.open_repo(cwd)
-    root = gitops.repo_root(repo)
+    repo = repository.open_repo(cwd)
+    root = repository.repo_root(repo)
     coder_dir = project.coder_dir(root)
     check_task_id(task_id)
     try:
@@ -166,9 +167,9 @@ def _remove(
     ended = sandbox.kill_owned(sandbox.owner_token(coder_dir, task_id))
     end_leftovers(worktree)
     changed: list[str] = []
-    if gitops.worktree_ready(worktree):  # not one coder was still checking out or removing
+    if worktrees.worktree_ready(worktree):  # not one coder was still checking out or removing
         try:
-            changed = gitops.changed_paths(worktree)
+            changed = workdir.changed_paths(worktree)
         except EnvironmentProblem:  # unreadable (its admin files forged): only --force goes on
             if not force:
                 raise
@@ -189,14 +190,14 @@ def _remove(
     # the run's own worktree, its steps' scratch worktrees and merge's check worktree: exact
     # names, so cleaning task `a` never touches task `a--b`'s
     for name in _worktree_names(task_id, manifest):
-        gitops.remove_worktree(repo, name, coder_dir / "worktrees" / name)
+        worktrees.remove_worktree(repo, name, coder_dir / "worktrees" / name)
     branch = manifest["branch"]
-    if branch is not None and gitops.branch_tip(repo, branch) is None:
+    if branch is not None and gitbranches.branch_tip(repo, branch) is None:
         branch = None  # deleted by hand already
     drop_branch = branch is not None and (delete_branch or (merged and not keep_branch))
     if drop_branch:
-        gitops.prune_stale_worktrees(repo)  # one deleted by hand still "has it checked out"
-        gitops.delete_branch(repo, branch)
+        worktrees.prune_stale_worktrees(repo)  # one deleted by hand still "has it checked out"
+        gitbranches.delete_branch(repo, branch)
     StateStore(coder_dir).delete(task_id)
     for path in _files(coder_dir, task_id):
         path.unlink(missing_ok=True)
@@ -230,12 +231,12 @@ def _anything_left(
     repo: Any, coder_dir: Path, task_id: str, manifest: dict[str, Any], delete_branch: bool
 ) -> bool:
     """Whether a run with neither manifest nor checkpoint left anything `clean` removes."""
-    common = gitops.common_dir(repo)
+    common = repository.common_dir(repo)
     for name in _worktree_names(task_id, manifest):
         path = coder_dir / "worktrees" / name
         if os.path.lexists(path) or os.path.lexists(common / "worktrees" / name):
             return True
-        if gitops.pending_change(path) is not None:
+        if worktrees.pending_change(path) is not None:
             return True
     paths = [*_files(coder_dir, task_id), StateStore(coder_dir).journal_path(task_id)]
     if any(os.path.lexists(p) for p in [*paths, coder_dir / "artifacts" / task_id]):
@@ -251,9 +252,9 @@ def _manifest_from_state(repo: Any, coder_dir: Path, task_id: str) -> dict[str, 
     try:
         return manifests.from_state(StateStore(coder_dir).load(task_id))
     except (CorruptState, InvalidInput):
-        branches = gitops.task_branches(repo, task_id)
+        branches = commits.task_branches(repo, task_id)
         return {
             "worktree": str(coder_dir / "worktrees" / task_id),
-            "branch": gitops.registered_branch(repo, task_id) or next(iter(branches), None),
+            "branch": gitbranches.registered_branch(repo, task_id) or next(iter(branches), None),
             "task": {"graph": []},
         }

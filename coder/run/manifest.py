@@ -137,7 +137,7 @@ def rebuild(
     the branch holds). Refused, with the way back, when the branch holds none: then nothing
     of the run was committed and it can simply start again."""
     from coder import taskfile
-    from coder.git import ops as gitops
+    from coder.git import branches, commits
     from coder.run.secrets import stored_task
     from coder.run.state import now_iso
 
@@ -149,7 +149,7 @@ def rebuild(
             f"{path} is the taskfile of task {task.id}, not of {task_id}",
             hint=f"pass the taskfile run {task_id} started from",
         )
-    found = gitops.run_base(repo, task.branch, task_id)
+    found = commits.run_base(repo, task.branch, task_id)
     if found is None:
         raise EnvironmentProblem(
             f"run {task_id} has no manifest or checkpoint under .coder/ and its branch "
@@ -157,8 +157,8 @@ def rebuild(
             hint=_start_again(repo, task_id, task.branch, str(path)),
         )
     base_commit, count = found
-    base = task.base or gitops.current_branch(repo)
-    tip = gitops.branch_tip(repo, base)
+    base = task.base or branches.current_branch(repo)
+    tip = branches.branch_tip(repo, base)
     if tip is None or not (tip == base_commit or repo.descendant_of(tip, base_commit)):
         raise EnvironmentProblem(
             f"run {task_id} started from commit {base_commit[:12]}, which branch {base} does "
@@ -183,11 +183,11 @@ def missing_run(repo: Any, coder_dir: Path, task_id: str) -> CoderError:
     its commits (`.coder/` was deleted by hand), how to rebuild the run or remove the branch
     (exit 3); when only its worktree's registration is left, how to start again; else no
     such task (exit 2)."""
-    from coder.git import ops as gitops
+    from coder.git import branches, commits
 
     taskfile = _taskfile_hint(repo, task_id)
-    for branch in gitops.task_branches(repo, task_id):
-        found = gitops.run_base(repo, branch, task_id)
+    for branch in commits.task_branches(repo, task_id):
+        found = commits.run_base(repo, branch, task_id)
         count = found[1] if found else 0
         return EnvironmentProblem(
             f"run {task_id} has no manifest or checkpoint under .coder/ (deleted?), but its "
@@ -196,8 +196,8 @@ def missing_run(repo: Any, coder_dir: Path, task_id: str) -> CoderError:
             f"(the taskfile it started from), or delete the branch with `coder clean -t "
             f"{task_id} --delete-branch`",
         )
-    registered = gitops.registered_branch(repo, task_id)
-    if registered is not None and gitops.branch_tip(repo, registered) is not None:
+    registered = branches.registered_branch(repo, task_id)
+    if registered is not None and branches.branch_tip(repo, registered) is not None:
         return EnvironmentProblem(
             f"run {task_id} has no manifest or checkpoint under .coder/ (deleted?), and its "
             f"branch {registered} holds none of its commits: nothing of it was kept",
@@ -210,12 +210,12 @@ def _start_again(repo: Any, task_id: str, branch: str, taskfile: str) -> str:
     """How to start a run again whose branch holds nothing of it: `clean` deletes the
     branch while the run's worktree still has it checked out (`clean` finds it there), else
     git does (its worktree deleted by hand no longer holds it once pruned)."""
-    from coder.git import ops as gitops
+    from coder.git import branches, worktrees
 
-    if gitops.registered_branch(repo, task_id) == branch:
+    if branches.registered_branch(repo, task_id) == branch:
         remove = f"`coder clean -t {task_id} --delete-branch`"
     else:
-        gitops.prune_stale_worktrees(repo)
+        worktrees.prune_stale_worktrees(repo)
         remove = f"`git branch -D {branch}`"
     return f"start it again: {remove}, then `coder run --autonomous -f {taskfile}`"
 
@@ -223,9 +223,9 @@ def _start_again(repo: Any, task_id: str, branch: str, taskfile: str) -> str:
 def _taskfile_hint(repo: Any, task_id: str) -> str:
     """The taskfile in the checkout's tasks/ with this id, else a placeholder."""
     from coder import project
-    from coder.git import ops as gitops
+    from coder.git import repository
 
     try:
-        return str(project.find_taskfile(gitops.repo_root(repo), task_id))
+        return str(project.find_taskfile(repository.repo_root(repo), task_id))
     except (CoderError, OSError):
         return "TASKFILE"

@@ -48,8 +48,8 @@ from coder.errors import (
     MergeConflict,
     RunFailed,
 )
+from coder.git import branches, commits, diffs, repository, worktrees
 from coder.git import land as gitland
-from coder.git import ops as gitops
 from coder.run.lock import TaskLock, pid_alive, processes_holding
 from coder.run.manifest import load_manifest
 from coder.run.state import RunState, StateStore, StepRecord, now_iso
@@ -107,8 +107,8 @@ def merge_run(
             "--report writes the run's summary into the merge commit, and ff-only makes none",
             hint="use --mode squash (the default) or --mode no-ff",
         )
-    repo = gitops.open_repo(cwd)
-    root = gitops.repo_root(repo)
+    repo = repository.open_repo(cwd)
+    root = repository.repo_root(repo)
     coder_dir = project.coder_dir(root)
     manifest = load_manifest(coder_dir, task_id)
     lock = TaskLock(coder_dir, task_id, holder="merge")  # no run, resume or other merge
@@ -219,7 +219,7 @@ class _Merge:
             commit,
             base_tip,
             checkout=checkout,
-            files=gitops.changed_files_between(self.repo, base_tip, commit),
+            files=diffs.changed_files_between(self.repo, base_tip, commit),
         )
 
     # --- reading -------------------------------------------------------------------------
@@ -229,7 +229,7 @@ class _Merge:
         return f"refs/tags/{self.tag}"
 
     def _tip(self, branch: str, what: str) -> str:
-        tip = gitops.branch_tip(self.repo, branch)
+        tip = branches.branch_tip(self.repo, branch)
         if tip is None:
             raise EnvironmentProblem(
                 f"{what} {branch} of run {self.task_id} no longer exists",
@@ -264,7 +264,7 @@ class _Merge:
                 f"run {self.task_id} is {status}; only a successful run can be merged",
                 hint=f"finish it with `coder resume -t {self.task_id}`, then merge",
             )
-        foreign = gitops.foreign_commits(
+        foreign = commits.foreign_commits(
             self.repo,
             branch=self.branch,
             base_commit=self.manifest["base_commit"],
@@ -464,8 +464,8 @@ class _Merge:
     def _drop_leftover_check(self) -> None:
         """A check worktree left by a crash (kill -9 while its tests ran) goes first."""
         name = check_worktree_name(self.task_id)
-        gitops.remove_worktree(self.repo, name, self.coder_dir / "worktrees" / name)
-        gitops.delete_branch(self.repo, f"coder-scratch/{name}")
+        worktrees.remove_worktree(self.repo, name, self.coder_dir / "worktrees" / name)
+        branches.delete_branch(self.repo, f"coder-scratch/{name}")
 
     def _verify(self, commit: str) -> None:
         from coder import config as config_mod
@@ -478,7 +478,7 @@ class _Merge:
         cfg = config_mod.load(self.root)
         config_mod.require_trusted(cfg)  # its settings would widen what the check runs
         name = check_worktree_name(self.task_id)
-        path = gitops.add_scratch_worktree(
+        path = worktrees.add_scratch_worktree(
             self.repo, name=name, commit=commit, path=self.coder_dir / "worktrees" / name
         )
         log = self.coder_dir / "artifacts" / self.task_id / "merge-check.log"
@@ -486,7 +486,7 @@ class _Merge:
             crashpoint("merge_verify")
             problems = green_problems(task, path, cfg, policy_for(task, cfg), log, self.notify)
         finally:
-            gitops.remove_worktree(self.repo, name, path)
+            worktrees.remove_worktree(self.repo, name, path)
         if problems:
             raise RunFailed(
                 f"the merge of run {self.task_id} into {self.base} is not green, so nothing was "
@@ -537,7 +537,7 @@ class _Merge:
     def interrupted(self) -> Interrupted:
         """What a signal that ended this merge leaves: by git, whether base has moved."""
         again = f"run `coder merge -t {self.task_id}` again"
-        tip = gitops.branch_tip(self.repo, self.base)
+        tip = branches.branch_tip(self.repo, self.base)
         if (
             self.target is None
             or tip is None
@@ -609,7 +609,7 @@ def merge_message(
     what = "Squash merge" if mode == "squash" else "Merge"
     title = redact(" ".join(task.title.split())) or f"coder task {task.id}"
     intro = f"{what} of coder task {task.id} from {state.branch} ({len(lines)} steps):"
-    trailers = f"{gitops.TRAILER_TASK}: {task.id}\n{gitland.TRAILER_MERGE}: {mode}\n"
+    trailers = f"{commits.TRAILER_TASK}: {task.id}\n{gitland.TRAILER_MERGE}: {mode}\n"
     steps = redact(summary) if summary else "\n".join(lines)
     return "\n\n".join([title, intro + "\n" + steps, trailers])
 

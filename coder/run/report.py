@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from coder import diagram
 from coder.display import escaped, quoted_name
-from coder.git import ops as gitops
+from coder.git import branches, diffs, repository
 from coder.models.provider import cache_share
 from coder.run import events
 from coder.run.history import RunView
@@ -53,7 +53,7 @@ class StepReport:
     attempts: int
     commit: str | None
     outcome: str  # the step's summary, or its error
-    files: list[gitops.FileChange]
+    files: list[diffs.FileChange]
     tests_before: str | None  # counts before the fix cycles (test steps that had any)
     tests_after: str | None  # the counts the step ended with
     fix_cycles: list[FixCycle]
@@ -88,7 +88,7 @@ class RunReport:
     tip: str | None  # None: the branch is gone
     merge: dict[str, Any] | None
     steps: list[StepReport]
-    files: list[gitops.FileChange]  # base..tip
+    files: list[diffs.FileChange]  # base..tip
     mermaid: str
     next_steps: list[tuple[str, str]] = field(default_factory=list)  # (what, command)
 
@@ -137,14 +137,14 @@ class RunReport:
 def build(view: RunView) -> RunReport:
     state = view.state.to_dict()  # as `coder show -t --json` prints it
     task_id = state["task_id"]
-    repo = gitops.open_repo(view.root)
-    tip = gitops.branch_tip(repo, state["branch"])
+    repo = repository.open_repo(view.root)
+    tip = branches.branch_tip(repo, state["branch"])
     cycles = _fix_cycles(view)
     steps = []
     for step in state["task"]["graph"]:
         st = state["steps"].get(step["id"], {})
         commit = st.get("commit")
-        files = gitops.diff_files(repo, f"{commit}^", commit) if commit else []
+        files = diffs.diff_files(repo, f"{commit}^", commit) if commit else []
         mine = cycles.get(step["id"], [])
         steps.append(
             StepReport(
@@ -178,7 +178,7 @@ def build(view: RunView) -> RunReport:
         tip=tip,
         merge=state.get("merge"),
         steps=steps,
-        files=gitops.diff_files(repo, state["base_commit"], tip) if tip else [],
+        files=diffs.diff_files(repo, state["base_commit"], tip) if tip else [],
         mermaid=diagram.mermaid(diagram.nodes_of_run(state)),
     )
     return _with_next_steps(report)
@@ -393,7 +393,7 @@ def _step_section(s: StepReport) -> list[str]:
     return out
 
 
-def _files_table(files: list[gitops.FileChange]) -> list[str]:
+def _files_table(files: list[diffs.FileChange]) -> list[str]:
     rows = ["| file | | + | − |", "|---|---|---:|---:|"]
     for f in files:
         name = f"{_code(f.old_path)} → {_code(f.path)}" if f.old_path else _code(f.path)
@@ -411,7 +411,7 @@ def _code(name: str) -> str:
     return f"{fence}{pad}{shown}{pad}{fence}".replace("|", "\\|")
 
 
-def _files_cell(files: list[gitops.FileChange]) -> str:
+def _files_cell(files: list[diffs.FileChange]) -> str:
     if not files:
         return "—"
     return f"{len(files)} (+{sum(f.added for f in files)} −{sum(f.removed for f in files)})"
@@ -481,7 +481,7 @@ def render(report: RunReport, redactor: Redactor, fmt: str = "md") -> str:
     own first (before it is quoted), then the whole text."""
     import json
 
-    def names(files: list[gitops.FileChange]) -> list[gitops.FileChange]:
+    def names(files: list[diffs.FileChange]) -> list[diffs.FileChange]:
         return [
             replace(
                 f,

@@ -9,7 +9,7 @@ after the cut is undone. Steps after sX in DAG order that keep no commit become 
 
     revert  one new commit per undone step commit, newest first (history kept), each with the
             trailers `Coder-Task: ID` and `Coder-Reverts: STEP` and no `Coder-Step`, so it is
-            never taken for a step's own commit (`gitops.effective_step_commits`).
+            never taken for a step's own commit (`commits.effective_step_commits` in coder.git).
     reset   the branch moves back to the cut; the old tip stays in the reflog and in the
             pending steps' reasons.
 
@@ -36,8 +36,9 @@ from typing import Any
 from coder import graph, project, taskfile
 from coder.crashpoints import crashpoint
 from coder.errors import CoderError, ConcurrentRun, EnvironmentProblem, InvalidInput, MergedRun
+from coder.git import branches, repository, restore, workdir, worktrees
+from coder.git import commits as gitcommits
 from coder.git import land as gitland
-from coder.git import ops as gitops
 from coder.run.lock import TaskLock
 from coder.run.manifest import load_manifest
 from coder.run.state import StateStore
@@ -48,7 +49,7 @@ MODES = ("revert", "reset")
 @dataclass(frozen=True)
 class RevertPlan:
     cut: str  # the commit whose tree the branch ends with
-    undo: tuple[gitops.StepCommit, ...]  # step commits after the cut, oldest first
+    undo: tuple[gitcommits.StepCommit, ...]  # step commits after the cut, oldest first
     pending: tuple[str, ...]  # steps to run again, DAG order
 
 
@@ -78,8 +79,8 @@ def revert_run(task_id: str, *, cwd: Path, to_step: str, mode: str = "revert") -
 
     if mode not in MODES:
         raise InvalidInput(f"unknown revert mode {mode!r}", hint=f"use one of: {', '.join(MODES)}")
-    repo = gitops.open_repo(cwd)
-    coder_dir = project.coder_dir(gitops.repo_root(repo))
+    repo = repository.open_repo(cwd)
+    coder_dir = project.coder_dir(repository.repo_root(repo))
     manifest = load_manifest(coder_dir, task_id)
     order = step_order(manifest)
     if to_step not in order:
@@ -123,7 +124,7 @@ def step_order(manifest: dict[str, Any]) -> list[str]:
 
 
 def plan_revert(
-    order: list[str], to_step: str, commits: list[gitops.StepCommit], base_commit: str
+    order: list[str], to_step: str, commits: list[gitcommits.StepCommit], base_commit: str
 ) -> RevertPlan:
     """What to undo: `commits` are the effective step commits in branch order."""
     upto = set(order[: order.index(to_step) + 1])
@@ -134,14 +135,16 @@ def plan_revert(
     return RevertPlan(cut, tuple(commits[last + 1 :]), pending)
 
 
-def revert_message(task_id: str, to_step: str, undone: gitops.StepCommit) -> str:
+def revert_message(task_id: str, to_step: str, undone: gitcommits.StepCommit) -> str:
     """Like `git revert`'s, with coder's trailers (and no Coder-Step) as the last paragraph."""
     title = f'Revert "{undone.summary}"'
     body = (
         f"This reverts commit {undone.commit} (step {undone.step_id}, attempt "
         f"{undone.attempt}): `coder revert --to-step {to_step}`."
     )
-    trailers = f"{gitops.TRAILER_TASK}: {task_id}\n{gitops.TRAILER_REVERTS}: {undone.step_id}\n"
+    trailers = (
+        f"{gitcommits.TRAILER_TASK}: {task_id}\n{gitcommits.TRAILER_REVERTS}: {undone.step_id}\n"
+    )
     return "\n\n".join([title, body, trailers])
 
 
@@ -173,7 +176,7 @@ class _Revert:
         self._refuse_foreign()
         self._repair_worktree(tip)
         self._settle_worktree(tip)
-        commits = gitops.effective_step_commits(
+        commits = gitcommits.effective_step_commits(
             self.repo,
             branch=self.branch,
             base_commit=self.manifest["base_commit"],
@@ -187,7 +190,7 @@ class _Revert:
             tip
             if moves
             else gitland.landed_from_reflog(
-                self.repo, self.branch, tip, prefix=gitops.REFLOG_REVERT
+                self.repo, self.branch, tip, prefix=gitcommits.REFLOG_REVERT
             )
         )
         pending = self._mark_pending(plan, {c.step_id for c in plan.undo}, was)
@@ -234,12 +237,12 @@ class _Revert:
         checkpoint. A tag older than the run's base is an earlier run's of the same id."""
         if gitland.ref_target(self.repo, f"refs/tags/{tag}") is None:
             return None
-        commit = gitops.resolve_commit(self.repo, f"refs/tags/{tag}")
+        commit = branches.resolve_commit(self.repo, f"refs/tags/{tag}")
         base_commit = self.manifest["base_commit"]
         return None if gitland.is_ancestor(self.repo, commit, base_commit) else commit
 
     def _tip(self) -> str:
-        tip = gitops.branch_tip(self.repo, self.branch)
+        tip = branches.branch_tip(self.repo, self.branch)
         if tip is None:
             raise EnvironmentProblem(
                 f"branch {self.branch} of run {self.task_id} no longer "
@@ -249,7 +252,7 @@ class _Revert:
         return tip
 
     def _refuse_foreign(self) -> None:
-        foreign = gitops.foreign_commits(
+        foreign = gitcommits.foreign_commits(
             self.repo,
             branch=self.branch,
             base_commit=self.manifest["base_commit"],
@@ -271,14 +274,14 @@ class _Revert:
         killed runner left running (they would write into the worktree behind our back)."""
         from coder.policy import sandbox
 
-        if not gitops.worktree_ready(self.worktree):  # missing, or its checkout cut short
-            gitops.create_worktree(
+        if not worktrees.worktree_ready(self.worktree):  # missing, or its checkout cut short
+            worktrees.create_worktree(
                 self.repo, name=self.task_id, path=self.worktree, branch=self.branch, start=tip
             )
             self.warnings.append(
                 f"worktree {self.worktree} was missing; re-created it from {self.branch}"
             )
-        if gitops.clear_stale_index_lock(self.worktree):
+        if repository.clear_stale_index_lock(self.worktree):
             self.warnings.append("removed a stale index.lock left by a crash")
         leftovers = sandbox.kill_owned(sandbox.owner_token(self.coder_dir, self.task_id))
         if leftovers:
@@ -288,21 +291,21 @@ class _Revert:
 
     def _settle_worktree(self, tip: str) -> None:
         """Uncommitted changes are refused unless they are coder's own to throw away."""
-        if gitops.is_clean(self.worktree):
+        if workdir.is_clean(self.worktree):
             return
-        if gitland.left_behind_at(self.repo, self.worktree, reflog_prefix=gitops.REFLOG_REVERT):
-            gitops.discard_changes(self.worktree, tip)  # an earlier revert was killed mid-way
+        if gitland.left_behind_at(self.repo, self.worktree, reflog_prefix=gitcommits.REFLOG_REVERT):
+            restore.discard_changes(self.worktree, tip)  # an earlier revert was killed mid-way
             self.finished.append("worktree")
             return
         running = [s for s, st in self.state.steps.items() if st.status == "running"]
         if running:  # the lock is ours, so that runner is dead: resume would discard them too
-            gitops.discard_changes(self.worktree, tip)
+            restore.discard_changes(self.worktree, tip)
             self.warnings.append(
                 f"discarded the partial changes of step {running[0]}, which "
                 "was running when its runner was killed"
             )
             return
-        changed = gitops.changed_paths(self.worktree)
+        changed = workdir.changed_paths(self.worktree)
         raise EnvironmentProblem(
             f"the worktree {self.worktree} has changes coder did not make "
             f"({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''}); refusing to "
@@ -328,14 +331,14 @@ class _Revert:
                 )
                 made.append(target)
         crashpoint("revert_before_ref")
-        gitops.move_branch(
+        branches.move_branch(
             self.worktree,
             target,
             expected_tip=tip,
-            message=f"{gitops.REFLOG_REVERT} {self.task_id} to {self.to_step} ({self.mode})",
+            message=f"{gitcommits.REFLOG_REVERT} {self.task_id} to {self.to_step} ({self.mode})",
         )
         crashpoint("revert_after_ref")
-        gitops.discard_changes(self.worktree, target)
+        restore.discard_changes(self.worktree, target)
         crashpoint("revert_after_worktree")
         return target, tuple(made)
 

@@ -35,8 +35,10 @@ from coder.errors import (
     RunFilesGone,
     UnknownTask,
 )
+from coder.git import branches, repository, submodules, workdir, worktrees
+from coder.git import commits as gitcommits
 from coder.git import land as gitland
-from coder.git import ops as gitops
+from coder.git import restore as gitrestore
 from coder.interrupts import STOP_SIGNALS, detach_terminal
 from coder.run import amend
 from coder.run import manifest as manifests
@@ -91,20 +93,20 @@ def start(
     task = taskfile.load(path)
     cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
     config_mod.require_trusted(cfg)
-    repo = gitops.open_repo(cwd)
-    root = gitops.repo_root(repo)
+    repo = repository.open_repo(cwd)
+    root = repository.repo_root(repo)
     policy = policy_for(task, cfg)
     preflight(task, policy, root, cfg)
-    base = task.base or gitops.current_branch(repo)
+    base = task.base or branches.current_branch(repo)
     base_commit = (
-        gitops.resolve_commit(repo, f"refs/heads/{base}")
-        if gitops.branch_tip(repo, base)
+        branches.resolve_commit(repo, f"refs/heads/{base}")
+        if branches.branch_tip(repo, base)
         else _missing_base(base)
     )
-    gitops.submodules(repo, base_commit)  # each must be copyable into the worktree, or refuse
+    submodules.submodules(repo, base_commit)  # each must be copyable into the worktree, or refuse
     task = task.resolved(base=base, model=str(cfg["model"]))
     coder_dir = project.ensure_coder_dir(root)
-    gitops.ensure_excluded(repo, f"/{project.CODER_DIR}/")
+    repository.ensure_excluded(repo, f"/{project.CODER_DIR}/")
     store = StateStore(coder_dir)
     worktree = coder_dir / "worktrees" / task.id
     # The lock before the checks: a second `coder run` of a task that is running is told who
@@ -122,7 +124,7 @@ def start(
                 f"with `coder clean -t {task.id}`",
             )
         try:  # refused before anything of the run exists: its lock file goes too
-            if gitops.branch_tip(repo, task.branch):
+            if branches.branch_tip(repo, task.branch):
                 raise _branch_exists(repo, task, path)
             # no model: we stop here
             agent = open_agent(task, cfg, repo, base_commit, options, redactor)
@@ -139,14 +141,14 @@ def start(
                 created_at=now_iso(),
             )
             manifests.write(coder_dir, manifest)
-            gitops.create_worktree(
+            worktrees.create_worktree(
                 repo, name=task.id, path=worktree, branch=task.branch, start=base_commit
             )
             crashpoint("after_worktree")
             state = new_run(manifest)
             store.save(state)
             warnings = []
-            if gitops.identity(repo).fallback:
+            if repository.identity(repo).fallback:
                 warnings.append(
                     "git user.name/user.email are not set (nor GIT_AUTHOR_NAME/_EMAIL); "
                     "commits are authored by coder <coder@localhost> (set them with "
@@ -184,7 +186,7 @@ def start(
 def _branch_exists(repo: Any, task: taskfile.Task, path: Path) -> CoderError:
     """The run's branch is there before the run: a run whose files under `.coder/` were
     deleted (its commits say so), or a branch of someone else's."""
-    found = gitops.run_base(repo, task.branch, task.id)
+    found = gitcommits.run_base(repo, task.branch, task.id)
     if found is not None:
         count = found[1]
         return EnvironmentProblem(
@@ -193,7 +195,7 @@ def _branch_exists(repo: Any, task: taskfile.Task, path: Path) -> CoderError:
             hint=f"continue the run with `coder resume -t {task.id} -f {path}`, or delete the "
             f"branch with `coder clean -t {task.id} --delete-branch` and run again",
         )
-    gitops.prune_stale_worktrees(repo)  # else `git branch -D` refuses a branch checked out
+    worktrees.prune_stale_worktrees(repo)  # else `git branch -D` refuses a branch checked out
     return InvalidInput(  # in a worktree deleted by hand
         f"branch {task.branch} already exists",
         hint="set another `id` or `branch` in the taskfile, or delete the branch "
@@ -204,7 +206,7 @@ def _branch_exists(repo: Any, task: taskfile.Task, path: Path) -> CoderError:
 def _started(repo: Any, store: StateStore, task_id: str, branch: str, base_commit: str) -> bool:
     """Whether the run got as far as its executor (which marks it `running` before a step),
     or committed anything: its checkpoint may be gone (deleted by hand), its commits stay."""
-    tip = gitops.branch_tip(repo, branch)
+    tip = branches.branch_tip(repo, branch)
     if tip is not None and tip != base_commit:
         return True
     try:
@@ -229,11 +231,11 @@ def _remove_unstarted(
     it (the branch did not exist when the start took the lock) and nothing was committed."""
 
     def drop_branch() -> None:
-        if gitops.branch_tip(repo, task.branch) == base_commit:
-            gitops.delete_branch(repo, task.branch)
+        if branches.branch_tip(repo, task.branch) == base_commit:
+            branches.delete_branch(repo, task.branch)
 
     undo: list[Callable[[], None]] = [
-        lambda: gitops.remove_worktree(repo, task.id, coder_dir / "worktrees" / task.id),
+        lambda: worktrees.remove_worktree(repo, task.id, coder_dir / "worktrees" / task.id),
         drop_branch,
         lambda: store.delete(task.id),
     ]
@@ -308,7 +310,7 @@ def open_agent(
         stored_task(task.to_dict(), redactor),  # as the manifest keeps it
         cfg,
         num_ctx=facts.num_ctx,
-        cache_dir=project.coder_dir(gitops.repo_root(repo)) / "cache",
+        cache_dir=project.coder_dir(repository.repo_root(repo)) / "cache",
         redactor=redactor,
     )
     session = AgentSession(models, registry, built.system, registry.definitions(), facts)
@@ -397,8 +399,8 @@ def resume(
     """Continue a run after a crash, a kill or a stop: finished steps never run again."""
     from coder.policy import sandbox
 
-    repo = gitops.open_repo(cwd)
-    root = gitops.repo_root(repo)
+    repo = repository.open_repo(cwd)
+    root = repository.repo_root(repo)
     coder_dir = project.coder_dir(root)
     store = StateStore(coder_dir)
     warnings: list[str] = []
@@ -433,7 +435,7 @@ def resume(
             warnings.append(f"{problem}; rebuilding the state from the branch's commits")
             state = new_run(manifest)
             state.status = "interrupted"
-        if gitops.branch_tip(repo, manifest["branch"]) is None:
+        if branches.branch_tip(repo, manifest["branch"]) is None:
             raise _branch_gone(repo, state, manifest["branch"])
         if state.status == "success":
             merged = state.merge
@@ -513,7 +515,7 @@ def _recover_manifest(
         cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
         path = Path(options.taskfile)
         task = taskfile.load(path)
-        redactor = run_redactor([gitops.repo_root(repo)], task, policy_for(task, cfg), cfg)
+        redactor = run_redactor([repository.repo_root(repo)], task, policy_for(task, cfg), cfg)
         manifest, count = manifests.rebuild(
             repo, coder_dir, task_id, path, str(cfg["model"]), redactor
         )
@@ -521,7 +523,7 @@ def _recover_manifest(
             f"run {task_id} had no manifest or state; rebuilt it from {path} and the {count} "
             f"commit{'s' * (count != 1)} of the run on {manifest['branch']}"
         )
-    project.ensure_coder_dir(gitops.repo_root(repo))
+    project.ensure_coder_dir(repository.repo_root(repo))
     manifests.write(coder_dir, manifest)
     return manifest
 
@@ -531,10 +533,10 @@ def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Pa
     when someone else moved the branch or edited the worktree while no runner was there."""
     warnings = []
     task_id, branch = manifest["task_id"], manifest["branch"]
-    tip = gitops.branch_tip(repo, branch)
+    tip = branches.branch_tip(repo, branch)
     if tip is None:
         raise _branch_gone(repo, state, branch)
-    foreign = gitops.foreign_commits(
+    foreign = gitcommits.foreign_commits(
         repo, branch=branch, base_commit=manifest["base_commit"], task_id=task_id
     )
     if foreign:
@@ -544,19 +546,19 @@ def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Pa
             hint=f"move those commits to another branch and reset {branch} to its last coder "
             "commit, then resume",
         )
-    if not gitops.worktree_ready(worktree):
+    if not worktrees.worktree_ready(worktree):
         cut_short = {
-            gitops.CREATING: "the checkout of worktree {} was cut short; checked it out again",
-            gitops.REMOVING: "the removal of worktree {} was cut short; re-created it",
-        }.get(gitops.pending_change(worktree) or "", "worktree {} was missing; re-created it")
-        gitops.create_worktree(repo, name=task_id, path=worktree, branch=branch, start=tip)
+            worktrees.CREATING: "the checkout of worktree {} was cut short; checked it out again",
+            worktrees.REMOVING: "the removal of worktree {} was cut short; re-created it",
+        }.get(worktrees.pending_change(worktree) or "", "worktree {} was missing; re-created it")
+        worktrees.create_worktree(repo, name=task_id, path=worktree, branch=branch, start=tip)
         warnings.append(f"{cut_short.format(worktree)} from {branch}")
-    if gitops.clear_stale_index_lock(worktree):
+    if repository.clear_stale_index_lock(worktree):
         warnings.append("removed a stale index.lock left by the crash")
 
     committed = {
         c.step_id: c.commit
-        for c in gitops.effective_step_commits(
+        for c in gitcommits.effective_step_commits(
             repo, branch=branch, base_commit=manifest["base_commit"], task_id=task_id
         )
     }
@@ -586,10 +588,10 @@ def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Pa
             st.status = "pending"
             st.reasons.append("failed in the previous run; retried on resume")
     if was_running:
-        gitops.discard_changes(worktree, tip)
-    elif not gitops.is_clean(worktree):
-        if not gitland.left_behind_at(repo, worktree, reflog_prefix=gitops.REFLOG_REVERT):
-            changed = gitops.changed_paths(worktree)
+        gitrestore.discard_changes(worktree, tip)
+    elif not workdir.is_clean(worktree):
+        if not gitland.left_behind_at(repo, worktree, reflog_prefix=gitcommits.REFLOG_REVERT):
+            changed = workdir.changed_paths(worktree)
             raise EnvironmentProblem(
                 f"the worktree {worktree} has changes coder did not make "
                 f"({', '.join(changed[:5])}); refusing to resume so they are not lost",
@@ -597,15 +599,15 @@ def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Pa
                 "then resume",
             )
         # `coder revert` was killed after moving the branch, before the files followed it.
-        gitops.discard_changes(worktree, tip)
+        gitrestore.discard_changes(worktree, tip)
         warnings.append(
             "the worktree still had files from before an interrupted "
             f"`coder revert`; updated them to {branch}"
         )
     for step_id in state.steps:  # scratch worktrees of a parallel level the crash cut short
         name = f"{task_id}--{step_id}"
-        gitops.remove_worktree(repo, name, worktree.parent / name)
-        gitops.delete_branch(repo, f"coder-scratch/{task_id}--{step_id}")
+        worktrees.remove_worktree(repo, name, worktree.parent / name)
+        branches.delete_branch(repo, f"coder-scratch/{task_id}--{step_id}")
     return warnings
 
 
@@ -749,7 +751,7 @@ def stop(task_id: str, *, cwd: Path, wait: float = 30.0) -> Stopped:
     its run as a crash does: `coder resume` continues it."""
     from coder.run.lock import pid_alive, read_lock_owner
 
-    root = gitops.repo_root(gitops.open_repo(cwd))
+    root = repository.repo_root(repository.open_repo(cwd))
     coder_dir = project.coder_dir(root)
     load_manifest(coder_dir, task_id)
     pid = read_lock_owner(coder_dir, task_id)

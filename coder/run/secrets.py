@@ -76,10 +76,10 @@ def view_redactor_at(cwd: Path) -> Redactor:
     """`view_redactor` of the repository `cwd` is in (of `cwd` itself outside one): for what a
     command shows of a taskfile (`show -f`, `run --dry-run`)."""
     from coder.errors import CoderError
-    from coder.git import ops as gitops
+    from coder.git import repository
 
     try:
-        root = gitops.repo_root(gitops.open_repo(cwd))
+        root = repository.repo_root(repository.open_repo(cwd))
     except CoderError:
         root = cwd
     return view_redactor(root)

@@ -74,12 +74,12 @@ def lint_findings(
     the policy, crashed, timed out)."""
     from coder import lintreport
     from coder.errors import PolicyViolation
-    from coder.git import ops as gitops
+    from coder.git import diffs
     from coder.policy import sandbox
 
     findings: list[Finding] = []
     notes: list[str] = []
-    for path, lines in sorted(gitops.added_lines(worktree, base).items()):
+    for path, lines in sorted(diffs.added_lines(worktree, base).items()):
         for linter in lintreport.linters_for(worktree, path, cfg.get("lint_command")):
             try:
                 result = sandbox.run_command(
@@ -134,8 +134,8 @@ def lint_problems(
 def fork_point(worktree: Path, base_branch: str) -> str:
     """Where the work in `worktree` left `base_branch` (their merge base; the branch's tip
     when the worktree holds a merge of it)."""
-    from coder.git import ops as gitops
+    from coder.git import branches, repository
 
-    repo = gitops.open_repo(worktree)
-    tip = gitops.resolve_commit(repo, f"refs/heads/{base_branch}")
+    repo = repository.open_repo(worktree)
+    tip = branches.resolve_commit(repo, f"refs/heads/{base_branch}")
     return str(repo.merge_base(repo.head.target, tip))

@@ -1,4 +1,5 @@
-"""coder.git.ops against real repositories, checked with the real git CLI."""
+"""coder.git (repository, branches, worktrees, commits, diffs, ...) against real repositories,
+checked with the real git CLI."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from pygit2.enums import ConfigLevel
 
 from coder.errors import BranchMoved, EnvironmentProblem, InvalidInput, RunFailed
-from coder.git import ops as gitops
+from coder.git import branches, commits, diffs, repository, restore, workdir, worktrees
 from tests.conftest import git
 
 BRANCH = "agent/t1-demo"
@@ -32,17 +33,17 @@ def files() -> dict[str, str]:
 def setup(make_repo, files):
     """A repo with coder's exclude in place and a worktree on a fresh agent branch."""
     root = make_repo(files)
-    repo = gitops.open_repo(root)
-    gitops.ensure_excluded(repo)
-    base = gitops.resolve_commit(repo, "main")
-    wt = gitops.create_worktree(
+    repo = repository.open_repo(root)
+    repository.ensure_excluded(repo)
+    base = branches.resolve_commit(repo, "main")
+    wt = worktrees.create_worktree(
         repo, name="t1", path=root / ".coder" / "worktrees" / "t1", branch=BRANCH, start="main"
     )
     return root, repo, wt, base
 
 
 def step(wt: Path, tip: str, step_id: str = "s1", *, task: str = "t1", attempt: int = 1) -> str:
-    sha = gitops.commit_step(
+    sha = commits.commit_step(
         wt,
         task_id=task,
         step_id=step_id,
@@ -76,18 +77,18 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 def test_open_repo_from_subdirectory_and_from_a_worktree(setup):
     root, _repo, wt, _ = setup
-    sub = gitops.open_repo(root / "src")
-    assert gitops.repo_root(sub) == root.resolve()
-    inside = gitops.open_repo(wt / "src")
+    sub = repository.open_repo(root / "src")
+    assert repository.repo_root(sub) == root.resolve()
+    inside = repository.open_repo(wt / "src")
     assert Path(inside.workdir).resolve() == wt.resolve()
-    assert gitops.repo_root(inside) == root.resolve()
-    assert gitops.common_dir(inside) == (root / ".git").resolve()
-    assert gitops.common_dir(sub) == (root / ".git").resolve()
+    assert repository.repo_root(inside) == root.resolve()
+    assert repository.common_dir(inside) == (root / ".git").resolve()
+    assert repository.common_dir(sub) == (root / ".git").resolve()
 
 
 def test_open_not_a_repository(tmp_path):
     with pytest.raises(EnvironmentProblem) as err:
-        gitops.open_repo(tmp_path)
+        repository.open_repo(tmp_path)
     assert err.value.message == f"not a git repository: {tmp_path}"
     assert "git init" in err.value.hint
     assert err.value.exit_code == 3
@@ -96,7 +97,7 @@ def test_open_not_a_repository(tmp_path):
 def test_open_bare_repository(tmp_path):
     git(tmp_path, "init", "-q", "--bare", "b.git")
     with pytest.raises(EnvironmentProblem, match="bare repository"):
-        gitops.open_repo(tmp_path / "b.git")
+        repository.open_repo(tmp_path / "b.git")
 
 
 def test_open_sha256_repository(tmp_path):
@@ -105,7 +106,7 @@ def test_open_sha256_repository(tmp_path):
     except subprocess.CalledProcessError:
         pytest.skip("this git CLI cannot create sha256 repositories")
     with pytest.raises(EnvironmentProblem, match="uses sha256 object format, which libgit2"):
-        gitops.open_repo(tmp_path / "s")
+        repository.open_repo(tmp_path / "s")
 
 
 def test_open_sparse_index_repository(make_repo):
@@ -115,37 +116,37 @@ def test_open_sparse_index_repository(make_repo):
     except subprocess.CalledProcessError:
         pytest.skip("this git CLI has no sparse index")
     with pytest.raises(EnvironmentProblem, match="sparse index") as err:
-        gitops.open_repo(root)
+        repository.open_repo(root)
     assert "git sparse-checkout disable" in err.value.hint
     git(root, "sparse-checkout", "init", "--no-sparse-index")  # the other fix the hint offers
-    assert gitops.current_branch(gitops.open_repo(root)) == "main"
+    assert branches.current_branch(repository.open_repo(root)) == "main"
 
 
 # --------------------------------------------------------------------------- identity, refs
 
 
 def test_current_branch(repo):
-    assert gitops.current_branch(gitops.open_repo(repo)) == "main"
+    assert branches.current_branch(repository.open_repo(repo)) == "main"
     git(repo, "switch", "-q", "-c", "feature/x")
-    assert gitops.current_branch(gitops.open_repo(repo)) == "feature/x"
+    assert branches.current_branch(repository.open_repo(repo)) == "feature/x"
 
 
 def test_current_branch_detached(repo):
     git(repo, "checkout", "-q", "--detach")
     with pytest.raises(EnvironmentProblem, match="detached") as err:
-        gitops.current_branch(gitops.open_repo(repo))
+        branches.current_branch(repository.open_repo(repo))
     assert "check out a branch" in err.value.hint
 
 
 def test_current_branch_unborn(tmp_path):
     git(tmp_path, "init", "-q", "-b", "trunk", "fresh")
     with pytest.raises(EnvironmentProblem, match="branch 'trunk' .* has no commits") as err:
-        gitops.current_branch(gitops.open_repo(tmp_path / "fresh"))
+        branches.current_branch(repository.open_repo(tmp_path / "fresh"))
     assert "commit something first" in err.value.hint
 
 
 def test_identity_from_config(repo):
-    who = gitops.identity(gitops.open_repo(repo))
+    who = repository.identity(repository.open_repo(repo))
     assert (who.author.name, who.author.email, who.fallback) == (
         "Test User",
         "test@example.com",
@@ -167,7 +168,7 @@ def no_user_config(tmp_path: Path, monkeypatch) -> None:
 
 def test_identity_fallback_without_user_config(repo, tmp_path, monkeypatch):
     no_user_config(tmp_path, monkeypatch)
-    who = gitops.identity(gitops.open_repo(repo))
+    who = repository.identity(repository.open_repo(repo))
     assert (who.author.name, who.author.email, who.fallback) == ("coder", "coder@localhost", True)
 
 
@@ -180,7 +181,7 @@ def test_identity_follows_git_environment_and_config_as_git_does(repo, tmp_path,
     git(repo, "config", "committer.name", "Config Committer")
     monkeypatch.setenv("GIT_AUTHOR_NAME", "CI Author")
     monkeypatch.setenv("GIT_AUTHOR_EMAIL", "ci@example.com")
-    who = gitops.identity(gitops.open_repo(repo))
+    who = repository.identity(repository.open_repo(repo))
     assert not who.fallback
     assert (who.author.name, who.author.email) == ("CI Author", "ci@example.com")
     assert (who.committer.name, who.committer.email) == ("Config Committer", "config@example.com")
@@ -198,9 +199,9 @@ def test_ensure_excluded_is_idempotent_and_leaves_gitignore_alone(make_repo, fil
     gitignore = (root / ".gitignore").read_bytes()
     exclude = root / ".git" / "info" / "exclude"
     exclude.write_text("# no trailing newline")
-    repo = gitops.open_repo(root)
-    assert gitops.ensure_excluded(repo) is True
-    assert gitops.ensure_excluded(repo) is False
+    repo = repository.open_repo(root)
+    assert repository.ensure_excluded(repo) is True
+    assert repository.ensure_excluded(repo) is False
     assert exclude.read_text() == "# no trailing newline\n/.coder/\n"
     assert (root / ".gitignore").read_bytes() == gitignore
     (root / ".coder" / "state").mkdir(parents=True)
@@ -210,20 +211,20 @@ def test_ensure_excluded_is_idempotent_and_leaves_gitignore_alone(make_repo, fil
 
 def test_ensure_excluded_creates_info_dir(repo):
     shutil.rmtree(repo / ".git" / "info")
-    assert gitops.ensure_excluded(gitops.open_repo(repo), "/x/") is True
+    assert repository.ensure_excluded(repository.open_repo(repo), "/x/") is True
     assert (repo / ".git" / "info" / "exclude").read_text() == "/x/\n"
 
 
 def test_branch_tip_and_resolve_commit(repo):
-    r = gitops.open_repo(repo)
+    r = repository.open_repo(repo)
     head = git(repo, "rev-parse", "HEAD").strip()
-    assert gitops.branch_tip(r, "main") == head
-    assert gitops.branch_tip(r, "nope") is None
-    assert gitops.resolve_commit(r, "main") == head
-    assert gitops.resolve_commit(r, head[:8]) == head
+    assert branches.branch_tip(r, "main") == head
+    assert branches.branch_tip(r, "nope") is None
+    assert branches.resolve_commit(r, "main") == head
+    assert branches.resolve_commit(r, head[:8]) == head
     for bad in ("nope", "HEAD~5", "HEAD^{tree}", "a..b"):
         with pytest.raises(InvalidInput, match="unknown revision"):
-            gitops.resolve_commit(r, bad)
+            branches.resolve_commit(r, bad)
 
 
 # --------------------------------------------------------------------------- worktrees
@@ -236,12 +237,12 @@ def test_create_worktree(setup):
     assert (wt / "src" / "app.py").read_text() == "print('hi')\n"
     assert git(wt, "status", "--porcelain") == ""
     assert git(root, "status", "--porcelain") == ""
-    assert gitops.is_clean(wt)
+    assert workdir.is_clean(wt)
 
 
 def test_create_worktree_again_is_a_no_op(setup):
     root, repo, wt, base = setup
-    again = gitops.create_worktree(repo, name="t1", path=wt, branch=BRANCH, start="main")
+    again = worktrees.create_worktree(repo, name="t1", path=wt, branch=BRANCH, start="main")
     assert again == wt
     assert git(root, "worktree", "list").count("\n") == 2
 
@@ -251,9 +252,9 @@ def test_recreate_worktree_after_its_directory_was_deleted(setup):
     (wt / "new.txt").write_text("kept in history\n")
     tip = step(wt, base)
     shutil.rmtree(wt)
-    path = gitops.create_worktree(repo, name="t1", path=wt, branch=BRANCH, start="main")
+    path = worktrees.create_worktree(repo, name="t1", path=wt, branch=BRANCH, start="main")
     assert path == wt
-    assert gitops.branch_tip(repo, BRANCH) == tip  # the branch is checked out, never moved
+    assert branches.branch_tip(repo, BRANCH) == tip  # the branch is checked out, never moved
     assert (wt / "new.txt").read_text() == "kept in history\n"
     assert git(wt, "status", "--porcelain") == ""
     assert git(root, "worktree", "list").count("\n") == 2
@@ -264,7 +265,7 @@ def test_a_deleted_worktree_does_not_hold_its_branch(setup):
     root, repo, wt, base = setup
     shutil.rmtree(wt)
     other = root.parent / "elsewhere"
-    assert gitops.create_worktree(repo, name="t9", path=other, branch=BRANCH, start="x") == other
+    assert worktrees.create_worktree(repo, name="t9", path=other, branch=BRANCH, start="x") == other
     assert git(other, "status", "--porcelain") == ""
     assert git(root, "worktree", "list", "--porcelain").count("worktree ") == 2
 
@@ -273,9 +274,9 @@ def test_branch_checked_out_elsewhere(setup):
     root, repo, wt, _ = setup
     other = root.parent / "other"
     with pytest.raises(EnvironmentProblem, match=f"'{BRANCH}' is already checked out in {wt}"):
-        gitops.create_worktree(repo, name="t2", path=other, branch=BRANCH, start="main")
+        worktrees.create_worktree(repo, name="t2", path=other, branch=BRANCH, start="main")
     with pytest.raises(EnvironmentProblem, match=f"'main' is already checked out in {root}"):
-        gitops.create_worktree(repo, name="t3", path=other, branch="main", start="main")
+        worktrees.create_worktree(repo, name="t3", path=other, branch="main", start="main")
     assert not other.exists()
     assert sorted(p.name for p in (root / ".git" / "worktrees").iterdir()) == ["t1"]
     assert git(root, "worktree", "list").count("\n") == 2
@@ -286,8 +287,8 @@ def test_create_worktree_refuses_a_non_empty_directory(repo):
     target.mkdir()
     (target / "f").write_text("mine\n")
     with pytest.raises(EnvironmentProblem, match="not empty"):
-        gitops.create_worktree(
-            gitops.open_repo(repo), name="t1", path=target, branch="b", start="main"
+        worktrees.create_worktree(
+            repository.open_repo(repo), name="t1", path=target, branch="b", start="main"
         )
     assert (target / "f").read_text() == "mine\n"
 
@@ -295,13 +296,13 @@ def test_create_worktree_refuses_a_non_empty_directory(repo):
 def test_remove_worktree_and_delete_branch(setup):
     root, repo, wt, _ = setup
     with pytest.raises(EnvironmentProblem, match="checked out in"):
-        gitops.delete_branch(repo, BRANCH)
-    gitops.remove_worktree(repo, "t1", wt)
-    gitops.remove_worktree(repo, "t1", wt)  # idempotent
+        branches.delete_branch(repo, BRANCH)
+    worktrees.remove_worktree(repo, "t1", wt)
+    worktrees.remove_worktree(repo, "t1", wt)  # idempotent
     assert not wt.exists()
     assert git(root, "worktree", "list").count("\n") == 1
-    gitops.delete_branch(repo, BRANCH)
-    gitops.delete_branch(repo, BRANCH)
+    branches.delete_branch(repo, BRANCH)
+    branches.delete_branch(repo, BRANCH)
     assert git(root, "branch", "--list", BRANCH) == ""
     git(root, "fsck", "--strict")
 
@@ -320,9 +321,9 @@ def test_commit_step_makes_one_commit_with_trailers(setup):
     (wt / "build" / "out.bin").write_text("ignored\n")
     (wt / ".coder").mkdir()
     (wt / ".coder" / "notes.md").write_text("never committed\n")
-    assert gitops.changed_paths(wt) == ["pkg/deep/new.py", "src/app.py", "src/old.py"]
+    assert workdir.changed_paths(wt) == ["pkg/deep/new.py", "src/app.py", "src/old.py"]
 
-    sha = gitops.commit_step(
+    sha = commits.commit_step(
         wt,
         task_id="t1",
         step_id="s2",
@@ -331,7 +332,7 @@ def test_commit_step_makes_one_commit_with_trailers(setup):
         body="Why: demo.",
         expected_tip=base,
     )
-    assert sha == gitops.branch_tip(repo, BRANCH) == git(wt, "rev-parse", "HEAD").strip()
+    assert sha == branches.branch_tip(repo, BRANCH) == git(wt, "rev-parse", "HEAD").strip()
     assert git(root, "rev-parse", f"{sha}^@").split() == [base]
     assert git(root, "rev-list", "--count", f"{base}..{BRANCH}").strip() == "1"
     assert git(root, "log", "-1", "--format=%B", BRANCH) == (
@@ -347,14 +348,14 @@ def test_commit_step_makes_one_commit_with_trailers(setup):
     )
     assert tree_files(root, BRANCH) == [".gitignore", "README.md", "pkg/deep/new.py", "src/app.py"]
     assert git(wt, "status", "--porcelain") == ""
-    assert gitops.is_clean(wt)
+    assert workdir.is_clean(wt)
     git(root, "fsck", "--strict")
 
 
 def test_commit_step_without_changes_makes_no_commit(setup):
     root, repo, wt, base = setup
     assert (
-        gitops.commit_step(
+        commits.commit_step(
             wt, task_id="t1", step_id="s1", attempt=1, title="noop", expected_tip=base
         )
         is None
@@ -363,18 +364,18 @@ def test_commit_step_without_changes_makes_no_commit(setup):
     (wt / "README.md").write_text("# sample\n")  # ...and changed back
     (wt / "x.log").write_text("ignored only\n")
     assert (
-        gitops.commit_step(
+        commits.commit_step(
             wt, task_id="t1", step_id="s1", attempt=1, title="noop", expected_tip=base
         )
         is None
     )
-    assert gitops.branch_tip(repo, BRANCH) == base
+    assert branches.branch_tip(repo, BRANCH) == base
 
 
 def test_commit_step_without_body_omits_the_paragraph(setup):
     root, _repo, wt, base = setup
     (wt / "a.txt").write_text("a\n")
-    gitops.commit_step(
+    commits.commit_step(
         wt, task_id="t1", step_id="s1", attempt=1, title="multi\nline  title", expected_tip=base
     )
     assert git(root, "log", "-1", "--format=%B", BRANCH) == (
@@ -399,9 +400,9 @@ def test_commit_step_stages_a_rename_and_a_change_staged_by_a_command(setup):
 
 def test_coder_dir_is_never_committed_even_without_the_exclude(make_repo):
     root = make_repo({"README.md": "r\n"})
-    repo = gitops.open_repo(root)  # no ensure_excluded: .coder/ is not ignored here
-    base = gitops.resolve_commit(repo, "main")
-    wt = gitops.create_worktree(
+    repo = repository.open_repo(root)  # no ensure_excluded: .coder/ is not ignored here
+    base = branches.resolve_commit(repo, "main")
+    wt = worktrees.create_worktree(
         repo, name="t1", path=root.parent / "wt", branch=BRANCH, start="main"
     )
     (wt / ".coder" / "logs").mkdir(parents=True)
@@ -409,8 +410,8 @@ def test_coder_dir_is_never_committed_even_without_the_exclude(make_repo):
     (wt / ".coder" / "forced").write_text("force-added by a command\n")
     git(wt, "add", "-f", ".coder/forced")
     (wt / ".coderish").write_text("a lookalike is fine\n")
-    assert gitops.changed_paths(wt) == [".coderish"]
-    assert ".coder/" not in gitops.diff_patch(repo, base, worktree=wt)
+    assert workdir.changed_paths(wt) == [".coderish"]
+    assert ".coder/" not in diffs.diff_patch(repo, base, worktree=wt)
     sha = step(wt, base)
     assert tree_files(root, sha) == [".coderish", "README.md"]
 
@@ -423,7 +424,7 @@ def test_commit_step_refuses_when_the_branch_moved(setup):
     with pytest.raises(BranchMoved, match=f"branch '{BRANCH}' moved under us") as err:
         step(wt, base)
     assert err.value.exit_code == 3
-    assert gitops.branch_tip(repo, BRANCH) == theirs
+    assert branches.branch_tip(repo, BRANCH) == theirs
 
 
 def test_commit_step_compare_and_swap_is_libgit2s(setup, monkeypatch):
@@ -431,11 +432,11 @@ def test_commit_step_compare_and_swap_is_libgit2s(setup, monkeypatch):
     root, repo, wt, base = setup
     git(wt, "commit", "-q", "--allow-empty", "-m", "racing commit")
     theirs = git(wt, "rev-parse", "HEAD").strip()
-    monkeypatch.setattr(gitops, "_check_tip", lambda *a: None)
+    monkeypatch.setattr(commits, "check_tip", lambda *a: None)
     (wt / "a.txt").write_text("a\n")
     with pytest.raises(BranchMoved, match=f"now at {theirs[:12]}"):
         step(wt, base)
-    assert gitops.branch_tip(repo, BRANCH) == theirs
+    assert branches.branch_tip(repo, BRANCH) == theirs
     git(root, "fsck", "--strict")
 
 
@@ -445,24 +446,24 @@ def test_user_checkout_is_untouched_by_worktree_work(make_repo, files):
     (root / "src" / "app.py").write_text("print('staged by user')\n")
     git(root, "add", "src/app.py")
     (root / "scratch.txt").write_text("untracked user file\n")
-    repo = gitops.open_repo(root)
-    gitops.ensure_excluded(repo)
+    repo = repository.open_repo(root)
+    repository.ensure_excluded(repo)
     before = snapshot(root)
 
-    base = gitops.resolve_commit(repo, "main")
-    wt = gitops.create_worktree(
+    base = branches.resolve_commit(repo, "main")
+    wt = worktrees.create_worktree(
         repo, name="t1", path=root / ".coder" / "worktrees" / "t1", branch=BRANCH, start="main"
     )
     (wt / "README.md").write_text("agent edit\n")
     (wt / "new.py").write_text("n = 1\n")
     s1 = step(wt, base)
     (wt / "more.py").write_text("m = 1\n")
-    gitops.discard_changes(wt, s1)
+    restore.discard_changes(wt, s1)
     (wt / "new.py").unlink()
     s2 = step(wt, s1, "s2")
-    gitops.reset_branch(wt, s1, expected_tip=s2)
-    gitops.diff_patch(repo, base, worktree=wt)
-    gitops.remove_worktree(repo, "t1", wt)
+    restore.reset_branch(wt, s1, expected_tip=s2)
+    diffs.diff_patch(repo, base, worktree=wt)
+    worktrees.remove_worktree(repo, "t1", wt)
 
     assert snapshot(root) == before
     git(root, "fsck", "--strict")
@@ -471,7 +472,7 @@ def test_user_checkout_is_untouched_by_worktree_work(make_repo, files):
 def test_stale_index_lock_is_cleared(setup):
     root, _repo, wt, base = setup
     lock = root / ".git" / "worktrees" / "t1" / "index.lock"
-    assert gitops.clear_stale_index_lock(wt) is False
+    assert repository.clear_stale_index_lock(wt) is False
     lock.write_text("")  # left behind by a crash
     (wt / "a.txt").write_text("a\n")
     sha = step(wt, base)
@@ -479,7 +480,7 @@ def test_stale_index_lock_is_cleared(setup):
     assert "a.txt" in tree_files(root, sha)
     lock.write_text("")
     (wt / "a.txt").write_text("partial\n")
-    gitops.discard_changes(wt, sha)
+    restore.discard_changes(wt, sha)
     assert (wt / "a.txt").read_text() == "a\n"
     assert not lock.exists()
 
@@ -498,7 +499,7 @@ def test_discard_changes_restores_the_commit(setup):
     (wt / "keep.log").write_text("ignored stays\n")
     (wt / ".coder").mkdir()
     (wt / ".coder" / "artifact").write_text("stays\n")
-    gitops.discard_changes(wt, base)
+    restore.discard_changes(wt, base)
     assert (wt / "src" / "app.py").read_text() == "print('hi')\n"
     assert (wt / "README.md").read_text() == "# sample\n"
     assert not (wt / "tmpdir").exists()
@@ -506,7 +507,7 @@ def test_discard_changes_restores_the_commit(setup):
     assert (wt / "keep.log").read_text() == "ignored stays\n"
     assert (wt / ".coder" / "artifact").read_text() == "stays\n"
     assert git(wt, "status", "--porcelain") == ""
-    assert gitops.branch_tip(repo, BRANCH) == base
+    assert branches.branch_tip(repo, BRANCH) == base
 
 
 def test_discard_changes_never_moves_the_branch(setup):
@@ -515,8 +516,8 @@ def test_discard_changes_never_moves_the_branch(setup):
     s1 = step(wt, base)
     (wt / "a.txt").write_text("user's uncommitted work\n")
     with pytest.raises(BranchMoved):
-        gitops.discard_changes(wt, base)
-    assert gitops.branch_tip(repo, BRANCH) == s1
+        restore.discard_changes(wt, base)
+    assert branches.branch_tip(repo, BRANCH) == s1
     assert (wt / "a.txt").read_text() == "user's uncommitted work\n"
 
 
@@ -529,12 +530,12 @@ def test_reset_branch(setup):
     (wt / "one.txt").write_text("1 changed\n")
     s2 = step(wt, s1, "s2")
     with pytest.raises(BranchMoved):
-        gitops.reset_branch(wt, base, expected_tip=s1)
+        restore.reset_branch(wt, base, expected_tip=s1)
     with pytest.raises(InvalidInput):
-        gitops.reset_branch(wt, "no-such-rev", expected_tip=s2)
-    assert gitops.branch_tip(repo, BRANCH) == s2
-    gitops.reset_branch(wt, s1, expected_tip=s2)
-    assert gitops.branch_tip(repo, BRANCH) == s1
+        restore.reset_branch(wt, "no-such-rev", expected_tip=s2)
+    assert branches.branch_tip(repo, BRANCH) == s2
+    restore.reset_branch(wt, s1, expected_tip=s2)
+    assert branches.branch_tip(repo, BRANCH) == s1
     assert (wt / "one.txt").read_text() == "1\n"
     assert not (wt / "two").exists()
     assert git(wt, "status", "--porcelain") == ""
@@ -553,18 +554,18 @@ def test_a_deleted_worktree_never_resolves_to_the_main_checkout(setup):
     wt.mkdir()
     (wt / "stray.txt").write_text("x\n")
     for call in (
-        lambda: gitops.discard_changes(wt, base),
-        lambda: gitops.reset_branch(wt, base, expected_tip=base),
-        lambda: gitops.commit_step(
+        lambda: restore.discard_changes(wt, base),
+        lambda: restore.reset_branch(wt, base, expected_tip=base),
+        lambda: commits.commit_step(
             wt, task_id="t1", step_id="s1", attempt=1, title="t", expected_tip=base
         ),
-        lambda: gitops.changed_paths(wt),
+        lambda: workdir.changed_paths(wt),
     ):
         with pytest.raises(EnvironmentProblem, match="missing or not a git worktree"):
             call()
-    assert gitops.clear_stale_index_lock(wt) is False
+    assert repository.clear_stale_index_lock(wt) is False
     with pytest.raises(EnvironmentProblem, match="main checkout"):
-        gitops.discard_changes(root, base)
+        restore.discard_changes(root, base)
     assert (root / "README.md").read_text() == "user edit\n"
     assert (root / "untracked.txt").read_text() == "user file\n"
 
@@ -578,7 +579,7 @@ def test_a_stale_ref_lock_is_reported_with_the_file_to_delete(setup):
         step(wt, base)
     assert str(lock) in err.value.hint
     with pytest.raises(EnvironmentProblem, match="cannot reset branch"):
-        gitops.reset_branch(wt, base, expected_tip=base)
+        restore.reset_branch(wt, base, expected_tip=base)
     lock.unlink()
     step(wt, base)
 
@@ -607,27 +608,27 @@ def test_step_commits_reads_trailers_of_this_task_only(setup):
     )
     s4 = git(wt, "rev-parse", "HEAD").strip()
 
-    found = gitops.step_commits(repo, branch=BRANCH, base_commit=base, task_id="t1")
+    found = commits.step_commits(repo, branch=BRANCH, base_commit=base, task_id="t1")
     assert found == [
-        gitops.StepCommit(s1, "s1", 1, "t1", "s1: work"),
-        gitops.StepCommit(s3, "s3", 2, "t1", "s3: work"),
-        gitops.StepCommit(s4, "s4", 7, "t1", "hand-made"),
+        commits.StepCommit(s1, "s1", 1, "t1", "s1: work"),
+        commits.StepCommit(s3, "s3", 2, "t1", "s3: work"),
+        commits.StepCommit(s4, "s4", 7, "t1", "hand-made"),
     ]
     assert [
-        c.commit for c in gitops.step_commits(repo, branch=BRANCH, base_commit=s1, task_id="t2")
+        c.commit for c in commits.step_commits(repo, branch=BRANCH, base_commit=s1, task_id="t2")
     ] == [other]
-    assert gitops.step_commits(repo, branch="missing", base_commit=base, task_id="t1") == []
+    assert commits.step_commits(repo, branch="missing", base_commit=base, task_id="t1") == []
     tasks = git(root, "log", "--format=%(trailers:key=Coder-Task,valueonly)", f"{base}..{BRANCH}")
     assert tasks.split() == ["t1", "t1", "t2", "t1"]
 
 
 def test_parse_trailers():
-    assert gitops.parse_trailers("title only") == {}
-    assert gitops.parse_trailers("t\n\nCoder-Task: a\r\nCoder-Step:  s1 \n") == {
+    assert commits.parse_trailers("title only") == {}
+    assert commits.parse_trailers("t\n\nCoder-Task: a\r\nCoder-Step:  s1 \n") == {
         "coder-task": "a",
         "coder-step": "s1",
     }
-    assert gitops.parse_trailers("t\n\nCoder-Task: old\n\nno trailers here") == {}
+    assert commits.parse_trailers("t\n\nCoder-Task: old\n\nno trailers here") == {}
 
 
 # --------------------------------------------------------------------------- diffs
@@ -640,26 +641,26 @@ def test_diff_helpers_agree_with_git(setup):
     (wt / "new.txt").write_text("fresh\n")
     s1 = step(wt, base)
 
-    patch = gitops.diff_patch(repo, base, s1)
+    patch = diffs.diff_patch(repo, base, s1)
     assert "-print('hi')\n+print('hello')\n" in patch
     assert "+fresh\n" in patch
     assert "rename from src/old.py\nrename to src/moved.py" in patch
-    assert gitops.changed_files_between(repo, base, s1) == sorted(
+    assert diffs.changed_files_between(repo, base, s1) == sorted(
         git(root, "diff", "--name-only", "--no-renames", base, s1).split()
     )
-    stat = gitops.diff_stat(repo, base, s1)
+    stat = diffs.diff_stat(repo, base, s1)
     assert "3 files changed, 2 insertions(+), 1 deletion(-)" in stat
     assert git(root, "diff", "--stat", base, s1).splitlines()[-1].strip() in stat
-    assert gitops.diff_stat(repo, s1, s1) == "" and gitops.diff_patch(repo, s1, s1) == ""
+    assert diffs.diff_stat(repo, s1, s1) == "" and diffs.diff_patch(repo, s1, s1) == ""
 
     (wt / "untracked" / "u.py").parent.mkdir()
     (wt / "untracked" / "u.py").write_text("u = 1\n")
     (wt / "new.txt").write_text("fresh\nmore\n")
     (wt / "noise.log").write_text("ignored\n")
-    live = gitops.diff_patch(repo, s1, worktree=wt)
+    live = diffs.diff_patch(repo, s1, worktree=wt)
     assert "+u = 1\n" in live and "+more\n" in live
     assert "noise.log" not in live and ".coder" not in live
-    assert "+fresh\n" in gitops.diff_patch(repo, base, worktree=wt)
+    assert "+fresh\n" in diffs.diff_patch(repo, base, worktree=wt)
 
 
 # --------------------------------------------------------------------------- parallel steps
@@ -667,11 +668,11 @@ def test_diff_helpers_agree_with_git(setup):
 
 def scratch(repo, root: Path, name: str, commit: str) -> Path:
     path = root / ".coder" / "worktrees" / name
-    return gitops.add_scratch_worktree(repo, name=name, path=path, commit=commit)
+    return worktrees.add_scratch_worktree(repo, name=name, path=path, commit=commit)
 
 
 def detached(wt: Path, parent: str, step_id: str, task: str = "t1") -> str:
-    sha = gitops.commit_detached(
+    sha = commits.commit_detached(
         wt, task_id=task, step_id=step_id, attempt=1, title=f"{step_id}: work", parent=parent
     )
     assert sha is not None
@@ -687,23 +688,23 @@ def test_scratch_worktrees_and_cherry_pick(setup):
     assert "coder-scratch" not in git(root, "branch", "--list", "--all")
 
     assert (
-        gitops.commit_detached(a, task_id="t1", step_id="s2", attempt=1, title="none", parent=base)
+        commits.commit_detached(a, task_id="t1", step_id="s2", attempt=1, title="none", parent=base)
         is None
     )
     (a / "src" / "app.py").write_text("print('from s2')\n")
     (a / "half.txt").write_text("discarded\n")
-    gitops.discard_changes(a, base)  # a failed attempt in the scratch worktree
+    restore.discard_changes(a, base)  # a failed attempt in the scratch worktree
     assert not (a / "half.txt").exists()
     (a / "src" / "app.py").write_text("print('from s2')\n")
     c2 = detached(a, base, "s2")
     assert git(a, "rev-parse", "HEAD").strip() == c2
-    assert gitops.branch_tip(repo, BRANCH) == base  # the agent branch has not moved yet
+    assert branches.branch_tip(repo, BRANCH) == base  # the agent branch has not moved yet
     (b / "s3.txt").write_text("s3\n")
     c3 = detached(b, base, "s3")
 
-    landed2 = gitops.cherry_pick(wt, c2, expected_tip=base)
+    landed2 = commits.cherry_pick(wt, c2, expected_tip=base)
     assert landed2 == c2  # parent is the tip: fast-forward, same commit
-    landed3 = gitops.cherry_pick(wt, c3, expected_tip=landed2)
+    landed3 = commits.cherry_pick(wt, c3, expected_tip=landed2)
     assert landed3 != c3 and git(root, "rev-parse", f"{landed3}^").strip() == landed2
     assert git(root, "log", "-1", "--format=%(trailers)", landed3) == (
         "Coder-Task: t1\nCoder-Step: s3\nCoder-Attempt: 1\n\n"
@@ -711,12 +712,12 @@ def test_scratch_worktrees_and_cherry_pick(setup):
     assert (wt / "s3.txt").read_text() == "s3\n"
     assert (wt / "src" / "app.py").read_text() == "print('from s2')\n"
     assert git(wt, "status", "--porcelain") == ""
-    steps = gitops.step_commits(repo, branch=BRANCH, base_commit=base, task_id="t1")
+    steps = commits.step_commits(repo, branch=BRANCH, base_commit=base, task_id="t1")
     assert [(c.step_id, c.commit) for c in steps] == [("s2", c2), ("s3", landed3)]
-    assert gitops.cherry_pick(wt, c3, expected_tip=landed3) is None  # already there
+    assert commits.cherry_pick(wt, c3, expected_tip=landed3) is None  # already there
 
     for name in ("t1--s2", "t1--s3"):
-        gitops.remove_worktree(repo, name, root / ".coder" / "worktrees" / name)
+        worktrees.remove_worktree(repo, name, root / ".coder" / "worktrees" / name)
     assert git(root, "worktree", "list").count("\n") == 2
     git(root, "fsck", "--strict")
 
@@ -728,15 +729,15 @@ def test_cherry_pick_conflict_and_moved_branch(setup):
     (a / "README.md").write_text("s2 version\n")
     (b / "README.md").write_text("s3 version\n")
     c2, c3 = detached(a, base, "s2"), detached(b, base, "s3")
-    tip = gitops.cherry_pick(wt, c2, expected_tip=base)
+    tip = commits.cherry_pick(wt, c2, expected_tip=base)
     with pytest.raises(RunFailed, match="conflicts with .* in README.md"):
-        gitops.cherry_pick(wt, c3, expected_tip=tip)
-    assert gitops.branch_tip(repo, BRANCH) == tip
+        commits.cherry_pick(wt, c3, expected_tip=tip)
+    assert branches.branch_tip(repo, BRANCH) == tip
     assert git(wt, "status", "--porcelain") == ""
     with pytest.raises(BranchMoved):
-        gitops.cherry_pick(wt, c3, expected_tip=base)
+        commits.cherry_pick(wt, c3, expected_tip=base)
     with pytest.raises(BranchMoved):
-        gitops.commit_detached(a, task_id="t1", step_id="s2", attempt=2, title="x", parent=base)
+        commits.commit_detached(a, task_id="t1", step_id="s2", attempt=2, title="x", parent=base)
 
 
 def test_add_scratch_worktree_replaces_a_leftover(setup):
@@ -750,16 +751,16 @@ def test_add_scratch_worktree_replaces_a_leftover(setup):
 
 def test_foreign_commits(setup):
     root, repo, wt, base = setup
-    assert gitops.foreign_commits(repo, branch=BRANCH, base_commit=base, task_id="t1") == []
+    assert commits.foreign_commits(repo, branch=BRANCH, base_commit=base, task_id="t1") == []
     (wt / "a.txt").write_text("a\n")
     s1 = step(wt, base)
-    assert gitops.foreign_commits(repo, branch=BRANCH, base_commit=base, task_id="t1") == []
+    assert commits.foreign_commits(repo, branch=BRANCH, base_commit=base, task_id="t1") == []
     git(wt, "commit", "-q", "--allow-empty", "-m", "user work")
     user = git(wt, "rev-parse", "HEAD").strip()
-    assert gitops.foreign_commits(repo, branch=BRANCH, base_commit=base, task_id="t1") == [user]
-    assert gitops.foreign_commits(repo, branch=BRANCH, base_commit=base, task_id="t2") == [
+    assert commits.foreign_commits(repo, branch=BRANCH, base_commit=base, task_id="t1") == [user]
+    assert commits.foreign_commits(repo, branch=BRANCH, base_commit=base, task_id="t2") == [
         s1,
         user,
     ]
     git(wt, "reset", "-q", "--hard", base)  # behind s1: the branch lost the run's base
-    assert gitops.foreign_commits(repo, branch=BRANCH, base_commit=s1, task_id="t1") == [base]
+    assert commits.foreign_commits(repo, branch=BRANCH, base_commit=s1, task_id="t1") == [base]

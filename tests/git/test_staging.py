@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from coder.errors import EnvironmentProblem
-from coder.git import ops as gitops
-from coder.git import staging
+from coder.git import branches, commits, diffs, repository, staging, submodules, worktrees
 from coder.policy import confine
 from tests.conftest import git
 
@@ -36,12 +35,12 @@ sandboxed = pytest.mark.skipif(
 @pytest.fixture
 def setup(make_repo, scan: str) -> tuple[Path, Path, str]:
     root = make_repo(FILES)
-    repo = gitops.open_repo(root)
-    gitops.ensure_excluded(repo)
-    wt = gitops.create_worktree(
+    repo = repository.open_repo(root)
+    repository.ensure_excluded(repo)
+    wt = worktrees.create_worktree(
         repo, name="t1", path=root / ".coder" / "worktrees" / "t1", branch=BRANCH, start="main"
     )
-    return root, wt, gitops.resolve_commit(repo, "main")
+    return root, wt, branches.resolve_commit(repo, "main")
 
 
 def as_git_stages(wt: Path) -> str:
@@ -169,13 +168,13 @@ def test_the_commit_records_the_staged_tree_and_the_repository_checks_out(setup)
     (wt / "src" / "app.py").write_text("print('hello')\n")
     staged = staging.stage(wt, base)
     (wt / "late.txt").write_text("after verify: not in this commit\n")
-    sha = gitops.commit_step(
+    sha = commits.commit_step(
         wt, task_id="t1", step_id="s1", attempt=1, title="t", expected_tip=base, staged=staged
     )
     assert git(root, "rev-parse", f"{sha}^{{tree}}").strip() == staged.tree
     git(root, "fsck", "--strict")
     with pytest.raises(ValueError, match="staged against"):
-        gitops.commit_step(
+        commits.commit_step(
             wt, task_id="t1", step_id="s2", attempt=1, title="t", expected_tip=sha, staged=staged
         )
 
@@ -262,9 +261,9 @@ def test_a_submodule_is_never_looked_into_by_git_nor_staged(make_repo, scan, tmp
     root = make_repo({"README.md": "# r\n"}, name="repo")
     git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "vendor/lib")
     git(root, "commit", "-q", "-m", "add the submodule")
-    repo = gitops.open_repo(root)
-    base = gitops.resolve_commit(repo, "main")
-    wt = gitops.create_worktree(
+    repo = repository.open_repo(root)
+    base = branches.resolve_commit(repo, "main")
+    wt = worktrees.create_worktree(
         repo, name="t1", path=root / ".coder" / "worktrees" / "t1", branch=BRANCH, start="main"
     )
     sub = wt / "vendor" / "lib"
@@ -277,7 +276,7 @@ def test_a_submodule_is_never_looked_into_by_git_nor_staged(make_repo, scan, tmp
     staged = staging.stage(wt, base)
     assert staged.paths == ["top.txt"]
     assert not (sub / "filter-ran").exists()  # `git status` would run it inside the submodule
-    assert gitops.changed_submodules(wt) == ["vendor/lib"]  # coder's own check sees it
+    assert submodules.changed_submodules(wt) == ["vendor/lib"]  # coder's own check sees it
 
 
 def test_a_steps_patch_is_what_git_diff_prints(make_repo) -> None:
@@ -302,8 +301,8 @@ def test_a_steps_patch_is_what_git_diff_prints(make_repo) -> None:
     git(root, "add", "-A")
     git(root, "update-index", "--add", "--cacheinfo", f"160000,{old},sub")
     git(root, "commit", "-q", "-m", "change")
-    repo = gitops.open_repo(root)
-    assert gitops.step_patch(repo, old, "HEAD") == git(root, "diff", "--no-renames", old, "HEAD")
+    repo = repository.open_repo(root)
+    assert diffs.step_patch(repo, old, "HEAD") == git(root, "diff", "--no-renames", old, "HEAD")
 
 
 @sandboxed

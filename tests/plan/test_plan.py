@@ -390,7 +390,7 @@ def test_an_existing_out_file_is_kept_unless_forced(fake: FakeOllama, sample: Pa
 
 def test_the_context_leaves_out_vendored_and_binary_files(make_repo) -> None:
     from coder import config
-    from coder.git import ops as gitops
+    from coder.git import repository
     from coder.plan import service as plan
 
     repo = make_repo(
@@ -402,8 +402,8 @@ def test_the_context_leaves_out_vendored_and_binary_files(make_repo) -> None:
             "pkg.egg-info/PKG-INFO": "x",
         }
     )
-    opened = gitops.open_repo(repo)
-    ctx = plan.gather_context(opened, gitops.repo_root(opened), config.load(repo))
+    opened = repository.open_repo(repo)
+    ctx = plan.gather_context(opened, repository.repo_root(opened), config.load(repo))
     assert ctx.listed == ("README.md", "src/app.py")
     assert "logo.png" in ctx.files  # still known, for the `changes` checks
     assert ctx.languages == (("Python", 1),) and ctx.test_command is None

@@ -161,7 +161,7 @@ def test_added_lines_come_from_gits_structured_diff(make_repo) -> None:
     """File names git quotes in patch text (`+++ "b/caf\\303\\251.py"`) are read as they
     are: parsed back from text, the quote kept them from any linter, and a lint check passed
     unchecked."""
-    from coder.git import ops as gitops
+    from coder.git import diffs
 
     repo = make_repo({"a.sql": "select 1;\n-- a comment\nselect 2;\n", "café.py": "x = 1\n"})
     base = git(repo, "rev-parse", "HEAD").strip()
@@ -172,7 +172,7 @@ def test_added_lines_come_from_gits_structured_diff(make_repo) -> None:
     (worktree / 'new "quoted" name.py').write_text("a\nb\n")
     (worktree / "gone.txt").write_text("")
     assert '"b/caf\\303\\251.py"' in git(worktree, "diff")  # how git's text names it
-    assert gitops.added_lines(worktree, base) == {
+    assert diffs.added_lines(worktree, base) == {
         "a.sql": {2},
         "café.py": {2},
         'new "quoted" name.py': {1, 2},

@@ -162,12 +162,12 @@ def test_an_injected_gitlink_with_a_nested_repository_is_reset_in_place(
 ) -> None:
     """A commit carries a gitlink and a nested repository whose config aims its files at a
     directory outside: discarding the next step's changes resets it where it is."""
-    from coder.git import ops as gitops
+    from coder.git import restore, worktrees
 
     repo = make_repo({"README.md": "# r\n"})
     import pygit2
 
-    wt = gitops.create_worktree(
+    wt = worktrees.create_worktree(
         pygit2.Repository(str(repo)),
         name="inj",
         path=repo / ".coder" / "worktrees" / "inj",
@@ -189,7 +189,7 @@ def test_an_injected_gitlink_with_a_nested_repository_is_reset_in_place(
     git(nested, "config", "core.worktree", str(out))
     before = fingerprint(out)
 
-    gitops.discard_changes(wt, tip)
+    restore.discard_changes(wt, tip)
 
     assert fingerprint(out) == before
     assert (nested / "f.txt").read_text() == "nested\n"

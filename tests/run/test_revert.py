@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from coder.crashpoints import REVERT_POINTS
-from coder.git import ops as gitops
+from coder.git import commits, repository
 from coder.run.lock import TaskLock
 from coder.run.revert import RevertPlan, plan_revert
 from tests.conftest import coder, git
@@ -161,8 +161,8 @@ def test_revert_mode_adds_revert_commits_and_resume_redoes_the_rest(
     assert [s for s, _ in golden] == ["s1", "s2", "s3", "s4"]
     assert_resume_matches(repo, golden)
     assert rev(repo, f"{BRANCH}^{{tree}}") == rev(fresh, f"{BRANCH}^{{tree}}")
-    repo_ = gitops.open_repo(repo)
-    all_steps = gitops.step_commits(repo_, branch=BRANCH, base_commit="main", task_id="rv")
+    repo_ = repository.open_repo(repo)
+    all_steps = commits.step_commits(repo_, branch=BRANCH, base_commit="main", task_id="rv")
     assert [c.step_id for c in all_steps] == ["s1", "s2", "s3", "s4", "s3", "s4"]
 
 
@@ -232,8 +232,8 @@ def test_a_step_without_a_commit_cuts_after_the_last_commit_before_it(make_repo:
 
 
 def test_the_cut_follows_branch_order_when_it_differs_from_dag_order() -> None:
-    def c(step: str) -> gitops.StepCommit:
-        return gitops.StepCommit(f"sha-{step}", step, 1, "t", step)
+    def c(step: str) -> commits.StepCommit:
+        return commits.StepCommit(f"sha-{step}", step, 1, "t", step)
 
     order = ["a", "b", "c"]  # c, independent, landed before b (a parallel level)
     landed = [c("a"), c("c"), c("b")]

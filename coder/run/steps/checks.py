@@ -58,10 +58,10 @@ def asserts_hold(seen: Verification) -> list[str]:
 def protected_paths_untouched(seen: Verification) -> list[str]:
     """A problem for each protected path the step changed without naming it in `changes`,
     by its name or by a name a symlink of the worktree gives it."""
-    from coder.git import ops as gitops
+    from coder.git import trees
 
     changed = set(seen.changed)
-    links = (gitops.committed_links(seen.workdir) - changed) | {
+    links = (trees.committed_links(seen.workdir) - changed) | {
         rel for rel in changed if os.path.islink(seen.workdir / rel)
     }
     return protected_changes(
@@ -81,10 +81,10 @@ def diff_within_caps(seen: Verification) -> list[str]:
             f"({max_files})"
         )
     if max_lines is not None and seen.changed:
-        from coder.git import ops as gitops
+        from coder.git import diffs, repository
 
-        repo = gitops.open_repo(seen.workdir)
-        added, removed = diff_lines(gitops.changes_patch(repo, seen.staged.changes))
+        repo = repository.open_repo(seen.workdir)
+        added, removed = diff_lines(diffs.changes_patch(repo, seen.staged.changes))
         if added + removed > max_lines:
             problems.append(
                 f"the step changed {added + removed} lines (+{added} -{removed}), more than "
@@ -111,12 +111,12 @@ def diff_lines(patch: str) -> tuple[int, int]:
 
 def submodules_unchanged(seen: Verification) -> list[str]:
     """A problem for each submodule the step changed: its work would not be committed."""
-    from coder.git import ops as gitops
+    from coder.git import submodules
 
     return [
         f"the step changed the submodule {path}/; coder commits only this repository, so "
         "that work would be lost (change the submodule in its own repository)"
-        for path in gitops.changed_submodules(seen.workdir)
+        for path in submodules.changed_submodules(seen.workdir)
     ]
 
 

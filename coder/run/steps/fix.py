@@ -9,7 +9,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coder.git import ops as gitops
+from coder.git import diffs, repository
 from coder.models.provider import Usage
 from coder.run.steps import StepContext, StepOutcome
 
@@ -116,6 +116,6 @@ def fix_cycles(
 
 def _worktree_digest(ctx: StepContext) -> str:
     """What the worktree's changes look like now (to notice a cycle that changed nothing)."""
-    repo = gitops.open_repo(ctx.workdir)
-    text = gitops.diff_patch(repo, "HEAD", worktree=ctx.workdir)
+    repo = repository.open_repo(ctx.workdir)
+    text = diffs.diff_patch(repo, "HEAD", worktree=ctx.workdir)
     return hashlib.sha256(text.encode()).hexdigest()

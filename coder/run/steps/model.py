@@ -15,7 +15,7 @@ from coder.agent import prompts
 from coder.agent.loop import TERMINAL, AgentLoop, Limits, LoopResult
 from coder.agent.prefix import step_focus
 from coder.durable import make_private_dirs, write_private
-from coder.git import ops as gitops
+from coder.git import workdir
 from coder.kinds import KINDS, ModelRole
 from coder.policy.paths import naming
 from coder.run.steps import StepContext, StepOutcome
@@ -241,7 +241,7 @@ def verify_claim(
 ) -> str | None:
     """Why the model's step_complete claim does not hold, or None when it does. `role` is the
     one the model plays (coder.kinds; a test step's fix cycle edits)."""
-    changed = gitops.changed_paths(ctx.workdir)
+    changed = workdir.changed_paths(ctx.workdir)
     summary = str(claim.get("summary") or "").strip()
     if not summary:
         return "give a summary of what you did (and, for an analyze step, what you found)"

@@ -1,0 +1,171 @@
+"""Branches and refs: reading them, and moving them by compare-and-swap.
+
+Every ref move checks the old value under the ref's lock (``move_branch_ref``, or a commit
+created *through* the ref with the expected tip as first parent): a branch someone else moved
+fails with ``BranchMoved``, and nobody's commit is ever overwritten.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pygit2
+
+from coder.errors import BranchMoved, EnvironmentProblem, InvalidInput
+from coder.git.repository import (
+    Repo,
+    admin_text,
+    common_dir,
+    git_failure,
+    open_worktree,
+    repo_root,
+)
+
+
+def current_branch(repo: Repo) -> str:
+    """Short name of the checked-out branch; detached or unborn HEAD is an error."""
+    where = repo.workdir or repo.path
+    if repo.head_is_unborn:
+        target = repo.lookup_reference("HEAD").target
+        name = str(target).removeprefix("refs/heads/")
+        raise EnvironmentProblem(
+            f"branch '{name}' in {where} has no commits yet",
+            hint="commit something first (`git commit --allow-empty -m init`)",
+        )
+    if repo.head_is_detached:
+        raise EnvironmentProblem(
+            f"HEAD is detached at {str(repo.head.target)[:12]} in {where}",
+            hint="check out a branch first (`git switch BRANCH`)",
+        )
+    return str(repo.head.shorthand)
+
+
+def branch_tip(repo: Repo, branch: str) -> str | None:
+    """Hex id the branch points at, or None if it does not exist."""
+    try:
+        ref = repo.references.get(f"refs/heads/{branch}")
+    except (pygit2.GitError, ValueError):
+        return None
+    return None if ref is None else str(ref.resolve().target)
+
+
+def resolve_commit(repo: Repo, rev: str) -> str:
+    """Hex id of the commit ``rev`` names (branch, tag, sha, ``HEAD~2``...)."""
+    try:
+        return str(repo.revparse_single(rev).peel(pygit2.Commit).id)
+    except (KeyError, ValueError, pygit2.GitError):
+        raise InvalidInput(
+            f"unknown revision '{rev}' in {repo.workdir or repo.path}",
+            hint=f"check it with `git rev-parse --verify '{rev}^{{commit}}'`",
+        ) from None
+
+
+def delete_branch(repo: Repo, branch: str) -> None:
+    """Delete a local branch; a missing one is fine (idempotent)."""
+    ref = repo.branches.local.get(branch)
+    if ref is None:
+        return
+    where = checked_out_at(repo, ref.name)
+    if where is not None:
+        raise EnvironmentProblem(
+            f"cannot delete branch '{branch}': it is checked out in {where}",
+            hint="remove that worktree or switch it to another branch first",
+        )
+    ref.delete()
+
+
+def head_of(gitdir: Path) -> str | None:
+    """Symbolic target of a HEAD file (``refs/heads/x``), None if detached/unreadable."""
+    try:
+        text = admin_text(gitdir / "HEAD")
+    except OSError:
+        return None
+    return text[len("ref: ") :] if text.startswith("ref: ") else None
+
+
+def registered_branch(repo: Repo, name: str) -> str | None:
+    """The branch the worktree registered as ``name`` has checked out (its directory may be
+    gone), or None."""
+    head = head_of(common_dir(repo) / "worktrees" / name)
+    return head.removeprefix("refs/heads/") if head and head.startswith("refs/heads/") else None
+
+
+def checked_out_at(repo: Repo, refname: str) -> Path | None:
+    """Where ``refname`` is checked out (main checkout or a linked worktree), else None.
+
+    Read from the HEAD files directly so the answer names the directory to fix.
+    """
+    common = common_dir(repo)
+    if head_of(common) == refname:
+        return repo_root(repo)
+    admin_root = common / "worktrees"
+    if admin_root.is_dir():
+        for admin in sorted(admin_root.iterdir()):
+            if head_of(admin) == refname:
+                try:  # gitdir holds "<worktree>/.git"
+                    return Path(admin_text(admin / "gitdir")).parent
+                except OSError:
+                    return admin
+    return None
+
+
+def branch_ref(w: Repo, worktree: Path) -> str:
+    if w.head_is_detached or w.head_is_unborn:
+        raise EnvironmentProblem(
+            f"worktree {worktree} is not on a branch (detached or unborn HEAD)",
+            hint="`coder clean` the task and run it again, or check the branch out there",
+        )
+    return str(w.head.name)
+
+
+def check_tip(w: Repo, refname: str, expected: str, worktree: Path) -> None:
+    ref = w.references.get(refname)
+    actual = None if ref is None else str(ref.target)
+    if actual != expected:
+        raise moved(refname, expected, actual, worktree)
+
+
+def check_detached_head(w: Repo, expected: str, worktree: Path) -> None:
+    actual = str(w.head.target)
+    if actual != expected:
+        raise BranchMoved(
+            f"HEAD of scratch worktree {worktree} moved: expected {expected[:12]}, "
+            f"now at {actual[:12]}",
+            hint="remove the scratch worktree and run the step again",
+        )
+
+
+def moved(refname: str, expected: str, actual: str | None, worktree: Path) -> BranchMoved:
+    branch = refname.removeprefix("refs/heads/")
+    now = f"now at {actual[:12]}" if actual else "deleted"
+    return BranchMoved(
+        f"branch '{branch}' moved under us: expected {expected[:12]}, {now} (worktree {worktree})",
+        hint=f"someone committed to or reset '{branch}'; inspect it with "
+        f"`git log {branch}` and move it back or `coder clean` the task",
+    )
+
+
+def move_branch_ref(
+    w: Repo, refname: str, target: pygit2.Oid, expected: str, worktree: Path, why: str
+) -> None:
+    """Point ``refname`` at ``target`` if it still points at ``expected`` (lock, check, set)."""
+    with w.transaction() as tx:
+        tx.lock_ref(refname)
+        check_tip(w, refname, expected, worktree)
+        tx.set_target(refname, target, message=f"coder: {why} {str(target)[:12]}")
+
+
+def move_branch(worktree: Path, target: str, *, expected_tip: str, message: str) -> None:
+    """Point the worktree's branch at ``target`` if it still points at ``expected_tip`` (lock,
+    check, set; ``message`` goes to the reflog, where the old tip stays). The files are left
+    as they are: ``discard_changes(worktree, target)`` brings them along afterwards."""
+    worktree = Path(worktree)
+    w = open_worktree(worktree)
+    refname = branch_ref(w, worktree)
+    try:
+        with w.transaction() as tx:
+            tx.lock_ref(refname)
+            check_tip(w, refname, expected_tip, worktree)
+            tx.set_target(refname, pygit2.Oid(hex=target), message=message)
+    except pygit2.GitError as exc:
+        raise git_failure(exc, f"move the branch to {target[:12]}", worktree) from None

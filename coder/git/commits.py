@@ -1,0 +1,311 @@
+"""Step commits and their trailers, and reading a run's history back from them.
+
+* **Git is the truth.** Each step is one commit with ``Coder-Task``/``Coder-Step``/
+  ``Coder-Attempt`` trailers; ``step_commits`` reads them back to rebuild lost state.
+* **Compare-and-swap.** ``commit_step`` creates the commit *through* the branch ref with
+  ``expected_tip`` as first parent, so libgit2 refuses ("current tip is not the first
+  parent") if anyone moved the branch in between: ``BranchMoved``.
+* **One walk of the tree per step.** ``staging.stage`` finds and stages a step's changes in
+  one scan; the verify stage checks that change set and ``commit_step`` records its tree, so
+  what was checked is what is committed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pygit2
+from pygit2.enums import SortMode
+
+from coder.errors import EnvironmentProblem, InvalidInput, RunFailed
+from coder.git.branches import (
+    branch_ref,
+    branch_tip,
+    check_detached_head,
+    check_tip,
+    move_branch_ref,
+    moved,
+    resolve_commit,
+)
+from coder.git.repository import Repo, git_failure, identity, open_worktree
+from coder.git.restore import restore_files
+from coder.git.staging import Staged, stage
+
+TRAILER_TASK = "Coder-Task"
+TRAILER_STEP = "Coder-Step"
+TRAILER_ATTEMPT = "Coder-Attempt"
+TRAILER_REVERTS = "Coder-Reverts"  # on `coder revert`'s commits: the step whose commit it undoes
+REFLOG_REVERT = "coder: revert"  # how `coder revert`'s branch moves start in the reflog
+
+
+def commit_message(title: str, body: str, *, task_id: str, step_id: str, attempt: int) -> str:
+    """Step commit message: title, optional body, then the trailer paragraph (always last)."""
+    title = " ".join(title.split()) or f"step {step_id}"
+    body = body.strip()
+    parts = [title] + ([body] if body else [])
+    trailers = (
+        f"{TRAILER_TASK}: {task_id}\n{TRAILER_STEP}: {step_id}\n{TRAILER_ATTEMPT}: {attempt}\n"
+    )
+    return "\n\n".join([*parts, trailers])
+
+
+def _staged_tree(worktree: Path, base: str, staged: Staged | None) -> pygit2.Oid:
+    """The tree of a step's commit: the one the verify stage staged (taken against the same
+    base), or what ``worktree`` holds now."""
+    if staged is None:
+        staged = stage(worktree, base)
+    elif staged.base != base:
+        raise ValueError(f"the changes were staged against {staged.base}, not {base}")
+    return pygit2.Oid(hex=staged.tree)
+
+
+def commit_step(
+    worktree: Path,
+    *,
+    task_id: str,
+    step_id: str,
+    attempt: int,
+    title: str,
+    body: str = "",
+    expected_tip: str,
+    staged: Staged | None = None,
+) -> str | None:
+    """Commit everything the step changed in ``worktree`` as one commit on its branch: the
+    tree ``staged`` holds (what the verify stage staged and checked), or staged now.
+
+    Returns the new commit's hex, or None if the tree equals ``expected_tip``'s (a step that
+    changed nothing makes no commit). Raises ``BranchMoved`` if the branch is not at
+    ``expected_tip``: the commit is created through the ref with ``expected_tip`` as first
+    parent, which libgit2 turns into an atomic compare-and-swap.
+    """
+    worktree = Path(worktree)
+    w = open_worktree(worktree)
+    refname = branch_ref(w, worktree)
+    check_tip(w, refname, expected_tip, worktree)
+    tree = _staged_tree(worktree, expected_tip, staged)
+    parent = w[expected_tip].peel(pygit2.Commit)
+    if tree == parent.tree_id:
+        return None
+    who = identity(w)
+    message = commit_message(title, body, task_id=task_id, step_id=step_id, attempt=attempt)
+    try:
+        oid = w.create_commit(refname, who.author, who.committer, message, tree, [parent.id])
+    except (pygit2.GitError, OSError) as exc:
+        if "current tip is not the first parent" in str(exc):
+            raise moved(refname, expected_tip, branch_tip(w, refname[11:]), worktree) from None
+        raise git_failure(exc, f"commit step {step_id}", worktree) from None
+    return str(oid)
+
+
+def commit_detached(
+    workdir: Path,
+    *,
+    task_id: str,
+    step_id: str,
+    attempt: int,
+    title: str,
+    body: str = "",
+    parent: str,
+    staged: Staged | None = None,
+) -> str | None:
+    """``commit_step`` for a scratch worktree: the step commit advances only its detached
+    HEAD (so the HEAD reflog keeps it reachable until ``cherry_pick`` lands it). Returns None
+    if nothing changed."""
+    workdir = Path(workdir)
+    w = open_worktree(workdir)
+    if not w.head_is_detached:
+        raise EnvironmentProblem(f"{workdir} is on a branch, not a scratch worktree")
+    check_detached_head(w, parent, workdir)
+    tree = _staged_tree(workdir, parent, staged)
+    base = w[parent].peel(pygit2.Commit)
+    if tree == base.tree_id:
+        return None
+    who = identity(w)
+    message = commit_message(title, body, task_id=task_id, step_id=step_id, attempt=attempt)
+    try:  # through "HEAD": libgit2 checks the detached HEAD is still at `parent`
+        oid = w.create_commit("HEAD", who.author, who.committer, message, tree, [base.id])
+    except (pygit2.GitError, OSError) as exc:
+        if "current tip is not the first parent" in str(exc):
+            check_detached_head(w, parent, workdir)
+        raise git_failure(exc, f"commit step {step_id}", workdir) from None
+    return str(oid)
+
+
+def cherry_pick(worktree: Path, commit: str, *, expected_tip: str) -> str | None:
+    """Land a scratch step commit on the worktree's branch (at ``expected_tip``, CAS).
+
+    If the commit's parent is the tip it lands as is (fast-forward); otherwise its change is
+    three-way merged in memory onto the tip and committed with the same message (trailers
+    included) and author. Returns the commit now at the tip, None if the change was already
+    there; conflicting edits raise ``RunFailed`` naming the paths, changing nothing.
+    """
+    worktree = Path(worktree)
+    w = open_worktree(worktree)
+    refname = branch_ref(w, worktree)
+    check_tip(w, refname, expected_tip, worktree)
+    pick = w[resolve_commit(w, commit)].peel(pygit2.Commit)
+    ours = w[expected_tip].peel(pygit2.Commit)
+    if len(pick.parents) != 1:
+        raise InvalidInput(f"cannot cherry-pick {str(pick.id)[:12]}: it is a merge or root commit")
+    try:
+        if pick.parents[0].id == ours.id:
+            new = pick.id
+            move_branch_ref(w, refname, new, expected_tip, worktree, "fast-forward to")
+        else:
+            merged = w.merge_trees(pick.parents[0].tree, ours.tree, pick.tree)
+            if merged.conflicts:
+                paths = sorted({(o or t or a).path for a, o, t in merged.conflicts})
+                raise RunFailed(
+                    f"step commit {str(pick.id)[:12]} conflicts with {refname[11:]} "
+                    f"in {', '.join(paths)}",
+                    hint="parallel steps edited the same lines; make one depend on the other",
+                )
+            tree = merged.write_tree(w)
+            if tree == ours.tree_id:
+                return None
+            committer = identity(w).committer
+            try:  # CAS through the ref, as in commit_step
+                new = w.create_commit(
+                    refname, pick.author, committer, pick.message, tree, [ours.id]
+                )
+            except pygit2.GitError as exc:
+                if "current tip is not the first parent" in str(exc):
+                    now = branch_tip(w, refname[11:])
+                    raise moved(refname, expected_tip, now, worktree) from None
+                raise
+    except (pygit2.GitError, OSError) as exc:
+        raise git_failure(exc, f"cherry-pick {str(pick.id)[:12]}", worktree) from None
+    restore_files(w, worktree, str(new), f"cherry-pick {str(pick.id)[:12]}")
+    return str(new)
+
+
+@dataclass(frozen=True)
+class StepCommit:
+    commit: str
+    step_id: str
+    attempt: int
+    task_id: str
+    summary: str
+
+
+_TRAILER_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9-]*)\s*:\s*(.*?)\s*$")
+
+
+def parse_trailers(message: str) -> dict[str, str]:
+    """``Key: value`` lines of the message's last paragraph (keys lower-cased).
+
+    Lines that are not trailers (wrapped text, stray notes) are skipped instead of voiding the
+    block, so a commit amended by hand still parses.
+    """
+    paragraphs = re.split(r"\n[ \t]*\n", message.replace("\r\n", "\n").strip())
+    if len(paragraphs) < 2:
+        return {}
+    found: dict[str, str] = {}
+    for line in paragraphs[-1].splitlines():
+        m = _TRAILER_LINE.match(line)
+        if m:
+            found.setdefault(m.group(1).lower(), m.group(2))
+    return found
+
+
+def commits_between(repo: Repo, branch: str, base_commit: str) -> list[pygit2.Commit]:
+    """Commits in ``base_commit..branch``, oldest first (empty if the branch is gone)."""
+    tip = branch_tip(repo, branch)
+    if tip is None:
+        return []
+    walker = repo.walk(pygit2.Oid(hex=tip), SortMode.TOPOLOGICAL | SortMode.REVERSE)
+    walker.hide(pygit2.Oid(hex=resolve_commit(repo, base_commit)))
+    return list(walker)
+
+
+def step_commits(repo: Repo, *, branch: str, base_commit: str, task_id: str) -> list[StepCommit]:
+    """Step commits of ``task_id`` in ``base_commit..branch``, oldest first."""
+    found = []
+    for commit in commits_between(repo, branch, base_commit):
+        t = parse_trailers(commit.message)
+        if t.get(TRAILER_TASK.lower()) != task_id or TRAILER_STEP.lower() not in t:
+            continue
+        try:
+            attempt = int(t.get(TRAILER_ATTEMPT.lower(), "1"))
+        except ValueError:
+            attempt = 1
+        summary = commit.message.split("\n", 1)[0]
+        found.append(StepCommit(str(commit.id), t[TRAILER_STEP.lower()], attempt, task_id, summary))
+    return found
+
+
+def effective_step_commits(
+    repo: Repo, *, branch: str, base_commit: str, task_id: str
+) -> list[StepCommit]:
+    """The step commits that still count, oldest first: ``step_commits`` less each one undone
+    by a later ``Coder-Reverts: <step>`` commit of this task (it cancels that step's newest
+    commit before it). A reverted step is not done: resume runs it again."""
+    effective: list[StepCommit] = []
+    by_id = {
+        c.commit: c
+        for c in step_commits(repo, branch=branch, base_commit=base_commit, task_id=task_id)
+    }
+    for commit in commits_between(repo, branch, base_commit):
+        if str(commit.id) in by_id:
+            effective.append(by_id[str(commit.id)])
+            continue
+        t = parse_trailers(commit.message)
+        reverted = t.get(TRAILER_REVERTS.lower())
+        if t.get(TRAILER_TASK.lower()) != task_id or reverted is None:
+            continue
+        for i in range(len(effective) - 1, -1, -1):
+            if effective[i].step_id == reverted:
+                del effective[i]
+                break
+    return effective
+
+
+def run_base(repo: Repo, branch: str, task_id: str) -> tuple[str, int] | None:
+    """Where run ``task_id`` started on ``branch``, read from its commits alone: (the base
+    commit, how many of the run's commits are on it). The run's commits (steps, and `coder
+    revert`'s) carry ``Coder-Task: task_id`` and follow one another from the base (parallel
+    steps land as cherry-picks), so the base is the first commit without it, walking first
+    parents from the tip. None when the branch is missing or its tip is not the run's."""
+    tip = branch_tip(repo, branch)
+    if tip is None:
+        return None
+    commit = repo[tip].peel(pygit2.Commit)
+    count = 0
+    while parse_trailers(commit.message).get(TRAILER_TASK.lower()) == task_id:
+        if not commit.parents:
+            return None
+        count += 1
+        commit = commit.parents[0]
+    return (str(commit.id), count) if count else None
+
+
+def task_branches(repo: Repo, task_id: str) -> list[str]:
+    """Local branches whose tip is a commit of run ``task_id`` (its trailers say so)."""
+    found = []
+    for name in repo.branches.local:
+        tip = branch_tip(repo, name)
+        message = repo[tip].peel(pygit2.Commit).message if tip else ""
+        if parse_trailers(message).get(TRAILER_TASK.lower()) == task_id:
+            found.append(name)
+    return sorted(found)
+
+
+def foreign_commits(repo: Repo, *, branch: str, base_commit: str, task_id: str) -> list[str]:
+    """Commits on ``branch`` that are not this task's, oldest first: everything in
+    ``base_commit..branch`` without ``Coder-Task: task_id`` (so its step commits and
+    `coder revert`'s ``Coder-Reverts`` commits pass), plus the tip itself if the
+    branch no longer contains ``base_commit`` (it was reset or rewritten). Resume refuses
+    when this is non-empty, so nobody's work is discarded."""
+    foreign = [
+        str(c.id)
+        for c in commits_between(repo, branch, base_commit)
+        if parse_trailers(c.message).get(TRAILER_TASK.lower()) != task_id
+    ]
+    tip = branch_tip(repo, branch)
+    base = resolve_commit(repo, base_commit)
+    moved_off_base = tip is not None and tip != base and not repo.descendant_of(tip, base)
+    if moved_off_base and tip not in foreign:
+        foreign.append(str(tip))
+    return foreign

@@ -1,0 +1,86 @@
+"""Reading files and trees at a commit, read-only: what the repo map, the project
+instructions, the code index and the planner are shown."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pygit2
+
+from coder.git.branches import resolve_commit
+from coder.git.repository import Repo, open_worktree
+
+
+def tree_of(repo: Repo, rev: str) -> pygit2.Tree:
+    return repo[resolve_commit(repo, rev)].peel(pygit2.Tree)
+
+
+_LINKS: dict[str, frozenset[str]] = {}  # tree id -> the paths of its symlinks (a few kept)
+
+
+def committed_links(worktree: Path) -> frozenset[str]:
+    """The paths of the symlinks in the worktree's HEAD commit. Cached by tree id, and a tree
+    whose parent commit's tree is cached is derived from it through their diff, so a run
+    pays for one walk of the tree, not one per step."""
+    w = open_worktree(worktree, writing=False)
+    if w.head_is_unborn:
+        return frozenset()
+    commit = w.head.peel(pygit2.Commit)
+    found = _LINKS.get(str(commit.tree_id))
+    if found is not None:
+        return found
+    parent = commit.parents[0] if commit.parents else None
+    before = _LINKS.get(str(parent.tree_id)) if parent is not None else None
+    if parent is not None and before is not None:
+        links = set(before)
+        for delta in parent.tree.diff_to_tree(commit.tree).deltas:
+            links.discard(delta.old_file.path)
+            if delta.new_file.mode == pygit2.enums.FileMode.LINK:
+                links.add(delta.new_file.path)
+        found = frozenset(links)
+    else:
+        found = frozenset(_tree_links(commit.tree, ""))
+    if len(_LINKS) >= 8:
+        _LINKS.pop(next(iter(_LINKS)))
+    _LINKS[str(commit.tree_id)] = found
+    return found
+
+
+def _tree_links(tree: pygit2.Tree, prefix: str) -> Iterator[str]:
+    for entry in tree:
+        if isinstance(entry, pygit2.Tree):
+            yield from _tree_links(entry, f"{prefix}{entry.name}/")
+        elif entry.filemode == pygit2.enums.FileMode.LINK:
+            yield f"{prefix}{entry.name}"
+
+
+def tree_paths(repo: Repo, commit: str) -> list[str]:
+    """Every file path in a commit's tree, sorted (the model's map of the repository)."""
+    paths: list[str] = []
+
+    def walk(tree: pygit2.Tree, prefix: str) -> None:
+        for entry in tree:
+            if entry.type_str == "tree":
+                walk(repo[entry.id].peel(pygit2.Tree), f"{prefix}{entry.name}/")
+            else:
+                paths.append(f"{prefix}{entry.name}")
+
+    walk(tree_of(repo, commit), "")
+    return sorted(paths)
+
+
+def tree_blobs(repo: Repo, tree_id: str) -> list[tuple[str, str]]:
+    """(path, blob id) of every regular file of a tree, sorted by path; symlinks and
+    submodules are left out (the code index reads file contents)."""
+    blobs: list[tuple[str, str]] = []
+
+    def walk(tree: pygit2.Tree, prefix: str) -> None:
+        for entry in tree:
+            if entry.type_str == "tree":
+                walk(repo[entry.id].peel(pygit2.Tree), f"{prefix}{entry.name}/")
+            elif entry.type_str == "blob" and entry.filemode in (0o100644, 0o100755):
+                blobs.append((f"{prefix}{entry.name}", str(entry.id)))
+
+    walk(repo[tree_id].peel(pygit2.Tree), "")
+    return sorted(blobs)

@@ -1,0 +1,188 @@
+"""coder's worktrees: created, re-created after a crash, removed, pruned; and the scratch
+worktrees in which independent steps of one DAG level run side by side (each with a detached
+HEAD at the same tip; their commits are then replayed onto the agent branch)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+import pygit2
+
+from coder import nofollow
+from coder.durable import fsync_dir, make_private_dirs
+from coder.errors import EnvironmentProblem, InvalidInput
+from coder.git.branches import checked_out_at, delete_branch, head_of, resolve_commit
+from coder.git.repository import Repo, common_dir, open_worktree, repo_root
+from coder.git.submodules import init_submodules
+
+
+def create_worktree(repo: Repo, *, name: str, path: Path, branch: str, start: str) -> Path:
+    """A worktree ``name`` at ``path`` on ``branch`` (created at ``start`` if missing).
+
+    Re-creating works: if the branch exists it is checked out as it is (never moved), and a
+    registration whose directory was deleted is pruned first. An existing healthy worktree
+    with the same name, path and branch is returned unchanged.
+    """
+    path = Path(path).absolute()
+    refname = f"refs/heads/{branch}"
+    common = common_dir(repo)
+    if pending_change(path) is not None:  # a checkout or removal cut short: start afresh
+        remove_worktree(repo, name, path)
+    _prune_stale(repo, common, name)
+
+    if name in repo.list_worktrees():
+        wt = repo.lookup_worktree(name)
+        same_place = Path(wt.path).resolve() == path.resolve()
+        if same_place and head_of(common / "worktrees" / name) == refname:
+            return path
+        raise EnvironmentProblem(
+            f"a worktree named '{name}' already exists at {wt.path}",
+            hint=f"remove it with `git worktree remove {wt.path}` (or `coder clean`)",
+        )
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        what = "the directory exists and is not empty" if path.is_dir() else "a file is there"
+        raise EnvironmentProblem(
+            f"cannot create worktree at {path}: {what}",
+            hint="move or delete it, then retry",
+        )
+
+    ref = repo.branches.local.get(branch)
+    if ref is None:
+        commit = repo[resolve_commit(repo, start)].peel(pygit2.Commit)
+        try:
+            ref = repo.branches.local.create(branch, commit)
+        except (pygit2.GitError, ValueError) as exc:
+            raise InvalidInput(f"cannot create branch '{branch}': {exc}") from None
+    else:
+        where = checked_out_at(repo, refname)
+        if where is not None:
+            raise EnvironmentProblem(
+                f"branch '{branch}' is already checked out in {where}",
+                hint="a branch can be checked out in one worktree only: "
+                "switch that checkout to another branch or remove that worktree",
+            )
+
+    make_private_dirs(path.parent)
+    if path.exists():
+        path.rmdir()  # empty (checked above); libgit2 insists on creating it itself
+    creating = _mark(path, CREATING)
+    try:
+        repo.add_worktree(name, str(path), ref)
+    except (pygit2.GitError, OSError) as exc:
+        # libgit2 creates <common>/worktrees/<name> before failing; don't leave it behind.
+        _remove_half_registration(common, name)
+        raise EnvironmentProblem(f"cannot create worktree '{name}' at {path}: {exc}") from None
+    init_submodules(repo, path, str(ref.target))
+    os.unlink(creating)  # the checkout is complete: from now on its files are the branch's
+    return path
+
+
+# A worktree being created or removed.
+#
+# A checkout of thousands of files takes seconds, their removal a moment: a kill in between
+# leaves a half worktree whose missing or extra files would read as someone's uncommitted
+# changes. So the worktree is marked first (`<path>.creating` or `<path>.removing`, next to it
+# in `.coder/worktrees/`) and unmarked when done; whoever finds a mark finishes the job
+# (`create_worktree` removes the half checkout and checks out again, `remove_worktree` removes
+# what is left), and a marked worktree's files are never counted as changes.
+
+CREATING = "creating"
+REMOVING = "removing"
+
+
+def _marker(path: Path, doing: str) -> Path:
+    return path.with_name(f"{path.name}.{doing}")
+
+
+def _mark(path: Path, doing: str) -> Path:
+    """Mark ``path`` as being created or removed, durably, before the work starts."""
+    marker = _marker(path, doing)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    os.close(os.open(marker, flags, 0o600))
+    fsync_dir(marker.parent)
+    return marker
+
+
+def pending_change(path: Path) -> str | None:
+    """``REMOVING`` or ``CREATING`` when coder's removal or checkout of the worktree at
+    ``path`` was cut short (by a kill), else None."""
+    path = Path(path).absolute()
+    for doing in (REMOVING, CREATING):
+        if os.path.lexists(_marker(path, doing)):
+            return doing
+    return None
+
+
+def worktree_ready(path: Path) -> bool:
+    """Whether ``path`` holds a complete worktree: checked out to the end, not half removed.
+    Only then can its files differ from its branch by anyone's changes."""
+    return (Path(path) / ".git").is_file() and pending_change(path) is None
+
+
+def remove_worktree(repo: Repo, name: str, path: Path) -> None:
+    """Delete the worktree coder made at ``path`` and its registration ``name`` (its admin
+    dir, ``worktrees/<name>``: what `git worktree prune` deletes); missing parts are fine,
+    and without a registration nothing is deleted.
+
+    The directory deleted is ``path``, coder's own, never the one the registration's
+    ``gitdir`` file names: that file is in the admin dir, which the worktree's commands can
+    write. Nothing is followed through a link. A removal or checkout cut short by a kill
+    (see ``pending_change``) is finished even where its registration is already gone."""
+    common = common_dir(repo)
+    root = repo_root(repo)
+    real = Path(os.path.realpath(path))
+    if real == root or real in root.parents or real == common or common in real.parents:
+        raise EnvironmentProblem(f"refusing to delete {real}: it is not a linked worktree")
+    admin = common / "worktrees" / name
+    path = Path(path).absolute()
+    if not os.path.lexists(admin) and pending_change(path) is None:
+        return  # not coder's (any more): whatever is at `path` is someone else's
+    removing = _mark(path, REMOVING) if path.parent.is_dir() else None
+    nofollow.remove_tree(path)
+    nofollow.remove_tree(admin)  # after the files: a removal cut short is still registered
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_marker(path, CREATING))
+    if removing is not None:
+        os.unlink(removing)
+
+
+def _prune_stale(repo: Repo, common: Path, name: str) -> None:
+    _remove_half_registration(common, name)
+    prune_stale_worktrees(repo)
+
+
+def prune_stale_worktrees(repo: Repo) -> None:
+    """Forget registrations whose directory is gone (as `git worktree prune` does; locked ones
+    stay), so a deleted worktree neither blocks its name nor keeps its branch checked out
+    (`git branch -D` refuses a branch checked out in a worktree, even a missing one)."""
+    for other in repo.list_worktrees():
+        wt = repo.lookup_worktree(other)
+        if not Path(wt.path).exists() and wt.is_prunable:
+            wt.prune(True)
+
+
+def _remove_half_registration(common: Path, name: str) -> None:
+    """A ``worktrees/<name>`` dir without a ``gitdir`` file is debris from a failed add."""
+    admin = common / "worktrees" / name
+    if admin.is_dir() and not (admin / "gitdir").exists():
+        shutil.rmtree(admin, ignore_errors=True)
+
+
+def add_scratch_worktree(repo: Repo, *, name: str, path: Path, commit: str) -> Path:
+    """A throwaway worktree ``name`` at ``path`` with a detached HEAD at ``commit``.
+
+    A leftover with the same name (from a crash) is removed first: scratch work is
+    disposable. libgit2 can only add a worktree on a branch, so a temporary
+    ``coder-scratch/<name>`` branch carries it and is deleted once HEAD is detached.
+    """
+    target = repo[resolve_commit(repo, commit)].id
+    temp = f"coder-scratch/{name}"
+    remove_worktree(repo, name, path)
+    delete_branch(repo, temp)
+    path = create_worktree(repo, name=name, path=path, branch=temp, start=str(target))
+    open_worktree(path).set_head(target)
+    delete_branch(repo, temp)
+    return path
