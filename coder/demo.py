@@ -48,8 +48,6 @@ def assets() -> DemoAssets:
 
 def prepare(target: Path | None) -> Path:
     """A fresh git repository holding the sample project, one commit on main."""
-    import pygit2
-
     if target is None:
         target = Path(tempfile.mkdtemp(prefix="coder-demo-")) / "calc"
     elif target.exists() and any(target.iterdir()):
@@ -57,13 +55,7 @@ def prepare(target: Path | None) -> Path:
             f"{target} exists and is not empty", hint="pass a new directory to --keep"
         )
     shutil.copytree(assets().project, target, dirs_exist_ok=True)
-    repo = pygit2.init_repository(str(target), initial_head="main")
-    who = repository.identity(repo)
-    index = repo.index
-    index.add_all()
-    index.write()
-    tree = index.write_tree()
-    repo.create_commit("HEAD", who.author, who.committer, "calc: add and subtract", tree, [])
+    gitcommits.initial_commit(target, "calc: add and subtract", branch="main")
     return target
 
 

@@ -35,8 +35,6 @@ def run_checks(cwd: Path, *, model: str | None = None) -> list[Check]:
 
 
 def _git(cwd: Path) -> Check:
-    import pygit2
-
     from coder.git import branches, repository
 
     try:
@@ -45,7 +43,7 @@ def _git(cwd: Path) -> Check:
     except CoderError as exc:
         return Check("git repository", "fail", exc.message, exc.hint)
     fallback = repository.identity(repo).fallback
-    libgit2 = f"libgit2 {pygit2.LIBGIT2_VERSION}"
+    libgit2 = f"libgit2 {repository.libgit2_version()}"
     if fallback:
         return Check(
             "git repository",

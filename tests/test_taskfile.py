@@ -301,3 +301,27 @@ def test_document_positions_point_at_keys_or_values() -> None:
     assert doc.position(["a", "b", 1]) == (2, 10)
     assert doc.position(["a", "b"], key=True) == (2, 3)
     assert doc.position(["a", "missing"]) == (2, 3)
+
+
+def test_branch_names_as_libgit2_judges_them():
+    """taskfile's own refname check (it may not import pygit2) agrees with libgit2 on every
+    name of up to 7 characters after agent/ that the schema's pattern lets through."""
+    import itertools
+    import re
+
+    import pygit2
+
+    from coder.schemas import load_schema
+    from coder.taskfile import _valid_branch_name
+
+    shape = re.compile(load_schema("task")["properties"]["branch"]["pattern"])
+    checked = 0
+    for size in range(1, 8):
+        for chars in itertools.product("lk.o/c", repeat=size):
+            branch = "agent/" + "".join(chars)
+            if not shape.search(branch):
+                continue
+            checked += 1
+            git = pygit2.reference_is_valid_name(f"refs/heads/{branch}")
+            assert _valid_branch_name(branch) == git, branch
+    assert checked > 10_000

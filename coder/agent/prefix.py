@@ -21,7 +21,7 @@ from coder.agent import prompts
 from coder.redact import Redactor
 
 if TYPE_CHECKING:
-    import pygit2
+    from coder.git.repository import Repo
 
 FOCUS_HITS = 5
 
@@ -37,7 +37,7 @@ class Prefix:
 
 
 def build(
-    repo: pygit2.Repository,
+    repo: Repo,
     base_commit: str,
     task: Mapping[str, Any],
     cfg: Mapping[str, Any] | Any,
@@ -83,18 +83,15 @@ def build(
     )
 
 
-def register_env_files(repo: pygit2.Repository, commit: str, redactor: Redactor) -> None:
+def register_env_files(repo: Repo, commit: str, redactor: Redactor) -> None:
     """The values of the commit's `.env*` files (at the root and one level down, as the tools
     register them in a worktree) join `redactor`'s known secrets."""
-    import pygit2
-
-    from coder.git.trees import tree_blobs
+    from coder.git import trees
     from coder.tools.registry import is_env_file
 
-    tree = str(repo.revparse_single(commit).peel(pygit2.Tree).id)
-    for path, blob in tree_blobs(repo, tree):
+    for path, blob in trees.tree_blobs(repo, trees.tree_id(repo, commit)):
         if path.count("/") <= 1 and is_env_file(path.rsplit("/", 1)[-1]):
-            text = repo[blob].peel(pygit2.Blob).data.decode("utf-8", errors="replace")
+            text = trees.blob_data(repo, blob).decode("utf-8", errors="replace")
             redactor.add_env_file(text)
 
 

@@ -17,7 +17,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import pygit2
+    from coder.git.repository import Repo
 
 DEFAULT_FILES = ("AGENTS.md", "CLAUDE.md", "CONVENTIONS.md")
 DEFAULT_MAX_CHARS = 12_000
@@ -70,7 +70,7 @@ class Instructions:
 
 
 def read(
-    repo: pygit2.Repository,
+    repo: Repo,
     commit: str,
     *,
     names: Sequence[str] = DEFAULT_FILES,
@@ -80,17 +80,16 @@ def read(
 ) -> Instructions:
     """The instruction files of `commit`'s tree, at most `max_chars` characters in all.
     `prefer`: paths the task is about; instruction files above them come first."""
-    import pygit2
+    from coder.git.trees import blob_data
 
     if redact is None:
         from coder.redact import redact as default_redact
 
         redact = default_redact
     wanted = {n.lower() for n in names}
-    tree = repo.revparse_single(commit).peel(pygit2.Tree)
     found = [
         (path, blob)
-        for path, blob in _instruction_entries(repo, tree)
+        for path, blob in _instruction_entries(repo, commit)
         if PurePosixPath(path).name.lower() in wanted
     ]
     order = {n.lower(): i for i, n in enumerate(names)}
@@ -112,7 +111,7 @@ def read(
         if blob in seen:  # CLAUDE.md as a copy of (or a link to) AGENTS.md
             continue
         seen.add(blob)
-        data = repo[blob].peel(pygit2.Blob).data
+        data = blob_data(repo, blob)
         text = redact(data.decode("utf-8", errors="replace")).strip()
         if not text:
             continue
@@ -125,26 +124,17 @@ def read(
     return Instructions(tuple(files), tuple(left_out))
 
 
-def _instruction_entries(repo: pygit2.Repository, tree: pygit2.Tree) -> list[tuple[str, str]]:
-    """(path, blob id) of every file of the tree; a symlink to a file of the tree gives its
-    target's blob (so a CLAUDE.md linked to AGENTS.md is read once)."""
-    import pygit2
+def _instruction_entries(repo: Repo, commit: str) -> list[tuple[str, str]]:
+    """(path, blob id) of every file of the commit's tree; a symlink to a file of the tree
+    gives its target's blob (so a CLAUDE.md linked to AGENTS.md is read once)."""
+    from coder.git.trees import blob_data, file_entries
 
-    entries: list[tuple[str, str, int]] = []
-
-    def walk(node: pygit2.Tree, prefix: str) -> None:
-        for entry in node:
-            if entry.type_str == "tree":
-                walk(repo[entry.id].peel(pygit2.Tree), f"{prefix}{entry.name}/")
-            elif entry.type_str == "blob":
-                entries.append((f"{prefix}{entry.name}", str(entry.id), entry.filemode))
-
-    walk(tree, "")
+    entries = file_entries(repo, commit)
     blobs = {path: blob for path, blob, mode in entries if mode != 0o120000}
     out = []
     for path, blob, mode in entries:
         if mode == 0o120000:
-            target = repo[blob].peel(pygit2.Blob).data.decode("utf-8", errors="replace")
+            target = blob_data(repo, blob).decode("utf-8", errors="replace")
             resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
             if resolved in blobs:
                 out.append((path, blobs[resolved]))

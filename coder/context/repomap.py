@@ -40,8 +40,7 @@ from coder.context.languages import language_of, vendored
 from coder.context.tags import Definition, FileTags, extract
 
 if TYPE_CHECKING:
-    import pygit2
-
+    from coder.git.repository import Repo
     from coder.redact import Redactor
 
 VERSION = 1  # bump when the tags or the rendering change: old caches are then ignored
@@ -106,7 +105,7 @@ class RepoMap:
 
 
 def build(
-    repo: pygit2.Repository,
+    repo: Repo,
     commit: str,
     *,
     budget: int,
@@ -117,14 +116,12 @@ def build(
     """The map of `commit` (see the module docstring), at most `budget` tokens, redacted by
     `redactor` (else the built-in secret formats)."""
     started = time.perf_counter()
-    import pygit2
-
-    from coder.git.trees import tree_blobs
+    from coder.git import trees
     from coder.redact import Redactor
 
     scrub = redactor or Redactor()
 
-    tree_id = str(repo.revparse_single(commit).peel(pygit2.Tree).id)
+    tree_id = trees.tree_id(repo, commit)
     rendered = None
     if cache_dir is not None:
         digest = hashlib.sha256(
@@ -142,7 +139,7 @@ def build(
             )
         except (OSError, ValueError):
             pass
-    blobs = tree_blobs(repo, tree_id)
+    blobs = trees.tree_blobs(repo, tree_id)
     paths = [path for path, _ in blobs]
     if budget <= 0:  # no map (repo_map_tokens: 0): nothing is parsed
         return RepoMap("", len(paths), 0, 0, False, time.perf_counter() - started)
@@ -165,14 +162,14 @@ def _prune(folder: Path, keep: int = KEEP_MAPS) -> None:
 
 
 def file_tags(
-    repo: pygit2.Repository,
+    repo: Repo,
     blobs: Sequence[tuple[str, str]],
     cache_dir: Path | None,
     redactor: Redactor,
 ) -> dict[str, FileTags]:
     """Tags of every code file among `blobs` ((path, blob id)), from the cache when known;
     names and first lines redacted by `redactor` before they are cached."""
-    import pygit2
+    from coder.git.trees import blob_data
 
     cache = BlobCache(cache_dir / f"tags-v{VERSION}.json" if cache_dir else None, redactor)
     out: dict[str, FileTags] = {}
@@ -185,7 +182,7 @@ def file_tags(
         keep.append(key)
         entry = cache.get(key)
         if entry is None:
-            data = repo[blob].peel(pygit2.Blob).data
+            data = blob_data(repo, blob)
             tags = FileTags((), {}) if len(data) > MAX_TAG_BYTES else extract(language, data)
             entry = _redacted_tags(tags, redactor)
             cache.put(key, entry)

@@ -34,7 +34,6 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from coder.context.blobcache import BlobCache
 from coder.context.languages import language_of, vendored
@@ -287,38 +286,27 @@ def index_for(root: Path, cache_dir: Path | None, redactor: Redactor | None = No
 def worktree_files(root: Path) -> list[tuple[str, str, Callable[[], bytes | None]]]:
     """(path, blob id, reader) of every indexable file of the working directory: HEAD's
     blobs for clean files, the hash of the file on disk for changed or new ones."""
-    import pygit2
-    from pygit2.enums import FileStatus
+    from coder.git.trees import hash_blob
+    from coder.git.workdir import working_files
 
-    from coder.git.trees import tree_blobs
-
-    repo = pygit2.Repository(str(root))
-    base: dict[str, str] = {}
-    if not repo.head_is_unborn:
-        base = dict(tree_blobs(repo, str(repo.head.peel(pygit2.Tree).id)))
-    changed = {
-        path: flags
-        for path, flags in repo.status(untracked_files="all").items()
-        if not flags & FileStatus.IGNORED
-    }
+    files = working_files(root)
+    base, changed = files.committed, files.changed
     out: list[tuple[str, str, Callable[[], bytes | None]]] = []
     for path in sorted(set(base) | set(changed)):
         if not _indexable(path) or path.startswith(".coder/"):
             continue
         if path not in changed:
             blob = base[path]
-            out.append((path, blob, functools.partial(_blob_data, repo, blob)))
+            out.append((path, blob, functools.partial(_blob_data, files.read_blob, blob)))
             continue
         data = _file_data(root / path)
         if data is not None:
-            out.append((path, str(pygit2.hash(data)), functools.partial(lambda d: d, data)))
+            out.append((path, hash_blob(data), functools.partial(lambda d: d, data)))
     return out
 
 
-def _blob_data(repo: Any, blob: str) -> bytes | None:
-    import pygit2
-
-    data: bytes = repo[blob].peel(pygit2.Blob).data
+def _blob_data(read_blob: Callable[[str], bytes], blob: str) -> bytes | None:
+    data = read_blob(blob)
     return None if len(data) > MAX_TAG_BYTES or b"\0" in data[:8192] else data
 
 

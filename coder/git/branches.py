@@ -169,3 +169,13 @@ def move_branch(worktree: Path, target: str, *, expected_tip: str, message: str)
             tx.set_target(refname, pygit2.Oid(hex=target), message=message)
     except pygit2.GitError as exc:
         raise git_failure(exc, f"move the branch to {target[:12]}", worktree) from None
+
+
+def head_commit(repo: Repo) -> str | None:
+    """The commit HEAD is at, None on an unborn branch."""
+    return None if repo.head_is_unborn else str(repo.head.target)
+
+
+def local_branches(repo: Repo) -> frozenset[str]:
+    """The names of the local branches."""
+    return frozenset(repo.branches.local)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pygit2
@@ -309,3 +310,67 @@ def foreign_commits(repo: Repo, *, branch: str, base_commit: str, task_id: str) 
     if moved_off_base and tip not in foreign:
         foreign.append(str(tip))
     return foreign
+
+
+def recent_subjects(repo: Repo, head: str, limit: int) -> list[str]:
+    """The first lines of the newest ``limit`` commits reachable from ``head`` (by time)."""
+    subjects = []
+    for commit in repo.walk(head, SortMode.TIME):
+        subjects.append(commit.message.split("\n", 1)[0].strip())
+        if len(subjects) == limit:
+            break
+    return subjects
+
+
+def initial_commit(path: Path, message: str, *, branch: str = "main") -> str:
+    """A new repository at ``path`` whose first commit on ``branch`` holds every file there."""
+    repo = pygit2.init_repository(str(path), initial_head=branch)
+    who = identity(repo)
+    index = repo.index
+    index.add_all()
+    index.write()
+    tree = index.write_tree()
+    return str(repo.create_commit("HEAD", who.author, who.committer, message, tree, []))
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    commit: str
+    when: datetime  # the commit time, in the committer's own time zone
+    subject: str
+
+
+def log(repo: Repo, limit: int) -> list[LogEntry]:
+    """The newest ``limit`` commits reachable from HEAD, as ``git log`` orders them; none on
+    an unborn branch."""
+    if repo.head_is_unborn:
+        return []
+    found = []
+    for commit in repo.walk(repo.head.target, SortMode.TOPOLOGICAL | SortMode.TIME):
+        when = datetime.fromtimestamp(
+            commit.commit_time, timezone(timedelta(minutes=commit.commit_time_offset))
+        )
+        subject = (commit.message or "").strip().split("\n", 1)[0]
+        found.append(LogEntry(str(commit.id), when, subject))
+        if len(found) >= limit:
+            break
+    return found
+
+
+def descends_from(repo: Repo, commit: str, ancestor: str) -> bool:
+    """Whether ``ancestor`` is in ``commit``'s history (and not ``commit`` itself)."""
+    return bool(repo.descendant_of(commit, ancestor))
+
+
+def merge_base_with_head(repo: Repo, commit: str) -> str:
+    """The merge base of HEAD and ``commit``."""
+    return str(repo.merge_base(repo.head.target, commit))
+
+
+def last_commit(repo: Repo, candidates: list[str]) -> str | None:
+    """Of ``candidates`` still in the repository, the one all others lead to, or None."""
+    present = [c for c in candidates if repo.get(c) is not None]
+    for commit in present:
+        if all(c == commit or repo.descendant_of(commit, c) for c in present):
+            return commit
+    return None

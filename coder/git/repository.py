@@ -278,3 +278,18 @@ def retry_on_index_lock(worktree: Path, action: Callable[[], _T]) -> _T:
         if "index is locked" not in str(exc) or not clear_stale_index_lock(worktree):
             raise
     return action()
+
+
+def libgit2_version() -> str:
+    """The version of the libgit2 that pygit2 was built with (doctor shows it)."""
+    return str(pygit2.LIBGIT2_VERSION)
+
+
+def checkout_root(repo: Repo) -> Path | None:
+    """The root of the working tree ``repo`` was opened in; None for a bare repository."""
+    return None if repo.workdir is None else Path(repo.workdir)
+
+
+def is_main_checkout(repo: Repo) -> bool:
+    """Whether ``repo`` was opened in the main checkout rather than a linked worktree."""
+    return Path(os.path.realpath(repo.path)) == common_dir(repo)

@@ -84,3 +84,43 @@ def tree_blobs(repo: Repo, tree_id: str) -> list[tuple[str, str]]:
 
     walk(repo[tree_id].peel(pygit2.Tree), "")
     return sorted(blobs)
+
+
+def tree_id(repo: Repo, rev: str) -> str:
+    """The id of the tree ``rev`` (a commit, branch, ``HEAD``...) names."""
+    return str(repo.revparse_single(rev).peel(pygit2.Tree).id)
+
+
+def blob_data(repo: Repo, blob_id: str) -> bytes:
+    """The contents of a blob."""
+    data: bytes = repo[blob_id].peel(pygit2.Blob).data
+    return data
+
+
+def hash_blob(data: bytes) -> str:
+    """The id git gives ``data`` as a blob (``git hash-object``)."""
+    return str(pygit2.hash(data))
+
+
+def file_entries(repo: Repo, rev: str) -> list[tuple[str, str, int]]:
+    """(path, blob id, mode) of every blob of ``rev``'s tree, symlinks (mode 0o120000)
+    included, in the tree's own order."""
+    entries: list[tuple[str, str, int]] = []
+
+    def walk(node: pygit2.Tree, prefix: str) -> None:
+        for entry in node:
+            if entry.type_str == "tree":
+                walk(repo[entry.id].peel(pygit2.Tree), f"{prefix}{entry.name}/")
+            elif entry.type_str == "blob":
+                entries.append((f"{prefix}{entry.name}", str(entry.id), entry.filemode))
+
+    walk(repo.revparse_single(rev).peel(pygit2.Tree), "")
+    return entries
+
+
+def file_at(repo: Repo, commit: str, path: str) -> bytes | None:
+    """The contents of the file at ``path`` (at the top of the tree, or below it) in
+    ``commit``, None when that is no file (a directory, a submodule)."""
+    tree = repo[commit].peel(pygit2.Tree)
+    blob = repo[tree[path].id]
+    return blob.data if isinstance(blob, pygit2.Blob) else None

@@ -41,7 +41,7 @@ def _taskfile(ctx: ToolContext, rel: str) -> Path:
 
 
 def _repo(ctx: ToolContext) -> tuple[Any, Path]:
-    """The pygit2 repository at the server's root and its `.coder/` directory."""
+    """The git repository at the server's root and its `.coder/` directory."""
     from coder import project
     from coder.git import repository
 

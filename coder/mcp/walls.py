@@ -22,7 +22,6 @@ which owns its branches and worktrees (the guard never watches those) and writes
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -112,9 +111,9 @@ def _guard_for(root: Path) -> Callable[[], GitGuard | None]:
         repo = repository.open_repo(root)
     except EnvironmentProblem:
         return lambda: None
-    common, workdir = repository.common_dir(repo), repo.workdir
+    common, workdir = repository.common_dir(repo), repository.checkout_root(repo)
     if workdir is None:
         return lambda: None
-    if Path(os.path.realpath(repo.path)) == common:
+    if repository.is_main_checkout(repo):
         return lambda: GitGuard.take_checkout(Path(workdir))
     return lambda: GitGuard.take(common, Path(workdir))

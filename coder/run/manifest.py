@@ -159,7 +159,7 @@ def rebuild(
     base_commit, count = found
     base = task.base or branches.current_branch(repo)
     tip = branches.branch_tip(repo, base)
-    if tip is None or not (tip == base_commit or repo.descendant_of(tip, base_commit)):
+    if tip is None or not (tip == base_commit or commits.descends_from(repo, tip, base_commit)):
         raise EnvironmentProblem(
             f"run {task_id} started from commit {base_commit[:12]}, which branch {base} does "
             "not contain",

@@ -613,7 +613,7 @@ def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Pa
 
 def _branch_gone(repo: Any, state: RunState, branch: str) -> EnvironmentProblem:
     """The run's branch was deleted by hand: how to bring it back, or remove the run."""
-    last = _last_commit(repo, [st.commit for st in state.steps.values() if st.commit])
+    last = gitcommits.last_commit(repo, [st.commit for st in state.steps.values() if st.commit])
     restore = (
         f"restore it with `git branch {branch} {last[:12]}` (its last step commit) and resume, or "
         if last
@@ -623,16 +623,6 @@ def _branch_gone(repo: Any, state: RunState, branch: str) -> EnvironmentProblem:
         f"branch {branch} of run {state.task_id} no longer exists",
         hint=f"{restore}remove the run with `coder clean -t {state.task_id}`",
     )
-
-
-def _last_commit(repo: Any, commits: list[str]) -> str | None:
-    """Of the run's recorded step commits still in the repository, the one all others lead
-    to (the branch's last tip), or None."""
-    present = [c for c in commits if repo.get(c) is not None]
-    for commit in present:
-        if all(c == commit or repo.descendant_of(commit, c) for c in present):
-            return commit
-    return None
 
 
 # --- running and stopping ------------------------------------------------------------------

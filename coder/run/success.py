@@ -134,8 +134,8 @@ def lint_problems(
 def fork_point(worktree: Path, base_branch: str) -> str:
     """Where the work in `worktree` left `base_branch` (their merge base; the branch's tip
     when the worktree holds a merge of it)."""
-    from coder.git import branches, repository
+    from coder.git import branches, commits, repository
 
     repo = repository.open_repo(worktree)
     tip = branches.resolve_commit(repo, f"refs/heads/{base_branch}")
-    return str(repo.merge_base(repo.head.target, tip))
+    return commits.merge_base_with_head(repo, tip)

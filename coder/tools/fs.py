@@ -16,7 +16,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -412,30 +412,14 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(body if "/" in pattern else f"(?:.*/)?{body}")
 
 
-def _ignored_dirs(root: str) -> Callable[[str], bool] | None:
-    """A predicate telling git-ignored directories (build/, dist/, ...), or None without git."""
-    try:
-        import pygit2
-
-        repo = pygit2.Repository(root, pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
-    except Exception:  # noqa: BLE001 - no repository (or an unreadable one): skip the check
-        return None
-
-    def ignored(rel_dir: str) -> bool:
-        try:
-            return bool(repo.path_is_ignored(rel_dir + "/"))
-        except Exception:  # noqa: BLE001
-            return False
-
-    return ignored
-
-
 def walk_files(root: str, *, links: bool = True) -> Iterator[str]:
     """Repo-relative posix paths of the regular files under `root`, sorted depth-first.
     Symlinked directories are not entered; symlinks leading outside the root (all symlinks with
     links=False) are left out, and so are fifos and devices (reading one could block).
     SKIP_DIRS and git-ignored directories are pruned. At most MAX_WALK_FILES."""
-    ignored = _ignored_dirs(root)
+    from coder.git.workdir import ignored_dirs
+
+    ignored = ignored_dirs(root)
     inside = root.rstrip("/") + "/"
     count = 0
     stack = [""]

@@ -16,39 +16,23 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import pygit2
-from pygit2.enums import ApplyLocation, DiffOption, FileStatus, RepositoryOpenFlag, SortMode
-
 from coder import nofollow
-from coder.errors import EnvironmentProblem, PatchProblem
-from coder.policy.confine import confined
+from coder.errors import PatchProblem
+from coder.git import branches, commits, workdir
+from coder.git.repository import Repo
 from coder.tools import feedback
 from coder.tools.fs import closest_match, numbered, real_root, resolve
 from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
 
 DIFF_CAP = 30_000  # chars of git_diff output
 _CODER_DIR = ".coder"
-_WORKDIR_FLAGS = (
-    DiffOption.INCLUDE_UNTRACKED
-    | DiffOption.RECURSE_UNTRACKED_DIRS
-    | DiffOption.SHOW_UNTRACKED_CONTENT
-    | DiffOption.INCLUDE_TYPECHANGE
-)
 
 
-def _repo(ctx: ToolContext) -> pygit2.Repository:
-    try:
-        return pygit2.Repository(real_root(ctx), RepositoryOpenFlag.NO_SEARCH)
-    except (pygit2.GitError, OSError) as exc:
-        raise EnvironmentProblem(f"the worktree is not a readable git repository: {exc}") from None
-
-
-def _head_tree(repo: pygit2.Repository) -> pygit2.Tree | None:
-    return None if repo.head_is_unborn else repo.head.peel(pygit2.Tree)
+def _repo(ctx: ToolContext) -> Repo:
+    return workdir.open_files(real_root(ctx))
 
 
 def _coder_path(path: str) -> bool:
@@ -57,41 +41,15 @@ def _coder_path(path: str) -> bool:
 
 # --------------------------------------------------------------------------- git_status
 
-_INDEX_CODES = (
-    (FileStatus.INDEX_NEW, "A"),
-    (FileStatus.INDEX_MODIFIED, "M"),
-    (FileStatus.INDEX_DELETED, "D"),
-    (FileStatus.INDEX_RENAMED, "R"),
-    (FileStatus.INDEX_TYPECHANGE, "T"),
-)
-_WT_CODES = (
-    (FileStatus.WT_MODIFIED, "M"),
-    (FileStatus.WT_DELETED, "D"),
-    (FileStatus.WT_RENAMED, "R"),
-    (FileStatus.WT_TYPECHANGE, "T"),
-)
-
-
-def _porcelain(flags: int) -> str:
-    if flags & FileStatus.CONFLICTED:
-        return "UU"
-    index = next((c for f, c in _INDEX_CODES if flags & f), " ")
-    if flags & FileStatus.WT_NEW and index == " ":
-        return "??"
-    return index + next((c for f, c in _WT_CODES if flags & f), " ")
-
 
 def git_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     repo = _repo(ctx)
-    status = {
-        p: f
-        for p, f in repo.status(untracked_files="all", ignored=False).items()
-        if f != FileStatus.CURRENT and not f & FileStatus.IGNORED and not _coder_path(p)
-    }
-    where = "HEAD (no commits yet)" if repo.head_is_unborn else f"HEAD {str(repo.head.target)[:7]}"
+    status = workdir.porcelain_status(repo)
+    head = branches.head_commit(repo)
+    where = "HEAD (no commits yet)" if head is None else f"HEAD {head[:7]}"
     if not status:
         return ToolResult(True, f"no changes against {where}", data={"changed": []})
-    lines = [f"{_porcelain(f)} {p}" for p, f in sorted(status.items())]
+    lines = [f"{code} {p}" for p, code in sorted(status.items())]
     return ToolResult(
         True,
         f"changes against {where} (?? = new file):\n" + "\n".join(lines),
@@ -107,18 +65,9 @@ def git_diff(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     only = None
     if args.get("path"):
         _, only = resolve(ctx, args["path"], write=False)
-    tree = _head_tree(repo)
-    if tree is None:  # no commit yet: everything is new
-        tree = repo[repo.TreeBuilder().write()].peel(pygit2.Tree)
-    if args.get("staged"):
-        diff = tree.diff_to_index(repo.index)
-    else:
-        diff = tree.diff_to_workdir(_WORKDIR_FLAGS)
     patches = []
-    for patch in diff:
-        if patch is None:  # libgit2 gives no patch for an unchanged (e.g. mode-only) entry
-            continue
-        path = patch.delta.new_file.path or patch.delta.old_file.path
+    for patch in workdir.head_patches(repo, staged=bool(args.get("staged"))):
+        path = patch.path
         if _coder_path(path):
             continue
         if only not in (None, ".") and path != only and not path.startswith(only + "/"):
@@ -133,10 +82,9 @@ def git_diff(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         )
     stats = []
     for p in patches:
-        _, added, removed = p.line_stats
-        code = {"?": "A", "U": "A"}.get(p.delta.status_char(), p.delta.status_char())
-        stats.append(f"{code} {p.delta.new_file.path} (+{added} -{removed})")
-    text = "".join(p.text or "" for p in patches)
+        code = {"?": "A", "U": "A"}.get(p.status, p.status)
+        stats.append(f"{code} {p.new_path} (+{p.added} -{p.removed})")
+    text = "".join(p.text for p in patches)
     if len(text) > DIFF_CAP:
         cut = text.rfind("\n", 0, DIFF_CAP) + 1 or DIFF_CAP
         text = (
@@ -147,7 +95,7 @@ def git_diff(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     return ToolResult(
         True,
         f"{head}\n{text}".rstrip("\n"),
-        data={"files": [p.delta.new_file.path for p in patches]},
+        data={"files": [p.new_path for p in patches]},
     )
 
 
@@ -157,18 +105,11 @@ def git_diff(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 def git_log(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     repo = _repo(ctx)
     limit = min(max(1, int(args.get("limit", 10))), 100)
-    if repo.head_is_unborn:
+    found = commits.log(repo, limit)
+    if not found:
         return ToolResult(True, "no commits yet", data={"commits": []})
-    lines, ids = [], []
-    for commit in repo.walk(repo.head.target, SortMode.TOPOLOGICAL | SortMode.TIME):
-        when = datetime.fromtimestamp(
-            commit.commit_time, timezone(timedelta(minutes=commit.commit_time_offset))
-        )
-        subject = (commit.message or "").strip().split("\n", 1)[0]
-        lines.append(f"{str(commit.id)[:7]} {when:%Y-%m-%d} {subject}")
-        ids.append(str(commit.id))
-        if len(lines) >= limit:
-            break
+    lines = [f"{c.commit[:7]} {c.when:%Y-%m-%d} {c.subject}" for c in found]
+    ids = [c.commit for c in found]
     return ToolResult(True, "\n".join(lines), data={"commits": ids})
 
 
@@ -455,14 +396,7 @@ def fs_apply_patch(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     files = parse_patch(args["patch"])
     text, summary, paths = _prepare(ctx, files)
     repo = _repo(ctx)
-    try:
-        diff = pygit2.Diff.parse_diff(text)
-        repo.applies(diff, ApplyLocation.WORKDIR, raise_error=True)
-    except pygit2.GitError as exc:
-        raise PatchProblem(
-            f"the patch does not apply: {exc}",
-            hint="re-read the files and make the patch again, or use fs_edit",
-        ) from None
+    workdir.check_patch(repo, text)
     if args.get("dry_run"):
         return ToolResult(
             True,
@@ -478,11 +412,11 @@ def fs_apply_patch(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     try:
         # libgit2 writes the files: confined like the commands, so a directory swapped for a
         # link by a process the model left running makes the write fail, not land outside
-        confined(Path(root), lambda: repo.apply(diff, ApplyLocation.WORKDIR))
-    except (pygit2.GitError, PermissionError) as exc:
+        workdir.apply_patch(repo, text, Path(root))
+    except PatchProblem:
         for rel, old in before.items():  # all or nothing
             _restore(root, rel, old)
-        raise PatchProblem(f"the patch did not apply: {exc}") from None
+        raise
     for path in paths:
         after = _snapshot(os.path.join(root, path))
         refused = None if after is None else feedback.veto(ctx, path, _data(before[path]), after[0])
