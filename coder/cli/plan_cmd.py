@@ -71,12 +71,14 @@ def plan(
     """
     from coder.cli.progress import activity_for
     from coder.errors import PlanFailed
-    from coder.plan import service as planner
+    from coder.plan import planner
+    from coder.plan.output import shown
+    from coder.plan.spec import read_spec
 
     if run_after and dry_run:
         raise click.UsageError("--run and --dry-run cannot be combined")
     here = cwd()
-    spec = planner.read_spec(prompt, spec_file, here)
+    spec = read_spec(prompt, spec_file, here)
     options = planner.PlanOptions(model=model, out=out, dry_run=dry_run, force=force)
     activity = activity_for(silent=as_json, quiet=quiet)
     try:
@@ -99,12 +101,12 @@ def plan(
     else:
         assert result.path is not None
         click.echo(_summary(result, here))
-        click.echo(f"Next: coder run --autonomous -f {planner.shown(result.path, here)}")
+        click.echo(f"Next: coder run --autonomous -f {shown(result.path, here)}")
 
 
 def watcher(activity: Any) -> Any:
     """The drafts' progress on the status line; the problems a draft goes back with, listed."""
-    from coder.plan import service as planner
+    from coder.plan import planner
 
     def watch(event: planner.PlanEvent) -> None:
         draft = f"draft {event.attempt} of {event.attempts}"
@@ -121,7 +123,7 @@ def watcher(activity: Any) -> Any:
 
 
 def _summary(result: Any, cwd: Path) -> str:
-    from coder.plan.service import shown
+    from coder.plan.output import shown
 
     where = shown(result.path, cwd) if result.path else "(dry run: not written)"
     usage = result.usage
@@ -133,7 +135,7 @@ def _summary(result: Any, cwd: Path) -> str:
 
 
 def _as_dict(result: Any, cwd: Path) -> dict[str, Any]:
-    from coder.plan.service import shown
+    from coder.plan.output import shown
 
     return {
         "task_id": result.task_id,
@@ -174,7 +176,7 @@ def _run(result: Any, model: str | None, as_json: bool) -> None:
     """`coder run --autonomous -f PATH`, with the run command's progress and summary."""
     from coder.cli.runs import _finish, _progress
     from coder.mcp.client import attach_configured
-    from coder.plan.service import shown
+    from coder.plan.output import shown
     from coder.run import runs
 
     click.echo(_summary(result, cwd()), err=as_json)  # stdout stays one JSON document

@@ -83,7 +83,8 @@ def test_a_plan_passes_the_redactor_too(
     tmp_path: Path, make_repo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from coder.errors import PlanFailed
-    from coder.plan.service import PlanOptions, Spec, plan
+    from coder.plan.planner import PlanOptions, plan
+    from coder.plan.spec import Spec
 
     repo = make_repo({"README.md": "# r\n", ".env": f"DEPLOY_TOKEN={KNOWN}\n"})
     with FakeOllama() as server:
