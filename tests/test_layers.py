@@ -115,3 +115,75 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     )
     assert imports_of(scratch) == [(2, "coder.run"), (3, "coder.cli")]
     assert LAYER_OF[unit_of("coder.cli")] > LAYER_OF[unit_of("coder.policy.sandbox")]
+
+
+# --- git behind one door: only coder/git/ talks to pygit2 ----------------------------------
+
+GIT_PACKAGE = PACKAGE / "git"
+
+
+def _pygit2_errors() -> frozenset[str]:
+    import pygit2
+
+    return frozenset(
+        name
+        for name in dir(pygit2)
+        if isinstance(getattr(pygit2, name), type)
+        and issubclass(getattr(pygit2, name), BaseException)
+    )
+
+
+def pygit2_uses(path: Path) -> list[tuple[int, str]]:
+    """Where a module imports pygit2 (at module level, inside a function or under
+    TYPE_CHECKING alike) or catches one of its exception types, however it is reached."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    errors = _pygit2_errors()
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [
+                (node.lineno, f"import {a.name}")
+                for a in node.names
+                if a.name.split(".")[0] == "pygit2"
+            ]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "pygit2":
+            found.append((node.lineno, f"from {node.module} import ..."))
+        elif isinstance(node, ast.ExceptHandler) and node.type is not None:
+            names = {n.id for n in ast.walk(node.type) if isinstance(n, ast.Name)}
+            names |= {n.attr for n in ast.walk(node.type) if isinstance(n, ast.Attribute)}
+            found += [(node.lineno, f"except {name}") for name in sorted(names & errors)]
+    return found
+
+
+OUTSIDE_GIT = [p for p in MODULES if GIT_PACKAGE not in p.parents]
+
+
+@pytest.mark.parametrize("path", OUTSIDE_GIT, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_only_git_imports_pygit2(path: Path) -> None:
+    uses = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {what}" for line, what in pygit2_uses(path)
+    ]
+    assert not uses, (
+        "pygit2 outside coder/git/ (add a function there that returns plain values):\n"
+        + "\n".join(uses)
+    )
+
+
+def test_the_checker_sees_pygit2(tmp_path: Path) -> None:
+    """The test above can fail: each way of reaching pygit2 in a scratch module is found."""
+    scratch = tmp_path / "scratch.py"
+    scratch.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import pygit2\n"
+        "def f():\n    from pygit2.enums import SortMode\n"
+        "    try:\n        pass\n    except (OSError, repository.GitError):\n        pass\n",
+        encoding="utf-8",
+    )
+    assert pygit2_uses(scratch) == [
+        (3, "import pygit2"),
+        (5, "from pygit2.enums import ..."),
+        (8, "except GitError"),
+    ]
+    assert GIT_PACKAGE / "repository.py" in MODULES and all(
+        GIT_PACKAGE not in p.parents for p in OUTSIDE_GIT
+    )
