@@ -37,7 +37,7 @@ FALLBACK_EMAIL = "coder@localhost"
 _T = TypeVar("_T")
 
 
-def open_repo(path: Path) -> pygit2.Repository:
+def open_repo(path: Path) -> Repo:
     """Open the repository containing ``path`` (searching upward), or explain why not."""
     path = Path(path).absolute()
     try:
@@ -101,7 +101,7 @@ def environment_error(exc: Exception, where: Path) -> EnvironmentProblem:
     return EnvironmentProblem(f"cannot open git repository at {where}: {text}")
 
 
-def open_worktree(worktree: Path, *, writing: bool = True) -> pygit2.Repository:
+def open_worktree(worktree: Path, *, writing: bool = True) -> Repo:
     """Open exactly the working tree at ``worktree``: no upward search, because a deleted
     worktree directory that reappeared empty would otherwise resolve to the user's main
     checkout, and a reset there would destroy their work. Writers also insist on a linked
@@ -160,7 +160,7 @@ def git_failure(exc: Exception, doing: str, worktree: Path) -> EnvironmentProble
     return EnvironmentProblem(f"cannot {doing} in {worktree}: {text}", hint=hint)
 
 
-def common_dir(repo: pygit2.Repository) -> Path:
+def common_dir(repo: Repo) -> Path:
     """The git dir shared by all worktrees (``.git`` of the main checkout)."""
     gitdir = Path(repo.path)
     link = gitdir / "commondir"  # only linked worktrees have it; git writes it relative
@@ -169,7 +169,7 @@ def common_dir(repo: pygit2.Repository) -> Path:
     return gitdir.resolve()
 
 
-def repo_root(repo: pygit2.Repository) -> Path:
+def repo_root(repo: Repo) -> Path:
     """The main working tree's root, also when ``repo`` was opened inside a linked worktree."""
     common = common_dir(repo)
     if Path(repo.path).resolve() == common:
@@ -190,7 +190,7 @@ class Identity:
     fallback: bool  # nothing named anyone: both are coder <coder@localhost> (callers warn)
 
 
-def identity(repo: pygit2.Repository) -> Identity:
+def identity(repo: Repo) -> Identity:
     """The author and committer `git commit` would use: `GIT_AUTHOR_NAME`/`_EMAIL` and
     `GIT_COMMITTER_NAME`/`_EMAIL` first (libgit2 ignores them; CI sets them), then
     `author.*`/`committer.*` and `user.*` in git config, else ``coder <coder@localhost>``.
@@ -222,7 +222,7 @@ def identity(repo: pygit2.Repository) -> Identity:
     return Identity(author, committer, False)
 
 
-def ensure_excluded(repo: pygit2.Repository, pattern: str = "/.coder/") -> bool:
+def ensure_excluded(repo: Repo, pattern: str = "/.coder/") -> bool:
     """Add ``pattern`` to ``<common dir>/info/exclude`` (shared by all worktrees).
 
     The user's ``.gitignore`` is theirs and stays untouched. Returns True if it wrote.

@@ -280,7 +280,7 @@ def test_a_submodule_is_never_looked_into_by_git_nor_staged(make_repo, scan, tmp
 
 
 def test_a_steps_patch_is_what_git_diff_prints(make_repo) -> None:
-    """ops.step_patch (the step's diff artifact) walks only what changed; its text is
+    """diffs.step_patch (the step's diff artifact) walks only what changed; its text is
     `git diff --no-renames` byte for byte: modes, symlinks, binary files, gitlinks."""
     root = make_repo({"m": "a\nb\n", "x": "x\n", "del": "d\n", "dir/keep": "k\n"})
     (root / "bin").write_bytes(b"bin\0\1")
