@@ -125,7 +125,8 @@ class FilePatch:
 
 def head_patches(repo: Repo, *, staged: bool) -> list[FilePatch]:
     """The changes against HEAD (against nothing before the first commit), file by file: the
-    index's with ``staged``, else the working files', untracked files included."""
+    index's with ``staged``, else the working files', untracked files included; ``.coder/``
+    left out."""
     if repo.head_is_unborn:  # no commit yet: everything is new
         tree = repo[repo.TreeBuilder().write()].peel(pygit2.Tree)
     else:
@@ -138,6 +139,8 @@ def head_patches(repo: Repo, *, staged: bool) -> list[FilePatch]:
         delta = patch.delta
         _, added, removed = patch.line_stats
         path = delta.new_file.path or delta.old_file.path
+        if under_coder_dir(path):
+            continue
         found.append(
             FilePatch(
                 path, delta.new_file.path, delta.status_char(), added, removed, patch.text or ""

@@ -28,15 +28,10 @@ from coder.tools.fs import closest_match, numbered, real_root, resolve
 from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
 
 DIFF_CAP = 30_000  # chars of git_diff output
-_CODER_DIR = ".coder"
 
 
 def _repo(ctx: ToolContext) -> Repo:
     return workdir.open_files(real_root(ctx))
-
-
-def _coder_path(path: str) -> bool:
-    return path == _CODER_DIR or path.startswith(_CODER_DIR + "/")
 
 
 # --------------------------------------------------------------------------- git_status
@@ -68,8 +63,6 @@ def git_diff(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     patches = []
     for patch in workdir.head_patches(repo, staged=bool(args.get("staged"))):
         path = patch.path
-        if _coder_path(path):
-            continue
         if only not in (None, ".") and path != only and not path.startswith(only + "/"):
             continue
         patches.append(patch)

@@ -400,6 +400,16 @@ def test_git_status_diff_and_log(ctx: ToolContext) -> None:
     assert len(call(ctx, "git_log", limit=1).content.splitlines()) == 1
 
 
+def test_git_tools_leave_coder_dir_out(ctx: ToolContext) -> None:
+    """coder's own files are no change of the step's, even where git does not ignore them."""
+    (ctx.root / ".coder").mkdir()
+    (ctx.root / ".coder" / "state.json").write_text("{}\n")
+    (ctx.root / "new.txt").write_text("brand new\n")
+    assert git(ctx.root, "status", "--porcelain", "-uall").count(".coder/") == 1
+    assert call(ctx, "git_status").data["changed"] == ["new.txt"]
+    assert call(ctx, "git_diff").data["files"] == ["new.txt"]
+
+
 def test_git_diff_is_capped(ctx: ToolContext) -> None:
     (ctx.root / "big.txt").write_text("".join(f"line {i}\n" for i in range(10000)))
     result = call(ctx, "git_diff")
