@@ -3,6 +3,8 @@
     loop.py      the bounded loop: ask the model, run its tool calls, check its claim
     prompts.py   the cache-stable prompt prefix and the per-step messages
     repair.py    tool calls recovered from JSON written as text
+    session.py   the run's model side: the shared session, opening it (models checked,
+                 warmed up, the prefix built and primed), which model each attempt uses
 
 May import: tools, models, policy and the base modules. Never run, plan, mcp or CLI.
 """

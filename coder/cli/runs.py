@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from coder.errors import CorruptState
+    from coder.run.executor import Approval, RunContext
     from coder.run.state import RunState
+    from coder.taskfile import Step
 
 EXIT_FOR = {
     "success": EXIT_OK,
@@ -163,7 +165,7 @@ def run(
     ask_trust(as_json)
     progress = _progress(as_json, quiet, verbose, steps=lambda: dag_steps(path=path))
 
-    def approve(step: Any, run: Any) -> str:
+    def approve(step: Step, run: RunContext) -> Approval:
         with progress.paused():  # never draw over the question
             return approval_prompt(step, run)
 
@@ -361,17 +363,17 @@ def _from_manifest(coder_dir: Path, task_id: str) -> dict[str, Any] | CorruptSta
     running = read_lock_owner(coder_dir, task_id) is not None
     return {
         "id": task_id,
-        "title": manifest["task"]["title"],
+        "title": manifest.task["title"],
         "status": "running" if running else "interrupted (no state; coder resume)",
-        "progress": f"0/{len(manifest['task']['graph'])}",
+        "progress": f"0/{len(manifest.task['graph'])}",
         "skipped": 0,
-        "branch": manifest["branch"],
-        "updated_at": manifest["created_at"],
+        "branch": manifest.branch,
+        "updated_at": manifest.created_at,
         "error": None,
     }
 
 
-def approval_prompt(step: Any, run: Any) -> str:
+def approval_prompt(step: Step, run: RunContext) -> Approval:
     """Ask before a step: [r]un, [s]kip, [d]iff so far, [q]uit."""
     from coder.git import diffs, repository
     from coder.taskfile import shown_command
@@ -391,7 +393,8 @@ def approval_prompt(step: Any, run: Any) -> str:
             text = diffs.diff_patch(repo, run.state.base_commit, worktree=run.worktree)
             click.echo(escaped(redact(text), lines=True) or "(no changes yet)", err=True)
             continue
-        return {"r": "run", "s": "skip", "q": "quit"}[answer]
+        choice: dict[str, Approval] = {"r": "run", "s": "skip", "q": "quit"}
+        return choice[answer]
 
 
 def _dry_run(path: Path, options: Any, as_json: bool) -> None:
@@ -501,7 +504,7 @@ def dag_steps(*, path: Path | None = None, task_id: str | None = None) -> list[t
             from coder.run import history
 
             assert task_id is not None
-            task = taskfile.from_dict(history.open_run(cwd(), task_id).manifest["task"])
+            task = taskfile.from_dict(history.open_run(cwd(), task_id).manifest.task)
     except CoderError:
         return []
     return [(s.id, s.kind, s.goal) for s in task.steps]

@@ -34,6 +34,8 @@ from coder.mcp.flatten import argument_problem, flatten_schema
 from coder.tools.registry import NAME_RE, Registry, Tool, ToolContext, ToolResult
 
 if TYPE_CHECKING:
+    from coder.agent.session import AgentSession, EventSink
+    from coder.config import Config
     from coder.redact import Redactor
 
 SEPARATOR = "__"  # <server>__<tool>; built-in tool names never contain it
@@ -492,11 +494,11 @@ def extend_registry(base: Registry, bridge: McpBridge) -> Registry:
 
 
 def attach(
-    agent: Any,
+    agent: AgentSession,
     servers: Sequence[Mapping[str, Any]],
     *,
     cwd: Path,
-    log: Any,
+    log: EventSink,
     redactor: Redactor | None = None,
     sandbox: bool = True,
 ) -> McpBridge:
@@ -521,7 +523,12 @@ def attach(
 
 
 def attach_configured(
-    agent: Any, cfg: Mapping[str, Any], *, cwd: Path, log: Any, redactor: Redactor | None = None
+    agent: AgentSession,
+    cfg: Config,
+    *,
+    cwd: Path,
+    log: EventSink,
+    redactor: Redactor | None = None,
 ) -> McpBridge | None:
     """`RunOptions.attach_tools` for the CLI: the config's `mcp_servers`, if it lists any."""
     servers = cfg.get("mcp_servers")

@@ -15,14 +15,13 @@ A crash between the two writes is mended by `align` on the next resume.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from coder import taskfile
-from coder.durable import write_atomic
 from coder.errors import CoderError, InvalidInput
+from coder.run.manifest import Manifest, write_path
 from coder.run.secrets import stored_task
 from coder.run.state import DONE, RunState, StepRecord
 
@@ -50,17 +49,17 @@ class Edit:
         return f"the taskfile {self.path} changed since the run started ({listed}{more})"
 
 
-def taskfile_path(manifest: dict[str, Any], root: Path, given: str | None) -> Path | None:
+def taskfile_path(manifest: Manifest, root: Path, given: str | None) -> Path | None:
     """The file to compare with: the one given, else the one the run started from (a relative
     path recorded by an older coder is read from the repository's root)."""
-    recorded = given or manifest.get("taskfile")
+    recorded = given or manifest.taskfile
     if not recorded:
         return None
     path = Path(recorded)
     return path if path.is_absolute() or given else root / path
 
 
-def compare(manifest: dict[str, Any], current: taskfile.Task, path: Path) -> Edit | None:
+def compare(manifest: Manifest, current: taskfile.Task, path: Path) -> Edit | None:
     """The file at `path` against the run's task (None when they agree). InvalidInput when it
     does not load, or names another id, branch or base than the run's."""
     new = taskfile.load(path)
@@ -125,15 +124,15 @@ def check_done_unchanged(edit: Edit, state: RunState) -> None:
 
 
 def take(
-    edit: Edit, state: RunState, manifest: dict[str, Any], manifest_path: Path, redactor: Redactor
-) -> dict[str, Any]:
+    edit: Edit, state: RunState, manifest: Manifest, manifest_path: Path, redactor: Redactor
+) -> Manifest:
     """Make the new version the run's: the manifest first, then the checkpoint's task and
     steps (the caller saves it), both with the secrets `redactor` knows left out. Returns the
     new manifest."""
     stored = stored_task(edit.task.to_dict(), redactor)
-    manifest = {**manifest, "task": stored, "taskfile": str(edit.path.resolve())}
-    write_atomic(manifest_path, json.dumps(manifest, indent=2).encode("utf-8"))
-    state.task, state.title, state.taskfile = stored, stored["title"], manifest["taskfile"]
+    manifest = replace(manifest, task=stored, taskfile=str(edit.path.resolve()))
+    write_path(manifest_path, manifest)
+    state.task, state.title, state.taskfile = stored, stored["title"], manifest.taskfile
     align(state, edit.task)
     for sid in edit.steps:
         if sid in state.steps:
@@ -157,7 +156,7 @@ def align(state: RunState, task: taskfile.Task) -> None:
 
 
 def load_or_warn(
-    manifest: dict[str, Any], current: taskfile.Task, root: Path, given: str | None
+    manifest: Manifest, current: taskfile.Task, root: Path, given: str | None
 ) -> tuple[Edit | None, str | None]:
     """The edit to consider and a warning: with `given` (--taskfile) a problem is an error;
     without, it is a warning and the run keeps its own copy."""

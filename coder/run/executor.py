@@ -32,7 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from coder.crashpoints import crashpoint
 from coder.durable import write_private
@@ -46,6 +46,7 @@ from coder.run.steps import StepContext, StepOutcome, runner_for
 from coder.run.steps.checks import CHECKS, Verification
 
 if TYPE_CHECKING:
+    from coder.agent.session import AgentSession
     from coder.config import Config
     from coder.git.staging import Staged
     from coder.models.provider import Usage
@@ -54,6 +55,15 @@ if TYPE_CHECKING:
     from coder.run.events import EventLog
     from coder.run.state import StateStore
     from coder.taskfile import Step, Task
+
+
+Approval = Literal["run", "skip", "quit"]
+
+
+class Approver(Protocol):
+    """Interactive mode: asked before each step that writes or runs something."""
+
+    def __call__(self, step: Step, run: RunContext) -> Approval: ...
 
 
 @dataclass
@@ -73,9 +83,8 @@ class RunContext:
     max_parallel: int = 1
     fail_fast: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
-    agent: Any = None  # steps.model.AgentSession when the task has model steps
-    # interactive mode: asked before each step that writes or runs; "run" | "skip" | "quit"
-    approve: Callable[[Step, RunContext], str] | None = None
+    agent: AgentSession | None = None  # when the task has model steps
+    approve: Approver | None = None  # interactive mode
 
     @property
     def branch(self) -> str:

@@ -21,7 +21,7 @@ from coder.git import branches as gitbranches
 from coder.git import commits, diffs, repository, workdir, worktrees
 from coder.run import manifest as manifests
 from coder.run.lock import TaskLock, read_lock_owner
-from coder.run.manifest import load_manifest, manifest_path
+from coder.run.manifest import Manifest, load_manifest, manifest_path
 from coder.run.state import RunState, StateStore, check_task_id
 
 if TYPE_CHECKING:
@@ -32,9 +32,24 @@ if TYPE_CHECKING:
 class RunView:
     root: Path
     coder_dir: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     state: RunState
     running_pid: int | None
+
+
+@dataclass(frozen=True)
+class _Remains:
+    """What `clean` removes of a run: its worktree, its branch (None: unknown) and the
+    scratch worktrees of its steps."""
+
+    worktree: Path
+    branch: str | None
+    step_ids: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> _Remains:
+        graph = manifest.task["graph"]
+        return cls(manifest.worktree_path, manifest.branch, tuple(s["id"] for s in graph))
 
 
 def open_run(cwd: Path, task_id: str) -> RunView:
@@ -122,17 +137,17 @@ def clean(
     coder_dir = project.coder_dir(root)
     check_task_id(task_id)
     try:
-        manifest = load_manifest(coder_dir, task_id)
+        remains = _Remains.of(load_manifest(coder_dir, task_id))
     except CorruptState:  # the run cannot go on: what it made can still be removed
-        manifest = _manifest_from_state(repo, coder_dir, task_id)
+        remains = _remains_from_state(repo, coder_dir, task_id)
     except UnknownTask:
-        manifest = _manifest_from_state(repo, coder_dir, task_id)
-        if not _anything_left(repo, coder_dir, task_id, manifest, delete_branch):
+        remains = _remains_from_state(repo, coder_dir, task_id)
+        if not _anything_left(repo, coder_dir, task_id, remains, delete_branch):
             return {
                 "task_id": task_id,
                 "nothing": True,
                 "runs": manifests.run_ids(coder_dir),
-                "branch": manifest["branch"],
+                "branch": remains.branch,
                 "branch_deleted": False,
                 "merged": False,
                 "discarded": [],
@@ -145,14 +160,14 @@ def clean(
             hint=f"stop it first with `coder stop -t {task_id}`",
         )
     with TaskLock(coder_dir, task_id) if coder_dir.is_dir() else contextlib.nullcontext():
-        return _remove(repo, coder_dir, task_id, manifest, keep_branch, delete_branch, force)
+        return _remove(repo, coder_dir, task_id, remains, keep_branch, delete_branch, force)
 
 
 def _remove(
     repo: Any,
     coder_dir: Path,
     task_id: str,
-    manifest: dict[str, Any],
+    remains: _Remains,
     keep_branch: bool,
     delete_branch: bool,
     force: bool,
@@ -161,7 +176,7 @@ def _remove(
     from coder.policy import sandbox
     from coder.policy.confine import end_leftovers
 
-    worktree = Path(manifest["worktree"])
+    worktree = remains.worktree
     # Commands a killed runner left (they carry the run's owner token) would go on writing
     # into the worktree while it is judged and removed.
     ended = sandbox.kill_owned(sandbox.owner_token(coder_dir, task_id))
@@ -189,13 +204,13 @@ def _remove(
         merged = False
     # the run's own worktree, its steps' scratch worktrees and merge's check worktree: exact
     # names, so cleaning task `a` never touches task `a--b`'s
-    for name in _worktree_names(task_id, manifest):
+    for name in _worktree_names(task_id, remains):
         worktrees.remove_worktree(repo, name, coder_dir / "worktrees" / name)
-    branch = manifest["branch"]
+    branch = remains.branch
     if branch is not None and gitbranches.branch_tip(repo, branch) is None:
         branch = None  # deleted by hand already
     drop_branch = branch is not None and (delete_branch or (merged and not keep_branch))
-    if drop_branch:
+    if drop_branch and branch is not None:
         worktrees.prune_stale_worktrees(repo)  # one deleted by hand still "has it checked out"
         gitbranches.delete_branch(repo, branch)
     StateStore(coder_dir).delete(task_id)
@@ -213,8 +228,8 @@ def _remove(
     }
 
 
-def _worktree_names(task_id: str, manifest: dict[str, Any]) -> list[str]:
-    scratch = [f"{task_id}--{s['id']}" for s in manifest["task"]["graph"]]
+def _worktree_names(task_id: str, remains: _Remains) -> list[str]:
+    scratch = [f"{task_id}--{step_id}" for step_id in remains.step_ids]
     return [task_id, *scratch, f"{task_id}--merge.check"]
 
 
@@ -228,11 +243,11 @@ def _files(coder_dir: Path, task_id: str) -> list[Path]:
 
 
 def _anything_left(
-    repo: Any, coder_dir: Path, task_id: str, manifest: dict[str, Any], delete_branch: bool
+    repo: Any, coder_dir: Path, task_id: str, remains: _Remains, delete_branch: bool
 ) -> bool:
     """Whether a run with neither manifest nor checkpoint left anything `clean` removes."""
     common = repository.common_dir(repo)
-    for name in _worktree_names(task_id, manifest):
+    for name in _worktree_names(task_id, remains):
         path = coder_dir / "worktrees" / name
         if os.path.lexists(path) or os.path.lexists(common / "worktrees" / name):
             return True
@@ -241,20 +256,19 @@ def _anything_left(
     paths = [*_files(coder_dir, task_id), StateStore(coder_dir).journal_path(task_id)]
     if any(os.path.lexists(p) for p in [*paths, coder_dir / "artifacts" / task_id]):
         return True
-    return delete_branch and manifest["branch"] is not None
+    return delete_branch and remains.branch is not None
 
 
-def _manifest_from_state(repo: Any, coder_dir: Path, task_id: str) -> dict[str, Any]:
+def _remains_from_state(repo: Any, coder_dir: Path, task_id: str) -> _Remains:
     """What `clean` needs of a run whose manifest is corrupt or gone: from its checkpoint
     (which holds the same), else its worktree by its name, and its branch: the one that
     worktree has checked out, or one whose tip is the run's commit; else none (kept:
     unknown)."""
     try:
-        return manifests.from_state(StateStore(coder_dir).load(task_id))
+        return _Remains.of(manifests.from_state(StateStore(coder_dir).load(task_id)))
     except (CorruptState, InvalidInput):
         branches = commits.task_branches(repo, task_id)
-        return {
-            "worktree": str(coder_dir / "worktrees" / task_id),
-            "branch": gitbranches.registered_branch(repo, task_id) or next(iter(branches), None),
-            "task": {"graph": []},
-        }
+        return _Remains(
+            coder_dir / "worktrees" / task_id,
+            gitbranches.registered_branch(repo, task_id) or next(iter(branches), None),
+        )

@@ -11,6 +11,7 @@ its manifest or its checkpoint does; that is what `run`, `status` and every `-t 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,43 @@ if TYPE_CHECKING:
     from coder.redact import Redactor
 
 _STRINGS = ("task_id", "base", "base_commit", "branch", "worktree", "created_at")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a run is, fixed when it starts (only `coder resume --taskfile` replaces its task
+    and taskfile, by writing a new manifest)."""
+
+    task_id: str
+    task: dict[str, Any]  # the resolved task as stored: a taskfile document, secrets left out
+    taskfile: str | None  # the taskfile the run started from (absolute), if any
+    base: str
+    base_commit: str
+    branch: str
+    worktree: str
+    created_at: str
+
+    @property
+    def worktree_path(self) -> Path:
+        return Path(self.worktree)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The manifest file's JSON object (its keys in the file's order)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        """From a checked manifest object (`_problem` found nothing)."""
+        return cls(
+            task_id=data["task_id"],
+            task=data["task"],
+            taskfile=data.get("taskfile"),
+            base=data["base"],
+            base_commit=data["base_commit"],
+            branch=data["branch"],
+            worktree=data["worktree"],
+            created_at=data["created_at"],
+        )
 
 
 def manifest_path(coder_dir: Path, task_id: str) -> Path:
@@ -40,7 +78,7 @@ def run_exists(coder_dir: Path, task_id: str) -> bool:
     return StateStore(coder_dir).exists(task_id) or manifest_path(coder_dir, task_id).exists()
 
 
-def load_manifest(coder_dir: Path, task_id: str) -> dict[str, Any]:
+def load_manifest(coder_dir: Path, task_id: str) -> Manifest:
     """The run's manifest; when its file is missing, the same facts from its checkpoint.
     UnknownTask when neither exists; CorruptState (naming the file) when the manifest, or the
     checkpoint standing in for it, cannot be read back."""
@@ -54,7 +92,7 @@ def load_manifest(coder_dir: Path, task_id: str) -> dict[str, Any]:
         raise UnknownTask(task_id, run_ids(coder_dir)) from None
 
 
-def read_manifest(coder_dir: Path, task_id: str) -> dict[str, Any]:
+def read_manifest(coder_dir: Path, task_id: str) -> Manifest:
     """The manifest file itself: UnknownTask when it is missing, CorruptState when it is no
     manifest of `task_id`."""
     from coder.yamldoc import loads_json
@@ -69,8 +107,7 @@ def read_manifest(coder_dir: Path, task_id: str) -> dict[str, Any]:
     problem = _problem(data, task_id)
     if problem:
         raise CorruptState(path, task_id, problem, manifest=True)
-    manifest: dict[str, Any] = data
-    return manifest
+    return Manifest.from_dict(data)
 
 
 def _problem(data: Any, task_id: str) -> str | None:
@@ -104,34 +141,65 @@ def build(
     base_commit: str,
     worktree: Path,
     created_at: str,
-) -> dict[str, Any]:
+) -> Manifest:
     """A manifest: `task` is the resolved task as stored (secret env values left out)."""
-    return {
-        "task_id": task["id"],
-        "task": task,
-        "taskfile": str(taskfile.resolve()) if taskfile else None,
-        "base": base,
-        "base_commit": base_commit,
-        "branch": task["branch"],
-        "worktree": str(worktree),
-        "created_at": created_at,
-    }
+    return Manifest(
+        task_id=task["id"],
+        task=task,
+        taskfile=str(taskfile.resolve()) if taskfile else None,
+        base=base,
+        base_commit=base_commit,
+        branch=task["branch"],
+        worktree=str(worktree),
+        created_at=created_at,
+    )
 
 
-def write(coder_dir: Path, manifest: dict[str, Any]) -> None:
-    data = json.dumps(manifest, indent=2).encode("utf-8")
-    write_atomic(manifest_path(coder_dir, manifest["task_id"]), data)
+def write(coder_dir: Path, manifest: Manifest) -> None:
+    write_path(manifest_path(coder_dir, manifest.task_id), manifest)
 
 
-def from_state(state: RunState) -> dict[str, Any]:
+def write_path(path: Path, manifest: Manifest) -> None:
+    write_atomic(path, json.dumps(manifest.as_dict(), indent=2).encode("utf-8"))
+
+
+def from_state(state: RunState) -> Manifest:
     """The manifest a checkpoint holds."""
-    manifest = {key: getattr(state, key) for key in (*_STRINGS, "task", "taskfile")}
-    return manifest
+    return Manifest(
+        task_id=state.task_id,
+        task=state.task,
+        taskfile=state.taskfile,
+        base=state.base,
+        base_commit=state.base_commit,
+        branch=state.branch,
+        worktree=state.worktree,
+        created_at=state.created_at,
+    )
+
+
+def new_run(manifest: Manifest) -> RunState:
+    """The first checkpoint of a run: every step pending."""
+    from coder.run.state import StepRecord, now_iso
+
+    task = manifest.task
+    return RunState(
+        task_id=manifest.task_id,
+        title=task["title"],
+        taskfile=manifest.taskfile,
+        branch=manifest.branch,
+        base=manifest.base,
+        base_commit=manifest.base_commit,
+        worktree=manifest.worktree,
+        task=task,
+        created_at=manifest.created_at,
+        updated_at=now_iso(),
+        steps={s["id"]: StepRecord() for s in task["graph"]},
+    )
 
 
 def rebuild(
     repo: Any, coder_dir: Path, task_id: str, path: Path, model: str, redactor: Redactor
-) -> tuple[dict[str, Any], int]:
+) -> tuple[Manifest, int]:
     """The manifest of run `task_id`, whose manifest and checkpoint are both gone, from the
     taskfile at `path` and its branch's commits: (the manifest, how many of the run's commits
     the branch holds). Refused, with the way back, when the branch holds none: then nothing

@@ -51,7 +51,7 @@ from coder.errors import (
 from coder.git import branches, commits, diffs, repository, worktrees
 from coder.git import land as gitland
 from coder.run.lock import TaskLock, pid_alive, processes_holding
-from coder.run.manifest import load_manifest
+from coder.run.manifest import Manifest, load_manifest
 from coder.run.state import RunState, StateStore, StepRecord, now_iso
 
 MODES = ("squash", "no-ff", "ff-only")
@@ -163,7 +163,7 @@ class _Merge:
         repo: Any,
         root: Path,
         coder_dir: Path,
-        manifest: dict[str, Any],
+        manifest: Manifest,
         store: StateStore,
         mode: str,
         if_green: bool,
@@ -173,7 +173,7 @@ class _Merge:
         self.repo, self.root, self.coder_dir, self.manifest = repo, root, coder_dir, manifest
         self.store, self.mode, self.if_green, self.notify = store, mode, if_green, notify
         self.report = report
-        self.task_id: str = manifest["task_id"]
+        self.task_id: str = manifest.task_id
         self.state = store.load(self.task_id)
         self.base: str = self.state.base
         self.branch: str = self.state.branch
@@ -248,11 +248,11 @@ class _Merge:
                 f"{self.base}; merging again"
             )
         found = gitland.find_merge_commit(
-            self.repo, branch=self.base, since=self.manifest["base_commit"], task_id=self.task_id
+            self.repo, branch=self.base, since=self.manifest.base_commit, task_id=self.task_id
         )
         if found is not None:
             return found[0], found[1], False
-        ran = run_tip != self.manifest["base_commit"]  # a run without commits merges nothing
+        ran = run_tip != self.manifest.base_commit  # a run without commits merges nothing
         if ran and gitland.is_ancestor(self.repo, run_tip, base_tip):
             return run_tip, "ff-only", False
         return None
@@ -267,7 +267,7 @@ class _Merge:
         foreign = commits.foreign_commits(
             self.repo,
             branch=self.branch,
-            base_commit=self.manifest["base_commit"],
+            base_commit=self.manifest.base_commit,
             task_id=self.task_id,
         )
         if foreign:
@@ -474,7 +474,7 @@ class _Merge:
         from coder.run.secrets import restore
 
         # the tests run as the taskfile wrote them (the manifest keeps them redacted)
-        task = taskfile.from_dict(restore(self.manifest["task"], self.manifest.get("taskfile")))
+        task = taskfile.from_dict(restore(self.manifest.task, self.manifest.taskfile))
         cfg = config_mod.load(self.root)
         config_mod.require_trusted(cfg)  # its settings would widen what the check runs
         name = check_worktree_name(self.task_id)
@@ -592,7 +592,7 @@ class _Merge:
 
 
 def merge_message(
-    manifest: dict[str, Any], state: RunState, mode: str, *, summary: str | None = None
+    manifest: Manifest, state: RunState, mode: str, *, summary: str | None = None
 ) -> str:
     """Title, the steps (one line each, as their commits are titled; or the run's report
     `summary` instead), then the trailers."""
@@ -600,7 +600,7 @@ def merge_message(
     from coder.redact import redact
     from coder.run.executor import commit_title
 
-    task = taskfile.from_dict(manifest["task"])
+    task = taskfile.from_dict(manifest.task)
     lines = []
     for step in task.steps:
         st = state.steps.get(step.id) or StepRecord()

@@ -40,7 +40,7 @@ from coder.git import branches, repository, restore, workdir, worktrees
 from coder.git import commits as gitcommits
 from coder.git import land as gitland
 from coder.run.lock import TaskLock
-from coder.run.manifest import load_manifest
+from coder.run.manifest import Manifest, load_manifest
 from coder.run.state import StateStore
 
 MODES = ("revert", "reset")
@@ -117,9 +117,9 @@ def revert_run(task_id: str, *, cwd: Path, to_step: str, mode: str = "revert") -
         lock.release()
 
 
-def step_order(manifest: dict[str, Any]) -> list[str]:
+def step_order(manifest: Manifest) -> list[str]:
     """The run's steps in DAG order (the executor's order)."""
-    task = taskfile.from_dict(manifest["task"])
+    task = taskfile.from_dict(manifest.task)
     return graph.order(graph.build(task.deps()))
 
 
@@ -155,16 +155,16 @@ class _Revert:
         self,
         repo: Any,
         coder_dir: Path,
-        manifest: dict[str, Any],
+        manifest: Manifest,
         order: list[str],
         to_step: str,
         mode: str,
     ) -> None:
         self.repo, self.coder_dir, self.manifest, self.order = repo, coder_dir, manifest, order
         self.to_step, self.mode = to_step, mode
-        self.task_id: str = manifest["task_id"]
-        self.branch: str = manifest["branch"]
-        self.worktree = Path(manifest["worktree"])
+        self.task_id: str = manifest.task_id
+        self.branch: str = manifest.branch
+        self.worktree = manifest.worktree_path
         self.store = StateStore(coder_dir)
         self.state = self.store.load(self.task_id)
         self.warnings: list[str] = []
@@ -179,10 +179,10 @@ class _Revert:
         commits = gitcommits.effective_step_commits(
             self.repo,
             branch=self.branch,
-            base_commit=self.manifest["base_commit"],
+            base_commit=self.manifest.base_commit,
             task_id=self.task_id,
         )
-        plan = plan_revert(self.order, self.to_step, commits, self.manifest["base_commit"])
+        plan = plan_revert(self.order, self.to_step, commits, self.manifest.base_commit)
         moves = plan.cut != tip if self.mode == "reset" else bool(plan.undo)
         new_tip, made = self._move(plan, tip) if moves else (tip, ())
         undone = tuple(c.step_id for c in reversed(plan.undo)) if moves else ()
@@ -223,7 +223,7 @@ class _Revert:
         base = record.get("base") or self.state.base
         undo = {
             "no-ff": f"git revert -m 1 {tag}",
-            "ff-only": f"git revert --no-edit {self.manifest['base_commit'][:12]}..{tag}",
+            "ff-only": f"git revert --no-edit {self.manifest.base_commit[:12]}..{tag}",
         }
         how = undo.get(record.get("mode", ""), f"git revert {tag}")
         raise MergedRun(
@@ -238,7 +238,7 @@ class _Revert:
         if gitland.ref_target(self.repo, f"refs/tags/{tag}") is None:
             return None
         commit = branches.resolve_commit(self.repo, f"refs/tags/{tag}")
-        base_commit = self.manifest["base_commit"]
+        base_commit = self.manifest.base_commit
         return None if gitland.is_ancestor(self.repo, commit, base_commit) else commit
 
     def _tip(self) -> str:
@@ -255,7 +255,7 @@ class _Revert:
         foreign = gitcommits.foreign_commits(
             self.repo,
             branch=self.branch,
-            base_commit=self.manifest["base_commit"],
+            base_commit=self.manifest.base_commit,
             task_id=self.task_id,
         )
         if foreign:

@@ -18,7 +18,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,12 +43,17 @@ from coder.interrupts import STOP_SIGNALS, detach_terminal
 from coder.run import amend
 from coder.run import manifest as manifests
 from coder.run.lock import TaskLock
-from coder.run.manifest import load_manifest, manifest_path
+from coder.run.manifest import Manifest, load_manifest, manifest_path, new_run
 from coder.run.secrets import restore, run_secrets, stored_task
-from coder.run.state import DONE, RunState, StateStore, new_run, now_iso
+from coder.run.state import DONE, RunState, StateStore, now_iso
 
 if TYPE_CHECKING:
+    from coder.agent.session import AgentSession, ToolAttacher
+    from coder.git.repository import Repo
+    from coder.policy.commands import Policy
     from coder.redact import Redactor
+    from coder.run.events import EventLog
+    from coder.run.executor import Approver, RunContext
 
 Console = Callable[[dict[str, Any]], None]
 
@@ -60,11 +65,8 @@ class RunOptions:
     model: str | None = None
     record: Path | None = None  # write the model's replies here
     replay: Path | None = None  # answer model calls from this recording instead of Ollama
-    approve: Any = None  # interactive mode: Callable[[Step, RunContext], "run"|"skip"|"quit"]
-    # Extra tools for the model, handed in by the layer above (the CLI passes the external MCP
-    # servers'): called as attach_tools(agent, cfg, cwd=worktree, log=log, redactor=redactor)
-    # before the first step; returns something with close(), or None.
-    attach_tools: Callable[..., Any] | None = None
+    approve: Approver | None = None  # interactive mode: asked before each step
+    attach_tools: ToolAttacher | None = None  # extra tools for the model (the MCP servers')
     sandbox: str | None = None  # "off" (--no-sandbox) overrides the config's `sandbox`
     # The live view: gets each typed model-loop event (coder.agent.events) with its step's
     # context (run.events.LiveView); nothing it gets is written to the log.
@@ -90,71 +92,25 @@ def start(
     path: Path, *, cwd: Path, options: RunOptions, console: Console | None = None
 ) -> RunResult:
     """Validate, prepare the branch and worktree, and run the whole DAG."""
-    task = taskfile.load(path)
-    cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
-    config_mod.require_trusted(cfg)
-    repo = repository.open_repo(cwd)
+    task, cfg, repo, policy, base_commit = _checked(path, cwd, options)
     root = repository.repo_root(repo)
-    policy = policy_for(task, cfg)
-    preflight(task, policy, root, cfg)
-    base = task.base or branches.current_branch(repo)
-    base_commit = (
-        branches.resolve_commit(repo, f"refs/heads/{base}")
-        if branches.branch_tip(repo, base)
-        else _missing_base(base)
-    )
-    submodules.submodules(repo, base_commit)  # each must be copyable into the worktree, or refuse
-    task = task.resolved(base=base, model=str(cfg["model"]))
     coder_dir = project.ensure_coder_dir(root)
     repository.ensure_excluded(repo, f"/{project.CODER_DIR}/")
     store = StateStore(coder_dir)
-    worktree = coder_dir / "worktrees" / task.id
-    # The lock before the checks: a second `coder run` of a task that is running is told who
-    # runs it (ConcurrentRun), and two starts cannot both pass the checks and create the run.
     # every secret the run knows, before anything is stored, sent or logged (the worktree's
     # own `.env*` files join when it exists)
     redactor = run_redactor([root], task, policy, cfg)
     if not task.source.get("branch"):  # named after the title: never after a secret in it
         task = replace(task, branch=taskfile.default_branch(task.id, redactor.redact(task.title)))
+    # The lock before the checks: a second `coder run` of a task that is running is told who
+    # runs it (ConcurrentRun), and two starts cannot both pass the checks and create the run.
     with TaskLock(coder_dir, task.id) as lock:
-        if manifests.run_exists(coder_dir, task.id):
-            raise InvalidInput(
-                f"a run of task {task.id} already exists",
-                hint=f"continue it with `coder resume -t {task.id}`, or remove it "
-                f"with `coder clean -t {task.id}`",
-            )
-        try:  # refused before anything of the run exists: its lock file goes too
-            if branches.branch_tip(repo, task.branch):
-                raise _branch_exists(repo, task, path)
-            # no model: we stop here
-            agent = open_agent(task, cfg, repo, base_commit, options, redactor)
-        except BaseException:
-            lock.path.unlink(missing_ok=True)
-            raise
+        agent = _claim(repo, coder_dir, task, path, lock.path, base_commit, cfg, options, redactor)
         try:  # the manifest first, then the branch and worktree, then the first checkpoint
-            manifest = manifests.build(
-                stored_task(task.to_dict(), redactor),  # secrets left out
-                taskfile=path,
-                base=base,
-                base_commit=base_commit,
-                worktree=worktree,
-                created_at=now_iso(),
-            )
-            manifests.write(coder_dir, manifest)
-            worktrees.create_worktree(
-                repo, name=task.id, path=worktree, branch=task.branch, start=base_commit
-            )
-            crashpoint("after_worktree")
-            state = new_run(manifest)
+            state = _create(repo, coder_dir, task, path, base_commit, redactor)
             store.save(state)
-            warnings = []
-            if repository.identity(repo).fallback:
-                warnings.append(
-                    "git user.name/user.email are not set (nor GIT_AUTHOR_NAME/_EMAIL); "
-                    "commits are authored by coder <coder@localhost> (set them with "
-                    "`git config user.name ...`)"
-                )
-            return _execute(
+            worktree = Path(state.worktree)
+            setup = RunSetup(
                 task,
                 root,
                 coder_dir,
@@ -163,12 +119,11 @@ def start(
                 store,
                 cfg,
                 policy,
-                options,
-                console,
-                warnings=tuple(warnings),
-                agent=agent,
-                redactor=redactor,
+                agent,
+                redactor,
+                _start_warnings(repo),
             )
+            return _execute(setup, options, console)
         except BaseException as exc:
             if agent is not None:  # _execute closes it too; closing twice is harmless
                 agent.models.close()
@@ -183,7 +138,94 @@ def start(
             raise
 
 
-def _branch_exists(repo: Any, task: taskfile.Task, path: Path) -> CoderError:
+def _checked(
+    path: Path, cwd: Path, options: RunOptions
+) -> tuple[taskfile.Task, config_mod.Config, Repo, Policy, str]:
+    """The taskfile, resolved against its base branch, with the config, repository, policy
+    and base commit of its run: refused (creating nothing) when the policy forbids its
+    commands, the base is missing or a submodule cannot be copied."""
+    task = taskfile.load(path)
+    cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
+    config_mod.require_trusted(cfg)
+    repo = repository.open_repo(cwd)
+    policy = policy_for(task, cfg)
+    preflight(task, policy, repository.repo_root(repo), cfg)
+    base = task.base or branches.current_branch(repo)
+    base_commit = (
+        branches.resolve_commit(repo, f"refs/heads/{base}")
+        if branches.branch_tip(repo, base)
+        else _missing_base(base)
+    )
+    submodules.submodules(repo, base_commit)  # each must be copyable into the worktree, or refuse
+    return task.resolved(base=base, model=str(cfg["model"])), cfg, repo, policy, base_commit
+
+
+def _claim(
+    repo: Repo,
+    coder_dir: Path,
+    task: taskfile.Task,
+    path: Path,
+    lock: Path,
+    base_commit: str,
+    cfg: config_mod.Config,
+    options: RunOptions,
+    redactor: Redactor,
+) -> AgentSession | None:
+    """Under the task's lock: refuse a run that exists already or whose branch does, and open
+    the model side (no model: we stop here). A refusal leaves nothing, the lock file neither."""
+    if manifests.run_exists(coder_dir, task.id):
+        raise InvalidInput(
+            f"a run of task {task.id} already exists",
+            hint=f"continue it with `coder resume -t {task.id}`, or remove it "
+            f"with `coder clean -t {task.id}`",
+        )
+    try:  # refused before anything of the run exists: its lock file goes too
+        if branches.branch_tip(repo, task.branch):
+            raise _branch_exists(repo, task, path)
+        return _open_agent(task, cfg, repo, base_commit, options, redactor)
+    except BaseException:
+        lock.unlink(missing_ok=True)
+        raise
+
+
+def _create(
+    repo: Repo,
+    coder_dir: Path,
+    task: taskfile.Task,
+    path: Path,
+    base_commit: str,
+    redactor: Redactor,
+) -> RunState:
+    """The run's manifest, then its branch and worktree: its first checkpoint, not saved."""
+    assert task.base is not None, "a resolved task names its base"
+    worktree = coder_dir / "worktrees" / task.id
+    manifest = manifests.build(
+        stored_task(task.to_dict(), redactor),  # secrets left out
+        taskfile=path,
+        base=task.base,
+        base_commit=base_commit,
+        worktree=worktree,
+        created_at=now_iso(),
+    )
+    manifests.write(coder_dir, manifest)
+    worktrees.create_worktree(
+        repo, name=task.id, path=worktree, branch=task.branch, start=base_commit
+    )
+    crashpoint("after_worktree")
+    return new_run(manifest)
+
+
+def _start_warnings(repo: Repo) -> tuple[str, ...]:
+    if repository.identity(repo).fallback:
+        return (
+            "git user.name/user.email are not set (nor GIT_AUTHOR_NAME/_EMAIL); "
+            "commits are authored by coder <coder@localhost> (set them with "
+            "`git config user.name ...`)",
+        )
+    return ()
+
+
+def _branch_exists(repo: Repo, task: taskfile.Task, path: Path) -> CoderError:
     """The run's branch is there before the run: a run whose files under `.coder/` were
     deleted (its commits say so), or a branch of someone else's."""
     found = gitcommits.run_base(repo, task.branch, task.id)
@@ -203,7 +245,7 @@ def _branch_exists(repo: Any, task: taskfile.Task, path: Path) -> CoderError:
     )
 
 
-def _started(repo: Any, store: StateStore, task_id: str, branch: str, base_commit: str) -> bool:
+def _started(repo: Repo, store: StateStore, task_id: str, branch: str, base_commit: str) -> bool:
     """Whether the run got as far as its executor (which marks it `running` before a step),
     or committed anything: its checkpoint may be gone (deleted by hand), its commits stay."""
     tip = branches.branch_tip(repo, branch)
@@ -218,7 +260,7 @@ def _started(repo: Any, store: StateStore, task_id: str, branch: str, base_commi
 
 
 def _remove_unstarted(
-    repo: Any,
+    repo: Repo,
     coder_dir: Path,
     task: taskfile.Task,
     store: StateStore,
@@ -255,7 +297,7 @@ def _missing_base(base: str) -> str:
 
 
 def run_redactor(
-    roots: list[Path], task: taskfile.Task, policy: Any, cfg: config_mod.Config
+    roots: list[Path], task: taskfile.Task, policy: Policy, cfg: config_mod.Config
 ) -> Redactor:
     """The run's redactor: every secret it knows (coder.run.secrets.run_secrets)."""
     from coder.redact import Redactor
@@ -263,109 +305,35 @@ def run_redactor(
     return Redactor(run_secrets(roots, task, policy, cfg.values))
 
 
-def open_agent(
+def _open_agent(
     task: taskfile.Task,
     cfg: config_mod.Config,
-    repo: Any,
+    repo: Repo,
     base_commit: str,
     options: RunOptions,
     redactor: Redactor,
     done: Collection[str] = (),
     attempts: Mapping[str, int] | None = None,
-) -> Any:
-    """The model side of a run with model steps still to run (`done`: the ids of those that
-    will not run again; `attempts`: how many each step already made): the provider and the
-    prefix every request starts with. Every model those steps can still reach must be on its
-    server first (each server is asked what it serves, loading nothing); then only the models
-    they start with are warmed up (loaded), so a missing host or model fails before anything
-    is created and Ollama does not load a model no step uses. Every request to a model passes
-    `redactor` (coder.models.redacting)."""
-    pending = [s for s in task.steps if s.uses_model and s.id not in done]
-    if not pending:
-        return None
-    from coder.agent import prefix
-    from coder.models.factory import open_models
-    from coder.models.served import require_served
-    from coder.run.steps.model import AgentSession, next_model
-    from coder.tools.registry import default_registry
+) -> AgentSession | None:
+    """coder.agent.session.open_agent for this run: its prefix shows the task as the manifest
+    keeps it."""
+    from coder.agent.session import open_agent
 
-    made = attempts or {}
-    if options.replay is None:  # a replay asks no server
-        require_served(cfg, model_uses(task, pending, made))
-    models = open_models(
-        cfg, redactor=redactor, model=task.model, replay=options.replay, record=options.record
-    )
-    first = list(
-        dict.fromkeys(next_model(task, s, made.get(s.id, 0)) or models.model for s in pending)
-    )
-    try:
-        facts = warm_up(models, first)
-    except BaseException:
-        models.close()
-        raise
-    registry = default_registry()
-    built = prefix.build(
+    return open_agent(
+        task,
+        cfg,
         repo,
         base_commit,
-        stored_task(task.to_dict(), redactor),  # as the manifest keeps it
-        cfg,
-        num_ctx=facts.num_ctx,
-        cache_dir=project.coder_dir(repository.repo_root(repo)) / "cache",
+        stored=stored_task(task.to_dict(), redactor),
         redactor=redactor,
+        replay=options.replay,
+        record=options.record,
+        done=done,
+        attempts=attempts,
     )
-    session = AgentSession(models, registry, built.system, registry.definitions(), facts)
-    if cfg.get("warm_prefix", True) and options.replay is None:
-        # While the worktree is checked out, the servers take in the shared prefix.
-        session.priming = threading.Thread(
-            target=models.prime,
-            args=([{"role": "system", "content": session.system}], session.tools, first[0]),
-            name="warm-prefix",
-            daemon=True,
-        )
-        session.priming.start()
-    return session
 
 
-def warm_up(models: Any, names: Sequence[str]) -> Any:
-    """Warm up each of `names` (the models the pending steps start with), the first last so
-    a server that holds one model at a time keeps the one needed first. The facts are the
-    first's, with the smallest context of them all (every step shares the prefix built to
-    it)."""
-
-    warmed = {name: models.warm_up(name) for name in reversed(names)}
-    facts = warmed[names[0]]
-    sizes = [f.num_ctx for f in warmed.values() if f.num_ctx]
-    if sizes and facts.num_ctx and min(sizes) < facts.num_ctx:
-        facts = replace(facts, num_ctx=min(sizes))
-    return facts
-
-
-def model_uses(
-    task: taskfile.Task, steps: Sequence[taskfile.Step], attempts: Mapping[str, int] | None = None
-) -> dict[str, dict[str, list[str]]]:
-    """model name -> {"model" | "fallback_model": ids of the steps that can use it so}: each
-    step's own model, else the task's, and its fallback_model, else the task's, where the
-    step can still reach it (`steps.model.reaches_fallback`: its retries allow a third
-    attempt, counting the `attempts` it already made) -- what `steps.model.model_for` picks
-    from."""
-    from coder.run.steps.model import reaches_fallback
-
-    uses: dict[str, dict[str, list[str]]] = {}
-    for step in steps:
-        if not step.uses_model:
-            continue
-        made = (attempts or {}).get(step.id, 0)
-        model = step.model or task.model
-        fallback = step.fallback_model or task.fallback_model
-        if not reaches_fallback(task, step, made):
-            fallback = None
-        for role, name in (("model", model), ("fallback_model", fallback)):
-            if name:
-                uses.setdefault(name, {}).setdefault(role, []).append(step.id)
-    return uses
-
-
-def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Any:
+def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Policy:
     """The run's policy: the config's, narrowed by the taskfile. A taskfile can turn the
     network off but never on; only coder.config.json widens permissions."""
 
@@ -377,7 +345,7 @@ def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Any:
     return policy
 
 
-def preflight(task: taskfile.Task, policy: Any, root: Path, cfg: config_mod.Config) -> None:
+def preflight(task: taskfile.Task, policy: Policy, root: Path, cfg: config_mod.Config) -> None:
     """Refuse a run whose commands the policy forbids (or that has a test step with no test
     command), or that needs a sandbox the machine lacks, before anything is created."""
     from coder.policy.sandbox import require_sandbox
@@ -408,97 +376,131 @@ def resume(
         raise manifests.missing_run(repo, coder_dir, task_id)  # before a lock file is made
     with TaskLock(coder_dir, task_id) as lock:
         manifest = _recover_manifest(repo, coder_dir, store, task_id, options, cwd, warnings)
-        if lock.took_over_from:
-            warnings.append(
-                f"the previous runner (pid {lock.took_over_from}) is gone; taking over its lock"
-            )
-        # Commands of a killed runner live on in their own sessions: end them before the
-        # worktree is judged, or they write into it behind the reconciliation.
-        leftovers = sandbox.kill_owned(sandbox.owner_token(coder_dir, task_id))
-        if leftovers:
-            warnings.append(
-                f"killed {len(leftovers)} leftover command process(es) of the "
-                f"previous runner (pids {', '.join(map(str, leftovers[:10]))})"
-            )
-        try:
-            state = store.load(task_id)
-        except (CorruptState, UnknownTask) as exc:
-            problem = (
-                exc.message
-                if isinstance(exc, CorruptState)
-                # not "no task X":
-                else (
-                    f"the state file of run {task_id} is missing (the runner stopped before its "
-                    "first checkpoint, or the file was deleted)"
-                )
-            )  # the run's manifest exists
-            warnings.append(f"{problem}; rebuilding the state from the branch's commits")
-            state = new_run(manifest)
-            state.status = "interrupted"
-        if branches.branch_tip(repo, manifest["branch"]) is None:
-            raise _branch_gone(repo, state, manifest["branch"])
-        if state.status == "success":
-            merged = state.merge
-            raise InvalidInput(
-                f"run {task_id} already finished successfully"
-                + (f" and was merged into {merged['base']}" if merged else "")
-                + "; nothing to resume",
-                hint=f"see `coder show -t {task_id}`"
-                + (
-                    f"; remove it with `coder clean -t {task_id}`"
-                    if merged
-                    else f", or merge it with `coder merge -t {task_id}`"
-                ),
-            )
-        task = taskfile.from_dict(restore(manifest["task"], manifest.get("taskfile")))
-        worktree = Path(manifest["worktree"])
+        warnings += _previous_runner(lock.took_over_from, coder_dir, task_id)
+        state = _resumable_state(repo, store, manifest, warnings)
+        task = taskfile.from_dict(restore(manifest.task, manifest.taskfile))
         amend.align(state, task)  # after a crash while an edited taskfile was being taken
-        warnings += reconcile(repo, state, manifest, worktree)
+        warnings += reconcile(repo, state, manifest, manifest.worktree_path)
         cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
         config_mod.require_trusted(cfg)
-        edit, warning = amend.load_or_warn(manifest, task, root, options.taskfile)
-        if warning:
-            warnings.append(warning)
-        running = edit.task if edit is not None else task
-        redactor = run_redactor([root], running, policy_for(running, cfg), cfg)
-        if edit is not None:
-            amend.check_done_unchanged(edit, state)
-            preflight(edit.todo(state), policy_for(edit.task, cfg), root, cfg)
-            path = manifest_path(coder_dir, task_id)
-            manifest = amend.take(edit, state, manifest, path, redactor)
-            task = edit.task
-            warnings.append(f"{edit.summary()}; taking the new version for the steps not yet done")
+        task, manifest, redactor = _take_edit(
+            coder_dir, root, state, manifest, task, cfg, options, warnings
+        )
         store.save(state)
-        sandbox.require_sandbox(policy_for(task, cfg))
+        policy = policy_for(task, cfg)
+        sandbox.require_sandbox(policy)
         done = {sid for sid, st in state.steps.items() if st.status in DONE}
         made = {sid: st.attempts for sid, st in state.steps.items()}
-        agent = open_agent(task, cfg, repo, manifest["base_commit"], options, redactor, done, made)
-        return _execute(
+        agent = _open_agent(task, cfg, repo, manifest.base_commit, options, redactor, done, made)
+        setup = RunSetup(
             task,
             root,
             coder_dir,
-            worktree,
+            manifest.worktree_path,
             state,
             store,
             cfg,
-            policy_for(task, cfg),
-            options,
-            console,
-            warnings=tuple(warnings),
-            agent=agent,
-            redactor=redactor,
+            policy,
+            agent,
+            redactor,
+            tuple(warnings),
         )
+        return _execute(setup, options, console)
+
+
+def _previous_runner(took_over_from: int | None, coder_dir: Path, task_id: str) -> list[str]:
+    """What is left of the runner before: its lock (taken over) and its commands, which live
+    on in their own sessions: ended before the worktree is judged, or they write into it
+    behind the reconciliation."""
+    from coder.policy import sandbox
+
+    warnings = []
+    if took_over_from:
+        warnings.append(f"the previous runner (pid {took_over_from}) is gone; taking over its lock")
+    leftovers = sandbox.kill_owned(sandbox.owner_token(coder_dir, task_id))
+    if leftovers:
+        warnings.append(
+            f"killed {len(leftovers)} leftover command process(es) of the "
+            f"previous runner (pids {', '.join(map(str, leftovers[:10]))})"
+        )
+    return warnings
+
+
+def _resumable_state(
+    repo: Repo, store: StateStore, manifest: Manifest, warnings: list[str]
+) -> RunState:
+    """The run's checkpoint (rebuilt from the manifest when it is missing or unreadable);
+    refused when the run's branch is gone or the run already succeeded."""
+    task_id = manifest.task_id
+    try:
+        state = store.load(task_id)
+    except (CorruptState, UnknownTask) as exc:
+        problem = (
+            exc.message
+            if isinstance(exc, CorruptState)
+            # not "no task X":
+            else (
+                f"the state file of run {task_id} is missing (the runner stopped before its "
+                "first checkpoint, or the file was deleted)"
+            )
+        )  # the run's manifest exists
+        warnings.append(f"{problem}; rebuilding the state from the branch's commits")
+        state = new_run(manifest)
+        state.status = "interrupted"
+    if branches.branch_tip(repo, manifest.branch) is None:
+        raise _branch_gone(repo, state, manifest.branch)
+    if state.status == "success":
+        merged = state.merge
+        raise InvalidInput(
+            f"run {task_id} already finished successfully"
+            + (f" and was merged into {merged['base']}" if merged else "")
+            + "; nothing to resume",
+            hint=f"see `coder show -t {task_id}`"
+            + (
+                f"; remove it with `coder clean -t {task_id}`"
+                if merged
+                else f", or merge it with `coder merge -t {task_id}`"
+            ),
+        )
+    return state
+
+
+def _take_edit(
+    coder_dir: Path,
+    root: Path,
+    state: RunState,
+    manifest: Manifest,
+    task: taskfile.Task,
+    cfg: config_mod.Config,
+    options: RunOptions,
+    warnings: list[str],
+) -> tuple[taskfile.Task, Manifest, Redactor]:
+    """The task the resume runs, its manifest and redactor: the run's own, or the edited
+    taskfile's (`options.taskfile`) for the steps not yet done, checked as a start is."""
+    edit, warning = amend.load_or_warn(manifest, task, root, options.taskfile)
+    if warning:
+        warnings.append(warning)
+    running = edit.task if edit is not None else task
+    redactor = run_redactor([root], running, policy_for(running, cfg), cfg)
+    if edit is None:
+        return task, manifest, redactor
+    amend.check_done_unchanged(edit, state)
+    preflight(edit.todo(state), policy_for(edit.task, cfg), root, cfg)
+    path = manifest_path(coder_dir, manifest.task_id)
+    manifest = amend.take(edit, state, manifest, path, redactor)
+    warnings.append(f"{edit.summary()}; taking the new version for the steps not yet done")
+    return edit.task, manifest, redactor
 
 
 def _recover_manifest(
-    repo: Any,
+    repo: Repo,
     coder_dir: Path,
     store: StateStore,
     task_id: str,
     options: RunOptions,
     cwd: Path,
     warnings: list[str],
-) -> dict[str, Any]:
+) -> Manifest:
     """The run's manifest. A missing one is rebuilt and written back: from the checkpoint,
     or, when that is gone too (`.coder/` deleted by hand), from the taskfile given with -f
     and the commits on the run's branch."""
@@ -521,23 +523,23 @@ def _recover_manifest(
         )
         warnings.append(
             f"run {task_id} had no manifest or state; rebuilt it from {path} and the {count} "
-            f"commit{'s' * (count != 1)} of the run on {manifest['branch']}"
+            f"commit{'s' * (count != 1)} of the run on {manifest.branch}"
         )
     project.ensure_coder_dir(repository.repo_root(repo))
     manifests.write(coder_dir, manifest)
     return manifest
 
 
-def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Path) -> list[str]:
+def reconcile(repo: Repo, state: RunState, manifest: Manifest, worktree: Path) -> list[str]:
     """Bring the checkpoint in line with git, the source of truth. Refuses (changing nothing)
     when someone else moved the branch or edited the worktree while no runner was there."""
     warnings = []
-    task_id, branch = manifest["task_id"], manifest["branch"]
+    task_id, branch = manifest.task_id, manifest.branch
     tip = branches.branch_tip(repo, branch)
     if tip is None:
         raise _branch_gone(repo, state, branch)
     foreign = gitcommits.foreign_commits(
-        repo, branch=branch, base_commit=manifest["base_commit"], task_id=task_id
+        repo, branch=branch, base_commit=manifest.base_commit, task_id=task_id
     )
     if foreign:
         raise EnvironmentProblem(
@@ -555,13 +557,26 @@ def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Pa
         warnings.append(f"{cut_short.format(worktree)} from {branch}")
     if repository.clear_stale_index_lock(worktree):
         warnings.append("removed a stale index.lock left by the crash")
-
     committed = {
         c.step_id: c.commit
         for c in gitcommits.effective_step_commits(
-            repo, branch=branch, base_commit=manifest["base_commit"], task_id=task_id
+            repo, branch=branch, base_commit=manifest.base_commit, task_id=task_id
         )
     }
+    if _align_steps(state, committed):
+        gitrestore.discard_changes(worktree, tip)
+    elif not workdir.is_clean(worktree):
+        warnings.append(_left_by_revert(repo, worktree, branch, tip))
+    for step_id in state.steps:  # scratch worktrees of a parallel level the crash cut short
+        name = f"{task_id}--{step_id}"
+        worktrees.remove_worktree(repo, name, worktree.parent / name)
+        branches.delete_branch(repo, f"coder-scratch/{task_id}--{step_id}")
+    return warnings
+
+
+def _align_steps(state: RunState, committed: Mapping[str, str]) -> bool:
+    """Each step's status as the branch's `committed` step commits say, with the reason;
+    whether a step was running when the runner stopped (its partial changes are discarded)."""
     on_branch = set(committed.values())
     was_running = False
     for step_id, st in state.steps.items():
@@ -587,31 +602,28 @@ def reconcile(repo: Any, state: RunState, manifest: dict[str, Any], worktree: Pa
         elif st.status == "failed":
             st.status = "pending"
             st.reasons.append("failed in the previous run; retried on resume")
-    if was_running:
-        gitrestore.discard_changes(worktree, tip)
-    elif not workdir.is_clean(worktree):
-        if not gitland.left_behind_at(repo, worktree, reflog_prefix=gitcommits.REFLOG_REVERT):
-            changed = workdir.changed_paths(worktree)
-            raise EnvironmentProblem(
-                f"the worktree {worktree} has changes coder did not make "
-                f"({', '.join(changed[:5])}); refusing to resume so they are not lost",
-                hint=f"commit or stash them elsewhere (e.g. `git -C {worktree} stash -u`), "
-                "then resume",
-            )
-        # `coder revert` was killed after moving the branch, before the files followed it.
-        gitrestore.discard_changes(worktree, tip)
-        warnings.append(
-            "the worktree still had files from before an interrupted "
-            f"`coder revert`; updated them to {branch}"
+    return was_running
+
+
+def _left_by_revert(repo: Repo, worktree: Path, branch: str, tip: str) -> str:
+    """Changes in the worktree no runner left: those of a `coder revert` killed after moving
+    the branch, before the files followed it, are updated to the branch (the warning says
+    so); anyone else's refuse the resume."""
+    if not gitland.left_behind_at(repo, worktree, reflog_prefix=gitcommits.REFLOG_REVERT):
+        changed = workdir.changed_paths(worktree)
+        raise EnvironmentProblem(
+            f"the worktree {worktree} has changes coder did not make "
+            f"({', '.join(changed[:5])}); refusing to resume so they are not lost",
+            hint=f"commit or stash them elsewhere (e.g. `git -C {worktree} stash -u`), then resume",
         )
-    for step_id in state.steps:  # scratch worktrees of a parallel level the crash cut short
-        name = f"{task_id}--{step_id}"
-        worktrees.remove_worktree(repo, name, worktree.parent / name)
-        branches.delete_branch(repo, f"coder-scratch/{task_id}--{step_id}")
-    return warnings
+    gitrestore.discard_changes(worktree, tip)
+    return (
+        "the worktree still had files from before an interrupted "
+        f"`coder revert`; updated them to {branch}"
+    )
 
 
-def _branch_gone(repo: Any, state: RunState, branch: str) -> EnvironmentProblem:
+def _branch_gone(repo: Repo, state: RunState, branch: str) -> EnvironmentProblem:
     """The run's branch was deleted by hand: how to bring it back, or remove the run."""
     last = gitcommits.last_commit(repo, [st.commit for st in state.steps.values() if st.commit])
     restore = (
@@ -628,52 +640,63 @@ def _branch_gone(repo: Any, state: RunState, branch: str) -> EnvironmentProblem:
 # --- running and stopping ------------------------------------------------------------------
 
 
-def _execute(
-    task: taskfile.Task,
-    root: Path,
-    coder_dir: Path,
-    worktree: Path,
-    state: RunState,
-    store: StateStore,
-    cfg: config_mod.Config,
-    policy: Any,
-    options: RunOptions,
-    console: Console | None,
-    warnings: tuple[str, ...],
-    agent: Any,
-    redactor: Redactor,
-) -> RunResult:
+@dataclass(frozen=True)
+class RunSetup:
+    """A run ready to execute, as start and resume hand it over; `context` is the one place
+    its executor's RunContext is built."""
+
+    task: taskfile.Task
+    root: Path
+    coder_dir: Path
+    worktree: Path
+    state: RunState
+    store: StateStore
+    cfg: config_mod.Config
+    policy: Policy
+    agent: AgentSession | None
+    redactor: Redactor
+    warnings: tuple[str, ...] = ()
+
+    def context(self, log: EventLog, options: RunOptions) -> RunContext:
+        from coder.run.executor import RunContext
+
+        return RunContext(
+            task=self.task,
+            repo_root=self.root,
+            coder_dir=self.coder_dir,
+            worktree=self.worktree,
+            state=self.state,
+            store=self.store,
+            log=log,
+            policy=self.policy,
+            config=self.cfg,
+            redactor=self.redactor,
+            max_parallel=options.max_parallel
+            or int(self.task.policies.get("max_parallel", 0))
+            or int(self.cfg["max_parallel"]),
+            fail_fast=options.fail_fast,
+            agent=self.agent,
+            approve=options.approve,
+        )
+
+
+def _execute(setup: RunSetup, options: RunOptions, console: Console | None) -> RunResult:
     from coder.redact import secrets_from_repo
     from coder.run.events import EventLog
-    from coder.run.executor import Executor, RunContext
+    from coder.run.executor import Executor
 
+    task, agent, redactor = setup.task, setup.agent, setup.redactor
     # the worktree's `.env*` files too, before anything is logged or any command runs
-    redactor.add(*secrets_from_repo(worktree))
+    redactor.add(*secrets_from_repo(setup.worktree))
     if agent is not None and options.replay is None:  # the server's API key stays secret
         from coder.models.factory import api_key
 
-        redactor.add(*filter(None, [api_key(cfg)]))
-    with EventLog(coder_dir, task.id, redactor=redactor, console=console, live=options.live) as log:
-        for warning in warnings:
+        redactor.add(*filter(None, [api_key(setup.cfg)]))
+    live = options.live
+    with EventLog(setup.coder_dir, task.id, redactor=redactor, console=console, live=live) as log:
+        for warning in setup.warnings:
             log.warning("run.warning", message=warning)
-        run = RunContext(
-            task=task,
-            repo_root=root,
-            coder_dir=coder_dir,
-            worktree=worktree,
-            state=state,
-            store=store,
-            log=log,
-            policy=policy,
-            config=cfg,
-            redactor=redactor,
-            max_parallel=options.max_parallel
-            or int(task.policies.get("max_parallel", 0))
-            or int(cfg["max_parallel"]),
-            fail_fast=options.fail_fast,
-            agent=agent,
-            approve=options.approve,
-        )
+        run = setup.context(log, options)
         if agent is not None:
             log.info("model.ready", **agent.facts.as_dict())
             if agent.priming is not None:
@@ -682,7 +705,7 @@ def _execute(
         try:
             if agent is not None and options.attach_tools is not None:  # they join the prefix
                 attached = options.attach_tools(
-                    agent, cfg, cwd=worktree, log=log, redactor=redactor
+                    agent, setup.cfg, cwd=setup.worktree, log=log, redactor=redactor
                 )
             with _stop_on_signals(run.stop, log):
                 status = Executor(run).execute()
@@ -692,13 +715,13 @@ def _execute(
             if agent is not None:
                 agent.models.close()
     resume = f"coder resume -t {task.id}"
-    if not manifests.run_exists(coder_dir, task.id):  # deleted under the run
-        resume += f" -f {state.taskfile or 'TASKFILE'}"
-    return RunResult(task.id, status, state, warnings, resume)
+    if not manifests.run_exists(setup.coder_dir, task.id):  # deleted under the run
+        resume += f" -f {setup.state.taskfile or 'TASKFILE'}"
+    return RunResult(task.id, status, setup.state, setup.warnings, resume)
 
 
 @contextmanager
-def _stop_on_signals(stop: threading.Event, log: Any) -> Iterator[None]:
+def _stop_on_signals(stop: threading.Event, log: EventLog) -> Iterator[None]:
     """SIGTERM (`coder stop`), Ctrl-C and a hang-up (the terminal closed) stop gracefully: the
     current step is interrupted, its commands ended and the checkpoint written. A second
     Ctrl-C stops at once."""

@@ -209,24 +209,6 @@ class RunState:
         return total
 
 
-def new_run(manifest: Mapping[str, Any]) -> RunState:
-    """The first checkpoint of a run: every step pending."""
-    task = manifest["task"]
-    return RunState(
-        task_id=manifest["task_id"],
-        title=task["title"],
-        taskfile=manifest.get("taskfile"),
-        branch=manifest["branch"],
-        base=manifest["base"],
-        base_commit=manifest["base_commit"],
-        worktree=manifest["worktree"],
-        task=task,
-        created_at=manifest["created_at"],
-        updated_at=now_iso(),
-        steps={s["id"]: StepRecord() for s in task["graph"]},
-    )
-
-
 # --- the files ------------------------------------------------------------------------------
 
 

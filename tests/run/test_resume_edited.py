@@ -11,6 +11,7 @@ from coder import taskfile as taskfile_mod
 from coder.errors import EXIT_FAILED, EXIT_USAGE
 from coder.redact import Redactor
 from coder.run import amend
+from coder.run.manifest import read_manifest
 from coder.run.state import RunState, StateStore
 from tests.conftest import coder
 from tests.helpers import state_of, step_commits, taskfile
@@ -131,8 +132,8 @@ def test_a_crash_between_the_manifest_and_the_checkpoint_is_mended(make_repo) ->
     store = StateStore(repo / ".coder")
     state = store.load("ed")
     manifest_file = repo / ".coder" / "tasks" / "ed.json"
-    manifest = json.loads(manifest_file.read_text())
-    current = taskfile_mod.from_dict(manifest["task"])
+    manifest = read_manifest(repo / ".coder", "ed")
+    current = taskfile_mod.from_dict(manifest.task)
     edit = amend.compare(manifest, current, path)
     assert edit is not None
     not_saved = RunState.from_dict(state.to_dict())

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from coder.durable import make_private_dirs
 
 if TYPE_CHECKING:
+    from coder.agent.session import AgentSession
     from coder.config import Config
     from coder.models.provider import Usage
     from coder.policy.commands import Policy
@@ -41,7 +42,7 @@ class StepContext:
     log: EventLog
     redactor: Redactor
     owner: str | None = None  # marks the step's commands (coder.policy.sandbox.kill_owned)
-    agent: Any = None  # steps.model.AgentSession when the run has model steps
+    agent: AgentSession | None = None  # when the run has model steps
     previous_error: str | None = None  # why the previous attempt failed, for the model
 
     def artifact(self, suffix: str) -> Path:

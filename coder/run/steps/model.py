@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,33 +12,20 @@ from coder.agent import events as ev
 from coder.agent import prompts
 from coder.agent.loop import TERMINAL, AgentLoop, Limits, LoopResult
 from coder.agent.prefix import step_focus
+from coder.agent.session import model_at
 from coder.durable import make_private_dirs, write_private
 from coder.git import workdir
 from coder.kinds import KINDS, ModelRole
 from coder.policy.paths import naming
 from coder.run.steps import StepContext, StepOutcome
 from coder.safeio import read_regular
-from coder.taskfile import Step, Task, is_repo_relative, parse_duration
+from coder.taskfile import Step, is_repo_relative, parse_duration
 
 EXTERNAL_SEPARATOR = "__"  # external MCP tools are <server>__<tool> (coder.mcp.client)
 
 if TYPE_CHECKING:
-    from coder.models.provider import ModelFacts, Models
     from coder.run.events import EventLog
-    from coder.tools.registry import Registry, ToolContext
-
-
-@dataclass
-class AgentSession:
-    """What every model step of a run shares: the models, the tool registry and the
-    byte-stable prefix (system prompt and tool definitions, fixed for the whole run)."""
-
-    models: Models
-    registry: Registry
-    system: str
-    tools: list[dict[str, Any]]
-    facts: ModelFacts
-    priming: threading.Thread | None = None  # the warm prefix being sent (warm_prefix)
+    from coder.tools.registry import ToolContext
 
 
 def run(ctx: StepContext) -> StepOutcome:
@@ -114,7 +99,8 @@ def converse(
     from coder.tools.registry import ToolContext, doc_write_filter
     from coder.tools.settings import code_settings
 
-    session: AgentSession = ctx.agent
+    session = ctx.agent
+    assert session is not None, "model steps run only with a session"
     tool_ctx = ToolContext(
         root=ctx.workdir,
         policy=naming(ctx.policy, ctx.step.changes),  # its named protected paths are writable
@@ -162,39 +148,10 @@ def converse(
     return result
 
 
-FALLBACK_AFTER = 2  # failed attempts with a step's model before its fallback_model takes over
-
-
 def model_for(ctx: StepContext) -> tuple[str | None, str | None]:
     """The model for this attempt of the step (None: the run's) and, when the attempt
     escalates to `fallback_model` (the step's, else the task's), why."""
     return model_at(ctx.task, ctx.step, ctx.attempt)
-
-
-def model_at(task: Task, step: Step, attempt: int) -> tuple[str | None, str | None]:
-    """`model_for` of attempt number `attempt` (from 1, counted over the run's life)."""
-    fallback = step.fallback_model or task.fallback_model
-    if fallback and attempt > FALLBACK_AFTER:
-        first = step.model or task.model
-        return fallback, (
-            f"attempt {attempt} uses fallback_model {fallback} after {FALLBACK_AFTER} "
-            f"failed attempts with {first}"
-        )
-    return step.model, None
-
-
-def next_model(task: Task, step: Step, attempts: int = 0) -> str | None:
-    """The model the step's next attempt uses, after the `attempts` it already made: its
-    own, else the task's (its fallback once those attempts reached it)."""
-    return model_at(task, step, attempts + 1)[0] or task.model
-
-
-def reaches_fallback(task: Task, step: Step, attempts: int = 0) -> bool:
-    """Whether the step, after the `attempts` it already made, can still get to its
-    `fallback_model`: its retries allow an attempt past the FALLBACK_AFTER ones (with
-    `retries` under 2, a fresh step never does)."""
-    fallback = step.fallback_model or task.fallback_model
-    return bool(fallback) and attempts + task.retries(step) + 1 > FALLBACK_AFTER
 
 
 def report(log: EventLog, event: ev.LoopEvent) -> None:
