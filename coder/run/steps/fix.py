@@ -8,10 +8,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from coder.git import diffs, repository
 from coder.models.provider import Usage
 from coder.run.steps import StepContext, StepOutcome
+
+if TYPE_CHECKING:
+    from coder.agent.loop import LoopResult
 
 
 @dataclass(frozen=True)
@@ -36,8 +40,6 @@ def fix_cycles(
     outcome: StepOutcome,
     failing: Failing,
 ) -> StepOutcome:
-    from coder.agent import prompts
-    from coder.run.steps.model import converse
     from coder.tools.registry import tools_for_kind
 
     allowed = tools_for_kind("edit")
@@ -47,26 +49,8 @@ def fix_cycles(
     previous_diff = _worktree_digest(ctx)
     max_cycles = ctx.step.max_cycles
     for cycle in range(1, max_cycles + 1):
-        message = prompts.fix_message(
-            step={"id": ctx.step.id, "goal": ctx.step.goal},
-            command=command,
-            failures=failing.failures,
-            summary=failing.summary,
-            cycle=cycle,
-            max_cycles=max_cycles,
-            tools=allowed,
-            same_as_before=failing.names == previous_names,
-            check=check,
-        )
-        ctx.log.info("fix.cycle", cycle=cycle, failing=failing.summary)
-        result = converse(
-            ctx,
-            role="edit",
-            allowed=allowed,
-            first_message=message,
-            transcript=f".fix{cycle}.transcript.json",
-            cycle=cycle,
-        )
+        same = failing.names == previous_names
+        result = _ask(ctx, cycle, failing, same, check=check, command=command, allowed=allowed)
         usage += result.usage
         notes += tuple(result.notes)
         if not result.ok:
@@ -90,25 +74,67 @@ def fix_cycles(
         previous_diff, previous_names = digest, failing.names
         outcome, still = rerun()
         if outcome.ok or outcome.cancelled or still is None:
-            summary = (
-                f"{outcome.summary} after {cycle} fix cycle{'s' * (cycle > 1)}"
-                if outcome.ok
-                else outcome.summary
-            )
-            return StepOutcome(
-                outcome.ok,
-                outcome.error,
-                summary=summary,
-                tests=outcome.tests,
-                cancelled=outcome.cancelled,
-                usage=usage,
-                notes=notes,
-            )
+            return _settled(outcome, cycle, usage, notes)
         failing = still
     return StepOutcome(
         False,
         f"{check} still failing after {max_cycles} fix cycles: {failing.summary}",
         tests=outcome.tests,
+        usage=usage,
+        notes=notes,
+    )
+
+
+def _ask(
+    ctx: StepContext,
+    cycle: int,
+    failing: Failing,
+    same_as_before: bool,
+    *,
+    check: str,
+    command: str,
+    allowed: list[str],
+) -> LoopResult:
+    """Fix cycle `cycle`: the model shown only what fails, with the edit kind's tools."""
+    from coder.agent import prompts
+    from coder.run.steps.model import converse
+
+    message = prompts.fix_message(
+        step={"id": ctx.step.id, "goal": ctx.step.goal},
+        command=command,
+        failures=failing.failures,
+        summary=failing.summary,
+        cycle=cycle,
+        max_cycles=ctx.step.max_cycles,
+        tools=allowed,
+        same_as_before=same_as_before,
+        check=check,
+    )
+    ctx.log.info("fix.cycle", cycle=cycle, failing=failing.summary)
+    return converse(
+        ctx,
+        role="edit",
+        allowed=allowed,
+        first_message=message,
+        transcript=f".fix{cycle}.transcript.json",
+        cycle=cycle,
+    )
+
+
+def _settled(outcome: StepOutcome, cycle: int, usage: Usage, notes: tuple[str, ...]) -> StepOutcome:
+    """The step's outcome once the check's rerun after cycle `cycle` passed, was cancelled
+    or failed in a way no model can fix."""
+    summary = (
+        f"{outcome.summary} after {cycle} fix cycle{'s' * (cycle > 1)}"
+        if outcome.ok
+        else outcome.summary
+    )
+    return StepOutcome(
+        outcome.ok,
+        outcome.error,
+        summary=summary,
+        tests=outcome.tests,
+        cancelled=outcome.cancelled,
         usage=usage,
         notes=notes,
     )
