@@ -79,6 +79,47 @@ ENVIRONMENT = {"OLLAMA_HOST": "ollama_host", "CODER_MODEL": "model"}
 
 @dataclass(frozen=True)
 class Config:
+    """The settings, read once (`load`) into typed attributes, one per key of DEFAULTS (the
+    schema checked the files; `values` keeps them by name, `sources` where each came from)."""
+
+    model: str
+    provider: str  # "ollama" | "openai"
+    ollama_host: str
+    base_url: str | list[str] | None
+    api_key_env: str | None
+    models: dict[str, dict[str, Any]]  # named models: name -> {model, provider?, ...}
+    test_command: str | None
+    num_ctx: int | None
+    max_num_ctx: int
+    temperature: float
+    seed: int | None
+    keep_alive: str
+    request_timeout: float
+    max_output_tokens: int | None  # None: a named model's own server sets no cap
+    max_prose_chars: int
+    warm_prefix: bool
+    allow_network: bool
+    allowed_commands: list[str]
+    env_passthrough: list[str]
+    protected_paths: list[str]
+    command_timeout: int
+    output_cap: int
+    max_parallel: int
+    max_turns: int
+    max_step_tokens: int | None
+    step_timeout: int
+    run_max_tokens: int | None
+    run_timeout: int | None
+    mcp_servers: list[dict[str, Any]]  # each as schemas/config.schema.json describes it
+    plan_attempts: int
+    sandbox: str  # "on" | "off"
+    limits: dict[str, int] | None
+    instruction_files: list[str]
+    instructions_max_chars: int
+    repo_map_tokens: int | None
+    lint_command: str | None
+    embedding_model: str | None
+
     values: Mapping[str, Any]
     sources: Mapping[str, str]
     project_root: Path | None
@@ -87,11 +128,47 @@ class Config:
     # because the user has not trusted them (`coder trust`); see `require_trusted`
     untrusted: Mapping[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def of(
+        cls,
+        values: Mapping[str, Any],
+        sources: Mapping[str, str],
+        project_root: Path | None = None,
+        files: tuple[Path, ...] = (),
+        untrusted: Mapping[str, Any] | None = None,
+    ) -> Config:
+        """The one constructor: each typed attribute from `values` (else its default)."""
+        typed = {key: values.get(key, default) for key, default in DEFAULTS.items()}
+        return cls(
+            **typed,
+            values=values,
+            sources=sources,
+            project_root=project_root,
+            files=files,
+            untrusted=untrusted or {},
+        )
+
+    def updated(
+        self, values: Mapping[str, Any], sources: Mapping[str, str] | None = None
+    ) -> Config:
+        """The same config with `values` set over its own (a named model's server, a
+        shorter timeout), every typed attribute following."""
+        return Config.of(
+            {**self.values, **values},
+            {**self.sources, **(sources or {})},
+            self.project_root,
+            self.files,
+            self.untrusted,
+        )
+
     def __getitem__(self, key: str) -> Any:
+        """A setting by its name (what `coder config` lists); code reads the attributes."""
         return self.values[key]
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
+
+def as_config(cfg: Config | Mapping[str, Any]) -> Config:
+    """`cfg` itself, or the settings of a plain mapping over the defaults (tests, bench)."""
+    return cfg if isinstance(cfg, Config) else Config.of({**DEFAULTS, **cfg}, {})
 
 
 def find_project_root(start: Path) -> Path | None:
@@ -156,7 +233,7 @@ def load(
     except InvalidInput as exc:
         where = sources.get("ollama_host", "the default")
         raise InvalidInput(f"{exc.message} (from {where})", hint=exc.hint) from None
-    return Config(values, sources, root, tuple(files), untrusted)
+    return Config.of(values, sources, root, tuple(files), untrusted)
 
 
 # --------------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ def _git(cwd: Path) -> Check:
 
 def _test_command(cwd: Path, cfg: config_mod.Config) -> Check:
     root = cfg.project_root or cwd
-    configured = cfg.get("test_command")
+    configured = cfg.test_command
     if configured:
         return Check("test command", "ok", f"{configured} (from {cfg.sources['test_command']})")
     detected = config_mod.detect_test_command(root)
@@ -82,7 +82,7 @@ def _sandbox(cfg: config_mod.Config) -> list[Check]:
     from coder.policy.sandbox import network_isolation_available
 
     found = confine.support()
-    off = cfg.get("sandbox") == "off"
+    off = cfg.sandbox == "off"
     if off:
         files = Check(
             "command sandbox",
@@ -172,8 +172,8 @@ def _models(cfg: config_mod.Config) -> list[Check]:
     model (config `models`, labelled with its name), then of the embedding model."""
     from coder.models.factory import model_config, named_models
 
-    default = str(cfg["model"])
-    embedding = cfg.get("embedding_model")
+    default = str(cfg.model)
+    embedding = cfg.embedding_model
     checks = _server(*model_config(cfg, default), name=None)
     for name in named_models(cfg):
         if name not in (default, embedding):  # those two are checked as such
@@ -236,9 +236,7 @@ def _embeddings(cfg: config_mod.Config, model: str) -> list[Check]:
 
 
 def _quick(cfg: config_mod.Config) -> config_mod.Config:
-    from dataclasses import replace
-
-    return replace(cfg, values={**cfg.values, "request_timeout": 15})
+    return cfg.updated({"request_timeout": 15})
 
 
 def _label(name: str | None, url: str | None) -> str:
@@ -252,8 +250,8 @@ def _endpoint(cfg: config_mod.Config, provider: Any, url: str, *, at: str) -> li
     loaded: `probe` only asks the server what it has); `at` labels the checks."""
     from coder.errors import ModelMissing
 
-    model = str(cfg["model"])
-    ollama = cfg.get("provider", "ollama") == "ollama"
+    model = str(cfg.model)
+    ollama = cfg.provider == "ollama"
     host = f"{'ollama host' if ollama else 'model server'}{at}"
     try:
         facts = provider.probe()
@@ -296,10 +294,10 @@ def _endpoint(cfg: config_mod.Config, provider: Any, url: str, *, at: str) -> li
             )
         )
     num_ctx = facts.num_ctx or 0
-    if cfg["num_ctx"]:
+    if cfg.num_ctx:
         source = cfg.sources["num_ctx"]
     elif ollama:
-        source = f"the model's own, capped by max_num_ctx={cfg['max_num_ctx']}"
+        source = f"the model's own, capped by max_num_ctx={cfg.max_num_ctx}"
     elif facts.context_length:
         source = "as the server reports it"
     else:

@@ -25,6 +25,29 @@ def test_defaults_when_nothing_is_configured(tmp_path: Path) -> None:
     assert cfg.project_root is None and cfg.files == ()
 
 
+def test_every_setting_is_a_typed_attribute_read_once(repo: Path) -> None:
+    """Config has one attribute per setting (DEFAULTS is the list), holding what `load` read
+    with its precedence; a named model's server (`updated`) moves the attributes too."""
+    from dataclasses import fields
+
+    names = {f.name for f in fields(config.Config)}
+    assert set(config.DEFAULTS) <= names
+    assert names - set(config.DEFAULTS) == {
+        "values",
+        "sources",
+        "project_root",
+        "files",
+        "untrusted",
+    }
+    write_json(repo / config.PROJECT_FILE, {"max_parallel": 4, "lint_command": "ruff check"})
+    cfg = config.load(repo, flags={"model": "flag-model"}, env={})
+    assert {key: getattr(cfg, key) for key in config.DEFAULTS} == dict(cfg.values)
+    assert (cfg.max_parallel, cfg.lint_command, cfg.model) == (4, "ruff check", "flag-model")
+    quick = cfg.updated({"request_timeout": 15})
+    assert quick.request_timeout == 15 and quick["request_timeout"] == 15
+    assert cfg.request_timeout == config.DEFAULTS["request_timeout"]
+
+
 def test_precedence_flags_env_project_user_defaults(repo: Path) -> None:
     user = write_json(
         config.user_config_path(), {"model": "user-model", "temperature": 0.5, "max_parallel": 3}

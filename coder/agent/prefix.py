@@ -21,6 +21,7 @@ from coder.agent import prompts
 from coder.redact import Redactor
 
 if TYPE_CHECKING:
+    from coder.config import Config
     from coder.git.repository import Repo
 
 FOCUS_HITS = 5
@@ -40,7 +41,7 @@ def build(
     repo: Repo,
     base_commit: str,
     task: Mapping[str, Any],
-    cfg: Mapping[str, Any] | Any,
+    cfg: Config,
     *,
     num_ctx: int | None,
     cache_dir: Path | None,
@@ -56,12 +57,12 @@ def build(
     found = instructions.read(
         repo,
         base_commit,
-        names=tuple(cfg.get("instruction_files") or instructions.DEFAULT_FILES),
-        max_chars=int(cfg.get("instructions_max_chars") or instructions.DEFAULT_MAX_CHARS),
+        names=tuple(cfg.instruction_files or instructions.DEFAULT_FILES),
+        max_chars=int(cfg.instructions_max_chars or instructions.DEFAULT_MAX_CHARS),
         prefer=sorted(focus.files),
         redact=redactor.redact,
     )
-    budget = cfg.get("repo_map_tokens")
+    budget = cfg.repo_map_tokens
     budget = repomap.default_budget(num_ctx) if budget is None else int(budget)
     repo_map = repomap.build(
         repo, base_commit, budget=budget, focus=focus, cache_dir=cache_dir, redactor=redactor

@@ -103,7 +103,7 @@ def open_agent(
         models.close()
         raise
     session = _session(models, facts, cfg, repo, base_commit, stored, redactor)
-    if cfg.get("warm_prefix", True) and replay is None:
+    if cfg.warm_prefix and replay is None:
         # While the worktree is checked out, the servers take in the shared prefix.
         session.priming = threading.Thread(
             target=models.prime,

@@ -86,7 +86,7 @@ def list_servers(as_json: bool) -> None:
 
     cfg = config_mod.load(cwd())
     config_mod.require_trusted(cfg)  # starting a repository's servers runs its programs
-    servers = list(cfg["mcp_servers"])
+    servers = list(cfg.mcp_servers)
     if not servers:
         if as_json:
             emit_json([])
@@ -95,7 +95,7 @@ def list_servers(as_json: bool) -> None:
                 "No MCP servers configured; add them under `mcp_servers` in coder.config.json."
             )
         return
-    sandbox = cfg["sandbox"] != "off"
+    sandbox = cfg.sandbox != "off"
     with McpBridge(servers, cwd=cfg.project_root or cwd(), sandbox=sandbox) as bridge:
         statuses = bridge.servers
     if as_json:

@@ -101,7 +101,7 @@ def show(path: Path | None, task_id: str | None, graph: bool, fmt: str, as_json:
     cfg = config_mod.load()
     dag = dag_mod.build(task.deps())
     order, levels = dag_mod.order(dag), dag_mod.levels(dag)
-    model = task.model or cfg["model"]
+    model = task.model or cfg.model
     model_note = "" if model_given else f" (from {cfg.sources['model']})"
     base = task.base or "the current branch"
     if as_json:

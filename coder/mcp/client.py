@@ -531,10 +531,10 @@ def attach_configured(
     redactor: Redactor | None = None,
 ) -> McpBridge | None:
     """`RunOptions.attach_tools` for the CLI: the config's `mcp_servers`, if it lists any."""
-    servers = cfg.get("mcp_servers")
+    servers = cfg.mcp_servers
     if not servers:
         return None
-    sandbox = cfg.get("sandbox") != "off"
+    sandbox = cfg.sandbox != "off"
     return attach(agent, servers, cwd=cwd, log=log, redactor=redactor, sandbox=sandbox)
 
 

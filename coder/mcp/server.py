@@ -57,7 +57,7 @@ def tool_context(root: Path) -> ToolContext:
         root=root,
         policy=Policy.from_config(cfg.values),
         redactor=redactor,
-        test_command=cfg.get("test_command"),
+        test_command=cfg.test_command,
         **code_settings(cfg, {}, coder_dir / "cache" if coder_dir.is_dir() else None, redactor),
     )
 

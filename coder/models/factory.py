@@ -38,13 +38,13 @@ def _ollama(cfg: Config, endpoint: str, model: str) -> ModelProvider:
     return OllamaProvider(
         model,
         endpoint,
-        num_ctx=cfg["num_ctx"],
-        max_num_ctx=int(cfg["max_num_ctx"]),
-        temperature=float(cfg["temperature"]),
-        seed=cfg["seed"],
-        keep_alive=str(cfg["keep_alive"]),
-        max_output_tokens=cfg.get("max_output_tokens"),
-        request_timeout=float(cfg["request_timeout"]),
+        num_ctx=cfg.num_ctx,
+        max_num_ctx=int(cfg.max_num_ctx),
+        temperature=float(cfg.temperature),
+        seed=cfg.seed,
+        keep_alive=str(cfg.keep_alive),
+        max_output_tokens=cfg.max_output_tokens,
+        request_timeout=float(cfg.request_timeout),
     )
 
 
@@ -55,11 +55,11 @@ def _openai(cfg: Config, endpoint: str, model: str) -> ModelProvider:
         model,
         endpoint,
         api_key=api_key(cfg),
-        num_ctx=cfg["num_ctx"],
-        temperature=float(cfg["temperature"]),
-        seed=cfg["seed"],
-        max_output_tokens=cfg.get("max_output_tokens"),
-        request_timeout=float(cfg["request_timeout"]),
+        num_ctx=cfg.num_ctx,
+        temperature=float(cfg.temperature),
+        seed=cfg.seed,
+        max_output_tokens=cfg.max_output_tokens,
+        request_timeout=float(cfg.request_timeout),
     )
 
 
@@ -71,7 +71,7 @@ PROVIDERS: dict[str, Callable[[Config, str, str], ModelProvider]] = {
 
 def api_key(cfg: Config, environ: Mapping[str, str] | None = None) -> str | None:
     """The value of the variable `api_key_env` names (the key itself is never in a file)."""
-    name = cfg.get("api_key_env")
+    name = cfg.api_key_env
     if not name:
         return None
     value = (os.environ if environ is None else environ).get(name)
@@ -87,23 +87,23 @@ def endpoints(cfg: Config) -> list[str]:
     """`base_url` (one URL or a list), else, for Ollama, `ollama_host`."""
     from coder.config import normalize_host
 
-    configured = cfg.get("base_url")
+    configured = cfg.base_url
     if configured is None:
-        if cfg.get("provider", "ollama") != "ollama":
+        if cfg.provider != "ollama":
             raise InvalidInput(
-                f"provider {cfg['provider']!r} needs base_url",
+                f"provider {cfg.provider!r} needs base_url",
                 hint='set "base_url" in coder.config.json, e.g. "http://127.0.0.1:8080/v1"',
             )
-        return [str(cfg["ollama_host"])]
+        return [str(cfg.ollama_host)]
     urls = [configured] if isinstance(configured, str) else list(configured)
-    if cfg.get("provider", "ollama") == "ollama":
+    if cfg.provider == "ollama":
         return [normalize_host(u) for u in urls]
     return [u.rstrip("/") for u in urls]
 
 
 def named_models(cfg: Config) -> dict[str, dict[str, Any]]:
     """The config's named models (`models`: name -> {model, provider?, base_url?, ...})."""
-    found = cfg.get("models") or {}
+    found = cfg.models or {}
     return dict(found) if isinstance(found, dict) else {}
 
 
@@ -113,7 +113,6 @@ def model_config(cfg: Config, name: str) -> tuple[Config, str]:
     A named model that names its own `provider` or `base_url` takes nothing of the config's
     server (neither its base_url nor its API key); one that names neither is another model on
     the config's server (with its own num_ctx, max_output_tokens, ... where it sets them)."""
-    from dataclasses import replace
 
     entry = named_models(cfg).get(name)
     if entry is None:
@@ -124,16 +123,16 @@ def model_config(cfg: Config, name: str) -> tuple[Config, str]:
     values.update(entry)
     origin = f"{cfg.sources.get('models', 'config')}, models.{name}"
     sources = {**cfg.sources, **dict.fromkeys(entry, origin)}
-    return replace(cfg, values=values, sources=sources), str(entry["model"])
+    return cfg.updated(values, sources), str(entry["model"])
 
 
 def make_provider(cfg: Config, endpoint: str, model: str | None = None) -> ModelProvider:
-    name = str(cfg.get("provider", "ollama"))
+    name = str(cfg.provider)
     if name not in PROVIDERS:
         raise InvalidInput(
             f"unknown provider {name!r}", hint=f"use one of: {', '.join(sorted(PROVIDERS))}"
         )
-    return PROVIDERS[name](cfg, endpoint, model or str(cfg["model"]))
+    return PROVIDERS[name](cfg, endpoint, model or str(cfg.model))
 
 
 def open_models(
@@ -151,7 +150,7 @@ def open_models(
     from coder.models.replay import RecordingModels, ReplayModels
     from coder.models.router import ModelSet, Router
 
-    default = model or str(cfg["model"])
+    default = model or str(cfg.model)
     named = named_models(cfg)
 
     def router(place: str) -> Router:
@@ -192,14 +191,10 @@ def open_embedder(cfg: Config | Mapping[str, Any], *, redactor: Redactor) -> Emb
     from coder import config as config_mod
     from coder.models.redacting import RedactedProvider, Scrubber
 
-    model = cfg.get("embedding_model")
+    settings = config_mod.as_config(cfg)  # a plain mapping: tests, bench
+    model = settings.embedding_model
     if not model:
         return None
-    settings = (
-        cfg
-        if isinstance(cfg, config_mod.Config)
-        else config_mod.Config({**config_mod.DEFAULTS, **cfg}, {}, None, ())  # tests, bench
-    )
 
     settings, name = model_config(settings, str(model))  # a named model: its own server
     routers: list[Router] = []  # one, made at the first call; it remembers dead endpoints

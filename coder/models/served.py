@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from coder.errors import HostUnreachable, ModelMissing
@@ -44,12 +43,12 @@ def require_served(cfg: Config, uses: Uses) -> None:
     fixes: list[str] = []
     for model, roles in uses.items():
         place, name = model_config(cfg, model)
-        place = replace(place, values={**place.values, "request_timeout": LIST_TIMEOUT_S})
-        provider = str(place.get("provider", "ollama"))
+        place = place.updated({"request_timeout": LIST_TIMEOUT_S})
+        provider = str(place.provider)
         down: list[HostUnreachable] = []
         answered = 0
         for url in endpoints(place):
-            key = (provider, url, str(place.get("api_key_env")))
+            key = (provider, url, str(place.api_key_env))
             if key not in listings:
                 lister = make_provider(place, url, name)
                 try:

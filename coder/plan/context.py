@@ -87,7 +87,7 @@ def gather_context(repo: Repo, root: Path, cfg: config_mod.Config) -> ProjectCon
         files=files,
         listed=listed,
         languages=_languages(listed),
-        test_command=cfg.get("test_command") or config_mod.detect_test_command(root),
+        test_command=cfg.test_command or config_mod.detect_test_command(root),
         readme=_readme(repo, head, files) if head else None,
         instructions=_instructions(repo, head, cfg) if head else "",
         commits=_recent_subjects(repo, head) if head else (),
@@ -114,8 +114,8 @@ def _instructions(repo: Repo, head: str, cfg: config_mod.Config) -> str:
     return instructions.read(
         repo,
         head,
-        names=tuple(cfg.get("instruction_files") or instructions.DEFAULT_FILES),
-        max_chars=int(cfg.get("instructions_max_chars") or instructions.DEFAULT_MAX_CHARS),
+        names=tuple(cfg.instruction_files or instructions.DEFAULT_FILES),
+        max_chars=int(cfg.instructions_max_chars or instructions.DEFAULT_MAX_CHARS),
     ).render()
 
 

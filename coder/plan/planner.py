@@ -156,10 +156,10 @@ class _Planner:
 
         system = system_prompt(self.ctx, self.policy)
         facts = models.warm_up()  # server down or model missing: exit 3 here
-        num_ctx = facts.num_ctx or int(self.cfg["max_num_ctx"])
+        num_ctx = facts.num_ctx or int(self.cfg.max_num_ctx)
         provider = models.for_step("plan")
         self._check_size(system, num_ctx)
-        attempts = int(self.cfg.get("plan_attempts") or 3)
+        attempts = int(self.cfg.plan_attempts or 3)
         schema = bundled("task")
         prefix = [
             {"role": "system", "content": system},
@@ -258,7 +258,7 @@ class _Planner:
     def _header(self, target: Path) -> str:
         source = "a prompt" if self.spec.source == "prompt" else self.spec.source
         return (
-            f"# Planned by `coder plan` from {source} with {self.cfg['model']}.\n"
+            f"# Planned by `coder plan` from {source} with {self.cfg.model}.\n"
             f"# Review it, then: coder run --autonomous -f {shown(target, self.cwd)}\n"
         )
 

@@ -104,7 +104,7 @@ def dry_run(path: Path, *, cwd: Path, options: RunOptions) -> DryRun:
     base = task.base or branches.current_branch(repo)
     if not branches.branch_tip(repo, base):
         problems.append(f"base branch {base!r} does not exist")
-    task = task.resolved(base=base, model=str(cfg["model"]))
+    task = task.resolved(base=base, model=str(cfg.model))
     coder_dir = project.coder_dir(root)
     if run_exists(coder_dir, task.id):
         problems.append(f"a run of task {task.id} already exists (coder resume -t {task.id})")
@@ -158,15 +158,15 @@ def _model(task: taskfile.Task, cfg: config_mod.Config, options: RunOptions) -> 
     server; `coder doctor` does)."""
     from coder.models.factory import endpoints, model_config
 
-    place, name = model_config(cfg, str(task.model or cfg["model"]))
-    num_ctx = place["num_ctx"]
-    ollama = place.get("provider", "ollama") == "ollama"
+    place, name = model_config(cfg, str(task.model or cfg.model))
+    num_ctx = place.num_ctx
+    ollama = place.provider == "ollama"
     return {
         "name": name,
-        "provider": place.get("provider", "ollama"),
+        "provider": place.provider,
         "host": None if options.replay else ", ".join(endpoints(place)),
         "replay": str(options.replay) if options.replay else None,
         "num_ctx": num_ctx,
         "num_ctx_source": place.sources["num_ctx"] if num_ctx else "the model's own",
-        "max_num_ctx": None if num_ctx or not ollama else int(place["max_num_ctx"]),
+        "max_num_ctx": None if num_ctx or not ollama else int(place.max_num_ctx),
     }

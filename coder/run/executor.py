@@ -253,8 +253,8 @@ class Executor:
         from coder.taskfile import parse_duration
 
         policies, cfg = self.task.policies, self.run.config
-        max_tokens = policies.get("run_max_tokens", cfg.get("run_max_tokens"))
-        timeout = policies.get("run_timeout", cfg.get("run_timeout"))
+        max_tokens = policies.get("run_max_tokens", cfg.run_max_tokens)
+        timeout = policies.get("run_timeout", cfg.run_timeout)
         if max_tokens is not None and self._tokens >= int(max_tokens):
             return f"run token budget exhausted ({self._tokens} of {max_tokens} tokens)"
         if timeout is not None and self._seconds >= parse_duration(timeout):

@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from coder.errors import CoderError, InvalidInput, PolicyViolation
 from coder.kinds import KINDS
 
 if TYPE_CHECKING:
+    from coder.config import Config
     from coder.policy.commands import Policy
     from coder.taskfile import Step
 
@@ -36,7 +37,7 @@ class Refusal:
         return f"step {self.step_id}: {self.message}"
 
 
-def command_of(step: Step, root: Path, config: Any) -> str | None:
+def command_of(step: Step, root: Path, config: Config) -> str | None:
     """The command a step runs (None for a kind that runs none); InvalidInput when a test
     step has no test command to run, or a lint step no linter."""
     from coder import testreport
@@ -50,19 +51,19 @@ def command_of(step: Step, root: Path, config: Any) -> str | None:
             framework=step.framework,
             cmd=step.cmd,
             args=step.args,
-            configured=config.get("test_command"),
+            configured=config.test_command,
         )
     if source == "lint":
         from coder import lintreport
 
         return " && ".join(
             linter.command_for("FILE")
-            for linter in lintreport.lint_commands(root, step.cmd or config.get("lint_command"))
+            for linter in lintreport.lint_commands(root, step.cmd or config.lint_command)
         )
     return None
 
 
-def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Any) -> list[Refusal]:
+def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Config) -> list[Refusal]:
     """Every step whose command the policy refuses, that has no command to run, or whose
     `env:` sets a variable that runs code (`coder.policy.env.runs_code`)."""
     from coder.policy.commands import check_command
@@ -76,7 +77,7 @@ def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Any) 
             continue
         field = "cmd" if step.cmd else None
         detects = KINDS[step.kind].command == "tests" and not (
-            step.cmd or step.framework or config.get("test_command")
+            step.cmd or step.framework or config.test_command
         )
         try:
             try:

@@ -157,7 +157,7 @@ def _checked(
         else _missing_base(base)
     )
     submodules.submodules(repo, base_commit)  # each must be copyable into the worktree, or refuse
-    return task.resolved(base=base, model=str(cfg["model"])), cfg, repo, policy, base_commit
+    return task.resolved(base=base, model=str(cfg.model)), cfg, repo, policy, base_commit
 
 
 def _claim(
@@ -519,7 +519,7 @@ def _recover_manifest(
         task = taskfile.load(path)
         redactor = run_redactor([repository.repo_root(repo)], task, policy_for(task, cfg), cfg)
         manifest, count = manifests.rebuild(
-            repo, coder_dir, task_id, path, str(cfg["model"]), redactor
+            repo, coder_dir, task_id, path, str(cfg.model), redactor
         )
         warnings.append(
             f"run {task_id} had no manifest or state; rebuilt it from {path} and the {count} "
@@ -673,7 +673,7 @@ class RunSetup:
             redactor=self.redactor,
             max_parallel=options.max_parallel
             or int(self.task.policies.get("max_parallel", 0))
-            or int(self.cfg["max_parallel"]),
+            or int(self.cfg.max_parallel),
             fail_fast=options.fail_fast,
             agent=self.agent,
             approve=options.approve,

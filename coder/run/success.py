@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from coder.config import Config
     from coder.lintreport import Finding
     from coder.policy.commands import Policy
     from coder.policy.sandbox import CommandResult
@@ -24,7 +25,7 @@ def missing_files(task: Task, worktree: Path) -> list[str]:
     ]
 
 
-def test_command(task: Task, worktree: Path, cfg: Any) -> str:
+def test_command(task: Task, worktree: Path, cfg: Config) -> str:
     """The command that proves the task green (InvalidInput when there is none)."""
     from coder import testreport
     from coder.kinds import KINDS
@@ -32,7 +33,7 @@ def test_command(task: Task, worktree: Path, cfg: Any) -> str:
     step = next((s for s in task.steps if KINDS[s.kind].command == "tests"), None)
     return testreport.test_command(
         root=worktree,
-        configured=cfg.get("test_command"),
+        configured=cfg.test_command,
         framework=step.framework if step else None,
         cmd=step.cmd if step else None,
         args=step.args if step else (),
@@ -64,14 +65,14 @@ def lint_findings(
     worktree: Path,
     base: str,
     policy: Policy,
-    cfg: Any,
+    lint_command: str | None,
     *,
     cancel: threading.Event | None = None,
     owner: str | None = None,
 ) -> tuple[list[Finding], list[str]]:
-    """The linter's findings on the lines `worktree` adds or changes since the commit `base`
-    (so what the project had before never counts), and why a linter could not say (refused by
-    the policy, crashed, timed out)."""
+    """The linter's findings (`lint_command`'s, else the project's linters') on the lines
+    `worktree` adds or changes since the commit `base` (so what the project had before never
+    counts), and why a linter could not say (refused by the policy, crashed, timed out)."""
     from coder import lintreport
     from coder.errors import PolicyViolation
     from coder.git import diffs
@@ -80,7 +81,7 @@ def lint_findings(
     findings: list[Finding] = []
     notes: list[str] = []
     for path, lines in sorted(diffs.added_lines(worktree, base).items()):
-        for linter in lintreport.linters_for(worktree, path, cfg.get("lint_command")):
+        for linter in lintreport.linters_for(worktree, path, lint_command):
             try:
                 result = sandbox.run_command(
                     linter.command_for(path),
@@ -105,7 +106,7 @@ def lint_problems(
     worktree: Path,
     base: str,
     policy: Policy,
-    cfg: Any,
+    cfg: Config,
     *,
     cancel: threading.Event | None = None,
     owner: str | None = None,
@@ -116,10 +117,12 @@ def lint_problems(
     from coder.errors import InvalidInput
 
     try:
-        lintreport.lint_commands(worktree, cfg.get("lint_command"))
+        lintreport.lint_commands(worktree, cfg.lint_command)
     except InvalidInput as exc:
         return [f"require_no_lint_errors: {exc.message} (set lint_command in coder.config.json)"]
-    findings, notes = lint_findings(worktree, base, policy, cfg, cancel=cancel, owner=owner)
+    findings, notes = lint_findings(
+        worktree, base, policy, cfg.lint_command, cancel=cancel, owner=owner
+    )
     problems = [f"require_no_lint_errors: {note}" for note in notes]
     if findings:
         shown = "; ".join(str(f) for f in findings[:5])

@@ -20,14 +20,16 @@ def code_settings(
     redactor: Redactor,
 ) -> dict[str, Any]:
     """Keyword arguments for ToolContext (what the embedder is sent passes `redactor`)."""
+    from coder.config import as_config
     from coder.models.factory import open_embedder
 
-    model = config.get("embedding_model")
+    config = as_config(config)  # a plain mapping: tests
+    model = config.embedding_model
     return {
         "cache_dir": cache_dir,
         "veto_syntax_errors": bool(policies.get("veto_syntax_errors", True)),
         "lint_after_edit": bool(policies.get("lint_after_edit", True)),
-        "lint_command": config.get("lint_command"),
+        "lint_command": config.lint_command,
         "embedder": open_embedder(config, redactor=redactor),
         # names the vector cache: the same model name on another kind of server may differ
         "embed_key": embed_key(config) if model else "",
@@ -36,8 +38,11 @@ def code_settings(
 
 def embed_key(config: Mapping[str, Any] | Any) -> str:
     """The provider and the name of the embedding model (a named model resolved)."""
-    model = str(config.get("embedding_model"))
-    entry = (config.get("models") or {}).get(model)
+    from coder.config import as_config
+
+    config = as_config(config)  # a plain mapping: tests
+    model = str(config.embedding_model)
+    entry = (config.models or {}).get(model)
     if isinstance(entry, dict):
-        return f"{entry.get('provider') or config.get('provider') or 'ollama'}-{entry['model']}"
-    return f"{config.get('provider') or 'ollama'}-{model}"
+        return f"{entry.get('provider') or config.provider or 'ollama'}-{entry['model']}"
+    return f"{config.provider or 'ollama'}-{model}"

@@ -14,7 +14,7 @@ def run(ctx: StepContext) -> StepOutcome:
     from coder import lintreport
     from coder.run import success
 
-    configured = ctx.step.cmd or ctx.config.get("lint_command")
+    configured = ctx.step.cmd or ctx.config.lint_command
     linters = lintreport.lint_commands(ctx.workdir, configured)  # InvalidInput: none
     base = success.fork_point(ctx.workdir, str(ctx.task.base))
     names = ", ".join(linter.name for linter in linters)
@@ -24,7 +24,7 @@ def run(ctx: StepContext) -> StepOutcome:
             ctx.workdir,
             base,
             ctx.policy,
-            {"lint_command": configured},
+            configured,
             cancel=ctx.cancel,
             owner=ctx.owner,
         )

@@ -106,7 +106,7 @@ def converse(
         policy=naming(ctx.policy, ctx.step.changes),  # its named protected paths are writable
         redactor=ctx.redactor,
         cancel=ctx.cancel,
-        test_command=ctx.config.get("test_command"),
+        test_command=ctx.config.test_command,
         write_filter=doc_write_filter if role == "docs" else None,
         command_timeout=ctx.step.timeout_s,
         owner=ctx.owner,
@@ -248,14 +248,14 @@ def limits_for(ctx: StepContext) -> Limits:
     """The step's budgets: the step's own timeout, else the taskfile's policies, else config."""
     policies, cfg = ctx.task.policies, ctx.config
     seconds = ctx.step.timeout_s or (
-        parse_duration(policies["timeout"]) if "timeout" in policies else int(cfg["step_timeout"])
+        parse_duration(policies["timeout"]) if "timeout" in policies else int(cfg.step_timeout)
     )
     num_ctx = ctx.agent.facts.num_ctx if ctx.agent is not None else None
     return Limits(
-        max_turns=int(policies.get("max_turns", cfg["max_turns"])),
+        max_turns=int(policies.get("max_turns", cfg.max_turns)),
         max_seconds=float(seconds),
-        max_tokens=policies.get("max_tokens", cfg["max_step_tokens"]),
-        max_prose_chars=cfg.get("max_prose_chars", Limits.max_prose_chars),
+        max_tokens=policies.get("max_tokens", cfg.max_step_tokens),
+        max_prose_chars=cfg.max_prose_chars,
         context_tokens=num_ctx,
     )
 

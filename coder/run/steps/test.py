@@ -20,7 +20,7 @@ def command_for(ctx: StepContext) -> str:
         framework=step.framework,
         cmd=step.cmd,
         args=step.args,
-        configured=ctx.config.get("test_command"),
+        configured=ctx.config.test_command,
     )
 
 
