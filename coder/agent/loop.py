@@ -48,11 +48,13 @@ from coder.models.provider import (
     ChatEvent,
     ChatResult,
     EndpointDown,
+    Message,
     ModelProvider,
     Retrying,
     TextDelta,
     ToolCall,
     ToolCallEvent,
+    ToolSchema,
     Usage,
 )
 from coder.models.provider import estimate_tokens as estimate_text_tokens
@@ -65,7 +67,7 @@ FOLDED = "[folded to save context:"
 TARGET_KEYS = ("path", "cmd", "command", "pattern", "query", "name")
 
 
-def estimate_tokens(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> int:
+def estimate_tokens(messages: Sequence[Message], tools: Sequence[ToolSchema]) -> int:
     size = sum(
         len(str(m.get("content", ""))) + len(json.dumps(m.get("tool_calls", ""))) for m in messages
     )
@@ -152,7 +154,7 @@ class LoopResult:
     error: str | None = None
     usage: Usage = field(default_factory=Usage)
     turns: int = 0
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # worth keeping with the step (output cap)
 
 
@@ -166,7 +168,7 @@ class AgentLoop:
         self,
         provider: ModelProvider,
         *,
-        tools: Sequence[dict[str, Any]],
+        tools: Sequence[ToolSchema],
         allowed: Sequence[str],
         run_tool: ToolRunner,
         verify: Verifier,
@@ -184,7 +186,7 @@ class AgentLoop:
         self.cancel = cancel
         self.emit: OnEvent = on_event or (lambda _event: None)
 
-    def run(self, messages: list[dict[str, Any]]) -> LoopResult:
+    def run(self, messages: list[Message]) -> LoopResult:
         """`messages` is the prefix (system prompt) plus the step's first user message; it is
         extended in place, so the caller keeps the transcript (also when this raises)."""
         self.messages = messages
@@ -305,7 +307,7 @@ class AgentLoop:
         self._answer(call, text)
 
     def _answer(self, call: ToolCall, content: str) -> None:
-        message = {"role": "tool", "tool_name": call.name, "content": content}
+        message: Message = {"role": "tool", "tool_name": call.name, "content": content}
         if call.id:
             message["tool_call_id"] = call.id
         self.messages.append(message)
@@ -329,7 +331,7 @@ class AgentLoop:
                 f"token budget exhausted ({used} of {self.limits.max_tokens} tokens)"
             )
 
-    def _fit(self, messages: list[dict[str, Any]]) -> int:
+    def _fit(self, messages: list[Message]) -> int:
         """Ollama silently drops the oldest messages of a prompt longer than num_ctx, so coder
         budgets itself: past FILL of the window, older tool results are folded into one-line
         notes (newest first kept), then an oversized last result is cut. Returns how many

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from coder.config import Config
     from coder.git.repository import Repo
-    from coder.models.provider import ModelFacts, Models
+    from coder.models.provider import ModelFacts, Models, ToolSchema
     from coder.redact import Redactor
     from coder.taskfile import Step, Task
     from coder.tools.registry import Registry
@@ -29,7 +29,7 @@ class AgentSession:
     models: Models
     registry: Registry
     system: str
-    tools: list[dict[str, Any]]
+    tools: list[ToolSchema]
     facts: ModelFacts
     priming: threading.Thread | None = None  # the warm prefix being sent (warm_prefix)
 

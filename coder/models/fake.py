@@ -30,10 +30,12 @@ from coder.models.provider import (
     ChatEvent,
     ChatResult,
     Done,
+    Message,
     ModelFacts,
     TextDelta,
     ToolCall,
     ToolCallEvent,
+    ToolSchema,
     Usage,
     estimate_tokens,
 )
@@ -76,8 +78,8 @@ def call(name: str, **arguments: Any) -> ChatResult:
 @dataclass(frozen=True)
 class FakeCall:
     step: str
-    messages: list[dict[str, Any]]  # a deep copy, as sent
-    tools: list[dict[str, Any]] | None
+    messages: list[Message]  # a deep copy, as sent
+    tools: list[ToolSchema] | None
     format: dict[str, Any] | str | None
 
 
@@ -88,7 +90,7 @@ class FakeProvider:
     history: list[FakeCall] = field(default_factory=list)
     closed: bool = False
     step: str = ""
-    primed: list[list[dict[str, Any]]] = field(default_factory=list)
+    primed: list[list[Message]] = field(default_factory=list)
     embedded: list[list[str]] = field(default_factory=list)  # the texts of each embed call
     _queue: deque[Scripted] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -107,9 +109,9 @@ class FakeProvider:
 
     def chat(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[Message],
         *,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[ToolSchema] | None = None,
         format: dict[str, Any] | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult:
@@ -161,7 +163,7 @@ class FakeProvider:
         return ModelFacts(provider="fake", model=model or self.model, num_ctx=self.num_ctx)
 
     def prime(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], model: str | None = None
+        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
     ) -> None:
         self.primed.append(copy.deepcopy(messages))
 

@@ -37,10 +37,12 @@ from coder.models.provider import (
     ChatEvent,
     ChatResult,
     Done,
+    Message,
     ModelFacts,
     TextDelta,
     ToolCall,
     ToolCallEvent,
+    ToolSchema,
     Usage,
     estimate_tokens,
 )
@@ -215,9 +217,9 @@ class OllamaProvider:
 
     def chat(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[Message],
         *,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[ToolSchema] | None = None,
         format: dict[str, Any] | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult:
@@ -238,8 +240,8 @@ class OllamaProvider:
 
     def _stream(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        messages: list[Message],
+        tools: list[ToolSchema] | None,
         format: dict[str, Any] | str | None,
         emit: Callable[[ChatEvent], None],
     ) -> ChatResult:

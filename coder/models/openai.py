@@ -43,10 +43,12 @@ from coder.models.provider import (
     ChatEvent,
     ChatResult,
     Done,
+    Message,
     ModelFacts,
     TextDelta,
     ToolCall,
     ToolCallEvent,
+    ToolSchema,
     Usage,
     estimate_tokens,
 )
@@ -64,7 +66,7 @@ HOST_HINT = (
 )
 
 
-def to_wire(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def to_wire(messages: list[Message]) -> list[dict[str, Any]]:
     """coder's transcript messages as OpenAI chat messages."""
     wire: list[dict[str, Any]] = []
     for m in messages:
@@ -98,7 +100,7 @@ def to_wire(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return wire
 
 
-def _answered_call(wire: list[dict[str, Any]], message: dict[str, Any]) -> str:
+def _answered_call(wire: list[dict[str, Any]], message: Message) -> str:
     """The id of the latest call to the tool a result without an id answers (transcripts
     written before ids were kept)."""
     for m in reversed(wire):
@@ -231,9 +233,9 @@ class OpenAIProvider:
 
     def chat(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[Message],
         *,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[ToolSchema] | None = None,
         format: dict[str, Any] | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult:
@@ -246,8 +248,8 @@ class OpenAIProvider:
 
     def _request(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        messages: list[Message],
+        tools: list[ToolSchema] | None,
         format: dict[str, Any] | str | None,
     ) -> dict[str, Any]:
         request: dict[str, Any] = {

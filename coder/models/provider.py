@@ -1,7 +1,7 @@
 """The model-provider seam: typed values in and out of one chat call, and one small Protocol.
 
 Messages are plain dicts in Ollama's shape (each provider converts them to its wire format),
-so a transcript can be stored and replayed as is:
+so a transcript can be stored and replayed as is (`Message`):
 
     {"role": "system" | "user", "content": str}
     {"role": "assistant", "content": str, "thinking"?: str,
@@ -10,8 +10,8 @@ so a transcript can be stored and replayed as is:
 
 Tool-call ids are kept across turns (OpenAI-compatible servers require the tool result to name
 the call it answers); the agent loop gives every call an id, the server's when it sent one.
-`ChatResult.as_message()` builds the assistant message. Tools are function schemas:
-`{"type": "function", "function": {"name", "description", "parameters"}}`.
+`ChatResult.as_message()` builds the assistant message. Tools are function schemas
+(`ToolSchema`): `{"type": "function", "function": {"name", "description", "parameters"}}`.
 
 Errors a provider raises live in `coder.errors` (ModelUnavailable and its two kinds,
 HostUnreachable and ModelMissing, exit 3; ModelError, the step fails).
@@ -21,9 +21,45 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Protocol, Required, TypedDict
 
 from coder.errors import StopReply
+
+
+class CallFunction(TypedDict):
+    name: str
+    arguments: dict[str, Any]  # the tool's arguments: JSON as the model wrote it
+
+
+class WireCall(TypedDict, total=False):
+    """A tool call inside an assistant message."""
+
+    id: str
+    function: Required[CallFunction]
+
+
+class Message(TypedDict, total=False):
+    """One message of a conversation (the shapes in the module docstring)."""
+
+    role: Required[str]  # "system" | "user" | "assistant" | "tool"
+    content: str
+    thinking: str
+    tool_calls: list[WireCall]
+    tool_name: str
+    tool_call_id: str
+
+
+class FunctionSchema(TypedDict):
+    name: str
+    description: str
+    parameters: dict[str, Any]  # a JSON Schema of the arguments
+
+
+class ToolSchema(TypedDict):
+    """A tool as the model is shown it."""
+
+    type: str  # "function"
+    function: FunctionSchema
 
 
 @dataclass(frozen=True)
@@ -113,9 +149,9 @@ class ChatResult:
     usage: Usage
     done_reason: str | None  # "stop", "length" (hit max_output_tokens), "cut" (StopReply)
 
-    def as_message(self) -> dict[str, Any]:
+    def as_message(self) -> Message:
         """The assistant message to append to the conversation."""
-        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        message: Message = {"role": "assistant", "content": self.content}
         if self.thinking:
             message["thinking"] = self.thinking
         if self.tool_calls:
@@ -123,11 +159,9 @@ class ChatResult:
         return message
 
 
-def tool_call_message(call: ToolCall) -> dict[str, Any]:
-    wire: dict[str, Any] = {"function": {"name": call.name, "arguments": call.arguments}}
-    if call.id:
-        wire = {"id": call.id, **wire}
-    return wire
+def tool_call_message(call: ToolCall) -> WireCall:
+    function: CallFunction = {"name": call.name, "arguments": call.arguments}
+    return {"id": call.id, "function": function} if call.id else {"function": function}
 
 
 # Streaming events, delivered in order to `on_event` while a chat is in flight.
@@ -186,9 +220,9 @@ class ModelProvider(Protocol):
 
     def chat(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[Message],
         *,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[ToolSchema] | None = None,
         format: dict[str, Any] | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult: ...
@@ -218,7 +252,7 @@ class Models(Protocol):
         ...
 
     def prime(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], model: str | None = None
+        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
     ) -> None:
         """Put the run's shared prefix into the prompt caches of the servers of `model` (else
         the default one), best effort."""

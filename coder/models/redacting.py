@@ -17,9 +17,17 @@ import copy
 import json
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
-from coder.models.provider import ChatEvent, ChatResult, ModelFacts, ModelProvider, Models
+from coder.models.provider import (
+    ChatEvent,
+    ChatResult,
+    Message,
+    ModelFacts,
+    ModelProvider,
+    Models,
+    ToolSchema,
+)
 from coder.redact import Redactor
 
 MEMO_LIMIT = 4096  # texts remembered per wrapper (a step's messages, the prefix, the tools)
@@ -57,14 +65,14 @@ class Scrubber:
                     self._memo[key] = hit
         return hit
 
-    def messages(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def messages(self, messages: Sequence[Message]) -> list[Message]:
         # every field, tool calls too: the model's own arguments go back to it
-        return [{key: self.value(v) for key, v in m.items()} for m in messages]
+        return [cast(Message, {key: self.value(v) for key, v in m.items()}) for m in messages]
 
-    def tools(self, tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    def tools(self, tools: Sequence[ToolSchema] | None) -> list[ToolSchema] | None:
         if tools is None:
             return None
-        redacted: list[dict[str, Any]] = self.value(list(tools))
+        redacted: list[ToolSchema] = self.value(list(tools))
         return redacted
 
 
@@ -77,9 +85,9 @@ class RedactedProvider:
 
     def chat(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[Message],
         *,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[ToolSchema] | None = None,
         format: dict[str, Any] | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult:
@@ -118,7 +126,7 @@ class RedactedModels:
         return self.inner.warm_up(model)
 
     def prime(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], model: str | None = None
+        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
     ) -> None:
         self.inner.prime(self.scrub.messages(messages), self.scrub.tools(tools) or [], model)
 

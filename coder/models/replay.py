@@ -25,19 +25,21 @@ from coder.models.provider import (
     ChatEvent,
     ChatResult,
     Done,
+    Message,
     ModelFacts,
     ModelProvider,
     Models,
     TextDelta,
     ToolCall,
     ToolCallEvent,
+    ToolSchema,
     Usage,
 )
 
 FORMAT = 1
 
 
-def request_digest(messages: list[dict[str, Any]]) -> str:
+def request_digest(messages: list[Message]) -> str:
     return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -80,7 +82,7 @@ class RecordingModels:
     def for_step(self, step_id: str, model: str | None = None) -> _StepRecorder:
         return _StepRecorder(self, self.inner.for_step(step_id, model), step_id)
 
-    def record(self, step_id: str, messages: list[dict[str, Any]], result: ChatResult) -> None:
+    def record(self, step_id: str, messages: list[Message], result: ChatResult) -> None:
         with self._lock:
             self.calls.append(
                 {
@@ -102,7 +104,7 @@ class RecordingModels:
         return self.inner.warm_up(model)
 
     def prime(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], model: str | None = None
+        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
     ) -> None:
         self.inner.prime(messages, tools, model)  # not a reply of any step: not recorded
 
@@ -115,7 +117,7 @@ class _StepRecorder:
         self.recording, self.inner, self.step_id = recording, inner, step_id
         self.model = inner.model
 
-    def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> ChatResult:
+    def chat(self, messages: list[Message], **kwargs: Any) -> ChatResult:
         result = self.inner.chat(messages, **kwargs)
         self.recording.record(self.step_id, messages, result)
         return result
@@ -178,7 +180,7 @@ class ReplayModels:
         )
 
     def prime(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], model: str | None = None
+        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
     ) -> None:
         pass  # no server
 
@@ -192,7 +194,7 @@ class _StepReplay:
 
     def chat(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[Message],
         *,
         on_event: Callable[[ChatEvent], None] | None = None,
         **_: Any,

@@ -31,8 +31,10 @@ from coder.models.provider import (
     ChatEvent,
     ChatResult,
     EndpointDown,
+    Message,
     ModelFacts,
     ModelProvider,
+    ToolSchema,
     cut_at_first_token,
 )
 
@@ -102,7 +104,7 @@ class Router:
         return replace(facts[0], extra=extra)
 
     def prime(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], model: str | None = None
+        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
     ) -> None:
         """Send the run's shared prefix (system message and tools) for `model` (else the
         default one) to every endpoint that is up, cut at the first token, so the first
@@ -199,9 +201,9 @@ class StepProvider:
 
     def chat(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[Message],
         *,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[ToolSchema] | None = None,
         format: dict[str, Any] | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult:
@@ -281,7 +283,7 @@ class ModelSet:
         return self.router(place).warm_up(name)
 
     def prime(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], model: str | None = None
+        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
     ) -> None:
         place, name = self._resolve(model or self.model)
         self.router(place).prime(messages, tools, name)

@@ -33,7 +33,7 @@ from coder.plan.spec import Spec
 from coder.yamldoc import Problem
 
 if TYPE_CHECKING:
-    from coder.models.provider import ChatEvent, Models, Usage
+    from coder.models.provider import ChatEvent, Message, Models, Usage
     from coder.policy.commands import Policy
 
 
@@ -161,7 +161,7 @@ class _Planner:
         self._check_size(system, num_ctx)
         attempts = int(self.cfg.plan_attempts or 3)
         schema = bundled("task")
-        prefix = [
+        prefix: list[Message] = [
             {"role": "system", "content": system},
             {"role": "user", "content": spec_message(self.spec)},
         ]

@@ -31,7 +31,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
@@ -40,6 +40,9 @@ from coder import yamldoc
 from coder.errors import CoderError, EnvironmentProblem, InvalidInput, PolicyViolation
 from coder.policy.commands import Policy
 from coder.redact import Redactor
+
+if TYPE_CHECKING:
+    from coder.models.provider import ToolSchema
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _PROPERTY_KEYS = frozenset({"type", "description", "enum", "items"})
@@ -102,7 +105,7 @@ class Tool:
     read_only: bool
     terminal: bool = False
 
-    def definition(self) -> dict[str, Any]:
+    def definition(self) -> ToolSchema:
         """Ollama's (and OpenAI's) function-tool shape."""
         return {
             "type": "function",
@@ -195,7 +198,7 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         return name in self._tools
 
-    def definitions(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    def definitions(self, names: Iterable[str] | None = None) -> list[ToolSchema]:
         """Function-tool definitions in registration order (stable, so a prompt prefix built
         from them stays byte-identical), restricted to `names` when given."""
         wanted = None if names is None else set(names)

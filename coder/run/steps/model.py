@@ -24,6 +24,7 @@ from coder.taskfile import Step, is_repo_relative, parse_duration
 EXTERNAL_SEPARATOR = "__"  # external MCP tools are <server>__<tool> (coder.mcp.client)
 
 if TYPE_CHECKING:
+    from coder.models.provider import Message
     from coder.run.events import EventLog
     from coder.tools.registry import ToolContext
 
@@ -113,7 +114,7 @@ def converse(
         stop_on_environment=True,
         **code_settings(ctx.config, ctx.task.policies, cache_dir(ctx), ctx.redactor),
     )
-    messages = [
+    messages: list[Message] = [
         {"role": "system", "content": session.system},
         {"role": "user", "content": first_message},
     ]
