@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import click
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from coder.errors import CorruptState
+    from coder.models.provider import UsageRecord
     from coder.run.executor import Approval, RunContext
     from coder.run.state import RunState
     from coder.taskfile import Step
@@ -305,7 +306,7 @@ def status(as_json: bool) -> None:
     from coder.run.state import DONE, StateStore
 
     coder_dir = project.coder_dir(project.main_root(cwd()))
-    rows: list[dict[str, Any]] = []
+    rows: list[StatusRow] = []
     states = {item.task_id: item for item in StateStore(coder_dir).load_all()}
     for task_id in manifests.run_ids(coder_dir):  # a run: a manifest or a checkpoint
         item = states.get(task_id) or _from_manifest(coder_dir, task_id)
@@ -345,11 +346,24 @@ def status(as_json: bool) -> None:
     for row in rows:
         click.echo(
             f"{row['id']:<28} {row['status']:<{width}} {row.get('progress', ''):>7}  "
-            f"{escaped(row.get('title', row.get('error', '')))}"
+            f"{escaped(row['title'] if 'title' in row else row.get('error') or '')}"
         )
 
 
-def _from_manifest(coder_dir: Path, task_id: str) -> dict[str, Any] | CorruptState:
+class StatusRow(TypedDict, total=False):
+    """A run as `coder status` lists it (`--json`: the same keys)."""
+
+    id: str
+    title: str
+    status: str
+    progress: str
+    skipped: int
+    branch: str
+    updated_at: str
+    error: str | None
+
+
+def _from_manifest(coder_dir: Path, task_id: str) -> StatusRow | CorruptState:
     """`status`'s row of a run with a manifest and no checkpoint: its runner was killed
     before writing the first one (during its checkout), or the file was deleted."""
     from coder.errors import CorruptState
@@ -580,7 +594,7 @@ def skipped_steps(state: RunState) -> list[dict[str, Any]]:
     ]
 
 
-def run_usage(state: RunState) -> dict[str, Any]:
+def run_usage(state: RunState) -> UsageRecord:
     """The run's model usage summed over its steps, with `cache_share`: the share of prompt
     tokens the server reported serving from its cache (null when it reported none)."""
     from coder.models.provider import cache_share

@@ -19,9 +19,9 @@ HostUnreachable and ModelMissing, exit 3; ModelError, the step fails).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Protocol, Required, TypedDict
+from typing import Any, Protocol, Required, TypedDict, cast
 
 from coder.errors import StopReply
 
@@ -69,6 +69,22 @@ class ToolCall:
     id: str | None = None  # the server's call id, when it sent one
 
 
+class UsageRecord(TypedDict, total=False):
+    """A Usage as stored (state, events) and shown (`--json`)."""
+
+    prompt_tokens: int
+    eval_tokens: int
+    prompt_s: float
+    eval_s: float
+    load_s: float
+    total_s: float
+    calls: int
+    cached_tokens: int
+    cache_reports: int
+    tokens_per_s: float  # derived, in `as_dict`
+    cache_share: float | None  # derived, in a run's total (`coder show`)
+
+
 @dataclass(frozen=True)
 class Usage:
     """What model calls cost; sums with `+` across the calls of a step or a run.
@@ -99,17 +115,17 @@ class Usage:
         """Generation speed (eval tokens per second of eval time); 0 when unknown."""
         return self.eval_tokens / self.eval_s if self.eval_s > 0 else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+    def as_dict(self) -> UsageRecord:
+        return cast(UsageRecord, {**asdict(self), "tokens_per_s": self.tokens_per_s})
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> Usage:
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Usage:
         """A Usage from a stored dict (unknown keys, such as tokens_per_s, are ignored)."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
 
-def cache_share(usage: dict[str, Any] | Usage) -> float | None:
+def cache_share(usage: Mapping[str, Any] | Usage) -> float | None:
     """The share of prompt tokens the server served from its cache, or None when no call
     reported it."""
     u = usage if isinstance(usage, Usage) else Usage.from_dict(usage)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from coder import config as config_mod
 from coder import graph, project, taskfile
@@ -38,6 +38,18 @@ class CommandCheck:
         }
 
 
+class ModelPlan(TypedDict):
+    """The model a run would use and where it answers from."""
+
+    name: str
+    provider: str
+    host: str | None  # the endpoints; None with a replay
+    replay: str | None
+    num_ctx: int | None
+    num_ctx_source: str
+    max_num_ctx: int | None  # Ollama's cap on the model's own context, when that is used
+
+
 @dataclass(frozen=True)
 class DryRun:
     task: taskfile.Task  # with base and model resolved as the run would
@@ -45,7 +57,7 @@ class DryRun:
     branch_exists: bool
     worktree: Path
     commands: list[CommandCheck]
-    model: dict[str, Any] | None  # None: no step asks a model
+    model: ModelPlan | None  # None: no step asks a model
     network: bool
     sandbox: bool  # commands run in the kernel sandbox
     problems: list[str] = field(default_factory=list)  # each would stop the run from starting
@@ -151,7 +163,7 @@ def _judge_commands(
     return checks
 
 
-def _model(task: taskfile.Task, cfg: config_mod.Config, options: RunOptions) -> dict[str, Any]:
+def _model(task: taskfile.Task, cfg: config_mod.Config, options: RunOptions) -> ModelPlan:
     """The model, where it answers from (the configured server, or a named model's own), and
     the context window the run will send (`num_ctx`): the configured one, else the model's
     own (for Ollama capped by `max_num_ctx`), which only the server knows (a dry run asks no

@@ -7,7 +7,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from coder import project
 from coder.errors import (
@@ -35,6 +35,19 @@ class RunView:
     manifest: Manifest
     state: RunState
     running_pid: int | None
+
+
+class Cleaned(TypedDict, total=False):
+    """What `clean` did (`coder clean --json` prints it)."""
+
+    task_id: str
+    nothing: bool  # neither manifest nor checkpoint, and nothing left to remove
+    runs: list[str]  # with `nothing`: the runs there are
+    branch: str | None
+    branch_deleted: bool
+    merged: bool
+    discarded: list[str]  # the worktree's uncommitted changes, with --force
+    ended: list[int]  # pids of the commands a killed runner left
 
 
 @dataclass(frozen=True)
@@ -124,7 +137,7 @@ def clean(
     keep_branch: bool = False,
     delete_branch: bool = False,
     force: bool = False,
-) -> dict[str, Any]:
+) -> Cleaned:
     """Remove a run's worktree, state, artifacts and logs; its branch only when it was merged
     (unless `keep_branch`) or when asked (`delete_branch`). Uncommitted changes in the
     worktree are refused (InvalidInput naming them) unless `force` discards them; a worktree
@@ -171,7 +184,7 @@ def _remove(
     keep_branch: bool,
     delete_branch: bool,
     force: bool,
-) -> dict[str, Any]:
+) -> Cleaned:
     """`clean`'s work, holding the task's lock (no runner can start meanwhile)."""
     from coder.policy import sandbox
     from coder.policy.confine import end_leftovers

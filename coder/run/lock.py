@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self, TypedDict, cast
 
 from coder.durable import make_private_dirs, write_failed
 from coder.errors import ConcurrentRun
@@ -45,7 +45,16 @@ def _lock_path(coder_dir: Path, task_id: str) -> Path:
     return Path(coder_dir) / "locks" / f"{check_task_id(task_id)}.lock"
 
 
-def _read_owner(fd: int) -> dict[str, Any]:
+class Owner(TypedDict, total=False):
+    """The record a lock's holder writes into the lock file."""
+
+    pid: int
+    started_at: str
+    host: str
+    holder: str  # "run", "merge", "revert", ...
+
+
+def _read_owner(fd: int) -> Owner:
     """The owner record in a lock file; {} when empty (released cleanly) or unreadable."""
     raw = os.pread(fd, 4096, 0)
     try:
@@ -54,7 +63,7 @@ def _read_owner(fd: int) -> dict[str, Any]:
         return {}
     if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
         return {}
-    return owner
+    return cast(Owner, owner)
 
 
 def _flock(fd: int, operation: int, attempts: int = 5) -> bool:
@@ -100,7 +109,7 @@ class TaskLock:
             previous = _read_owner(fd)
             import socket  # here: `coder status` reads locks, and socket costs a 10th of it
 
-            record = {
+            record: Owner = {
                 "pid": os.getpid(),
                 "started_at": now_iso(),
                 "host": socket.gethostname(),
@@ -120,7 +129,7 @@ class TaskLock:
         self._fd = fd
         return self
 
-    def _busy(self, owner: dict[str, Any]) -> ConcurrentRun:
+    def _busy(self, owner: Owner) -> ConcurrentRun:
         pid = owner.get("pid")
         who = f"pid {pid}" if pid else "another process"
         since = f", started {owner['started_at']}" if owner.get("started_at") else ""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from coder import diagram
 from coder.display import escaped, quoted_name
@@ -24,7 +24,9 @@ from coder.run import events
 from coder.run.history import RunView
 
 if TYPE_CHECKING:
+    from coder.models.provider import UsageRecord
     from coder.redact import Redactor
+    from coder.run.state import MergeRecord
 
 EMOJI = {
     "success": "✅",
@@ -57,7 +59,7 @@ class StepReport:
     tests_before: str | None  # counts before the fix cycles (test steps that had any)
     tests_after: str | None  # the counts the step ended with
     fix_cycles: list[FixCycle]
-    usage: dict[str, Any]  # the state's, as `coder show --json` prints it
+    usage: UsageRecord  # the state's, as `coder show --json` prints it
     duration_s: float | None
     reasons: list[str]
 
@@ -86,7 +88,7 @@ class RunReport:
     base: str
     base_commit: str
     tip: str | None  # None: the branch is gone
-    merge: dict[str, Any] | None
+    merge: MergeRecord | None
     steps: list[StepReport]
     files: list[diffs.FileChange]  # base..tip
     mermaid: str
@@ -159,7 +161,7 @@ def build(view: RunView) -> RunReport:
                 tests_before=mine[0].why if mine else None,
                 tests_after=tests_summary(st["tests"]) if st.get("tests") else None,
                 fix_cycles=mine,
-                usage=dict(st.get("usage") or {}),
+                usage=cast("UsageRecord", dict(st.get("usage") or {})),
                 duration_s=st.get("duration_s"),
                 reasons=list(st.get("reasons") or []),
             )

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 from coder.crashpoints import armed, crashpoint
 from coder.durable import fsync_dir, make_private_dirs, write_atomic
@@ -44,7 +44,7 @@ from coder.errors import (
 from coder.schemas import validator
 
 if TYPE_CHECKING:
-    from coder.models.provider import Usage
+    from coder.models.provider import Usage, UsageRecord
 
 TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # as in task.schema.json
 
@@ -120,12 +120,23 @@ class StepRecord:
         return cls(**values)
 
 
-def _usage_dict(usage: Usage) -> dict[str, Any]:
+def _usage_dict(usage: Usage) -> UsageRecord:
     """As the state schema has it (durations rounded to the microsecond)."""
-    return {
+    record = {
         f.name: round(v, 6) if isinstance(v := getattr(usage, f.name), float) else v
         for f in fields(usage)
     }
+    return cast(UsageRecord, record)
+
+
+class MergeRecord(TypedDict, total=False):
+    """How the run was merged (`coder merge`), as the state schema has it."""
+
+    commit: str
+    base: str
+    mode: str  # "squash" | "ff-only" | "no-ff"
+    tag: str | None
+    merged_at: str
 
 
 @dataclass
@@ -146,7 +157,7 @@ class RunState:
     taskfile: str | None = None  # the path the run started from
     pid: int | None = None
     error: str | None = None
-    merge: dict[str, Any] | None = None
+    merge: MergeRecord | None = None
     journal_seq: int = 0  # the last journal line this snapshot contains
     version: int = 1
 
