@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 
 NAMES = ("task", "step", "state", "log", "config")
 
+# A JSON Schema document (ours, a tool's parameters, an MCP server's input schema): JSON
+# whose shape is the JSON Schema vocabulary, read with `jsonschema`, not by coder's types.
+JsonSchema = dict[str, Any]
+
 
 def schema_dir() -> Path:
     packaged = Path(__file__).parent / "schemas"
@@ -25,12 +29,12 @@ def schema_dir() -> Path:
 
 
 @functools.cache
-def load_schema(name: str) -> dict[str, Any]:
+def load_schema(name: str) -> JsonSchema:
     if name not in NAMES:
         raise KeyError(f"unknown schema {name!r}")
     path = schema_dir() / f"{name}.schema.json"
     with path.open(encoding="utf-8") as fh:
-        schema: dict[str, Any] = json.load(fh)
+        schema: JsonSchema = json.load(fh)
     return schema
 
 
@@ -43,12 +47,12 @@ def validator(name: str) -> Validator:
     return Draft202012Validator(bundled(name), format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
-def bundled(name: str) -> dict[str, Any]:
+def bundled(name: str) -> JsonSchema:
     """The schema with every `$ref` inlined (for consumers without a registry, such as
     Ollama's structured output)."""
     by_id = {load_schema(n)["$id"]: load_schema(n) for n in NAMES}
 
-    def inline(node: Any, doc: dict[str, Any]) -> Any:
+    def inline(node: Any, doc: JsonSchema) -> Any:
         if isinstance(node, dict):
             ref = node.get("$ref")
             if isinstance(ref, str):

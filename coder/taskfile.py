@@ -31,6 +31,11 @@ class Assertion:
     contains: str | None = None
 
 
+# A task as a taskfile document (what `Task.to_dict` returns and `from_dict` reads; the manifest
+# and the state keep it, secrets left out): free-form JSON that schemas/task.schema.json checks.
+TaskDoc = dict[str, Any]
+
+
 @dataclass(frozen=True)
 class Step:
     id: str
@@ -98,9 +103,9 @@ class Task:
 
         return replace(self, base=self.base or base, model=self.model or model)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TaskDoc:
         """The task as a taskfile document with every default filled in (what runs)."""
-        doc: dict[str, Any] = {"id": self.id, "title": self.title, "branch": self.branch}
+        doc: TaskDoc = {"id": self.id, "title": self.title, "branch": self.branch}
         for key in ("base", "model", "fallback_model", "spec", "created_at"):
             if getattr(self, key) is not None:
                 doc[key] = getattr(self, key)

@@ -25,7 +25,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from coder.agent import prompts
 from coder.agent.events import (
@@ -45,6 +44,7 @@ from coder.agent.events import (
 from coder.agent.repair import calls_in_text, looks_like_tool_call
 from coder.errors import ModelError, StopReply
 from coder.models.provider import (
+    Arguments,
     ChatEvent,
     ChatResult,
     EndpointDown,
@@ -108,7 +108,7 @@ class _LoopStop(Exception):  # noqa: N818 (flow control)
 class _Accepted(_LoopStop):
     """step_complete was called and its claim holds."""
 
-    def __init__(self, claim: dict[str, Any]) -> None:
+    def __init__(self, claim: Arguments) -> None:
         super().__init__(str(claim.get("summary", "")).strip())
         self.claim = claim
 
@@ -150,7 +150,7 @@ class Limits:
 class LoopResult:
     ok: bool
     summary: str = ""
-    claim: dict[str, Any] = field(default_factory=dict)
+    claim: Arguments = field(default_factory=dict)
     error: str | None = None
     usage: Usage = field(default_factory=Usage)
     turns: int = 0
@@ -158,8 +158,8 @@ class LoopResult:
     notes: list[str] = field(default_factory=list)  # worth keeping with the step (output cap)
 
 
-ToolRunner = Callable[[str, dict[str, Any]], str]  # (name, arguments) -> text for the model
-Verifier = Callable[[dict[str, Any]], str | None]  # step_complete arguments -> rejection or None
+ToolRunner = Callable[[str, Arguments], str]  # (name, arguments) -> text for the model
+Verifier = Callable[[Arguments], str | None]  # step_complete arguments -> rejection or None
 OnEvent = Callable[[LoopEvent], None]
 
 
@@ -410,7 +410,7 @@ def _with_ids(calls: list[ToolCall], turn: int) -> list[ToolCall]:
     return [c if c.id else replace(c, id=f"call_{turn}_{i}") for i, c in enumerate(calls)]
 
 
-def _target(arguments: dict[str, Any]) -> str:
+def _target(arguments: Arguments) -> str:
     for key in TARGET_KEYS:
         value = arguments.get(key)
         if isinstance(value, str) and value:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from coder.git.repository import Repo
     from coder.models.provider import ModelFacts, Models, ToolSchema
     from coder.redact import Redactor
-    from coder.taskfile import Step, Task
+    from coder.taskfile import Step, Task, TaskDoc
     from coder.tools.registry import Registry
 
 FALLBACK_AFTER = 2  # failed attempts with a step's model before its fallback_model takes over
@@ -68,7 +68,7 @@ def open_agent(
     repo: Repo,
     base_commit: str,
     *,
-    stored: dict[str, Any],
+    stored: TaskDoc,
     redactor: Redactor,
     replay: Path | None = None,
     record: Path | None = None,
@@ -121,7 +121,7 @@ def _session(
     cfg: Config,
     repo: Repo,
     base_commit: str,
-    stored: dict[str, Any],
+    stored: TaskDoc,
     redactor: Redactor,
 ) -> AgentSession:
     """The session over warmed-up `models`: the tool registry and the prefix built for the

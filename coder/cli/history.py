@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from coder.cli.common import cwd, emit_json, json_option
 from coder.display import escaped, quoted_name
+
+if TYPE_CHECKING:
+    from coder.run.events import Event
 
 task_option = click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
 
@@ -101,7 +104,7 @@ def logs(task_id: str, follow: bool, as_json: bool) -> None:
         click.echo(json.dumps(event) if as_json else format_event(event))
 
 
-def format_event(event: dict[str, Any]) -> str:
+def format_event(event: Event) -> str:
     """One line per event, its control characters (a file name's, a command's) escaped."""
     skip = {"timestamp", "level", "event", "task_id", "step_id", "logger"}
     rest = " ".join(f"{k}={v}" for k, v in event.items() if k not in skip and v not in ("", None))

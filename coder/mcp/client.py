@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from coder.agent.session import AgentSession, EventSink
     from coder.config import Config
     from coder.redact import Redactor
+    from coder.schemas import JsonSchema
 
 SEPARATOR = "__"  # <server>__<tool>; built-in tool names never contain it
 STARTUP_TIMEOUT = 30.0  # seconds for a server to start, initialize and list its tools
@@ -55,8 +56,8 @@ class ExternalTool:
     server: str
     tool: str  # the server's own name
     description: str
-    input_schema: dict[str, Any]  # the server's, used for validation
-    parameters: dict[str, Any]  # flattened, offered to the model
+    input_schema: JsonSchema  # the server's, used for validation
+    parameters: JsonSchema  # flattened, offered to the model
 
 
 @dataclass

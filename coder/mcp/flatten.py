@@ -17,6 +17,8 @@ from typing import Any
 from jsonschema import exceptions as js_exceptions
 from jsonschema.validators import validator_for
 
+from coder.schemas import JsonSchema
+
 ALL_TYPES = ["string", "number", "integer", "boolean", "object", "array"]
 _SCALARS = ("string", "number", "integer", "boolean", "null")
 _NOTED = (
@@ -48,7 +50,7 @@ _JSON_TYPE = {
 }
 
 
-def flatten_schema(schema: Mapping[str, Any] | None) -> dict[str, Any]:
+def flatten_schema(schema: Mapping[str, Any] | None) -> JsonSchema:
     """The flat object schema (registry form) for an MCP tool's `inputSchema`."""
     root: Mapping[str, Any] = schema if isinstance(schema, Mapping) else {}
     body = _resolve(root, root)
@@ -56,7 +58,7 @@ def flatten_schema(schema: Mapping[str, Any] | None) -> dict[str, Any]:
     props: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     required = [r for r in body.get("required") or [] if isinstance(r, str) and r in props]
     out = {str(key): _flat_property(str(key), spec, root) for key, spec in props.items()}
-    flat: dict[str, Any] = {"type": "object", "properties": out, "required": required}
+    flat: JsonSchema = {"type": "object", "properties": out, "required": required}
     if body.get("additionalProperties") is False:
         flat["additionalProperties"] = False
     return flat
@@ -86,7 +88,7 @@ def argument_problem(
 # --------------------------------------------------------------------------- internals
 
 
-def _resolve(spec: Any, root: Mapping[str, Any]) -> dict[str, Any]:
+def _resolve(spec: Any, root: Mapping[str, Any]) -> JsonSchema:
     """Follow local `$ref`s (`#/$defs/X`, `#/definitions/X`) and merge a single `allOf`;
     the referring schema's own keywords (description, default) win over the target's."""
     seen = 0
@@ -98,11 +100,11 @@ def _resolve(spec: Any, root: Mapping[str, Any]) -> dict[str, Any]:
     all_of = spec.get("allOf")
     if isinstance(all_of, list) and len(all_of) == 1:
         spec = {**_resolve(all_of[0], root), **{k: v for k, v in spec.items() if k != "allOf"}}
-    resolved: dict[str, Any] = spec
+    resolved: JsonSchema = spec
     return resolved
 
 
-def _pointer(root: Mapping[str, Any], ref: Any) -> dict[str, Any]:
+def _pointer(root: Mapping[str, Any], ref: Any) -> JsonSchema:
     if not isinstance(ref, str) or not ref.startswith("#"):
         return {}
     node: Any = root
@@ -114,7 +116,7 @@ def _pointer(root: Mapping[str, Any], ref: Any) -> dict[str, Any]:
     return dict(node) if isinstance(node, Mapping) else {}
 
 
-def _variants(spec: dict[str, Any], root: Mapping[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+def _variants(spec: JsonSchema, root: Mapping[str, Any]) -> tuple[list[JsonSchema], bool]:
     """The non-null alternatives of an anyOf/oneOf, and whether null was one of them."""
     options = spec.get("anyOf") or spec.get("oneOf")
     if not isinstance(options, list):
@@ -124,9 +126,7 @@ def _variants(spec: dict[str, Any], root: Mapping[str, Any]) -> tuple[list[dict[
     return [o for o in resolved if o.get("type") != "null"], nullable
 
 
-def _merged(
-    spec: dict[str, Any], root: Mapping[str, Any]
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _merged(spec: JsonSchema, root: Mapping[str, Any]) -> tuple[JsonSchema, list[JsonSchema]]:
     """`spec` with a single non-null anyOf alternative merged in; else the alternatives."""
     variants, _ = _variants(spec, root)
     base = {k: v for k, v in spec.items() if k not in ("anyOf", "oneOf")}
@@ -135,7 +135,7 @@ def _merged(
     return base, variants
 
 
-def _types(spec: dict[str, Any], variants: list[dict[str, Any]]) -> list[str]:
+def _types(spec: JsonSchema, variants: list[JsonSchema]) -> list[str]:
     if variants:
         found: list[str] = []
         for v in variants:
@@ -167,10 +167,10 @@ def _type_value(types: list[str]) -> str | list[str]:
     return types[0] if len(types) == 1 else types
 
 
-def _flat_property(key: str, spec: Any, root: Mapping[str, Any]) -> dict[str, Any]:
+def _flat_property(key: str, spec: Any, root: Mapping[str, Any]) -> JsonSchema:
     resolved, variants = _merged(_resolve(spec, root), root)
     types = _types(resolved, variants)
-    flat: dict[str, Any] = {
+    flat: JsonSchema = {
         "type": _type_value(types),
         "description": _describe(resolved, variants, root, 0, key),
     }
@@ -190,8 +190,8 @@ def _flat_property(key: str, spec: Any, root: Mapping[str, Any]) -> dict[str, An
 
 
 def _describe(
-    spec: dict[str, Any],
-    variants: list[dict[str, Any]],
+    spec: JsonSchema,
+    variants: list[JsonSchema],
     root: Mapping[str, Any],
     depth: int,
     key: str = "",
@@ -228,7 +228,7 @@ def _describe(
     return " ".join(parts)
 
 
-def _object_fields(spec: dict[str, Any], root: Mapping[str, Any], depth: int) -> str:
+def _object_fields(spec: JsonSchema, root: Mapping[str, Any], depth: int) -> str:
     props: Mapping[str, Any] = spec["properties"]
     if not props:
         return "An object."
@@ -248,7 +248,7 @@ def _object_fields(spec: dict[str, Any], root: Mapping[str, Any], depth: int) ->
     return "An object with fields: " + "; ".join(fields) + "."
 
 
-def _summary(spec: dict[str, Any], root: Mapping[str, Any], depth: int) -> str:
+def _summary(spec: JsonSchema, root: Mapping[str, Any], depth: int) -> str:
     spec, variants = _merged(spec, root)
     if isinstance(spec.get("properties"), Mapping) and not variants:
         return _object_fields(spec, root, depth)

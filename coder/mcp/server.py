@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from coder.errors import EnvironmentProblem
+from coder.schemas import JsonSchema
 from coder.tools.registry import Registry, ToolContext, ToolResult
 
 HOST = "127.0.0.1"  # never another interface: the tools write files and run commands
@@ -107,7 +108,7 @@ def build_server(root: Path) -> Any:
         result = await anyio.to_thread.run_sync(walls.call, params.name, params.arguments or {})
         return to_call_result(result)
 
-    def input_schema(name: str) -> dict[str, Any] | None:
+    def input_schema(name: str) -> JsonSchema | None:
         tool = registry.get(name)
         return None if tool is None else tool.parameters
 

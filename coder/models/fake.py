@@ -39,6 +39,7 @@ from coder.models.provider import (
     Usage,
     estimate_tokens,
 )
+from coder.schemas import JsonSchema
 
 Scripted = ChatResult | str | BaseException
 
@@ -80,7 +81,7 @@ class FakeCall:
     step: str
     messages: list[Message]  # a deep copy, as sent
     tools: list[ToolSchema] | None
-    format: dict[str, Any] | str | None
+    format: JsonSchema | str | None
 
 
 @dataclass
@@ -112,7 +113,7 @@ class FakeProvider:
         messages: list[Message],
         *,
         tools: list[ToolSchema] | None = None,
-        format: dict[str, Any] | str | None = None,
+        format: JsonSchema | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult:
         emit = on_event or (lambda event: None)

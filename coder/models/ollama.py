@@ -51,6 +51,8 @@ from coder.models.retry import RetryPolicy
 if TYPE_CHECKING:
     import ollama
 
+    from coder.schemas import JsonSchema
+
 T = TypeVar("T")
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
@@ -220,7 +222,7 @@ class OllamaProvider:
         messages: list[Message],
         *,
         tools: list[ToolSchema] | None = None,
-        format: dict[str, Any] | str | None = None,
+        format: JsonSchema | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult:
         """Stream one model turn; see `ModelProvider.chat`. An empty answer (no text, no tool
@@ -242,7 +244,7 @@ class OllamaProvider:
         self,
         messages: list[Message],
         tools: list[ToolSchema] | None,
-        format: dict[str, Any] | str | None,
+        format: JsonSchema | str | None,
         emit: Callable[[ChatEvent], None],
     ) -> ChatResult:
         client = self._client(self.request_timeout if self._warm else self.first_request_timeout)

@@ -57,6 +57,8 @@ from coder.models.retry import RetryPolicy
 if TYPE_CHECKING:
     import openai
 
+    from coder.schemas import JsonSchema
+
 T = TypeVar("T")
 DEFAULT_CONTEXT = 8192
 CONNECT_TIMEOUT_S = 10.0
@@ -236,7 +238,7 @@ class OpenAIProvider:
         messages: list[Message],
         *,
         tools: list[ToolSchema] | None = None,
-        format: dict[str, Any] | str | None = None,
+        format: JsonSchema | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult:
         """Stream one model turn; see `ModelProvider.chat`."""
@@ -250,7 +252,7 @@ class OpenAIProvider:
         self,
         messages: list[Message],
         tools: list[ToolSchema] | None,
-        format: dict[str, Any] | str | None,
+        format: JsonSchema | str | None,
     ) -> dict[str, Any]:
         request: dict[str, Any] = {
             "model": self.model,

@@ -24,11 +24,16 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol, Required, TypedDict, cast
 
 from coder.errors import StopReply
+from coder.schemas import JsonSchema
+
+# A tool call's arguments: JSON as the model wrote it, checked against the tool's schema
+# (coder.tools.registry) before a handler reads it.
+Arguments = dict[str, Any]
 
 
 class CallFunction(TypedDict):
     name: str
-    arguments: dict[str, Any]  # the tool's arguments: JSON as the model wrote it
+    arguments: Arguments
 
 
 class WireCall(TypedDict, total=False):
@@ -52,7 +57,7 @@ class Message(TypedDict, total=False):
 class FunctionSchema(TypedDict):
     name: str
     description: str
-    parameters: dict[str, Any]  # a JSON Schema of the arguments
+    parameters: JsonSchema  # of the arguments
 
 
 class ToolSchema(TypedDict):
@@ -65,7 +70,7 @@ class ToolSchema(TypedDict):
 @dataclass(frozen=True)
 class ToolCall:
     name: str
-    arguments: dict[str, Any]
+    arguments: Arguments
     id: str | None = None  # the server's call id, when it sent one
 
 
@@ -239,7 +244,7 @@ class ModelProvider(Protocol):
         messages: list[Message],
         *,
         tools: list[ToolSchema] | None = None,
-        format: dict[str, Any] | str | None = None,
+        format: JsonSchema | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult: ...
 

@@ -29,6 +29,7 @@ from coder.models.provider import (
     ToolSchema,
 )
 from coder.redact import Redactor
+from coder.schemas import JsonSchema
 
 MEMO_LIMIT = 4096  # texts remembered per wrapper (a step's messages, the prefix, the tools)
 
@@ -88,7 +89,7 @@ class RedactedProvider:
         messages: list[Message],
         *,
         tools: list[ToolSchema] | None = None,
-        format: dict[str, Any] | str | None = None,
+        format: JsonSchema | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult:
         return self.inner.chat(

@@ -37,6 +37,7 @@ from coder.models.provider import (
     ToolSchema,
     cut_at_first_token,
 )
+from coder.schemas import JsonSchema
 
 T = TypeVar("T")
 MakeProvider = Callable[[str, str], ModelProvider]  # (endpoint, model) -> provider
@@ -204,7 +205,7 @@ class StepProvider:
         messages: list[Message],
         *,
         tools: list[ToolSchema] | None = None,
-        format: dict[str, Any] | str | None = None,
+        format: JsonSchema | str | None = None,
         on_event: Callable[[ChatEvent], None] | None = None,
     ) -> ChatResult:
         return self._failover(

@@ -32,10 +32,14 @@ from coder.durable import make_private_dirs, write_failed
 from coder.redact import SCAN_FAILED, Redactor
 from coder.run.state import check_task_id
 
-Console = Callable[[dict[str, Any]], None]
+# One line of the event log as a dict (ts, level, event, task_id, step_id, ...: the keys of
+# schemas/log.schema.json, then the free-form fields of its event), or the context bound to
+# every line of a step.
+Event = dict[str, Any]
+Console = Callable[[Event], None]
 # A live view: receives the bound context (task_id, step_id, ...) and a typed event that is
 # not written to the file (coder.agent.events: streamed text, the tool in progress, ...).
-LiveView = Callable[[dict[str, Any], object], None]
+LiveView = Callable[[Event, object], None]
 
 EVENT_NAME = re.compile(r"[a-z_]+(?:\.[a-z_]+)*")
 _FIRST_KEYS = ("timestamp", "level", "event", "task_id", "step_id")
@@ -84,7 +88,7 @@ def _redaction(redactor: Redactor) -> Processor:
 
 def _order_and_render(
     _: WrappedLogger, __: str, event: EventDict
-) -> tuple[tuple[str, dict[str, Any]], dict[str, Any]]:
+) -> tuple[tuple[str, Event], dict[str, Any]]:
     """The last processor: `(line, event)` become the sink's arguments."""
     ordered = {k: event[k] for k in _FIRST_KEYS if k in event}
     ordered.update((k, v) for k, v in event.items() if k not in ordered)
@@ -108,7 +112,7 @@ class _Sink:
         if size and os.pread(self._fd, 1, size - 1) != b"\n":
             self._write(b"\n")  # a previous runner was killed mid-line: end its torn line
 
-    def emit(self, line: str, event: dict[str, Any]) -> None:
+    def emit(self, line: str, event: Event) -> None:
         with self._lock:
             if self._fd is None:
                 raise ValueError("the event log is closed")
@@ -156,7 +160,7 @@ class EventLog:
         self.redactor = redactor if redactor is not None else Redactor()
         self._sink = _Sink(self.path, console, live)
         self._owner = True
-        self._fields: dict[str, Any] = {"task_id": task_id}
+        self._fields: Event = {"task_id": task_id}
         self._logger: Any = structlog.wrap_logger(
             self._sink,
             processors=[
@@ -217,7 +221,7 @@ class EventLog:
         self.close()
 
 
-def _parse_line(line: bytes) -> dict[str, Any] | None:
+def _parse_line(line: bytes) -> Event | None:
     try:
         event = json.loads(line)
     except (ValueError, RecursionError):  # torn by a crash, or not coder's line at all
@@ -225,7 +229,7 @@ def _parse_line(line: bytes) -> dict[str, Any] | None:
     return event if isinstance(event, dict) else None
 
 
-def read_events(coder_dir: Path, task_id: str) -> Iterator[dict[str, Any]]:
+def read_events(coder_dir: Path, task_id: str) -> Iterator[Event]:
     """Every event logged so far. Lines that are not whole JSON objects (a line torn by a
     crash) are skipped; a missing log yields nothing."""
     try:
@@ -241,7 +245,7 @@ def read_events(coder_dir: Path, task_id: str) -> Iterator[dict[str, Any]]:
 
 def follow_events(
     coder_dir: Path, task_id: str, *, stop: Callable[[], bool], poll: float = 0.2
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Event]:
     """Events from the start of the log, then new ones as they are appended, until `stop()`
     is true (checked between polls; lines written before it turned true are still yielded).
     Only complete lines are yielded; a partial line waits for its newline."""

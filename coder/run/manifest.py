@@ -21,6 +21,7 @@ from coder.run.state import TASK_ID, RunState, StateStore, check_task_id
 
 if TYPE_CHECKING:
     from coder.redact import Redactor
+    from coder.taskfile import TaskDoc
 
 _STRINGS = ("task_id", "base", "base_commit", "branch", "worktree", "created_at")
 
@@ -31,7 +32,7 @@ class Manifest:
     and taskfile, by writing a new manifest)."""
 
     task_id: str
-    task: dict[str, Any]  # the resolved task as stored: a taskfile document, secrets left out
+    task: TaskDoc  # the resolved task as stored, secrets left out
     taskfile: str | None  # the taskfile the run started from (absolute), if any
     base: str
     base_commit: str
@@ -134,7 +135,7 @@ def _problem(data: Any, task_id: str) -> str | None:
 
 
 def build(
-    task: dict[str, Any],
+    task: TaskDoc,
     *,
     taskfile: Path | None,
     base: str,

@@ -52,10 +52,8 @@ if TYPE_CHECKING:
     from coder.git.repository import Repo
     from coder.policy.commands import Policy
     from coder.redact import Redactor
-    from coder.run.events import EventLog
+    from coder.run.events import Console, EventLog, LiveView
     from coder.run.executor import Approver, RunContext
-
-Console = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -70,7 +68,7 @@ class RunOptions:
     sandbox: str | None = None  # "off" (--no-sandbox) overrides the config's `sandbox`
     # The live view: gets each typed model-loop event (coder.agent.events) with its step's
     # context (run.events.LiveView); nothing it gets is written to the log.
-    live: Callable[[dict[str, Any], object], None] | None = None
+    live: LiveView | None = None
     # resume: take the taskfile's new version for the steps not yet done ("": the file the
     # run started from; else the path of another). None: keep the run's own copy.
     taskfile: str | None = None

@@ -30,7 +30,7 @@ from coder.redact import Redactor, secret_name, secrets_from_environ, secrets_fr
 
 if TYPE_CHECKING:
     from coder.policy.commands import Policy
-    from coder.taskfile import Task
+    from coder.taskfile import Task, TaskDoc
 
 
 def run_secrets(
@@ -119,7 +119,7 @@ _STRUCTURE = frozenset(
 _MARKER = re.compile(r"\[REDACTED(?::[a-z_]+|: text could not be scanned)\]")
 
 
-def stored_task(task_dict: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
+def stored_task(task_dict: TaskDoc, redactor: Redactor) -> TaskDoc:
     """The task as the manifest and state keep it (and `show`, `report`, the DAG picture and
     the model's prefix show it): a step's `env:` values whose names look secret replaced by a
     marker, and every literal secret `redactor` finds in the free text (a token written in a
@@ -143,7 +143,7 @@ def _redacted(doc: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
     }
 
 
-def restore(stored: dict[str, Any], taskfile: str | None) -> dict[str, Any]:
+def restore(stored: TaskDoc, taskfile: str | None) -> TaskDoc:
     """The task of a manifest with what `stored_task` redacted read back from its taskfile:
     each redacted string is replaced by the taskfile's string at the same place (the same
     field of the same step), which must match it outside the redactions. InvalidInput naming

@@ -45,6 +45,7 @@ from coder.schemas import validator
 
 if TYPE_CHECKING:
     from coder.models.provider import Usage, UsageRecord
+    from coder.taskfile import TaskDoc
 
 TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # as in task.schema.json
 
@@ -126,7 +127,7 @@ def _usage_dict(usage: Usage) -> UsageRecord:
         f.name: round(v, 6) if isinstance(v := getattr(usage, f.name), float) else v
         for f in fields(usage)
     }
-    return cast(UsageRecord, record)
+    return cast("UsageRecord", record)
 
 
 class MergeRecord(TypedDict, total=False):
@@ -149,7 +150,7 @@ class RunState:
     base: str
     base_commit: str
     worktree: str
-    task: dict[str, Any]  # the taskfile as resolved at the start (coder.taskfile.Task.to_dict)
+    task: TaskDoc  # the taskfile as resolved at the start (coder.taskfile.Task.to_dict)
     created_at: str
     updated_at: str
     steps: dict[str, StepRecord]

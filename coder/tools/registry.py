@@ -38,11 +38,13 @@ from jsonschema.exceptions import ValidationError
 
 from coder import yamldoc
 from coder.errors import CoderError, EnvironmentProblem, InvalidInput, PolicyViolation
+from coder.models.provider import Arguments
 from coder.policy.commands import Policy
 from coder.redact import Redactor
 
 if TYPE_CHECKING:
     from coder.models.provider import ToolSchema
+    from coder.schemas import JsonSchema
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _PROPERTY_KEYS = frozenset({"type", "description", "enum", "items"})
@@ -93,14 +95,14 @@ class ToolContext:
     _edits: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)  # lint memo
 
 
-Handler = Callable[[ToolContext, dict[str, Any]], ToolResult]
+Handler = Callable[[ToolContext, Arguments], ToolResult]
 
 
 @dataclass(frozen=True)
 class Tool:
     name: str
     description: str
-    parameters: dict[str, Any]
+    parameters: JsonSchema
     handler: Handler
     read_only: bool
     terminal: bool = False
@@ -117,7 +119,7 @@ class Tool:
         }
 
 
-def params(properties: dict[str, dict[str, Any]], required: Iterable[str] = ()) -> dict[str, Any]:
+def params(properties: dict[str, JsonSchema], required: Iterable[str] = ()) -> JsonSchema:
     """A flat object schema (see the module docstring)."""
     return {
         "type": "object",
@@ -127,7 +129,7 @@ def params(properties: dict[str, dict[str, Any]], required: Iterable[str] = ()) 
     }
 
 
-def prop(type_: str, description: str, **extra: Any) -> dict[str, Any]:
+def prop(type_: str, description: str, **extra: Any) -> JsonSchema:
     return {"type": type_, "description": description, **extra}
 
 
@@ -299,13 +301,13 @@ def _check_flat(tool: Tool) -> None:
             raise ValueError(f"{tool.name}.{key}: array items must be simple (type/enum)")
 
 
-def _coerce(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
+def _coerce(tool: Tool, arguments: Arguments) -> Arguments:
     """Forgive what small models commonly send: `null` for an optional argument, "10" for an
     integer, "true" for a boolean, a single string or JSON text for an array of strings.
     Anything less clear-cut is left for validation to report."""
     props = tool.parameters["properties"]
     required = set(tool.parameters.get("required", ()))
-    out: dict[str, Any] = {}
+    out: Arguments = {}
     for key, value in arguments.items():
         kind = props.get(key, {}).get("type")
         if value is None and key in props and key not in required:
@@ -452,7 +454,7 @@ def tools_for_kind(kind: str, registry: Registry | None = None) -> list[str]:
     return [n for n in reg.names() if n in names]
 
 
-def _step_complete(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def _step_complete(ctx: ToolContext, args: Arguments) -> ToolResult:
     # The agent loop intercepts this call and checks the claim against the real diff; this
     # handler only serves other callers (MCP) and records the claim as data.
     files = list(args.get("files_changed") or [])

@@ -24,7 +24,7 @@ from coder.taskfile import Step, is_repo_relative, parse_duration
 EXTERNAL_SEPARATOR = "__"  # external MCP tools are <server>__<tool> (coder.mcp.client)
 
 if TYPE_CHECKING:
-    from coder.models.provider import Message
+    from coder.models.provider import Arguments, Message
     from coder.run.events import EventLog
     from coder.tools.registry import ToolContext
 
@@ -119,7 +119,7 @@ def converse(
         {"role": "user", "content": first_message},
     ]
 
-    def run_tool(name: str, arguments: dict[str, Any]) -> str:
+    def run_tool(name: str, arguments: Arguments) -> str:
         result = session.registry.call(name, arguments, tool_ctx)
         ctx.log.info("tool.called", tool=name, ok=result.ok, arguments=json.dumps(arguments)[:300])
         return result.as_text()
@@ -195,7 +195,7 @@ def report(log: EventLog, event: ev.LoopEvent) -> None:
 
 
 def verify_claim(
-    ctx: StepContext, tool_ctx: ToolContext, claim: dict[str, Any], *, role: ModelRole
+    ctx: StepContext, tool_ctx: ToolContext, claim: Arguments, *, role: ModelRole
 ) -> str | None:
     """Why the model's step_complete claim does not hold, or None when it does. `role` is the
     one the model plays (coder.kinds; a test step's fix cycle edits)."""
