@@ -17,11 +17,12 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from coder import yamldoc
 from coder.errors import InvalidInput, ModelError, ModelUnavailable, StopReply
 from coder.models.provider import (
+    Arguments,
     ChatEvent,
     ChatResult,
     Done,
@@ -34,6 +35,7 @@ from coder.models.provider import (
     ToolCallEvent,
     ToolSchema,
     Usage,
+    UsageRecord,
 )
 
 FORMAT = 1
@@ -43,20 +45,48 @@ def request_digest(messages: list[Message]) -> str:
     return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def reply_to_dict(result: ChatResult) -> dict[str, Any]:
+class RecordedCall(TypedDict, total=False):
+    name: Required[str]
+    arguments: Arguments
+    id: str
+
+
+class Reply(TypedDict, total=False):
+    """A model's reply as a recording keeps it."""
+
+    content: str
+    thinking: str
+    tool_calls: list[RecordedCall]
+    done_reason: str | None
+    usage: UsageRecord
+
+
+class Recorded(TypedDict):
+    """One call of a recording: the step that made it, a digest of what it sent, the reply."""
+
+    step: str
+    request: str
+    reply: Reply
+
+
+def reply_to_dict(result: ChatResult) -> Reply:
     return {
         "content": result.content,
         "thinking": result.thinking,
-        "tool_calls": [
-            {"name": c.name, "arguments": c.arguments, **({"id": c.id} if c.id else {})}
-            for c in result.tool_calls
-        ],
+        "tool_calls": [_recorded_call(c) for c in result.tool_calls],
         "done_reason": result.done_reason,
         "usage": result.usage.as_dict(),
     }
 
 
-def reply_from_dict(data: dict[str, Any]) -> ChatResult:
+def _recorded_call(call: ToolCall) -> RecordedCall:
+    recorded: RecordedCall = {"name": call.name, "arguments": call.arguments}
+    if call.id:
+        recorded["id"] = call.id
+    return recorded
+
+
+def reply_from_dict(data: Reply) -> ChatResult:
     return ChatResult(
         content=data.get("content", ""),
         tool_calls=tuple(
@@ -76,7 +106,7 @@ class RecordingModels:
         self.inner = inner
         self.model = inner.model
         self.path = path
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[Recorded] = []
         self._lock = threading.Lock()
 
     def for_step(self, step_id: str, model: str | None = None) -> _StepRecorder:
@@ -150,7 +180,7 @@ class ReplayModels:
                 hint="record one with `coder run --record FILE`",
             ) from None
         self.path = Path(path)
-        self.queues: dict[str, list[dict[str, Any]]] = {}
+        self.queues: dict[str, list[Reply]] = {}
         for call in self.calls:
             self.queues.setdefault(str(call.get("step", "")), []).append(call["reply"])
         self.served: dict[str, int] = {}

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 
 from coder.crashpoints import crashpoint
 from coder.durable import write_private
@@ -725,9 +725,19 @@ def success_problems(ex: Executor) -> list[str]:
     return problems
 
 
+class CommitParts(TypedDict):
+    """A step commit's message (title, body) and the values of its trailers."""
+
+    task_id: str
+    step_id: str
+    attempt: int
+    title: str
+    body: str
+
+
 def commit_parts(
     task: Task, step: Step, attempt: int, outcome: StepOutcome, redact: Callable[[str], str]
-) -> dict[str, Any]:
+) -> CommitParts:
     """What a step commit says: title, body and the trailers' values; what the taskfile and
     the model wrote passes `redact` (the run's redactor)."""
     return {

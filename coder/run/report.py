@@ -26,7 +26,7 @@ from coder.run.history import RunView
 if TYPE_CHECKING:
     from coder.models.provider import UsageRecord
     from coder.redact import Redactor
-    from coder.run.state import MergeRecord
+    from coder.run.state import MergeRecord, TestCounts
 
 EMOJI = {
     "success": "✅",
@@ -214,7 +214,7 @@ def _fix_cycles(view: RunView) -> dict[str, list[FixCycle]]:
     return found
 
 
-def tests_summary(tests: dict[str, Any]) -> str:
+def tests_summary(tests: TestCounts) -> str:
     """The counts a test step recorded, worded as the test report words them."""
     parts = [f"{tests[key]} {key}" for key in ("passed", "failed", "skipped") if tests.get(key)]
     return ", ".join(parts) or f"no counts (exit code {tests.get('exit_code')})"

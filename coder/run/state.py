@@ -95,7 +95,7 @@ class StepRecord:
     skip_cause: SkipCause | None = None
     reasons: list[str] = field(default_factory=list)  # why rerun, skipped, reset, oldest first
     summary: str | None = None
-    tests: dict[str, int | None] | None = None  # passed, failed, skipped, exit_code
+    tests: TestCounts | None = None
     usage: Usage | None = None  # model usage over all attempts
 
     @property
@@ -128,6 +128,15 @@ def _usage_dict(usage: Usage) -> UsageRecord:
         for f in fields(usage)
     }
     return cast("UsageRecord", record)
+
+
+class TestCounts(TypedDict):
+    """What a test step's last run counted (None: its output did not say)."""
+
+    passed: int | None
+    failed: int | None  # failures and errors
+    skipped: int | None
+    exit_code: int | None  # None: timed out or cancelled
 
 
 class MergeRecord(TypedDict, total=False):

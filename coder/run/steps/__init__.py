@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.run.events import EventLog
+    from coder.run.state import TestCounts
     from coder.taskfile import Step, Task
 
 
@@ -58,7 +59,7 @@ class StepOutcome:
     ok: bool
     error: str | None = None
     summary: str | None = None
-    tests: dict[str, Any] | None = None
+    tests: TestCounts | None = None
     cancelled: bool = False
     details: dict[str, Any] = field(default_factory=dict)
     usage: Usage | None = None  # model usage of this attempt

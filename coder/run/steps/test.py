@@ -6,11 +6,15 @@ commit."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from coder import testreport
 from coder.run.steps import StepContext, StepOutcome
 from coder.run.steps.fix import Failing, fix_cycles
 from coder.run.steps.shell import describe_failure, run_in_step
+
+if TYPE_CHECKING:
+    from coder.run.state import TestCounts
 
 
 def command_for(ctx: StepContext) -> str:
@@ -58,7 +62,7 @@ def _run_tests(ctx: StepContext, cmd: str) -> tuple[StepOutcome, testreport.Test
         exit_code=result.exit_code,
     )
     failed = (report.failed or 0) + (report.errors or 0) if report.found else None
-    tests = {
+    tests: TestCounts = {
         "passed": report.passed,
         "failed": failed,
         "skipped": report.skipped,
