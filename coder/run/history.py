@@ -7,7 +7,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from coder import project
 from coder.errors import (
@@ -25,6 +25,7 @@ from coder.run.manifest import Manifest, load_manifest, manifest_path
 from coder.run.state import RunState, StateStore, check_task_id
 
 if TYPE_CHECKING:
+    from coder.git.repository import Repo
     from coder.redact import Redactor
 
 
@@ -177,7 +178,7 @@ def clean(
 
 
 def _remove(
-    repo: Any,
+    repo: Repo,
     coder_dir: Path,
     task_id: str,
     remains: _Remains,
@@ -256,7 +257,7 @@ def _files(coder_dir: Path, task_id: str) -> list[Path]:
 
 
 def _anything_left(
-    repo: Any, coder_dir: Path, task_id: str, remains: _Remains, delete_branch: bool
+    repo: Repo, coder_dir: Path, task_id: str, remains: _Remains, delete_branch: bool
 ) -> bool:
     """Whether a run with neither manifest nor checkpoint left anything `clean` removes."""
     common = repository.common_dir(repo)
@@ -272,7 +273,7 @@ def _anything_left(
     return delete_branch and remains.branch is not None
 
 
-def _remains_from_state(repo: Any, coder_dir: Path, task_id: str) -> _Remains:
+def _remains_from_state(repo: Repo, coder_dir: Path, task_id: str) -> _Remains:
     """What `clean` needs of a run whose manifest is corrupt or gone: from its checkpoint
     (which holds the same), else its worktree by its name, and its branch: the one that
     worktree has checked out, or one whose tip is the run's commit; else none (kept:

@@ -20,6 +20,7 @@ from coder.errors import CoderError, CorruptState, EnvironmentProblem, InvalidIn
 from coder.run.state import TASK_ID, RunState, StateStore, check_task_id
 
 if TYPE_CHECKING:
+    from coder.git.repository import Repo
     from coder.redact import Redactor
     from coder.taskfile import TaskDoc
 
@@ -199,7 +200,7 @@ def new_run(manifest: Manifest) -> RunState:
 
 
 def rebuild(
-    repo: Any, coder_dir: Path, task_id: str, path: Path, model: str, redactor: Redactor
+    repo: Repo, coder_dir: Path, task_id: str, path: Path, model: str, redactor: Redactor
 ) -> tuple[Manifest, int]:
     """The manifest of run `task_id`, whose manifest and checkpoint are both gone, from the
     taskfile at `path` and its branch's commits: (the manifest, how many of the run's commits
@@ -247,7 +248,7 @@ def rebuild(
     return manifest, count
 
 
-def missing_run(repo: Any, coder_dir: Path, task_id: str) -> CoderError:
+def missing_run(repo: Repo, coder_dir: Path, task_id: str) -> CoderError:
     """What to say of a task with neither manifest nor checkpoint: when a branch still holds
     its commits (`.coder/` was deleted by hand), how to rebuild the run or remove the branch
     (exit 3); when only its worktree's registration is left, how to start again; else no
@@ -275,7 +276,7 @@ def missing_run(repo: Any, coder_dir: Path, task_id: str) -> CoderError:
     return UnknownTask(task_id, run_ids(coder_dir))
 
 
-def _start_again(repo: Any, task_id: str, branch: str, taskfile: str) -> str:
+def _start_again(repo: Repo, task_id: str, branch: str, taskfile: str) -> str:
     """How to start a run again whose branch holds nothing of it: `clean` deletes the
     branch while the run's worktree still has it checked out (`clean` finds it there), else
     git does (its worktree deleted by hand no longer holds it once pruned)."""
@@ -289,7 +290,7 @@ def _start_again(repo: Any, task_id: str, branch: str, taskfile: str) -> str:
     return f"start it again: {remove}, then `coder run --autonomous -f {taskfile}`"
 
 
-def _taskfile_hint(repo: Any, task_id: str) -> str:
+def _taskfile_hint(repo: Repo, task_id: str) -> str:
     """The taskfile in the checkout's tasks/ with this id, else a placeholder."""
     from coder import project
     from coder.git import repository
