@@ -273,6 +273,7 @@ class Confinement:
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
+        self.identity = _identity(profile)
         self.tmp_root = tempfile.mkdtemp(prefix="coder-sandbox-")
         self._requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None]
         self._requests = queue.SimpleQueue()
@@ -524,15 +525,9 @@ def spawner_for(root: Path) -> Confinement | None:
     # libgit2 locks the index even to patch files); a command's carve-outs are not theirs.
     profile = Profile(writable_for(root))
     with _lock:
-        spawner = next(
-            (
-                c
-                for p, c in _confinements.items()
-                if (p.writable, p.readonly) == (profile.writable, profile.readonly)
-            ),
-            None,
-        )
-    return spawner or confinement(profile)
+        paths = (profile.writable, profile.readonly)
+        same = next((p for p in _confinements if (p.writable, p.readonly) == paths), profile)
+    return confinement(same)
 
 
 def end_leftovers(root: Path) -> None:
@@ -549,13 +544,31 @@ _confinements: OrderedDict[Profile, Confinement] = OrderedDict()
 _lock = threading.Lock()
 
 
+def _identity(profile: Profile) -> tuple[tuple[int, int] | None, ...]:
+    """Which directories `profile`'s paths are now: Landlock's rules and the mount binds hold
+    the directories a spawner found when it started, not their names."""
+    found: list[tuple[int, int] | None] = []
+    for path in (*profile.writable, *profile.readonly):
+        try:
+            info = os.stat(path)
+        except OSError:
+            found.append(None)
+            continue
+        found.append((info.st_dev, info.st_ino))
+    return tuple(found)
+
+
 def confinement(profile: Profile) -> Confinement:
     """The spawner for `profile` (created on first use; a few idle ones are kept)."""
     with _lock:
         found = _confinements.get(profile)
-        if found is not None:
+        if found is not None and found.identity == _identity(profile):
             _confinements.move_to_end(profile)
             return found
+        if found is not None:  # a directory was removed and made again: its rules name the old
+            del _confinements[profile]
+            found.stop()
+            _tmp_roots.append(found.tmp_root)
         created = Confinement(profile)
         _confinements[profile] = created
         while len(_confinements) > _KEEP_THREADS:

@@ -214,3 +214,18 @@ confine.end_leftovers(Path("{root}"))  # the daemon is in a user namespace of it
     assert "out.txt: Permission denied" in done.stdout
     assert "PermissionError" in done.stdout or "Network is unreachable" in done.stdout
     assert gone(daemon_pid(root))
+
+
+@needs_sandbox
+def test_a_worktree_removed_and_made_again_at_its_path_is_writable(tmp_path: Path) -> None:
+    """A spawner's rules hold the directory it started with: one made again at the same path
+    (a run cleaned and started again in `coder mcp serve`'s process) gets a new spawner,
+    for the commands and for coder's own confined writes alike."""
+    root = tmp_path / "wt"
+    for round in range(2):
+        root.mkdir()
+        result = run_command("echo a > in.txt", cwd=root, policy=POLICY, root=root)
+        assert result.exit_code == 0, (round, result.stderr)
+        confine.confined(root, lambda: (root / "own.txt").write_text("b\n"))
+        assert (root / "in.txt").read_text() == "a\n" and (root / "own.txt").read_text() == "b\n"
+        shutil.rmtree(root)
