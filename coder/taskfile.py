@@ -22,6 +22,7 @@ from coder.kinds import KIND_FIELDS, KINDS, kinds_taking
 from coder.yamldoc import Document, Problem, quote
 
 MAX_PROBLEMS = 200
+TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # as in task.schema.json
 
 
 @dataclass(frozen=True)
@@ -159,10 +160,22 @@ def check_file(path: Path, name: str | None = None) -> tuple[list[Problem], Task
         doc = yamldoc.load(path, name)
     except DocumentError as exc:
         return exc.problems, None
-    return check_document(doc)
+    return check_document(doc, default_id=id_from_name(path))
 
 
-def check_document(doc: Document) -> tuple[list[Problem], Task | None]:
+def id_from_name(path: Path) -> str | None:
+    """The id of a run from the taskfile at `path` when the file sets none: its name,
+    `tasks/fix-login.yaml` -> `fix-login`, as `coder run -t fix-login` finds it (None when
+    the name is no valid id)."""
+    stem = path.name.removesuffix(".yaml").removesuffix(".yml")
+    return stem if TASK_ID.fullmatch(stem) else None
+
+
+def check_document(
+    doc: Document, default_id: str | None = None
+) -> tuple[list[Problem], Task | None]:
+    """Every problem of the taskfile `doc`, or its Task (with `default_id`, else a generated
+    one, where it sets no `id`)."""
     if doc.data is None:
         return [
             Problem(
@@ -192,10 +205,10 @@ def check_document(doc: Document) -> tuple[list[Problem], Task | None]:
         ]
     if problems:
         return problems, None
-    return [], from_dict(doc.data)
+    return [], from_dict(doc.data, default_id)
 
 
-def from_dict(data: Mapping[str, Any]) -> Task:
+def from_dict(data: Mapping[str, Any], default_id: str | None = None) -> Task:
     """Build a Task from a schema-valid document, filling in the defaults."""
     raw_steps = data["graph"]
     ids = [s.get("id") or f"s{i}" for i, s in enumerate(raw_steps, 1)]
@@ -206,7 +219,7 @@ def from_dict(data: Mapping[str, Any]) -> Task:
         )
         for i, (sid, raw) in enumerate(zip(ids, raw_steps))
     ]
-    task_id = data.get("id") or generate_id()
+    task_id = data.get("id") or default_id or generate_id()
     return Task(
         id=task_id,
         title=data["title"],

@@ -7,11 +7,14 @@ import it without an import cycle.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import click
 
 from coder.errors import EXIT_INTERRUPTED, CoderError
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 EPILOG = """\b
 Exit codes: 0 ok, 1 the run failed, 2 bad usage or invalid input,
@@ -201,3 +204,42 @@ def emit_json(data: Any) -> None:
     import json
 
     click.echo(json.dumps(data, indent=2, default=str))
+
+
+def run_option(*, only: bool = True, required: bool = True) -> Callable[[_F], _F]:
+    """`-t ID` and `--last`: the run a command is about, resolved by `coder.run.naming`
+    (an id or a unique start of one; `--last` the newest; with `only`, no option names the
+    project's only run). The command receives the whole id as `task_id` (None when not
+    `required` and neither option is given)."""
+
+    def decorate(func: _F) -> _F:
+        return cast(_F, _with_run_option(func, only, required))
+
+    return decorate
+
+
+def _with_run_option(func: Callable[..., Any], only: bool, required: bool) -> Any:
+    import functools
+
+    @functools.wraps(func)
+    def resolved(*args: Any, task_id: str | None, last: bool, **kwargs: Any) -> Any:
+        if task_id is not None or last or required:
+            task_id = resolve_run(task_id, last=last, only=only)
+        return func(*args, task_id=task_id, **kwargs)
+
+    what = "an id or its start" + ("; the only run when there is one" if only else "")
+    resolved = click.option("--last", is_flag=True, help="The newest run.")(resolved)
+    return click.option("-t", "--task", "task_id", help=f"The run ({what}).")(resolved)
+
+
+def resolve_run(given: str | None, *, last: bool = False, only: bool = True) -> str:
+    """The whole id of the run meant (see `run_option`); said on stderr when it was not
+    typed out, so a command never acts on a run the user did not see named."""
+    from coder import project
+    from coder.run.naming import which_run
+
+    coder_dir = project.coder_dir(project.main_root(cwd()))
+    task_id = which_run(coder_dir, given, last=last, only=only)
+    if task_id != given and not (click.get_current_context().find_root().obj or {}).get("json"):
+        click.echo(f"Run {task_id}", err=True)
+    return task_id

@@ -7,13 +7,11 @@ from typing import TYPE_CHECKING
 
 import click
 
-from coder.cli.common import cwd, emit_json, json_option
+from coder.cli.common import cwd, emit_json, json_option, run_option
 from coder.display import escaped, quoted_name
 
 if TYPE_CHECKING:
     from coder.run.events import Event
-
-task_option = click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
 
 
 def show_run(task_id: str, as_json: bool) -> None:
@@ -61,7 +59,7 @@ def show_run(task_id: str, as_json: bool) -> None:
 
 
 @click.command(epilog="\b\nExamples:\n  coder diff -t T-1 --stat\n  coder diff -t T-1 --step s2")
-@task_option
+@run_option()
 @click.option("--step", help="Only this step's commit.")
 @click.option("--stat", is_flag=True, help="Files changed and line counts instead of the patch.")
 def diff(task_id: str, step: str | None, stat: bool) -> None:
@@ -73,7 +71,7 @@ def diff(task_id: str, step: str | None, stat: bool) -> None:
 
 
 @click.command(epilog="\b\nExamples:\n  coder logs -t T-1\n  coder logs -t T-1 --follow --json")
-@task_option
+@run_option()
 @click.option(
     "--follow", "-F", is_flag=True, help="Keep printing new events while the run goes on."
 )
@@ -116,7 +114,7 @@ def format_event(event: Event) -> str:
 
 
 @click.command(epilog="\b\nExample:\n  coder clean -t T-1 --delete-branch")
-@task_option
+@run_option(only=False)
 @click.option("--keep-branch", is_flag=True, help="Keep the branch even if the run was merged.")
 @click.option("--delete-branch", is_flag=True, help="Delete the branch even if it was not merged.")
 @click.option(

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from coder.cli.common import cwd, emit_json, json_option
+from coder.cli.common import cwd, emit_json, json_option, run_option
 
 MERGE_EPILOG = """\b
 Exit codes: 0 merged (or already merged, or nothing to merge), 1 --if-green found the
@@ -24,7 +24,7 @@ Examples:
 
 
 @click.command(epilog=MERGE_EPILOG)
-@click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
+@run_option()
 @click.option(
     "--if-green",
     is_flag=True,

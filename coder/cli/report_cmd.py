@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from coder.cli.common import PathType, cwd
+from coder.cli.common import PathType, cwd, run_option
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     epilog="\b\nExamples:\n  coder report -t T-1 -o pr.md\n"
     "  gh pr create --body-file pr.md --head agent/T-1-...\n  coder report -t T-1 --format json"
 )
-@click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
+@run_option()
 @click.option(
     "--format",
     "fmt",

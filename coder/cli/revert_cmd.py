@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from coder.cli.common import cwd, emit_json, json_option
+from coder.cli.common import cwd, emit_json, json_option, run_option
 
 REVERT_EPILOG = """\b
 Exit codes: 0 reverted (or already there), 2 unknown task or step, or a run that was
@@ -22,7 +22,7 @@ Examples:
 
 
 @click.command(epilog=REVERT_EPILOG)
-@click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
+@run_option(only=False)
 @click.option(
     "--to-step",
     "to_step",

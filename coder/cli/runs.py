@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import click
 
-from coder.cli.common import PathType, cwd, emit_json, json_option
+from coder.cli.common import PathType, cwd, emit_json, json_option, run_option
 from coder.cli.project import ask_trust
 from coder.display import escaped
 from coder.errors import (
@@ -193,7 +193,7 @@ def run(
     epilog="\b\nExamples:\n  coder resume -t T-20261122-101500-ab12\n"
     "  coder resume -t T-20261122-101500-ab12 --taskfile"
 )
-@click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
+@run_option()
 @click.option(
     "-f",
     "--taskfile",
@@ -255,7 +255,7 @@ def resume(
 
 
 @click.command(epilog="\b\nExample:\n  coder stop -t T-20261122-101500-ab12")
-@click.option("-t", "--task", "task_id", required=True, help="The run's task id.")
+@run_option()
 @click.option(
     "--wait",
     default=30.0,
@@ -342,12 +342,28 @@ def status(as_json: bool) -> None:
     if not rows:
         click.echo("No runs yet. Start one with `coder run --autonomous -f TASKFILE`.")
         return
-    width = max(11, *(len(row["status"]) for row in rows))
-    for row in rows:
-        click.echo(
-            f"{row['id']:<28} {row['status']:<{width}} {row.get('progress', ''):>7}  "
-            f"{escaped(row['title'] if 'title' in row else row.get('error') or '')}"
+    click.echo(status_table(rows))
+
+
+def status_table(rows: list[StatusRow]) -> str:
+    """`coder status`'s table: newest first, a header, each column as wide as its widest."""
+    rows = sorted(rows, key=lambda row: row.get("updated_at") or "", reverse=True)
+    table = [("ID", "STATUS", "STEPS", "UPDATED (UTC)", "TITLE")] + [
+        (
+            row["id"],
+            row["status"],
+            row.get("progress", ""),
+            (row.get("updated_at") or "")[:16].replace("T", " "),
+            escaped(row.get("title") or row.get("error") or ""),
         )
+        for row in rows
+    ]
+    widths = [max(len(line[i]) for line in table) for i in range(4)]
+    return "\n".join(
+        "  ".join(f"{cell:<{width}}" for cell, width in zip(line, widths, strict=False))
+        + f"  {line[4]}"
+        for line in table
+    ).rstrip()
 
 
 class StatusRow(TypedDict, total=False):

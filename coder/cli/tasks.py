@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from coder.cli.common import PathType, cwd, emit_json, json_option
+from coder.cli.common import PathType, cwd, emit_json, json_option, run_option
 from coder.display import escaped
 from coder.errors import EXIT_USAGE
 
@@ -63,7 +63,7 @@ def validate(path: Path, as_json: bool) -> None:
     "  coder show -t T-1 --json\n  coder show -t T-1 --format mermaid > dag.mmd"
 )
 @click.option("-f", "--file", "path", type=PathType(), help="A taskfile: show its DAG.")
-@click.option("-t", "--task", "task_id", help="A run: show its steps, commits and reasons.")
+@run_option(only=False, required=False)
 @click.option("--graph", is_flag=True, help="Draw the DAG by levels (a run's statuses coloured).")
 @click.option(
     "--format",
@@ -95,8 +95,10 @@ def show(path: Path | None, task_id: str | None, graph: bool, fmt: str, as_json:
 
     assert path is not None  # click: -f or -t is required (checked above)
     task = taskfile.load(path)
-    id_note = "" if task.source.get("id") else " (generated; fixed when the run starts)"
-    id_generated, model_given = not task.source.get("id"), task.model is not None
+    named = task.source.get("id") or task.id == taskfile.id_from_name(path)
+    id_note = "" if task.source.get("id") else " (the file's name)"
+    id_note = id_note if named else " (generated; fixed when the run starts)"
+    id_generated, model_given = not named, task.model is not None
     task = shown_task(task)
     cfg = config_mod.load()
     dag = dag_mod.build(task.deps())

@@ -136,6 +136,26 @@ def start(
             raise
 
 
+def _run_exists(store: StateStore, task_id: str) -> InvalidInput:
+    """The refusal to start a run whose id is taken, with the way forward from where it is."""
+    try:
+        finished = store.load(task_id).status == "success"
+    except CoderError:
+        finished = False
+    again = "set another `id:` in the taskfile to start a second run of it"
+    if finished:
+        hint = (
+            f"it finished: `coder merge -t {task_id}` lands its work, `coder clean -t "
+            f"{task_id}` removes the run so this taskfile can run again; or {again}"
+        )
+    else:
+        hint = (
+            f"continue it with `coder resume -t {task_id}`, or remove it with `coder clean -t "
+            f"{task_id}`; or {again}"
+        )
+    return InvalidInput(f"a run of task {task_id} already exists", hint=hint)
+
+
 def _checked(
     path: Path, cwd: Path, options: RunOptions
 ) -> tuple[taskfile.Task, config_mod.Config, Repo, Policy, str]:
@@ -172,11 +192,7 @@ def _claim(
     """Under the task's lock: refuse a run that exists already or whose branch does, and open
     the model side (no model: we stop here). A refusal leaves nothing, the lock file neither."""
     if manifests.run_exists(coder_dir, task.id):
-        raise InvalidInput(
-            f"a run of task {task.id} already exists",
-            hint=f"continue it with `coder resume -t {task.id}`, or remove it "
-            f"with `coder clean -t {task.id}`",
-        )
+        raise _run_exists(StateStore(coder_dir), task.id)
     try:  # refused before anything of the run exists: its lock file goes too
         if branches.branch_tip(repo, task.branch):
             raise _branch_exists(repo, task, path)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -42,12 +41,12 @@ from coder.errors import (
     display_path,
 )
 from coder.schemas import validator
+from coder.taskfile import TASK_ID
 
 if TYPE_CHECKING:
     from coder.models.provider import Usage, UsageRecord
     from coder.taskfile import TaskDoc
 
-TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # as in task.schema.json
 
 StepStatus = Literal["pending", "running", "success", "failed", "skipped", "interrupted"]
 RunStatus = Literal["pending", "running", "success", "failed", "error", "interrupted"]

@@ -182,7 +182,7 @@ def test_an_implicit_sequence_orders_but_a_skipped_step_does_not_stop_the_rest(
     assert state["steps"]["s2"]["skip_cause"] == "failed"
     assert "4 steps on agent/seq-optional-second-step" in err + out
     code, out, _ = coder(repo, "status")
-    assert code == 0 and "success (1 skipped)     4/4" in out  # done, but one did no work
+    assert code == 0 and "seq  success (1 skipped)  4/4  " in out  # done, but one did no work
     # the resolved task keeps the sequence implicit, so a resume sees the same rule
     manifest = json.loads((repo / ".coder" / "tasks" / "seq.json").read_text())
     assert all("depends_on" not in s for s in manifest["task"]["graph"])

@@ -1,0 +1,115 @@
+"""Naming runs: a taskfile without an `id` names its run after the file; `-t` takes the start
+of an id; `--last` is the newest run; a command about a run names the only one by itself."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from tests.conftest import coder, git
+
+TASK = """title: {title}
+graph:
+  - {{id: a, kind: shell, cmd: "echo {title} > {title}.txt"}}
+"""
+
+
+def add_task(repo: Path, name: str, title: str | None = None) -> Path:
+    path = repo / "tasks" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(TASK.format(title=title or Path(name).stem.replace(" ", "-")))
+    return path
+
+
+def start(repo: Path, path: Path) -> None:
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == 0, out + err
+
+
+def branches(repo: Path) -> list[str]:
+    return git(repo, "branch", "--format=%(refname:short)").split()
+
+
+def test_a_taskfile_without_an_id_names_its_run_after_the_file(make_repo) -> None:
+    repo = make_repo()
+    start(repo, add_task(repo, "fix-login.yaml"))
+    assert "agent/fix-login-fix-login" in branches(repo)
+    code, out, _ = coder(repo, "show", "-t", "fix-login", "--json")
+    assert code == 0 and json.loads(out)["task_id"] == "fix-login"
+    code, out, _ = coder(repo, "show", "-f", "tasks/fix-login.yaml")
+    assert "  id      fix-login (the file's name)" in out
+    # a second run of it is refused, saying how to run it again; nothing new is made
+    before = git(repo, "for-each-ref")
+    code, _, err = coder(repo, "run", "--autonomous", "-t", "fix-login")
+    assert code == 2 and "a run of task fix-login already exists" in err
+    assert "`coder clean -t fix-login` removes the run so this taskfile can run again" in err
+    assert git(repo, "for-each-ref") == before
+
+
+def test_a_file_name_that_is_no_id_gets_a_generated_one(make_repo) -> None:
+    repo = make_repo()
+    start(repo, add_task(repo, "my task.yaml", title="spaced"))
+    (branch,) = [b for b in branches(repo) if b.startswith("agent/")]
+    assert re.fullmatch(r"agent/T-\d{8}-\d{6}-[0-9a-f]{4}-spaced", branch), branch
+
+
+def test_t_takes_the_start_of_one_id_and_names_several(make_repo) -> None:
+    repo = make_repo()
+    for name in ("alpha-one", "alpha-two", "beta"):
+        start(repo, add_task(repo, f"{name}.yaml"))
+    code, out, err = coder(repo, "diff", "-t", "be")
+    assert code == 0 and "+beta" in out and "Run beta" in err
+    code, out, err = coder(repo, "diff", "-t", "alpha")
+    assert code == 2 and out == ""
+    assert "'alpha' is the start of 2 run ids: alpha-one, alpha-two" in err
+    code, out, _ = coder(repo, "diff", "-t", "alpha-one")  # a whole id is taken as it is
+    assert code == 0 and "+alpha-one" in out
+
+
+def test_last_is_the_newest_run_and_one_run_needs_no_name(make_repo) -> None:
+    repo = make_repo()
+    start(repo, add_task(repo, "zeta.yaml"))
+    code, out, err = coder(repo, "show", "--last", "--json")
+    assert code == 0 and json.loads(out)["task_id"] == "zeta"
+    code, out, err = coder(repo, "diff")  # the only run
+    assert code == 0 and "+zeta" in out and "Run zeta" in err
+    time.sleep(1.1)  # created_at has whole seconds
+    start(repo, add_task(repo, "alpha.yaml"))  # newer, though first by name
+    code, out, _ = coder(repo, "show", "--last", "--json")
+    assert json.loads(out)["task_id"] == "alpha"
+    code, out, err = coder(repo, "diff")
+    assert code == 2 and "this project has 2 runs" in err and "newest first: alpha, zeta" in err
+    code, _, err = coder(repo, "diff", "-t", "zeta", "--last")
+    assert code == 2 and "not both" in err
+
+
+def test_clean_and_revert_never_pick_a_run_by_themselves(make_repo) -> None:
+    repo = make_repo()
+    start(repo, add_task(repo, "only.yaml"))
+    before = git(repo, "for-each-ref"), sorted(p.name for p in (repo / ".coder").rglob("*"))
+    for args in (["clean", "--delete-branch"], ["revert", "--to-step", "a"]):
+        code, _, err = coder(repo, *args)
+        assert code == 2 and "say which with -t ID" in err, args
+    assert (git(repo, "for-each-ref"), sorted(p.name for p in (repo / ".coder").rglob("*"))) == (
+        before
+    )
+    code, _, _ = coder(repo, "clean", "--last", "--delete-branch")
+    assert code == 0 and "agent/only-only" not in branches(repo)
+
+
+def test_status_lists_runs_newest_first_under_a_header(make_repo) -> None:
+    repo = make_repo()
+    long_name = "a-rather-long-task-name-that-is-wider-than-before"
+    start(repo, add_task(repo, f"{long_name}.yaml", title="long"))
+    time.sleep(0.01)
+    start(repo, add_task(repo, "b.yaml"))
+    code, out, _ = coder(repo, "status")
+    header, first, second = out.splitlines()
+    assert header.split() == ["ID", "STATUS", "STEPS", "UPDATED", "(UTC)", "TITLE"]
+    assert first.split()[:3] == ["b", "success", "1/1"] and second.startswith(long_name + "  ")
+    # every column starts where its header does
+    for column in ("STATUS", "STEPS", "TITLE"):
+        at = header.index(column)
+        assert first[at - 2 : at] == "  " and first[at] != " " and second[at] != " "
