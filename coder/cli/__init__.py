@@ -14,7 +14,7 @@ import os
 import click
 
 from coder import __version__
-from coder.cli.common import EPILOG, CoderGroup, help_width
+from coder.cli.common import EPILOG, CoderGroup, colour_setting, help_width
 
 # The commands in journey order: name -> (module in coder.cli, function, the one line
 # `coder --help` shows). A command's module is imported only when that command runs or shows
@@ -79,11 +79,19 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 )
 @click.version_option(__version__, "-V", "--version", prog_name="coder")
 @click.option("--debug", is_flag=True, envvar="CODER_DEBUG", help="Show tracebacks for errors.")
+@click.option(
+    "--color",
+    "colour",
+    type=click.Choice(["auto", "always", "never"]),
+    default="auto",
+    help="Colour output: auto (on a terminal, unless NO_COLOR is set), always or never.",
+)
 @click.pass_context
-def main(ctx: click.Context, debug: bool) -> None:
+def main(ctx: click.Context, debug: bool, colour: str) -> None:
     """coder: a local-first autonomous coding agent.
 
     A YAML taskfile describes a DAG of steps; coder runs it on an agent/ branch in a git
     worktree with a local Ollama model, one commit per step, and merges only when green.
     """
     ctx.ensure_object(dict)["debug"] = debug or os.environ.get("CODER_DEBUG") == "1"
+    ctx.color = colour_setting(colour)

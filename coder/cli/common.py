@@ -6,6 +6,7 @@ import it without an import cycle.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -82,6 +83,9 @@ class CoderGroup(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, hoisted(args))
+
     def make_context(
         self,
         info_name: str | None,
@@ -121,6 +125,39 @@ class CoderGroup(click.Group):
                 raise
             report_error(ctx, problem)
             ctx.exit(problem.exit_code)
+
+
+_GLOBAL_FLAGS = ("--debug",)
+_GLOBAL_OPTIONS = ("--color",)  # each takes a value
+
+
+def hoisted(args: list[str]) -> list[str]:
+    """The line with coder's own options first, wherever they were typed (`coder run --debug
+    -f t.yaml` as `coder --debug run -f t.yaml`); nothing after `--` is moved."""
+    front: list[str] = []
+    rest: list[str] = []
+    words = iter(args)
+    for word in words:
+        if word == "--":
+            rest += [word, *words]
+        elif word in _GLOBAL_FLAGS or word.startswith(tuple(f"{o}=" for o in _GLOBAL_OPTIONS)):
+            front.append(word)
+        elif word in _GLOBAL_OPTIONS:
+            value = next(words, None)
+            front += [word] if value is None else [word, value]
+        else:
+            rest.append(word)
+    return front + rest
+
+
+def colour_setting(choice: str) -> bool | None:
+    """Click's `color` for `--color CHOICE`: None lets click colour only a terminal;
+    `NO_COLOR` (any value but empty, as no-color.org says) turns colour off unless `always`."""
+    if choice == "always":
+        return True
+    if choice == "never" or os.environ.get("NO_COLOR"):
+        return False
+    return None
 
 
 def disk_full(exc: OSError) -> CoderError | None:

@@ -64,10 +64,10 @@ def show_run(task_id: str, as_json: bool) -> None:
 @click.option("--stat", is_flag=True, help="Files changed and line counts instead of the patch.")
 def diff(task_id: str, step: str | None, stat: bool) -> None:
     """Show a run's accumulated diff (base..branch) or one step's diff."""
+    from coder.cli.pager import page
     from coder.run import history
 
-    text = history.diff(history.open_run(cwd(), task_id), step=step, stat=stat)
-    click.echo(text, nl=not text.endswith("\n"))
+    page(history.diff(history.open_run(cwd(), task_id), step=step, stat=stat), diff=not stat)
 
 
 @click.command(epilog="\b\nExamples:\n  coder logs -t T-1\n  coder logs -t T-1 --follow --json")
@@ -98,8 +98,13 @@ def logs(task_id: str, follow: bool, as_json: bool) -> None:
         stream = events.read_events(view.coder_dir, task_id)
     import json
 
-    for event in stream:
-        click.echo(json.dumps(event) if as_json else format_event(event))
+    if as_json or follow:
+        for event in stream:
+            click.echo(json.dumps(event) if as_json else format_event(event))
+        return
+    from coder.cli.pager import page
+
+    page("".join(format_event(event) + "\n" for event in stream))
 
 
 def format_event(event: Event) -> str:

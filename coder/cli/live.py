@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import IO, Any
 
+import click
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.spinner import Spinner
@@ -48,7 +49,11 @@ class LiveRegion:
         self, stream: IO[str], lock: threading.RLock, render: Callable[[], RenderableType]
     ) -> None:
         self.lock, self.render = lock, render
-        self.console = Console(file=stream, highlight=False, soft_wrap=False)
+        colour = click.get_current_context(silent=True)
+        no_colour = colour is not None and colour.color is False  # --color never, NO_COLOR
+        self.console = Console(
+            file=stream, highlight=False, soft_wrap=False, no_color=no_colour or None
+        )
         self._live = Live(
             console=self.console,
             auto_refresh=False,  # our ticker redraws, under our lock
