@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from coder.cli.common import PathType, cwd, emit_json, json_option
-from coder.errors import EXIT_ENVIRONMENT, InvalidInput
+from coder.errors import EXIT_ENVIRONMENT, EnvironmentProblem
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -56,8 +56,8 @@ def serve(root: Path | None, http: bool, port: int | None) -> None:
     if root is None:
         root = config_mod.find_project_root(cwd())
         if root is None:
-            raise InvalidInput(
-                "not inside a git repository", hint="run it in a repository, or pass --root DIR"
+            raise EnvironmentProblem(  # exit 3, as every command outside a repository
+                f"not a git repository: {cwd()}", hint="run it in a repository, or pass --root DIR"
             )
     run_server(root.resolve(), http=http, port=port or DEFAULT_PORT)
 

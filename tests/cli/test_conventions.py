@@ -1,0 +1,110 @@
+"""Command-line conventions: colour (`--color`, NO_COLOR), coder's own options anywhere on the
+line, long output paged on a terminal, one exit code for "not a repository"."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from coder.cli import main
+from coder.cli.common import hoisted
+from tests.conftest import coder, git
+from tests.helpers import taskfile
+
+TASK = """
+    id: c1
+    title: Colours
+    graph:
+      - {id: a, kind: shell, cmd: "printf 'one\\\\n' > one.txt"}
+"""
+ESC = "\x1b["
+
+
+def invoke(repo: Path, args: list[str], *, terminal: bool, env: dict[str, str] | None = None):
+    """`coder ARGS` in `repo` as a terminal (`color=True`: click's stand-in for a tty) or a pipe."""
+    cwd = os.getcwd()
+    os.chdir(repo)
+    try:
+        return CliRunner().invoke(main, args, color=terminal, env=env or {})
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.fixture
+def graph_args(make_repo) -> tuple[Path, list[str]]:
+    repo = make_repo()
+    return repo, ["show", "-f", str(taskfile(repo, TASK)), "--graph"]
+
+
+def test_colour_on_a_terminal_unless_no_color_or_never(graph_args) -> None:
+    repo, args = graph_args
+    assert ESC in invoke(repo, args, terminal=True).output
+    assert ESC not in invoke(repo, args, terminal=False).output
+    assert ESC not in invoke(repo, args, terminal=True, env={"NO_COLOR": "1"}).output
+    assert ESC not in invoke(repo, ["--color", "never", *args], terminal=True).output
+    # `always` wins over NO_COLOR and a pipe; anywhere on the line
+    always = invoke(repo, [*args, "--color=always"], terminal=False, env={"NO_COLOR": "1"})
+    assert always.exit_code == 0 and ESC in always.output
+    # NO_COLOR set but empty means nothing (no-color.org)
+    assert ESC in invoke(repo, args, terminal=True, env={"NO_COLOR": ""}).output
+
+
+def test_coders_own_options_anywhere_on_the_line(make_repo) -> None:
+    repo = make_repo()
+    bad = taskfile(repo, "title: t\ngraph: [{kind: nope}]\n")
+    code, _, err = coder(repo, "validate", "-f", str(bad), "--debug")
+    assert code == 2 and "No such option" not in err
+    assert hoisted(["run", "-f", "t.yaml", "--debug", "--color", "never"]) == [
+        "--debug", "--color", "never", "run", "-f", "t.yaml",
+    ]  # fmt: skip
+    assert hoisted(["plan", "--", "--debug"]) == ["plan", "--", "--debug"]
+
+
+def test_not_a_repository_is_exit_3_for_every_command(tmp_path: Path) -> None:
+    for args in (["status"], ["mcp", "serve"], ["diff", "-t", "x"]):
+        code, _, err = coder(tmp_path, *args)
+        assert code == 3 and "not a git repository" in err, (args, err)
+
+
+def test_diff_and_logs_page_on_a_terminal_in_colour(make_repo, tmp_path: Path) -> None:
+    """Through a real pseudo-terminal: the pager git would use gets the diff coloured, with
+    LESS=FRX; the same command into a pipe prints git's diff as it is, with no pager."""
+    repo = make_repo()
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, TASK)))
+    assert code == 0, out + err
+    seen, less = tmp_path / "paged.txt", tmp_path / "less.txt"
+    env = {
+        **os.environ,
+        "GIT_PAGER": f'printf %s "$LESS" > {less}; cat > {seen}',
+        "NO_COLOR": "",
+    }
+    primary, secondary = os.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "coder", "diff", "-t", "c1"],
+            cwd=repo, env=env, stdout=secondary, stderr=subprocess.PIPE, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    assert proc.returncode == 0, proc.stderr
+    paged = seen.read_text()
+    assert "\x1b[32m+one\x1b[0m" in paged and "\x1b[1mdiff --git a/one.txt b/one.txt" in paged
+    assert less.read_text() == "FRX"
+    plain = subprocess.run(
+        [sys.executable, "-m", "coder", "diff", "-t", "c1"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert plain.stdout == git(repo, "diff", "main", "agent/c1-colours")
+    seen.unlink()
+    logs = subprocess.run(
+        [sys.executable, "-m", "coder", "logs", "-t", "c1"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert " run.started steps=1 branch=agent/c1-colours " in logs.stdout
+    assert not seen.exists()  # a pipe: no pager
