@@ -164,6 +164,11 @@ def run(
             "terminal; pass --autonomous to run every step without asking"
         )
     ask_trust(as_json)
+    from coder.run import uncommitted
+
+    left_out = uncommitted.left_out(cwd(), path)
+    if left_out and not quiet:
+        click.echo(escaped(uncommitted.note(left_out)), err=True)
     progress = _progress(as_json, quiet, verbose, steps=lambda: dag_steps(path=path))
 
     def approve(step: Step, run: RunContext) -> Approval:

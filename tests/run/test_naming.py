@@ -113,3 +113,19 @@ def test_status_lists_runs_newest_first_under_a_header(make_repo) -> None:
     for column in ("STATUS", "STEPS", "TITLE"):
         at = header.index(column)
         assert first[at - 2 : at] == "  " and first[at] != " " and second[at] != " "
+
+
+def test_a_run_says_which_uncommitted_edits_it_leaves_out(make_repo) -> None:
+    repo = make_repo({"README.md": "# sample\n", "app.py": "x = 1\n"})
+    (repo / "app.py").write_text("x = 2\n")
+    (repo / "notes.txt").write_text("new\n")
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(add_task(repo, "edits.yaml")))
+    assert code == 0, out + err
+    assert "2 uncommitted changes in your checkout are not part of it: app.py, notes.txt (" in err
+    # left out indeed: the run's branch has the committed app.py, and the checkout is untouched
+    assert git(repo, "show", "agent/edits-edits:app.py") == "x = 1\n"
+    assert (repo / "app.py").read_text() == "x = 2\n"
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "edits")
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(add_task(repo, "two.yaml")))
+    assert code == 0 and "uncommitted" not in err
