@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from coder.cli.common import cwd, emit_json, json_option, run_option
+from coder.cli.common import cwd, emit_json, json_option, resolve_run, run_option
 from coder.display import escaped, quoted_name
 
 if TYPE_CHECKING:
     from coder.run.events import Event
+    from coder.run.history import CleanedAll
 
 
 def show_run(task_id: str, as_json: bool) -> None:
@@ -107,6 +108,30 @@ def logs(task_id: str, follow: bool, as_json: bool) -> None:
     page("".join(format_event(event) + "\n" for event in stream))
 
 
+def _clean_all(result: CleanedAll, as_json: bool) -> None:
+    from coder.errors import EXIT_ENVIRONMENT, EnvironmentProblem
+
+    if as_json:
+        emit_json(result)  # `refused` says why; the exit code says that some were
+        if result["refused"]:
+            click.get_current_context().exit(EXIT_ENVIRONMENT)
+        return
+    for done in result["cleaned"]:
+        dropped = f" and branch {done['branch']}" if done["branch_deleted"] else ""
+        kept = f"; kept branch {done['branch']}" if done["branch"] and not dropped else ""
+        click.echo(f"Removed run {done['task_id']}{dropped}{kept}.")
+    if not result["cleaned"] and not result["refused"]:
+        click.echo("Nothing to clean.")
+    if result["refused"]:
+        first = result["refused"][0]
+        names = ", ".join(r["task_id"] for r in result["refused"])
+        raise EnvironmentProblem(
+            f"{len(result['refused'])} run(s) not cleaned ({names}); {first['task_id']}: "
+            f"{first['error']}",
+            hint=first["hint"],
+        )
+
+
 def format_event(event: Event) -> str:
     """One line per event, its control characters (a file name's, a command's) escaped."""
     skip = {"timestamp", "level", "event", "task_id", "step_id", "logger"}
@@ -118,27 +143,49 @@ def format_event(event: Event) -> str:
     )
 
 
-@click.command(epilog="\b\nExample:\n  coder clean -t T-1 --delete-branch")
-@run_option(only=False)
+@click.command(
+    epilog="\b\nExamples:\n  coder clean -t T-1 --delete-branch\n  coder clean --merged\n"
+    "  coder clean --all --delete-branch"
+)
+@run_option(only=False, required=False)
+@click.option("--all", "every", is_flag=True, help="Every run of the project.")
+@click.option("--merged", is_flag=True, help="Every run that was merged.")
 @click.option("--keep-branch", is_flag=True, help="Keep the branch even if the run was merged.")
 @click.option("--delete-branch", is_flag=True, help="Delete the branch even if it was not merged.")
 @click.option(
     "--force", is_flag=True, help="Discard uncommitted changes in the run's worktree too."
 )
 @json_option
-def clean(task_id: str, keep_branch: bool, delete_branch: bool, force: bool, as_json: bool) -> None:
+def clean(
+    task_id: str | None,
+    every: bool,
+    merged: bool,
+    keep_branch: bool,
+    delete_branch: bool,
+    force: bool,
+    as_json: bool,
+) -> None:
     """Remove a run: worktree, state, artifacts, logs.
 
     The branch goes too when the run was merged (unless --keep-branch) or with --delete-branch.
     A worktree with uncommitted changes is refused (the files are listed) unless --force.
     Commands a killed runner left running are ended first. A clean that was cut short is
-    finished by the next one; with nothing left to remove, it says so and exits 0.
+    finished by the next one; with nothing left to remove, it says so and exits 0. --all and
+    --merged clean every run (every merged one), also runs whose files under .coder/ were
+    deleted by hand but whose agent/ branch holds their commits; only branches of coder's runs
+    are ever deleted.
     """
     from coder.run import history
 
-    result = history.clean(
-        cwd(), task_id, keep_branch=keep_branch, delete_branch=delete_branch, force=force
-    )
+    options = {"keep_branch": keep_branch, "delete_branch": delete_branch, "force": force}
+    if every or merged:
+        if task_id is not None or (every and merged):
+            raise click.UsageError("pass one of -t ID, --last, --all or --merged")
+        _clean_all(history.clean_all(cwd(), merged_only=merged, **options), as_json)
+        return
+    if task_id is None:
+        task_id = resolve_run(None, only=False)  # says which options name a run
+    result = history.clean(cwd(), task_id, **options)
     if as_json:
         emit_json(result)
         return

@@ -37,6 +37,7 @@ from coder.git.staging import Staged, stage
 TRAILER_TASK = "Coder-Task"
 TRAILER_STEP = "Coder-Step"
 TRAILER_ATTEMPT = "Coder-Attempt"
+TRAILER_MERGE = "Coder-Merge"  # on `coder merge`'s commit: its mode
 TRAILER_REVERTS = "Coder-Reverts"  # on `coder revert`'s commits: the step whose commit it undoes
 REFLOG_REVERT = "coder: revert"  # how `coder revert`'s branch moves start in the reflog
 
@@ -284,13 +285,24 @@ def run_base(repo: Repo, branch: str, task_id: str) -> tuple[str, int] | None:
 
 def task_branches(repo: Repo, task_id: str) -> list[str]:
     """Local branches whose tip is a commit of run ``task_id`` (its trailers say so)."""
-    found = []
-    for name in repo.branches.local:
-        tip = branch_tip(repo, name)
-        message = repo[tip].peel(pygit2.Commit).message if tip else ""
-        if parse_trailers(message).get(TRAILER_TASK.lower()) == task_id:
-            found.append(name)
-    return sorted(found)
+    return sorted(name for name in repo.branches.local if _tip_task(repo, name) == task_id)
+
+
+def branch_task_ids(repo: Repo) -> list[str]:
+    """The runs whose commit is the tip of their local `agent/ID-...` branch (its `Coder-Task`
+    trailer): what is left of runs whose files under `.coder/` are gone."""
+    found = {(name, _tip_task(repo, name)) for name in repo.branches.local}
+    # named as coder names a run's branch, `agent/ID-...`: a branch the user made at a run's
+    # commit under another name is never taken for the run's
+    return sorted({task for name, task in found if task and name.startswith(f"agent/{task}-")})
+
+
+def _tip_task(repo: Repo, branch: str) -> str | None:
+    """The run whose step (or revert) commit is `branch`'s tip; None for any other commit,
+    a merge's included: a branch the user made at a squash merge on main is not a run's."""
+    tip = branch_tip(repo, branch)
+    trailers = parse_trailers(repo[tip].peel(pygit2.Commit).message) if tip else {}
+    return None if TRAILER_MERGE.lower() in trailers else trailers.get(TRAILER_TASK.lower())
 
 
 def foreign_commits(repo: Repo, *, branch: str, base_commit: str, task_id: str) -> list[str]:

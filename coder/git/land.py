@@ -23,12 +23,11 @@ from coder import nofollow
 from coder.errors import BranchMoved, EnvironmentProblem, RunFailed
 from coder.git import filters
 from coder.git.branches import branch_ref, branch_tip, checked_out_at
-from coder.git.commits import TRAILER_TASK, commits_between, parse_trailers
+from coder.git.commits import TRAILER_MERGE, TRAILER_TASK, commits_between, parse_trailers
 from coder.git.diffs import changed_files_between
 from coder.git.repository import environment_error, git_failure, identity, open_worktree
 from coder.git.workdir import status
 
-TRAILER_MERGE = "Coder-Merge"
 _LINK = int(pygit2.enums.FileMode.LINK)
 _GITLINK = int(pygit2.enums.FileMode.COMMIT)
 _EXECUTABLE = int(pygit2.enums.FileMode.BLOB_EXECUTABLE)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from coder import project
 from coder.errors import (
+    CoderError,
     ConcurrentRun,
     CorruptState,
     EnvironmentProblem,
@@ -49,6 +50,21 @@ class Cleaned(TypedDict, total=False):
     merged: bool
     discarded: list[str]  # the worktree's uncommitted changes, with --force
     ended: list[int]  # pids of the commands a killed runner left
+
+
+class Refused(TypedDict):
+    """A run `clean_all` left, and why."""
+
+    task_id: str
+    error: str
+    hint: str | None
+
+
+class CleanedAll(TypedDict):
+    """What `clean_all` did (`coder clean --all --json` prints it)."""
+
+    cleaned: list[Cleaned]
+    refused: list[Refused]
 
 
 @dataclass(frozen=True)
@@ -175,6 +191,46 @@ def clean(
         )
     with TaskLock(coder_dir, task_id) if coder_dir.is_dir() else contextlib.nullcontext():
         return _remove(repo, coder_dir, task_id, remains, keep_branch, delete_branch, force)
+
+
+def clean_all(
+    cwd: Path,
+    *,
+    merged_only: bool = False,
+    keep_branch: bool = False,
+    delete_branch: bool = False,
+    force: bool = False,
+) -> CleanedAll:
+    """`clean` of every run of the project (with `merged_only`, of each one merged): those
+    coder knows under `.coder/`, and those whose files there are gone but whose `agent/`
+    branch ends in one of their commits. A run that refuses (uncommitted changes, running) is
+    listed under `refused` with why, and the others are cleaned all the same."""
+    repo = repository.open_repo(cwd)
+    coder_dir = project.coder_dir(repository.repo_root(repo))
+    known = manifests.run_ids(coder_dir) if coder_dir.is_dir() else []
+    ids = sorted(set(known) | set(commits.branch_task_ids(repo)))
+    cleaned: list[Cleaned] = []
+    refused: list[Refused] = []
+    for task_id in ids:
+        if merged_only and not _was_merged(coder_dir, task_id):
+            continue
+        try:
+            result = clean(
+                cwd, task_id, keep_branch=keep_branch, delete_branch=delete_branch, force=force
+            )
+        except CoderError as exc:
+            refused.append({"task_id": task_id, "error": exc.message, "hint": exc.hint})
+            continue
+        if not result["nothing"]:
+            cleaned.append(result)
+    return {"cleaned": cleaned, "refused": refused}
+
+
+def _was_merged(coder_dir: Path, task_id: str) -> bool:
+    try:
+        return bool((StateStore(coder_dir).load(task_id).merge or {}).get("commit"))
+    except CoderError:
+        return False
 
 
 def _remove(

@@ -609,7 +609,7 @@ def merge_message(
     what = "Squash merge" if mode == "squash" else "Merge"
     title = redact(" ".join(task.title.split())) or f"coder task {task.id}"
     intro = f"{what} of coder task {task.id} from {state.branch} ({len(lines)} steps):"
-    trailers = f"{commits.TRAILER_TASK}: {task.id}\n{gitland.TRAILER_MERGE}: {mode}\n"
+    trailers = f"{commits.TRAILER_TASK}: {task.id}\n{commits.TRAILER_MERGE}: {mode}\n"
     steps = redact(summary) if summary else "\n".join(lines)
     return "\n\n".join([title, intro + "\n" + steps, trailers])
 

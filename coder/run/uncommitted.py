@@ -8,7 +8,7 @@ from pathlib import Path
 
 from coder import taskfile
 from coder.errors import CoderError
-from coder.git import ops as gitops
+from coder.git import branches, repository, workdir
 
 SHOWN = 5  # file names in the note
 
@@ -19,12 +19,12 @@ def left_out(cwd: Path, path: Path) -> list[str]:
     starts from another branch than the one checked out (or when the taskfile or repository
     cannot be read: starting the run reports that)."""
     try:
-        repo = gitops.open_repo(cwd)
+        repo = repository.open_repo(cwd)
         base = taskfile.load(path).base
-        if base is not None and base != gitops.current_branch(repo):
+        if base is not None and base != branches.current_branch(repo):
             return []
-        root = gitops.repo_root(repo)
-        changed = gitops.changed_paths(root)
+        root = repository.repo_root(repo)
+        changed = workdir.changed_paths(root)
     except CoderError:
         return []
     own = Path(os.path.relpath(path.resolve(), root.resolve())).as_posix()

@@ -129,3 +129,35 @@ def test_a_run_says_which_uncommitted_edits_it_leaves_out(make_repo) -> None:
     git(repo, "commit", "-qm", "edits")
     code, out, err = coder(repo, "run", "--autonomous", "-f", str(add_task(repo, "two.yaml")))
     assert code == 0 and "uncommitted" not in err
+
+
+def test_clean_all_and_merged_remove_coders_runs_and_nothing_else(make_repo) -> None:
+    """Judged by git: worktrees, branches; a branch coder did not make stays, and so does a
+    run with uncommitted changes (refused, named, exit 3) while the others go."""
+    import shutil
+
+    repo = make_repo()
+    for name in ("one", "two", "three"):
+        start(repo, add_task(repo, f"{name}.yaml"))
+    git(repo, "add", "tasks")
+    git(repo, "commit", "-qm", "tasks")
+    code, out, err = coder(repo, "merge", "-t", "one")
+    assert code == 0, out + err
+    git(repo, "branch", "agent/mine")  # the user's own, under the same prefix
+    code, out, _ = coder(repo, "clean", "--merged")
+    assert code == 0 and out == "Removed run one and branch agent/one-one.\n"
+    assert "agent/one-one" not in branches(repo) and "agent/two-two" in branches(repo)
+    (repo / ".coder" / "worktrees" / "three" / "dirty.txt").write_text("mine\n")
+    shutil.rmtree(repo / ".coder" / "tasks")  # runs whose files are gone: found by branch
+    shutil.rmtree(repo / ".coder" / "state")
+    code, out, err = coder(repo, "clean", "--all", "--delete-branch")
+    assert code == 3 and "1 run(s) not cleaned (three); three: the worktree " in err
+    assert "Removed run two and branch agent/two-two." in out
+    assert sorted(branches(repo)) == ["agent/mine", "agent/three-three", "main"]
+    listed = git(repo, "worktree", "list", "--porcelain")
+    assert "/.coder/worktrees/two" not in listed and "/.coder/worktrees/three" in listed
+    code, out, _ = coder(repo, "clean", "--all", "--delete-branch", "--force")
+    assert code == 0 and sorted(branches(repo)) == ["agent/mine", "main"]
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    code, _, err = coder(repo, "clean", "--all", "-t", "two")
+    assert code == 2 and "pass one of -t ID, --last, --all or --merged" in err
