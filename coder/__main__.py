@@ -1,3 +1,3 @@
 from coder.cli import main
 
-main()
+main(prog_name="coder", complete_var="_CODER_COMPLETE")  # as the `coder` script is

@@ -63,6 +63,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "mcp",
         "MCP: serve coder's tools, or list the external MCP servers runs use.",
     ),
+    "completion": (
+        "completion_cmd",
+        "completion",
+        "Print the shell completion script for bash, zsh or fish.",
+    ),
     "demo": (
         "demo_cmd",
         "demo",

@@ -266,7 +266,9 @@ def _with_run_option(func: Callable[..., Any], only: bool, required: bool) -> An
 
     what = "an id or its start" + ("; the only run when there is one" if only else "")
     resolved = click.option("--last", is_flag=True, help="The newest run.")(resolved)
-    return click.option("-t", "--task", "task_id", help=f"The run ({what}).")(resolved)
+    return click.option(
+        "-t", "--task", "task_id", help=f"The run ({what}).", shell_complete=complete_runs
+    )(resolved)
 
 
 def resolve_run(given: str | None, *, last: bool = False, only: bool = True) -> str:
@@ -280,3 +282,46 @@ def resolve_run(given: str | None, *, last: bool = False, only: bool = True) -> 
     if task_id != given and not (click.get_current_context().find_root().obj or {}).get("json"):
         click.echo(f"Run {task_id}", err=True)
     return task_id
+
+
+def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    """`-t`'s completions: the project's run ids that start with what is typed."""
+    from click.shell_completion import CompletionItem
+
+    try:
+        found = _known_runs()
+    except Exception:  # noqa: BLE001 - completing must never print a traceback into a shell
+        return []
+    return [CompletionItem(task_id) for task_id in found if task_id.startswith(incomplete)]
+
+
+def complete_steps(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    """`--step`/`--to-step`'s completions: the step ids of the run `-t` names."""
+    from click.shell_completion import CompletionItem
+
+    try:
+        steps = _steps_of(ctx.params.get("task_id"))
+    except Exception:  # noqa: BLE001 - as above
+        return []
+    return [CompletionItem(step) for step in steps if step.startswith(incomplete)]
+
+
+def _known_runs() -> list[str]:
+    from pathlib import Path
+
+    from coder import project
+    from coder.run.manifest import run_ids as ids
+
+    return ids(project.coder_dir(project.main_root(Path.cwd())))
+
+
+def _steps_of(given: str | None) -> list[str]:
+    from pathlib import Path
+
+    from coder import project
+    from coder.run.manifest import load_manifest
+    from coder.run.naming import which_run
+
+    coder_dir = project.coder_dir(project.main_root(Path.cwd()))
+    task_id = which_run(coder_dir, given)
+    return [str(step["id"]) for step in load_manifest(coder_dir, task_id)["task"]["graph"]]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from coder.cli.common import cwd, emit_json, json_option, resolve_run, run_option
+from coder.cli.common import complete_steps, cwd, emit_json, json_option, resolve_run, run_option
 from coder.display import escaped, quoted_name
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def show_run(task_id: str, as_json: bool) -> None:
 
 @click.command(epilog="\b\nExamples:\n  coder diff -t T-1 --stat\n  coder diff -t T-1 --step s2")
 @run_option()
-@click.option("--step", help="Only this step's commit.")
+@click.option("--step", help="Only this step's commit.", shell_complete=complete_steps)
 @click.option("--stat", is_flag=True, help="Files changed and line counts instead of the patch.")
 def diff(task_id: str, step: str | None, stat: bool) -> None:
     """Show a run's accumulated diff (base..branch) or one step's diff."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from coder.cli.common import cwd, emit_json, json_option, run_option
+from coder.cli.common import complete_steps, cwd, emit_json, json_option, run_option
 
 REVERT_EPILOG = """\b
 Exit codes: 0 reverted (or already there), 2 unknown task or step, or a run that was
@@ -29,6 +29,7 @@ Examples:
     required=True,
     metavar="STEP",
     help="Keep this step and the ones before it; undo every later one.",
+    shell_complete=complete_steps,
 )
 @click.option(
     "--mode",

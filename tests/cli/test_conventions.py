@@ -108,3 +108,35 @@ def test_diff_and_logs_page_on_a_terminal_in_colour(make_repo, tmp_path: Path) -
     )  # fmt: skip
     assert " run.started steps=1 branch=agent/c1-colours " in logs.stdout
     assert not seen.exists()  # a pipe: no pager
+
+
+def complete(repo: Path, words: str, shell: str = "bash") -> list[str]:
+    """What the shell would be offered for `words` (the cursor after the last one)."""
+    env = {
+        **os.environ,
+        "_CODER_COMPLETE": f"{shell}_complete",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "coder"], cwd=repo, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return [line.split(",", 1)[1] for line in out.stdout.splitlines()]
+
+
+def test_shell_completion_offers_commands_run_ids_and_step_ids(make_repo) -> None:
+    repo = make_repo()
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, TASK)))
+    assert code == 0, out + err
+    script = subprocess.run(
+        [sys.executable, "-m", "coder", "completion", "bash"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "_CODER_COMPLETE=bash_complete" in script and "complete -o nosort -F" in script
+    assert complete(repo, "coder sta") == ["status"]
+    assert complete(repo, "coder diff -t ") == ["c1"]
+    assert complete(repo, "coder revert -t c1 --to-step ") == ["a"]
+    assert complete(repo, "coder diff --step ") == ["a"]  # the only run's steps
+    code, _, err = coder(repo, "completion", "tcsh")
+    assert code == 2 and "'tcsh' is not one of 'bash', 'fish', 'zsh'" in err
