@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -38,8 +39,10 @@ def test_minimal_taskfile_gets_friendly_defaults(tmp_path: Path) -> None:
     """,
     )
     task = taskfile.load(path)
-    assert task.id.startswith("T-") and len(task.id) == len("T-20260101-120000-abcd")
+    assert task.id == path.stem  # no id: the file names the run
     assert task.branch == f"agent/{task.id}-add-a-health-endpoint"
+    generated = taskfile.check_document(yamldoc.load(path))[1]  # not from a file: generated
+    assert generated is not None and re.fullmatch(r"T-\d{8}-\d{6}-[0-9a-f]{4}", generated.id)
     assert task.base is None and task.model is None
     assert [s.id for s in task.steps] == ["s1", "s2", "s3"]
     # no depends_on anywhere: the list is a sequence
