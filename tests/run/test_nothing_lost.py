@@ -381,7 +381,7 @@ def test_a_kill_during_the_first_checkout_then_resume_finishes_it(
     assert 0 < checked_out(wt) < len(BIG), "the kill came after the checkout"
 
     status = invoke(repo, "status")
-    assert status.returncode == 0 and status.stdout.startswith("co "), out(status)
+    assert status.returncode == 0 and status.stdout.splitlines()[1].startswith("co "), out(status)
     again = invoke(repo, "run", "--autonomous", "-f", str(path))
     assert again.returncode == EXIT_USAGE and "a run of task co already exists" in again.stderr
     if follow == "clean":  # the half checkout is coder's: nothing to refuse, nothing to force
