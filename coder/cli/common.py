@@ -324,4 +324,4 @@ def _steps_of(given: str | None) -> list[str]:
 
     coder_dir = project.coder_dir(project.main_root(Path.cwd()))
     task_id = which_run(coder_dir, given)
-    return [str(step["id"]) for step in load_manifest(coder_dir, task_id)["task"]["graph"]]
+    return [str(step["id"]) for step in load_manifest(coder_dir, task_id).task["graph"]]
