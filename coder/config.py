@@ -393,26 +393,36 @@ def read_file(path: Path) -> dict[str, Any]:
         raise InvalidInput(f"{path}:1:1: a config file must be a JSON object")
     from coder.schemas import validator
 
-    errors = sorted(validator("config").iter_errors(data), key=lambda e: list(map(str, e.path)))
-    if errors:
-        lines = [_config_problem(doc, e) for e in errors]
+    errors = validator("config").iter_errors(data)
+    problems = sorted(problem for error in errors for problem in _config_problems(doc, error))
+    if problems:
         raise InvalidInput(
-            "; ".join(lines), hint=f"fix {path} (see the config reference in README.md)"
+            "; ".join(f"{doc.name}:{line}:{col}: {text}" for line, col, text in problems),
+            hint=f"fix {path} (see the config reference in README.md)",
         )
     data.pop("$schema", None)
     return data
 
 
-def _config_problem(doc: Any, error: Any) -> str:
+def _config_problems(doc: Any, error: Any) -> list[tuple[int, int, str]]:
+    """(line, col, text) of each problem a schema error names: an unknown setting at its own
+    key, with the setting it was probably meant to be."""
     from coder import yamldoc
 
-    field = ".".join(str(p) for p in error.absolute_path) or "(top level)"
-    message = yamldoc.schema_message(doc, error)
+    at = list(error.absolute_path)
     if error.validator == "additionalProperties":
-        unknown = [k for k in error.instance if k not in error.schema.get("properties", {})]
-        message = f"unknown setting {yamldoc.quote(unknown[0])}" if unknown else message
-    line, col = doc.position(list(error.absolute_path))
-    return f"{doc.name}:{line}:{col}: {field}: {message}"
+        known = list(error.schema.get("properties", {}))
+        return [
+            (
+                *doc.position([*at, key], key=True),
+                f"{'.'.join(map(str, [*at, key]))}: unknown setting {yamldoc.quote(key)}"
+                + yamldoc.did_you_mean(str(key), known),
+            )
+            for key in error.instance
+            if key not in known
+        ]
+    field = ".".join(str(p) for p in at) or "(top level)"
+    return [(*doc.position(at), f"{field}: {yamldoc.schema_message(doc, error)}")]
 
 
 def normalize_host(host: str) -> str:

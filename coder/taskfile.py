@@ -7,7 +7,6 @@ targets, no cycles, options that fit the step's kind, paths that stay in the rep
 
 from __future__ import annotations
 
-import difflib
 import re
 import secrets
 import time
@@ -340,7 +339,7 @@ def _describe(doc: Document, error: Any) -> list[Problem]:
         out = []
         for key in [k for k in instance if k not in allowed]:
             line, col = doc.position([*path, key], key=True)
-            hint = _did_you_mean(str(key), allowed)
+            hint = yamldoc.did_you_mean(str(key), allowed)
             out.append(
                 Problem(
                     doc.name,
@@ -364,7 +363,7 @@ def _describe(doc: Document, error: Any) -> list[Problem]:
         ):
             message += f" for a {instance['kind']} step"
     elif error.validator == "enum":
-        hint = _did_you_mean(str(instance), [str(v) for v in error.validator_value])
+        hint = yamldoc.did_you_mean(str(instance), [str(v) for v in error.validator_value])
         choices = ", ".join(map(str, error.validator_value))
         message = f"{quote(instance)} is not one of {choices}{hint}"
     elif error.validator in ("oneOf", "anyOf") and "description" in schema:
@@ -404,11 +403,6 @@ def field_path(path: list[Any]) -> str:
 def json_path(path: list[Any]) -> str:
     """The same path in JSONPath form: $.graph[1].cmd."""
     return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
-
-
-def _did_you_mean(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _yaml_type(value: Any) -> str:
@@ -464,7 +458,7 @@ def _graph_problems(doc: Document) -> list[Problem]:
             if dep == sid:
                 report(["graph", i, "depends_on", j], f"step {quote(sid)} depends on itself")
             elif dep not in ids:
-                hint = _did_you_mean(dep, list(ids))
+                hint = yamldoc.did_you_mean(dep, list(ids))
                 report(
                     ["graph", i, "depends_on", j],
                     f"step {quote(sid)} depends on unknown step {quote(dep)}{hint}",

@@ -483,3 +483,11 @@ def _describe_value(value: Any, written: str | None, syntax: str) -> str:
         return f"the string {quote(value)}"
     shown = written if written is not None else json.dumps(value)
     return f"a {syntax} {kind} `{shown[:QUOTE_LIMIT]}`"
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """` (did you mean 'x'?)` naming the choice closest to a mistyped `word`, or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -95,9 +95,20 @@ def test_schema_errors_name_the_field_and_position(repo: Path) -> None:
     path.write_text('{\n  "model": "x",\n  "max_parallel": 0,\n  "modle": "y"\n}\n')
     with pytest.raises(InvalidInput) as info:
         config.load(repo, env={})
+    assert info.value.message == (  # in the file's order; an unknown key where it is
+        f"{path}:3:19: max_parallel: 0 is less than the minimum of 1; "
+        f"{path}:4:3: modle: unknown setting 'modle' (did you mean 'model'?)"
+    )
+
+
+def test_an_unknown_nested_setting_is_named_at_its_key(repo: Path) -> None:
+    path = repo / "coder.config.json"
+    path.write_text('{\n  "models": {"fast": {"model": "m", "temprature": 0.1}}\n}\n')
+    with pytest.raises(InvalidInput) as info:
+        config.load(repo, env={})
     assert info.value.message == (
-        f"{path}:1:1: (top level): unknown setting 'modle'; "
-        f"{path}:3:19: max_parallel: 0 is less than the minimum of 1"
+        f"{path}:2:37: models.fast.temprature: unknown setting 'temprature' "
+        "(did you mean 'temperature'?)"
     )
 
 
