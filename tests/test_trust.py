@@ -160,3 +160,22 @@ def test_limits_and_timeouts_at_or_below_the_defaults_need_no_trust(make_repo) -
     path = taskfile(repo, "id: t\ntitle: t\ngraph:\n  - {kind: shell, cmd: echo hi}\n")
     code, _, err = coder(repo, "run", "--autonomous", "-f", str(path))
     assert code == 0, err
+
+
+def test_config_shows_what_waits_for_trust_beside_what_applies(make_repo) -> None:
+    repo = make_repo()
+    (repo / "coder.config.json").write_text('{"allowed_commands": ["make"], "model": "m2"}\n')
+    code, out, _ = coder(repo, "config")
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("allowed_commands "))
+    assert lines[at].split() == ["allowed_commands", "[]", "default"]
+    assert lines[at + 1].split()[:3] == ['["make"]', "project", "file,"]
+    assert lines[at + 1].endswith("waits for `coder trust`")
+    model = next(line for line in lines if line.startswith("model "))
+    assert model.split()[1:4] == ['"m2"', "project", "file"]  # not widening: applies at once
+    code, out, _ = coder(repo, "config", "--json")
+    assert code == 0 and json.loads(out)["untrusted"] == {"allowed_commands": ["make"]}
+    assert coder(repo, "trust")[0] == 0
+    code, out, _ = coder(repo, "config", "--json")
+    data = json.loads(out)
+    assert data["untrusted"] == {} and data["values"]["allowed_commands"] == ["make"]

@@ -147,12 +147,18 @@ def config(as_json: bool) -> None:
                 "values": dict(cfg.values),
                 "sources": dict(cfg.sources),
                 "files": [str(f) for f in cfg.files],
+                "untrusted": dict(cfg.untrusted),
             }
         )
         return
     width = max(map(len, cfg.values))
     for key, value in cfg.values.items():
         click.echo(f"{key:<{width}}  {json.dumps(value):<28}  {cfg.sources[key]}")
+        if key in cfg.untrusted:  # in the project file, not applied until `coder trust`
+            click.echo(
+                f"{'':<{width}}  {json.dumps(cfg.untrusted[key]):<28}  project file, waits "
+                "for `coder trust`"
+            )
 
 
 @click.command(epilog="\b\nExample:\n  coder doctor --model qwen2.5-coder:14b")
