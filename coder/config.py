@@ -321,6 +321,42 @@ def settings_hash(settings: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+def edit_file(path: Path, key: str, value: Any = None, *, remove: bool = False) -> None:
+    """Set `key` to `value` in the config file at `path` (or with `remove`, take it out),
+    keeping the rest of the file as it is. The result is checked before anything is written:
+    an unknown setting or a bad value changes nothing."""
+    from coder import yamldoc
+    from coder.durable import write_atomic
+    from coder.schemas import validator
+
+    if key not in DEFAULTS:
+        raise InvalidInput(
+            f"unknown setting {key!r}{yamldoc.did_you_mean(key, list(DEFAULTS))}",
+            hint="`coder config` lists the settings",
+        )
+    data: dict[str, Any] = {}
+    if path.is_file():
+        read_file(path)  # a file that is not valid now is fixed by hand first
+        data = yamldoc.loads_json(path.read_bytes())
+    if remove:
+        data.pop(key, None)
+    else:
+        data[key] = value
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    doc = yamldoc.parse_json(text, str(path))
+    problems = [
+        f"{'.'.join(map(str, e.absolute_path)) or key}: {yamldoc.schema_message(doc, e)}"
+        for e in validator("config").iter_errors(data)
+    ]
+    if problems:
+        raise InvalidInput(
+            f"{key} cannot be {json.dumps(value)}: {'; '.join(problems)}",
+            hint="see the config reference in README.md",
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text.encode("utf-8"), new_mode=0o644, crash_point=None)
+
+
 def _user_data() -> dict[str, Any]:
     path = user_config_path()
     return read_file(path) if path.is_file() else {}

@@ -175,3 +175,39 @@ def test_detect_test_command(tmp_path: Path, files: dict[str, str], expected: st
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     assert config.detect_test_command(tmp_path) == expected
+
+
+def test_config_set_get_unset_edit_one_setting_and_keep_the_rest(
+    make_repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import coder
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    repo = make_repo()
+    path = repo / "coder.config.json"
+    path.write_text('{\n  "$schema": "./schemas/config.schema.json",\n  "seed": 7\n}\n')
+    code, out, _ = coder(repo, "config", "set", "max_parallel", "2")
+    assert code == 0 and out == f"Set max_parallel = 2 in {path}.\n"
+    assert json.loads(path.read_text()) == {
+        "$schema": "./schemas/config.schema.json",
+        "seed": 7,
+        "max_parallel": 2,
+    }
+    code, out, _ = coder(repo, "config", "get", "max_parallel", "--json")
+    assert json.loads(out) == {"key": "max_parallel", "value": 2, "source": f"project file {path}"}
+    # bad input changes nothing: an unknown setting, a bad value
+    before = path.read_bytes()
+    code, _, err = coder(repo, "config", "set", "modle", "x")
+    assert code == 2 and "unknown setting 'modle' (did you mean 'model'?)" in err
+    code, _, err = coder(repo, "config", "set", "max_parallel", "two")
+    assert code == 2 and "max_parallel: must be a whole number, got the string 'two'" in err
+    assert path.read_bytes() == before
+    code, out, _ = coder(repo, "config", "unset", "max_parallel")
+    assert code == 0 and "max_parallel" not in json.loads(path.read_text())
+    assert coder(repo, "config", "get", "max_parallel")[1] == "1  (default)\n"
+    # --user: the user's file, which a project setting still outranks
+    code, out, _ = coder(repo, "config", "set", "model", "m-user", "--user")
+    user = tmp_path / "xdg" / "coder" / "config.json"
+    assert code == 0 and json.loads(user.read_text()) == {"model": "m-user"}
+    coder(repo, "config", "set", "model", "m-project")
+    assert coder(repo, "config", "get", "model")[1] == f'"m-project"  (project file {path})\n'

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from coder.cli.common import cwd, emit_json, json_option
@@ -127,15 +129,24 @@ def ask_trust(as_json: bool) -> None:
         config_mod.trust(cfg.project_root)
 
 
-@click.command(name="config", epilog="\b\nExample:\n  CODER_MODEL=qwen2.5-coder:14b coder config")
+@click.group(
+    name="config",
+    invoke_without_command=True,
+    epilog="\b\nExamples:\n  coder config\n  coder config set model qwen2.5-coder:14b --user\n"
+    "  coder config get model\n  coder config unset max_parallel",
+)
 @json_option
-def config(as_json: bool) -> None:
+@click.pass_context
+def config(ctx: click.Context, as_json: bool) -> None:
     """Show the merged config and where each value comes from.
 
     Precedence: flags > environment (OLLAMA_HOST, CODER_MODEL) > project file
     (coder.config.json, or the file named by CODER_CONFIG) > user file
-    (~/.config/coder/config.json) > defaults.
+    (~/.config/coder/config.json) > defaults. `set`, `get` and `unset` edit and read one
+    setting (in the project file, or the user file with --user).
     """
+    if ctx.invoked_subcommand is not None:
+        return
     import json
 
     from coder import config as config_mod
@@ -159,6 +170,79 @@ def config(as_json: bool) -> None:
                 f"{'':<{width}}  {json.dumps(cfg.untrusted[key]):<28}  project file, waits "
                 "for `coder trust`"
             )
+
+
+def _config_file(user: bool) -> Path:
+    """The file `config set/unset` edit: the user's with --user, else this repository's."""
+    from coder import config as config_mod
+    from coder.errors import EnvironmentProblem
+
+    if user:
+        return config_mod.user_config_path()
+    root = config_mod.find_project_root(cwd())
+    if root is None:
+        raise EnvironmentProblem(
+            f"not a git repository: {cwd()}",
+            hint="run it in a repository, or pass --user for your own config file",
+        )
+    return Path(root) / config_mod.PROJECT_FILE
+
+
+_user_option = click.option(
+    "--user", is_flag=True, help="Your own config file instead of this repository's."
+)
+
+
+@config.command(name="set")
+@click.argument("key")
+@click.argument("value")
+@_user_option
+def config_set(key: str, value: str, user: bool) -> None:
+    """Set KEY to VALUE (JSON where it parses: 2, true, ["make"]; else a string)."""
+    import json
+
+    from coder import config as config_mod
+
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = value
+    path = _config_file(user)
+    config_mod.edit_file(path, key, parsed)
+    click.echo(f"Set {key} = {json.dumps(parsed)} in {path}.")
+    if not user and key in config_mod.widening({key: parsed}):
+        click.echo("It widens what runs: it applies after `coder trust`.")
+
+
+@config.command(name="unset")
+@click.argument("key")
+@_user_option
+def config_unset(key: str, user: bool) -> None:
+    """Take KEY out of the file: the next layer's value applies again."""
+    from coder import config as config_mod
+
+    path = _config_file(user)
+    config_mod.edit_file(path, key, remove=True)
+    click.echo(f"Removed {key} from {path}.")
+
+
+@config.command(name="get")
+@click.argument("key")
+@json_option
+def config_get(key: str, as_json: bool) -> None:
+    """Print KEY's value (JSON) and where it comes from."""
+    import json
+
+    from coder import config as config_mod
+    from coder import yamldoc
+
+    cfg = config_mod.load()
+    if key not in cfg.values:
+        raise InvalidInput(f"unknown setting {key!r}{yamldoc.did_you_mean(key, list(cfg.values))}")
+    if as_json:
+        emit_json({"key": key, "value": cfg.values[key], "source": cfg.sources[key]})
+        return
+    click.echo(f"{json.dumps(cfg.values[key])}  ({cfg.sources[key]})")
 
 
 @click.command(epilog="\b\nExample:\n  coder doctor --model qwen2.5-coder:14b")
