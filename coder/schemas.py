@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from jsonschema.protocols import Validator
+
+TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a task id, as task.schema.json says
 
 NAMES = ("task", "step", "state", "log", "config")
 

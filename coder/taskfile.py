@@ -18,10 +18,10 @@ from typing import Any
 from coder import yamldoc
 from coder.errors import DocumentError, InvalidInput, InvalidTaskfile
 from coder.kinds import KIND_FIELDS, KINDS, kinds_taking
+from coder.schemas import TASK_ID
 from coder.yamldoc import Document, Problem, quote
 
 MAX_PROBLEMS = 200
-TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # as in task.schema.json
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from coder.durable import write_atomic
 from coder.errors import CoderError, CorruptState, EnvironmentProblem, InvalidInput, UnknownTask
 from coder.run.state import RunState, StateStore, check_task_id
-from coder.taskfile import TASK_ID
+from coder.schemas import TASK_ID
 
 if TYPE_CHECKING:
     from coder.git.repository import Repo

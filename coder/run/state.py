@@ -40,8 +40,7 @@ from coder.errors import (
     UnknownTask,
     display_path,
 )
-from coder.schemas import validator
-from coder.taskfile import TASK_ID
+from coder.schemas import TASK_ID, validator
 
 if TYPE_CHECKING:
     from coder.models.provider import Usage, UsageRecord
