@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from coder.kinds import KIND_FIELDS, KINDS
-from coder.run.steps import runner_for
+from coder.kinds import KIND_FIELDS, KINDS, LINTER, STEP_CMD, TESTS, Labels
+from coder.run.steps.runners import RUNNERS, runner_for
 from coder.schemas import load_schema, validator
 from coder.tools.registry import tools_for_kind
 
@@ -32,6 +32,7 @@ def test_kind_fields_are_step_fields() -> None:
 def test_every_kind_has_a_runner(name: str) -> None:
     run = runner_for(name)
     assert callable(run) and run.__module__ == f"coder.run.steps.{KINDS[name].runner}"
+    assert run is RUNNERS[KINDS[name].runner]
 
 
 @pytest.mark.parametrize("name", list(KINDS))
@@ -45,7 +46,15 @@ def test_model_kinds_have_tools_and_the_others_none(name: str) -> None:
 
 def test_a_kind_that_runs_a_command_says_which() -> None:
     assert {k.name: k.command for k in KINDS.values() if k.command} == {
-        "shell": "cmd",
-        "test": "tests",
-        "lint": "lint",
+        "shell": STEP_CMD,
+        "test": TESTS,
+        "lint": LINTER,
     }
+
+
+def test_a_kind_that_runs_a_command_names_it_while_it_runs() -> None:
+    """The live view shows a command kind at work in its own words, never "waiting for the
+    model"; a fixable kind has the words of its fix cycles and of its red line."""
+    for kind in KINDS.values():
+        assert (kind.labels.running is not None) == (kind.command is not None), kind.name
+        assert (kind.labels.red != Labels().red) == kind.fixable, kind.name

@@ -121,32 +121,19 @@ def fix_message(
     max_cycles: int,
     tools: Iterable[str],
     same_as_before: bool,
-    check: str = "tests",
 ) -> str:
-    """A fix cycle of a test step (check "tests") or a lint step ("lint"): only the failing
-    sections or the new findings, not the whole log."""
-    if check == "lint":
-        head, tag, rerun = (
-            f"The linter reports new findings ({summary}) when running `{command}` on the "
-            f"lines this run changed. Fix cycle {cycle} of {max_cycles}: change the code so "
-            "they go away. Silence a finding only if it is wrong.",
-            "lint-output",
-            "the linter",
-        )
-    else:
-        head, tag, rerun = (
-            f"The tests fail ({summary}) when running `{command}`. Fix cycle {cycle} of "
-            f"{max_cycles}: change the code so they pass. Change a test only if the test "
-            "itself is wrong.",
-            "test-output",
-            "the tests",
-        )
-    lines = [f"Step {step['id']} ({'lint' if check == 'lint' else 'test'}): {step['goal']}"]
-    lines += [head, f"<{tag}>", *failures, f"</{tag}>"]
+    """A fix cycle of a fixable step (a test step's failing tests, a lint step's new
+    findings), in its kind's words (`coder.kinds.Kind.fix`): only the failing sections or the
+    new findings, not the whole log."""
+    words = KINDS[step["kind"]].fix
+    assert words is not None, f"kind {step['kind']} has no fix cycles"
+    head = words.head.format(summary=summary, command=command, cycle=cycle, max_cycles=max_cycles)
+    lines = [f"Step {step['id']} ({step['kind']}): {step['goal']}"]
+    lines += [head, f"<{words.tag}>", *failures, f"</{words.tag}>"]
     if same_as_before:
         lines.append("The previous fix did not change these failures: try a different approach.")
     lines.append(
         f"Tools for this step: {', '.join(tools)}. When you are done, call step_complete "
-        f"with a summary and files_changed; coder then reruns {rerun}."
+        f"with a summary and files_changed; coder then reruns {words.rerun}."
     )
     return "\n".join(lines)

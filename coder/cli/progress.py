@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from coder.display import escaped
+from coder.kinds import KINDS, Labels
 
 SHOWN = {
     "run.started": "run started",
@@ -79,7 +80,8 @@ def line_parts(event: dict[str, Any], clock: str) -> tuple[str, str, str]:
         if event.get("summary"):
             detail += f" · {event['summary']}"
     elif name == "fix.cycle":
-        detail = f"tests red ({event.get('failing')}); fix cycle {event.get('cycle')}"
+        red = labels_of(str(event.get("kind", ""))).red
+        detail = f"{red} ({event.get('failing')}); fix cycle {event.get('cycle')}"
     elif name == "run.started":
         steps = event.get("steps")
         detail = f"{steps} step{'' if steps == 1 else 's'} on {event.get('branch')}"
@@ -88,6 +90,12 @@ def line_parts(event: dict[str, Any], clock: str) -> tuple[str, str, str]:
     else:
         detail = str(event.get("error") or event.get("reason") or event.get("message") or "")
     return f"{clock}  {step:<10} ", f"{SHOWN[name]:<11}", f" {escaped(detail)}"
+
+
+def labels_of(kind: str) -> Labels:
+    """How a step of `kind` is named at work (`coder.kinds.Kind.labels`); an event of a kind
+    this coder does not know (an older log) gets the plain ones."""
+    return KINDS[kind].labels if kind in KINDS else Labels()
 
 
 # --- the run as the user sees it ------------------------------------------------------------
@@ -102,7 +110,7 @@ class StepActivity:
     attempt: int = 0
     started: float | None = None  # monotonic, when the current attempt started
     ended: float | None = None
-    cycle: int = 0  # the fix cycle of a test step (0: none yet)
+    cycle: int = 0  # the fix cycle of a fixable step (0: none yet)
     turn: int = 0  # model calls so far in this attempt
     tool: str = ""  # the tool call in progress, `fs_edit app.py`
     queued: list[str] = field(default_factory=list)  # calls of the last turn not yet run
@@ -110,24 +118,23 @@ class StepActivity:
     streaming: int = 0  # generated tokens of the call in flight
     tokens_per_s: float = 0.0
     text: str = ""  # the tail of the model's streamed text
-    testing: bool = False  # a test step's tests are running (not its model)
+    commanding: bool = False  # the step's own command runs (not its model): its tests, ...
     typed: bool = False  # the model loop's typed events arrive for this step
 
     def reset(self, now: float, attempt: int) -> None:
         self.status, self.attempt, self.started, self.ended = "running", attempt, now, None
         self.cycle = self.turn = self.tokens = self.streaming = 0
         self.tool, self.queued, self.tokens_per_s, self.text = "", [], 0.0, ""
-        self.testing = self.kind == "test"
+        self.commanding = labels_of(self.kind).running is not None
 
     def doing(self, now: float) -> str:
-        """What a running step is doing, in one line."""
+        """What a running step is doing, in one line, in its kind's words."""
         parts = [f"fix cycle {self.cycle}"] if self.cycle else []
-        if self.testing:
-            parts.append("running the tests")
+        running = labels_of(self.kind).running
+        if self.commanding and running is not None:
+            parts.append(running.format(goal=self.goal))
         elif self.turn:
             parts += [f"turn {self.turn}", self.tool or "waiting for the model"]
-        elif self.kind == "shell":
-            parts.append(self.goal)
         else:
             parts.append(self.tool or "waiting for the model")
         if self.tokens or self.streaming:
@@ -176,9 +183,9 @@ class Board:
             step.reset(now, int(event.get("attempt", 1)))
         elif name in ENDED:
             step.status, step.ended, step.tool, step.queued = ENDED[name], now, "", []
-        elif name == "fix.cycle":  # red tests go to the model
+        elif name == "fix.cycle":  # red checks go to the model
             step.cycle, step.turn, step.tool = int(event.get("cycle", 0)), 0, ""
-            step.testing = False
+            step.commanding = False
         elif name == "model.turn":  # the call ended: its tool calls run next, in order
             usage = event.get("usage") or {}
             step.turn = int(event.get("turn", step.turn))
@@ -186,8 +193,8 @@ class Board:
             step.streaming = 0
             step.tokens_per_s = float(usage.get("tokens_per_s") or step.tokens_per_s)
             calls = [str(c) for c in event.get("calls") or []]
-            if step.kind == "test" and "step_complete" in calls:
-                step.testing, step.tool, step.queued = True, "", []  # the fix done: tests rerun
+            if step.cycle and "step_complete" in calls:  # the fix done: its check reruns
+                step.commanding, step.tool, step.queued = True, "", []
             elif not step.typed:  # without typed events: the calls run in order
                 step.queued = calls
                 step.tool = step.queued.pop(0) if step.queued else ""
@@ -196,7 +203,7 @@ class Board:
 
     def apply_loop(self, fields: dict[str, Any], event: object) -> None:
         """A typed event of the model loop (`coder.agent.events`), with the step's log fields
-        (`step_id`, and `fix_cycle` in a test step's fix). Once a step has them, they say
+        (`step_id`, and `fix_cycle` in a fixable step's fix). Once a step has them, they say
         which tool runs (with its target), not the logged turn's list of calls."""
         from coder.agent import events as ev
 
@@ -206,7 +213,7 @@ class Board:
         step = self.step(str(sid))
         step.typed = True
         if fields.get("fix_cycle") is not None:
-            step.cycle, step.testing = int(fields["fix_cycle"]), False
+            step.cycle, step.commanding = int(fields["fix_cycle"]), False
         if isinstance(event, ev.TurnStarted):
             step.turn, step.tool, step.streaming = event.turn, "", 0
         elif isinstance(event, ev.ModelText):

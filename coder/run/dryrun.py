@@ -16,6 +16,7 @@ from coder import config as config_mod
 from coder import graph, project, taskfile
 from coder.errors import CoderError
 from coder.git import branches, repository
+from coder.kinds import KINDS, TESTS
 from coder.policy.sandbox import require_sandbox
 from coder.run.manifest import run_exists
 from coder.run.preflight import command_of, refusals
@@ -144,8 +145,9 @@ def _judge_commands(
     the success criteria's test command when no test step names one; a step without a
     command it can run goes to `problems`."""
     steps = list(task.steps)
-    if task.success.get("require_green_tests") and not any(s.kind == "test" for s in steps):
-        steps.append(taskfile.Step(id="success", kind="test", goal="the success criteria"))
+    tests = [k.name for k in KINDS.values() if k.command is TESTS]  # the kind that runs them
+    if task.success.get("require_green_tests") and not any(s.kind in tests for s in steps):
+        steps.append(taskfile.Step(id="success", kind=tests[0], goal="the success criteria"))
     refused = {r.step_id: r for r in refusals(steps, root=root, policy=policy, config=cfg)}
     checks = []
     for step in steps:

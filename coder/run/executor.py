@@ -42,8 +42,9 @@ from coder.git.guard import GitGuard
 from coder.kinds import KINDS
 from coder.run.schedule import Schedule
 from coder.run.state import RunState, RunStatus, SkipCause, StepRecord, now_iso
-from coder.run.steps import StepContext, StepOutcome, runner_for
+from coder.run.steps import StepContext, StepOutcome
 from coder.run.steps.checks import CHECKS, Verification
+from coder.run.steps.runners import runner_for
 
 if TYPE_CHECKING:
     from coder.agent.session import AgentSession

@@ -2,8 +2,9 @@
 
 `refusals` is the one check: `coder run` refuses a task that has any (changing nothing), and
 `coder plan` (and `coder validate`) report them against the taskfile, each at its step. Which
-command a step runs is its kind's business (`coder.kinds`): a shell step its `cmd`, a test
-step the test command (its `cmd`, else its `framework`, else the config's, else detected).
+command a step runs is its kind's business (`coder.kinds.Kind.command`): a shell step its
+`cmd`, a test step the test command (its `cmd`, else its `framework`, else the config's, else
+detected), a lint step its linters.
 Each command is checked as the sandbox will run it: programs resolved against the checkout
 (the worktree holds the same files), in the step's `cwd`, with the scrubbed PATH.
 """
@@ -38,29 +39,11 @@ class Refusal:
 
 
 def command_of(step: Step, root: Path, config: Config) -> str | None:
-    """The command a step runs (None for a kind that runs none); InvalidInput when a test
-    step has no test command to run, or a lint step no linter."""
-    from coder import testreport
-
-    source = KINDS[step.kind].command
-    if source == "cmd":
-        return step.cmd
-    if source == "tests":
-        return testreport.test_command(
-            root=root,
-            framework=step.framework,
-            cmd=step.cmd,
-            args=step.args,
-            configured=config.test_command,
-        )
-    if source == "lint":
-        from coder import lintreport
-
-        return " && ".join(
-            linter.command_for("FILE")
-            for linter in lintreport.lint_commands(root, step.cmd or config.lint_command)
-        )
-    return None
+    """The command a step runs (None for a kind that runs none), as its kind finds it
+    (`coder.kinds.Kind.command`); InvalidInput when a test step has no test command to run,
+    or a lint step no linter."""
+    command = KINDS[step.kind].command
+    return None if command is None else command.find(step, root, config)
 
 
 def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Config) -> list[Refusal]:
@@ -76,9 +59,8 @@ def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Confi
         if refused_env:
             continue
         field = "cmd" if step.cmd else None
-        detects = KINDS[step.kind].command == "tests" and not (
-            step.cmd or step.framework or config.test_command
-        )
+        command = KINDS[step.kind].command
+        detects = command is not None and command.later(step, config)
         try:
             try:
                 cmd = command_of(step, root, config)

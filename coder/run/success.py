@@ -28,9 +28,9 @@ def missing_files(task: Task, worktree: Path) -> list[str]:
 def test_command(task: Task, worktree: Path, cfg: Config) -> str:
     """The command that proves the task green (InvalidInput when there is none)."""
     from coder import testreport
-    from coder.kinds import KINDS
+    from coder.kinds import KINDS, TESTS
 
-    step = next((s for s in task.steps if KINDS[s.kind].command == "tests"), None)
+    step = next((s for s in task.steps if KINDS[s.kind].command is TESTS), None)
     return testreport.test_command(
         root=worktree,
         configured=cfg.test_command,

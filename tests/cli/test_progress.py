@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from coder.cli.progress import Board, Progress, progress_for
+from coder.cli.progress import Board, Progress, format_line, progress_for
 from tests.conftest import coder
 from tests.fake_ollama import FakeOllama, Reply
 from tests.helpers import ROOT, Terminal, call, done, plain, taskfile
@@ -126,7 +126,13 @@ def test_plain_lines_are_byte_stable() -> None:
         {"event": "step.started", "step_id": "s1", "kind": "edit", "goal": "Edit", "attempt": 2},
         {"event": "step.succeeded", "step_id": "s1", "commit": "0123456789ab", "summary": "ok"},
         {"event": "step.started", "step_id": "s2", "kind": "test", "goal": "Test", "attempt": 1},
-        {"event": "fix.cycle", "step_id": "s2", "cycle": 1, "failing": "1 passed, 1 failed"},
+        {
+            "event": "fix.cycle",
+            "step_id": "s2",
+            "cycle": 1,
+            "failing": "1 passed, 1 failed",
+            "kind": "test",
+        },
         {"event": "step.failed", "step_id": "s2", "error": "tests failed"},
         {"event": "run.finished", "status": "failed", "error": ""},
     ]
@@ -237,6 +243,27 @@ def test_the_board_follows_the_logged_events() -> None:
         84.0,
     )
     assert board.steps["s2"].doing(84.0) == "fix cycle 2 · running the tests · 0:04"
+
+
+def test_a_lint_step_is_shown_in_its_own_words() -> None:
+    """A lint step running its linter is not "waiting for the model", and its fix cycle is
+    not "tests red": the live view and the event lines ask the kind (coder.kinds.Kind.labels)."""
+    board = Board([("l1", "lint", "Lint")])
+    board.apply({"event": "step.started", "step_id": "l1", "kind": "lint", "attempt": 1}, 0.0)
+    l1 = board.steps["l1"]
+    assert l1.doing(1.0) == "running the linter · 0:01"
+    cycle = {"event": "fix.cycle", "step_id": "l1", "cycle": 1, "failing": "2 new findings"}
+    board.apply({**cycle, "kind": "lint"}, 2.0)
+    assert l1.doing(2.0) == "fix cycle 1 · waiting for the model · 0:02"
+    board.apply(
+        {"event": "model.turn", "step_id": "l1", "turn": 1, "calls": ["step_complete"]}, 3.0
+    )
+    assert l1.doing(3.0) == "fix cycle 1 · running the linter · 0:03"
+    line = format_line({**cycle, "kind": "lint"}, "10:00:00")
+    assert line == "10:00:00  l1         fixing      lint red (2 new findings); fix cycle 1"
+    assert format_line({**cycle, "kind": "test"}, "10:00:00").endswith(
+        "tests red (2 new findings); fix cycle 1"
+    )
 
 
 def test_the_board_follows_the_model_loops_typed_events() -> None:

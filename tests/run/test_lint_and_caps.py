@@ -5,6 +5,7 @@ with real runs of shell steps and a real linter command through the sandbox."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -256,6 +257,8 @@ def test_fix_and_retry_works_on_lint_findings(fake, make_repo) -> None:  # type:
         "Step s2 (lint): lint the run's changes\nThe linter reports new findings"
     )
     assert "<lint-output>\nbad.py:2:1: P001 no print in library code\n</lint-output>" in message
+    # the progress line names the kind's check: a lint step's findings are not red tests
+    assert re.search(r"s2 +fixing +lint red \(1 new finding\); fix cycle 1\n", out), out
     s2 = state_of(repo, "fixlint")["steps"]["s2"]
     assert s2["status"] == "success" and s2["commit"]
     assert "after 1 fix cycle" in json.dumps(s2)

@@ -1,7 +1,9 @@
 """Step kinds' runners: what each kind does in a working directory, and what it reports.
 
-One module per runner (`shell`, `test`, `model`), each with `run(ctx) -> StepOutcome`; which
-kind uses which is `coder.kinds.KINDS[kind].runner`.
+One module per runner (`shell`, `test`, `lint`, `model`), each with `run(ctx) -> StepOutcome`, a
+`StepRunner`; `runners.RUNNERS` holds them by name, and a kind names its runner
+(`coder.kinds.Kind.runner`). `fix` is the fix cycles test and lint steps share, `checks` the
+checks the executor runs after every step.
 
 A step never commits and never touches the branch: the executor does both. A step reports an
 outcome; failures of the step itself (red checks, non-zero exit) are outcomes, not exceptions.
@@ -12,10 +14,9 @@ EnvironmentProblem: the executor turns it into an `errored` outcome that stops t
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from coder.durable import make_private_dirs
 
@@ -74,12 +75,8 @@ class StepOutcome:
         return "errored" if self.errored else "cancelled" if self.cancelled else "failed"
 
 
-def runner_for(kind: str) -> Callable[[StepContext], StepOutcome]:
-    """The `run` function of the kind's runner module (coder.kinds.KINDS[kind].runner)."""
-    import importlib
+class StepRunner(Protocol):
+    """What a kind does in a working directory (`coder.run.steps.runners.RUNNERS`): its
+    outcome; never a commit."""
 
-    from coder.kinds import KINDS
-
-    module = importlib.import_module(f"coder.run.steps.{KINDS[kind].runner}")
-    run: Callable[[StepContext], StepOutcome] = module.run
-    return run
+    def __call__(self, ctx: StepContext, /) -> StepOutcome: ...

@@ -1,7 +1,8 @@
 """Fix cycles (`on_fail: {strategy: fix_and_retry, max_cycles: N}`): a check that failed goes
 to the model with only its failures, the model edits, the check runs again, up to N times; the
 fix becomes the step's commit. A cycle that changes nothing ends the cycles early. Test steps
-(failing tests) and lint steps (new findings) both use it."""
+(failing tests) and lint steps (new findings) both use it, in their kind's words
+(`coder.kinds.Kind.fix`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from coder.git import diffs, repository
+from coder.kinds import KINDS
 from coder.models.provider import Usage
 from coder.run.steps import StepContext, StepOutcome
 
@@ -34,7 +36,6 @@ Check = Callable[[], tuple[StepOutcome, Failing | None]]
 def fix_cycles(
     ctx: StepContext,
     *,
-    check: str,  # "tests" | "lint": the words of the fix message
     command: str,
     rerun: Check,
     outcome: StepOutcome,
@@ -42,6 +43,8 @@ def fix_cycles(
 ) -> StepOutcome:
     from coder.tools.registry import tools_for_kind
 
+    words = KINDS[ctx.step.kind].fix
+    assert words is not None, f"kind {ctx.step.kind} has no fix cycles"
     allowed = tools_for_kind("edit")
     usage = Usage()
     notes: tuple[str, ...] = ()
@@ -50,7 +53,7 @@ def fix_cycles(
     max_cycles = ctx.step.max_cycles
     for cycle in range(1, max_cycles + 1):
         same = failing.names == previous_names
-        result = _ask(ctx, cycle, failing, same, check=check, command=command, allowed=allowed)
+        result = _ask(ctx, cycle, failing, same, command=command, allowed=allowed)
         usage += result.usage
         notes += tuple(result.notes)
         if not result.ok:
@@ -78,7 +81,7 @@ def fix_cycles(
         failing = still
     return StepOutcome(
         False,
-        f"{check} still failing after {max_cycles} fix cycles: {failing.summary}",
+        f"{words.check} still failing after {max_cycles} fix cycles: {failing.summary}",
         tests=outcome.tests,
         usage=usage,
         notes=notes,
@@ -91,16 +94,16 @@ def _ask(
     failing: Failing,
     same_as_before: bool,
     *,
-    check: str,
     command: str,
     allowed: list[str],
 ) -> LoopResult:
-    """Fix cycle `cycle`: the model shown only what fails, with the edit kind's tools."""
+    """Fix cycle `cycle`: the model shown only what fails, in the words of the step's kind
+    (`coder.kinds.Kind.fix`), with the edit kind's tools."""
     from coder.agent import prompts
     from coder.run.steps.model import converse
 
     message = prompts.fix_message(
-        step={"id": ctx.step.id, "goal": ctx.step.goal},
+        step={"id": ctx.step.id, "kind": ctx.step.kind, "goal": ctx.step.goal},
         command=command,
         failures=failing.failures,
         summary=failing.summary,
@@ -108,9 +111,8 @@ def _ask(
         max_cycles=ctx.step.max_cycles,
         tools=allowed,
         same_as_before=same_as_before,
-        check=check,
     )
-    ctx.log.info("fix.cycle", cycle=cycle, failing=failing.summary)
+    ctx.log.info("fix.cycle", cycle=cycle, failing=failing.summary, kind=ctx.step.kind)
     return converse(
         ctx,
         role="edit",

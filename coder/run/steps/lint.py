@@ -44,6 +44,4 @@ def run(ctx: StepContext) -> StepOutcome:
     outcome, failing = check()
     if failing is None or ctx.step.strategy != "fix_and_retry" or ctx.agent is None:
         return outcome
-    return fix_cycles(
-        ctx, check="lint", command=names, rerun=check, outcome=outcome, failing=failing
-    )
+    return fix_cycles(ctx, command=names, rerun=check, outcome=outcome, failing=failing)

@@ -9,6 +9,7 @@ import re
 from typing import TYPE_CHECKING
 
 from coder import testreport
+from coder.kinds import test_command
 from coder.run.steps import StepContext, StepOutcome
 from coder.run.steps.fix import Failing, fix_cycles
 from coder.run.steps.shell import describe_failure, run_in_step
@@ -17,19 +18,8 @@ if TYPE_CHECKING:
     from coder.run.state import TestCounts
 
 
-def command_for(ctx: StepContext) -> str:
-    step = ctx.step
-    return testreport.test_command(
-        root=ctx.workdir,
-        framework=step.framework,
-        cmd=step.cmd,
-        args=step.args,
-        configured=ctx.config.test_command,
-    )
-
-
 def run(ctx: StepContext) -> StepOutcome:
-    cmd = command_for(ctx)
+    cmd = test_command(ctx.step, ctx.workdir, ctx.config)
     outcome, report = _run_tests(ctx, cmd)
     if outcome.ok or outcome.cancelled or ctx.step.strategy != "fix_and_retry" or report is None:
         return outcome
@@ -42,7 +32,6 @@ def run(ctx: StepContext) -> StepOutcome:
 
     return fix_cycles(
         ctx,
-        check="tests",
         command=cmd,
         rerun=rerun,
         outcome=outcome,
