@@ -249,17 +249,19 @@ def _endpoint(cfg: config_mod.Config, provider: Any, url: str, *, at: str) -> li
     """Host, model, tool support and context window at one endpoint (the model is not
     loaded: `probe` only asks the server what it has); `at` labels the checks."""
     from coder.errors import ModelMissing
+    from coder.models.factory import provider_of
 
     model = str(cfg.model)
-    ollama = cfg.provider == "ollama"
-    host = f"{'ollama host' if ollama else 'model server'}{at}"
+    kind = provider_of(cfg)
+    host = f"{kind.host_label}{at}"
     try:
         facts = provider.probe()
     except ModelMissing as exc:
         return [Check(host, "ok", url), Check(f"model{at}", "fail", exc.message, exc.hint)]
     except CoderError as exc:
         return [Check(host, "fail", exc.message, exc.hint)]
-    version = f" ({'Ollama ' if ollama else ''}{facts.version})" if facts.version else ""
+    server = f"{kind.server_name} " if kind.server_name else ""
+    version = f" ({server}{facts.version})" if facts.version else ""
     checks = [Check(host, "ok", url + version)]
     trained = facts.context_length
     checks.append(
@@ -296,7 +298,7 @@ def _endpoint(cfg: config_mod.Config, provider: Any, url: str, *, at: str) -> li
     num_ctx = facts.num_ctx or 0
     if cfg.num_ctx:
         source = cfg.sources["num_ctx"]
-    elif ollama:
+    elif kind.caps_context:
         source = f"the model's own, capped by max_num_ctx={cfg.max_num_ctx}"
     elif facts.context_length:
         source = "as the server reports it"

@@ -8,12 +8,15 @@
     model_config(cfg, name)   the config of the server a (named) model is on, and its name there
     make_provider(cfg, e, m)  one provider for model `m` at endpoint `e` (doctor checks each)
     endpoints(cfg)            the configured endpoints, normalized
+    provider_of(cfg)          the `Provider` the config names (PROVIDERS)
     open_embedder(cfg, r)     texts -> vectors with `embedding_model` through the configured
                               provider's `embed` (hybrid code_search), or None when unset; the
                               texts redacted by `r`
 
-Adding a provider is one module plus one entry in PROVIDERS: a function that takes the config,
-an endpoint and a model and returns a `ModelProvider`.
+Adding a provider is one module plus one line: a class in coder/models/ that is both a
+`ModelProvider` (its instances) and a `Provider` (the class: `open`, `endpoints`, `serves`,
+`missing` and its labels), and its name in PROVIDERS below (the `provider` enum of
+schemas/config.schema.json lists it too; a test holds the two equal).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coder.errors import EnvironmentProblem, InvalidInput
+from coder.models.ollama import OllamaProvider
+from coder.models.openai import OpenAIProvider
+from coder.models.provider import Provider
 
 if TYPE_CHECKING:
     from coder.config import Config
@@ -32,41 +38,17 @@ if TYPE_CHECKING:
     from coder.redact import Redactor
 
 
-def _ollama(cfg: Config, endpoint: str, model: str) -> ModelProvider:
-    from coder.models.ollama import OllamaProvider
-
-    return OllamaProvider(
-        model,
-        endpoint,
-        num_ctx=cfg.num_ctx,
-        max_num_ctx=int(cfg.max_num_ctx),
-        temperature=float(cfg.temperature),
-        seed=cfg.seed,
-        keep_alive=str(cfg.keep_alive),
-        max_output_tokens=cfg.max_output_tokens,
-        request_timeout=float(cfg.request_timeout),
-    )
+PROVIDERS: Mapping[str, Provider] = {p.name: p for p in (OllamaProvider, OpenAIProvider)}
 
 
-def _openai(cfg: Config, endpoint: str, model: str) -> ModelProvider:
-    from coder.models.openai import OpenAIProvider
-
-    return OpenAIProvider(
-        model,
-        endpoint,
-        api_key=api_key(cfg),
-        num_ctx=cfg.num_ctx,
-        temperature=float(cfg.temperature),
-        seed=cfg.seed,
-        max_output_tokens=cfg.max_output_tokens,
-        request_timeout=float(cfg.request_timeout),
-    )
-
-
-PROVIDERS: dict[str, Callable[[Config, str, str], ModelProvider]] = {
-    "ollama": _ollama,
-    "openai": _openai,
-}
+def provider_of(cfg: Config) -> Provider:
+    """The provider the config names (`provider`)."""
+    name = cfg.provider
+    if name not in PROVIDERS:
+        raise InvalidInput(
+            f"unknown provider {name!r}", hint=f"use one of: {', '.join(sorted(PROVIDERS))}"
+        )
+    return PROVIDERS[name]
 
 
 def api_key(cfg: Config, environ: Mapping[str, str] | None = None) -> str | None:
@@ -84,21 +66,8 @@ def api_key(cfg: Config, environ: Mapping[str, str] | None = None) -> str | None
 
 
 def endpoints(cfg: Config) -> list[str]:
-    """`base_url` (one URL or a list), else, for Ollama, `ollama_host`."""
-    from coder.config import normalize_host
-
-    configured = cfg.base_url
-    if configured is None:
-        if cfg.provider != "ollama":
-            raise InvalidInput(
-                f"provider {cfg.provider!r} needs base_url",
-                hint='set "base_url" in coder.config.json, e.g. "http://127.0.0.1:8080/v1"',
-            )
-        return [str(cfg.ollama_host)]
-    urls = [configured] if isinstance(configured, str) else list(configured)
-    if cfg.provider == "ollama":
-        return [normalize_host(u) for u in urls]
-    return [u.rstrip("/") for u in urls]
+    """`base_url` (one URL or a list), else the provider's default (Ollama: `ollama_host`)."""
+    return provider_of(cfg).endpoints(cfg)
 
 
 def named_models(cfg: Config) -> dict[str, dict[str, Any]]:
@@ -127,12 +96,7 @@ def model_config(cfg: Config, name: str) -> tuple[Config, str]:
 
 
 def make_provider(cfg: Config, endpoint: str, model: str | None = None) -> ModelProvider:
-    name = str(cfg.provider)
-    if name not in PROVIDERS:
-        raise InvalidInput(
-            f"unknown provider {name!r}", hint=f"use one of: {', '.join(sorted(PROVIDERS))}"
-        )
-    return PROVIDERS[name](cfg, endpoint, model or str(cfg.model))
+    return provider_of(cfg).open(cfg, endpoint, model or cfg.model)
 
 
 def open_models(

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from contextlib import closing
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
 
 from coder.errors import (
     HostUnreachable,
@@ -51,6 +51,7 @@ from coder.models.retry import RetryPolicy
 if TYPE_CHECKING:
     import ollama
 
+    from coder.config import Config
     from coder.schemas import JsonSchema
 
 T = TypeVar("T")
@@ -81,12 +82,57 @@ def normalize_host(host: str | None) -> str:
     return normalize(host) if host and host.strip() else DEFAULT_HOST
 
 
+def pull_command(host: str, model: str) -> str:
+    prefix = "" if host == DEFAULT_HOST else f"OLLAMA_HOST={host} "
+    return f"{prefix}ollama pull {model}"
+
+
 def _seconds(value: int | None) -> float:
     return (value or 0) / 1e9
 
 
 class OllamaProvider:
-    """A `ModelProvider` for one model on one Ollama host. Close it (or use `with`)."""
+    """A `ModelProvider` for one model on one Ollama host. Close it (or use `with`). The
+    class is the `Provider` named "ollama" (coder.models.factory.PROVIDERS)."""
+
+    name: ClassVar[str] = "ollama"
+    host_label: ClassVar[str] = "ollama host"
+    server_name: ClassVar[str] = "Ollama"
+    caps_context: ClassVar[bool] = True
+
+    @classmethod
+    def open(cls, cfg: Config, endpoint: str, model: str) -> OllamaProvider:
+        return cls(
+            model,
+            endpoint,
+            num_ctx=cfg.num_ctx,
+            max_num_ctx=int(cfg.max_num_ctx),
+            temperature=float(cfg.temperature),
+            seed=cfg.seed,
+            keep_alive=str(cfg.keep_alive),
+            max_output_tokens=cfg.max_output_tokens,
+            request_timeout=float(cfg.request_timeout),
+        )
+
+    @staticmethod
+    def endpoints(cfg: Config) -> list[str]:
+        """`base_url` (one URL or a list), else `ollama_host`."""
+        configured = cfg.base_url
+        if configured is None:
+            return [str(cfg.ollama_host)]
+        return [
+            normalize_host(u) for u in ([configured] if isinstance(configured, str) else configured)
+        ]
+
+    @staticmethod
+    def serves(served: Sequence[str], name: str) -> bool:
+        """An Ollama that lists none has none; names compare as Ollama resolves them (no tag
+        is `:latest`, no namespace `library/`, any case)."""
+        return full_name(name) in {full_name(s) for s in served}
+
+    @staticmethod
+    def missing(url: str, name: str, served: Sequence[str], field: str) -> tuple[str, str]:
+        return f"is not available on {url}", f"run `{pull_command(url, name)}`"
 
     def __init__(
         self,
@@ -147,7 +193,7 @@ class OllamaProvider:
             arch = info.get("general.architecture")
             length = info.get(f"{arch}.context_length") if arch else None
             self._facts = ModelFacts(
-                provider="ollama",
+                provider=self.name,
                 model=self.model,
                 endpoint=self.host,
                 arch=arch,
@@ -402,8 +448,7 @@ class OllamaProvider:
         raise ModelError(f"Ollama refused the request for {self.model}: {error}", hint=hint)
 
     def _pull_command(self) -> str:
-        prefix = "" if self.host == DEFAULT_HOST else f"OLLAMA_HOST={self.host} "
-        return f"{prefix}ollama pull {self.model}"
+        return pull_command(self.host, self.model)
 
 
 def _is_refusal(exc: Exception) -> bool:

@@ -28,11 +28,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
 
 from coder import yamldoc
 from coder.errors import (
     HostUnreachable,
+    InvalidInput,
     ModelError,
     ModelMissing,
     ModelUnavailable,
@@ -57,6 +58,7 @@ from coder.models.retry import RetryPolicy
 if TYPE_CHECKING:
     import openai
 
+    from coder.config import Config
     from coder.schemas import JsonSchema
 
 T = TypeVar("T")
@@ -123,7 +125,53 @@ class _Partial:
 
 class OpenAIProvider:
     """A `ModelProvider` for one model at one OpenAI-compatible endpoint (`base_url` is the
-    /v1 URL). Close it (or use `with`)."""
+    /v1 URL). Close it (or use `with`). The class is the `Provider` named "openai"
+    (coder.models.factory.PROVIDERS)."""
+
+    name: ClassVar[str] = "openai"
+    host_label: ClassVar[str] = "model server"
+    server_name: ClassVar[str] = ""
+    caps_context: ClassVar[bool] = False
+
+    @classmethod
+    def open(cls, cfg: Config, endpoint: str, model: str) -> OpenAIProvider:
+        from coder.models.factory import api_key
+
+        return cls(
+            model,
+            endpoint,
+            api_key=api_key(cfg),
+            num_ctx=cfg.num_ctx,
+            temperature=float(cfg.temperature),
+            seed=cfg.seed,
+            max_output_tokens=cfg.max_output_tokens,
+            request_timeout=float(cfg.request_timeout),
+        )
+
+    @staticmethod
+    def endpoints(cfg: Config) -> list[str]:
+        """`base_url` (one URL or a list): an OpenAI-compatible server has no default."""
+        configured = cfg.base_url
+        if configured is None:
+            raise InvalidInput(
+                f"provider {cfg.provider!r} needs base_url",
+                hint='set "base_url" in coder.config.json, e.g. "http://127.0.0.1:8080/v1"',
+            )
+        return [
+            u.rstrip("/") for u in ([configured] if isinstance(configured, str) else configured)
+        ]
+
+    @staticmethod
+    def serves(served: Sequence[str], name: str) -> bool:
+        """A server that lists none does not say: given the benefit of the doubt, as at
+        warm-up."""
+        return not served or name in served
+
+    @staticmethod
+    def missing(url: str, name: str, served: Sequence[str], field: str) -> tuple[str, str]:
+        shown = ", ".join(sorted(served)[:10])
+        fix = f"name a model it serves in {field}, or serve {name} there"
+        return f"is not served at {url} (it serves: {shown})", fix
 
     def __init__(
         self,
@@ -198,7 +246,7 @@ class OpenAIProvider:
                 (props.get("default_generation_settings") or {}).get("n_ctx") or props.get("n_ctx")
             )
             self._facts = ModelFacts(
-                provider="openai",
+                provider=self.name,
                 model=self.model,
                 endpoint=self.base_url,
                 version=str(props["build_info"]) if props.get("build_info") else None,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Protocol, Required, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Protocol, Required, TypedDict, cast
 
 from coder.errors import StopReply
 from coder.schemas import JsonSchema
@@ -65,6 +65,10 @@ class ToolSchema(TypedDict):
 
     type: str  # "function"
     function: FunctionSchema
+
+
+if TYPE_CHECKING:
+    from coder.config import Config
 
 
 @dataclass(frozen=True)
@@ -255,6 +259,35 @@ class ModelProvider(Protocol):
     def warm_up(self) -> ModelFacts: ...
 
     def close(self) -> None: ...
+
+
+class Provider(Protocol):
+    """A kind of model server, as `provider` in coder.config.json names it: a provider class,
+    one entry of `coder.models.factory.PROVIDERS`. Everything that treats servers differently
+    asks it: the factory (`open`, `endpoints`), the check that every model is served before a
+    run (`serves`, `missing`), `coder doctor` and the dry run (the labels below)."""
+
+    name: str  # the config's `provider`
+    host_label: str  # what `coder doctor` calls its server: "ollama host"
+    server_name: str  # said before the server's version: "Ollama 0.5.1"; "" for none
+    caps_context: bool  # an unset num_ctx is the model's own, capped by `max_num_ctx`
+
+    def open(self, cfg: Config, endpoint: str, model: str) -> ModelProvider:
+        """The provider for `model` at `endpoint`, set up from the config."""
+        ...
+
+    def endpoints(self, cfg: Config) -> list[str]:
+        """The configured endpoints (`base_url`, or the provider's default), normalized."""
+        ...
+
+    def serves(self, served: Sequence[str], name: str) -> bool:
+        """Whether model `name` is among those a server listed (`list_models`)."""
+        ...
+
+    def missing(self, url: str, name: str, served: Sequence[str], field: str) -> tuple[str, str]:
+        """Model `name` is not among `served` at `url`: what is wrong (after "model 'x' "),
+        and the fix (`field`: where the config or the taskfile names the model)."""
+        ...
 
 
 class Models(Protocol):

@@ -4,8 +4,9 @@ A step may name its own `model`, a task or a step a `fallback_model`, and any of
 named model on another server (config `models`). `require_served` asks each server which
 models it serves (`list_models`: Ollama's GET /api/tags, an OpenAI-compatible GET /v1/models)
 and loads none of them (a chat would make Ollama load the model, perhaps unloading another);
-a model a server lacks is refused up front, as the run's own model is at warm-up, instead of
-when its step comes, after earlier steps spent their time.
+the provider says whether the model is among them and what the fix is (`Provider.serves`,
+`Provider.missing`). A model a server lacks is refused up front, as the run's own model is
+at warm-up, instead of when its step comes, after earlier steps spent their time.
 
     require_served(cfg, uses)   ModelMissing naming each missing model, the steps that use it
                                 and the fix; HostUnreachable when no endpoint of a model's
@@ -36,7 +37,7 @@ def require_served(cfg: Config, uses: Uses) -> None:
     model is named with its steps and its fix. An endpoint that refuses connections is left
     out when another of its server answered (the run's router does the same); when none
     answers, HostUnreachable names the steps that need that server."""
-    from coder.models.factory import endpoints, make_provider, model_config
+    from coder.models.factory import model_config, provider_of
 
     listings: dict[tuple[str, str, str], list[str] | HostUnreachable] = {}  # one ask each
     missing: list[str] = []
@@ -44,13 +45,13 @@ def require_served(cfg: Config, uses: Uses) -> None:
     for model, roles in uses.items():
         place, name = model_config(cfg, model)
         place = place.updated({"request_timeout": LIST_TIMEOUT_S})
-        provider = str(place.provider)
+        provider = provider_of(place)
         down: list[HostUnreachable] = []
         answered = 0
-        for url in endpoints(place):
-            key = (provider, url, str(place.api_key_env))
+        for url in provider.endpoints(place):
+            key = (provider.name, url, str(place.api_key_env))
             if key not in listings:
-                lister = make_provider(place, url, name)
+                lister = provider.open(place, url, name)
                 try:
                     listings[key] = lister.list_models()
                 except HostUnreachable as exc:
@@ -62,22 +63,17 @@ def require_served(cfg: Config, uses: Uses) -> None:
                 down.append(served)
                 continue
             answered += 1
-            if _serves(provider, served, name):
+            if provider.serves(served, name):
                 continue
             what = f"model '{name}'" + (f" (named model {model})" if name != model else "")
-            if provider == "ollama":
-                missing.append(f"{what} is not available on {url}, {_used(roles)}")
-                fixes.append(f"run `{_pull(url, name)}`")
-            else:
-                shown = ", ".join(sorted(served)[:10])
-                missing.append(f"{what} is not served at {url} (it serves: {shown})")
-                missing[-1] += f", {_used(roles)}"
-                field = (
-                    f"models.{model}.model in coder.config.json"
-                    if name != model
-                    else "the taskfile (or model in coder.config.json)"
-                )
-                fixes.append(f"name a model it serves in {field}, or serve {name} there")
+            field = (
+                f"models.{model}.model in coder.config.json"
+                if name != model
+                else "the taskfile (or model in coder.config.json)"
+            )
+            problem, fix = provider.missing(url, name, served, field)
+            missing.append(f"{what} {problem}, {_used(roles)}")
+            fixes.append(fix)
         if down and not answered:
             first = down[0]
             raise HostUnreachable(
@@ -88,26 +84,6 @@ def require_served(cfg: Config, uses: Uses) -> None:
     if missing:
         more = f" ({len(missing)} missing)" if len(missing) > 1 else ""
         raise ModelMissing("; ".join(missing) + more, hint="; ".join(dict.fromkeys(fixes)))
-
-
-def _serves(provider: str, served: Sequence[str], name: str) -> bool:
-    """Whether `name` is among the listed models. An Ollama that lists none has none; an
-    OpenAI-compatible server that lists none does not say (given the benefit of the doubt,
-    as at warm-up). Ollama's names are compared as it resolves them: no tag is `:latest`, no
-    namespace `library/`, any case."""
-    if not served:
-        return provider != "ollama"
-    if provider != "ollama":
-        return name in served
-    from coder.models.ollama import full_name
-
-    return full_name(name) in {full_name(s) for s in served}
-
-
-def _pull(url: str, name: str) -> str:
-    from coder.models.ollama import DEFAULT_HOST
-
-    return ("" if url == DEFAULT_HOST else f"OLLAMA_HOST={url} ") + f"ollama pull {name}"
 
 
 def _used(roles: Mapping[str, Sequence[str]]) -> str:

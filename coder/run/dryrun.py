@@ -170,17 +170,17 @@ def _model(task: taskfile.Task, cfg: config_mod.Config, options: RunOptions) -> 
     the context window the run will send (`num_ctx`): the configured one, else the model's
     own (for Ollama capped by `max_num_ctx`), which only the server knows (a dry run asks no
     server; `coder doctor` does)."""
-    from coder.models.factory import endpoints, model_config
+    from coder.models.factory import model_config, provider_of
 
     place, name = model_config(cfg, str(task.model or cfg.model))
     num_ctx = place.num_ctx
-    ollama = place.provider == "ollama"
+    provider = provider_of(place)
     return {
         "name": name,
-        "provider": place.provider,
-        "host": None if options.replay else ", ".join(endpoints(place)),
+        "provider": provider.name,
+        "host": None if options.replay else ", ".join(provider.endpoints(place)),
         "replay": str(options.replay) if options.replay else None,
         "num_ctx": num_ctx,
         "num_ctx_source": place.sources["num_ctx"] if num_ctx else "the model's own",
-        "max_num_ctx": None if num_ctx or not ollama else int(place.max_num_ctx),
+        "max_num_ctx": None if num_ctx or not provider.caps_context else int(place.max_num_ctx),
     }

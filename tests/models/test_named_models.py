@@ -5,8 +5,8 @@ the end-to-end runs against two fake servers are in test_openai_run.py."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,15 +62,19 @@ def test_steps_go_to_the_server_of_their_model(
 
     made: list[tuple[str, str, str]] = []  # (provider, endpoint, model)
 
-    def recording(provider: str) -> Callable[..., FakeProvider]:
-        def make(cfg: config_mod.Config, endpoint: str, model: str) -> FakeProvider:
-            made.append((provider, endpoint, model))
-            return FakeProvider(model=model)
+    def recording(real: Any) -> Any:
+        class Recording(real):  # type: ignore[misc, valid-type]
+            """The real provider's endpoints, a fake model at each."""
 
-        return make
+            @classmethod
+            def open(cls, cfg: config_mod.Config, endpoint: str, model: str) -> FakeProvider:
+                made.append((real.name, endpoint, model))
+                return FakeProvider(model=model)
+
+        return Recording
 
     for provider in ("ollama", "openai"):
-        monkeypatch.setitem(factory.PROVIDERS, provider, recording(provider))
+        monkeypatch.setitem(factory.PROVIDERS, provider, recording(factory.PROVIDERS[provider]))
     cfg = load(tmp_path, model="qwen-7b", models={"big": BIG})
     models = open_models(cfg, redactor=Redactor())
     assert isinstance(models, RedactedModels) and isinstance(models.inner, ModelSet)
