@@ -11,6 +11,7 @@ from coder import config as config_mod
 from coder.errors import CoderError
 
 if TYPE_CHECKING:
+    from coder.models.provider import ServerProvider
     from coder.policy.confine import Support
 
 MIN_USEFUL_CTX = 8192
@@ -245,7 +246,9 @@ def _label(name: str | None, url: str | None) -> str:
     return f" ({inside})" if inside else ""
 
 
-def _endpoint(cfg: config_mod.Config, provider: Any, url: str, *, at: str) -> list[Check]:
+def _endpoint(
+    cfg: config_mod.Config, provider: ServerProvider, url: str, *, at: str
+) -> list[Check]:
     """Host, model, tool support and context window at one endpoint (the model is not
     loaded: `probe` only asks the server what it has); `at` labels the checks."""
     from coder.errors import ModelMissing

@@ -33,7 +33,7 @@ from coder.models.provider import Provider
 
 if TYPE_CHECKING:
     from coder.config import Config
-    from coder.models.provider import ModelProvider, Models
+    from coder.models.provider import Models, ServerProvider
     from coder.models.router import Router
     from coder.redact import Redactor
 
@@ -95,7 +95,7 @@ def model_config(cfg: Config, name: str) -> tuple[Config, str]:
     return cfg.updated(values, sources), str(entry["model"])
 
 
-def make_provider(cfg: Config, endpoint: str, model: str | None = None) -> ModelProvider:
+def make_provider(cfg: Config, endpoint: str, model: str | None = None) -> ServerProvider:
     return provider_of(cfg).open(cfg, endpoint, model or cfg.model)
 
 

@@ -236,10 +236,9 @@ class ModelProvider(Protocol):
     """A model at one place. `chat` streams internally, calls `on_event` per event, and
     returns the accumulated result; it raises ModelUnavailable or ModelError, never a
     transport error. `embed` turns texts into vectors (the model must be an embedding
-    model; same errors). `list_models` names the models the server serves, loading none
-    (empty: the server does not say). `warm_up` checks the server and the model
-    (ModelUnavailable with the fix when either is missing) and loads it; `close` releases
-    connections."""
+    model; same errors). `warm_up` checks the server and the model (ModelUnavailable with
+    the fix when either is missing) and loads it; `close` releases connections. What a run
+    asks of a model, and all a router, a recording or a redacting wrapper passes on."""
 
     model: str
 
@@ -254,11 +253,20 @@ class ModelProvider(Protocol):
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
 
-    def list_models(self) -> list[str]: ...
-
     def warm_up(self) -> ModelFacts: ...
 
     def close(self) -> None: ...
+
+
+class ServerProvider(ModelProvider, Protocol):
+    """A provider as its class opens it (`Provider.open`): also what is asked of the server
+    before a run and by `coder doctor`, loading no model. `list_models` names the models
+    the server serves (empty: it does not say); `probe` the facts about the model that
+    `warm_up` would load (ModelMissing when the server lacks it)."""
+
+    def list_models(self) -> list[str]: ...
+
+    def probe(self) -> ModelFacts: ...
 
 
 class Provider(Protocol):
@@ -272,7 +280,7 @@ class Provider(Protocol):
     server_name: str  # said before the server's version: "Ollama 0.5.1"; "" for none
     caps_context: bool  # an unset num_ctx is the model's own, capped by `max_num_ctx`
 
-    def open(self, cfg: Config, endpoint: str, model: str) -> ModelProvider:
+    def open(self, cfg: Config, endpoint: str, model: str) -> ServerProvider:
         """The provider for `model` at `endpoint`, set up from the config."""
         ...
 

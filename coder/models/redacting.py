@@ -102,9 +102,6 @@ class RedactedProvider:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         return self.inner.embed([self.scrub.text(t) for t in texts])
 
-    def list_models(self) -> list[str]:
-        return self.inner.list_models()
-
     def warm_up(self) -> ModelFacts:
         return self.inner.warm_up()
 

@@ -155,9 +155,6 @@ class _StepRecorder:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         return self.inner.embed(texts)  # a tool's input, not a reply: not recorded
 
-    def list_models(self) -> list[str]:
-        return self.inner.list_models()
-
     def warm_up(self) -> ModelFacts:
         return self.inner.warm_up()
 
@@ -243,9 +240,6 @@ class _StepReplay:
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         raise ModelUnavailable(f"a replay of {self.replay.path} has no embedding model")
-
-    def list_models(self) -> list[str]:
-        return [self.model]  # the recording's
 
     def warm_up(self) -> ModelFacts:
         return self.replay.warm_up()

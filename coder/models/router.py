@@ -239,9 +239,6 @@ class StepProvider:
                 self._endpoint = following
                 emit(EndpointDown(endpoint, exc.message, following, self.router.cooldown_s))
 
-    def list_models(self) -> list[str]:
-        return self._failover(lambda p: p.list_models(), None)
-
     def warm_up(self) -> ModelFacts:
         return self.router.provider(self.endpoint, self.model).warm_up()
 
