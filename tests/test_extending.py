@@ -65,7 +65,7 @@ class EchoProvider:
 
     @staticmethod
     def endpoints(cfg):
-        return [str(cfg.get("base_url") or "http://echo.invalid/v0")]
+        return [str(cfg.base_url or "http://echo.invalid/v0")]
 
     @staticmethod
     def serves(served, name):
