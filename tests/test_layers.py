@@ -36,15 +36,18 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the domain: configuration, taskfiles and their graph, test reports
     ("config", "kinds", "taskfile", "graph", "diagram", "testreport", "lintreport"),
     # safety rules and git
-    ("policy", "git", "project"),
+    ("policy", "git"),
     # what the model is shown about the code (tree-sitter, the repo map, code search)
     ("context",),
     ("models",),
     ("tools",),
     ("agent",),
+    # the run engine
     ("run",),
-    # services over runs
-    ("plan", "mcp", "doctor", "demo"),
+    # the services a user calls on a run, one module per command
+    ("services",),
+    # planning and the MCP server
+    ("plan", "mcp"),
     ("cli", "__main__"),
 )
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -33,9 +33,9 @@ def demo(keep: Path | None, live: bool, as_json: bool) -> None:
     Offline by default: a recorded model transcript is replayed, the tools, tests and git
     work happen for real in a fresh repository.
     """
-    from coder import demo as demo_mod
     from coder.cli.progress import progress_for
     from coder.cli.runs import summary_table
+    from coder.services import demo as demo_mod
 
     progress = progress_for(silent=as_json)
     if not as_json:

@@ -12,12 +12,12 @@ from coder.display import escaped, quoted_name
 
 if TYPE_CHECKING:
     from coder.run.events import Event
-    from coder.run.history import CleanedAll
+    from coder.services.history import CleanedAll
 
 
 def show_run(task_id: str, as_json: bool) -> None:
     from coder.cli.runs import run_usage, summary_table, usage_line
-    from coder.run import history
+    from coder.services import history
 
     view = history.open_run(cwd(), task_id)
     state = view.state
@@ -66,7 +66,7 @@ def show_run(task_id: str, as_json: bool) -> None:
 def diff(task_id: str, step: str | None, stat: bool) -> None:
     """Show a run's accumulated diff (base..branch) or one step's diff."""
     from coder.cli.pager import page
-    from coder.run import history
+    from coder.services import history
 
     page(history.diff(history.open_run(cwd(), task_id), step=step, stat=stat), diff=not stat)
 
@@ -79,8 +79,9 @@ def diff(task_id: str, step: str | None, stat: bool) -> None:
 @json_option
 def logs(task_id: str, follow: bool, as_json: bool) -> None:
     """Print a run's structured event log."""
-    from coder.run import events, history
+    from coder.run import events
     from coder.run.lock import read_lock_owner
+    from coder.services import history
 
     view = history.open_run(cwd(), task_id)
     if follow:
@@ -175,7 +176,7 @@ def clean(
     deleted by hand but whose agent/ branch holds their commits; only branches of coder's runs
     are ever deleted.
     """
-    from coder.run import history
+    from coder.services import history
 
     options = {"keep_branch": keep_branch, "delete_branch": delete_branch, "force": force}
     if every or merged:

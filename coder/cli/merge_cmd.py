@@ -57,7 +57,7 @@ def merge(
     If the base branch is checked out, its files follow; your uncommitted edits to other files
     are kept as they are, and edits to files the merge changes make it refuse.
     """
-    from coder.run import merge as merge_service
+    from coder.services import merge as merge_service
 
     with merge_activity(silent=as_json, quiet=quiet) as notify:
         result = merge_service.merge_run(

@@ -24,7 +24,7 @@ from coder.errors import InvalidInput
 @json_option
 def init(force: bool, example: str | None, as_json: bool) -> None:
     """Prepare this repo: .coder/ and coder.config.json."""
-    from coder import project
+    from coder.run import project
 
     if example == "list":
         names = project.example_names()
@@ -253,8 +253,8 @@ def doctor(model: str | None, as_json: bool) -> None:
 
     Exits 0 when nothing failed (warnings allowed), 3 otherwise.
     """
-    from coder import doctor as doctor_mod
     from coder.errors import EXIT_ENVIRONMENT
+    from coder.services import doctor as doctor_mod
 
     checks = doctor_mod.run_checks(cwd(), model=model)
     failed = any(c.status == "fail" for c in checks)

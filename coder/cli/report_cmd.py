@@ -33,8 +33,8 @@ def report(task_id: str, fmt: str, output: Path | None) -> None:
     commit, files changed, tests before and after, fix cycles and why, tokens, time and cache
     reuse; the whole diff's stat; how to merge or revert. Redacted like the logs.
     """
-    from coder.run import history
-    from coder.run import report as report_service
+    from coder.services import history
+    from coder.services import report as report_service
 
     view = history.open_run(cwd(), task_id)
     text = report_service.render(report_service.build(view), history.redactor_of(view), fmt)

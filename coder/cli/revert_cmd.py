@@ -46,7 +46,7 @@ def revert(task_id: str, to_step: str, mode: str, as_json: bool) -> None:
     The later steps become pending again, so `coder resume -t ID` redoes them. Only the run's
     branch and worktree change; your checkout and the base branch are never touched.
     """
-    from coder.run import revert as revert_service
+    from coder.services import revert as revert_service
 
     result = revert_service.revert_run(task_id, cwd=cwd(), to_step=to_step, mode=mode)
     if as_json:

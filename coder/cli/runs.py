@@ -140,8 +140,8 @@ def run(
     if task_id is not None:
         from pathlib import Path
 
-        from coder import project
         from coder.git import repository
+        from coder.run import project
 
         checkout = repository.open_repo(cwd()).workdir  # this checkout's tasks/, as -f would see
         path = project.find_taskfile(Path(checkout or cwd()), task_id)
@@ -304,9 +304,9 @@ def stop(task_id: str, wait: float, as_json: bool) -> None:
 @json_option
 def status(as_json: bool) -> None:
     """List the runs in this repository."""
-    from coder import project
     from coder.errors import CorruptState
     from coder.run import manifest as manifests
+    from coder.run import project
     from coder.run.lock import read_lock_owner
     from coder.run.state import DONE, StateStore
 
@@ -436,8 +436,8 @@ def _dry_run(path: Path, options: Any, as_json: bool) -> None:
     """`run --dry-run`: the plan and every check a run makes before it starts; exit 0 when it
     would start, 2 when it would be refused (the problems say why)."""
     from coder.errors import EXIT_USAGE
-    from coder.run.dryrun import dry_run
     from coder.run.secrets import view_redactor_at
+    from coder.services.dryrun import dry_run
 
     plan = dry_run(path, cwd=cwd(), options=options)
     redactor = view_redactor_at(cwd())  # the taskfile's literal secrets, as `show -f`
@@ -449,7 +449,7 @@ def _dry_run(path: Path, options: Any, as_json: bool) -> None:
 
 
 def render_dry_run(plan: Any) -> str:
-    from coder.run.dryrun import step_models
+    from coder.services.dryrun import step_models
     from coder.taskfile import shown_command
 
     task = plan.task
@@ -536,7 +536,7 @@ def dag_steps(*, path: Path | None = None, task_id: str | None = None) -> list[t
         if path is not None:
             task = taskfile.load(path)
         else:
-            from coder.run import history
+            from coder.services import history
 
             assert task_id is not None
             task = taskfile.from_dict(history.open_run(cwd(), task_id).manifest.task)
@@ -551,7 +551,7 @@ def _merge_on_success(
     """`run --merge-on-success`: (JSON, text, exit code) of merging a green run; None if red."""
     from coder.cli.merge_cmd import describe, merge_activity
     from coder.errors import CoderError
-    from coder.run import merge
+    from coder.services import merge
 
     if result.status != "success":
         return None

@@ -31,7 +31,7 @@ def validate(path: Path, as_json: bool) -> None:
     Exits 0 when the taskfile is valid, 2 when it is not.
     """
     from coder import graph
-    from coder.run import validate as validation
+    from coder.services import validate as validation
 
     problems, task = validation.check(path, cwd=cwd())
     if as_json:
@@ -151,7 +151,7 @@ def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
     from coder import diagram
 
     if task_id is not None:
-        from coder.run import history
+        from coder.services import history
 
         state = history.open_run(cwd(), task_id).state
         nodes, title = diagram.nodes_of_run(state.to_dict()), state.title

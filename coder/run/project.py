@@ -97,8 +97,9 @@ def detected_config(root: Path) -> dict[str, object]:
 
 
 def examples_dir() -> Path:
-    packaged = Path(__file__).parent / "_examples"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / TASKS_DIR
+    package = Path(__file__).parent.parent  # coder/
+    packaged = package / "_examples"
+    return packaged if packaged.is_dir() else package.resolve().parent / TASKS_DIR
 
 
 def example_names() -> list[str]:

@@ -33,12 +33,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import graph, project, taskfile
+from coder import graph, taskfile
 from coder.crashpoints import crashpoint
 from coder.errors import CoderError, ConcurrentRun, EnvironmentProblem, InvalidInput, MergedRun
 from coder.git import branches, repository, restore, workdir, worktrees
 from coder.git import commits as gitcommits
 from coder.git import land as gitland
+from coder.run import project
 from coder.run.lock import TaskLock
 from coder.run.manifest import Manifest, load_manifest
 from coder.run.state import StateStore
@@ -213,7 +214,7 @@ class _Revert:
     # --- refusals ----------------------------------------------------------------------------
 
     def _refuse_merged(self) -> None:
-        from coder.run.merge import tag_name
+        from coder.services.merge import tag_name
 
         record = self.state.merge or {}
         tag = tag_name(self.task_id)

@@ -36,7 +36,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import project
 from coder.crashpoints import crashpoint
 from coder.errors import (
     CheckoutInTheWay,
@@ -50,6 +49,7 @@ from coder.errors import (
 )
 from coder.git import branches, commits, diffs, repository, worktrees
 from coder.git import land as gitland
+from coder.run import project
 from coder.run.lock import TaskLock, pid_alive, processes_holding
 from coder.run.manifest import Manifest, load_manifest
 from coder.run.state import RunState, StateStore, StepRecord, now_iso
@@ -97,7 +97,7 @@ def merge_run(
     report: bool = False,
 ) -> MergeResult:
     """Land run `task_id` on its base branch (see the module docstring). With `report`, the
-    commit's body carries the run's report in a few lines (`coder.run.report`)."""
+    commit's body carries the run's report in a few lines (`coder.services.report`)."""
     from coder.run.events import EventLog
 
     if mode not in MODES:
@@ -315,8 +315,8 @@ class _Merge:
         """The run's report in a few lines, for the commit's body (`--report`)."""
         if not self.report:
             return None
-        from coder.run import report
-        from coder.run.history import RunView
+        from coder.services import report
+        from coder.services.history import RunView
 
         view = RunView(self.root, self.coder_dir, self.manifest, self.state, None)
         return report.commit_summary(report.build(view))

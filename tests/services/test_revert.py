@@ -16,7 +16,7 @@ import pytest
 from coder.crashpoints import REVERT_POINTS
 from coder.git import commits, repository
 from coder.run.lock import TaskLock
-from coder.run.revert import RevertPlan, plan_revert
+from coder.services.revert import RevertPlan, plan_revert
 from tests.conftest import coder, git
 from tests.helpers import snapshot, state_of, taskfile
 

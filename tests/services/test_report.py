@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from coder.run.report import StepReport
+from coder.services.report import StepReport
 from tests.conftest import coder, git
 from tests.helpers import check_mermaid, taskfile
 

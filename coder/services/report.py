@@ -3,7 +3,7 @@ JSON): the task and its spec, the DAG with statuses, per step its goal, outcome,
 changed, tests before and after, fix cycles and why, tokens, time and cache reuse; the whole
 diff's stat; how to merge or revert.
 
-Built on what `coder show -t` reads (`coder.run.history.open_run`), so its figures are show's;
+Built on what `coder show -t` reads (`coder.services.history.open_run`), so its figures are show's;
 the event log adds what the state does not keep (the failing tests each fix cycle started
 from), git the files each commit changed. Everything that leaves is redacted, as logs are (file
 names first, each on its own); a file name is quoted as git quotes an unusual one, and what
@@ -21,7 +21,7 @@ from coder.display import escaped, quoted_name
 from coder.git import branches, diffs, repository
 from coder.models.provider import cache_share
 from coder.run import events
-from coder.run.history import RunView
+from coder.services.history import RunView
 
 if TYPE_CHECKING:
     from coder.models.provider import UsageRecord
@@ -479,7 +479,7 @@ def commit_summary(report: RunReport) -> str:
 
 def render(report: RunReport, redactor: Redactor, fmt: str = "md") -> str:
     """The report as Markdown (`md`) or JSON, redacted by `redactor` (the run's secrets as
-    far as this process knows them, coder.run.history.redactor_of): each file name on its
+    far as this process knows them, coder.services.history.redactor_of): each file name on its
     own first (before it is quoted), then the whole text."""
     import json
 

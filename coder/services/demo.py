@@ -35,10 +35,11 @@ class DemoResult:
 
 
 def assets() -> DemoAssets:
-    packaged = Path(__file__).parent / "_demo"
+    package = Path(__file__).parent.parent  # coder/
+    packaged = package / "_demo"
     if packaged.is_dir():
         return DemoAssets(packaged / "project", packaged / "task.yaml", packaged / "recording.json")
-    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    fixtures = package.resolve().parent / "fixtures"
     return DemoAssets(
         fixtures / "pyproject-sample",
         fixtures / "demo" / "task.yaml",
@@ -69,7 +70,8 @@ def run(
 ) -> DemoResult:
     """The demo run, then its merge. `console` and `loop_events` are the run's progress
     (`RunOptions.live`)."""
-    from coder.run import merge, runs
+    from coder.run import runs
+    from coder.services import merge
 
     demo = assets()
     repo_dir = prepare(target)
