@@ -58,8 +58,8 @@ from coder.models.provider import (
     Usage,
 )
 from coder.models.provider import estimate_tokens as estimate_text_tokens
+from coder.tools import TERMINAL_TOOL
 
-TERMINAL = "step_complete"
 CHARS_PER_TOKEN = 4  # a conservative estimate for code and English
 FILL = 0.85  # fold older tool results beyond this share of the context window
 KEEP_RECENT = 2  # the newest tool results are never folded
@@ -293,7 +293,7 @@ class AgentLoop:
             return
         self.emit(ToolStarted(turn, call.name, _target(call.arguments)))
         began = time.monotonic()
-        if call.name == TERMINAL:
+        if call.name == TERMINAL_TOOL:
             rejection = self.verify(call.arguments)
             self.emit(ToolFinished(turn, call.name, time.monotonic() - began))
             if rejection is None:
@@ -419,7 +419,6 @@ def _target(arguments: Arguments) -> str:
 
 
 __all__ = [
-    "TERMINAL",
     "AgentLoop",
     "Limits",
     "LoopResult",

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from coder.mcp.flatten import argument_problem, flatten_schema
-from coder.tools.registry import NAME_RE, Registry, Tool, ToolContext, ToolResult
+from coder.tools.base import Tool, ToolContext, ToolResult
+from coder.tools.registry import NAME_RE, Registry
 
 if TYPE_CHECKING:
     from coder.agent.session import AgentSession, EventSink

@@ -21,7 +21,8 @@ from typing import Any
 
 from coder.errors import EnvironmentProblem
 from coder.schemas import JsonSchema
-from coder.tools.registry import Registry, ToolContext, ToolResult
+from coder.tools.base import ToolContext, ToolResult
+from coder.tools.registry import Registry
 
 HOST = "127.0.0.1"  # never another interface: the tools write files and run commands
 DEFAULT_PORT = 3323

@@ -20,7 +20,7 @@ from typing import Any
 
 from coder.errors import CoderError, InvalidInput, RunNotStarted
 from coder.policy.paths import resolve_in_root
-from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
+from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
 
 START_WAIT = 5.0  # seconds task_run waits for the run to be created (or to fail early)
 

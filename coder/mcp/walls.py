@@ -29,7 +29,8 @@ from typing import Any
 
 from coder.errors import EnvironmentProblem
 from coder.git.guard import GitGuard
-from coder.tools.registry import Registry, ToolContext, ToolResult
+from coder.tools.base import ToolContext, ToolResult
+from coder.tools.registry import Registry
 
 _HINT = (
     "commands run by `coder mcp serve` cannot change the repository's .git (config, hooks, "

@@ -1,7 +1,11 @@
 """coder's tools, in one registry used by the agent loop and the MCP server.
 
-    registry.py  Tool, ToolResult, ToolContext, Registry (validation, errors as data,
-                 redaction), tools_for_kind, doc_write_filter, default_registry()
+    base.py      Tool, ToolResult, ToolContext, params, prop: what every tool module takes
+    registry.py  Registry (validation, errors as data, redaction), tools_for_kind,
+                 doc_write_filter, step_complete, default_registry()
+    worktree.py  a model's path resolved in the worktree, writes that follow no link, globs,
+                 numbered lines and the closest match (shared by fs, git, search and shell)
+    envfiles.py  `.env` files: their values registered as secrets before a tool answers
     fs.py        fs_read, fs_write, fs_edit, fs_glob, fs_grep
     git.py       git_status, git_diff, git_log, fs_apply_patch (libgit2 applies it)
     search.py    code_search (coder.context.search: BM25, optionally with embeddings)
@@ -20,13 +24,11 @@ May import: context, policy, git, models' value types and the base modules. Neve
 
 from __future__ import annotations
 
+from coder.tools.base import Tool, ToolContext, ToolResult
 from coder.tools.registry import (
     DOC_PATTERNS,
     TERMINAL_TOOL,
     Registry,
-    Tool,
-    ToolContext,
-    ToolResult,
     default_registry,
     doc_write_filter,
     tools_for_kind,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from coder.context import syntax
 from coder.errors import PolicyViolation
 from coder.lintreport import Finding, Linter, linters_for, new_findings, parse_output
-from coder.tools.registry import ToolContext, ToolResult
+from coder.tools.base import ToolContext, ToolResult
 
 LINT_TIMEOUT_S = 60
 MAX_FINDINGS = 10  # shown per edit

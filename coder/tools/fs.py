@@ -10,7 +10,6 @@ error says how to escape. Regexes run in a child process with a time limit, beca
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -20,18 +19,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from coder import nofollow
-from coder.errors import LinkInTheWay, PolicyViolation
-from coder.policy.paths import resolve_in_root
 from coder.tools import feedback
-from coder.tools.registry import (
-    Tool,
-    ToolContext,
-    ToolResult,
-    is_env_file,
-    params,
-    prop,
-    register_env_file,
+from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
+from coder.tools.envfiles import is_env_file, register_env_file
+from coder.tools.worktree import (
+    closest_match,
+    glob_regex,
+    normalize_glob,
+    numbered,
+    real_root,
+    resolve,
+    write_in_root,
 )
 
 MAX_LINE_CHARS = 2000  # fs_read cuts longer lines
@@ -68,76 +66,8 @@ SKIP_DIRS = frozenset(
 # --------------------------------------------------------------------------- shared helpers
 
 
-def real_root(ctx: ToolContext) -> str:
-    return os.path.realpath(ctx.root)
-
-
-def resolve(ctx: ToolContext, path: str, *, write: bool) -> tuple[Path, str]:
-    """The real path of a model-supplied path and its repo-relative posix form. Writes are also
-    checked against `ctx.write_filter`, on both the name given and the resolved target."""
-    real = resolve_in_root(ctx.root, path, write=write, policy=ctx.policy)
-    root = real_root(ctx)
-    rel = Path(os.path.relpath(real, root)).as_posix()
-    if write and ctx.write_filter is not None:
-        lexical = os.path.normpath(os.path.join(root, path))
-        names = {rel, Path(os.path.relpath(lexical, root)).as_posix()}
-        for name in sorted(names):
-            reason = ctx.write_filter(name)
-            if reason:
-                raise PolicyViolation(
-                    f"refusing to write {path}: {reason}",
-                    hint="choose a file this step is allowed to change",
-                )
-    return real, rel
-
-
-def write_in_root(
-    ctx: ToolContext, rel: str, data: bytes, *, mode: int, new_only: bool = False
-) -> None:
-    """Write `rel` (resolved: inside the worktree, no link on its way when it was checked)
-    without following a link: a process the model left running may swap a directory for a
-    link between the check and the write, and the write then fails instead of landing
-    outside (`coder.nofollow`)."""
-    try:
-        nofollow.write_file(
-            real_root(ctx), rel, data, mode=mode, exact_mode=True, new_only=new_only
-        )
-    except LinkInTheWay as exc:
-        raise PolicyViolation(
-            f"refusing to write {rel}: {exc.rel} became a symbolic link while it was written",
-            hint="a process left running changes the worktree; end it, then try again",
-        ) from None
-
-
 def is_binary(head: bytes) -> bool:
     return b"\0" in head[:8192]
-
-
-def numbered(lines: list[str], first: int, width: int = 5) -> str:
-    """`   12| text` lines, as fs_read shows them."""
-    return "\n".join(f"{n:>{width}}| {line}" for n, line in enumerate(lines, first))
-
-
-def closest_match(lines: list[str], target: list[str]) -> tuple[int, int, float] | None:
-    """(start, end, similarity) of the window of len(target) lines most like `target`
-    (0-based, end exclusive). quick_ratio preselects, so a long file stays fast."""
-    if not lines or not target:
-        return None
-    n = min(len(target), len(lines))
-    want = "\n".join(target)
-    matcher = difflib.SequenceMatcher(None, autojunk=False)
-    matcher.set_seq2(want)
-    scored = []
-    for i in range(0, len(lines) - n + 1):
-        matcher.set_seq1("\n".join(lines[i : i + n]))
-        scored.append((matcher.quick_ratio(), i))
-    best: tuple[int, int, float] | None = None
-    for _, i in sorted(scored, key=lambda s: (-s[0], s[1]))[:8]:
-        matcher.set_seq1("\n".join(lines[i : i + n]))
-        ratio = matcher.ratio()
-        if best is None or ratio > best[2]:
-            best = (i, i + n, ratio)
-    return best
 
 
 def _line_of(text: str, pos: int) -> int:
@@ -378,40 +308,6 @@ def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 # --------------------------------------------------------------------------- walking, globs
 
 
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """A glob as a regex over repo-relative posix paths: `*` and `?` stay within one path
-    part, `**` spans parts, `[...]` and `{a,b}` work. A pattern without `/` matches the file
-    name at any depth (`*.py`)."""
-    out, i, n = [], 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif c == "*":
-            out.append("[^/]*")
-            i += 1
-        elif c == "?":
-            out.append("[^/]")
-            i += 1
-        elif c == "[" and (j := pattern.find("]", i + 2)) > 0:
-            body = pattern[i + 1 : j]
-            body = "^" + body[1:] if body.startswith("!") else body
-            out.append("[" + body.replace("\\", "\\\\") + "]")
-            i = j + 1
-        elif c == "{" and (j := pattern.find("}", i)) > 0 and "," in pattern[i:j]:
-            out.append("(?:" + "|".join(re.escape(a) for a in pattern[i + 1 : j].split(",")) + ")")
-            i = j + 1
-        else:
-            out.append(re.escape(c))
-            i += 1
-    body = "".join(out)
-    return re.compile(body if "/" in pattern else f"(?:.*/)?{body}")
-
-
 def walk_files(root: str, *, links: bool = True) -> Iterator[str]:
     """Repo-relative posix paths of the regular files under `root`, sorted depth-first.
     Symlinked directories are not entered; symlinks leading outside the root (all symlinks with
@@ -455,26 +351,6 @@ def walk_files(root: str, *, links: bool = True) -> Iterator[str]:
             if count >= MAX_WALK_FILES:
                 return
         stack.extend(reversed(subdirs))
-
-
-def normalize_glob(ctx: ToolContext, pattern: str) -> str:
-    root = real_root(ctx)
-    pattern = pattern.strip()
-    if pattern.startswith(root.rstrip("/") + "/"):
-        pattern = pattern[len(root.rstrip("/")) + 1 :]
-    if pattern.startswith("/") or pattern.startswith("../") or "/../" in pattern:
-        raise PolicyViolation(
-            f"glob {pattern!r} leaves the repository",
-            hint="patterns are relative to the repository root, e.g. src/**/*.py",
-        )
-    pattern = pattern.removeprefix("./")
-    if pattern in ("", "."):
-        return "**"
-    if pattern.endswith("/") or (
-        not re.search(r"[*?\[{]", pattern) and os.path.isdir(os.path.join(root, pattern))
-    ):
-        return pattern.rstrip("/") + "/**"  # a directory: everything below it
-    return pattern
 
 
 def fs_glob(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
@@ -570,6 +446,25 @@ def fs_grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             "files": [[f, os.path.join(root, f)] for f in files],
         }
     )
+    rows, stats, timed_out, err = _run_grep(request)
+    if not timed_out and not stats:
+        return ToolResult.error("the search failed: " + err[-500:])
+    for rel in {r[0] for r in rows}:
+        if is_env_file(rel.rsplit("/", 1)[-1]):
+            register_env_file(Path(root) / rel, ctx.redactor)
+    lines = [f"{rel}:{no}: {text}" for rel, no, text in rows]
+    notes = _grep_notes(stats, timed_out=timed_out, limit=limit)
+    head = "\n".join(lines) if lines else f"no matches for {pattern!r} in {len(files)} files"
+    text = head + "".join(f"\n[{n}]" for n in notes)
+    data = {"count": len(rows), "files_searched": len(files), "timed_out": timed_out}
+    if timed_out and not rows:
+        return ToolResult.error(notes[0], hint="simplify the regular expression", data=data)
+    return ToolResult(True, text, data=data)
+
+
+def _run_grep(request: str) -> tuple[list[list[Any]], dict[str, Any], bool, str]:
+    """The worker's matches, its summary (empty when it failed), whether it was stopped
+    after GREP_TIMEOUT_S, and what it printed on stderr."""
     timed_out = False
     try:
         proc = subprocess.run(
@@ -585,12 +480,11 @@ def fs_grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         timed_out, out, err = True, exc.stdout or b"", b""
     rows = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
     stats: dict[str, Any] = rows.pop() if rows and isinstance(rows[-1], dict) else {}
-    if not timed_out and not stats:
-        return ToolResult.error("the search failed: " + err.decode(errors="replace")[-500:])
-    for rel in {r[0] for r in rows}:
-        if is_env_file(rel.rsplit("/", 1)[-1]):
-            register_env_file(Path(root) / rel, ctx.redactor)
-    lines = [f"{rel}:{no}: {text}" for rel, no, text in rows]
+    return rows, stats, timed_out, err.decode(errors="replace")
+
+
+def _grep_notes(stats: dict[str, Any], *, timed_out: bool, limit: int) -> list[str]:
+    """What the model is told about a search it sees only part of."""
     notes = []
     if timed_out:
         notes.append(
@@ -614,12 +508,7 @@ def fs_grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             f"{stats['long_lines']} lines longer than {GREP_MAX_LINE} chars were "
             "searched only in their beginning"
         )
-    head = "\n".join(lines) if lines else f"no matches for {pattern!r} in {len(files)} files"
-    text = head + "".join(f"\n[{n}]" for n in notes)
-    data = {"count": len(rows), "files_searched": len(files), "timed_out": timed_out}
-    if timed_out and not rows:
-        return ToolResult.error(notes[0], hint="simplify the regular expression", data=data)
-    return ToolResult(True, text, data=data)
+    return notes
 
 
 # --------------------------------------------------------------------------- definitions

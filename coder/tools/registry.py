@@ -19,17 +19,14 @@ nested objects are not used. `register` enforces it.
 
 from __future__ import annotations
 
-import copy
 import difflib
 import errno
 import functools
 import json
 import os
 import re
-import threading
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -39,135 +36,16 @@ from jsonschema.exceptions import ValidationError
 from coder import yamldoc
 from coder.errors import CoderError, EnvironmentProblem, InvalidInput, PolicyViolation
 from coder.models.provider import Arguments
-from coder.policy.commands import Policy
 from coder.redact import Redactor
+from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
+from coder.tools.envfiles import register_env_files
 
 if TYPE_CHECKING:
     from coder.models.provider import ToolSchema
-    from coder.schemas import JsonSchema
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _PROPERTY_KEYS = frozenset({"type", "description", "enum", "items"})
-_ENV_FILE_MAX_BYTES = 1 << 20
 _INT_TEXT = re.compile(r"\s*-?\d{1,12}\s*")
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    ok: bool
-    content: str  # what the model sees (for an error: the message)
-    data: dict[str, Any] = field(default_factory=dict)  # structured extras for the harness/MCP
-    hint: str | None = None
-
-    @classmethod
-    def error(
-        cls, message: str, hint: str | None = None, data: dict[str, Any] | None = None
-    ) -> ToolResult:
-        return cls(ok=False, content=message, data=dict(data or {}), hint=hint)
-
-    def as_text(self) -> str:
-        if self.ok:
-            return self.content
-        return f"error: {self.content}" + (f"\nhint: {self.hint}" if self.hint else "")
-
-
-@dataclass
-class ToolContext:
-    root: Path  # the worktree
-    policy: Policy
-    redactor: Redactor
-    cancel: threading.Event | None = None
-    test_command: str | None = None  # configured; None means detect
-    write_filter: Callable[[str], str | None] | None = None  # repo-relative path -> refusal
-    command_timeout: int | None = None  # cap for shell_run/tests_run; None: the policy's
-    read_limit: int = 400  # lines per fs_read page
-    owner: str | None = None  # sandbox owner token, so `coder resume` can kill leftovers
-    cache_dir: Path | None = None  # .coder/cache: code_search's index (None: in memory only)
-    veto_syntax_errors: bool = True  # refuse an edit that leaves a new syntax error
-    lint_after_edit: bool = True  # lint each edited file (configured or detected linter)
-    lint_command: str | None = None  # configured, with {file}; None means detect
-    embedder: Callable[[Sequence[str]], list[list[float]]] | None = None  # hybrid code_search
-    embed_key: str = ""  # the embedding model (names its vector cache)
-    # in a run: an EnvironmentProblem or a full disk stops the run instead of being an
-    # answer to the model (the MCP server keeps answering: its client decides)
-    stop_on_environment: bool = False
-    _env_scanned: bool = field(default=False, init=False, repr=False)
-    _edits: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)  # lint memo
-
-
-Handler = Callable[[ToolContext, Arguments], ToolResult]
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    description: str
-    parameters: JsonSchema
-    handler: Handler
-    read_only: bool
-    terminal: bool = False
-
-    def definition(self) -> ToolSchema:
-        """Ollama's (and OpenAI's) function-tool shape."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": copy.deepcopy(self.parameters),
-            },
-        }
-
-
-def params(properties: dict[str, JsonSchema], required: Iterable[str] = ()) -> JsonSchema:
-    """A flat object schema (see the module docstring)."""
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(required),
-        "additionalProperties": False,
-    }
-
-
-def prop(type_: str, description: str, **extra: Any) -> JsonSchema:
-    return {"type": type_, "description": description, **extra}
-
-
-# --------------------------------------------------------------------------- .env secrets
-
-
-def is_env_file(name: str) -> bool:
-    """`.env` and `.env.*` (the names whose values `secrets_from_env_file` understands)."""
-    return name == ".env" or name.startswith(".env.")
-
-
-def register_env_file(path: Path, redactor: Redactor) -> None:
-    """Register the secret values of one `.env`-style file (unreadable or huge: skipped)."""
-    try:
-        if path.is_file() and path.stat().st_size <= _ENV_FILE_MAX_BYTES:
-            redactor.add_env_file(path.read_text(encoding="utf-8", errors="replace"))
-    except OSError:
-        pass
-
-
-def register_env_files(root: Path, redactor: Redactor) -> None:
-    """Register the `.env*` files at the root and one directory down, so that a command that
-    prints one (`cat .env`) is redacted too. Deeper ones are registered when a tool reads them."""
-    dirs = [root]
-    try:
-        with os.scandir(root) as entries:
-            for entry in entries:
-                if is_env_file(entry.name):
-                    register_env_file(Path(entry.path), redactor)
-                elif entry.is_dir(follow_symlinks=False) and entry.name not in (".git", ".coder"):
-                    dirs.append(Path(entry.path))
-        for sub in dirs[1:]:
-            with os.scandir(sub) as entries:
-                for entry in entries:
-                    if is_env_file(entry.name):
-                        register_env_file(Path(entry.path), redactor)
-    except OSError:
-        pass
 
 
 # --------------------------------------------------------------------------- registry
@@ -498,7 +376,8 @@ STEP_COMPLETE = Tool(
 def default_registry() -> Registry:
     """The standard tool set, built once. Callers must not register into it; build a
     `Registry()` of their own (e.g. with MCP tools) instead."""
-    from coder.tools import fs, git, search, shell  # here: those modules import this one
+    # here, not at the top: they load libgit2 and the sandbox, which a Registry alone never needs
+    from coder.tools import fs, git, search, shell
 
     reg = Registry()
     for tool in (

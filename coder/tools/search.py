@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from coder.errors import CoderError
-from coder.tools.fs import glob_regex, normalize_glob, numbered, real_root
-from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
+from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
+from coder.tools.worktree import glob_regex, normalize_glob, numbered, real_root
 
 MAX_RESULTS = 20
 RESULT_CHARS = 6000

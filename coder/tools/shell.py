@@ -15,8 +15,8 @@ from typing import Any
 from coder.errors import PolicyViolation
 from coder.policy.sandbox import CommandResult, run_command
 from coder.testreport import framework_of, parse_output, test_command
-from coder.tools.fs import resolve
-from coder.tools.registry import Tool, ToolContext, ToolResult, params, prop
+from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
+from coder.tools.worktree import resolve
 
 TAIL_CHARS = 8000  # per stream shown to the model
 

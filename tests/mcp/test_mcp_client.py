@@ -206,7 +206,8 @@ def test_mcp_list_json(make_repo) -> None:
 
 def test_flatten_keeps_what_the_ollama_client_drops_in_descriptions() -> None:
     from coder.mcp.flatten import argument_problem, flatten_schema
-    from coder.tools.registry import Registry, Tool, ToolResult
+    from coder.tools.base import Tool, ToolResult
+    from coder.tools.registry import Registry
 
     schema = {
         "type": "object",

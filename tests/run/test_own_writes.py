@@ -309,7 +309,8 @@ def test_the_file_tools_never_write_through_a_link_swapped_in_under_them(
     several seconds, every write lands in the worktree or is refused, never outside."""
     from coder.policy.commands import Policy
     from coder.redact import Redactor
-    from coder.tools.registry import ToolContext, default_registry
+    from coder.tools.base import ToolContext
+    from coder.tools.registry import default_registry
 
     repo = make_repo({"README.md": "# r\n"})
     root = tmp_path / "wt"
@@ -357,7 +358,8 @@ def test_the_file_tools_never_write_through_a_link_swapped_in_under_them(
 def test_fs_edit_keeps_the_files_mode(tmp_path: Path) -> None:
     from coder.policy.commands import Policy
     from coder.redact import Redactor
-    from coder.tools.registry import ToolContext, default_registry
+    from coder.tools.base import ToolContext
+    from coder.tools.registry import default_registry
 
     (tmp_path / "run.sh").write_text("echo a\n")
     (tmp_path / "run.sh").chmod(0o750)

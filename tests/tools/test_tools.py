@@ -24,7 +24,7 @@ from coder.tools import (
     doc_write_filter,
     tools_for_kind,
 )
-from coder.tools.registry import params, prop
+from coder.tools.base import params, prop
 from tests.conftest import git
 
 PYTHON = shlex.quote(sys.executable)

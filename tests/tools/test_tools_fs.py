@@ -13,6 +13,7 @@ from coder.policy.commands import Policy
 from coder.redact import Redactor
 from coder.tools import ToolContext, ToolResult, default_registry, doc_write_filter
 from coder.tools import fs as fs_module
+from coder.tools.worktree import glob_regex
 
 APP = "".join(f"line {i}\n" for i in range(1, 11))
 CODE = """\
@@ -398,7 +399,7 @@ def test_fs_glob_matches_sorted_and_skips_noise(ctx: ToolContext) -> None:
 
 
 def test_glob_regex() -> None:
-    rx = fs_module.glob_regex
+    rx = glob_regex
     assert rx("**/*.py").fullmatch("a.py") and rx("**/*.py").fullmatch("a/b/c.py")
     assert not rx("src/*.py").fullmatch("src/a/b.py")
     assert rx("src/**/test_?.py").fullmatch("src/x/y/test_a.py")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from coder.agent import events as ev
 from coder.agent import prompts
-from coder.agent.loop import TERMINAL, AgentLoop, Limits, LoopResult
+from coder.agent.loop import AgentLoop, Limits, LoopResult
 from coder.agent.prefix import step_focus
 from coder.agent.session import model_at
 from coder.durable import make_private_dirs, write_private
@@ -20,13 +20,14 @@ from coder.policy.paths import naming
 from coder.run.steps import StepContext, StepOutcome
 from coder.safeio import read_regular
 from coder.taskfile import Step, is_repo_relative, parse_duration
+from coder.tools import TERMINAL_TOOL
 
 EXTERNAL_SEPARATOR = "__"  # external MCP tools are <server>__<tool> (coder.mcp.client)
 
 if TYPE_CHECKING:
     from coder.models.provider import Arguments, Message
     from coder.run.events import EventLog
-    from coder.tools.registry import ToolContext
+    from coder.tools.base import ToolContext
 
 
 def run(ctx: StepContext) -> StepOutcome:
@@ -37,7 +38,7 @@ def run(ctx: StepContext) -> StepOutcome:
     allowed = allowed_tools(
         ctx.step, tools_for_kind(ctx.step.kind, ctx.agent.registry), ctx.agent.registry.names()
     )
-    if ctx.step.tools is not None and allowed == [TERMINAL]:
+    if ctx.step.tools is not None and allowed == [TERMINAL_TOOL]:
         ctx.log.warning(
             "run.warning",
             message=f"step {ctx.step.id}: its tools list "
@@ -81,7 +82,7 @@ def allowed_tools(step: Step, kind_tools: list[str], names: list[str]) -> list[s
         return kind_tools
     listed = {n for n in names if any(fnmatch.fnmatchcase(n, p) for p in step.tools)}
     usable = set(kind_tools) | {n for n in names if EXTERNAL_SEPARATOR in n}
-    return [n for n in names if n == TERMINAL or (n in listed and n in usable)]
+    return [n for n in names if n == TERMINAL_TOOL or (n in listed and n in usable)]
 
 
 def converse(
@@ -97,7 +98,8 @@ def converse(
     then tool calls until an accepted step_complete or a bound. The (redacted) transcript is
     kept as an artifact. The loop's events go to the event log and the live view, with the
     fix `cycle` (of a test step) attached."""
-    from coder.tools.registry import ToolContext, doc_write_filter
+    from coder.tools.base import ToolContext
+    from coder.tools.registry import doc_write_filter
     from coder.tools.settings import code_settings
 
     session = ctx.agent

@@ -1,0 +1,109 @@
+"""What every tool module takes: a tool's types and its flat JSON Schema parameters.
+
+    ToolResult   what a call answers (errors are data: `ToolResult.error(message, hint)`)
+    ToolContext  where and under which rules a call runs (the worktree, the policy, the
+                 redactor, the edit checks)
+    Tool         a name, a description, the parameters and a handler `(ctx, args) -> result`
+    params, prop the flat object schema of a tool's parameters (see coder.tools.registry)
+
+Imports none of the tool modules, so fs, git, search and shell import it and the registry
+imports them without a circle.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coder.models.provider import Arguments
+from coder.policy.commands import Policy
+from coder.redact import Redactor
+
+if TYPE_CHECKING:
+    from coder.models.provider import ToolSchema
+    from coder.schemas import JsonSchema
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    ok: bool
+    content: str  # what the model sees (for an error: the message)
+    data: dict[str, Any] = field(default_factory=dict)  # structured extras for the harness/MCP
+    hint: str | None = None
+
+    @classmethod
+    def error(
+        cls, message: str, hint: str | None = None, data: dict[str, Any] | None = None
+    ) -> ToolResult:
+        return cls(ok=False, content=message, data=dict(data or {}), hint=hint)
+
+    def as_text(self) -> str:
+        if self.ok:
+            return self.content
+        return f"error: {self.content}" + (f"\nhint: {self.hint}" if self.hint else "")
+
+
+@dataclass
+class ToolContext:
+    root: Path  # the worktree
+    policy: Policy
+    redactor: Redactor
+    cancel: threading.Event | None = None
+    test_command: str | None = None  # configured; None means detect
+    write_filter: Callable[[str], str | None] | None = None  # repo-relative path -> refusal
+    command_timeout: int | None = None  # cap for shell_run/tests_run; None: the policy's
+    read_limit: int = 400  # lines per fs_read page
+    owner: str | None = None  # sandbox owner token, so `coder resume` can kill leftovers
+    cache_dir: Path | None = None  # .coder/cache: code_search's index (None: in memory only)
+    veto_syntax_errors: bool = True  # refuse an edit that leaves a new syntax error
+    lint_after_edit: bool = True  # lint each edited file (configured or detected linter)
+    lint_command: str | None = None  # configured, with {file}; None means detect
+    embedder: Callable[[Sequence[str]], list[list[float]]] | None = None  # hybrid code_search
+    embed_key: str = ""  # the embedding model (names its vector cache)
+    # in a run: an EnvironmentProblem or a full disk stops the run instead of being an
+    # answer to the model (the MCP server keeps answering: its client decides)
+    stop_on_environment: bool = False
+    _env_scanned: bool = field(default=False, init=False, repr=False)
+    _edits: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)  # lint memo
+
+
+Handler = Callable[[ToolContext, Arguments], ToolResult]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: JsonSchema
+    handler: Handler
+    read_only: bool
+    terminal: bool = False
+
+    def definition(self) -> ToolSchema:
+        """Ollama's (and OpenAI's) function-tool shape."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": copy.deepcopy(self.parameters),
+            },
+        }
+
+
+def params(properties: dict[str, JsonSchema], required: Iterable[str] = ()) -> JsonSchema:
+    """A flat object schema (see the module docstring)."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(required),
+        "additionalProperties": False,
+    }
+
+
+def prop(type_: str, description: str, **extra: Any) -> JsonSchema:
+    return {"type": type_, "description": description, **extra}
