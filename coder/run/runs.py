@@ -42,6 +42,7 @@ from coder.git import restore as gitrestore
 from coder.interrupts import STOP_SIGNALS, detach_terminal
 from coder.run import amend, project
 from coder.run import manifest as manifests
+from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import TaskLock
 from coder.run.manifest import Manifest, load_manifest, manifest_path, new_run
 from coder.run.secrets import restore, run_secrets, stored_task
@@ -552,16 +553,15 @@ def reconcile(repo: Repo, state: RunState, manifest: Manifest, worktree: Path) -
     tip = branches.branch_tip(repo, branch)
     if tip is None:
         raise _branch_gone(repo, state, branch)
-    foreign = gitcommits.foreign_commits(
-        repo, branch=branch, base_commit=manifest.base_commit, task_id=task_id
+    refuse_foreign_commits(
+        repo,
+        branch=branch,
+        base_commit=manifest.base_commit,
+        task_id=task_id,
+        refusing="refusing to resume so none of that work is lost",
+        hint=f"move those commits to another branch and reset {branch} to its last coder "
+        "commit, then resume",
     )
-    if foreign:
-        raise EnvironmentProblem(
-            f"branch {branch} has commits coder did not make ({', '.join(c[:8] for c in foreign)}) "
-            "or no longer contains the run's base; refusing to resume so none of that work is lost",
-            hint=f"move those commits to another branch and reset {branch} to its last coder "
-            "commit, then resume",
-        )
     if not worktrees.worktree_ready(worktree):
         cut_short = {
             worktrees.CREATING: "the checkout of worktree {} was cut short; checked it out again",

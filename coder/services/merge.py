@@ -50,6 +50,7 @@ from coder.errors import (
 from coder.git import branches, commits, diffs, repository, worktrees
 from coder.git import land as gitland
 from coder.run import project
+from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import TaskLock, pid_alive, processes_holding
 from coder.run.manifest import Manifest, load_manifest
 from coder.run.state import RunState, StateStore, StepRecord, now_iso
@@ -264,19 +265,15 @@ class _Merge:
                 f"run {self.task_id} is {status}; only a successful run can be merged",
                 hint=f"finish it with `coder resume -t {self.task_id}`, then merge",
             )
-        foreign = commits.foreign_commits(
+        refuse_foreign_commits(
             self.repo,
             branch=self.branch,
             base_commit=self.manifest.base_commit,
             task_id=self.task_id,
+            refusing="refusing to land work no run checked",
+            hint=f"merge it with git yourself, or move those commits elsewhere and reset "
+            f"{self.branch} to its last coder commit",
         )
-        if foreign:
-            raise EnvironmentProblem(
-                f"branch {self.branch} has commits coder did not make "
-                f"({', '.join(c[:8] for c in foreign[:5])}); refusing to land work no run checked",
-                hint=f"merge it with git yourself, or move those commits elsewhere and reset "
-                f"{self.branch} to its last coder commit",
-            )
 
     # --- building the result ---------------------------------------------------------------
 

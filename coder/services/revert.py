@@ -40,6 +40,7 @@ from coder.git import branches, repository, restore, workdir, worktrees
 from coder.git import commits as gitcommits
 from coder.git import land as gitland
 from coder.run import project
+from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import TaskLock
 from coder.run.manifest import Manifest, load_manifest
 from coder.run.state import StateStore
@@ -253,20 +254,15 @@ class _Revert:
         return tip
 
     def _refuse_foreign(self) -> None:
-        foreign = gitcommits.foreign_commits(
+        refuse_foreign_commits(
             self.repo,
             branch=self.branch,
             base_commit=self.manifest.base_commit,
             task_id=self.task_id,
+            refusing="refusing to revert so none of that work is lost",
+            hint=f"move those commits to another branch and reset {self.branch} to its last "
+            "coder commit, then revert again",
         )
-        if foreign:
-            raise EnvironmentProblem(
-                f"branch {self.branch} has commits coder did not make "
-                f"({', '.join(c[:8] for c in foreign[:5])}) or no longer contains the run's base; "
-                "refusing to revert so none of that work is lost",
-                hint=f"move those commits to another branch and reset {self.branch} to its last "
-                "coder commit, then revert again",
-            )
 
     # --- the worktree ------------------------------------------------------------------------
 
