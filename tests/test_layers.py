@@ -4,11 +4,16 @@ Every `import coder.x` / `from coder.x import ...` in every module (at module le
 functions and under TYPE_CHECKING alike) is read with `ast` and checked against the layer map
 below. A new module must be placed in the map; a new upward import fails here with the file,
 line and both layers named.
+
+Inside the layers, modules import without circles: the module-level import graph (a node per
+module, not per layer) is searched for one, and a circle fails naming its modules in order
+(imports under TYPE_CHECKING are left out of that graph: see test_no_import_circle).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -59,12 +64,9 @@ def unit_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else parts[0]
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
@@ -190,3 +192,148 @@ def test_the_checker_sees_pygit2(tmp_path: Path) -> None:
     assert GIT_PACKAGE / "repository.py" in MODULES and all(
         GIT_PACKAGE not in p.parents for p in OUTSIDE_GIT
     )
+
+
+# --------------------------------------------------------------------------- import circles
+
+# Circles found when this check was added (issue 22), each in another slice's part of the
+# package: they are to be ended there, and this list then shrinks. A new circle fails, and
+# so does one listed here that no longer exists.
+KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset(
+    {
+        # progress_for/activity_for pick the live view; live.py extends progress's classes
+        frozenset({"coder.cli.live", "coder.cli.progress"}),
+    }
+)
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under `if TYPE_CHECKING:` (they never run)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        test = node.test if isinstance(node, ast.If) else None
+        name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+        if name == "TYPE_CHECKING":
+            assert isinstance(node, ast.If)
+            skipped |= {id(n) for sub in node.body for n in ast.walk(sub)}
+    return skipped
+
+
+def module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The modules of `modules` that `path` imports, at module level or inside a function
+    (a lazy import only puts off the circle). `from coder.x import y` is an edge to the
+    module `coder.x.y` when there is one, else to `coder.x`. A package's `__init__` is not
+    counted as imported by its submodules' imports (Python runs it first, but it is the
+    package's index, not a dependency)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    skipped = _type_checking_only(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+    return found & modules
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the modules it imports, over every module under `package`."""
+    paths = {module_name(p, package): p for p in sorted(package.rglob("*.py"))}
+    names = set(paths)
+    return {m: module_imports(p, names) - {m} for m, p in paths.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected part of `graph` (Tarjan), as the path that goes
+    round it: `[a, b, a]` for a imports b imports a."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    parts: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = {stack.pop()}
+            while v not in part:
+                part.add(stack.pop())
+            if len(part) > 1:
+                parts.append(part)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_round(graph, part) for part in parts]
+
+
+def _round(graph: dict[str, set[str]], part: set[str]) -> list[str]:
+    """The shortest way from the part's first module back to it, inside the part."""
+    start = min(part)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(graph[v] & part):
+            if w == start:
+                return paths[v] + [start]
+            if w not in paths:
+                paths[w] = paths[v] + [w]
+                queue.append(w)
+    raise AssertionError(f"no way round {sorted(part)}")
+
+
+def test_no_import_circle() -> None:
+    """No module of coder imports itself back through others: a circle means neither module
+    can be read, tested or moved without the other. Imports inside functions count (a lazy
+    import only puts the circle off); imports under `if TYPE_CHECKING:` do not (they never
+    run, and annotations may name a type from anywhere)."""
+    found = circles(import_graph(PACKAGE))
+    new = [" -> ".join(c) for c in found if frozenset(c) not in KNOWN_CIRCLES]
+    gone = sorted(sorted(k) for k in KNOWN_CIRCLES - {frozenset(c) for c in found})
+    assert not new, "import circles:\n" + "\n".join(new)
+    assert not gone, f"these circles are gone: remove them from KNOWN_CIRCLES: {gone}"
+
+
+def test_the_circle_check_sees_a_circle(tmp_path: Path) -> None:
+    """The test above can fail: a lazy import that closes a circle is found; one under
+    TYPE_CHECKING is not."""
+    pkg = tmp_path / "coder"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "a.py").write_text("from coder import b\n", encoding="utf-8")
+    (pkg / "b.py").write_text("def f():\n    from coder.c import x\n", encoding="utf-8")
+    (pkg / "c.py").write_text("import coder.a\nx = 1\n", encoding="utf-8")
+    (pkg / "d.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from coder import e\n",
+        encoding="utf-8",
+    )
+    (pkg / "e.py").write_text("from coder import d\n", encoding="utf-8")
+    assert circles(import_graph(pkg)) == [["coder.a", "coder.b", "coder.c", "coder.a"]]
+
+
+def test_package_indexes_name_every_module() -> None:
+    """A package docstring that lists its modules (`name.py` ...) lists all of them, and its
+    subpackages (`name/`), so it stays an index a newcomer can trust."""
+    stale = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        if not re.search(r"\b\w+\.py\b", doc):
+            continue  # not an index
+        here = init.parent
+        parts = [p.name for p in here.glob("*.py") if p.name != "__init__.py"]
+        parts += [f"{d.name}/" for d in here.iterdir() if (d / "__init__.py").is_file()]
+        missing = sorted(p for p in parts if not re.search(rf"(?<![\w/]){re.escape(p)}", doc))
+        if missing:
+            stale.append(f"{init.relative_to(PACKAGE.parent)}: {', '.join(missing)}")
+    assert not stale, "package docstrings that leave out modules:\n" + "\n".join(stale)

@@ -2,6 +2,8 @@
 
     loop.py      the bounded loop: ask the model, run its tool calls, check its claim
     prompts.py   the cache-stable prompt prefix and the per-step messages
+    prefix.py    the run's prefix built once from the base commit, and each step's focus
+    events.py    what the loop reports while it works: typed events, in order
     repair.py    tool calls recovered from JSON written as text
     session.py   the run's model side: the shared session, opening it (models checked,
                  warmed up, the prefix built and primed), which model each attempt uses

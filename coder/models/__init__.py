@@ -3,9 +3,15 @@
     provider.py   the provider seam (a small Protocol) and its value types (messages, tool
                   calls, usage, model facts)
     ollama.py     the Ollama provider (the official `ollama` client)
+    openai.py     the OpenAI-compatible provider (llama.cpp, vLLM, SGLang, LM Studio, ...)
     replay.py     record a run's model replies, or answer from a recording
+    factory.py    the one place providers are built from the config (one entry per provider)
+    router.py     several endpoints behind one model source: affinity, spreading, failover
+    retry.py      bounded retries for model calls, shared by the providers
+    served.py     before a run: is every model its steps can use on its server
     redacting.py  the one door every request passes: the run's redactor, right before the
                   provider (open_models and open_embedder put it there)
+    fake.py       an in-process fake model for unit tests
 
 May import: the base modules and config. Never tools, agent, run or CLI.
 """

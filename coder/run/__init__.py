@@ -1,14 +1,21 @@
-"""Runs: a taskfile executed on its branch, and what a user does with a run afterwards.
+"""The run engine: a taskfile executed on its branch, step by step, recoverable after a crash.
+What a user does with a run afterwards (merge, revert, show, report) is in coder.services.
 
-    runs.py        start, resume (reconciled with git), stop; the manifest and preflight
+    runs.py        start, resume (reconciled with git), stop
     executor.py    the walk and the one step pipeline (start, act, verify, commit, record)
     schedule.py    which steps may start: in-degree counters over the DAG
     steps/         what each step kind does in a working directory; checks.py: verify
     state.py       typed checkpoints: a snapshot and a journal of step transitions
+    manifest.py    what a run is, written before anything else (and rebuilt from trailers)
+    preflight.py   the commands a task's steps would run, checked before anything is created
+    amend.py       resuming with an edited taskfile: what changed, and taking it
+    secrets.py     every value a run knows to be secret, registered with its redactor
+    foreign.py     commits on a run's branch that coder did not make, refused
+    project.py     `.coder/` (where runs, state, logs and worktrees live), `coder init`, the
+                   example taskfiles and finding a taskfile by its id
     lock.py        one runner per task; events.py the JSONL event log
     success.py     the task's success criteria (also `merge --if-green`)
-    merge.py       landing a run on its base; revert.py rolling a run back; history.py reading
-                   runs for status, show, diff and logs
 
-May import: agent, tools, models, git, policy and the base modules. Never plan, mcp or CLI.
+May import: agent, tools, models, git, policy and the base modules. Never services, plan, mcp
+or CLI.
 """

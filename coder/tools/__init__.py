@@ -11,6 +11,7 @@
     search.py    code_search (coder.context.search: BM25, optionally with embeddings)
     shell.py     shell_run, tests_run (through coder.policy.sandbox)
     feedback.py  after every edit: the syntax veto and the linter's new findings
+    settings.py  the ToolContext settings a run takes from its config and taskfile
 
 Typical use::
 
