@@ -280,6 +280,17 @@ def _with_next_steps(report: RunReport) -> RunReport:
 def markdown(report: RunReport) -> str:
     """The report as GitHub-flavoured Markdown (tables, a mermaid block, <details>)."""
     t = totals(report)
+    out = _head(report, t) + _task_section(report)
+    out += ["## The DAG", "", "```mermaid", report.mermaid.rstrip(), "```", ""]
+    out += _steps_table(report.steps)
+    for s in report.steps:
+        out += _step_section(s)
+    out += _changes_section(report, t) + _next_section(report)
+    return "\n".join(out)
+
+
+def _head(report: RunReport, t: dict[str, Any]) -> list[str]:
+    """The title, the run's status and its facts table."""
     out = [f"# {_inline(report.title)}", ""]
     status = f"{EMOJI.get(report.status, '')} **{report.status}**"
     if report.error:
@@ -302,9 +313,11 @@ def markdown(report: RunReport) -> str:
             f"| merged | into `{merge.get('base')}` as `{str(merge['commit'])[:8]}` "
             f"({merge.get('mode')}, tag `{merge.get('tag')}`) |"
         )
-    out += ["| | |", "|---|---|", *facts, ""]
+    return out + ["| | |", "|---|---|", *facts, ""]
 
-    out += ["## Task", ""]
+
+def _task_section(report: RunReport) -> list[str]:
+    out = ["## Task", ""]
     if report.taskfile:
         out += [f"Taskfile: {_code(report.taskfile)}", ""]
     if report.spec:
@@ -312,17 +325,17 @@ def markdown(report: RunReport) -> str:
         out += ["<details open><summary>Spec</summary>", "", spec, "", "</details>"]
     else:
         out.append("No spec: the taskfile was written by hand.")
-    out.append("")
+    return out + [""]
 
-    out += ["## The DAG", "", "```mermaid", report.mermaid.rstrip(), "```", ""]
 
-    out += ["## Steps", ""]
+def _steps_table(steps: list[StepReport]) -> list[str]:
+    out = ["## Steps", ""]
     out.append(
         "| step | kind | outcome | commit | files | tests (before → after) "
         "| fix cycles | tokens | time | cache reuse |"
     )
     out.append("|---|---|---|---|---|---|---|---:|---:|---|")
-    for s in report.steps:
+    for s in steps:
         out.append(
             "| "
             + " | ".join(
@@ -341,29 +354,30 @@ def markdown(report: RunReport) -> str:
             )
             + " |"
         )
-    out.append("")
-    for s in report.steps:
-        out += _step_section(s)
+    return out + [""]
 
-    out += ["## Changes", ""]
+
+def _changes_section(report: RunReport, t: dict[str, Any]) -> list[str]:
+    out = ["## Changes", ""]
     if report.files:
         out += _files_table(report.files)
         out += ["", f"{_count(t['files'], 'file')} changed, +{t['added']} −{t['removed']}"]
     else:
         out.append("No changes on the branch.")
-    out.append("")
+    return out + [""]
 
-    out += ["## Merge or revert", ""]
+
+def _next_section(report: RunReport) -> list[str]:
+    out = ["## Merge or revert", ""]
     for what, cmd in report.next_steps:
         out.append(f"- {what[:1].upper()}{what[1:]}: `{cmd}`")
-    out += [
+    return out + [
         "",
         f"<sub>Written by `coder report -t {report.task_id}`. Each step is one commit on "
         f"`{report.branch}` with the trailers `Coder-Task: {report.task_id}` and "
         "`Coder-Step`.</sub>",
         "",
     ]
-    return "\n".join(out)
 
 
 def _step_section(s: StepReport) -> list[str]:
