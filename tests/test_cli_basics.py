@@ -180,7 +180,7 @@ def test_a_full_disk_is_an_environment_error_that_leaves_no_half_file(
     def nowhere(*args: object, **kwargs: object) -> None:
         raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), "/somewhere/x")
 
-    monkeypatch.setattr("coder.run.project.init", nowhere)
+    monkeypatch.setattr("coder.services.project.init", nowhere)
     code, out, err = coder(repo, "init")
     assert code == 3 and err.startswith("coder: error: Disk quota exceeded: /somewhere/x\n")
 

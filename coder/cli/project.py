@@ -24,7 +24,8 @@ from coder.errors import InvalidInput
 @json_option
 def init(force: bool, example: str | None, as_json: bool) -> None:
     """Prepare this repo: .coder/ and coder.config.json."""
-    from coder.run import project
+    from coder.run.project import CODER_DIR
+    from coder.services import project
 
     if example == "list":
         names = project.example_names()
@@ -48,7 +49,7 @@ def init(force: bool, example: str | None, as_json: bool) -> None:
         )
         return
     click.echo(
-        f"Prepared {result.root / project.CODER_DIR}/ "
+        f"Prepared {result.root / CODER_DIR}/ "
         f"({'added to' if result.excluded else 'already in'} .git/info/exclude)"
     )
     if result.config_written:

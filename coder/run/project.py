@@ -1,14 +1,13 @@
-"""A repository prepared for coder: `.coder/` (excluded from git) and `coder.config.json`."""
+"""The repository as the engine sees it: `.coder/` at its main checkout's root (runs, state,
+logs, worktrees and locks live there; `coder init` prepares it, and a run creates it when it
+is missing) and the taskfiles in `tasks/`, found by their id."""
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from coder import config as config_mod
-from coder.durable import write_atomic, write_failed
 from coder.errors import EnvironmentProblem
 
 CODER_DIR = ".coder"
@@ -43,38 +42,6 @@ def main_root(cwd: Path) -> Path:
     return repository.repo_root(repository.open_repo(cwd))
 
 
-@dataclass
-class InitResult:
-    root: Path
-    config_path: Path
-    config_written: bool
-    excluded: bool  # True when .git/info/exclude was changed
-    config: dict[str, object] = field(default_factory=dict)
-
-
-def init(cwd: Path, *, force: bool = False) -> InitResult:
-    """Create `.coder/` and a `coder.config.json` holding what was detected about this
-    project (its test command), and nothing else: defaults stay defaults, so your user config
-    (`~/.config/coder/config.json`: the model, the server) keeps applying. Idempotent: an
-    existing config is kept unless `force`."""
-    from coder.git import repository
-
-    repo = repository.open_repo(cwd)
-    root = repository.repo_root(repo)
-    ensure_coder_dir(root)
-    excluded = repository.ensure_excluded(repo, f"/{CODER_DIR}/")
-    path = root / config_mod.PROJECT_FILE
-    detected = detected_config(root)
-    written = force or not path.exists()
-    if written:  # all or nothing: a full disk leaves no empty config behind
-        data = (json.dumps(detected, indent=2) + "\n").encode("utf-8")
-        try:
-            write_atomic(path, data, new_mode=0o644, crash_point=None)
-        except OSError as exc:
-            raise write_failed(path, exc) from exc
-    return InitResult(root, path, written, excluded, detected)
-
-
 def ensure_coder_dir(root: Path) -> Path:
     """`.coder/` and its folders, readable by their owner only (0700): it holds logs and
     transcripts of what commands printed."""
@@ -84,46 +51,6 @@ def ensure_coder_dir(root: Path) -> Path:
     for sub in SUBDIRS:
         (base / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
     return base
-
-
-def detected_config(root: Path) -> dict[str, object]:
-    """The settings detected from the project's files (none when nothing was found)."""
-    test_command = config_mod.detect_test_command(root)
-    return {} if test_command is None else {"test_command": test_command}
-
-
-# --------------------------------------------------------------------------------------------
-# The example taskfiles (`tasks/` of coder's source, shipped in the wheel as `coder/_examples`)
-
-
-def examples_dir() -> Path:
-    package = Path(__file__).parent.parent  # coder/
-    packaged = package / "_examples"
-    return packaged if packaged.is_dir() else package.resolve().parent / TASKS_DIR
-
-
-def example_names() -> list[str]:
-    return sorted(p.stem for p in examples_dir().glob("*.yaml"))
-
-
-def write_example(root: Path, name: str, *, force: bool = False) -> Path:
-    """Copy the example taskfile `name` into the repository's `tasks/`; InvalidInput naming
-    the examples for an unknown one, or when the file exists (unless `force`)."""
-    from coder.errors import InvalidInput
-
-    source = examples_dir() / f"{name.removesuffix('.yaml')}.yaml"
-    if not source.is_file():
-        raise InvalidInput(
-            f"no example named {name!r}", hint=f"choose one of: {', '.join(example_names())}"
-        )
-    target = root / TASKS_DIR / source.name
-    if target.exists() and not force:
-        raise InvalidInput(
-            f"{target} exists; nothing was written", hint="pass --force to overwrite it"
-        )
-    target.parent.mkdir(exist_ok=True)
-    write_atomic(target, source.read_bytes(), new_mode=0o644, crash_point=None)
-    return target
 
 
 def find_taskfile(root: Path, task_id: str) -> Path:
