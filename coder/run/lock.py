@@ -169,6 +169,23 @@ class TaskLock:
         self.release()
 
 
+def lock_for_command(
+    coder_dir: Path, task_id: str, holder: str, *, hint: str | None = None
+) -> TaskLock:
+    """The task's lock, taken for `holder` (`merge`, `revert`): no run, resume or other such
+    command meanwhile. Held by a run, ConcurrentRun says `holder` cannot go on while it runs
+    (`hint`, else the lock's own); held by another merge or revert, its own refusal stands."""
+    lock = TaskLock(coder_dir, task_id, holder=holder)
+    try:
+        return lock.acquire()
+    except ConcurrentRun as exc:
+        if exc.holder != "run":  # another merge or revert: it says so itself
+            raise
+        raise ConcurrentRun(
+            f"cannot {holder} run {task_id} while it runs: {exc.message}", hint=hint or exc.hint
+        ) from None
+
+
 def read_lock_owner(coder_dir: Path, task_id: str) -> int | None:
     """The pid of the live runner holding the task's lock, or None (for `stop`/`status`)."""
     try:

@@ -40,7 +40,6 @@ from coder.crashpoints import crashpoint
 from coder.errors import (
     CheckoutInTheWay,
     CoderError,
-    ConcurrentRun,
     EnvironmentProblem,
     Interrupted,
     InvalidInput,
@@ -51,7 +50,7 @@ from coder.git import branches, commits, diffs, repository, worktrees
 from coder.git import land as gitland
 from coder.run import project
 from coder.run.foreign import refuse_foreign_commits
-from coder.run.lock import TaskLock, pid_alive, processes_holding
+from coder.run.lock import lock_for_command, pid_alive, processes_holding
 from coder.run.manifest import Manifest, load_manifest
 from coder.run.state import RunState, StateStore, StepRecord, now_iso
 
@@ -112,15 +111,7 @@ def merge_run(
     root = repository.repo_root(repo)
     coder_dir = project.coder_dir(root)
     manifest = load_manifest(coder_dir, task_id)
-    lock = TaskLock(coder_dir, task_id, holder="merge")  # no run, resume or other merge
-    try:
-        lock.acquire()
-    except ConcurrentRun as exc:
-        if exc.holder != "run":  # another merge (or a revert): it says so itself
-            raise
-        raise ConcurrentRun(
-            f"cannot merge run {task_id} while it runs: {exc.message}", hint=exc.hint
-        ) from None
+    lock = lock_for_command(coder_dir, task_id, "merge")
     try:
         with EventLog(coder_dir, task_id) as log:
             job = _Merge(

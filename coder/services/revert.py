@@ -35,13 +35,13 @@ from typing import Any
 
 from coder import graph, taskfile
 from coder.crashpoints import crashpoint
-from coder.errors import CoderError, ConcurrentRun, EnvironmentProblem, InvalidInput, MergedRun
+from coder.errors import CoderError, EnvironmentProblem, InvalidInput, MergedRun
 from coder.git import branches, repository, restore, workdir, worktrees
 from coder.git import commits as gitcommits
 from coder.git import land as gitland
 from coder.run import project
 from coder.run.foreign import refuse_foreign_commits
-from coder.run.lock import TaskLock
+from coder.run.lock import lock_for_command
 from coder.run.manifest import Manifest, load_manifest
 from coder.run.state import StateStore
 
@@ -87,16 +87,9 @@ def revert_run(task_id: str, *, cwd: Path, to_step: str, mode: str = "revert") -
     order = step_order(manifest)
     if to_step not in order:
         raise InvalidInput(f"run {task_id} has no step {to_step!r} (its steps: {', '.join(order)})")
-    lock = TaskLock(coder_dir, task_id, holder="revert")  # no run, resume or merge meanwhile
-    try:
-        lock.acquire()
-    except ConcurrentRun as exc:
-        if exc.holder != "run":  # a merge (or another revert): it says so itself
-            raise
-        raise ConcurrentRun(
-            f"cannot revert run {task_id} while it runs: {exc.message}",
-            hint=f"stop it first with `coder stop -t {task_id}`",
-        ) from None
+    lock = lock_for_command(
+        coder_dir, task_id, "revert", hint=f"stop it first with `coder stop -t {task_id}`"
+    )
     try:
         with EventLog(coder_dir, task_id) as log:
             job = _Revert(repo, coder_dir, manifest, order, to_step, mode)
