@@ -279,18 +279,18 @@ def _with_next_steps(report: RunReport) -> RunReport:
 
 def markdown(report: RunReport) -> str:
     """The report as GitHub-flavoured Markdown (tables, a mermaid block, <details>)."""
-    t = totals(report)
-    out = _head(report, t) + _task_section(report)
+    out = _head(report) + _task_section(report)
     out += ["## The DAG", "", "```mermaid", report.mermaid.rstrip(), "```", ""]
     out += _steps_table(report.steps)
     for s in report.steps:
         out += _step_section(s)
-    out += _changes_section(report, t) + _next_section(report)
+    out += _changes_section(report) + _next_section(report)
     return "\n".join(out)
 
 
-def _head(report: RunReport, t: dict[str, Any]) -> list[str]:
+def _head(report: RunReport) -> list[str]:
     """The title, the run's status and its facts table."""
+    t = totals(report)
     out = [f"# {_inline(report.title)}", ""]
     status = f"{EMOJI.get(report.status, '')} **{report.status}**"
     if report.error:
@@ -357,9 +357,10 @@ def _steps_table(steps: list[StepReport]) -> list[str]:
     return out + [""]
 
 
-def _changes_section(report: RunReport, t: dict[str, Any]) -> list[str]:
+def _changes_section(report: RunReport) -> list[str]:
     out = ["## Changes", ""]
     if report.files:
+        t = totals(report)
         out += _files_table(report.files)
         out += ["", f"{_count(t['files'], 'file')} changed, +{t['added']} −{t['removed']}"]
     else:

@@ -462,7 +462,7 @@ def fs_grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     return ToolResult(True, text, data=data)
 
 
-def _run_grep(request: str) -> tuple[list[list[Any]], dict[str, Any], bool, str]:
+def _run_grep(request: str) -> tuple[list[list[Any]], dict[str, int], bool, str]:
     """The worker's matches, its summary (empty when it failed), whether it was stopped
     after GREP_TIMEOUT_S, and what it printed on stderr."""
     timed_out = False
@@ -479,11 +479,11 @@ def _run_grep(request: str) -> tuple[list[list[Any]], dict[str, Any], bool, str]
     except subprocess.TimeoutExpired as exc:
         timed_out, out, err = True, exc.stdout or b"", b""
     rows = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
-    stats: dict[str, Any] = rows.pop() if rows and isinstance(rows[-1], dict) else {}
+    stats: dict[str, int] = rows.pop() if rows and isinstance(rows[-1], dict) else {}
     return rows, stats, timed_out, err.decode(errors="replace")
 
 
-def _grep_notes(stats: dict[str, Any], *, timed_out: bool, limit: int) -> list[str]:
+def _grep_notes(stats: dict[str, int], *, timed_out: bool, limit: int) -> list[str]:
     """What the model is told about a search it sees only part of."""
     notes = []
     if timed_out:
