@@ -41,7 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the domain: configuration, taskfiles and their graph, test reports
     ("config", "kinds", "taskfile", "graph", "diagram", "testreport", "lintreport"),
     # safety rules and git
-    ("policy", "git"),
+    ("policy", "git", "project"),
     # what the model is shown about the code (tree-sitter, the repo map, code search)
     ("context",),
     ("models",),

@@ -126,9 +126,9 @@ def _session(
 ) -> AgentSession:
     """The session over warmed-up `models`: the tool registry and the prefix built for the
     smallest context among them."""
+    from coder import project
     from coder.agent import prefix
     from coder.git import repository
-    from coder.run import project
     from coder.tools.registry import default_registry
 
     registry = default_registry()

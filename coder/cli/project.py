@@ -24,7 +24,7 @@ from coder.errors import InvalidInput
 @json_option
 def init(force: bool, example: str | None, as_json: bool) -> None:
     """Prepare this repo: .coder/ and coder.config.json."""
-    from coder.run.project import CODER_DIR
+    from coder.project import CODER_DIR
     from coder.services import project
 
     if example == "list":

@@ -140,8 +140,8 @@ def run(
     if task_id is not None:
         from pathlib import Path
 
+        from coder import project
         from coder.git import repository
-        from coder.run import project
 
         checkout = repository.open_repo(cwd()).workdir  # this checkout's tasks/, as -f would see
         path = project.find_taskfile(Path(checkout or cwd()), task_id)
@@ -304,9 +304,9 @@ def stop(task_id: str, wait: float, as_json: bool) -> None:
 @json_option
 def status(as_json: bool) -> None:
     """List the runs in this repository."""
+    from coder import project
     from coder.errors import CorruptState
     from coder.run import manifest as manifests
-    from coder.run import project
     from coder.run.lock import read_lock_owner
     from coder.run.state import DONE, StateStore
 

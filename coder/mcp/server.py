@@ -45,9 +45,9 @@ def server_registry() -> Registry:
 def tool_context(root: Path) -> ToolContext:
     """The context of every call: the repository's config, as a run would use it."""
     from coder import config as config_mod
+    from coder import project
     from coder.policy.commands import Policy
     from coder.redact import Redactor
-    from coder.run import project
     from coder.run.secrets import known_secrets
     from coder.tools.settings import code_settings
 

@@ -42,8 +42,8 @@ def _taskfile(ctx: ToolContext, rel: str) -> Path:
 
 def _repo(ctx: ToolContext) -> tuple[Any, Path]:
     """The git repository at the server's root and its `.coder/` directory."""
+    from coder import project
     from coder.git import repository
-    from coder.run import project
 
     repo = repository.open_repo(Path(ctx.root))
     return repo, project.coder_dir(repository.repo_root(repo))
@@ -81,10 +81,9 @@ def task_validate(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 
 def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
-    from coder import taskfile
+    from coder import project, taskfile
     from coder.git import repository
     from coder.run import manifest as manifests
-    from coder.run import project
 
     rel = args["path"]
     task = taskfile.load(_taskfile(ctx, rel), rel)

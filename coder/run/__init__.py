@@ -11,8 +11,6 @@ What a user does with a run afterwards (merge, revert, show, report) is in coder
     amend.py       resuming with an edited taskfile: what changed, and taking it
     secrets.py     every value a run knows to be secret, registered with its redactor
     foreign.py     commits on a run's branch that coder did not make, refused
-    project.py     `.coder/` (where runs, state, logs and worktrees live) and finding a
-                   taskfile by its id
     lock.py        one runner per task; events.py the JSONL event log
     success.py     the task's success criteria (also `merge --if-green`)
 

@@ -293,8 +293,8 @@ def _start_again(repo: Repo, task_id: str, branch: str, taskfile: str) -> str:
 
 def _taskfile_hint(repo: Repo, task_id: str) -> str:
     """The taskfile in the checkout's tasks/ with this id, else a placeholder."""
+    from coder import project
     from coder.git import repository
-    from coder.run import project
 
     try:
         return str(project.find_taskfile(repository.repo_root(repo), task_id))

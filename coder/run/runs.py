@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
-from coder import taskfile
+from coder import project, taskfile
 from coder.crashpoints import crashpoint
 from coder.errors import (
     CoderError,
@@ -40,7 +40,7 @@ from coder.git import commits as gitcommits
 from coder.git import land as gitland
 from coder.git import restore as gitrestore
 from coder.interrupts import STOP_SIGNALS, detach_terminal
-from coder.run import amend, project
+from coder.run import amend
 from coder.run import manifest as manifests
 from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import TaskLock

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from coder import config as config_mod
-from coder import graph, taskfile
+from coder import graph, project, taskfile
 from coder.errors import CoderError
 from coder.git import branches, repository
 from coder.kinds import KINDS, TESTS
 from coder.policy.sandbox import require_sandbox
-from coder.run import project
 from coder.run.manifest import run_exists
 from coder.run.preflight import command_of, refusals
 from coder.run.runs import RunOptions, policy_for

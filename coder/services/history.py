@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+from coder import project
 from coder.errors import (
     CoderError,
     ConcurrentRun,
@@ -20,7 +21,6 @@ from coder.errors import (
 from coder.git import branches as gitbranches
 from coder.git import commits, diffs, repository, workdir, worktrees
 from coder.run import manifest as manifests
-from coder.run import project
 from coder.run.lock import TaskLock, read_lock_owner
 from coder.run.manifest import Manifest, load_manifest, manifest_path
 from coder.run.state import RunState, StateStore, check_task_id

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from coder import project
 from coder.crashpoints import crashpoint
 from coder.errors import (
     CheckoutInTheWay,
@@ -48,7 +49,6 @@ from coder.errors import (
 )
 from coder.git import branches, commits, diffs, repository, worktrees
 from coder.git import land as gitland
-from coder.run import project
 from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import lock_for_command, pid_alive, processes_holding
 from coder.run.manifest import Manifest, load_manifest

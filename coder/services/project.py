@@ -10,7 +10,7 @@ from pathlib import Path
 
 from coder import config as config_mod
 from coder.durable import write_atomic, write_failed
-from coder.run.project import CODER_DIR, TASKS_DIR, ensure_coder_dir
+from coder.project import CODER_DIR, TASKS_DIR, ensure_coder_dir
 
 
 @dataclass

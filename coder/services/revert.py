@@ -33,13 +33,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import graph, taskfile
+from coder import graph, project, taskfile
 from coder.crashpoints import crashpoint
 from coder.errors import CoderError, EnvironmentProblem, InvalidInput, MergedRun
 from coder.git import branches, repository, restore, workdir, worktrees
 from coder.git import commits as gitcommits
 from coder.git import land as gitland
-from coder.run import project
 from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import lock_for_command
 from coder.run.manifest import Manifest, load_manifest

@@ -1,6 +1,9 @@
-"""The repository as the engine sees it: `.coder/` at its main checkout's root (runs, state,
-logs, worktrees and locks live there; `coder init` prepares it, and a run creates it when it
-is missing) and the taskfiles in `tasks/`, found by their id."""
+"""The repository as coder keeps it: `.coder/` at its main checkout's root (runs, state, logs,
+worktrees, locks and the code index cache live there; `coder init` prepares it, and a run
+creates it when it is missing) and the taskfiles in `tasks/`, found by their id.
+
+Below run/ and agent/, which both need it (the agent session puts its code index under
+`.coder/cache`); `coder init` itself is coder.services.project."""
 
 from __future__ import annotations
 
