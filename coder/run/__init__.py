@@ -11,6 +11,8 @@ What a user does with a run afterwards (merge, revert, show, report) is in coder
     amend.py       resuming with an edited taskfile: what changed, and taking it
     secrets.py     every value a run knows to be secret, registered with its redactor
     foreign.py     commits on a run's branch that coder did not make, refused
+    uncommitted.py the checkout's uncommitted edits a run leaves out, named
+    naming.py      which run a command means: an id, a prefix of one, `--last`, the only one
     lock.py        one runner per task; events.py the JSONL event log
     success.py     the task's success criteria (also `merge --if-green`)
 

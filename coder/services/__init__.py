@@ -3,7 +3,7 @@ these do the work, over the run engine in `coder.run`).
 
     merge.py     `coder merge` (and `run --merge-on-success`): landing a run on its base
     revert.py    `coder revert`: the branch back to a step, later steps pending again
-    history.py   `coder status`, `show`, `diff`, `logs`, `clean`: reading a run back, removing it
+    history.py   `coder show`, `diff`, `logs`, `clean`: reading a run back, removing it
     report.py    `coder report`: a run as Markdown (or JSON) for a reviewer
     validate.py  `coder validate` (and MCP's `task_validate`): a taskfile, and preflight
     dryrun.py    `coder run --dry-run`: what a run would do, with nothing done
