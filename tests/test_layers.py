@@ -203,6 +203,9 @@ KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset(
     {
         # progress_for/activity_for pick the live view; live.py extends progress's classes
         frozenset({"coder.cli.live", "coder.cli.progress"}),
+        # openai.py takes api_key from the factory whose PROVIDERS lists it (models/, the kinds
+        # and providers slice): api_key belongs below both
+        frozenset({"coder.models.factory", "coder.models.openai"}),
     }
 )
 
