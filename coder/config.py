@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coder.errors import DocumentError, InvalidInput
+from coder.errors import DocumentError, EnvironmentProblem, InvalidInput
 from coder.safeio import read_regular
 
 PROJECT_FILE = "coder.config.json"
@@ -169,6 +169,20 @@ class Config:
 def as_config(cfg: Config | Mapping[str, Any]) -> Config:
     """`cfg` itself, or the settings of a plain mapping over the defaults (tests, bench)."""
     return cfg if isinstance(cfg, Config) else Config.of({**DEFAULTS, **cfg}, {})
+
+
+def api_key(cfg: Config, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of the variable `api_key_env` names (the key itself is never in a file)."""
+    name = cfg.api_key_env
+    if not name:
+        return None
+    value = (os.environ if environ is None else environ).get(name)
+    if not value:
+        raise EnvironmentProblem(
+            f"api_key_env names {name}, which is not set",
+            hint=f"export {name}=... (the model server's API key), or remove api_key_env",
+        )
+    return value
 
 
 def find_project_root(start: Path) -> Path | None:

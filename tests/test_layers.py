@@ -196,19 +196,6 @@ def test_the_checker_sees_pygit2(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- import circles
 
-# Circles found when this check was added (issue 22), each in another slice's part of the
-# package: they are to be ended there, and this list then shrinks. A new circle fails, and
-# so does one listed here that no longer exists.
-KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset(
-    {
-        # progress_for/activity_for pick the live view; live.py extends progress's classes
-        frozenset({"coder.cli.live", "coder.cli.progress"}),
-        # openai.py takes api_key from the factory whose PROVIDERS lists it (models/, the kinds
-        # and providers slice): api_key belongs below both
-        frozenset({"coder.models.factory", "coder.models.openai"}),
-    }
-)
-
 
 def _type_checking_only(tree: ast.Module) -> set[int]:
     """The ids of the nodes under `if TYPE_CHECKING:` (they never run)."""
@@ -302,10 +289,7 @@ def test_no_import_circle() -> None:
     import only puts the circle off); imports under `if TYPE_CHECKING:` do not (they never
     run, and annotations may name a type from anywhere)."""
     found = circles(import_graph(PACKAGE))
-    new = [" -> ".join(c) for c in found if frozenset(c) not in KNOWN_CIRCLES]
-    gone = sorted(sorted(k) for k in KNOWN_CIRCLES - {frozenset(c) for c in found})
-    assert not new, "import circles:\n" + "\n".join(new)
-    assert not gone, f"these circles are gone: remove them from KNOWN_CIRCLES: {gone}"
+    assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
 def test_the_circle_check_sees_a_circle(tmp_path: Path) -> None:
@@ -340,3 +324,34 @@ def test_package_indexes_name_every_module() -> None:
         if missing:
             stale.append(f"{init.relative_to(PACKAGE.parent)}: {', '.join(missing)}")
     assert not stale, "package docstrings that leave out modules:\n" + "\n".join(stale)
+
+
+# --------------------------------------------------------------------------- function length
+
+LONGEST = 80  # lines of a function from its `def`, its docstring included
+
+
+def long_functions(package: Path) -> list[str]:
+    """`file:line name (N lines)` of every function (or method) longer than LONGEST."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > LONGEST:
+                    rel = path.relative_to(package.parent)
+                    found.append(f"{rel}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_over_80_lines() -> None:
+    """A function a reader cannot take in at once is split along its steps."""
+    assert long_functions(PACKAGE) == []
+
+
+def test_the_length_check_sees_a_long_function(tmp_path: Path) -> None:
+    pkg = tmp_path / "coder"
+    pkg.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(LONGEST))
+    (pkg / "long.py").write_text(f"def short():\n    pass\n\n\ndef long():\n{body}")
+    assert long_functions(pkg) == [f"coder/long.py:5 long ({LONGEST + 1} lines)"]

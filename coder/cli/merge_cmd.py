@@ -73,7 +73,7 @@ def merge(
 def merge_activity(*, silent: bool, quiet: bool = False) -> Iterator[Callable[[str], None]]:
     """What a merge tells the user, as lines; on a terminal the latest (the tests that run on
     the merge result, with `--if-green`) stays on a live status line with its elapsed time."""
-    from coder.cli.progress import activity_for
+    from coder.cli.views import activity_for
 
     activity = activity_for(silent=silent, quiet=quiet)
 

@@ -69,7 +69,7 @@ def plan(
     `coder validate` does (plus allowed commands and paths inside the repository) and sent
     back with its problems until it is valid, up to `plan_attempts` times.
     """
-    from coder.cli.progress import activity_for
+    from coder.cli.views import activity_for
     from coder.errors import PlanFailed
     from coder.plan import planner
     from coder.plan.output import shown

@@ -135,19 +135,7 @@ def run(
     """
     from coder.run import runs
 
-    if (path is None) == (task_id is None):
-        raise click.UsageError("pass exactly one of -f FILE or -t ID (a taskfile in tasks/)")
-    if task_id is not None:
-        from pathlib import Path
-
-        from coder import project
-        from coder.git import repository
-
-        checkout = repository.open_repo(cwd()).workdir  # this checkout's tasks/, as -f would see
-        path = project.find_taskfile(Path(checkout or cwd()), task_id)
-        if not as_json:
-            click.echo(f"Taskfile {path}", err=True)
-    assert path is not None
+    path = _taskfile_given(path, task_id, as_json)
     options = runs.RunOptions(
         max_parallel, fail_fast, model, record, replay, sandbox="off" if no_sandbox else None
     )
@@ -164,11 +152,8 @@ def run(
             "terminal; pass --autonomous to run every step without asking"
         )
     ask_trust(as_json)
-    from coder.run import uncommitted
-
-    left_out = uncommitted.left_out(cwd(), path)
-    if left_out and not quiet:
-        click.echo(escaped(uncommitted.note(left_out)), err=True)
+    if not quiet:
+        _note_left_out(path)
     progress = _progress(as_json, quiet, verbose, steps=lambda: dag_steps(path=path))
 
     def approve(step: Step, run: RunContext) -> Approval:
@@ -192,6 +177,35 @@ def run(
     _finish(
         result, as_json, _merge_on_success(result, as_json, quiet) if merge_on_success else None
     )
+
+
+def _taskfile_given(path: Path | None, task_id: str | None, as_json: bool) -> Path:
+    """`run`'s taskfile: -f FILE, or -t ID's file in this checkout's tasks/ (named on
+    stderr)."""
+    if (path is None) == (task_id is None):
+        raise click.UsageError("pass exactly one of -f FILE or -t ID (a taskfile in tasks/)")
+    if path is not None:
+        return path
+    assert task_id is not None
+    from pathlib import Path
+
+    from coder import project
+    from coder.git import repository
+
+    checkout = repository.open_repo(cwd()).workdir  # this checkout's tasks/, as -f would see
+    found = project.find_taskfile(Path(checkout or cwd()), task_id)
+    if not as_json:
+        click.echo(f"Taskfile {found}", err=True)
+    return found
+
+
+def _note_left_out(path: Path) -> None:
+    """Say which uncommitted edits of the checkout the run will not see."""
+    from coder.run import uncommitted
+
+    left_out = uncommitted.left_out(cwd(), path)
+    if left_out:
+        click.echo(escaped(uncommitted.note(left_out)), err=True)
 
 
 @click.command(
@@ -521,7 +535,7 @@ def render_dry_run(plan: Any) -> str:
 def _progress(as_json: bool, quiet: bool = False, verbose: bool = False, steps: Any = None) -> Any:
     """The run's progress on stderr: live on a terminal, plain lines otherwise, none under
     --json (stdout is then one JSON document and stderr stays quiet)."""
-    from coder.cli.progress import progress_for
+    from coder.cli.views import progress_for
 
     return progress_for(silent=as_json, quiet=quiet, verbose=verbose, steps=steps)
 

@@ -21,12 +21,11 @@ schemas/config.schema.json lists it too; a test holds the two equal).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coder.errors import EnvironmentProblem, InvalidInput
+from coder.errors import InvalidInput
 from coder.models.ollama import OllamaProvider
 from coder.models.openai import OpenAIProvider
 from coder.models.provider import Provider
@@ -49,20 +48,6 @@ def provider_of(cfg: Config) -> Provider:
             f"unknown provider {name!r}", hint=f"use one of: {', '.join(sorted(PROVIDERS))}"
         )
     return PROVIDERS[name]
-
-
-def api_key(cfg: Config, environ: Mapping[str, str] | None = None) -> str | None:
-    """The value of the variable `api_key_env` names (the key itself is never in a file)."""
-    name = cfg.api_key_env
-    if not name:
-        return None
-    value = (os.environ if environ is None else environ).get(name)
-    if not value:
-        raise EnvironmentProblem(
-            f"api_key_env names {name}, which is not set",
-            hint=f"export {name}=... (the model server's API key), or remove api_key_env",
-        )
-    return value
 
 
 def endpoints(cfg: Config) -> list[str]:

@@ -135,7 +135,7 @@ class OpenAIProvider:
 
     @classmethod
     def open(cls, cfg: Config, endpoint: str, model: str) -> OpenAIProvider:
-        from coder.models.factory import api_key
+        from coder.config import api_key
 
         return cls(
             model,

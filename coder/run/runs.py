@@ -703,7 +703,7 @@ def _execute(setup: RunSetup, options: RunOptions, console: Console | None) -> R
     # the worktree's `.env*` files too, before anything is logged or any command runs
     redactor.add(*secrets_from_repo(setup.worktree))
     if agent is not None and options.replay is None:  # the server's API key stays secret
-        from coder.models.factory import api_key
+        from coder.config import api_key
 
         redactor.add(*filter(None, [api_key(setup.cfg)]))
     live = options.live

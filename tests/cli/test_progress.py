@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from coder.cli.progress import Board, Progress, format_line, progress_for
+from coder.cli.progress import Board, Progress, format_line
+from coder.cli.views import progress_for
 from tests.conftest import coder
 from tests.fake_ollama import FakeOllama, Reply
 from tests.helpers import ROOT, Terminal, call, done, plain, taskfile
@@ -167,7 +168,7 @@ def test_plain_lines_are_byte_stable() -> None:
 def test_plain_mode_never_loads_rich() -> None:
     probe = (
         "import io, sys\n"
-        "from coder.cli.progress import progress_for\n"
+        "from coder.cli.views import progress_for\n"
         "p = progress_for(stream=io.StringIO())\n"
         "p({'event': 'run.started', 'steps': 1, 'branch': 'b'})\n"
         "print('rich' in sys.modules)"

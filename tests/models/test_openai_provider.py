@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from coder.config import load
+from coder.config import api_key, load
 from coder.errors import (
     EnvironmentProblem,
     HostUnreachable,
@@ -18,7 +18,7 @@ from coder.errors import (
     ModelUnavailable,
     StopReply,
 )
-from coder.models.factory import api_key, make_provider
+from coder.models.factory import make_provider
 from coder.models.openai import OpenAIProvider, to_wire
 from coder.models.provider import (
     ChatEvent,
