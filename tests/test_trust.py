@@ -179,3 +179,25 @@ def test_config_shows_what_waits_for_trust_beside_what_applies(make_repo) -> Non
     code, out, _ = coder(repo, "config", "--json")
     data = json.loads(out)
     assert data["untrusted"] == {} and data["values"]["allowed_commands"] == ["make"]
+
+
+def test_trust_help_names_every_setting_that_waits_for_it(make_repo) -> None:
+    """Each key `config.widening` can return, set so that it widens, is in `trust --help`."""
+    everything = {
+        "mcp_servers": [{"name": "x", "command": ["x"]}],
+        "allowed_commands": ["make"],
+        "env_passthrough": ["TOKEN"],
+        "api_key_env": "KEY",
+        "ollama_host": "http://10.1.2.3:11434",
+        "base_url": "http://10.1.2.4/v1",
+        "models": {"far": {"model": "m", "base_url": "http://10.1.2.5/v1"}},
+        "allow_network": True,
+        "sandbox": "off",
+        **{key: 10**6 for key in config_mod.TIMEOUTS},
+        "limits": dict.fromkeys(config_mod.LIMITS, 0),
+    }
+    keys = set(config_mod.widening(everything))
+    assert len(keys) == len(everything)  # every one of them widens
+    _, text, _ = coder(make_repo(), "trust", "--help")
+    text = " ".join(text.split())
+    assert [key for key in sorted(keys) if key not in text] == []

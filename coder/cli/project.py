@@ -80,17 +80,20 @@ def init(force: bool, example: str | None, as_json: bool) -> None:
 def trust(revoke: bool, as_json: bool) -> None:
     """Trust the settings of this repository's coder.config.json that widen what runs.
 
-    allowed_commands, allow_network, env_passthrough, mcp_servers, "sandbox": "off", a model
-    server elsewhere, and limits, command_timeout or step_timeout above the defaults in a
-    repository's own config are ignored, and runs refuse, until you trust them here. Trust is
-    kept in your user config with a hash of exactly these values: when they change, coder asks
-    again.
+    allowed_commands, allow_network, env_passthrough, mcp_servers, api_key_env, "sandbox":
+    "off", ollama_host or base_url off this machine (in models too), and limits,
+    command_timeout or step_timeout above the defaults in a repository's own config are
+    ignored, and runs refuse, until you trust them here. Trust is kept in your user config with
+    a hash of exactly these values: when they change, coder asks again.
     """
     from coder import config as config_mod
+    from coder.errors import EnvironmentProblem
 
     root = config_mod.find_project_root(cwd())
     if root is None:
-        raise InvalidInput("not inside a git repository", hint="run `coder trust` in the repo")
+        raise EnvironmentProblem(
+            f"not a git repository: {cwd()}", hint="run `coder trust` in the repository"
+        )
     settings = config_mod.trust(root, revoke=revoke)
     if as_json:
         emit_json(
