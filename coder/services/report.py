@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from coder import diagram
+from coder import diagram, taskfile
+from coder.agent.session import model_at
 from coder.display import escaped, quoted_name
 from coder.git import branches, diffs, repository
 from coder.models.provider import cache_share
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from coder.models.provider import UsageRecord
     from coder.redact import Redactor
     from coder.run.state import MergeRecord, TestCounts
+    from coder.taskfile import Task
 
 EMOJI = {
     "success": "✅",
@@ -93,6 +95,7 @@ class RunReport:
     files: list[diffs.FileChange]  # base..tip
     mermaid: str
     next_steps: list[tuple[str, str]] = field(default_factory=list)  # (what, command)
+    models: list[str] = field(default_factory=list)  # every model that answered, run's first
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -101,6 +104,7 @@ class RunReport:
             "spec": self.spec,
             "taskfile": self.taskfile,
             "model": self.model,
+            "models": self.models,
             "status": self.status,
             "error": self.error,
             "branch": self.branch,
@@ -182,6 +186,9 @@ def build(view: RunView) -> RunReport:
         steps=steps,
         files=diffs.diff_files(repo, state["base_commit"], tip) if tip else [],
         mermaid=diagram.mermaid(diagram.nodes_of_run(state)),
+        models=models_used(
+            taskfile.from_dict(state["task"]), {s.id: s.attempts for s in steps if s.usage}
+        ),
     )
     return _with_next_steps(report)
 
@@ -288,6 +295,28 @@ def markdown(report: RunReport) -> str:
     return "\n".join(out)
 
 
+def _models_cell(report: RunReport) -> str:
+    """`model | NAME`, or `models | A, B (together)` when steps' own or fallback models
+    answered too: their calls are in the totals, never counted as the run's model's."""
+    if len(report.models) > 1:
+        return f"models | {_inline(', '.join(report.models))} (together)"
+    return f"model | {_inline(report.model or '-')}"
+
+
+def models_used(task: Task, attempts: dict[str, int]) -> list[str]:
+    """The models the attempts of a run's model steps used (`attempts`: made per step id),
+    the run's own first: a step's `model`, and its `fallback_model` once it took over."""
+    found = [task.model] if task.model else []
+    for step in task.steps:
+        if not step.uses_model:
+            continue
+        for attempt in range(1, attempts.get(step.id, 0) + 1):
+            name = model_at(task, step, attempt)[0] or task.model
+            if name and name not in found:
+                found.append(name)
+    return found
+
+
 def _head(report: RunReport) -> list[str]:
     """The title, the run's status and its facts table."""
     t = totals(report)
@@ -303,7 +332,7 @@ def _head(report: RunReport) -> list[str]:
         f"| steps | {t['steps']} ({_count(t['commits'], 'commit')}, "
         f"{_count(t['fix_cycles'], 'fix cycle')}) |",
         f"| changes | {_count(t['files'], 'file')}, +{t['added']} −{t['removed']} |",
-        f"| model | {_inline(report.model or '-')}: {t['tokens']:,} tokens in "
+        f"| {_models_cell(report)}: {t['tokens']:,} tokens in "
         f"{_count(t['model_calls'], 'call')}, cache reuse {_share(t['cache_share'])} |",
         f"| time | {t['duration_s']:.1f} s in steps |",
     ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -256,3 +257,36 @@ def test_cache_reuse_is_what_the_server_reported(make_repo, isolated_home: Path)
     report = json.loads(coder(repo, "report", "-t", "cached", "--format", "json")[1])
     assert report["steps"][0]["cache_share"] == pytest.approx(share)
     assert report["totals"]["cache_share"] == pytest.approx(share)
+
+
+def test_the_models_that_answered_are_named_never_folded_into_the_runs() -> None:
+    """A step's own model and a fallback that took over (its third attempt) are listed
+    beside the run's model; a shell step and attempts not made add none."""
+    from coder.services.report import models_used
+    from coder.taskfile import from_dict
+
+    task = from_dict(
+        {
+            "id": "t",
+            "title": "t",
+            "model": "main",
+            "graph": [
+                {"id": "a", "kind": "edit", "goal": "g", "fallback_model": "big", "retries": 3},
+                {"id": "b", "kind": "edit", "goal": "g", "model": "small"},
+                {"id": "c", "kind": "shell", "cmd": "true"},
+                {"id": "d", "kind": "edit", "goal": "g", "fallback_model": "unused"},
+            ],
+        }
+    )
+    assert models_used(task, {"a": 3, "b": 1, "c": 1, "d": 1}) == ["main", "big", "small"]
+    assert models_used(task, {"a": 2}) == ["main"]  # the fallback never took over
+    from coder.services.report import RunReport, markdown
+
+    report = RunReport(
+        task_id="t", title="t", spec=None, taskfile=None, model="main", status="success",
+        error=None, branch="agent/t", base="main", base_commit="0" * 40, tip=None, merge=None,
+        steps=[], files=[], mermaid="", models=["main", "big"],
+    )  # fmt: skip
+    assert "| models | main, big (together): 0 tokens in 0 calls," in markdown(report)
+    single = markdown(replace(report, models=["main"]))
+    assert "| model | main: 0 tokens in 0 calls," in single
