@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
