@@ -57,9 +57,9 @@ def ensure_coder_dir(root: Path) -> Path:
 
 
 def find_taskfile(root: Path, task_id: str) -> Path:
-    """The taskfile in `tasks/` whose `id` is `task_id` (a file without an `id` matches by its
-    name, `tasks/ID.yaml`). Drafts that `coder plan` left (`*.draft.yaml`) are not taskfiles;
-    files that do not parse are passed over."""
+    """The taskfile in `tasks/` whose `id` is `task_id`, or whose id alone starts with it (a
+    file without an `id` matches by its name, `tasks/ID.yaml`). Drafts that `coder plan` left
+    (`*.draft.yaml`) are not taskfiles; files that do not parse are passed over."""
     from coder import yamldoc
     from coder.errors import DocumentError, InvalidInput
 
@@ -78,6 +78,9 @@ def find_taskfile(root: Path, task_id: str) -> Path:
         declared = data.get("id") if isinstance(data, dict) else None
         ids[path] = str(declared) if declared is not None else path.stem
     matches = [path for path, found in ids.items() if found == task_id]
+    if not matches:  # the start of one id will do, as for a run's -t
+        starting = {found for found in ids.values() if found.startswith(task_id)}
+        matches = [path for path, found in ids.items() if starting == {found}]
     if len(matches) == 1:
         return matches[0]
     if matches:

@@ -161,3 +161,14 @@ def test_clean_all_and_merged_remove_coders_runs_and_nothing_else(make_repo) -> 
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
     code, _, err = coder(repo, "clean", "--all", "-t", "two")
     assert code == 2 and "pass one of -t ID, --last, --all or --merged" in err
+
+
+def test_run_t_takes_the_start_of_one_taskfile_id(make_repo) -> None:
+    repo = make_repo()
+    add_task(repo, "fix-login.yaml")
+    add_task(repo, "fix-logout.yaml")
+    code, _, err = coder(repo, "run", "--autonomous", "-t", "fix-logi")
+    assert code == 0 and "Taskfile " in err and "agent/fix-login-fix-login" in branches(repo)
+    code, _, err = coder(repo, "run", "--autonomous", "-t", "fix")  # two ids start so
+    assert code == 2 and "no taskfile in" in err and "fix-login, fix-logout" in err
+    assert "agent/fix-logout-fix-logout" not in branches(repo)
