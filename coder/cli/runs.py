@@ -152,8 +152,6 @@ def run(
             "terminal; pass --autonomous to run every step without asking"
         )
     ask_trust(as_json)
-    if not quiet:
-        _note_left_out(path)
     progress = _progress(as_json, quiet, verbose, steps=lambda: dag_steps(path=path))
 
     def approve(step: Step, run: RunContext) -> Approval:
@@ -197,15 +195,6 @@ def _taskfile_given(path: Path | None, task_id: str | None, as_json: bool) -> Pa
     if not as_json:
         click.echo(f"Taskfile {found}", err=True)
     return found
-
-
-def _note_left_out(path: Path) -> None:
-    """Say which uncommitted edits of the checkout the run will not see."""
-    from coder.run import uncommitted
-
-    left_out = uncommitted.left_out(cwd(), path)
-    if left_out:
-        click.echo(escaped(uncommitted.note(left_out)), err=True)
 
 
 @click.command(

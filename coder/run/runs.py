@@ -40,7 +40,7 @@ from coder.git import commits as gitcommits
 from coder.git import land as gitland
 from coder.git import restore as gitrestore
 from coder.interrupts import STOP_SIGNALS, detach_terminal
-from coder.run import amend
+from coder.run import amend, uncommitted
 from coder.run import manifest as manifests
 from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import TaskLock
@@ -120,7 +120,7 @@ def start(
                 policy,
                 agent,
                 redactor,
-                _start_warnings(repo),
+                _start_warnings(repo, task, path),
             )
             return _execute(setup, options, console)
         except BaseException as exc:
@@ -230,14 +230,21 @@ def _create(
     return new_run(manifest)
 
 
-def _start_warnings(repo: Repo) -> tuple[str, ...]:
+def _start_warnings(repo: Repo, task: taskfile.Task, path: Path) -> tuple[str, ...]:
+    """What the user should know as the run starts: commits under coder's fallback name, and
+    uncommitted edits of the checkout the run leaves out."""
+    found = []
     if repository.identity(repo).fallback:
-        return (
+        found.append(
             "git user.name/user.email are not set (nor GIT_AUTHOR_NAME/_EMAIL); "
             "commits are authored by coder <coder@localhost> (set them with "
-            "`git config user.name ...`)",
+            "`git config user.name ...`)"
         )
-    return ()
+    assert task.base is not None, "a resolved task names its base"
+    left = uncommitted.left_out(repo, task.base, path)
+    if left:
+        found.append(uncommitted.note(left))
+    return tuple(found)
 
 
 def _branch_exists(repo: Repo, task: taskfile.Task, path: Path) -> CoderError:
