@@ -13,6 +13,7 @@ a name and its escapes cannot be confused, and it reads as in `git diff` and `co
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 # C0 controls and DEL, C1 controls (some terminals read \x9b as CSI), and the characters that
 # reorder or break a line where it is shown: bidirectional marks and overrides, the Unicode line
@@ -54,3 +55,9 @@ def quoted_name(name: str) -> str:
         return name
     inner = name.replace("\\", "\\\\").replace('"', '\\"')
     return '"' + _UNSAFE_CHAR.sub(lambda m: _escape(m.group()), inner) + '"'
+
+
+def listed(items: Sequence[str], limit: int) -> str:
+    """`a, b, c and 4 more`: the first `limit` of `items`, and how many were left out."""
+    more = len(items) - limit
+    return ", ".join(items[:limit]) + (f" and {more} more" if more > 0 else "")

@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from coder.display import listed
 from coder.errors import HostUnreachable, ModelMissing
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def _used(roles: Mapping[str, Sequence[str]]) -> str:
     """'used as the model of steps s1, s2 and the fallback_model of step s3'."""
     parts = []
     for role, ids in roles.items():
-        shown = ", ".join(ids[:6]) + (f" and {len(ids) - 6} more" if len(ids) > 6 else "")
+        shown = listed(ids, 6)
         if ids:
             parts.append(f"the {role} of step{'s' if len(ids) > 1 else ''} {shown}")
     return "used as " + " and ".join(parts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from coder.display import listed
 from coder.errors import CoderError, InvalidInput
 from coder.run.manifest import load_manifest, run_ids
 
@@ -52,5 +53,4 @@ def _created(coder_dir: Path, task_id: str) -> str:
 
 
 def _listing(ids: list[str]) -> str:
-    more = len(ids) - _LISTED
-    return ", ".join(ids[:_LISTED]) + (f" and {more} more" if more > 0 else "")
+    return listed(ids, _LISTED)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 from coder.crashpoints import armed, crashpoint
+from coder.display import listed
 from coder.durable import fsync_dir, make_private_dirs, write_atomic
 from coder.errors import (
     CorruptState,
@@ -212,9 +213,8 @@ class RunState:
         for cause, phrase in SKIP_PHRASES.items():
             ids = by_cause.get(cause, [])
             if ids:
-                more = f" and {len(ids) - 10} more" if len(ids) > 10 else ""
-                listed = ", ".join(ids[:10]) + more
-                parts.append(f"{len(ids)} step{'s' * (len(ids) != 1)} skipped {phrase}: {listed}")
+                shown = listed(ids, 10)
+                parts.append(f"{len(ids)} step{'s' * (len(ids) != 1)} skipped {phrase}: {shown}")
         return "; ".join(parts) or None
 
     def usage(self) -> Usage:

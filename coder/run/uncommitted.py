@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from coder.display import listed
 from coder.errors import CoderError
 from coder.git import branches, repository, workdir
 from coder.git.repository import Repo
@@ -28,8 +29,7 @@ def left_out(repo: Repo, base: str, taskfile: Path) -> list[str]:
 
 
 def note(files: list[str]) -> str:
-    more = len(files) - SHOWN
-    names = ", ".join(files[:SHOWN]) + (f" and {more} more" if more > 0 else "")
+    names = listed(files, SHOWN)
     return (
         f"the run starts from your last commit; {len(files)} uncommitted "
         f"change{'s' * (len(files) != 1)} in your checkout {'are' if len(files) != 1 else 'is'} "

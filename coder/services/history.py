@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from coder import project
+from coder.display import listed
 from coder.errors import (
     CoderError,
     ConcurrentRun,
@@ -259,12 +260,9 @@ def _remove(
             if not force:
                 raise
     if changed and not force:
-        listed = ", ".join(changed[:10]) + (
-            f" and {len(changed) - 10} more" if len(changed) > 10 else ""
-        )
         raise EnvironmentProblem(  # exit 3, as resume and revert refuse the same worktree
-            f"the worktree {worktree} has uncommitted changes ({listed}); cleaning would "
-            "delete them",
+            f"the worktree {worktree} has uncommitted changes ({listed(changed, 10)}); "
+            "cleaning would delete them",
             hint=f"keep them elsewhere first (e.g. `git -C {worktree} stash -u`), or pass "
             "--force to discard them",
         )
