@@ -228,6 +228,7 @@ def clean_all(
 
 
 def _was_merged(coder_dir: Path, task_id: str) -> bool:
+    """Whether the run's state records its merge (unreadable: not known to be merged)."""
     try:
         return bool((StateStore(coder_dir).load(task_id).merge or {}).get("commit"))
     except CoderError:
@@ -266,10 +267,7 @@ def _remove(
             hint=f"keep them elsewhere first (e.g. `git -C {worktree} stash -u`), or pass "
             "--force to discard them",
         )
-    try:
-        merged = bool((StateStore(coder_dir).load(task_id).merge or {}).get("commit"))
-    except (CorruptState, InvalidInput):
-        merged = False
+    merged = _was_merged(coder_dir, task_id)
     # the run's own worktree, its steps' scratch worktrees and merge's check worktree: exact
     # names, so cleaning task `a` never touches task `a--b`'s
     for name in _worktree_names(task_id, remains):
