@@ -274,22 +274,29 @@ def _with_run_option(func: Callable[..., Any], only: bool, required: bool) -> An
 def resolve_run(given: str | None, *, last: bool = False, only: bool = True) -> str:
     """The whole id of the run meant (see `run_option`); said on stderr when it was not
     typed out, so a command never acts on a run the user did not see named."""
-    from coder import project
     from coder.run.naming import which_run
 
-    coder_dir = project.coder_dir(project.main_root(cwd()))
-    task_id = which_run(coder_dir, given, last=last, only=only)
+    task_id = which_run(runs_dir(), given, last=last, only=only)
     if task_id != given and not (click.get_current_context().find_root().obj or {}).get("json"):
         click.echo(f"Run {task_id}", err=True)
     return task_id
+
+
+def runs_dir() -> Any:
+    """This repository's `.coder/`, from the current directory (a linked worktree's too)."""
+    from coder import project
+
+    return project.coder_dir(project.main_root(cwd()))
 
 
 def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
     """`-t`'s completions: the project's run ids that start with what is typed."""
     from click.shell_completion import CompletionItem
 
+    from coder.run.manifest import run_ids
+
     try:
-        found = _known_runs()
+        found = run_ids(runs_dir())
     except Exception:  # noqa: BLE001 - completing must never print a traceback into a shell
         return []
     return [CompletionItem(task_id) for task_id in found if task_id.startswith(incomplete)]
@@ -299,29 +306,13 @@ def complete_steps(ctx: click.Context, param: click.Parameter, incomplete: str) 
     """`--step`/`--to-step`'s completions: the step ids of the run `-t` names."""
     from click.shell_completion import CompletionItem
 
-    try:
-        steps = _steps_of(ctx.params.get("task_id"))
-    except Exception:  # noqa: BLE001 - as above
-        return []
-    return [CompletionItem(step) for step in steps if step.startswith(incomplete)]
-
-
-def _known_runs() -> list[str]:
-    from pathlib import Path
-
-    from coder import project
-    from coder.run.manifest import run_ids as ids
-
-    return ids(project.coder_dir(project.main_root(Path.cwd())))
-
-
-def _steps_of(given: str | None) -> list[str]:
-    from pathlib import Path
-
-    from coder import project
     from coder.run.manifest import load_manifest
     from coder.run.naming import which_run
 
-    coder_dir = project.coder_dir(project.main_root(Path.cwd()))
-    task_id = which_run(coder_dir, given)
-    return [str(step["id"]) for step in load_manifest(coder_dir, task_id).task["graph"]]
+    try:
+        coder_dir = runs_dir()
+        task = load_manifest(coder_dir, which_run(coder_dir, ctx.params.get("task_id"))).task
+        steps = [str(step["id"]) for step in task["graph"]]
+    except Exception:  # noqa: BLE001 - as above
+        return []
+    return [CompletionItem(step) for step in steps if step.startswith(incomplete)]

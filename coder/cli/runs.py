@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import click
 
-from coder.cli.common import PathType, cwd, emit_json, json_option, run_option
+from coder.cli.common import PathType, cwd, emit_json, json_option, run_option, runs_dir
 from coder.cli.project import ask_trust
 from coder.display import escaped
 from coder.errors import (
@@ -307,13 +308,12 @@ def stop(task_id: str, wait: float, as_json: bool) -> None:
 @json_option
 def status(as_json: bool) -> None:
     """List the runs in this repository."""
-    from coder import project
     from coder.errors import CorruptState
     from coder.run import manifest as manifests
     from coder.run.lock import read_lock_owner
     from coder.run.state import DONE, StateStore
 
-    coder_dir = project.coder_dir(project.main_root(cwd()))
+    coder_dir = runs_dir()
     rows: list[StatusRow] = []
     states = {item.task_id: item for item in StateStore(coder_dir).load_all()}
     for task_id in manifests.run_ids(coder_dir):  # a run: a manifest or a checkpoint
@@ -366,12 +366,7 @@ def status_table(rows: list[StatusRow]) -> str:
         )
         for row in rows
     ]
-    widths = [max(len(line[i]) for line in table) for i in range(4)]
-    return "\n".join(
-        "  ".join(f"{cell:<{width}}" for cell, width in zip(line, widths, strict=False))
-        + f"  {line[4]}"
-        for line in table
-    ).rstrip()
+    return fitted(table).rstrip()
 
 
 class StatusRow(TypedDict, total=False):
@@ -664,5 +659,10 @@ def summary_table(state: RunState) -> str:
                 escaped(note.splitlines()[0][:60]) if note else "",
             )
         )
+    return fitted(rows)
+
+
+def fitted(rows: Sequence[Sequence[str]]) -> str:
+    """A table as text: each column as wide as its widest cell, the last one left free."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
