@@ -348,10 +348,8 @@ def edit_file(path: Path, key: str, value: Any = None, *, remove: bool = False) 
             f"unknown setting {key!r}{yamldoc.did_you_mean(key, list(DEFAULTS))}",
             hint="`coder config` lists the settings",
         )
-    data: dict[str, Any] = {}
-    if path.is_file():
-        read_file(path)  # a file that is not valid now is fixed by hand first
-        data = yamldoc.loads_json(path.read_bytes())
+    # a file that is not valid now is fixed by hand first (read_file says where)
+    data = read_file(path, keep_schema=True) if path.is_file() else {}
     if remove:
         data.pop(key, None)
     else:
@@ -427,10 +425,11 @@ def require_trusted(cfg: Config) -> None:
         )
 
 
-def read_file(path: Path) -> dict[str, Any]:
+def read_file(path: Path, *, keep_schema: bool = False) -> dict[str, Any]:
     """A config file's contents, checked; InvalidInput names the file, position and field.
     Read like every document coder reads (yamldoc): a FIFO, a huge or deeply nested file,
-    or a key given twice is refused with its position."""
+    or a key given twice is refused with its position. `$schema` is left out unless
+    `keep_schema` (to write the file back as it was)."""
     from coder import yamldoc
 
     fix = "fix the syntax, or delete the file and run `coder init`"
@@ -450,7 +449,8 @@ def read_file(path: Path) -> dict[str, Any]:
             "; ".join(f"{doc.name}:{line}:{col}: {text}" for line, col, text in problems),
             hint=f"fix {path} (see the config reference in README.md)",
         )
-    data.pop("$schema", None)
+    if not keep_schema:
+        data.pop("$schema", None)
     return data
 
 
