@@ -363,7 +363,7 @@ def edit_file(path: Path, key: str, value: Any = None, *, remove: bool = False) 
     if problems:
         raise InvalidInput(
             f"{key} cannot be {json.dumps(value)}: {'; '.join(problems)}",
-            hint="see the config reference in README.md",
+            hint="see docs/configuration.md",
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text.encode("utf-8"), new_mode=0o644, crash_point=None)
@@ -447,7 +447,7 @@ def read_file(path: Path, *, keep_schema: bool = False) -> dict[str, Any]:
     if problems:
         raise InvalidInput(
             "; ".join(f"{doc.name}:{line}:{col}: {text}" for line, col, text in problems),
-            hint=f"fix {path} (see the config reference in README.md)",
+            hint=f"fix {path} (see docs/configuration.md)",
         )
     if not keep_schema:
         data.pop("$schema", None)

@@ -1,5 +1,6 @@
-"""The README stays true: every `coder ...` command it shows parses with today's CLI, and the
-journey it describes works (the blocks that need Ollama are marked "needs Ollama")."""
+"""The README and the docs/ pages stay true: every `coder ...` command they show parses with
+today's CLI, and the journey docs/journey.md describes works (the blocks that need Ollama are
+marked "needs Ollama")."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from tests.conftest import coder, git
 from tests.helpers import ROOT
 
 README = (ROOT / "README.md").read_text()
+PAGES = sorted((ROOT / "docs").glob("*.md"))
 
 
-def command_lines() -> list[str]:
-    """Every line of a fenced sh/console block that runs coder (comments dropped)."""
+def command_lines(text: str) -> list[str]:
+    """Every line of a fenced sh/console block of `text` that runs coder (comments dropped)."""
     lines = []
-    for block in re.findall(r"```(?:sh|console)\n(.*?)```", README, re.S):
+    for block in re.findall(r"```(?:sh|console)\n(.*?)```", text, re.S):
         for line in block.splitlines():
             line = line.removeprefix("$ ").split("  #")[0].strip()
             if line.startswith("coder "):
@@ -27,10 +29,13 @@ def command_lines() -> list[str]:
     return lines
 
 
-COMMANDS = command_lines()
+COMMANDS = [
+    line for text in [README, *(p.read_text() for p in PAGES)] for line in command_lines(text)
+]
+JOURNEY = command_lines((ROOT / "docs" / "journey.md").read_text())
 
 
-def test_the_readme_shows_the_commands() -> None:
+def test_the_docs_show_the_commands() -> None:
     assert len(COMMANDS) >= 20
     assert "coder demo" in COMMANDS and "pip install ." in README and "\ntox\n" in README
 
@@ -45,10 +50,10 @@ def test_each_command_parses(line: str) -> None:
 
 
 def test_the_journey_without_a_model(make_repo) -> None:
-    """The README's journey block, on a real repository, with its example taskfile."""
+    """docs/journey.md's journey block, on a real repository, with its example taskfile."""
     repo = make_repo({"pyproject.toml": "[tool.pytest.ini_options]\n"})
     run_id = None  # "the task id `coder run` printed"
-    for line in COMMANDS:
+    for line in JOURNEY:
         if (
             "plan" in line
             or "ID" not in line

@@ -2,7 +2,7 @@
 branch moves that bring its files along: the discard of a failed step, revert's reset.
 
 A command may have planted links, forged files or re-aimed a submodule in the worktree, and
-coder runs outside the sandbox: so the restore runs confined like the commands (README,
+coder runs outside the sandbox: so the restore runs confined like the commands (docs/safety.md,
 "Safety": coder's own writes stay inside too).
 """
 

@@ -510,7 +510,7 @@ def confined(root: Path, fn: Callable[[], _T]) -> _T:
     """`fn()` run confined like the commands of `root` (the same spawner thread), so that a
     write it makes through a link or a path a command planted fails instead of landing
     outside `root`. Where this machine has no sandbox, `fn()` runs as it is: the callers
-    also avoid following links themselves (see README: Safety)."""
+    also avoid following links themselves (see docs/safety.md)."""
     spawner = spawner_for(root)
     return fn() if spawner is None else spawner.call(fn)
 

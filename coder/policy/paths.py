@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # other than this sandbox (on your CI, in your editor, shell or coding agent, in git itself),
 # that widens coder's own permissions, or that holds secrets. A pattern matches any run of
 # path components (case-insensitively, `*` within one component), anywhere in the tree unless
-# it starts with `/`; what it matches is protected with everything below it. The README's
+# it starts with `/`; what it matches is protected with everything below it. docs/safety.md's
 # Safety section lists these rows (tests/policy/test_protected_table.py holds it to them).
 _EDITOR = "your editor or shell runs what it names when you open or enter the folder"
 _AGENT = "coding agents start the MCP servers and hooks it names"

@@ -263,7 +263,7 @@ def test_without_cap_sys_admin_setuid_is_still_refused_but_metadata_outside_is_n
     tmp_path: Path,
 ) -> None:
     """What a non-root user (or a container's root) gets: no mount namespace in a thread, so
-    chmod outside the worktree goes through (README: what is not contained); the seccomp
+    chmod outside the worktree goes through (docs/safety.md: what is not contained); the seccomp
     filter needs no privilege, so setuid bits are refused all the same. A container's root
     keeps CAP_SETFCAP for `unshare`: its commands are refused extended attributes, or they
     could give a file capabilities (cap_setuid here), as good as setuid root."""

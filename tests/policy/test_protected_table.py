@@ -1,6 +1,6 @@
-"""The protected paths are one table (coder.policy.paths.PROTECTED), which the README lists;
+"""The protected paths are one table (coder.policy.paths.PROTECTED), which docs/safety.md lists;
 symlinks count by where they point, resolved inside the worktree only. The variables a step's
-`env:` cannot set are one list (coder.policy.env), which the README lists too."""
+`env:` cannot set are one list (coder.policy.env), which it lists too."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from coder.policy.commands import Policy
 from coder.policy.paths import PROTECTED, is_protected, protected_changes, resolve_inside
 from tests.helpers import ROOT
 
-README = (ROOT / "README.md").read_text()
+SAFETY = (ROOT / "docs" / "safety.md").read_text()
 POLICY = Policy()
 
 
@@ -29,15 +29,15 @@ def examples() -> list[str]:
     return [example(pattern) for pattern, _ in PROTECTED]
 
 
-def test_the_readme_lists_the_table() -> None:
-    start = README.index("  - coder's permissions: ")
-    listed = README[start : README.index("and your `protected_paths` globs", start)]
+def test_the_safety_page_lists_the_table() -> None:
+    start = SAFETY.index("  - coder's permissions: ")
+    listed = SAFETY[start : SAFETY.index("and your `protected_paths` globs", start)]
     assert set(re.findall(r"`([^`]+)`", listed)) == {pattern for pattern, _ in PROTECTED}
 
 
-def test_the_readme_lists_the_variables() -> None:
-    start = README.index("variable that makes the shell, the loader, git or a runtime run code")
-    listed = README[start : README.index("(`coder validate`", start)]
+def test_the_safety_page_lists_the_variables() -> None:
+    start = SAFETY.index("variable that makes the shell, the loader, git or a runtime run code")
+    listed = SAFETY[start : SAFETY.index("(`coder validate`", start)]
     names = set(re.findall(r"`([^`]+)`", listed))
     assert names == set(env_mod._RUNS_CODE) | {f"{p}*" for p in env_mod._RUNS_CODE_PREFIXES}
 
