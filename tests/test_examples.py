@@ -85,7 +85,7 @@ def test_examples_without_a_model_run_as_documented(
     ids=["empty", "unittest"],
 )
 def test_the_first_run_in_a_fresh_repository_is_green(make_repo, project: dict[str, str]) -> None:
-    """As the README's first steps say: init, write the example, run it, merge it. The
+    """As docs/journey.md's first steps say: init, write the example, run it, merge it. The
     example ships in the package and works under the test runner init detected."""
     repo = make_repo(project)
     code, out, err = coder(repo, "init", "--example", "hello-shell")

@@ -4,8 +4,11 @@ marked "needs Ollama")."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import subprocess
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -76,3 +79,108 @@ def test_the_journey_without_a_model(make_repo) -> None:
     assert git(repo, "tag") == f"coder/{run_id}\n"
     assert git(repo, "branch", "--list", "agent/*") == ""
     assert "greet" in git(repo, "show", "main:greeting.py")
+
+
+def section(text: str, heading: str) -> str:
+    """The text under `heading` up to the next heading of its level or above."""
+    start = text.index(f"\n{heading}\n")
+    level = heading.split(" ")[0]
+    nxt = re.search(rf"\n#{{1,{len(level)}}} ", text[start + len(heading) + 2 :])
+    return text[start : start + len(heading) + 2 + nxt.start()] if nxt else text[start:]
+
+
+QUICKSTART, UNDO = re.findall(
+    r"```sh\n(.*?)```", section(README, "## Five minutes on your own repository"), re.S
+)
+
+
+@pytest.mark.parametrize(
+    ("project", "runner", "ran"),
+    [
+        (
+            {
+                "pyproject.toml": "[tool.pytest.ini_options]\n",
+                "tests/test_app.py": "def test_sum():\n    assert 1 + 1 == 2\n",
+            },
+            "pytest",
+            "1 passed",
+        ),
+        (
+            {
+                "tests/test_app.py": "import unittest\n\n\nclass TestSum(unittest.TestCase):\n"
+                "    def test_sum(self):\n        self.assertEqual(1 + 1, 2)\n"
+            },
+            "unittest",
+            "Ran 1 test",
+        ),
+    ],
+    ids=["pytest", "unittest"],
+)
+def test_the_quickstart_as_written(
+    make_repo, project: dict[str, str], runner: str, ran: str
+) -> None:
+    """The README's quickstart, taken from its text and run by the shell with the installed
+    `coder`, in a fresh project of each test runner: a green merge on main, then the undo."""
+    repo = make_repo(project)
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", QUICKSTART], cwd=repo, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert runner in json.loads((repo / "coder.config.json").read_text())["test_command"]
+    assert "Run greet: success" in result.stdout
+    assert "Merged run greet into main" in result.stdout
+    # --if-green ran the project's tests on the merge result
+    assert ran in (repo / ".coder" / "artifacts" / "greet" / "merge-check.log").read_text()
+    assert git(repo, "rev-parse", "main") == git(repo, "rev-parse", "coder/greet^{commit}")
+    assert "Coder-Task: greet" in git(repo, "log", "-1", "--format=%B", "main")
+    assert git(repo, "show", "main:greeting.py") == 'def greet(name): return "hello " + name\n'
+    assert (repo / "greeting.py").is_file()  # the checkout followed the merge
+    undo = subprocess.run(["bash", "-euo", "pipefail", "-c", UNDO], cwd=repo, capture_output=True)
+    assert undo.returncode == 0, undo.stderr
+    assert git(repo, "ls-tree", "--name-only", "main", "greeting.py") == ""
+
+
+def prose(text: str) -> str:
+    """`text` without its fenced code blocks (a fence is a line that starts with ```)."""
+    kept, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors for the headings of a Markdown text (code blocks left out)."""
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", prose(text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n, unique = 0, slug
+        while unique in found:  # a repeated heading gets -1, -2, ...
+            n += 1
+            unique = f"{slug}-{n}"
+        found.add(unique)
+    return found
+
+
+DOCS = [ROOT / "README.md", *PAGES]
+
+
+def test_the_docs_index_links_every_page() -> None:
+    index = (ROOT / "docs" / "README.md").read_text()
+    linked = set(re.findall(r"\]\(([\w-]+\.md)\)", index))
+    assert linked == {p.name for p in PAGES if p.name != "README.md"}
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page: Path) -> None:
+    """Each relative link leads to a file that exists and, with a #fragment, to a heading."""
+    for link in re.findall(r"\]\(([^)\s]+)\)", prose(page.read_text())):
+        if re.match(r"[a-z]+:", link):
+            continue  # https:, mailto:
+        path, _, fragment = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        assert target.exists(), f"{page.name}: {link} leads nowhere"
+        if fragment:
+            assert fragment in anchors(target.read_text()), f"{page.name}: no heading for {link}"
