@@ -10,9 +10,11 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
+from coder.cli import COMMANDS as COMMANDS_TABLE
 from coder.cli import main
 from tests.conftest import coder, git
 from tests.helpers import ROOT
@@ -184,3 +186,25 @@ def test_every_relative_link_resolves(page: Path) -> None:
         assert target.exists(), f"{page.name}: {link} leads nowhere"
         if fragment:
             assert fragment in anchors(target.read_text()), f"{page.name}: no heading for {link}"
+
+
+def help_pages() -> list[tuple[str, str]]:
+    """(command, the help's last line) for every command and subcommand."""
+    found = []
+    for name in main.list_commands(click.Context(main)):
+        command = main.get_command(click.Context(main), name)
+        assert command is not None
+        for words in [[name], *([name, sub] for sub in getattr(command, "commands", {}))]:
+            result = CliRunner().invoke(main, [*words, "--help"], prog_name="coder")
+            assert result.exit_code == 0, result.output
+            found.append((" ".join(words), result.output.rstrip().splitlines()[-1].strip()))
+    return found
+
+
+def test_each_commands_help_ends_with_its_docs_page() -> None:
+    pages = help_pages()
+    assert {name for name, _ in pages} >= set(COMMANDS_TABLE) | {"mcp serve", "config set"}
+    for name, last in pages:
+        assert last.startswith("See "), f"coder {name} --help ends {last!r}"
+        path, _, fragment = last.removeprefix("See ").partition("#")
+        assert fragment in anchors((ROOT / path).read_text()), f"coder {name}: {last}"

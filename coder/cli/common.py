@@ -27,7 +27,47 @@ Examples:
   coder validate -f tasks/hello-shell.yaml
   coder run --autonomous -f tasks/hello-shell.yaml
   coder status
+
+See README.md for the quickstart and docs/README.md for the reference.
 """
+
+# Where each command is documented, relative to coder's repository: the last line of the
+# command's --help (tests/test_readme.py checks that each leads to a heading). A subcommand
+# (`mcp serve`) without a row of its own takes its group's.
+DOCS_PAGES: dict[str, str] = {
+    "init": "README.md#five-minutes-on-your-own-repository",
+    "plan": "docs/journey.md#from-a-spec-to-a-green-branch-coder-plan",
+    "validate": "docs/taskfile.md#taskfile-reference",
+    "show": "docs/commands.md#the-dag-as-a-picture",
+    "run": "docs/commands.md#command-reference",
+    "resume": "docs/commands.md#command-reference",
+    "stop": "docs/commands.md#command-reference",
+    "status": "docs/commands.md#command-reference",
+    "merge": "docs/journey.md#accepting-a-run-coder-merge",
+    "revert": "docs/journey.md#undoing-steps-coder-revert",
+    "diff": "docs/commands.md#command-reference",
+    "report": "docs/journey.md#reviewing-a-run-coder-report",
+    "logs": "docs/commands.md#command-reference",
+    "clean": "docs/journey.md#tearing-down",
+    "config": "docs/configuration.md#configuration-reference",
+    "trust": "docs/safety.md#what-is-contained",
+    "doctor": "docs/troubleshooting.md#troubleshooting",
+    "mcp": "docs/mcp.md#mcp",
+    "mcp serve": "docs/mcp.md#use-coder-from-an-mcp-client-coder-mcp-serve",
+    "mcp list": "docs/mcp.md#give-runs-the-tools-of-external-mcp-servers-mcp_servers",
+    "completion": "docs/commands.md#command-reference",
+    "demo": "README.md#see-it-work-in-a-minute-coder-demo",
+}
+
+
+def with_docs_link(command: click.Command, name: str, page: str | None = None) -> None:
+    """End `command`'s help (and its subcommands') with the page that documents it."""
+    page = DOCS_PAGES.get(name, page)
+    line = f"See {page}"
+    if page and line not in (command.epilog or ""):
+        command.epilog = f"{command.epilog}\n\n{line}" if command.epilog else line
+    for sub_name, sub in getattr(command, "commands", {}).items():
+        with_docs_link(sub, f"{name} {sub_name}", page)
 
 
 def help_width() -> int:
@@ -68,7 +108,9 @@ class CoderGroup(click.Group):
             import importlib
 
             module, function, _help = self.lazy_commands[cmd_name]
-            self.add_command(getattr(importlib.import_module(f"coder.cli.{module}"), function))
+            command = getattr(importlib.import_module(f"coder.cli.{module}"), function)
+            with_docs_link(command, cmd_name)
+            self.add_command(command)
         return self.commands.get(cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
