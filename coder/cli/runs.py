@@ -16,7 +16,6 @@ from coder.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    InvalidInput,
 )
 
 if TYPE_CHECKING:
@@ -68,6 +67,14 @@ def run_options(func: Any) -> Any:
                 "--replay",
                 type=PathType(dir_okay=False),
                 help="Answer model calls from a recording instead of the model server.",
+            ),
+            click.option(
+                "--approvals",
+                type=click.Choice(["per-step", "per-edit", "none"]),
+                help="Ask before each step (per-step), before each write, patch and command of "
+                "the model, shown as a diff (per-edit), or never (none); overrides the "
+                "taskfile's policies.approvals. Default: the taskfile's, else per-step for "
+                "`run` (none with --autonomous) and none for `resume`.",
             ),
             click.option(
                 "--no-sandbox",
@@ -122,6 +129,7 @@ def run(
     model: str | None,
     record: Path | None,
     replay: Path | None,
+    approvals: str | None,
     no_sandbox: bool,
     quiet: bool,
     verbose: bool,
@@ -147,18 +155,12 @@ def run(
 
     from coder.mcp.client import attach_configured
 
-    if not autonomous and not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise InvalidInput(
-            "without --autonomous, coder asks before each step, which needs a "
-            "terminal; pass --autonomous to run every step without asking"
+    if autonomous and approvals not in (None, "none"):
+        raise click.UsageError(
+            f"--autonomous asks nothing: it cannot go with --approvals {approvals}"
         )
     ask_trust(as_json)
     progress = _progress(as_json, quiet, verbose, steps=lambda: dag_steps(path=path))
-
-    def approve(step: Step, run: RunContext) -> Approval:
-        with progress.paused():  # never draw over the question
-            return approval_prompt(step, run)
-
     try:
         result = runs.start(
             path,
@@ -166,7 +168,7 @@ def run(
             console=progress,
             options=replace(
                 options,
-                approve=None if autonomous else approve,
+                **_asking(progress, "none" if autonomous else approvals, "per-step"),
                 attach_tools=attach_configured,
                 live=progress.loop_event,
             ),
@@ -176,6 +178,25 @@ def run(
     _finish(
         result, as_json, _merge_on_success(result, as_json, quiet) if merge_on_success else None
     )
+
+
+def _asking(progress: Any, approvals: str | None, default: str) -> dict[str, Any]:
+    """RunOptions' approvals (coder.run.approvals): the mode chosen on the command line and
+    the questions at this terminal; none without one (stdin and stdout a terminal), so a run
+    that would ask is refused."""
+    from coder.cli.approve import edit_prompt
+
+    def approve(step: Step, run: RunContext) -> Approval:
+        with progress.paused():  # never draw over the question
+            return approval_prompt(step, run)
+
+    terminal = sys.stdin.isatty() and sys.stdout.isatty()
+    return {
+        "approvals": approvals,
+        "default_approvals": default,
+        "approve": approve if terminal else None,
+        "approve_edit": edit_prompt(progress) if terminal else None,
+    }
 
 
 def _taskfile_given(path: Path | None, task_id: str | None, as_json: bool) -> Path:
@@ -224,6 +245,7 @@ def resume(
     model: str | None,
     record: Path | None,
     replay: Path | None,
+    approvals: str | None,
     no_sandbox: bool,
     quiet: bool,
     verbose: bool,
@@ -256,6 +278,7 @@ def resume(
                 sandbox="off" if no_sandbox else None,
                 live=progress.loop_event,
                 taskfile=taskfile,
+                **_asking(progress, approvals, "none"),
             ),
         )
     finally:

@@ -173,6 +173,34 @@ def apply_patch(repo: Repo, text: str, root: Path) -> None:
         raise PatchProblem(f"the patch did not apply: {exc}") from None
 
 
+def patched(
+    text: str, files: Mapping[str, tuple[bytes, int] | None]
+) -> dict[str, bytes | None]:
+    """What applying the unified diff ``text`` would make of ``files`` (path: (content, mode),
+    None for a file that does not exist), worked out by libgit2 in a scratch repository, so
+    it is what `apply_patch` writes, line ends and missing final newlines included; the
+    working files are not touched. None: the patch deletes the file."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="coder-patch-") as scratch:
+        repo = pygit2.init_repository(scratch)
+        for rel, found in files.items():
+            if found is not None:
+                target = Path(scratch, rel)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(found[0])
+                os.chmod(target, found[1] & 0o755 | 0o600)
+        try:
+            repo.apply(pygit2.Diff.parse_diff(text), ApplyLocation.WORKDIR)
+        except pygit2.GitError as exc:
+            raise PatchProblem(f"the patch does not apply: {exc}") from None
+        return {
+            rel: Path(scratch, rel).read_bytes() if Path(scratch, rel).is_file() else None
+            for rel in files
+        }
+
+
 def ignored_dirs(root: str) -> Callable[[str], bool] | None:
     """A predicate telling git-ignored directories (build/, dist/, ...), or None without git."""
     try:

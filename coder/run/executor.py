@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from coder.models.provider import Usage
     from coder.policy.commands import Policy
     from coder.redact import Redactor
+    from coder.run.approvals import EditApprovals
     from coder.run.events import EventLog
     from coder.run.state import StateStore
     from coder.taskfile import Step, Task
@@ -85,7 +86,8 @@ class RunContext:
     fail_fast: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
     agent: AgentSession | None = None  # when the task has model steps
-    approve: Approver | None = None  # interactive mode
+    approve: Approver | None = None  # approvals per-step: asked before each step
+    approve_edit: EditApprovals | None = None  # per-edit: before each edit and command
 
     @property
     def branch(self) -> str:
@@ -214,7 +216,8 @@ class Executor:
 
     def _walk(self) -> None:
         while not self.halted and not self.run.stop.is_set():
-            batch = self.schedule.take(self.run.max_parallel if self.run.approve is None else 1)
+            asks = self.run.approve is not None or self.run.approve_edit is not None
+            batch = self.schedule.take(1 if asks else self.run.max_parallel)  # one at a time
             if not batch:
                 return
             exhausted = self._run_budget_exhausted()
@@ -386,6 +389,7 @@ class Executor:
             owner=self.run.owner,
             agent=self.run.agent,
             previous_error=self.record(step.id).error,
+            approve_edit=self.run.approve_edit,
         )
         try:
             outcome = runner_for(step.kind)(ctx)

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from coder.git.repository import Repo
     from coder.policy.commands import Policy
     from coder.redact import Redactor
+    from coder.run.approvals import EditPrompt, Mode
     from coder.run.events import Console, EventLog, LiveView
     from coder.run.executor import Approver, RunContext
 
@@ -64,7 +65,12 @@ class RunOptions:
     model: str | None = None
     record: Path | None = None  # write the model's replies here
     replay: Path | None = None  # answer model calls from this recording instead of Ollama
-    approve: Approver | None = None  # interactive mode: asked before each step
+    # approvals (coder.run.approvals): the command line's mode (--approvals; --autonomous is
+    # "none"), else the taskfile's policies.approvals, else `default_approvals`
+    approvals: str | None = None
+    default_approvals: Mode = "none"
+    approve: Approver | None = None  # the terminal's question before a step (per-step)
+    approve_edit: EditPrompt | None = None  # and before an edit or a command (per-edit)
     attach_tools: ToolAttacher | None = None  # extra tools for the model (the MCP servers')
     sandbox: str | None = None  # "off" (--no-sandbox) overrides the config's `sandbox`
     # The live view: gets each typed model-loop event (coder.agent.events) with its step's
@@ -92,6 +98,7 @@ def start(
 ) -> RunResult:
     """Validate, prepare the branch and worktree, and run the whole DAG."""
     task, cfg, repo, policy, base_commit = _checked(path, cwd, options)
+    approvals = approvals_of(task, options)  # refused before anything of the run exists
     root = repository.repo_root(repo)
     coder_dir = project.ensure_coder_dir(root)
     repository.ensure_excluded(repo, f"/{project.CODER_DIR}/")
@@ -121,6 +128,7 @@ def start(
                 agent,
                 redactor,
                 _start_warnings(repo, task, path),
+                approvals,
             )
             return _execute(setup, options, console)
         except BaseException as exc:
@@ -135,6 +143,17 @@ def start(
                         f"--autonomous -f {path}`",
                     ) from None
             raise
+
+
+def approvals_of(task: taskfile.Task, options: RunOptions) -> Mode:
+    """The run's approvals mode (coder.run.approvals), refused when it asks and nobody can
+    be asked (no terminal)."""
+    from coder.run import approvals
+
+    mode = approvals.mode_of(options.approvals, task.policies, options.default_approvals)
+    prompt = options.approve if mode == "per-step" else options.approve_edit
+    approvals.require_prompt(mode, can_ask=prompt is not None)
+    return mode
 
 
 def _run_exists(store: StateStore, task_id: str) -> InvalidInput:
@@ -408,6 +427,7 @@ def resume(
         task, manifest, redactor = _take_edit(
             coder_dir, root, state, manifest, task, cfg, options, warnings
         )
+        approvals = approvals_of(task, options)
         store.save(state)
         policy = policy_for(task, cfg)
         sandbox.require_sandbox(policy)
@@ -426,6 +446,7 @@ def resume(
             agent,
             redactor,
             tuple(warnings),
+            approvals,
         )
         return _execute(setup, options, console)
 
@@ -677,8 +698,10 @@ class RunSetup:
     agent: AgentSession | None
     redactor: Redactor
     warnings: tuple[str, ...] = ()
+    approvals: Mode = "none"
 
     def context(self, log: EventLog, options: RunOptions) -> RunContext:
+        from coder.run.approvals import EditApprovals
         from coder.run.executor import RunContext
 
         return RunContext(
@@ -697,7 +720,10 @@ class RunSetup:
             or int(self.cfg.max_parallel),
             fail_fast=options.fail_fast,
             agent=self.agent,
-            approve=options.approve,
+            approve=options.approve if self.approvals == "per-step" else None,
+            approve_edit=EditApprovals(options.approve_edit, self.redactor)
+            if self.approvals == "per-edit" and options.approve_edit is not None
+            else None,
         )
 
 

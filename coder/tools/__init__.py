@@ -1,8 +1,10 @@
 """coder's tools, in one registry used by the agent loop and the MCP server.
 
     base.py      Tool, ToolResult, ToolContext, params, prop: what every tool module takes
-    registry.py  Registry (validation, errors as data, redaction), tools_for_kind,
+    registry.py  Registry (validation, errors as data, redaction, approvals), tools_for_kind,
                  doc_write_filter, step_complete, default_registry()
+    approval.py  per-edit approvals: a call's change (a diff, a command) shown before it
+                 happens, and the answer (yes, no with a reason, the user's edit, all)
     worktree.py  a model's path resolved in the worktree, writes that follow no link, globs,
                  numbered lines and the closest match (shared by fs, git, search and shell)
     envfiles.py  `.env` files: their values registered as secrets before a tool answers

@@ -2,8 +2,9 @@
 
     ToolResult   what a call answers (errors are data: `ToolResult.error(message, hint)`)
     ToolContext  where and under which rules a call runs (the worktree, the policy, the
-                 redactor, the edit checks)
-    Tool         a name, a description, the parameters and a handler `(ctx, args) -> result`
+                 redactor, the edit checks, who approves each change)
+    Tool         a name, a description, the parameters and a handler `(ctx, args) -> result`;
+                 a tool that changes something also a `preview` (coder.tools.approval)
     params, prop the flat object schema of a tool's parameters (see coder.tools.registry)
 
 Imports none of the tool modules, so fs, git, search and shell import it and the registry
@@ -26,6 +27,7 @@ from coder.redact import Redactor
 if TYPE_CHECKING:
     from coder.models.provider import ToolSchema
     from coder.schemas import JsonSchema
+    from coder.tools.approval import Approver, Preview
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ class ToolContext:
     # in a run: an EnvironmentProblem or a full disk stops the run instead of being an
     # answer to the model (the MCP server keeps answering: its client decides)
     stop_on_environment: bool = False
+    # per-edit approvals: asked with each write, patch and command before it happens (None:
+    # nobody is asked; coder.tools.approval)
+    approve: Approver | None = None
     _env_scanned: bool = field(default=False, init=False, repr=False)
     _edits: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)  # lint memo
 
@@ -82,6 +87,7 @@ class Tool:
     handler: Handler
     read_only: bool
     terminal: bool = False
+    preview: Preview | None = None  # what a call would change, for per-edit approvals
 
     def definition(self) -> ToolSchema:
         """Ollama's (and OpenAI's) function-tool shape."""

@@ -16,10 +16,12 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from coder.tools import feedback
+from coder.tools.approval import FileChange, Proposal
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
 from coder.tools.envfiles import is_env_file, register_env_file
 from coder.tools.worktree import (
@@ -135,7 +137,8 @@ def fs_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 # --------------------------------------------------------------------------- fs_write
 
 
-def fs_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def _planned_write(ctx: ToolContext, args: dict[str, Any]) -> tuple[str, bytes] | ToolResult:
+    """fs_write up to the write: (the file, its content), or why it would be refused."""
     path, content = args["path"], args["content"]
     if path.endswith(("/", os.sep)):
         return ToolResult.error(f"{path} names a directory", hint="give a file path")
@@ -152,9 +155,16 @@ def fs_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             hint="split it into several files",
         )
     refused = feedback.veto(ctx, rel, None, data)
-    if refused is not None:
-        return refused
+    return refused if refused is not None else (rel, data)
+
+
+def fs_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    planned = _planned_write(ctx, args)
+    if isinstance(planned, ToolResult):
+        return planned
+    rel, data = planned
     write_in_root(ctx, rel, data, mode=0o644, new_only=True)
+    content = args["content"]
     lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
     lint = feedback.Lint(ctx).after([rel])
     return ToolResult(
@@ -162,6 +172,14 @@ def fs_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         f"created {rel} ({lines} lines, {len(data)} bytes)" + (f"\n{lint}" if lint else ""),
         data={"files_changed": [rel]},
     )
+
+
+def preview_write(ctx: ToolContext, args: dict[str, Any]) -> Proposal | ToolResult:
+    planned = _planned_write(ctx, args)
+    if isinstance(planned, ToolResult):
+        return planned
+    rel, data = planned
+    return Proposal("fs_write", (FileChange(rel, None, data),), arguments=args)
 
 
 # --------------------------------------------------------------------------- fs_edit
@@ -241,7 +259,22 @@ def _many_matches(rel: str, text: str, starts: list[int], search: str) -> ToolRe
     )
 
 
-def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+@dataclass(frozen=True)
+class _Edit:
+    """fs_edit worked out, not yet written."""
+
+    rel: str
+    raw: bytes  # the file as it is
+    out: bytes  # the file as the edit leaves it
+    mode: int
+    new: str  # `out` as text with \n line ends
+    first: int  # the first edited line
+    replace: str
+    count: int
+
+
+def _planned_edit(ctx: ToolContext, args: dict[str, Any]) -> _Edit | ToolResult:
+    """fs_edit up to the write: the edit, or why it would be refused."""
     search, replace = args["search"], args["replace"]
     replace_all = bool(args.get("replace_all", False))
     real, rel = resolve(ctx, args["path"], write=True)
@@ -286,13 +319,22 @@ def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     refused = feedback.veto(ctx, rel, raw, out)
     if refused is not None:
         return refused
+    mode = real.stat().st_mode & 0o7777
+    return _Edit(rel, raw, out, mode, new, _line_of(new, starts[0]), replace, count)
+
+
+def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+    edit = _planned_edit(ctx, args)
+    if isinstance(edit, ToolResult):
+        return edit
+    rel = edit.rel
     lint = feedback.Lint(ctx)
     lint.before([rel])
-    write_in_root(ctx, rel, out, mode=real.stat().st_mode & 0o7777)
+    write_in_root(ctx, rel, edit.out, mode=edit.mode)
     # Show the edited region (first occurrence) so the model can check it without a re-read.
-    first = _line_of(new, starts[0])
+    first, replace, count = edit.first, edit.replace, edit.count
     last = first + (replace[:-1] if replace.endswith("\n") else replace).count("\n")
-    lines = new.split("\n")
+    lines = edit.new.split("\n")
     if lines[-1] == "":
         lines.pop()  # the "line" after the final newline
     lo, hi = max(1, first - 2), min(len(lines), last + 2, first - 2 + SNIPPET_LINES)
@@ -303,6 +345,14 @@ def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         f"now read:\n" + numbered(lines[lo - 1 : hi], lo) + (f"\n{notes}" if notes else ""),
         data={"files_changed": [rel], "replacements": count},
     )
+
+
+def preview_edit(ctx: ToolContext, args: dict[str, Any]) -> Proposal | ToolResult:
+    edit = _planned_edit(ctx, args)
+    if isinstance(edit, ToolResult):
+        return edit
+    change = FileChange(edit.rel, edit.raw, edit.out, edit.mode)
+    return Proposal("fs_edit", (change,), arguments=args)
 
 
 # --------------------------------------------------------------------------- walking, globs
@@ -546,6 +596,7 @@ FS_WRITE = Tool(
     ),
     handler=fs_write,
     read_only=False,
+    preview=preview_write,
 )
 FS_EDIT = Tool(
     name="fs_edit",
@@ -570,6 +621,7 @@ FS_EDIT = Tool(
     ),
     handler=fs_edit,
     read_only=False,
+    preview=preview_edit,
 )
 FS_GLOB = Tool(
     name="fs_glob",

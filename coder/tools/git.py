@@ -24,6 +24,7 @@ from coder.errors import PatchProblem
 from coder.git import branches, commits, workdir
 from coder.git.repository import Repo
 from coder.tools import feedback
+from coder.tools.approval import FileChange, Proposal
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
 from coder.tools.worktree import closest_match, numbered, real_root, resolve
 
@@ -425,6 +426,25 @@ def fs_apply_patch(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     )
 
 
+def preview_patch(ctx: ToolContext, args: dict[str, Any]) -> Proposal | ToolResult | None:
+    """fs_apply_patch's change, worked out without writing (None: a dry run writes nothing)."""
+    if args.get("dry_run"):
+        return None
+    text, _, paths = _prepare(ctx, parse_patch(args["patch"]))
+    workdir.check_patch(_repo(ctx), text)
+    root = real_root(ctx)
+    before = {p: _snapshot(os.path.join(root, p)) for p in paths}
+    after = workdir.patched(text, before)
+    changes = []
+    for path in paths:
+        old, new = before[path], after[path]
+        refused = None if new is None else feedback.veto(ctx, path, _data(old), new)
+        if refused is not None:
+            return refused
+        changes.append(FileChange(path, _data(old), new, 0o644 if old is None else old[1]))
+    return Proposal("fs_apply_patch", tuple(changes), arguments=args)
+
+
 def _snapshot(path: str) -> tuple[bytes, int] | None:
     """A file's content and mode (None: no such file)."""
     try:
@@ -502,4 +522,5 @@ FS_APPLY_PATCH = Tool(
     ),
     handler=fs_apply_patch,
     read_only=False,
+    preview=preview_patch,
 )

@@ -10,7 +10,9 @@ name, a description, a flat JSON Schema and a handler `(ToolContext, args) -> To
   EnvironmentProblem (no sandbox for a command, ...) or a full disk is raised, so the run
   stops as `error` instead of the step failing (DESIGN.md invariant 10);
 * arguments are validated against the schema (Draft 2020-12) before the handler sees them;
-* everything that leaves (content, hint, data) passes through `ctx.redactor` (fail closed).
+* everything that leaves (content, hint, data) passes through `ctx.redactor` (fail closed);
+* with `ctx.approve` (per-edit approvals), a tool that changes something is shown to the user
+  before it runs and does what the answer says (`coder.tools.approval.gated`).
 
 Schemas are flat on purpose: the ollama client keeps only `type`, `description`, `enum` and
 `items` of each property (APIS.md §0.2), so defaults and limits live in the descriptions and
@@ -37,6 +39,7 @@ from coder import yamldoc
 from coder.errors import CoderError, EnvironmentProblem, InvalidInput, PolicyViolation
 from coder.models.provider import Arguments
 from coder.redact import Redactor
+from coder.tools import approval
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
 from coder.tools.envfiles import register_env_files
 
@@ -119,6 +122,8 @@ class Registry:
             register_env_files(Path(ctx.root), ctx.redactor)
             ctx._env_scanned = True
         try:
+            if ctx.approve is not None and not tool.read_only:  # per-edit approvals
+                return approval.gated(tool, args, ctx)
             return tool.handler(ctx, args)
         except PolicyViolation as exc:
             return ToolResult.error(

@@ -15,6 +15,7 @@ from typing import Any
 from coder.errors import PolicyViolation
 from coder.policy.sandbox import CommandResult, run_command
 from coder.testreport import framework_of, parse_output, test_command
+from coder.tools.approval import Proposal
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
 from coder.tools.worktree import resolve
 
@@ -136,6 +137,44 @@ def tests_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     return ToolResult(True, f"{head}\n\n{sections}", data=data)
 
 
+def _decision(ctx: ToolContext, cmd: str, cwd_arg: str | None, timeout: int) -> str:
+    """The policy's decision on `cmd` as `run_command` will take it (PolicyViolation: refused)."""
+    from coder.policy.commands import check_command
+    from coder.policy.env import scrub_env
+
+    cwd = resolve(ctx, cwd_arg, write=False)[0] if cwd_arg else ctx.root
+    policy = ctx.policy
+    check_command(cmd, policy, root=ctx.root, cwd=cwd, path=scrub_env(policy).get("PATH"))
+    where = "in the sandbox" if policy.sandbox else "WITHOUT the sandbox (--no-sandbox)"
+    network = "on" if policy.allow_network else "off"
+    return f"allowed: runs {where}, network {network}, killed after {timeout}s"
+
+
+def _preview(ctx: ToolContext, tool: str, cmd: str, args: dict[str, Any]) -> Proposal | ToolResult:
+    try:
+        decision = _decision(ctx, cmd, args.get("cwd"), _limit(ctx, args.get("timeout")))
+    except PolicyViolation as exc:
+        if str(exc.message).startswith("command refused"):
+            return _refused(exc)  # nothing would run: nothing to ask
+        raise
+    return Proposal(tool, command=cmd, decision=decision, arguments=args)
+
+
+def preview_shell(ctx: ToolContext, args: dict[str, Any]) -> Proposal | ToolResult:
+    if not args["cmd"].strip():
+        return ToolResult.error("cmd is empty", hint="give a shell command line")
+    return _preview(ctx, "shell_run", args["cmd"], args)
+
+
+def preview_tests(ctx: ToolContext, args: dict[str, Any]) -> Proposal | ToolResult:
+    try:
+        extra = shlex.split(args.get("args") or "")
+    except ValueError:
+        return tests_run(ctx, args)  # the handler's own error, before anything runs
+    cmd = test_command(root=ctx.root, configured=ctx.test_command, args=extra)
+    return _preview(ctx, "tests_run", cmd, {})
+
+
 SHELL_RUN = Tool(
     name="shell_run",
     description=(
@@ -163,6 +202,7 @@ SHELL_RUN = Tool(
     ),
     handler=shell_run,
     read_only=False,
+    preview=preview_shell,
 )
 TESTS_RUN = Tool(
     name="tests_run",
@@ -181,4 +221,5 @@ TESTS_RUN = Tool(
     ),
     handler=tests_run,
     read_only=False,
+    preview=preview_tests,
 )

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from coder.models.provider import Usage
     from coder.policy.commands import Policy
     from coder.redact import Redactor
+    from coder.run.approvals import EditApprovals
     from coder.run.events import EventLog
     from coder.run.state import TestCounts
     from coder.taskfile import Step, Task
@@ -46,6 +47,7 @@ class StepContext:
     owner: str | None = None  # marks the step's commands (coder.policy.sandbox.kill_owned)
     agent: AgentSession | None = None  # when the run has model steps
     previous_error: str | None = None  # why the previous attempt failed, for the model
+    approve_edit: EditApprovals | None = None  # approvals per-edit (coder.run.approvals)
 
     def artifact(self, suffix: str) -> Path:
         make_private_dirs(self.artifacts)

@@ -116,6 +116,8 @@ def converse(
         stop_on_environment=True,
         **code_settings(ctx.config, ctx.task.policies, cache_dir(ctx), ctx.redactor),
     )
+    approvals = ctx.approve_edit.for_step(ctx.step.id, ctx.log) if ctx.approve_edit else None
+    tool_ctx.approve = approvals
     messages: list[Message] = [
         {"role": "system", "content": session.system},
         {"role": "user", "content": first_message},
@@ -148,6 +150,8 @@ def converse(
         write_private(ctx.artifact(transcript), ctx.redactor.redact(json.dumps(messages, indent=1)))
     if escalation and cycle in (None, 1):
         result.notes.insert(0, escalation)
+    if approvals is not None:  # the step's reasons say what the user refused, and why
+        result.notes.extend(approvals.refusals)
     return result
 
 

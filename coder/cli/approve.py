@@ -1,0 +1,97 @@
+"""The terminal's per-edit question (approvals per-edit, coder.run.approvals): each write,
+patch and command of the model, shown before it happens (a unified diff, coloured where colour
+is on; the command with the policy's decision), answered [y]es, [n]o with a reason, [e]dit in
+$EDITOR, or [a]ll for the rest of the step. The live view is paused while it asks."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Protocol
+
+import click
+
+from coder.display import escaped
+
+if TYPE_CHECKING:
+    from coder.tools.approval import Proposal, Verdict
+
+
+class Pausable(Protocol):
+    def paused(self) -> AbstractContextManager[None]: ...
+
+
+def edit_prompt(progress: Pausable) -> Callable[[str, Proposal, Callable[[str], str]], Verdict]:
+    """The question, asked with the live view (or the plain lines) held back meanwhile."""
+
+    def ask(step_id: str, proposal: Proposal, redact: Callable[[str], str]) -> Verdict:
+        with progress.paused():  # never draw over the question
+            return ask_edit(step_id, proposal, redact)
+
+    return ask
+
+
+def ask_edit(step_id: str, proposal: Proposal, redact: Callable[[str], str]) -> Verdict:
+    """Show the proposal (redacted, control characters escaped) and take the answer."""
+    from coder.tools.approval import Verdict
+
+    click.echo(f"\n{escaped(shown(step_id, proposal, redact), lines=True)}", err=True)
+    if proposal.files:
+        diff = escaped(redact(proposal.diff()), lines=True)
+        click.echo(_coloured(diff), nl=False, err=True, color=_colour())
+    choices = ["y", "n", "e", "a"] if proposal.editable else ["y", "n", "a"]
+    answer = click.prompt(
+        "  [y]es  [n]o  " + ("[e]dit  " if proposal.editable else "") + "[a]ll for this step",
+        default="y",
+        type=click.Choice(choices),
+        show_choices=False,
+        err=True,
+    )
+    if answer == "n":
+        reason = click.prompt(
+            "  why not (the model is told)", default="", show_default=False, err=True
+        )
+        return Verdict("no", reason=reason)
+    if answer == "a":
+        return Verdict("all")
+    if answer == "y":
+        return Verdict("yes")
+    if proposal.command is not None:
+        edited = click.edit(proposal.command, require_save=False, extension=".sh")
+        command = (edited or proposal.command).strip()
+        return Verdict("edit", command=command)
+    files = {}
+    for change in proposal.files:
+        if change.after is not None and b"\0" not in change.after:  # text: binary stays
+            suffix = PurePosixPath(change.path).suffix or ".txt"
+            edited_bytes = click.edit(change.after, require_save=False, extension=suffix)
+            files[change.path] = change.after if edited_bytes is None else bytes(edited_bytes)
+    return Verdict("edit", files=files)
+
+
+def shown(step_id: str, proposal: Proposal, redact: Callable[[str], str]) -> str:
+    """The question's first lines: the step, the tool and what it would do."""
+    if proposal.command is not None:
+        return (
+            f"step {step_id}: {proposal.tool} wants to run `{redact(proposal.command)}`\n"
+            f"  policy: {proposal.decision}"
+        )
+    if proposal.files:
+        return f"step {step_id}: {proposal.tool} wants to change {redact(proposal.target)}"
+    return f"step {step_id}: {proposal.tool} with {redact(proposal.target)}"
+
+
+def _colour() -> bool:
+    """Colour as the rest of the CLI decides it (--color, NO_COLOR, else whether stderr is a
+    terminal: the question goes there)."""
+    ctx = click.get_current_context(silent=True)
+    chosen = None if ctx is None else ctx.color
+    return sys.stderr.isatty() if chosen is None else chosen
+
+
+def _coloured(diff: str) -> str:
+    from coder.cli.pager import coloured_diff
+
+    return coloured_diff(diff) if _colour() else diff
