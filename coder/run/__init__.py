@@ -8,6 +8,7 @@ What a user does with a run afterwards (merge, revert, show, report) is in coder
     state.py       typed checkpoints: a snapshot and a journal of step transitions
     manifest.py    what a run is, written before anything else (and rebuilt from trailers)
     preflight.py   the commands a task's steps would run, checked before anything is created
+    approvals.py   per-step, per-edit or none: the mode, and each per-edit answer logged
     amend.py       resuming with an edited taskfile: what changed, and taking it
     secrets.py     every value a run knows to be secret, registered with its redactor
     foreign.py     commits on a run's branch that coder did not make, refused
