@@ -87,9 +87,10 @@ class StepApprovals:
         from coder.tools.approval import Verdict
 
         with self.run.lock:
-            if self.step_id in self.run._all:
-                return Verdict("all")
-            verdict = self.run.prompt(self.step_id, proposal, self.run.redactor.redact)
+            if self.step_id in self.run._all:  # not asked again; logged as what `all` let by
+                verdict = Verdict("all")
+            else:
+                verdict = self.run.prompt(self.step_id, proposal, self.run.redactor.redact)
             if verdict.answer == "all":
                 self.run._all.add(self.step_id)
         fields: dict[str, Any] = {"tool": proposal.tool, "target": proposal.target[:300]}

@@ -16,7 +16,6 @@ from coder.tools import ToolContext, ToolResult, default_registry
 from coder.tools.approval import Proposal, Verdict
 
 
-
 class Asked:
     """An approver that answers from a list and remembers what it was shown."""
 
