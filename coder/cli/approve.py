@@ -28,7 +28,10 @@ def edit_prompt(progress: Pausable) -> Callable[[str, Proposal, Callable[[str], 
 
     def ask(step_id: str, proposal: Proposal, redact: Callable[[str], str]) -> Verdict:
         with progress.paused():  # never draw over the question
-            return ask_edit(step_id, proposal, redact)
+            try:
+                return ask_edit(step_id, proposal, redact)
+            except click.Abort:  # a second Ctrl-C, or the terminal gone: stop at once, as
+                raise KeyboardInterrupt from None  # anywhere else (not a tool's error)
 
     return ask
 

@@ -94,8 +94,7 @@ def unified(path: str, before: bytes | None, after: bytes | None) -> str:
         return f"{head}Binary files {old} and {new} differ\n"
     lines = difflib.unified_diff(_lines(before), _lines(after), old, new)
     body = "".join(
-        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
-        for line in lines
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines
     )
     return head + body
 
@@ -117,6 +116,8 @@ def gated(tool: Tool, args: Arguments, ctx: ToolContext) -> ToolResult:
     if proposal is None:
         return tool.handler(ctx, args)
     verdict = ctx.approve(proposal)
+    if ctx.cancel is not None and ctx.cancel.is_set():  # stopped while it asked (Ctrl-C)
+        return ToolResult.error("the step is being stopped; the tool was not run")
     if verdict.answer in ("yes", "all"):
         return tool.handler(ctx, args)
     if verdict.answer == "no":

@@ -201,3 +201,27 @@ def test_without_a_terminal_per_edit_is_refused_up_front(make_repo) -> None:
     proc = _without_terminal(repo, "run", "--autonomous", "-f", shell)
     assert proc.returncode == 0, proc.stderr
     assert git(repo, "show", f"{BRANCH}:one.txt") == "one\n"
+
+
+def test_ctrl_c_at_the_question_stops_the_run_and_writes_nothing(make_repo) -> None:
+    repo = make_repo()
+    with FakeOllama() as fake:
+        fake.enqueue(
+            call("fs_write", path="two.txt", content="two\n"),
+            done("wrote two.txt", "two.txt"),
+        )
+        term = Terminal(
+            ["run", "--approvals", "per-edit", "-f", str(taskfile(repo, TASK))],
+            repo,
+            env={**PLAIN, "OLLAMA_HOST": fake.url},
+            session=True,  # the terminal is coder's: Ctrl-C sends it SIGINT
+        )
+        term.expect(ASKED)
+        os.write(term.master, b"\x03")  # Ctrl-C: the run is asked to stop
+        term.see("stopping")
+        os.write(term.master, b"\x03")  # again: at once, from the question too
+        assert term.finish() == 130, term.output
+    assert "Traceback" not in term.output
+    assert events(repo, "tool.called") == []  # the question ended the run, not the tool call
+    assert not (repo / ".coder" / "worktrees" / "edits" / "two.txt").exists()
+    assert git(repo, "rev-list", "--count", f"main..{BRANCH}").strip() == "0"

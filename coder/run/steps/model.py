@@ -236,9 +236,12 @@ def verify_claim(
 
 
 def _tests_after_edit(ctx: StepContext, tool_ctx: ToolContext) -> str | None:
+    from dataclasses import replace
+
     from coder.tools.registry import default_registry
 
-    result = default_registry().call("tests_run", {}, tool_ctx)
+    # coder's own check, not the model's command: never put to the user (per-edit approvals)
+    result = default_registry().call("tests_run", {}, replace(tool_ctx, approve=None))
     if "green" not in result.data:  # the tests could not run (no test command): say so, go on
         ctx.log.warning("tests.skipped", reason=result.as_text())
         return None
