@@ -188,7 +188,10 @@ def _run(result: Any, model: str | None, as_json: bool) -> None:
             cwd=cwd(),
             console=progress,
             options=runs.RunOptions(
-                model=model, attach_tools=attach_configured, live=progress.loop_event
+                model=model,
+                attach_tools=attach_configured,
+                live=progress.loop_event,
+                approvals="none",  # --autonomous, whatever the plan's policies.approvals says
             ),
         )
     finally:
