@@ -54,7 +54,7 @@ def require_prompt(mode: Mode, *, can_ask: bool) -> None:
     what = "before each step" if mode == "per-step" else "before each edit and command"
     raise InvalidInput(
         f"approvals {mode}: coder asks {what}, which needs a terminal; pass --autonomous "
-        "(or --approvals none) to run every step without asking"
+        "(coder run) or --approvals none to run every step without asking"
     )
 
 
