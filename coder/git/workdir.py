@@ -173,9 +173,7 @@ def apply_patch(repo: Repo, text: str, root: Path) -> None:
         raise PatchProblem(f"the patch did not apply: {exc}") from None
 
 
-def patched(
-    text: str, files: Mapping[str, tuple[bytes, int] | None]
-) -> dict[str, bytes | None]:
+def patched(text: str, files: Mapping[str, tuple[bytes, int] | None]) -> dict[str, bytes | None]:
     """What applying the unified diff ``text`` would make of ``files`` (path: (content, mode),
     None for a file that does not exist), worked out by libgit2 in a scratch repository, so
     it is what `apply_patch` writes, line ends and missing final newlines included; the

@@ -189,9 +189,7 @@ def test_a_start_cut_short_after_a_commit_keeps_the_branch(make_repo, tmp_path: 
         return "run"
 
     with pytest.raises(KeyboardInterrupt):
-        runs.start(
-            path, cwd=repo, options=runs.RunOptions(approvals="per-step", approve=approve)
-        )
+        runs.start(path, cwd=repo, options=runs.RunOptions(approvals="per-step", approve=approve))
     assert [sid for sid, _ in branch_steps(repo)] == ["s1"]
     assert str(worktree(repo)) in worktrees(repo)
     assert dangling_commits(repo) == []
