@@ -87,6 +87,14 @@ def step_message(
     return "\n".join(lines)
 
 
+def notes_message(notes: Sequence[str]) -> str:
+    """The user's guidance for a step (coder.run.notes), oldest first: its own user message,
+    after the step's first one, so the prefix before it stays byte-identical."""
+    lines = ["Guidance from the user for this step (follow it; it outranks your own plan):"]
+    lines += [f"<note>\n{note}\n</note>" for note in notes]
+    return "\n".join(lines)
+
+
 NUDGE_NO_TOOL = (
     "Continue by calling a tool. When the step is done, call step_complete with a "
     "summary and files_changed."

@@ -11,7 +11,10 @@ from coder.cli.common import complete_steps, cwd, emit_json, json_option, resolv
 from coder.display import escaped, quoted_name
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from coder.run.events import Event
+    from coder.run.state import RunState
     from coder.services.history import CleanedAll
 
 
@@ -57,6 +60,18 @@ def show_run(task_id: str, as_json: bool) -> None:
         click.echo("\nwhy steps were rerun, skipped or reconciled:")
         for sid, reason in reasons:
             echo(f"  {sid}: {reason}")
+    _show_notes(state, echo)
+
+
+def _show_notes(state: RunState, echo: Callable[[str], None]) -> None:
+    """The guidance notes the user gave the steps (coder.run.notes), oldest first."""
+    from coder.run.notes import shown
+
+    given = [(sid, note) for sid, r in state.steps.items() for note in r.notes]
+    if given:
+        click.echo("\nguidance notes:")
+        for sid, note in given:
+            echo(f"  {sid}: {shown(note)}")
 
 
 @click.command(epilog="\b\nExamples:\n  coder diff -t T-1 --stat\n  coder diff -t T-1 --step s2")

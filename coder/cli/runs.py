@@ -10,6 +10,7 @@ import click
 
 from coder.cli.common import PathType, cwd, emit_json, json_option, run_option, runs_dir
 from coder.cli.project import ask_trust
+from coder.cli.steering import given_note, note_options
 from coder.display import escaped
 from coder.errors import (
     EXIT_ENVIRONMENT,
@@ -221,7 +222,8 @@ def _taskfile_given(path: Path | None, task_id: str | None, as_json: bool) -> Pa
 
 @click.command(
     epilog="\b\nExamples:\n  coder resume -t T-20261122-101500-ab12\n"
-    "  coder resume -t T-20261122-101500-ab12 --taskfile"
+    "  coder resume -t T-20261122-101500-ab12 --taskfile\n"
+    "  coder resume -t T-20261122-101500-ab12 --note 'use the helper in utils.py'"
 )
 @run_option()
 @click.option(
@@ -235,11 +237,15 @@ def _taskfile_given(path: Path | None, task_id: str | None, as_json: bool) -> Pa
     help="Take the edited taskfile (the one the run started from, or FILE) for the steps not "
     "yet done; the done steps must be unchanged.",
 )
+@note_options
 @run_options
 @json_option
 def resume(
     task_id: str,
     taskfile: str | None,
+    note: str | None,
+    note_file: str | None,
+    step: str | None,
     max_parallel: int | None,
     fail_fast: bool,
     model: str | None,
@@ -256,11 +262,13 @@ def resume(
     Finished steps never run again; a step caught mid-way is checked against git: committed
     means done, otherwise its partial changes are discarded and it runs again. When the
     taskfile changed since the run started, resume says so and keeps the run's own copy,
-    unless --taskfile takes the new version.
+    unless --taskfile takes the new version. A --note reaches the next attempt of the step
+    (--step, else the next one a model works on).
     """
     from coder.mcp.client import attach_configured
     from coder.run import runs
 
+    text = given_note(note, note_file, step)
     ask_trust(as_json)
     progress = _progress(as_json, quiet, verbose, steps=lambda: dag_steps(task_id=task_id))
     try:
@@ -279,6 +287,7 @@ def resume(
                 live=progress.loop_event,
                 taskfile=taskfile,
                 **_asking(progress, approvals, "none"),
+                notes=((step, text),) if text is not None else (),
             ),
         )
     finally:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -38,18 +39,22 @@ TRAILER_TASK = "Coder-Task"
 TRAILER_STEP = "Coder-Step"
 TRAILER_ATTEMPT = "Coder-Attempt"
 TRAILER_MERGE = "Coder-Merge"  # on `coder merge`'s commit: its mode
+TRAILER_NOTE = "Coder-Note"  # on a step's commit: each guidance note the user gave it
 TRAILER_REVERTS = "Coder-Reverts"  # on `coder revert`'s commits: the step whose commit it undoes
 REFLOG_REVERT = "coder: revert"  # how `coder revert`'s branch moves start in the reflog
 
 
-def commit_message(title: str, body: str, *, task_id: str, step_id: str, attempt: int) -> str:
-    """Step commit message: title, optional body, then the trailer paragraph (always last)."""
+def commit_message(
+    title: str, body: str, *, task_id: str, step_id: str, attempt: int, notes: Sequence[str] = ()
+) -> str:
+    """Step commit message: title, optional body, then the trailer paragraph (always last;
+    `notes`, one line each, as `Coder-Note` trailers after coder's own)."""
     title = " ".join(title.split()) or f"step {step_id}"
     body = body.strip()
     parts = [title] + ([body] if body else [])
     trailers = (
         f"{TRAILER_TASK}: {task_id}\n{TRAILER_STEP}: {step_id}\n{TRAILER_ATTEMPT}: {attempt}\n"
-    )
+    ) + "".join(f"{TRAILER_NOTE}: {' '.join(note.split())}\n" for note in notes)
     return "\n\n".join([*parts, trailers])
 
 
@@ -73,6 +78,7 @@ def commit_step(
     body: str = "",
     expected_tip: str,
     staged: Staged | None = None,
+    notes: Sequence[str] = (),
 ) -> str | None:
     """Commit everything the step changed in ``worktree`` as one commit on its branch: the
     tree ``staged`` holds (what the verify stage staged and checked), or staged now.
@@ -91,7 +97,9 @@ def commit_step(
     if tree == parent.tree_id:
         return None
     who = identity(w)
-    message = commit_message(title, body, task_id=task_id, step_id=step_id, attempt=attempt)
+    message = commit_message(
+        title, body, task_id=task_id, step_id=step_id, attempt=attempt, notes=notes
+    )
     try:
         oid = w.create_commit(refname, who.author, who.committer, message, tree, [parent.id])
     except (pygit2.GitError, OSError) as exc:
@@ -111,6 +119,7 @@ def commit_detached(
     body: str = "",
     parent: str,
     staged: Staged | None = None,
+    notes: Sequence[str] = (),
 ) -> str | None:
     """``commit_step`` for a scratch worktree: the step commit advances only its detached
     HEAD (so the HEAD reflog keeps it reachable until ``cherry_pick`` lands it). Returns None
@@ -125,7 +134,9 @@ def commit_detached(
     if tree == base.tree_id:
         return None
     who = identity(w)
-    message = commit_message(title, body, task_id=task_id, step_id=step_id, attempt=attempt)
+    message = commit_message(
+        title, body, task_id=task_id, step_id=step_id, attempt=attempt, notes=notes
+    )
     try:  # through "HEAD": libgit2 checks the detached HEAD is still at `parent`
         oid = w.create_commit("HEAD", who.author, who.committer, message, tree, [base.id])
     except (pygit2.GitError, OSError) as exc:

@@ -10,6 +10,7 @@ What a user does with a run afterwards (merge, revert, show, report) is in coder
     preflight.py   the commands a task's steps would run, checked before anything is created
     approvals.py   per-step, per-edit or none: the mode, and each per-edit answer logged
     amend.py       resuming with an edited taskfile: what changed, and taking it
+    notes.py       the user's guidance notes for a step's next attempts
     secrets.py     every value a run knows to be secret, registered with its redactor
     foreign.py     commits on a run's branch that coder did not make, refused
     uncommitted.py the checkout's uncommitted edits a run leaves out, named

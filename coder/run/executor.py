@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,6 +189,13 @@ class Executor:
             self._tokens -= record.tokens
             record.usage = record.usage + usage if record.usage else usage
             self._tokens += record.tokens
+
+    def notes(self, step: Step) -> tuple[str, ...]:
+        """The guidance notes the user gave the step so far (coder.run.notes)."""
+        from coder.run.notes import texts
+
+        with self._lock:
+            return texts(self.record(step.id).notes)
 
     def _reason(self, step_id: str, reason: str) -> None:
         with self._lock:
@@ -390,6 +397,7 @@ class Executor:
             agent=self.run.agent,
             previous_error=self.record(step.id).error,
             approve_edit=self.run.approve_edit,
+            notes=self.notes(step),
         )
         try:
             outcome = runner_for(step.kind)(ctx)
@@ -664,7 +672,9 @@ class InPlace:
         return self.ex._tip()
 
     def commit(self, step: Step, attempt: int, outcome: StepOutcome, staged: Staged) -> str | None:
-        message = commit_parts(self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact)
+        message = commit_parts(
+            self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact, self.ex.notes(step)
+        )
         return commits.commit_step(self.workdir, **message, expected_tip=staged.base, staged=staged)
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
@@ -687,7 +697,9 @@ class Scratch:
         return self.tip
 
     def commit(self, step: Step, attempt: int, outcome: StepOutcome, staged: Staged) -> str | None:
-        message = commit_parts(self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact)
+        message = commit_parts(
+            self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact, self.ex.notes(step)
+        )
         return commits.commit_detached(self.workdir, **message, parent=staged.base, staged=staged)
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
@@ -738,19 +750,28 @@ class CommitParts(TypedDict):
     attempt: int
     title: str
     body: str
+    notes: list[str]  # the user's guidance notes (coder.run.notes), as Coder-Note trailers
 
 
 def commit_parts(
-    task: Task, step: Step, attempt: int, outcome: StepOutcome, redact: Callable[[str], str]
+    task: Task,
+    step: Step,
+    attempt: int,
+    outcome: StepOutcome,
+    redact: Callable[[str], str],
+    notes: Sequence[str] = (),
 ) -> CommitParts:
     """What a step commit says: title, body and the trailers' values; what the taskfile and
-    the model wrote passes `redact` (the run's redactor)."""
+    the model wrote, and the user's `notes`, pass `redact` (the run's redactor)."""
+    from coder.run.notes import trailer
+
     return {
         "task_id": task.id,
         "step_id": step.id,
         "attempt": attempt,
         "title": commit_title(step, redact),
         "body": commit_body(step, outcome, redact),
+        "notes": [trailer(redact(note)) for note in notes],
     }
 
 

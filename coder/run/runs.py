@@ -18,7 +18,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,7 +40,7 @@ from coder.git import commits as gitcommits
 from coder.git import land as gitland
 from coder.git import restore as gitrestore
 from coder.interrupts import STOP_SIGNALS, detach_terminal
-from coder.run import amend, uncommitted
+from coder.run import amend, notes, uncommitted
 from coder.run import manifest as manifests
 from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import TaskLock
@@ -79,6 +79,8 @@ class RunOptions:
     # resume: take the taskfile's new version for the steps not yet done ("": the file the
     # run started from; else the path of another). None: keep the run's own copy.
     taskfile: str | None = None
+    # resume: guidance notes, (step id or None for the next model step, text) (run/notes.py)
+    notes: tuple[tuple[str | None, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -421,6 +423,7 @@ def resume(
         state = _resumable_state(repo, store, manifest, warnings)
         task = taskfile.from_dict(restore(manifest.task, manifest.taskfile))
         amend.align(state, task)  # after a crash while an edited taskfile was being taken
+        given = _notes_for(task, state, options.notes)  # checked before anything changes
         warnings += reconcile(repo, state, manifest, manifest.worktree_path)
         cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
         config_mod.require_trusted(cfg)
@@ -428,6 +431,8 @@ def resume(
             coder_dir, root, state, manifest, task, cfg, options, warnings
         )
         approvals = approvals_of(task, options)
+        for step_id, text in given:
+            notes.give(state, step_id, text, via="resume", redactor=redactor)
         store.save(state)
         policy = policy_for(task, cfg)
         sandbox.require_sandbox(policy)
@@ -449,6 +454,14 @@ def resume(
             approvals,
         )
         return _execute(setup, options, console)
+
+
+def _notes_for(
+    task: taskfile.Task, state: RunState, given: Sequence[tuple[str | None, str]]
+) -> list[tuple[str, str]]:
+    """`resume --note`'s notes with the step each goes to (InvalidInput for a bad one)."""
+    later = notes.will_run(task, state)
+    return [(notes.target(task, later, step), notes.checked_text(text)) for step, text in given]
 
 
 def _previous_runner(took_over_from: int | None, coder_dir: Path, task_id: str) -> list[str]:

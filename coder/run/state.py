@@ -96,6 +96,7 @@ class StepRecord:
     summary: str | None = None
     tests: TestCounts | None = None
     usage: Usage | None = None  # model usage over all attempts
+    notes: list[NoteRecord] = field(default_factory=list)  # the user's guidance (run/notes.py)
 
     @property
     def tokens(self) -> int:
@@ -104,6 +105,7 @@ class StepRecord:
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["reasons"] = list(self.reasons)
+        data["notes"] = [dict(n) for n in self.notes]
         data["usage"] = _usage_dict(self.usage) if self.usage else None
         return data
 
@@ -112,6 +114,7 @@ class StepRecord:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["reasons"] = list(data.get("reasons") or [])
+        values["notes"] = [cast(NoteRecord, dict(n)) for n in data.get("notes") or []]
         usage = data.get("usage")
         if usage:
             from coder.models.provider import Usage  # not at import: `coder status` needs none
@@ -127,6 +130,15 @@ def _usage_dict(usage: Usage) -> UsageRecord:
         for f in fields(usage)
     }
     return cast("UsageRecord", record)
+
+
+class NoteRecord(TypedDict):
+    """A guidance note the user gave a step (coder.run.notes), stored redacted."""
+
+    text: str
+    via: str  # resume | revert | prompt
+    at: str  # when it was given (ISO-8601, UTC)
+    attempt: int  # the attempt it was given before (it reaches that one and every later one)
 
 
 class TestCounts(TypedDict):

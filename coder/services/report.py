@@ -27,7 +27,7 @@ from coder.services.history import RunView
 if TYPE_CHECKING:
     from coder.models.provider import UsageRecord
     from coder.redact import Redactor
-    from coder.run.state import MergeRecord, TestCounts
+    from coder.run.state import MergeRecord, NoteRecord, TestCounts
     from coder.taskfile import Task
 
 EMOJI = {
@@ -64,6 +64,7 @@ class StepReport:
     usage: UsageRecord  # the state's, as `coder show --json` prints it
     duration_s: float | None
     reasons: list[str]
+    notes: list[NoteRecord] = field(default_factory=list)  # the user's guidance (run/notes.py)
 
     @property
     def tokens(self) -> int:
@@ -131,6 +132,7 @@ class RunReport:
                     "cache_share": s.cache_share,
                     "duration_s": s.duration_s,
                     "reasons": s.reasons,
+                    "notes": s.notes,
                 }
                 for s in self.steps
             ],
@@ -168,6 +170,7 @@ def build(view: RunView) -> RunReport:
                 usage=cast("UsageRecord", dict(st.get("usage") or {})),
                 duration_s=st.get("duration_s"),
                 reasons=list(st.get("reasons") or []),
+                notes=list(st.get("notes") or []),
             )
         )
     report = RunReport(
@@ -433,6 +436,11 @@ def _step_section(s: StepReport) -> list[str]:
         out.append(f"- **Time:** {s.duration_s:.1f} s")
     for reason in s.reasons:
         out.append(f"- **Note:** {_inline(reason)}")
+    for note in s.notes:
+        out.append(
+            f"- **Guidance for attempt {note['attempt']}** (via {note['via']}): "
+            f"{_inline(note['text'])}"
+        )
     out.append("")
     if s.files:
         out += _files_table(s.files) + [""]

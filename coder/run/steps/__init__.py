@@ -48,6 +48,7 @@ class StepContext:
     agent: AgentSession | None = None  # when the run has model steps
     previous_error: str | None = None  # why the previous attempt failed, for the model
     approve_edit: EditApprovals | None = None  # approvals per-edit (coder.run.approvals)
+    notes: tuple[str, ...] = ()  # the user's guidance for this step so far (run/notes.py)
 
     def artifact(self, suffix: str) -> Path:
         make_private_dirs(self.artifacts)

@@ -122,6 +122,9 @@ def converse(
         {"role": "system", "content": session.system},
         {"role": "user", "content": first_message},
     ]
+    if ctx.notes:  # the user's guidance, after the prefix and the step's own message
+        notes = prompts.notes_message([ctx.redactor.redact(n) for n in ctx.notes])
+        messages.append({"role": "user", "content": notes})
 
     def run_tool(name: str, arguments: Arguments) -> str:
         result = session.registry.call(name, arguments, tool_ctx)

@@ -1,0 +1,143 @@
+"""Guidance notes (coder.run.notes): `coder resume --note`, `coder revert --note` and `[n]ote`
+at the prompt, against real git, the fake Ollama server and the real CLI. A note reaches the
+next attempt's request after the unchanged prefix, is kept in the state (journaled), shown by
+`show` and `report`, and carried by the step's commit as a Coder-Note trailer; a secret in it
+is redacted everywhere; a bad one changes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import coder, git
+from tests.fake_ollama import FakeOllama
+from tests.helpers import (
+    call,
+    chat_requests,
+    done,
+    fingerprint,
+    state_of,
+    taskfile,
+)
+
+SECRET = "ghp_" + "R8d2Kq7LmZ0xWv3Ny5Tb9Hc1Jf6Gs4Pa2Qe8"
+BRANCH = "agent/steer-add-mul"
+TASK = """
+    id: steer
+    title: Add mul
+    policies: {max_turns: 2}
+    graph:
+      - {id: s1, kind: shell, cmd: "echo one > one.txt"}
+      - {id: s2, kind: edit, goal: "Add mul(a, b) to calc.py", depends_on: [s1]}
+      - {id: s3, kind: shell, cmd: "echo three > three.txt", depends_on: [s2]}
+"""
+NOTE = "use the helper in utils.py, not a new function"
+
+
+def edit_calc() -> list:
+    return [
+        call("fs_write", path="mul.py", content="def mul(a, b):\n    return a * b\n"),
+        done("added mul", "mul.py"),
+    ]
+
+
+def failed_run(fake: FakeOllama, repo: Path) -> None:
+    """The run, with s2 failing (it reads twice and hits max_turns)."""
+    fake.enqueue(call("fs_read", path="README.md"), call("fs_read", path="calc.py"))
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, TASK)))
+    assert code == 1, out + err
+    assert state_of(repo, "steer")["steps"]["s2"]["status"] == "failed"
+
+
+def trailers(repo: Path, step: str) -> list[str]:
+    log = git(repo, "log", "--format=%B%x00", BRANCH)
+    [message] = [m for m in log.split("\0") if f"Coder-Step: {step}\n" in m]
+    return [line for line in message.splitlines() if line.startswith("Coder-Note: ")]
+
+
+def test_a_resume_note_reaches_the_next_attempt_and_is_kept_everywhere(
+    fake: FakeOllama, sample: Path
+) -> None:
+    failed_run(fake, sample)
+    first = chat_requests(fake)
+    fake.enqueue(*edit_calc())
+    code, out, err = coder(sample, "resume", "-t", "steer", "--note", NOTE)
+    assert code == 0, out + err
+
+    # the next attempt's first request: the same prefix byte for byte, the step's own message,
+    # then the note as a user message of its own
+    retry = chat_requests(fake)[len(first)]
+    assert retry["messages"][0] == first[0]["messages"][0]
+    assert retry["tools"] == first[0]["tools"]
+    assert [m["role"] for m in retry["messages"][:3]] == ["system", "user", "user"]
+    assert "attempt 2" in retry["messages"][1]["content"]
+    assert f"<note>\n{NOTE}\n</note>" in retry["messages"][2]["content"]
+    # ...and every later request of the attempt keeps it
+    assert chat_requests(fake)[-1]["messages"][2] == retry["messages"][2]
+
+    [note] = state_of(sample, "steer")["steps"]["s2"]["notes"]
+    assert (note["text"], note["via"], note["attempt"]) == (NOTE, "resume", 2)
+    assert trailers(sample, "s2") == [f"Coder-Note: {NOTE}"]
+    assert trailers(sample, "s3") == []  # the note was for s2 only
+
+    code, out, _ = coder(sample, "show", "-t", "steer")
+    assert code == 0
+    assert f"s2: for attempt 2 (via resume): {NOTE}" in out
+    code, out, _ = coder(sample, "report", "-t", "steer")
+    assert code == 0
+    assert f"**Guidance for attempt 2** (via resume): {NOTE}" in out
+    code, out, _ = coder(sample, "report", "-t", "steer", "--format", "json")
+    [s2] = [s for s in json.loads(out)["steps"] if s["id"] == "s2"]
+    assert [n["text"] for n in s2["notes"]] == [NOTE]
+
+
+def test_a_secret_in_a_note_is_redacted_everywhere(fake: FakeOllama, sample: Path) -> None:
+    failed_run(fake, sample)
+    fake.enqueue(*edit_calc())
+    note = sample.parent / "note.txt"
+    note.write_text(f"the token is {SECRET}; do not print it\n")
+    code, out, err = coder(sample, "resume", "-t", "steer", "--note-file", str(note))
+    assert code == 0, out + err
+    sent = json.dumps(chat_requests(fake))
+    assert "the token is [REDACTED" in sent and SECRET not in sent
+    assert SECRET not in (sample / ".coder" / "state" / "steer.json").read_text()
+    assert SECRET not in (sample / ".coder" / "logs" / "steer.jsonl").read_text()
+    assert SECRET not in git(sample, "log", "--format=%B", BRANCH)
+    assert trailers(sample, "s2")[0].startswith("Coder-Note: the token is [REDACTED")
+    for args in (("show", "-t", "steer"), ("report", "-t", "steer")):
+        code, out, _ = coder(sample, *args)
+        assert code == 0 and "the token is [REDACTED" in out and SECRET not in out
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--step", "s9"), "run steer has no step 's9'"),
+        (("--step", "s1"), "step s1 of run steer is a shell step"),
+        (("--step", "s3"), "step s3 of run steer is a shell step"),
+    ],
+)
+def test_a_note_for_a_step_that_cannot_take_one_changes_nothing(
+    fake: FakeOllama, sample: Path, args: tuple[str, ...], says: str
+) -> None:
+    failed_run(fake, sample)
+    before = fingerprint(sample / ".coder" / "state"), git(sample, "rev-parse", BRANCH)
+    code, out, err = coder(sample, "resume", "-t", "steer", "--note", NOTE, *args)
+    assert code == 2, out + err
+    assert says in err and "steps that can take a note: s2" in err
+    assert "Traceback" not in err
+    assert (fingerprint(sample / ".coder" / "state"), git(sample, "rev-parse", BRANCH)) == before
+    assert fake.pending == 0 and len(chat_requests(fake)) == 2  # no model was asked
+
+
+def test_a_note_for_a_done_step_is_refused(fake: FakeOllama, sample: Path) -> None:
+    fake.enqueue(*edit_calc(), call("fs_read", path="a"), call("fs_read", path="b"))
+    shell = '{id: s3, kind: shell, cmd: "echo three > three.txt"'
+    path = taskfile(sample, TASK.replace(shell, "{id: s3, kind: edit, goal: g"))
+    assert coder(sample, "run", "--autonomous", "-f", str(path))[0] == 1
+    code, _, err = coder(sample, "resume", "-t", "steer", "--note", NOTE, "--step", "s2")
+    assert code == 2
+    assert "step s2 of run steer is done and will not run again" in err
+    assert "steps that can take a note: s3" in err
