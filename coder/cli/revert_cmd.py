@@ -7,16 +7,19 @@ from typing import Any
 import click
 
 from coder.cli.common import complete_steps, cwd, emit_json, json_option, run_option
+from coder.cli.steering import given_note, note_options
 
 REVERT_EPILOG = """\b
-Exit codes: 0 reverted (or already there), 2 unknown task or step, or a run that was
-merged (revert the merge on the base branch instead), 3 the run is running, the branch has
+Exit codes: 0 reverted (or already there), 2 unknown task or step, a note no step can
+take, or a run that was merged (revert the merge on the base branch instead), 3 the run is
+running, the branch has
 commits coder did not make, or the worktree has uncommitted changes.
 
 \b
 Examples:
   coder revert -t T-1 --to-step s2
   coder revert -t T-1 --to-step s2 --mode reset --json
+  coder revert -t T-1 --to-step s1 --note 'keep the old signature' --step s2
   coder resume -t T-1
 """
 
@@ -39,16 +42,30 @@ Examples:
     help="revert: add one revert commit per undone step (history kept); reset: move "
     "the branch back (the old tip stays in the reflog).",
 )
+@note_options
 @json_option
-def revert(task_id: str, to_step: str, mode: str, as_json: bool) -> None:
+def revert(
+    task_id: str,
+    to_step: str,
+    mode: str,
+    note: str | None,
+    note_file: str | None,
+    step: str | None,
+    as_json: bool,
+) -> None:
     """Put a run's branch back at the state right after STEP.
 
     The later steps become pending again, so `coder resume -t ID` redoes them. Only the run's
-    branch and worktree change; your checkout and the base branch are never touched.
+    branch and worktree change; your checkout and the base branch are never touched. A
+    --note reaches the next attempt of the step (--step, else the first one a model works on
+    that runs again).
     """
     from coder.services import revert as revert_service
 
-    result = revert_service.revert_run(task_id, cwd=cwd(), to_step=to_step, mode=mode)
+    text = given_note(note, note_file, step)
+    result = revert_service.revert_run(
+        task_id, cwd=cwd(), to_step=to_step, mode=mode, note=text, note_step=step
+    )
     if as_json:
         emit_json(result.to_dict())
     else:
@@ -83,5 +100,7 @@ def describe(result: Any) -> str:
             f"  pending again: {', '.join(result.pending)}; redo them with "
             f"`coder resume -t {result.task_id}`"
         )
+    if result.note_step:
+        lines.append(f"  note kept for the next attempt of step {result.note_step}")
     lines += [f"  warning: {w}" for w in result.warnings]
     return "\n".join(lines)

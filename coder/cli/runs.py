@@ -439,20 +439,26 @@ def _from_manifest(coder_dir: Path, task_id: str) -> StatusRow | CorruptState:
 
 
 def approval_prompt(step: Step, run: RunContext) -> Approval:
-    """Ask before a step: [r]un, [s]kip, [d]iff so far, [q]uit."""
+    """Ask before a step: [r]un, [s]kip, [d]iff so far, [n]ote (for a step a model works
+    on), [q]uit."""
     from coder.git import diffs, repository
     from coder.taskfile import shown_command
 
     redact = run.redactor.redact
     what = escaped(redact(f"`{shown_command(step.cmd)}`" if step.cmd else step.goal))
+    keys = ["r", "s", "d", "n", "q"] if step.uses_model else ["r", "s", "d", "q"]
+    note = "  [n]ote" if step.uses_model else ""
     while True:
         answer = click.prompt(
-            f"\nstep {step.id} ({step.kind}): {what}\n  [r]un  [s]kip  [d]iff so far  [q]uit",
+            f"\nstep {step.id} ({step.kind}): {what}\n  [r]un  [s]kip  [d]iff so far{note}  [q]uit",
             default="r",
-            type=click.Choice(["r", "s", "d", "q"]),
+            type=click.Choice(keys),
             show_choices=False,
             err=True,
         )
+        if answer == "n":
+            prompt_note(step, run)
+            continue
         if answer == "d":
             repo = repository.open_repo(run.worktree)
             text = diffs.diff_patch(repo, run.state.base_commit, worktree=run.worktree)
@@ -460,6 +466,22 @@ def approval_prompt(step: Step, run: RunContext) -> Approval:
             continue
         choice: dict[str, Approval] = {"r": "run", "s": "skip", "q": "quit"}
         return choice[answer]
+
+
+def prompt_note(step: Step, run: RunContext) -> None:
+    """`[n]ote` at the prompt: a line of guidance for the step's next attempt, kept in the
+    run's state at once (coder.run.notes.give_now)."""
+    from coder.errors import InvalidInput
+    from coder.run.notes import give_now
+
+    text = click.prompt(f"note for step {step.id} (empty: none)", default="", err=True)
+    try:
+        note = give_now(run, step.id, text) if text.strip() else None
+    except InvalidInput as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        return
+    if note is not None:
+        click.echo(f"noted for attempt {note['attempt']} of step {step.id}", err=True)
 
 
 def _dry_run(path: Path, options: Any, as_json: bool) -> None:

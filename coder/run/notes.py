@@ -22,6 +22,7 @@ from coder.run.state import DONE, NoteRecord, RunState, now_iso
 
 if TYPE_CHECKING:
     from coder.redact import Redactor
+    from coder.run.executor import RunContext
     from coder.taskfile import Task
 
 VIAS = ("resume", "revert", "prompt", "fork")
@@ -99,6 +100,15 @@ def give(state: RunState, step_id: str, text: str, *, via: str, redactor: Redact
         "attempt": record.attempts + 1,
     }
     record.notes.append(note)
+    return note
+
+
+def give_now(run: RunContext, step_id: str, text: str) -> NoteRecord:
+    """A note given while the run goes on (`[n]ote` at the prompt before the step, which
+    runs only after it returns): journaled at once and logged."""
+    note = give(run.state, step_id, text, via="prompt", redactor=run.redactor)
+    run.store.record(run.state, step_id)
+    run.log.info("step.noted", step_id=step_id, attempt=note["attempt"], via="prompt")
     return note
 
 

@@ -39,6 +39,7 @@ from coder.errors import CoderError, EnvironmentProblem, InvalidInput, MergedRun
 from coder.git import branches, repository, restore, workdir, worktrees
 from coder.git import commits as gitcommits
 from coder.git import land as gitland
+from coder.run import notes
 from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import lock_for_command
 from coder.run.manifest import Manifest, load_manifest
@@ -65,6 +66,7 @@ class RevertResult:
     tip: str  # the branch now
     target: str  # the commit whose tree the branch now has (the cut)
     undone: tuple[str, ...] = ()  # steps whose commits were undone now, newest first
+    note_step: str | None = None  # the step the note given went to
     revert_commits: tuple[str, ...] = ()  # revert mode: the commits made, in order
     pending: tuple[str, ...] = ()  # steps this call marked pending again, DAG order
     finished: tuple[str, ...] = ()  # what this call completed of an interrupted revert
@@ -74,8 +76,18 @@ class RevertResult:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
-def revert_run(task_id: str, *, cwd: Path, to_step: str, mode: str = "revert") -> RevertResult:
-    """Bring run `task_id` back to the state right after `to_step` (see the module docstring)."""
+def revert_run(
+    task_id: str,
+    *,
+    cwd: Path,
+    to_step: str,
+    mode: str = "revert",
+    note: str | None = None,
+    note_step: str | None = None,
+) -> RevertResult:
+    """Bring run `task_id` back to the state right after `to_step` (see the module docstring).
+    `note`: guidance for the next attempt of `note_step` (default: the first step a model
+    works on that runs again), checked before anything changes (coder.run.notes)."""
     from coder.run.events import EventLog
 
     if mode not in MODES:
@@ -92,6 +104,7 @@ def revert_run(task_id: str, *, cwd: Path, to_step: str, mode: str = "revert") -
     try:
         with EventLog(coder_dir, task_id) as log:
             job = _Revert(repo, coder_dir, manifest, order, to_step, mode)
+            job.note = (note_step, note) if note is not None else None
             try:
                 result = job.run()
             except CoderError as exc:
@@ -163,13 +176,12 @@ class _Revert:
         self.state = self.store.load(self.task_id)
         self.warnings: list[str] = []
         self.finished: list[str] = []
+        self.note: tuple[str | None, str] | None = None  # (its step or None, its text)
 
     def run(self) -> RevertResult:
         self._refuse_merged()
         tip = self._tip()
         self._refuse_foreign()
-        self._repair_worktree(tip)
-        self._settle_worktree(tip)
         commits = gitcommits.effective_step_commits(
             self.repo,
             branch=self.branch,
@@ -177,6 +189,9 @@ class _Revert:
             task_id=self.task_id,
         )
         plan = plan_revert(self.order, self.to_step, commits, self.manifest.base_commit)
+        note_step = self._note_target(plan)  # a bad note changes nothing
+        self._repair_worktree(tip)
+        self._settle_worktree(tip)
         moves = plan.cut != tip if self.mode == "reset" else bool(plan.undo)
         new_tip, made = self._move(plan, tip) if moves else (tip, ())
         undone = tuple(c.step_id for c in reversed(plan.undo)) if moves else ()
@@ -187,7 +202,7 @@ class _Revert:
                 self.repo, self.branch, tip, prefix=gitcommits.REFLOG_REVERT
             )
         )
-        pending = self._mark_pending(plan, {c.step_id for c in plan.undo}, was)
+        pending = self._mark_pending(plan, {c.step_id for c in plan.undo}, was, note_step)
         return RevertResult(
             task_id=self.task_id,
             to_step=self.to_step,
@@ -202,7 +217,17 @@ class _Revert:
             pending=pending,
             finished=tuple(self.finished),
             warnings=tuple(self.warnings),
+            note_step=note_step,
         )
+
+    def _note_target(self, plan: RevertPlan) -> str | None:
+        """The step the note goes to: of those that run again once the revert is done."""
+        if self.note is None:
+            return None
+        task = taskfile.from_dict(self.manifest.task)
+        later = notes.will_run(task, self.state, also=plan.pending)
+        notes.checked_text(self.note[1])
+        return notes.target(task, later, self.note[0])
 
     # --- refusals ----------------------------------------------------------------------------
 
@@ -333,8 +358,11 @@ class _Revert:
 
     # --- the state ---------------------------------------------------------------------------
 
-    def _mark_pending(self, plan: RevertPlan, undone: set[str], was: str | None) -> tuple[str, ...]:
-        """Step 5: the steps after the cut run again; returns those whose state changed."""
+    def _mark_pending(
+        self, plan: RevertPlan, undone: set[str], was: str | None, note_step: str | None
+    ) -> tuple[str, ...]:
+        """Step 5: the steps after the cut run again (`note_step` gets the note); returns
+        those whose state changed."""
         reason = f"reverted by `coder revert --to-step {self.to_step}` ({self.mode})"
         if self.mode == "reset" and was:
             reason += f"; the branch was at {was}, kept in its reflog"
@@ -348,5 +376,11 @@ class _Revert:
             changed.append(step_id)
         if changed:
             self.state.status, self.state.error, self.state.pid = "interrupted", None, None
+        if note_step is not None and self.note is not None:
+            from coder.run.secrets import view_redactor
+
+            redactor = view_redactor(repository.repo_root(self.repo), [self.worktree])
+            notes.give(self.state, note_step, self.note[1], via="revert", redactor=redactor)
+        if changed or note_step is not None:
             self.store.save(self.state)
         return tuple(changed)

@@ -14,10 +14,12 @@ import pytest
 from tests.conftest import coder, git
 from tests.fake_ollama import FakeOllama
 from tests.helpers import (
+    Terminal,
     call,
     chat_requests,
     done,
     fingerprint,
+    plain,
     state_of,
     taskfile,
 )
@@ -33,6 +35,7 @@ TASK = """
       - {id: s2, kind: edit, goal: "Add mul(a, b) to calc.py", depends_on: [s1]}
       - {id: s3, kind: shell, cmd: "echo three > three.txt", depends_on: [s2]}
 """
+PLAIN = {"TERM": "dumb", "COLUMNS": "200"}  # no live view: the prompts as plain text
 NOTE = "use the helper in utils.py, not a new function"
 
 
@@ -52,8 +55,9 @@ def failed_run(fake: FakeOllama, repo: Path) -> None:
 
 
 def trailers(repo: Path, step: str) -> list[str]:
+    """The Coder-Note trailers of the step's newest commit on the run's branch."""
     log = git(repo, "log", "--format=%B%x00", BRANCH)
-    [message] = [m for m in log.split("\0") if f"Coder-Step: {step}\n" in m]
+    message = next(m for m in log.split("\0") if f"Coder-Step: {step}\n" in m)
     return [line for line in message.splitlines() if line.startswith("Coder-Note: ")]
 
 
@@ -141,3 +145,55 @@ def test_a_note_for_a_done_step_is_refused(fake: FakeOllama, sample: Path) -> No
     assert code == 2
     assert "step s2 of run steer is done and will not run again" in err
     assert "steps that can take a note: s3" in err
+
+
+def test_a_revert_note_reaches_the_redone_step(fake: FakeOllama, sample: Path) -> None:
+    fake.enqueue(*edit_calc())
+    assert coder(sample, "run", "--autonomous", "-f", str(taskfile(sample, TASK)))[0] == 0
+    code, out, err = coder(sample, "revert", "-t", "steer", "--to-step", "s1", "--note", NOTE)
+    assert code == 0, out + err
+    assert "note kept for the next attempt of step s2" in out
+    [note] = state_of(sample, "steer")["steps"]["s2"]["notes"]
+    assert (note["via"], note["attempt"]) == ("revert", 2)
+    asked = len(chat_requests(fake))
+    fake.enqueue(*edit_calc())
+    code, out, err = coder(sample, "resume", "-t", "steer")
+    assert code == 0, out + err
+    redo = chat_requests(fake)[asked]["messages"]
+    assert f"<note>\n{NOTE}\n</note>" in redo[2]["content"]
+    assert trailers(sample, "s2") == [f"Coder-Note: {NOTE}"]
+
+
+def test_a_bad_revert_note_reverts_nothing(fake: FakeOllama, sample: Path) -> None:
+    fake.enqueue(*edit_calc())
+    assert coder(sample, "run", "--autonomous", "-f", str(taskfile(sample, TASK)))[0] == 0
+    before = fingerprint(sample / ".coder" / "state"), git(sample, "rev-parse", BRANCH)
+    code, _, err = coder(
+        sample, "revert", "-t", "steer", "--to-step", "s1", "--note", NOTE, "--step", "s3"
+    )
+    assert code == 2
+    assert "step s3 of run steer is a shell step" in err and "can take a note: s2" in err
+    assert (fingerprint(sample / ".coder" / "state"), git(sample, "rev-parse", BRANCH)) == before
+
+
+def test_a_note_at_the_prompt_reaches_the_step(fake: FakeOllama, sample: Path) -> None:
+    fake.enqueue(*edit_calc())
+    term = Terminal(["run", "-f", str(taskfile(sample, TASK))], sample, env=PLAIN)
+    term.see("step s1 (shell)")
+    assert "[n]ote" not in plain(term.output)  # no model reads a shell step's notes
+    term.send("r")
+    term.see("[d]iff so far  [n]ote  [q]uit")
+    term.send("n")
+    term.see("note for step s2")
+    term.send(f"{NOTE} ({SECRET})")
+    term.see("noted for attempt 1 of step s2")
+    term.send("r")
+    term.see("step s3 (shell)")
+    term.send("r")
+    assert term.finish() == 0
+    [note] = state_of(sample, "steer")["steps"]["s2"]["notes"]
+    assert (note["via"], note["attempt"]) == ("prompt", 1)
+    assert note["text"].startswith(NOTE) and SECRET not in note["text"]
+    first = chat_requests(fake)[0]["messages"]
+    assert f"<note>\n{NOTE} ([REDACTED" in first[2]["content"]
+    assert trailers(sample, "s2")[0].startswith(f"Coder-Note: {NOTE} ([REDACTED")
