@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import coder, git
+from tests.conftest import coder, git, sample_files
 from tests.fake_ollama import FakeOllama
 from tests.helpers import (
     Terminal,
@@ -54,9 +54,9 @@ def failed_run(fake: FakeOllama, repo: Path) -> None:
     assert state_of(repo, "steer")["steps"]["s2"]["status"] == "failed"
 
 
-def trailers(repo: Path, step: str) -> list[str]:
+def trailers(repo: Path, step: str, branch: str = BRANCH) -> list[str]:
     """The Coder-Note trailers of the step's newest commit on the run's branch."""
-    log = git(repo, "log", "--format=%B%x00", BRANCH)
+    log = git(repo, "log", "--format=%B%x00", branch)
     message = next(m for m in log.split("\0") if f"Coder-Step: {step}\n" in m)
     return [line for line in message.splitlines() if line.startswith("Coder-Note: ")]
 
@@ -197,3 +197,36 @@ def test_a_note_at_the_prompt_reaches_the_step(fake: FakeOllama, sample: Path) -
     first = chat_requests(fake)[0]["messages"]
     assert f"<note>\n{NOTE} ([REDACTED" in first[2]["content"]
     assert trailers(sample, "s2")[0].startswith(f"Coder-Note: {NOTE} ([REDACTED")
+
+
+FIX = """
+    id: fixit
+    title: Fix subtract
+    policies: {max_turns: 2}
+    graph:
+      - id: s1
+        kind: test
+        on_fail: {strategy: fix_and_retry, max_cycles: 2}
+"""
+
+
+def test_every_fix_cycle_sees_the_notes_given_so_far(fake: FakeOllama, make_repo) -> None:
+    files = sample_files()
+    files["calc.py"] = files["calc.py"].replace("return a - b", "return a - b + 1")
+    repo = make_repo(files)
+    fake.enqueue(call("fs_read", path="calc.py"), call("fs_read", path="calc.py"))
+    assert coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, FIX)))[0] == 1
+    asked = len(chat_requests(fake))
+    fake.enqueue(
+        call("fs_write", path="notes.txt", content="not the fix\n"),
+        done("a first try", "notes.txt"),
+        call("fs_edit", path="calc.py", search="return a - b + 1", replace="return a - b"),
+        done("fixed subtract", "calc.py"),
+    )
+    code, out, err = coder(repo, "resume", "-t", "fixit", "--note", NOTE)  # s1: the default
+    assert code == 0, out + err
+    cycles = [r for r in chat_requests(fake)[asked:] if "Fix cycle" in r["messages"][1]["content"]]
+    assert [c["messages"][1]["content"].count("Fix cycle 2") for c in cycles] == [0, 0, 1, 1]
+    for request in cycles:
+        assert f"<note>\n{NOTE}\n</note>" in request["messages"][2]["content"]
+    assert trailers(repo, "s1", "agent/fixit-fix-subtract") == [f"Coder-Note: {NOTE}"]
