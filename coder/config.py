@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "request_timeout": 600,
     "max_output_tokens": 4096,
     "max_prose_chars": 600,
+    "fold_summaries": True,
     "warm_prefix": True,
     "allow_network": False,
     "allowed_commands": [],
@@ -97,6 +98,7 @@ class Config:
     request_timeout: float
     max_output_tokens: int | None  # None: a named model's own server sets no cap
     max_prose_chars: int
+    fold_summaries: bool
     warm_prefix: bool
     allow_network: bool
     allowed_commands: list[str]

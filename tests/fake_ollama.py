@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field, fields
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -168,6 +168,9 @@ class FakeServer:
         self._replies: deque[Reply] = deque()
         self._lock = threading.Lock()
         self._ids = 0
+        # A function of a chat request's body that answers it before the script (None: the
+        # next scripted reply): for turns whose order a test cannot know, such as a summary.
+        self.answer: Callable[[dict[str, Any]], Reply | None] | None = None
         self._server = _Server(("127.0.0.1", port), handler)
         self._server.fake = self
         self._thread: threading.Thread | None = None
@@ -217,6 +220,11 @@ class FakeServer:
     def next_reply(self) -> Reply | None:
         with self._lock:
             return self._replies.popleft() if self._replies else None
+
+    def reply_for(self, body: dict[str, Any]) -> Reply | None:
+        """`answer`'s reply to the request, else the next scripted one."""
+        answered = self.answer(body) if self.answer is not None else None
+        return answered if answered is not None else self.next_reply()
 
     def next_id(self, prefix: str) -> str:
         with self._lock:
@@ -444,7 +452,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not body.get("messages"):  # a load request (or an unload with keep_alive 0)
             self._json(200, self._load_answer(name, body))
             return
-        reply = Reply(content="ok") if is_priming(body) else self.fake.next_reply()
+        reply = Reply(content="ok") if is_priming(body) else self.fake.reply_for(body)
         if reply is None:
             self._error(500, NO_REPLY_LEFT)
             return

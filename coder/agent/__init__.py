@@ -5,6 +5,7 @@
     prefix.py    the run's prefix built once from the base commit, and each step's focus
     events.py    what the loop reports while it works: typed events, in order
     repair.py    tool calls recovered from JSON written as text
+    summarize.py before the context folds, the model's summary of the older turns
     session.py   the run's model side: the shared session, opening it (models checked,
                  warmed up, the prefix built and primed), which model each attempt uses
 

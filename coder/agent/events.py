@@ -8,6 +8,7 @@
     TurnFinished       the model call ended: its calls, usage, why it stopped
     Nudged             the model was told to act differently (no tool call, a repeat, ...)
     ContextCompacted   older tool results were folded to fit the context window
+    ContextSummarized  before folding, the model summarised the older turns (or why not)
     ContextWarning     the server probably cut the prompt, or a reply hit the output cap
     ModelRetrying      a transient failure; the call is repeated (text so far is void)
     EndpointSwitched   the step's endpoint refused; the call goes on at another
@@ -83,6 +84,15 @@ class ContextCompacted:
 
 
 @dataclass(frozen=True)
+class ContextSummarized:
+    turn: int
+    replaced: int  # messages the summary replaced (0: it fell back to folding)
+    chars: int  # the summary's length
+    estimate: int  # tokens after it
+    reason: str  # why it fell back ("" when it did not)
+
+
+@dataclass(frozen=True)
 class ContextWarning:
     turn: int
     message: str
@@ -120,6 +130,7 @@ LoopEvent = (
     | TurnFinished
     | Nudged
     | ContextCompacted
+    | ContextSummarized
     | ContextWarning
     | ModelRetrying
     | EndpointSwitched

@@ -26,9 +26,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from coder.agent import prompts
+from coder.agent import prompts, summarize
 from coder.agent.events import (
     ContextCompacted,
+    ContextSummarized,
     ContextWarning,
     EndpointSwitched,
     LoopEvent,
@@ -42,6 +43,7 @@ from coder.agent.events import (
     TurnStarted,
 )
 from coder.agent.repair import calls_in_text, looks_like_tool_call
+from coder.agent.summarize import Summarizer
 from coder.errors import ModelError, StopReply
 from coder.models.provider import (
     Arguments,
@@ -144,6 +146,7 @@ class Limits:
     max_prose_chars: int | None = 600  # cut a reply this long with nothing tool-shaped
     max_repeats: int = 3  # identical consecutive calls: nudged at 2, the step fails at 3
     context_tokens: int | None = None  # the num_ctx sent to the server; None: no budgeting
+    summaries: bool = False  # before folding, the model summarises the older turns (summarize.py)
 
 
 @dataclass
@@ -194,6 +197,9 @@ class AgentLoop:
         self.started = time.monotonic()
         self.nudges = self.blind = self.repeats = 0
         self.last_call: tuple[str, str] | None = None
+        self.summarizer = (
+            Summarizer(self.provider, self.tools, KEEP_RECENT) if self.limits.summaries else None
+        )
         try:
             while True:
                 self.step()
@@ -339,6 +345,9 @@ class AgentLoop:
         if self.limits.context_tokens is None:
             return 0
         budget = int(self.limits.context_tokens * FILL)
+        room = budget - summarize.REPLY_TOKENS  # so the summary call itself fits the window
+        if self.summarizer is not None and estimate_tokens(messages, self.tools) > room:
+            self._summarize(messages, self.limits.context_tokens)
         changed = 0
         tool_indexes = [i for i, m in enumerate(messages) if m["role"] == "tool"]
         for i in tool_indexes[:-KEEP_RECENT]:
@@ -365,6 +374,24 @@ class AgentLoop:
                 }
                 changed += 1
         return changed
+
+    def _summarize(self, messages: list[Message], window: int) -> None:
+        """The model's summary of the older turns replaces them (summarize.py); when it
+        cannot, `_fit` folds as before. Its call counts in the step's usage and budget."""
+        assert self.summarizer is not None
+        used = self.result.usage.prompt_tokens + self.result.usage.eval_tokens
+        left = None if self.limits.max_tokens is None else self.limits.max_tokens - used
+        turn = self.result.turns + 1
+        outcome = self.summarizer.fit(
+            messages, turn=turn, window=window, tokens_left=left, estimate=estimate_tokens
+        )
+        if outcome is None:
+            return
+        self.result.usage = self.result.usage + outcome.usage
+        estimate = estimate_tokens(messages, self.tools)
+        self.emit(
+            ContextSummarized(turn, outcome.replaced, outcome.chars, estimate, outcome.reason)
+        )
 
 
 class _StreamWatcher:

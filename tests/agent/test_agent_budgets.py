@@ -4,13 +4,16 @@ conversation that outgrows num_ctx is compacted instead of being silently cut by
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from coder.agent import summarize
+from coder.agent.loop import FOLDED
 from tests.conftest import coder
-from tests.fake_ollama import FakeOllama, estimate_prompt_tokens
+from tests.fake_ollama import FakeOllama, Reply, estimate_prompt_tokens
 from tests.helpers import call, chat_requests, done, state_of, taskfile
 
 
@@ -105,6 +108,8 @@ def test_a_conversation_that_outgrows_num_ctx_is_compacted(
 ) -> None:
     big = "".join(f"line {i}: " + "lorem ipsum dolor sit amet " * 3 + "\n" for i in range(600))
     repo = make_repo({"big.txt": big, "README.md": "# r\n"})
+    # folding alone (summaries off; tests/agent/test_summarize.py has them)
+    (repo / "coder.config.json").write_text(json.dumps({"fold_summaries": False}))
     reads = [call("fs_read", path="big.txt", offset=1 + 100 * i, limit=100) for i in range(6)]
     small_context.enqueue(*reads, done("read the file in pages"))
     path = taskfile(
@@ -128,3 +133,62 @@ def test_a_conversation_that_outgrows_num_ctx_is_compacted(
         for line in (repo / ".coder" / "logs" / "ctx.jsonl").read_text().splitlines()
     ]
     assert any(e["event"] == "context.compacted" for e in events)
+
+
+PAGE, PAGES = 30, 12
+FACTS = range(PAGE // 2, PAGE * PAGES, PAGE)  # one in the middle of each page read
+
+
+def quote_facts(body: dict) -> Reply | None:
+    """The fake model's answer to a summary request: the facts the request holds, as a model
+    that follows the prompt would write them (None: not a summary request)."""
+    messages = body["messages"]
+    if messages[-1]["content"] != summarize.PROMPT:
+        return None
+    turns = [m for m in messages[1:] if not m.get("content", "").startswith(summarize.HEAD)]
+    text = "\n".join(m.get("content", "") for m in turns)  # earlier summaries stay as they are
+    return Reply(content="Facts:\n" + "\n".join(re.findall(r"FACT \d+: \w+", text)))
+
+
+def test_with_summaries_the_facts_of_folded_turns_stay_in_the_request(
+    monkeypatch: pytest.MonkeyPatch, make_repo
+) -> None:
+    """Over HTTP: the summary request goes to the server with the cached conversation first,
+    its answer replaces the older turns, and a fact planted in the middle of an early tool
+    result is still in the request that ends the step (folding keeps only a first line)."""
+    lines = [f"line {i}: " + "lorem ipsum dolor sit amet " * 3 for i in range(400)]
+    for i in FACTS:
+        lines[i] = f"FACT {i}: value{i}"
+    repo = make_repo({"big.txt": "\n".join(lines) + "\n", "README.md": "# r\n"})
+    models = {"small:3b": {"context_length": 8192, "capabilities": ["completion", "tools"]}}
+    with FakeOllama(models=models) as fake:
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        fake.answer = quote_facts
+        pages = [
+            call("fs_read", path="big.txt", offset=1 + PAGE * i, limit=PAGE) for i in range(PAGES)
+        ]
+        fake.enqueue(*pages, done("read the file in pages"))
+        path = taskfile(
+            repo,
+            "id: ctx\ntitle: t\nmodel: small:3b\ngraph:\n  - {kind: analyze, goal: read it}\n",
+        )
+        code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+        assert code == 0, out + err
+        requests = chat_requests(fake)
+    asked = [r for r in requests if r["messages"][-1]["content"] == summarize.PROMPT]
+    assert asked, "a summary should have been asked for"
+    for summary in asked:  # the conversation so far, then the question
+        earlier = requests[requests.index(summary) - 1]["messages"]
+        assert summary["messages"][:-1] == earlier[: len(summary["messages"]) - 1]
+        assert summary["tools"] == requests[0]["tools"]
+    last = "\n".join(m.get("content", "") for m in requests[-1]["messages"])
+    assert re.findall(r"FACT \d+: \w+", last) == [f"FACT {i}: value{i}" for i in FACTS]
+    assert max(estimate_prompt_tokens(r) for r in requests) <= 8192
+    assert not any(FOLDED in m.get("content", "") for r in requests for m in r["messages"])
+    events = [
+        json.loads(line)
+        for line in (repo / ".coder" / "logs" / "ctx.jsonl").read_text().splitlines()
+    ]
+    assert any(e["event"] == "context.summarized" for e in events)
+    usage = state_of(repo, "ctx")["steps"]["s1"]["usage"]
+    assert usage["calls"] == PAGES + 1 + len(asked)  # the summary calls count in the step's usage

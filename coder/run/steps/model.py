@@ -183,6 +183,15 @@ def report(log: EventLog, event: ev.LoopEvent) -> None:
         log.warning(
             "context.compacted", turn=event.turn, folded=event.folded, estimate=event.estimate
         )
+    elif isinstance(event, ev.ContextSummarized):
+        log.warning(
+            "context.summarized" if event.replaced else "context.summary_failed",
+            turn=event.turn,
+            replaced=event.replaced,
+            chars=event.chars,
+            estimate=event.estimate,
+            reason=event.reason,
+        )
     elif isinstance(event, ev.ContextWarning):
         log.warning("context.warning", turn=event.turn, warning=event.message)
     elif isinstance(event, ev.ModelRetrying):
@@ -270,6 +279,7 @@ def limits_for(ctx: StepContext) -> Limits:
         max_tokens=policies.get("max_tokens", cfg.max_step_tokens),
         max_prose_chars=cfg.max_prose_chars,
         context_tokens=num_ctx,
+        summaries=bool(cfg.fold_summaries),
     )
 
 
