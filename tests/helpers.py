@@ -145,6 +145,23 @@ def chat_requests(fake: FakeOllama) -> list[dict[str, Any]]:
     return [b for b in fake.chat_bodies() if b.get("messages") and not is_priming(b)]
 
 
+def quoting_summaries(pattern: str) -> Callable[[dict[str, Any]], Reply | None]:
+    """A `FakeOllama.answer` for summary requests (coder.agent.summarize): the text matching
+    `pattern` in the turns being summarised, quoted, as a model that follows the summary
+    prompt would keep it (None for any other request: the script answers it)."""
+    from coder.agent import summarize
+
+    def answer(body: dict[str, Any]) -> Reply | None:
+        messages = body["messages"]
+        if messages[-1].get("content") != summarize.PROMPT:
+            return None
+        turns = [m.get("content", "") for m in messages[1:-1]]
+        text = "\n".join(t for t in turns if not t.startswith(summarize.HEAD))  # kept as is
+        return Reply(content="Found so far:\n" + "\n".join(re.findall(pattern, text)))
+
+    return answer
+
+
 # --- a grammar check of the Mermaid flowchart subset coder writes (coder.diagram) ---------
 
 MERMAID_KEYWORDS = {

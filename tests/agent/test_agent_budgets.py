@@ -13,8 +13,8 @@ import pytest
 from coder.agent import summarize
 from coder.agent.loop import FOLDED
 from tests.conftest import coder
-from tests.fake_ollama import FakeOllama, Reply, estimate_prompt_tokens
-from tests.helpers import call, chat_requests, done, state_of, taskfile
+from tests.fake_ollama import FakeOllama, estimate_prompt_tokens
+from tests.helpers import call, chat_requests, done, quoting_summaries, state_of, taskfile
 
 
 def test_turn_budget(fake: FakeOllama, sample: Path) -> None:
@@ -137,17 +137,7 @@ def test_a_conversation_that_outgrows_num_ctx_is_compacted(
 
 PAGE, PAGES = 30, 12
 FACTS = range(PAGE // 2, PAGE * PAGES, PAGE)  # one in the middle of each page read
-
-
-def quote_facts(body: dict) -> Reply | None:
-    """The fake model's answer to a summary request: the facts the request holds, as a model
-    that follows the prompt would write them (None: not a summary request)."""
-    messages = body["messages"]
-    if messages[-1]["content"] != summarize.PROMPT:
-        return None
-    turns = [m for m in messages[1:] if not m.get("content", "").startswith(summarize.HEAD)]
-    text = "\n".join(m.get("content", "") for m in turns)  # earlier summaries stay as they are
-    return Reply(content="Facts:\n" + "\n".join(re.findall(r"FACT \d+: \w+", text)))
+FACT = r"FACT \d+: \w+"
 
 
 def test_with_summaries_the_facts_of_folded_turns_stay_in_the_request(
@@ -163,7 +153,7 @@ def test_with_summaries_the_facts_of_folded_turns_stay_in_the_request(
     models = {"small:3b": {"context_length": 8192, "capabilities": ["completion", "tools"]}}
     with FakeOllama(models=models) as fake:
         monkeypatch.setenv("OLLAMA_HOST", fake.url)
-        fake.answer = quote_facts
+        fake.answer = quoting_summaries(FACT)
         pages = [
             call("fs_read", path="big.txt", offset=1 + PAGE * i, limit=PAGE) for i in range(PAGES)
         ]
@@ -182,7 +172,7 @@ def test_with_summaries_the_facts_of_folded_turns_stay_in_the_request(
         assert summary["messages"][:-1] == earlier[: len(summary["messages"]) - 1]
         assert summary["tools"] == requests[0]["tools"]
     last = "\n".join(m.get("content", "") for m in requests[-1]["messages"])
-    assert re.findall(r"FACT \d+: \w+", last) == [f"FACT {i}: value{i}" for i in FACTS]
+    assert re.findall(FACT, last) == [f"FACT {i}: value{i}" for i in FACTS]
     assert max(estimate_prompt_tokens(r) for r in requests) <= 8192
     assert not any(FOLDED in m.get("content", "") for r in requests for m in r["messages"])
     events = [
