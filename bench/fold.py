@@ -55,6 +55,7 @@ TASK = """\
 id: fold
 title: Read the log
 model: bench:8k
+policies: {max_turns: 200}
 graph:
   - {kind: analyze, goal: "Read log.txt page by page and report what it says"}
 """
