@@ -19,7 +19,8 @@ model's summarising: a real model may keep fewer facts, never more.
                           messages + tools) summed over the step's requests: what a server
                           evaluates with no cache
     uncached tokens/step  the same, less each request's common prefix with the one before
-                          (what a one-slot KV cache reuses): what the server really evaluates
+                          (tests/prefix_cache.py's rendering: what a one-slot KV cache
+                          reuses): what the server really evaluates
     largest request       the largest prompt estimate (must stay under the window)
     facts kept, last      planted facts present in the request that ends the step (the turn
                           that "answers"), out of all
@@ -45,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.fake_ollama import FakeOllama, Reply, estimate_prompt_tokens  # noqa: E402
 from tests.helpers import call, done, quoting_summaries  # noqa: E402
-from tests.prefix_cache import is_priming  # noqa: E402
+from tests.prefix_cache import common_prefix, is_priming, render  # noqa: E402
 
 PAGE = 30  # lines per fs_read
 WINDOW = 8192
@@ -127,7 +128,8 @@ def measure(bodies: list[dict[str, Any]], pages: int) -> dict[str, Any]:
                 read |= set(FACT.findall(m.get("content", "")))
     sizes = [estimate_prompt_tokens(b) for b in bodies]
     uncached = sizes[0] + sum(
-        size - _common(prev, cur) // 4 for prev, cur, size in zip(bodies, bodies[1:], sizes[1:])
+        size - common_prefix(render(prev), render(cur)) // 4
+        for prev, cur, size in zip(bodies, bodies[1:], sizes[1:])
     )
     return {
         "calls": len(bodies),
@@ -138,16 +140,6 @@ def measure(bodies: list[dict[str, Any]], pages: int) -> dict[str, Any]:
         "planted": len(planted),
         "reachable": reachable / pairs if pairs else 1.0,
     }
-
-
-def _common(a: dict[str, Any], b: dict[str, Any]) -> int:
-    """Characters of the JSON of `b`'s messages + tools that start like `a`'s."""
-    x = json.dumps(a.get("messages") or []) + json.dumps(a.get("tools") or [])
-    y = json.dumps(b.get("messages") or []) + json.dumps(b.get("tools") or [])
-    n = 0
-    while n < min(len(x), len(y)) and x[n] == y[n]:
-        n += 1
-    return n
 
 
 def main() -> None:

@@ -90,7 +90,7 @@ def step_message(
 def notes_message(notes: Sequence[str]) -> str:
     """The user's guidance for a step (coder.run.notes), oldest first: its own user message,
     after the step's first one, so the prefix before it stays byte-identical."""
-    lines = ["Guidance from the user for this step (follow it; it outranks your own plan):"]
+    lines = ["Guidance from the user for this step (follow it, within the rules above):"]
     lines += [f"<note>\n{note}\n</note>" for note in notes]
     return "\n".join(lines)
 

@@ -34,6 +34,8 @@ SHOWN = {
     "step.started": "started",
     "step.retry": "failed, retrying",
     "fix.cycle": "fixing",
+    "step.noted": "noted",
+    "context.summarized": "summarized",
     "step.succeeded": "done",
     "step.failed": "FAILED",
     "step.errored": "ERROR",
@@ -85,6 +87,8 @@ def line_parts(event: dict[str, Any], clock: str) -> tuple[str, str, str]:
     elif name == "run.started":
         steps = event.get("steps")
         detail = f"{steps} step{'' if steps == 1 else 's'} on {event.get('branch')}"
+    elif name == "context.summarized":
+        detail = f"{event.get('replaced')} older messages into {event.get('chars')} characters"
     elif name == "run.finished":
         detail = event.get("status", "") + (f": {event['error']}" if event.get("error") else "")
     else:

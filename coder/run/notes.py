@@ -108,7 +108,8 @@ def give_now(run: RunContext, step_id: str, text: str) -> NoteRecord:
     runs only after it returns): journaled at once and logged."""
     note = give(run.state, step_id, text, via="prompt", redactor=run.redactor)
     run.store.record(run.state, step_id)
-    run.log.info("step.noted", step_id=step_id, attempt=note["attempt"], via="prompt")
+    shown = f"for attempt {note['attempt']}: {trailer(note['text'])}"
+    run.log.info("step.noted", step_id=step_id, via="prompt", message=shown)
     return note
 
 

@@ -180,5 +180,6 @@ def test_with_summaries_the_facts_of_folded_turns_stay_in_the_request(
         for line in (repo / ".coder" / "logs" / "ctx.jsonl").read_text().splitlines()
     ]
     assert any(e["event"] == "context.summarized" for e in events)
+    assert re.search(r"summarized\s+\d+ older messages into \d+ characters", err)  # shown
     usage = state_of(repo, "ctx")["steps"]["s1"]["usage"]
     assert usage["calls"] == PAGES + 1 + len(asked)  # the summary calls count in the step's usage

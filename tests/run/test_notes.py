@@ -7,6 +7,7 @@ is redacted everywhere; a bad one changes nothing."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from tests.helpers import (
     state_of,
     taskfile,
 )
+from tests.prefix_cache import common_prefix, render
 
 SECRET = "ghp_" + "R8d2Kq7LmZ0xWv3Ny5Tb9Hc1Jf6Gs4Pa2Qe8"
 BRANCH = "agent/steer-add-mul"
@@ -75,6 +77,8 @@ def test_a_resume_note_reaches_the_next_attempt_and_is_kept_everywhere(
     retry = chat_requests(fake)[len(first)]
     assert retry["messages"][0] == first[0]["messages"][0]
     assert retry["tools"] == first[0]["tools"]
+    head = render({"tools": retry["tools"], "messages": retry["messages"][:1]})
+    assert common_prefix(render(first[0]), render(retry)) >= len(head)  # the cache still hits
     assert [m["role"] for m in retry["messages"][:3]] == ["system", "user", "user"]
     assert "attempt 2" in retry["messages"][1]["content"]
     assert f"<note>\n{NOTE}\n</note>" in retry["messages"][2]["content"]
@@ -187,6 +191,7 @@ def test_a_note_at_the_prompt_reaches_the_step(fake: FakeOllama, sample: Path) -
     term.see("note for step s2")
     term.send(f"{NOTE} ({SECRET})")
     term.see("noted for attempt 1 of step s2")
+    term.expect(r"s2\s+noted\s+for attempt 1: " + re.escape(NOTE) + r" \(\[REDACTED")  # the log
     term.send("r")
     term.see("step s3 (shell)")
     term.send("r")
