@@ -235,3 +235,29 @@ def test_every_fix_cycle_sees_the_notes_given_so_far(fake: FakeOllama, make_repo
     for request in cycles:
         assert f"<note>\n{NOTE}\n</note>" in request["messages"][2]["content"]
     assert trailers(repo, "s1", "agent/fixit-fix-subtract") == [f"Coder-Note: {NOTE}"]
+
+
+def test_a_prompt_note_survives_a_crash_and_reaches_the_resumed_step(
+    fake: FakeOllama, sample: Path
+) -> None:
+    """The note is journaled when it is given: a runner killed right after (at the same
+    prompt) loses nothing, and the resumed run's attempt of the step gets it."""
+    term = Terminal(["run", "-f", str(taskfile(sample, TASK))], sample, env=PLAIN)
+    term.see("step s1 (shell)")
+    term.send("r")
+    term.see("[n]ote  [q]uit")
+    term.send("n")
+    term.see("note for step s2")
+    term.send(NOTE)
+    term.expect(r"noted for attempt 1 of step s2\s+step s2 \(edit\)")  # asked again
+    term.proc.kill()
+    term.finish()
+    journal = (sample / ".coder" / "state" / "steer.journal").read_text()
+    assert NOTE in journal  # not in a snapshot yet: the journal line holds it
+    [note] = state_of(sample, "steer")["steps"]["s2"]["notes"]
+    assert (note["text"], note["via"]) == (NOTE, "prompt")
+    fake.enqueue(*edit_calc())
+    code, out, err = coder(sample, "resume", "-t", "steer")
+    assert code == 0, out + err
+    assert f"<note>\n{NOTE}\n</note>" in chat_requests(fake)[0]["messages"][2]["content"]
+    assert trailers(sample, "s2") == [f"Coder-Note: {NOTE}"]
