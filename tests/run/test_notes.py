@@ -261,3 +261,23 @@ def test_a_prompt_note_survives_a_crash_and_reaches_the_resumed_step(
     assert code == 0, out + err
     assert f"<note>\n{NOTE}\n</note>" in chat_requests(fake)[0]["messages"][2]["content"]
     assert trailers(sample, "s2") == [f"Coder-Note: {NOTE}"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--step", "s2"), "--step names the step a note is for"),
+        (("--note", "a", "--note-file", "-"), "pass one of --note TEXT or --note-file PATH"),
+        (("--note", "   "), "the note is empty"),
+        (("--note-file", "/nonexistent/note.txt"), "cannot read the note file"),
+    ],
+)
+def test_a_malformed_note_is_refused_before_anything(
+    fake: FakeOllama, sample: Path, args: tuple[str, ...], says: str
+) -> None:
+    failed_run(fake, sample)
+    before = fingerprint(sample / ".coder" / "state")
+    code, out, err = coder(sample, "resume", "-t", "steer", *args)
+    assert code == 2, out + err
+    assert says in err and "Traceback" not in err
+    assert fingerprint(sample / ".coder" / "state") == before
