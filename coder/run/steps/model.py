@@ -184,14 +184,11 @@ def report(log: EventLog, event: ev.LoopEvent) -> None:
             "context.compacted", turn=event.turn, folded=event.folded, estimate=event.estimate
         )
     elif isinstance(event, ev.ContextSummarized):
-        log.warning(
-            "context.summarized" if event.replaced else "context.summary_failed",
-            turn=event.turn,
-            replaced=event.replaced,
-            chars=event.chars,
-            estimate=event.estimate,
-            reason=event.reason,
-        )
+        said = {"turn": event.turn, "replaced": event.replaced, "chars": event.chars}
+        if event.replaced:
+            log.info("context.summarized", **said, estimate=event.estimate)
+        else:  # folding goes on as before
+            log.warning("context.summary_failed", **said, reason=event.reason)
     elif isinstance(event, ev.ContextWarning):
         log.warning("context.warning", turn=event.turn, warning=event.message)
     elif isinstance(event, ev.ModelRetrying):
