@@ -155,8 +155,8 @@ def quoting_summaries(pattern: str) -> Callable[[dict[str, Any]], Reply | None]:
         messages = body["messages"]
         if messages[-1].get("content") != summarize.PROMPT:
             return None
-        turns = [m.get("content", "") for m in messages[1:-1]]
-        text = "\n".join(t for t in turns if not t.startswith(summarize.HEAD))  # kept as is
+        turns = [m for m in messages[1:-1] if not summarize.is_summary(m)]  # kept as they are
+        text = "\n".join(m.get("content", "") for m in turns)
         return Reply(content="Found so far:\n" + "\n".join(re.findall(pattern, text)))
 
     return answer

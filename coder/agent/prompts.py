@@ -88,8 +88,8 @@ def step_message(
 
 
 def notes_message(notes: Sequence[str]) -> str:
-    """The user's guidance for a step (coder.run.notes), oldest first: its own user message,
-    after the step's first one, so the prefix before it stays byte-identical."""
+    """The user's guidance for a step (coder.run.notes), oldest first: the end of the step's
+    (or fix cycle's) first message, after the prefix, which stays byte-identical."""
     lines = ["Guidance from the user for this step (follow it, within the rules above):"]
     lines += [f"<note>\n{note}\n</note>" for note in notes]
     return "\n".join(lines)

@@ -13,9 +13,12 @@ budget. Whenever it cannot help, `summarize` says why and the loop folds as it a
     the request would not fit the context window, or the step's token budget
 
 The turns replaced are those after the step's opening (system prompt and first user
-messages, never touched) and before the newest `keep` turns (a turn: an assistant message and
-the tool results and nudges after it). A summary written earlier stays where it is, so the
-conversation up to it is still the prefix the server has cached.
+message, never touched) and earlier summaries, and before the newest `keep` turns (a turn: an
+assistant message and the tool results and nudges after it). They become two messages: the
+summary as the model's own (assistant) message, then a user turn saying to go on, so user and
+assistant still alternate (some servers' chat templates refuse anything else). A summary
+written earlier stays where it is, so the conversation up to it is still the prefix the server
+has cached.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from coder.models.provider import Message, ModelProvider, ToolSchema, Usage
 MAX_CHARS = 2400  # about 600 tokens: a summary, not a transcript
 REPLY_TOKENS = MAX_CHARS // 4  # what the reply is budgeted at
 HEAD = "[Summary of earlier turns of this step, written when they were folded to save context]"
+
+CONTINUE = "Go on with the step from where the summary leaves off."
 
 PROMPT = (
     "The context window is nearly full, so the turns above (after the step's instructions) "
@@ -57,9 +62,10 @@ class Outcome:
 
 
 def span(messages: Sequence[Message], keep: int) -> Span | None:
-    """The turns to replace: after the opening, before the newest `keep` turns (None: there
-    are none)."""
-    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    """The turns to replace: after the opening and the summaries so far, before the newest
+    `keep` turns (None: there are none)."""
+    last = max((i for i, m in enumerate(messages) if is_summary(m)), default=-1)
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i > last]
     if len(turns) <= keep:
         return None
     return Span(turns[0], turns[-keep] if keep else len(messages))
@@ -134,8 +140,15 @@ def summarize(
     problem = _unusable(text, bool(reply.tool_calls), messages[where.start : where.end])
     if problem:
         return Outcome(0, len(text), reply.usage, reason=problem)
-    messages[where.start : where.end] = [{"role": "user", "content": f"{HEAD}\n{text}"}]
+    messages[where.start : where.end] = [  # the model's own words, then the user's turn
+        {"role": "assistant", "content": f"{HEAD}\n{text}"},
+        {"role": "user", "content": CONTINUE},
+    ]
     return Outcome(where.end - where.start, len(text), reply.usage)
+
+
+def is_summary(message: Message) -> bool:
+    return message["role"] == "assistant" and str(message.get("content", "")).startswith(HEAD)
 
 
 def _unusable(text: str, called: bool, turns: Sequence[Message]) -> str | None:

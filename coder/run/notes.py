@@ -3,7 +3,7 @@
 A note names a step (by default the next step to run that a model works on) and is kept in
 that step's record in the run's state (`StepRecord.notes`, journaled like every step change),
 redacted before it is stored. Every later attempt of the step, and each of its fix cycles,
-gets all of its notes as one user message after the cache-stable prefix
+gets all of its notes at the end of its first user message, after the cache-stable prefix
 (`coder.agent.prompts.notes_message`); the step's commit carries each as a `Coder-Note:`
 trailer; `coder show` and `coder report` list them.
 

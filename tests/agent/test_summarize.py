@@ -33,7 +33,7 @@ def page(n: int) -> str:
 
 def quoting_summary(messages: list[Message]) -> str:
     """What a model that follows the summary prompt writes: the facts the turns held."""
-    turns = [m for m in messages[1:] if not str(m.get("content")).startswith(summarize.HEAD)]
+    turns = [m for m in messages[1:] if not summarize.is_summary(m)]
     return "Facts found so far:\n" + "\n".join(
         FACT.findall("\n".join(str(m.get("content", "")) for m in turns))
     )
@@ -92,7 +92,10 @@ def test_the_summary_replaces_the_older_turns_and_keeps_their_facts() -> None:
     assert facts_in(last) == ALL
     assert not any(str(m.get("content", "")).startswith(FOLDED) for m in last)
     summaries = [m for m in last if str(m["content"]).startswith(summarize.HEAD)]
-    assert summaries and all(m["role"] == "user" for m in summaries)
+    assert summaries and all(m["role"] == "assistant" for m in summaries)
+    # no two user or two assistant messages in a row (strict chat templates refuse them)
+    roles = [m["role"] for m in last[1:]]
+    assert not any(a == b != "tool" for a, b in zip(roles, roles[1:])), roles
     assert last[:2] == [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
     done = [e for e in events if isinstance(e, ev.ContextSummarized)]
     assert done and all(e.replaced >= 4 and not e.reason for e in done)

@@ -72,18 +72,18 @@ def test_a_resume_note_reaches_the_next_attempt_and_is_kept_everywhere(
     code, out, err = coder(sample, "resume", "-t", "steer", "--note", NOTE)
     assert code == 0, out + err
 
-    # the next attempt's first request: the same prefix byte for byte, the step's own message,
-    # then the note as a user message of its own
+    # the next attempt's first request: the same prefix byte for byte, then the step's own
+    # message, which ends with the note
     retry = chat_requests(fake)[len(first)]
     assert retry["messages"][0] == first[0]["messages"][0]
     assert retry["tools"] == first[0]["tools"]
     head = render({"tools": retry["tools"], "messages": retry["messages"][:1]})
     assert common_prefix(render(first[0]), render(retry)) >= len(head)  # the cache still hits
-    assert [m["role"] for m in retry["messages"][:3]] == ["system", "user", "user"]
-    assert "attempt 2" in retry["messages"][1]["content"]
-    assert f"<note>\n{NOTE}\n</note>" in retry["messages"][2]["content"]
+    assert [m["role"] for m in retry["messages"]] == ["system", "user"]
+    opening = retry["messages"][1]["content"]
+    assert "attempt 2" in opening and opening.endswith(f"<note>\n{NOTE}\n</note>")
     # ...and every later request of the attempt keeps it
-    assert chat_requests(fake)[-1]["messages"][2] == retry["messages"][2]
+    assert chat_requests(fake)[-1]["messages"][1] == retry["messages"][1]
 
     [note] = state_of(sample, "steer")["steps"]["s2"]["notes"]
     assert (note["text"], note["via"], note["attempt"]) == (NOTE, "resume", 2)
@@ -164,7 +164,7 @@ def test_a_revert_note_reaches_the_redone_step(fake: FakeOllama, sample: Path) -
     code, out, err = coder(sample, "resume", "-t", "steer")
     assert code == 0, out + err
     redo = chat_requests(fake)[asked]["messages"]
-    assert f"<note>\n{NOTE}\n</note>" in redo[2]["content"]
+    assert f"<note>\n{NOTE}\n</note>" in redo[1]["content"]
     assert trailers(sample, "s2") == [f"Coder-Note: {NOTE}"]
 
 
@@ -200,7 +200,7 @@ def test_a_note_at_the_prompt_reaches_the_step(fake: FakeOllama, sample: Path) -
     assert (note["via"], note["attempt"]) == ("prompt", 1)
     assert note["text"].startswith(NOTE) and SECRET not in note["text"]
     first = chat_requests(fake)[0]["messages"]
-    assert f"<note>\n{NOTE} ([REDACTED" in first[2]["content"]
+    assert f"<note>\n{NOTE} ([REDACTED" in first[1]["content"]
     assert trailers(sample, "s2")[0].startswith(f"Coder-Note: {NOTE} ([REDACTED")
 
 
@@ -233,7 +233,7 @@ def test_every_fix_cycle_sees_the_notes_given_so_far(fake: FakeOllama, make_repo
     cycles = [r for r in chat_requests(fake)[asked:] if "Fix cycle" in r["messages"][1]["content"]]
     assert [c["messages"][1]["content"].count("Fix cycle 2") for c in cycles] == [0, 0, 1, 1]
     for request in cycles:
-        assert f"<note>\n{NOTE}\n</note>" in request["messages"][2]["content"]
+        assert f"<note>\n{NOTE}\n</note>" in request["messages"][1]["content"]
     assert trailers(repo, "s1", "agent/fixit-fix-subtract") == [f"Coder-Note: {NOTE}"]
 
 
@@ -259,7 +259,7 @@ def test_a_prompt_note_survives_a_crash_and_reaches_the_resumed_step(
     fake.enqueue(*edit_calc())
     code, out, err = coder(sample, "resume", "-t", "steer")
     assert code == 0, out + err
-    assert f"<note>\n{NOTE}\n</note>" in chat_requests(fake)[0]["messages"][2]["content"]
+    assert f"<note>\n{NOTE}\n</note>" in chat_requests(fake)[0]["messages"][1]["content"]
     assert trailers(sample, "s2") == [f"Coder-Note: {NOTE}"]
 
 

@@ -118,13 +118,14 @@ def converse(
     )
     approvals = ctx.approve_edit.for_step(ctx.step.id, ctx.log) if ctx.approve_edit else None
     tool_ctx.approve = approvals
+    if ctx.notes:  # the user's guidance closes the first message (one user turn: templates
+        # that want user and assistant to alternate accept it; the prefix stays as it is)
+        notes = prompts.notes_message([ctx.redactor.redact(n) for n in ctx.notes])
+        first_message = f"{first_message}\n\n{notes}"
     messages: list[Message] = [
         {"role": "system", "content": session.system},
         {"role": "user", "content": first_message},
     ]
-    if ctx.notes:  # the user's guidance, after the prefix and the step's own message
-        notes = prompts.notes_message([ctx.redactor.redact(n) for n in ctx.notes])
-        messages.append({"role": "user", "content": notes})
 
     def run_tool(name: str, arguments: Arguments) -> str:
         result = session.registry.call(name, arguments, tool_ctx)
