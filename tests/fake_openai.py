@@ -216,7 +216,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- chat ---------------------------------------------------------------------------------
 
     def _chat(self, body: dict[str, Any]) -> None:
-        reply = Reply(content="ok") if is_priming(body) else self.fake.next_reply()
+        reply = Reply(content="ok") if is_priming(body) else self.fake.reply_for(body)
         if reply is None:
             self._error(500, NO_REPLY_LEFT, "server_error")
             return

@@ -156,7 +156,7 @@ def quoting_summaries(pattern: str) -> Callable[[dict[str, Any]], Reply | None]:
         if messages[-1].get("content") != summarize.PROMPT:
             return None
         turns = [m for m in messages[1:-1] if not summarize.is_summary(m)]  # kept as they are
-        text = "\n".join(m.get("content", "") for m in turns)
+        text = "\n".join(str(m.get("content") or "") for m in turns)
         return Reply(content="Found so far:\n" + "\n".join(re.findall(pattern, text)))
 
     return answer

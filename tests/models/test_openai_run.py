@@ -5,6 +5,7 @@ the summary, `show` and `--json`, and a run that goes on when its endpoint dies.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -268,3 +269,40 @@ def test_doctor_checks_each_named_model_at_its_server(sample: Path, isolated_hom
     assert not any("embedder" in name for name in found)
     assert found["embedding model"]["status"] == "ok"
     assert found["embedding model"]["detail"].startswith("qwen2.5-coder:7b embeds (16 dim")
+
+
+def test_summaries_when_the_context_folds_keep_the_conversation_valid(
+    isolated_home: Path, make_repo
+) -> None:
+    """Summaries on an OpenAI-compatible server: every request stays well formed (each tool
+    result answers a call of the assistant message before it; no two user or assistant
+    messages in a row) and the facts of the summarised turns reach the last request."""
+    from coder.agent import summarize
+    from tests.agent.test_agent_budgets import FACT, FACTS, PAGE, PAGES
+    from tests.helpers import quoting_summaries
+
+    lines = [f"line {i}: " + "lorem ipsum dolor sit amet " * 3 for i in range(PAGE * PAGES)]
+    for i in FACTS:
+        lines[i] = f"FACT {i}: value{i}"
+    repo = make_repo({"big.txt": "\n".join(lines) + "\n", "README.md": "# r\n"})
+    with FakeOpenAI(models={MODEL: {"context_length": 8192, "capabilities": ["tools"]}}) as fake:
+        configure(isolated_home, fake.url)
+        fake.answer = quoting_summaries(FACT)
+        pages = [
+            call("fs_read", path="big.txt", offset=1 + PAGE * i, limit=PAGE) for i in range(PAGES)
+        ]
+        fake.enqueue(*pages, done("read the file in pages"))
+        path = taskfile(repo, "id: oai\ntitle: t\ngraph:\n  - {kind: analyze, goal: read it}\n")
+        code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+        assert code == 0, out + err
+        requests = fake.chat_bodies()
+    assert any(r["messages"][-1]["content"] == summarize.PROMPT for r in requests)
+    for body in requests:
+        messages = body["messages"]
+        roles = [m["role"] for m in messages]
+        assert not any(a == b != "tool" for a, b in zip(roles, roles[1:])), roles
+        for before, message in zip(messages, messages[1:]):
+            if message["role"] == "tool" and before["role"] == "assistant":
+                assert message["tool_call_id"] in {c["id"] for c in before["tool_calls"]}
+    last = "\n".join(str(m.get("content") or "") for m in requests[-1]["messages"])
+    assert re.findall(FACT, last) == [f"FACT {i}: value{i}" for i in FACTS]
