@@ -117,6 +117,12 @@ def run_options(func: Any) -> Any:
     is_flag=True,
     help="Show the plan, each command with the policy's decision and the model; run nothing.",
 )
+@click.option(
+    "--include-uncommitted",
+    is_flag=True,
+    help="Start from your checkout's uncommitted changes (new files included): they become "
+    "the run's first commit on its branch; your checkout is left as it is.",
+)
 @run_options
 @json_option
 def run(
@@ -125,6 +131,7 @@ def run(
     autonomous: bool,
     merge_on_success: bool,
     dry_run: bool,
+    include_uncommitted: bool,
     max_parallel: int | None,
     fail_fast: bool,
     model: str | None,
@@ -147,7 +154,13 @@ def run(
 
     path = _taskfile_given(path, task_id, as_json)
     options = runs.RunOptions(
-        max_parallel, fail_fast, model, record, replay, sandbox="off" if no_sandbox else None
+        max_parallel,
+        fail_fast,
+        model,
+        record,
+        replay,
+        sandbox="off" if no_sandbox else None,
+        include_uncommitted=include_uncommitted,
     )
     if dry_run:
         _dry_run(path, options, as_json)

@@ -15,6 +15,7 @@ other layers hold a `repository.Repo` handle and get plain values back).
     land.py        landing on a base branch: merge trees, compare-and-swap ref moves, updating
                    the user's checkout, recovery of an interrupted revert
     filters.py     git's worktree filters (eol, ident, drivers) for the checkout land.py writes
+    snapshot.py    the user's checkout as a commit, leaving it untouched (--include-uncommitted)
     guard.py       the git guard: what a command changed in `.git` is put back, and named
 
 May import: the base modules (errors, ...) and policy's confinement. Never the run, model or

@@ -41,6 +41,7 @@ class Manifest:
     branch: str
     worktree: str
     created_at: str
+    checkout_commit: str | None = None  # --include-uncommitted: the run's first commit
 
     @property
     def worktree_path(self) -> Path:
@@ -48,7 +49,15 @@ class Manifest:
 
     def as_dict(self) -> dict[str, Any]:
         """The manifest file's JSON object (its keys in the file's order)."""
-        return asdict(self)
+        data = asdict(self)
+        if self.checkout_commit is None:
+            del data["checkout_commit"]
+        return data
+
+    @property
+    def start_commit(self) -> str:
+        """Where the run's own work begins: below it, nothing of the run is undone."""
+        return self.checkout_commit or self.base_commit
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
@@ -62,7 +71,12 @@ class Manifest:
             branch=data["branch"],
             worktree=data["worktree"],
             created_at=data["created_at"],
+            checkout_commit=_commit_id(data.get("checkout_commit")),
         )
+
+
+def _commit_id(value: Any) -> str | None:
+    return value if isinstance(value, str) and len(value) == 40 else None
 
 
 def manifest_path(coder_dir: Path, task_id: str) -> Path:
@@ -144,6 +158,7 @@ def build(
     base_commit: str,
     worktree: Path,
     created_at: str,
+    checkout_commit: str | None = None,
 ) -> Manifest:
     """A manifest: `task` is the resolved task as stored (secret env values left out)."""
     return Manifest(
@@ -155,6 +170,7 @@ def build(
         branch=task["branch"],
         worktree=str(worktree),
         created_at=created_at,
+        checkout_commit=checkout_commit,
     )
 
 
@@ -177,6 +193,7 @@ def from_state(state: RunState) -> Manifest:
         branch=state.branch,
         worktree=state.worktree,
         created_at=state.created_at,
+        checkout_commit=state.checkout_commit,
     )
 
 
@@ -195,6 +212,7 @@ def new_run(manifest: Manifest) -> RunState:
         worktree=manifest.worktree,
         task=task,
         created_at=manifest.created_at,
+        checkout_commit=manifest.checkout_commit,
         updated_at=now_iso(),
         steps={s["id"]: StepRecord() for s in task["graph"]},
     )
@@ -238,6 +256,11 @@ def rebuild(
             "then resume again",
         )
     resolved = task.resolved(base=base, model=model)
+    from coder.git import snapshot
+
+    checkout = snapshot.checkout_commit(
+        repo, branch=task.branch, base_commit=base_commit, task_id=task_id
+    )
     manifest = build(
         stored_task(resolved.to_dict(), redactor),
         taskfile=path,
@@ -245,6 +268,7 @@ def rebuild(
         base_commit=base_commit,
         worktree=coder_dir / "worktrees" / task_id,
         created_at=now_iso(),
+        checkout_commit=checkout,
     )
     return manifest, count
 

@@ -81,6 +81,8 @@ class RunOptions:
     taskfile: str | None = None
     # resume: guidance notes, (step id or None for the next model step, text) (run/notes.py)
     notes: tuple[tuple[str | None, str], ...] = ()
+    # start: the checkout's uncommitted changes become the run's first commit
+    include_uncommitted: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,15 @@ def start(
     # runs it (ConcurrentRun), and two starts cannot both pass the checks and create the run.
     with TaskLock(coder_dir, task.id) as lock:
         agent = _claim(repo, coder_dir, task, path, lock.path, base_commit, cfg, options, redactor)
+        included = None
         try:  # the manifest first, then the branch and worktree, then the first checkpoint
-            state = _create(repo, coder_dir, task, path, base_commit, redactor)
+            if options.include_uncommitted:
+                assert task.base is not None, "a resolved task names its base"
+                included = uncommitted.include(
+                    repo, base_commit, path, task_id=task.id, base=task.base, policy=policy
+                )
+            checkout_commit = included.commit if included else None
+            state = _create(repo, coder_dir, task, path, base_commit, redactor, checkout_commit)
             store.save(state)
             worktree = Path(state.worktree)
             setup = RunSetup(
@@ -129,15 +138,16 @@ def start(
                 policy,
                 agent,
                 redactor,
-                _start_warnings(repo, task, path),
+                _start_warnings(repo, task, path, included),
                 approvals,
             )
             return _execute(setup, options, console)
         except BaseException as exc:
             if agent is not None:  # _execute closes it too; closing twice is harmless
                 agent.models.close()
-            if not _started(repo, store, task.id, task.branch, base_commit):
-                _remove_unstarted(repo, coder_dir, task, store, lock.path, base_commit)
+            start_at = (included.commit if included else None) or base_commit
+            if not _started(repo, store, task.id, task.branch, start_at):
+                _remove_unstarted(repo, coder_dir, task, store, lock.path, start_at)
                 if isinstance(exc, RunFilesGone):  # before any step: nothing to rebuild
                     raise RunFilesGone(
                         exc.message,
@@ -196,6 +206,8 @@ def _checked(
         if branches.branch_tip(repo, base)
         else _missing_base(base)
     )
+    if options.include_uncommitted:
+        uncommitted.check_includable(repo, base)
     submodules.submodules(repo, base_commit)  # each must be copyable into the worktree, or refuse
     return task.resolved(base=base, model=str(cfg.model)), cfg, repo, policy, base_commit
 
@@ -231,8 +243,10 @@ def _create(
     path: Path,
     base_commit: str,
     redactor: Redactor,
+    checkout_commit: str | None = None,
 ) -> RunState:
-    """The run's manifest, then its branch and worktree: its first checkpoint, not saved."""
+    """The run's manifest, then its branch and worktree (at `checkout_commit`, the checkout's
+    changes, when there is one): its first checkpoint, not saved."""
     assert task.base is not None, "a resolved task names its base"
     worktree = coder_dir / "worktrees" / task.id
     manifest = manifests.build(
@@ -242,18 +256,21 @@ def _create(
         base_commit=base_commit,
         worktree=worktree,
         created_at=now_iso(),
+        checkout_commit=checkout_commit,
     )
     manifests.write(coder_dir, manifest)
     worktrees.create_worktree(
-        repo, name=task.id, path=worktree, branch=task.branch, start=base_commit
+        repo, name=task.id, path=worktree, branch=task.branch, start=manifest.start_commit
     )
     crashpoint("after_worktree")
     return new_run(manifest)
 
 
-def _start_warnings(repo: Repo, task: taskfile.Task, path: Path) -> tuple[str, ...]:
+def _start_warnings(
+    repo: Repo, task: taskfile.Task, path: Path, included: uncommitted.Included | None
+) -> tuple[str, ...]:
     """What the user should know as the run starts: commits under coder's fallback name, and
-    uncommitted edits of the checkout the run leaves out."""
+    uncommitted edits of the checkout the run leaves out (or took in: --include-uncommitted)."""
     found = []
     if repository.identity(repo).fallback:
         found.append(
@@ -261,6 +278,8 @@ def _start_warnings(repo: Repo, task: taskfile.Task, path: Path) -> tuple[str, .
             "commits are authored by coder <coder@localhost> (set them with "
             "`git config user.name ...`)"
         )
+    if included is not None:
+        return (*found, *uncommitted.included_notes(included))
     assert task.base is not None, "a resolved task names its base"
     left = uncommitted.left_out(repo, task.base, path)
     if left:
@@ -288,11 +307,12 @@ def _branch_exists(repo: Repo, task: taskfile.Task, path: Path) -> CoderError:
     )
 
 
-def _started(repo: Repo, store: StateStore, task_id: str, branch: str, base_commit: str) -> bool:
+def _started(repo: Repo, store: StateStore, task_id: str, branch: str, start_at: str) -> bool:
     """Whether the run got as far as its executor (which marks it `running` before a step),
-    or committed anything: its checkpoint may be gone (deleted by hand), its commits stay."""
+    or committed anything past `start_at` (its base, or its commit of the checkout's changes):
+    its checkpoint may be gone (deleted by hand), its commits stay."""
     tip = branches.branch_tip(repo, branch)
-    if tip is not None and tip != base_commit:
+    if tip is not None and tip != start_at:
         return True
     try:
         return store.load(task_id).status != "pending"
@@ -308,15 +328,16 @@ def _remove_unstarted(
     task: taskfile.Task,
     store: StateStore,
     lock: Path,
-    base_commit: str,
+    start_at: str,
 ) -> None:
     """A start that failed before any step ran leaves nothing behind, so the same `coder run`
     can simply be tried again: its worktree, branch, checkpoint, manifest, log, artifacts and
-    lock file go. The branch goes only while it points at the run's base: this start created
-    it (the branch did not exist when the start took the lock) and nothing was committed."""
+    lock file go. The branch goes only while it points where the run started (its base, or
+    its commit of the checkout's changes): this start created it (the branch did not exist
+    when the start took the lock) and no step committed."""
 
     def drop_branch() -> None:
-        if branches.branch_tip(repo, task.branch) == base_commit:
+        if branches.branch_tip(repo, task.branch) == start_at:
             branches.delete_branch(repo, task.branch)
 
     undo: list[Callable[[], None]] = [

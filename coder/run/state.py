@@ -179,6 +179,8 @@ class RunState:
     pid: int | None = None
     error: str | None = None
     merge: MergeRecord | None = None
+    # --include-uncommitted: the run's first commit, the checkout's changes (coder.run.uncommitted)
+    checkout_commit: str | None = None
     journal_seq: int = 0  # the last journal line this snapshot contains
     version: int = 1
 
@@ -191,6 +193,7 @@ class RunState:
         "branch",
         "base",
         "base_commit",
+        "checkout_commit",
         "worktree",
         "pid",
         "task",
@@ -203,6 +206,8 @@ class RunState:
 
     def to_dict(self) -> dict[str, Any]:
         data = {key: getattr(self, key) for key in self._KEYS}
+        if data["checkout_commit"] is None:  # the file of a run without one stays as it was
+            del data["checkout_commit"]
         data["steps"] = {sid: record.to_dict() for sid, record in self.steps.items()}
         return data
 

@@ -594,9 +594,11 @@ def merge_message(
         st = state.steps.get(step.id) or StepRecord()
         note = "" if st.commit else " (skipped)" if st.status == "skipped" else " (no changes)"
         lines.append(f"- {commit_title(step, redact)}{note}")
+    if manifest.checkout_commit:  # --include-uncommitted: the run's first commit
+        lines.insert(0, "- uncommitted changes from the checkout (the run's first commit)")
     what = "Squash merge" if mode == "squash" else "Merge"
     title = redact(" ".join(task.title.split())) or f"coder task {task.id}"
-    intro = f"{what} of coder task {task.id} from {state.branch} ({len(lines)} steps):"
+    intro = f"{what} of coder task {task.id} from {state.branch} ({len(task.steps)} steps):"
     trailers = f"{commits.TRAILER_TASK}: {task.id}\n{commits.TRAILER_MERGE}: {mode}\n"
     steps = redact(summary) if summary else "\n".join(lines)
     return "\n\n".join([title, intro + "\n" + steps, trailers])

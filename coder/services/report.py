@@ -97,6 +97,9 @@ class RunReport:
     mermaid: str
     next_steps: list[tuple[str, str]] = field(default_factory=list)  # (what, command)
     models: list[str] = field(default_factory=list)  # every model that answered, run's first
+    # --include-uncommitted: the run's first commit and the files it changed (in `files` too)
+    checkout_commit: str | None = None
+    checkout_files: list[diffs.FileChange] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +114,8 @@ class RunReport:
             "branch": self.branch,
             "base": self.base,
             "base_commit": self.base_commit,
+            "checkout_commit": self.checkout_commit,
+            "checkout_files": [f.as_dict() for f in self.checkout_files],
             "tip": self.tip,
             "merge": self.merge,
             "totals": totals(self),
@@ -191,6 +196,12 @@ def build(view: RunView) -> RunReport:
         mermaid=diagram.mermaid(diagram.nodes_of_run(state)),
         models=models_used(
             taskfile.from_dict(state["task"]), {s.id: s.attempts for s in steps if s.usage}
+        ),
+        checkout_commit=view.state.checkout_commit,
+        checkout_files=(
+            diffs.diff_files(repo, state["base_commit"], view.state.checkout_commit)
+            if view.state.checkout_commit
+            else []
         ),
     )
     return _with_next_steps(report)
@@ -339,6 +350,12 @@ def _head(report: RunReport) -> list[str]:
         f"{_count(t['model_calls'], 'call')}, cache reuse {_share(t['cache_share'])} |",
         f"| time | {t['duration_s']:.1f} s in steps |",
     ]
+    if report.checkout_commit:
+        facts.insert(
+            1,
+            f"| checkout | first commit `{report.checkout_commit[:8]}`: "
+            f"{_count(len(report.checkout_files), 'uncommitted file')} from the checkout |",
+        )
     merge = report.merge or {}
     if merge.get("commit"):
         facts.append(

@@ -131,12 +131,14 @@ def step_order(manifest: Manifest) -> list[str]:
 
 
 def plan_revert(
-    order: list[str], to_step: str, commits: list[gitcommits.StepCommit], base_commit: str
+    order: list[str], to_step: str, commits: list[gitcommits.StepCommit], start_commit: str
 ) -> RevertPlan:
-    """What to undo: `commits` are the effective step commits in branch order."""
+    """What to undo: `commits` are the effective step commits in branch order; with none kept
+    the cut is `start_commit`, where the run's work begins (its base, or its commit of the
+    checkout's uncommitted changes, which no revert undoes)."""
     upto = set(order[: order.index(to_step) + 1])
     last = max((i for i, c in enumerate(commits) if c.step_id in upto), default=-1)
-    cut = commits[last].commit if last >= 0 else base_commit
+    cut = commits[last].commit if last >= 0 else start_commit
     kept = {c.step_id for c in commits[: last + 1]}
     pending = tuple(s for s in order if s not in upto and s not in kept)
     return RevertPlan(cut, tuple(commits[last + 1 :]), pending)
@@ -188,7 +190,7 @@ class _Revert:
             base_commit=self.manifest.base_commit,
             task_id=self.task_id,
         )
-        plan = plan_revert(self.order, self.to_step, commits, self.manifest.base_commit)
+        plan = plan_revert(self.order, self.to_step, commits, self.manifest.start_commit)
         note_step = self._note_target(plan)  # a bad note changes nothing
         self._repair_worktree(tip)
         self._settle_worktree(tip)
