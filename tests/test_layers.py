@@ -39,7 +39,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "interrupts",
     ),
     # the domain: configuration, taskfiles and their graph, test reports
-    ("config", "kinds", "taskfile", "graph", "diagram", "testreport", "lintreport"),
+    (
+        "config",
+        "kinds",
+        "taskfile",
+        "graph",
+        "diagram",
+        "testreport",
+        "testresults",
+        "testrunner",
+        "lintreport",
+    ),
     # safety rules and git
     ("policy", "git", "project"),
     # what the model is shown about the code (tree-sitter, the repo map, code search)

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,6 +51,8 @@ class CommandResult:
     cancelled: bool = False
     truncated: bool = False  # some stream was cut to the output cap
     note: str = ""  # what happened besides the output, for the model and the log
+    # `results_var`: what the command wrote to the file that variable named (None: nothing)
+    results: bytes | None = None
 
     @property
     def ok(self) -> bool:
@@ -241,9 +243,12 @@ def run_command(
     cancel: threading.Event | None = None,
     root: Path | None = None,
     owner: str | None = None,
+    results_var: str | None = None,
 ) -> CommandResult:
     """Run `cmd` with bash in `cwd` under `policy`; see the module docstring. `owner`
-    (see `owner_token`) marks the command for `kill_owned`.
+    (see `owner_token`) marks the command for `kill_owned`. `results_var`: the variable that
+    gives the command a file to write machine-readable results to, in a private directory
+    outside `root` (the sandbox's temp dir); its bytes come back as `results`.
 
     Raises PolicyViolation (before anything runs) if the command or `cwd` is refused,
     InvalidInput for a bad cwd or timeout, EnvironmentProblem if no shell can be started.
@@ -273,7 +278,11 @@ def run_command(
     shell = bash or shutil.which("sh") or "/bin/sh"
     script = (_limits_prefix(policy.limits) if bash else "") + cmd
     started = time.monotonic()
-    with _spawner(policy, root or cwd, command_env) as spawn, _shell_argv(shell, script) as argv:
+    with (
+        _spawner(policy, root or cwd, command_env) as spawn,
+        _shell_argv(shell, script) as argv,
+        _results_file(results_var, command_env, private=policy.sandbox) as results,
+    ):
         try:
             proc = spawn(
                 argv,
@@ -286,7 +295,38 @@ def run_command(
             )
         except OSError as exc:
             raise EnvironmentProblem(f"cannot start {shell} for a command: {exc}") from exc
-        return _wait(proc, cmd, policy, limit, cancel, started)
+        done = _wait(proc, cmd, policy, limit, cancel, started)
+        return done if results is None else replace(done, results=_read_results(results))
+
+
+_RESULTS_CAP = 64 * 1024 * 1024  # bytes of a results file read back
+
+
+@contextmanager
+def _results_file(var: str | None, env: dict[str, str], *, private: bool) -> Iterator[Path | None]:
+    """A fresh directory for the command's results file, named in `env[var]`: in the
+    command's private TMPDIR under the sandbox (`private`: set by `_spawner`, the one place
+    outside the worktree it may write), else a temp dir of its own; removed afterwards."""
+    if var is None:
+        yield None
+        return
+    tmp = tempfile.mkdtemp(prefix="coder-results-", dir=env["TMPDIR"] if private else None)
+    path = Path(tmp, "results")
+    env[var] = str(path)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read_results(path: Path) -> bytes | None:
+    """The results file, a regular file not reached through a final link; None if missing."""
+    from coder.safeio import read_regular
+
+    try:
+        return read_regular(path, limit=_RESULTS_CAP, follow=False)
+    except (OSError, ValueError):
+        return None
 
 
 Spawn = Callable[..., "subprocess.Popen[bytes]"]

@@ -255,7 +255,7 @@ def test_test_step_counts_and_log_artifact(make_repo) -> None:
     step = state_of(repo, "tt")["steps"]["s1"]
     assert step["tests"] == {"passed": 2, "failed": 0, "skipped": 0, "exit_code": 0}
     log = (repo / ".coder" / "artifacts" / "tt" / "s1-attempt1.log").read_text()
-    assert log.startswith("$ python -m pytest -q\n") and "2 passed" in log
+    assert log.startswith("$ python -m pytest -q --junitxml=") and "2 passed" in log
 
 
 def test_a_step_that_edits_git_config_or_hooks_fails_and_is_undone(make_repo) -> None:

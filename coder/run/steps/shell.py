@@ -21,9 +21,11 @@ def run(ctx: StepContext) -> StepOutcome:
     return StepOutcome(False, describe_failure(result))
 
 
-def run_in_step(ctx: StepContext, cmd: str) -> sandbox.CommandResult:
+def run_in_step(
+    ctx: StepContext, cmd: str, *, results_var: str | None = None
+) -> sandbox.CommandResult:
     """Run a command for a step: policy-checked, in its cwd, with its timeout and env; the
-    (redacted) output is kept as an artifact."""
+    (redacted) output is kept as an artifact. `results_var`: see `sandbox.run_command`."""
     step = ctx.step
     cwd = resolve_in_root(ctx.workdir, step.cwd or ".", write=False, policy=ctx.policy)
     timeout = step.timeout_s or _policy_timeout(ctx) or ctx.policy.command_timeout
@@ -38,6 +40,7 @@ def run_in_step(ctx: StepContext, cmd: str) -> sandbox.CommandResult:
             cancel=ctx.cancel,
             root=ctx.workdir,
             owner=ctx.owner,
+            results_var=results_var,
         )
     finally:
         if timer:

@@ -8,13 +8,16 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from coder import testreport
+from coder import testreport, testresults
 from coder.kinds import test_command
 from coder.run.steps import StepContext, StepOutcome
 from coder.run.steps.fix import Failing, fix_cycles
 from coder.run.steps.shell import describe_failure, run_in_step
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from coder.policy.commands import Policy
     from coder.run.state import TestCounts
 
 
@@ -40,15 +43,27 @@ def run(ctx: StepContext) -> StepOutcome:
 
 
 def _run_tests(ctx: StepContext, cmd: str) -> tuple[StepOutcome, testreport.TestReport | None]:
-    result = run_in_step(ctx, cmd)
+    plan = testresults.structured(cmd, nightly=lambda: rust_nightly(ctx.workdir, ctx.policy))
+    result = run_in_step(
+        ctx,
+        plan.command if plan else cmd,
+        results_var=testresults.RESULTS_VAR if plan and plan.results_file else None,
+    )
+    if plan is not None and testresults.refused(
+        plan, result.exit_code, result.results, result.stderr
+    ):
+        plan, result = None, run_in_step(ctx, cmd)  # the runner took no structured flags
     if result.cancelled:
         return StepOutcome(False, "interrupted while running the tests", cancelled=True), None
     if result.timed_out:
         return StepOutcome(False, describe_failure(result)), None
-    report = testreport.parse_output(
-        result.stdout + "\n" + result.stderr,
-        ctx.step.framework or testreport.framework_of(cmd),
+    report = testresults.read(
+        plan,
+        stdout=result.stdout,
+        stderr=result.stderr,
         exit_code=result.exit_code,
+        results=result.results,
+        framework=ctx.step.framework or testreport.framework_of(cmd),
     )
     failed = (report.failed or 0) + (report.errors or 0) if report.found else None
     tests: TestCounts = {
@@ -67,6 +82,19 @@ def _run_tests(ctx: StepContext, cmd: str) -> tuple[StepOutcome, testreport.Test
     return StepOutcome(
         False, error, tests=tests, details={"failures": list(report.failures)}
     ), report
+
+
+def rust_nightly(root: Path, policy: Policy) -> bool:
+    """Whether the Rust compiler the tests of `root` would use is a nightly one (`rustc -V`,
+    run as the tests are: in `root`, where a `rust-toolchain` file may choose it)."""
+    from coder.errors import CoderError
+    from coder.policy import sandbox
+
+    try:
+        result = sandbox.run_command("rustc -V", cwd=root, policy=policy, timeout=30, root=root)
+    except CoderError:  # not allowed by the policy, no sandbox: the text it is
+        return False
+    return result.ok and testresults.rustc_nightly(result.stdout)
 
 
 def _failing(outcome: StepOutcome, report: testreport.TestReport) -> Failing:
