@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from coder.cli.common import cwd, emit_json, json_option
 from coder.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from coder.services.testprobe import Probe
 
 
 @click.command(
@@ -21,9 +25,20 @@ from coder.errors import InvalidInput
     metavar="NAME",
     help="Also write the example taskfile NAME to tasks/ (`--example list` names them).",
 )
+@click.option(
+    "--no-test-probe",
+    is_flag=True,
+    help="Do not run the test command once to check that it finds tests.",
+)
 @json_option
-def init(force: bool, example: str | None, as_json: bool) -> None:
-    """Prepare this repo: .coder/ and coder.config.json."""
+def init(force: bool, example: str | None, no_test_probe: bool, as_json: bool) -> None:
+    """Prepare this repo: .coder/ and coder.config.json.
+
+    Runs the test command once (in the sandbox, with a timeout) and warns when it finds no
+    tests or cannot run; --no-test-probe skips that.
+    """
+    from dataclasses import asdict
+
     from coder.project import CODER_DIR
     from coder.services import project
 
@@ -34,7 +49,7 @@ def init(force: bool, example: str | None, as_json: bool) -> None:
         else:
             click.echo("\n".join(names))
         return
-    result = project.init(cwd(), force=force)
+    result = project.init(cwd(), force=force, probe=not no_test_probe)
     written = project.write_example(result.root, example, force=force) if example else None
     if as_json:
         emit_json(
@@ -45,6 +60,7 @@ def init(force: bool, example: str | None, as_json: bool) -> None:
                 "excluded": result.excluded,
                 "detected": result.config,
                 "example": None if written is None else str(written),
+                "tests": None if result.probe is None else asdict(result.probe),
             }
         )
         return
@@ -64,6 +80,8 @@ def init(force: bool, example: str | None, as_json: bool) -> None:
         click.echo("  (everything else keeps its default or your user config: see `coder config`)")
     else:
         click.echo(f"Kept existing {result.config_path} (use --force to rewrite it)")
+    if result.probe is not None:
+        _echo_probe(result.probe)
     if written is not None:
         rel = written.relative_to(result.root)
         click.echo(f"Wrote {rel}\nNext: `coder run --autonomous -f {rel}`")
@@ -249,18 +267,32 @@ def config_get(key: str, as_json: bool) -> None:
     click.echo(f"{json.dumps(cfg.values[key])}  ({cfg.sources[key]})")
 
 
+def _echo_probe(probe: Probe) -> None:
+    """`init`'s line on the test command's one run: a warning (stderr) unless it found tests."""
+    if probe.outcome == "ok":
+        click.echo(f"Tests: {probe.detail}")
+        return
+    click.echo(f"{click.style('warning', fg='yellow')}: {probe.detail}", err=True)
+    if probe.fix:
+        click.echo(f"  fix: {probe.fix}", err=True)
+
+
 @click.command(epilog="\b\nExample:\n  coder doctor --model qwen2.5-coder:14b")
 @click.option("--model", help="Check this model instead of the configured one.")
+@click.option(
+    "--no-test-probe", is_flag=True, help="Do not run the test command once to find its tests."
+)
 @json_option
-def doctor(model: str | None, as_json: bool) -> None:
+def doctor(model: str | None, no_test_probe: bool, as_json: bool) -> None:
     """Check git, the sandbox, Ollama and the model; say how to fix each problem.
 
+    The test command runs once, to check that it finds tests (--no-test-probe skips it).
     Exits 0 when nothing failed (warnings allowed), 3 otherwise.
     """
     from coder.errors import EXIT_ENVIRONMENT
     from coder.services import doctor as doctor_mod
 
-    checks = doctor_mod.run_checks(cwd(), model=model)
+    checks = doctor_mod.run_checks(cwd(), model=model, probe=not no_test_probe)
     failed = any(c.status == "fail" for c in checks)
     if as_json:
         emit_json({"ok": not failed, "checks": [c.as_dict() for c in checks]})

@@ -28,9 +28,12 @@ class Check:
         return asdict(self)
 
 
-def run_checks(cwd: Path, *, model: str | None = None) -> list[Check]:
+def run_checks(cwd: Path, *, model: str | None = None, probe: bool = True) -> list[Check]:
     cfg = config_mod.load(cwd, flags={"model": model})
-    checks = [_git(cwd), _test_command(cwd, cfg), *_sandbox(cfg), _trust(cfg)]
+    checks = [_git(cwd), _test_command(cwd, cfg)]
+    if probe:
+        checks += _tests_found(cwd, cfg)
+    checks += [*_sandbox(cfg), _trust(cfg)]
     checks += _models(cfg)
     return checks
 
@@ -75,6 +78,18 @@ def _test_command(cwd: Path, cfg: config_mod.Config) -> Check:
         "no test command configured or detected; test steps and require_green_tests cannot run",
         "set test_command in coder.config.json (coder init writes one)",
     )
+
+
+def _tests_found(cwd: Path, cfg: config_mod.Config) -> list[Check]:
+    """The test command, run once (coder.services.testprobe); nothing without one."""
+    from coder.services import testprobe
+
+    root = cfg.project_root or cwd
+    command = cfg.test_command or config_mod.detect_test_command(root)
+    if not command:
+        return []
+    found = testprobe.probe(root, command, cfg)
+    return [Check("tests", found.status, found.detail, found.fix)]
 
 
 def _sandbox(cfg: config_mod.Config) -> list[Check]:

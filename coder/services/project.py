@@ -11,6 +11,8 @@ from pathlib import Path
 from coder import config as config_mod
 from coder.durable import write_atomic, write_failed
 from coder.project import CODER_DIR, TASKS_DIR, ensure_coder_dir
+from coder.services import testprobe
+from coder.services.testprobe import Probe
 
 
 @dataclass
@@ -20,13 +22,15 @@ class InitResult:
     config_written: bool
     excluded: bool  # True when .git/info/exclude was changed
     config: dict[str, object] = field(default_factory=dict)
+    probe: Probe | None = None  # the detected test command, run once (None: not run)
 
 
-def init(cwd: Path, *, force: bool = False) -> InitResult:
+def init(cwd: Path, *, force: bool = False, probe: bool = True) -> InitResult:
     """Create `.coder/` and a `coder.config.json` holding what was detected about this
     project (its test command), and nothing else: defaults stay defaults, so your user config
     (`~/.config/coder/config.json`: the model, the server) keeps applying. Idempotent: an
-    existing config is kept unless `force`."""
+    existing config is kept unless `force`. With `probe`, the test command (the config's, or
+    the detected one) runs once to say whether it finds tests (coder.services.testprobe)."""
     from coder.git import repository
 
     repo = repository.open_repo(cwd)
@@ -42,7 +46,12 @@ def init(cwd: Path, *, force: bool = False) -> InitResult:
             write_atomic(path, data, new_mode=0o644, crash_point=None)
         except OSError as exc:
             raise write_failed(path, exc) from exc
-    return InitResult(root, path, written, excluded, detected)
+    found = None
+    if probe:
+        cfg = config_mod.load(root)
+        command = cfg.test_command or detected.get("test_command")
+        found = testprobe.probe(root, str(command), cfg) if command else None
+    return InitResult(root, path, written, excluded, detected, found)
 
 
 def detected_config(root: Path) -> dict[str, object]:

@@ -19,7 +19,12 @@ def checks(repo: Path, *args: str) -> tuple[int, dict[str, dict[str, str]]]:
 
 @pytest.fixture
 def repo_with_tests(make_repo) -> Path:
-    return make_repo({"pyproject.toml": "[tool.pytest.ini_options]\n", "tests/test_a.py": ""})
+    return make_repo(
+        {
+            "pyproject.toml": "[tool.pytest.ini_options]\n",
+            "tests/test_a.py": "def test_a():\n    pass\n",
+        }
+    )
 
 
 def test_all_good(repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,6 +41,7 @@ def test_all_good(repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert statuses == {
         "git repository": "ok",
         "test command": "ok",
+        "tests": "ok",
         "project settings": "ok",
         "ollama host": "ok",
         "model": "ok",
