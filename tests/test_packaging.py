@@ -54,3 +54,46 @@ def test_wheel_ships_the_schemas_and_an_installed_copy_uses_them(
     schema_dir, verdict = proc.stdout.splitlines()
     assert Path(schema_dir) == site / "coder" / "schemas"
     assert verdict.endswith("valid (3 steps in 3 levels)")
+
+
+def test_the_wheel_ships_the_examples_and_the_unittest_runner(
+    installed_wheel: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """An installed copy (not this checkout) writes an example into a fresh unittest project
+    with `coder init --example`, checks that the tests are found (its unittest runner, from
+    site-packages, counts them), and the example's run is green."""
+    wheel, site = installed_wheel
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"coder/_examples/hello-shell.yaml", "coder/testrunner.py"} <= names
+    repo = tmp_path / "fresh"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "tests" / "test_old.py").write_text(
+        "import unittest\n\n\nclass T(unittest.TestCase):\n    def test_ok(self):\n"
+        "        pass\n\n    @unittest.skip('later')\n    def test_later(self):\n        pass\n"
+    )
+    from tests.conftest import git
+
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "initial")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+
+    def installed(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "coder", *args],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    init = installed("init", "--json", "--example", "hello-shell")
+    assert init.returncode == 0, init.stderr
+    found = json.loads(init.stdout)
+    assert found["example"] == str(repo / "tasks" / "hello-shell.yaml")
+    assert found["tests"]["detail"] == (
+        "`python -m unittest discover -s tests -v`: 1 passed, 1 skipped"
+    )
+    run = installed("run", "--autonomous", "-f", "tasks/hello-shell.yaml")
+    assert run.returncode == 0, run.stdout + run.stderr

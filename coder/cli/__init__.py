@@ -56,7 +56,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": (
         "project",
         "doctor",
-        "Check git, the sandbox, Ollama and the model; say how to fix each problem.",
+        "Check git, the sandbox, the model server and the model; say how to fix each problem.",
     ),
     "mcp": (
         "mcp_cmd",
@@ -96,7 +96,8 @@ def main(ctx: click.Context, debug: bool, colour: str) -> None:
     """coder: a local-first autonomous coding agent.
 
     A YAML taskfile describes a DAG of steps; coder runs it on an agent/ branch in a git
-    worktree with a local Ollama model, one commit per step, and merges only when green.
+    worktree with a local model (Ollama or an OpenAI-compatible server), one commit per step,
+    and merges only when green.
     """
     ctx.ensure_object(dict)["debug"] = debug or os.environ.get("CODER_DEBUG") == "1"
     ctx.color = colour_setting(colour)

@@ -284,7 +284,7 @@ def _echo_probe(probe: Probe) -> None:
 )
 @json_option
 def doctor(model: str | None, no_test_probe: bool, as_json: bool) -> None:
-    """Check git, the sandbox, Ollama and the model; say how to fix each problem.
+    """Check git, the sandbox, the model server and the model; say how to fix each problem.
 
     The test command runs once, to check that it finds tests (--no-test-probe skips it).
     Exits 0 when nothing failed (warnings allowed), 3 otherwise.

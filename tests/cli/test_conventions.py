@@ -140,3 +140,29 @@ def test_shell_completion_offers_commands_run_ids_and_step_ids(make_repo) -> Non
     assert complete(repo, "coder diff --step ") == ["a"]  # the only run's steps
     code, _, err = coder(repo, "completion", "tcsh")
     assert code == 2 and "'tcsh' is not one of 'bash', 'fish', 'zsh'" in err
+
+
+def test_no_help_names_ollama_alone() -> None:
+    """Under `provider: openai` the model is not Ollama's: no command's help, nor any of its
+    options' (`--model`, `--replay`, ...), names Ollama without the other kind of server.
+    (`trust` names the `ollama_host` setting.)"""
+    import click
+
+    from coder.cli import COMMANDS, main
+
+    ctx = click.Context(main)
+    texts = {"coder": main.help or ""}
+    for name in COMMANDS:
+        command = main.get_command(ctx, name)
+        assert command is not None
+        group = command.commands.values() if isinstance(command, click.Group) else [command]
+        for each in group:
+            texts[each.name or name] = each.help or ""
+            for param in each.params:
+                texts[f"{each.name} {param.name}"] = getattr(param, "help", None) or ""
+    alone = {
+        where: text
+        for where, text in texts.items()
+        if "Ollama" in text.replace("ollama_host", "") and "OpenAI" not in text
+    }
+    assert alone == {}
