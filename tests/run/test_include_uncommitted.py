@@ -166,3 +166,39 @@ def test_the_left_out_note_names_the_flag(make_repo) -> None:
     code, out, err = coder(repo, "run", "--autonomous", "-f", "t.yaml")
     assert code == 0, out + err
     assert "run with --include-uncommitted" in err
+
+
+def test_a_run_rebuilt_after_coder_dir_is_deleted_knows_its_checkout_commit(
+    make_repo, tmp_path: Path
+) -> None:
+    """Git is the truth: with `.coder/` gone, `resume -f` finds the checkout's commit by its
+    trailer, and the run finishes on top of it."""
+    import shutil
+    import subprocess
+    import sys
+
+    go = tmp_path / "go"
+    repo = make_repo({"README.md": "# r\n", "app.py": "x = 1\n"})
+    (repo / "t.yaml").write_text(
+        "id: rb\ntitle: rebuild\ngraph:\n"
+        '  - {id: a, kind: shell, cmd: "echo a > a.txt"}\n'
+        f'  - {{id: b, kind: shell, cmd: "[ -e {go} ] && echo b > b.txt"}}\n'
+    )
+    (repo / "app.py").write_text("x = 2\n")
+    code, out, err = coder(repo, "run", "--autonomous", "--include-uncommitted", "-f", "t.yaml")
+    assert code == 1, out + err
+    first = json.loads((repo / ".coder" / "state" / "rb.json").read_text())["checkout_commit"]
+    shutil.rmtree(repo / ".coder")
+    go.touch()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "coder", "resume", "-t", "rb", "-f", "t.yaml"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    state = json.loads((repo / ".coder" / "state" / "rb.json").read_text())
+    assert state["checkout_commit"] == first and state["status"] == "success"
+    log = git(repo, "log", "--format=%s", "main..agent/rb-rebuild").splitlines()
+    assert log[-1] == "coder: uncommitted changes from the checkout" and len(log) == 3
