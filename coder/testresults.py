@@ -20,9 +20,10 @@ What each runner gives:
 
 The rule for which commands get the flags: only a command line that is, as a whole, one coder
 writes itself (`framework:` or detection: `python -m pytest -q`, `python -m unittest discover
--v`, `go test ./...`, `cargo test`, or the plain `pytest`), optionally followed by plain
-arguments (a step's `args`). Whoever wrote it (a step's `cmd` and the config's `test_command`
-included) such a line runs the same tests with the flags as without. Anything else is the
+-v`, `go test ./...`, `cargo test`, or the plain `pytest`; any `python` by its path),
+optionally followed by plain arguments (a step's `args`). Whoever wrote it (a step's `cmd`
+and the config's `test_command` included), such a line runs the same tests with the flags as
+without. Anything else is the
 user's own command and runs exactly as written, its output read as text: a wrapper (`tox`,
 `make test`, `npm test`), a pipe, `&&`, a variable assignment, an expansion (`$X`), or options
 that already choose an output of that kind (`--junitxml`, `-json`, `--format`).
@@ -31,6 +32,7 @@ that already choose an output of that kind (`--junitxml`, `-json`, `--format`).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from collections.abc import Callable
@@ -64,7 +66,8 @@ def structured(cmd: str, *, nightly: Callable[[], bool] = lambda: False) -> Stru
         return None
     head, rest = _head(argv)
     if head == "pytest" and not any(
-        a.startswith(("--junitxml", "--junit-xml", "--junit-prefix")) or a == "-p" for a in rest
+        a.startswith(("--junitxml", "--junit-xml", "--junit-prefix")) or "no:junitxml" in a
+        for a in rest
     ):
         return Structured("pytest", f'{cmd} --junitxml="${RESULTS_VAR}"', True)
     if head == "unittest":
@@ -81,7 +84,7 @@ def _head(argv: list[str]) -> tuple[str | None, list[str]]:
     """The runner a plain command line starts with, and the arguments after it."""
     if argv[0] in ("pytest", "py.test"):
         return "pytest", argv[1:]
-    if _PYTHONS.fullmatch(argv[0]) and argv[1:2] == ["-m"] and len(argv) > 2:
+    if _PYTHONS.fullmatch(os.path.basename(argv[0])) and argv[1:2] == ["-m"] and len(argv) > 2:
         if argv[2] in ("pytest", "unittest"):
             return argv[2], argv[3:]
     if argv[:2] == ["go", "test"]:

@@ -75,6 +75,7 @@ GO_EVENTS = """\
         ("pytest $ARGS", None),
         ("pytest --junitxml=mine.xml", None),  # the user's own report file stays theirs
         ("pytest -p no:junitxml", None),
+        ("/usr/bin/python3.12 -m pytest -q -p no:cacheprovider", "pytest"),
         ("go test -json ./...", None),
         ("python -m pytest_cov", None),
         ("python -m unittest_extra", None),

@@ -12,9 +12,10 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from coder import testresults
 from coder.errors import PolicyViolation
 from coder.policy.sandbox import CommandResult, run_command
-from coder.testreport import framework_of, parse_output, test_command
+from coder.testreport import framework_of, test_command
 from coder.tools.approval import Proposal
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
 from coder.tools.worktree import resolve
@@ -46,7 +47,13 @@ def _limit(ctx: ToolContext, requested: Any) -> int:
     return cap
 
 
-def _run(ctx: ToolContext, cmd: str, cwd_arg: str | None, timeout: int) -> CommandResult:
+def _run(
+    ctx: ToolContext,
+    cmd: str,
+    cwd_arg: str | None,
+    timeout: int,
+    results_var: str | None = None,
+) -> CommandResult:
     cwd = ctx.root
     if cwd_arg:
         cwd, rel = resolve(ctx, cwd_arg, write=False)
@@ -57,7 +64,14 @@ def _run(ctx: ToolContext, cmd: str, cwd_arg: str | None, timeout: int) -> Comma
             )
     extra: dict[str, Any] = {"owner": ctx.owner} if ctx.owner is not None else {}
     return run_command(
-        cmd, cwd=cwd, policy=ctx.policy, timeout=timeout, cancel=ctx.cancel, root=ctx.root, **extra
+        cmd,
+        cwd=cwd,
+        policy=ctx.policy,
+        timeout=timeout,
+        cancel=ctx.cancel,
+        root=ctx.root,
+        results_var=results_var,
+        **extra,
     )
 
 
@@ -115,14 +129,31 @@ def tests_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             hint="args is a command-line fragment such as `-k name tests/x.py`",
         )
     cmd = test_command(root=ctx.root, configured=ctx.test_command, args=extra)
+    # the structured results that leave the output as it is (pytest, unittest: a results
+    # file); the model reads the output when no failing section is found
+    plan = testresults.structured(cmd)
+    plan = plan if plan is not None and plan.results_file else None
     try:
-        result = _run(ctx, cmd, None, _limit(ctx, None))
+        result = _run(
+            ctx,
+            plan.command if plan else cmd,
+            None,
+            _limit(ctx, None),
+            testresults.RESULTS_VAR if plan else None,
+        )
     except PolicyViolation as exc:
         if str(exc.message).startswith("command refused"):
             return _refused(exc)
         raise
     output = result.stdout + ("\n" if result.stdout and result.stderr else "") + result.stderr
-    report = parse_output(output, framework_of(cmd), exit_code=result.exit_code)
+    report = testresults.read(
+        plan,
+        stdout=result.stdout,
+        stderr=result.stderr,
+        exit_code=result.exit_code,
+        results=result.results,
+        framework=framework_of(cmd),
+    )
     data = {
         "cmd": cmd,
         "exit_code": result.exit_code,

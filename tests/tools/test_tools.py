@@ -420,3 +420,24 @@ def test_git_tools_outside_a_repository(tmp_path: Path) -> None:
     ctx = ToolContext(root=tmp_path, policy=Policy(), redactor=Redactor())
     result = call(ctx, "git_status")
     assert not result.ok and "not a readable git repository" in result.content
+
+
+def test_tests_run_counts_from_the_junit_report_not_from_text(make_repo) -> None:
+    """A conftest that prints a summary-like line after pytest's own: read as text, the run
+    would count 9 passed; the JUnit report says 1."""
+    root = make_repo(
+        {
+            "conftest.py": "import sys\n\n\ndef pytest_unconfigure(config):\n"
+            '    sys.stderr.write("9 passed in 0.01s\\n")\n',
+            "test_a.py": "def test_one():\n    pass\n",
+        }
+    )
+    ctx = ToolContext(
+        root=root,
+        policy=Policy(),
+        redactor=Redactor(),
+        test_command=f"{PYTHON} -m pytest -q -p no:cacheprovider",
+    )
+    result = call(ctx, "tests_run")
+    assert result.ok and result.data["passed"] == 1, result.content
+    assert result.content.startswith("tests passed: 1 passed")
