@@ -166,3 +166,27 @@ def test_no_help_names_ollama_alone() -> None:
         if "Ollama" in text.replace("ollama_host", "") and "OpenAI" not in text
     }
     assert alone == {}
+
+
+def test_every_commit_coder_makes_has_the_git_environments_identity(
+    make_repo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GIT_AUTHOR_*/GIT_COMMITTER_* win over git config, as for `git commit`: the checkout's
+    commit (--include-uncommitted), the step's and the merge's, read back with git."""
+    repo = make_repo({"README.md": "# r\n"})
+    (repo / "README.md").write_text("# edited\n")
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "CI Author")
+    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "author@ci.example")
+    monkeypatch.setenv("GIT_COMMITTER_NAME", "CI Bot")
+    monkeypatch.setenv("GIT_COMMITTER_EMAIL", "bot@ci.example")
+    path = taskfile(repo, TASK)
+    code, out, err = coder(repo, "run", "--autonomous", "--include-uncommitted", "-f", str(path))
+    assert code == 0, out + err
+    code, out, err = coder(repo, "merge", "-t", "c1")
+    assert code == 0, out + err
+    who = "--format=%s: %an <%ae>|%cn <%ce>"
+    run_commits = git(repo, "log", who, "main~1..agent/c1-colours").splitlines()
+    merged = git(repo, "log", "-1", who, "main").splitlines()
+    assert len(run_commits) == 2 and len(merged) == 1  # the checkout's and the step's
+    for line in run_commits + merged:
+        assert line.endswith(": CI Author <author@ci.example>|CI Bot <bot@ci.example>"), line
