@@ -69,7 +69,7 @@ def snapshot(
             entries[rel] = None if found == GONE else found
     for rel, entry in entries.items():  # deletions first: a file may replace a directory
         if entry is None:
-            with contextlib.suppress(OSError, KeyError):
+            with contextlib.suppress(OSError, KeyError, pygit2.GitError):
                 index.remove(rel)
     for rel, entry in sorted(entries.items()):
         if entry is not None:
@@ -116,7 +116,7 @@ def _drop_below(index: pygit2.Index, rel: str) -> None:
         index.remove(entry)
     parts = rel.split("/")
     for i in range(1, len(parts)):
-        with contextlib.suppress(OSError, KeyError):
+        with contextlib.suppress(OSError, KeyError, pygit2.GitError):
             index.remove("/".join(parts[:i]))
 
 
@@ -124,7 +124,7 @@ def _working_entry(
     repo: Repo, root: Path, rel: str, filemode: bool, old: tuple[int, str] | None
 ) -> tuple[FileMode, pygit2.Oid] | Literal["gone", "unrecordable"]:
     """(mode, blob) of the working file ``rel``; GONE when it is gone (or beyond a link);
-    UNRECORDABLE when it is something git cannot record (a fifo, a socket, a directory)."""
+    UNRECORDABLE when it is something git cannot record (a fifo, a socket)."""
     parent, _, name = rel.rpartition("/")
     try:
         with nofollow.open_dir(root, parent) as dir_fd:
@@ -132,6 +132,8 @@ def _working_entry(
             if stat.S_ISLNK(st.st_mode):
                 target = os.readlink(name, dir_fd=dir_fd)
                 return FileMode.LINK, repo.create_blob(os.fsencode(target))
+            if stat.S_ISDIR(st.st_mode):  # a file became a directory: its files are listed
+                return GONE
             if not stat.S_ISREG(st.st_mode):
                 return UNRECORDABLE
             fd = os.open(name, _READ, dir_fd=dir_fd)
