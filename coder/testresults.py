@@ -47,6 +47,13 @@ RUNNER = Path(__file__).with_name("testrunner.py")  # unittest's counting runner
 _PYTHONS = re.compile(r"python(?:3(?:\.\d+)?)?")
 _PLAIN = re.compile(r"[\w@%+=:,./-]+")  # an argument with nothing the shell would expand
 _CARGO_JSON = ("--", "-Z", "unstable-options", "--format", "json")
+_SUBCOMMANDS: dict[tuple[str, ...], str] = {
+    ("go", "test"): "go",
+    ("cargo", "test"): "cargo",
+}  # argv[:2] -> runner
+# libtest's JSON events: (type, event) of a test's result, and of a suite's end
+_TEST_DONE = {("test", "ok"), ("test", "failed"), ("test", "ignored")}
+_SUITE_DONE = {("suite", "ok"), ("suite", "failed")}
 
 
 @dataclass(frozen=True)
@@ -87,11 +94,8 @@ def _head(argv: list[str]) -> tuple[str | None, list[str]]:
     if _PYTHONS.fullmatch(os.path.basename(argv[0])) and argv[1:2] == ["-m"] and len(argv) > 2:
         if argv[2] in ("pytest", "unittest"):
             return argv[2], argv[3:]
-    if argv[:2] == ["go", "test"]:
-        return "go", argv[2:]
-    if argv[:2] == ["cargo", "test"]:
-        return "cargo", argv[2:]
-    return None, []
+    runner = _SUBCOMMANDS.get(tuple(argv[:2]))
+    return (runner, argv[2:]) if runner else (None, [])
 
 
 def read(
@@ -235,13 +239,13 @@ def cargo_events(stdout: str) -> tuple[str, tuple[int, int, int, int] | None]:
     passed = failed = ignored = 0
     failures: list[str] = []
     for event in events:
-        kind, what = event.get("type"), event.get("event")
-        if kind == "test" and what in ("ok", "failed", "ignored"):
+        what = event.get("event")
+        if (event.get("type"), what) in _TEST_DONE:
             name = event.get("name", "?")
             text.append(f"test {name} ... {'FAILED' if what == 'failed' else what}")
             if what == "failed":
                 failures.append(f"---- {name} stdout ----\n{event.get('stdout', '')}")
-        elif kind == "suite" and what in ("ok", "failed"):
+        elif (event.get("type"), what) in _SUITE_DONE:
             finished = True
             p, f, i = (int(event.get(k, 0)) for k in ("passed", "failed", "ignored"))
             passed, failed, ignored = passed + p, failed + f, ignored + i

@@ -11,6 +11,7 @@ its manifest or its checkpoint does; that is what `run`, `status` and every `-t 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,7 +77,7 @@ class Manifest:
 
 
 def _commit_id(value: Any) -> str | None:
-    return value if isinstance(value, str) and len(value) == 40 else None
+    return value if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{40}", value) else None
 
 
 def manifest_path(coder_dir: Path, task_id: str) -> Path:
