@@ -240,11 +240,17 @@ def _open_checkout(checkout: Path) -> pygit2.Repository:
         raise environment_error(exc, Path(checkout)) from None
 
 
-def plan_checkout_update(checkout: Path, old: str, new: str) -> CheckoutUpdate:
-    """Classify every path that differs between ``old`` and ``new`` in ``checkout``."""
+def plan_checkout_update(
+    checkout: Path, old: str, new: str, *, taken: str | None = None
+) -> CheckoutUpdate:
+    """Classify every path that differs between ``old`` and ``new`` in ``checkout``.
+    ``taken``: a commit on top of ``old`` that holds the checkout's uncommitted changes (a run
+    started with `--include-uncommitted`); a path whose file or index still holds what it took
+    is the user's edit already in ``new``, not one the update would lose."""
     w = _open_checkout(checkout)
     root = Path(w.workdir)
     old_tree, new_tree = w[old].peel(pygit2.Tree), w[new].peel(pygit2.Tree)
+    taken_tree = w[taken].peel(pygit2.Tree) if taken else None
     paths: set[str] = set()
     for delta in old_tree.diff_to_tree(new_tree).deltas:
         paths.update((delta.old_file.path, delta.new_file.path))
@@ -267,12 +273,17 @@ def plan_checkout_update(checkout: Path, old: str, new: str) -> CheckoutUpdate:
             blocked.append(path)
             linked.append(link)
             continue
+        took = _entry(taken_tree, path) if taken_tree is not None else was
         in_index = [e for e in (was, now) if _index_has(index, path, e)]
+        if not in_index and took != was and _index_has(index, path, took):
+            in_index = [was]
         on_disk: list[_Entry]
         if link is not None:  # behind a link the update replaces: nothing is there yet
             on_disk = [e for e in (was, now) if e is None]
         else:
             on_disk = [e for e in (was, now) if _file_has(w, root, path, e, filemode)]
+            if not on_disk and took != was and _file_has(w, root, path, took, filemode):
+                on_disk = [was]
         if not in_index or not on_disk:
             blocked.append(path)
         elif in_index == [now] and on_disk == [now]:

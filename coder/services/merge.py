@@ -312,7 +312,7 @@ class _Merge:
     # --- the user's checkout ---------------------------------------------------------------
 
     def _check_checkout(self, checkout: Path, old: str, new: str) -> None:
-        plan = gitland.plan_checkout_update(checkout, old, new)
+        plan = gitland.plan_checkout_update(checkout, old, new, taken=self.manifest.checkout_commit)
         if plan.busy:
             raise EnvironmentProblem(
                 f"{self.base} is checked out in {checkout}, which is in the middle of a "
@@ -414,7 +414,9 @@ class _Merge:
         """True if files were written. This comes after base moved: a failure says so, and
         that merging again finishes the job."""
         try:
-            plan = gitland.plan_checkout_update(checkout, old, new)
+            plan = gitland.plan_checkout_update(
+                checkout, old, new, taken=self.manifest.checkout_commit
+            )
             swept = gitland.sweep_temp_files(checkout, plan.pending + plan.done + plan.blocked)
         except CoderError as exc:
             raise self._unfinished(checkout, new, exc) from None

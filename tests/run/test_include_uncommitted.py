@@ -137,6 +137,32 @@ def test_the_squash_merge_includes_the_checkouts_changes(make_repo, tmp_path: Pa
     assert "app.py" not in git(repo, "status", "--porcelain")
 
 
+def test_a_step_that_edits_a_taken_file_still_merges(make_repo) -> None:
+    """The run took app.py's uncommitted edit and a step edited it further: the checkout's
+    copy is the user's edit the merge carries, so the merge writes the result over it; an
+    edit made after the run started is still refused, and nothing is changed."""
+    repo = make_repo({"README.md": "# r\n", "app.py": "x = 1\n", "other.py": "y = 1\n"})
+    (repo / "t.yaml").write_text(
+        "id: edit\ntitle: edit\ngraph:\n"
+        "  - {id: a, kind: shell, cmd: 'echo z = 3 >> app.py && echo y = 2 > other.py'}\n"
+    )
+    (repo / "app.py").write_text("x = 2\n")
+    code, out, err = coder(repo, "run", "--autonomous", "--include-uncommitted", "-f", "t.yaml")
+    assert code == 0, out + err
+    (repo / "other.py").write_text("y = 9\n")  # the user's, after the run started
+    main_before = git(repo, "rev-parse", "main").strip()
+    code, out, err = coder(repo, "merge", "-t", "edit")
+    assert code != 0 and "other.py" in err and "app.py" not in err, out + err
+    assert git(repo, "rev-parse", "main").strip() == main_before
+    assert (repo / "app.py").read_text() == "x = 2\n"
+    (repo / "other.py").write_text("y = 1\n")
+    code, out, err = coder(repo, "merge", "-t", "edit")
+    assert code == 0, out + err
+    assert git(repo, "show", "main:app.py") == "x = 2\nz = 3\n"
+    assert (repo / "app.py").read_text() == "x = 2\nz = 3\n"
+    assert git(repo, "status", "--porcelain", "--", "app.py", "other.py") == ""
+
+
 def test_include_uncommitted_needs_the_base_checked_out(make_repo) -> None:
     repo = make_repo({"README.md": "# r\n"})
     git(repo, "branch", "other")
