@@ -238,6 +238,62 @@ def test_help_does_not_import_heavy_modules() -> None:
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
+STATUS_PROBE = (
+    "import sys, coder.cli; coder.cli.main(['status', *sys.argv[1:]], standalone_mode=False);"
+    "print(sorted(m for m in ('pathlib', 'json', 'coder.run.state') if m in sys.modules))"
+)
+
+
+def status_probe(cwd: Path, *args: str) -> tuple[str, list[str]]:
+    """`coder status` in `cwd`: what it printed, and which of the modules the no-runs answer
+    does without it imported."""
+    proc = subprocess.run(
+        [sys.executable, "-c", STATUS_PROBE, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    *printed, imported = proc.stdout.splitlines()
+    return "\n".join(printed), json.loads(imported.replace("'", '"'))
+
+
+def test_status_with_no_runs_answers_without_loading_the_state(repo: Path) -> None:
+    """The first command a new user types: no pathlib, json or state classes (a quarter of
+    its time), from the root or a subdirectory, with `.coder/` there or not; once a run is
+    recorded the full path lists it."""
+    (repo / "src").mkdir()
+    assert status_probe(repo / "src") == (
+        "No runs yet. Start one with `coder run --autonomous -f TASKFILE`.",
+        [],
+    )
+    (repo / ".coder" / "state").mkdir(parents=True)
+    assert status_probe(repo)[1] == []
+    assert status_probe(repo, "--json")[0] == "[]"
+    (repo / ".coder" / "tasks").mkdir()
+    (repo / ".coder" / "tasks" / "t1.json").write_text("{}")  # a manifest: a run, maybe
+    printed, imported = status_probe(repo)
+    assert "coder.run.state" in imported and "t1" in printed
+
+
+def test_status_outside_a_main_checkout_takes_the_full_path(repo: Path, tmp_path: Path) -> None:
+    """From a linked worktree the runs are the main checkout's: the quick answer does not
+    guess (a run there is listed); `.coder` as a file is the full path's clear error."""
+    path = repo / "t.yaml"
+    path.write_text("id: lw\ntitle: t\ngraph:\n  - {id: s1, kind: shell, cmd: 'true'}\n")
+    assert run("run", "--autonomous", "-f", str(path), cwd=repo).returncode == 0
+    linked = tmp_path / "linked"
+    git(repo, "worktree", "add", "-q", "--detach", str(linked))
+    assert "lw" in run("status", cwd=linked).stdout
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q")
+    (other / ".coder").write_text("not a directory")
+    proc = run("status", cwd=other)
+    assert proc.returncode == 3 and ".coder is a file" in proc.stderr, proc.stderr
+
+
 def test_the_command_table_matches_the_commands() -> None:
     """`coder --help` lists commands from coder.cli.COMMANDS without importing them: each
     line there must be what the command's own docstring says, and every command is listed."""

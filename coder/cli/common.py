@@ -331,6 +331,37 @@ def runs_dir() -> Any:
     return project.coder_dir(project.main_root(cwd()))
 
 
+def no_runs_yet() -> bool:
+    """Whether this repository surely has no run: the nearest `.git` at or above the current
+    directory is a directory (a main checkout, as `project.main_root` finds it), and its
+    `.coder/` holds no manifest or checkpoint. With os.path alone: pathlib, json and the
+    state's classes were a quarter of `coder status` (bench/startup.py). False whenever in
+    doubt (a linked worktree, no repository, `.coder` not a directory, an unreadable folder):
+    the full path answers then, naming any problem."""
+    try:
+        here = os.getcwd()
+    except OSError:
+        return False
+    while not os.path.isdir(os.path.join(here, ".git")):
+        parent = os.path.dirname(here)
+        if os.path.lexists(os.path.join(here, ".git")) or parent == here:
+            return False
+        here = parent
+    base = os.path.join(here, ".coder")
+    if os.path.lexists(base) and not os.path.isdir(base):
+        return False
+    for sub in ("tasks", "state"):  # manifests, checkpoints: `*.json` (run/manifest.run_ids)
+        try:
+            with os.scandir(os.path.join(base, sub)) as entries:
+                if any(entry.name.endswith(".json") for entry in entries):
+                    return False
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+    return True
+
+
 def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
     """`-t`'s completions: the project's run ids that start with what is typed."""
     from click.shell_completion import CompletionItem

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -11,6 +10,8 @@ from coder.cli.common import cwd, emit_json, json_option
 from coder.errors import InvalidInput
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from coder.services.testprobe import Probe
 
 
@@ -207,7 +208,7 @@ def _config_file(user: bool) -> Path:
             f"not a git repository: {cwd()}",
             hint="run it in a repository, or pass --user for your own config file",
         )
-    return Path(root) / config_mod.PROJECT_FILE
+    return root / config_mod.PROJECT_FILE
 
 
 _user_option = click.option(

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import click
 
-from coder.cli.common import PathType, cwd, emit_json, json_option, run_option, runs_dir
+from coder.cli.common import (
+    PathType,
+    cwd,
+    emit_json,
+    json_option,
+    no_runs_yet,
+    run_option,
+    runs_dir,
+)
 from coder.cli.project import ask_trust
 from coder.cli.steering import given_note, note_options
 from coder.display import escaped
@@ -353,6 +361,9 @@ def stop(task_id: str, wait: float, as_json: bool) -> None:
 @json_option
 def status(as_json: bool) -> None:
     """List the runs in this repository."""
+    if no_runs_yet():  # the first thing a new user types: answered without loading the state
+        _show_status([], as_json)
+        return
     from coder.errors import CorruptState
     from coder.run import manifest as manifests
     from coder.run.lock import read_lock_owner
@@ -389,6 +400,10 @@ def status(as_json: bool) -> None:
                 "error": item.error,
             }
         )
+    _show_status(rows, as_json)
+
+
+def _show_status(rows: list[StatusRow], as_json: bool) -> None:
     if as_json:
         emit_json(rows)
         return

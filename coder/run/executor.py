@@ -169,8 +169,9 @@ class Executor:
             assert gone is not None
             raise gone from None
 
-    def _update(self, step_id: str, **changes: Any) -> None:
-        """Change a step's record and journal it (one line, fsync'd)."""
+    def _update(self, step_id: str, *, sync: bool = True, **changes: Any) -> None:
+        """Change a step's record and journal it (one line, fsync'd unless not `sync`: see
+        StateStore.record)."""
         for key in ("error", "summary"):  # state is shown and logged: no secrets in it
             if isinstance(changes.get(key), str):
                 changes[key] = self.run.redactor.redact(changes[key])
@@ -180,7 +181,7 @@ class Executor:
                 self._seconds += (changes["duration_s"] or 0) - (record.duration_s or 0)
             for key, value in changes.items():
                 setattr(record, key, value)
-            self._write(lambda: self.run.store.record(self.run.state, step_id))
+            self._write(lambda: self.run.store.record(self.run.state, step_id, sync=sync))
 
     def _add_usage(self, step_id: str, usage: Usage) -> None:
         """Usage accumulates over a step's attempts (they all cost model time)."""
@@ -472,6 +473,7 @@ class Executor:
             )
         self._update(
             step.id,
+            sync=commit is None,  # a commit on the branch is the step's durable proof
             status="success",
             commit=commit,
             ended_at=now_iso(),

@@ -386,9 +386,12 @@ class StateStore:
             raise _write_failed(path, exc) from exc
         journal.length = journal.lines = 0
 
-    def record(self, state: RunState, step_id: str) -> None:
+    def record(self, state: RunState, step_id: str, *, sync: bool = True) -> None:
         """Append one step's record to the journal (durable when this returns); compact into
-        the snapshot when the journal has grown past the run's size."""
+        the snapshot when the journal has grown past the run's size. `sync=False` leaves the
+        fsync to the next durable write (the next line's, or the snapshot's): only for a record
+        that git can stand in for if a crash loses it (a step's success with its commit on
+        the branch: resume finds the commit by its trailers and marks the step done)."""
         journal = self._journals.get(state.task_id)
         if journal is None:  # a writer starts from a snapshot it wrote or read
             self.save(state, validate=False)
@@ -407,7 +410,7 @@ class StateStore:
         )
         path = self.journal_path(state.task_id)
         try:
-            _append(path, (line + "\n").encode("utf-8"), journal.length)
+            _append(path, (line + "\n").encode("utf-8"), journal.length, sync=sync)
         except OSError as exc:
             journal.seq -= 1
             raise _write_failed(path, exc) from exc
@@ -455,10 +458,11 @@ def _parse_snapshot(path: Path, task_id: str, raw: bytes) -> dict[str, Any]:
     return cast(dict[str, Any], data)
 
 
-def _append(path: Path, data: bytes, length: int) -> None:
+def _append(path: Path, data: bytes, length: int, *, sync: bool = True) -> None:
     """Append `data` at `length` (what a torn line after it, left by a crash, is cut back to)
-    with one write, then fsync; on failure the file is cut back to `length`. A new journal's
-    directory entry is made durable too."""
+    with one write, then fsync (unless not `sync`: the next fsync of the file covers this line
+    too); on failure the file is cut back to `length`. A new journal is always made durable,
+    its directory entry too."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         created = False
@@ -472,7 +476,8 @@ def _append(path: Path, data: bytes, length: int) -> None:
         _write_at(fd, data[:half], length)
         crashpoint("journal")  # test-only: the crash tests kill coder with half a line written
         _write_at(fd, data[half:], length + half)
-        os.fsync(fd)
+        if sync or created:
+            os.fsync(fd)
     except OSError:
         with contextlib.suppress(OSError):  # no line that was not made durable
             os.ftruncate(fd, length)

@@ -278,7 +278,7 @@ def test_a_step_of_a_parallel_level_retries_with_the_same_events(make_repo) -> N
 def test_a_full_disk_mid_run_stops_it_as_an_environment_problem(
     make_repo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The disk fills while s2 runs: its checkpoint cannot be written, so the run stops with
+    """The disk fills while s2 runs: the next checkpoint cannot be written, so the run stops with
     the reason (exit 3 at the CLI), nothing recorded failed; once there is room, resume
     finishes it with one commit per step."""
     import errno
@@ -316,11 +316,60 @@ def test_a_full_disk_mid_run_stops_it_as_an_environment_problem(
     assert info.value.exit_code == EXIT_ENVIRONMENT
     full = False
     state = state_of(repo, "full")
-    assert [r["status"] for r in state["steps"].values()] == ["success", "running", "pending"]
+    # s2's success line needs no fsync (its commit stands in for it): the first fsync that
+    # fails is s3's `running` line, so s3 never started
+    assert [r["status"] for r in state["steps"].values()] == ["success", "success", "pending"]
 
     code, out, err = coder(repo, "resume", "-t", "full")
     assert code == 0, out + err
     assert [c[0] for c in step_commits(repo, "agent/full-disk-full")] == ["s1", "s2", "s3"]
+
+
+def test_a_committed_step_costs_one_journal_fsync_and_its_record_stays_whole(
+    make_repo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's `running` line is fsync'd before it acts (resume must know it ran); its
+    `success` line is not when it made a commit (the commit, found by its trailers, stands
+    in for it), and the next fsync of the journal makes it durable. A step that committed
+    nothing keeps both fsyncs. Every line still reaches the journal."""
+    import os
+
+    from coder.run import runs
+
+    repo = make_repo()
+    path = taskfile(
+        repo,
+        """
+        id: sync
+        title: journal fsyncs
+        graph:
+          - {id: s1, kind: shell, cmd: "echo one > one.txt"}
+          - {id: s2, kind: shell, cmd: "true"}
+          - {id: s3, kind: shell, cmd: "echo three > three.txt"}
+        """,
+    )
+    real_fsync = os.fsync
+    synced: list[str] = []  # the journal's status lines when each fsync of it came
+
+    def fsync(fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if target.endswith("sync.journal"):
+            lines = Path(target).read_text().splitlines()
+            synced.append(" ".join(json.loads(line)["record"]["status"] for line in lines))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    result = runs.start(path, cwd=repo, options=runs.RunOptions())
+    assert result.status == "success"
+    assert synced == [
+        "running",  # s1 starts (the journal is new)
+        "running success running",  # s2 starts: s1's success becomes durable with it
+        "running success running success",  # s2 committed nothing: its success is fsync'd
+        "running success running success running",  # s3 starts
+    ]  # s3's success: the final snapshot (fsync'd) holds it
+    state = state_of(repo, "sync")
+    assert [r["status"] for r in state["steps"].values()] == ["success"] * 3
+    assert [c[0] for c in step_commits(repo, "agent/sync-journal-fsyncs")] == ["s1", "s3"]
 
 
 def test_a_full_disk_under_a_step_log_stops_the_run_without_a_traceback(
