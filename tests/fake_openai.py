@@ -11,7 +11,8 @@ What it speaks, as those servers do:
 - usage with `prompt_tokens_details.cached_tokens` from its own prefix cache (the longest
   common prefix, in characters / 4, of the rendered request with what its `slots` hold, as a
   server's KV cache would reuse), and llama.cpp's `timings` (cache_n, prompt_n, prompt_ms,
-  predicted_n, predicted_ms);
+  predicted_n, predicted_ms) on the last chunk, and with `timings_per_token` on every chunk
+  (as llama.cpp does on request: a client that stops reading early still has them);
 - `POST /v1/embeddings`: one vector per input (`input` a string or a list of them), as
   floats or, with `encoding_format: base64` (the SDK's default), little-endian float32 in
   base64, with `usage`; a model without the `embedding` capability gets llama.cpp's 501 for a
@@ -84,8 +85,10 @@ class FakeOpenAI(FakeServer):
         replies: list[Reply | dict[str, Any] | str] | None = None,
         port: int = 0,
         slots: int = 1,
+        llama_cpp: bool = True,
     ) -> None:
         self.models = dict(DEFAULT_MODELS if models is None else models)
+        self.llama_cpp = llama_cpp  # False: no /props (vLLM and others): a 404 there
         super().__init__(_Handler, replies, port, slots)
 
     @property
@@ -119,7 +122,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.fake.record(RecordedRequest("GET", self.path, None, b"", self._headers()))
         if self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [self._model(n) for n in self.fake.models]})
-        elif self.path == "/props":
+        elif self.path == "/props" and self.fake.llama_cpp:
             ctx = next(iter(self.fake.models.values()), {}).get("context_length", 4096)
             self._json(
                 200,
@@ -228,6 +231,7 @@ class _Handler(BaseHTTPRequestHandler):
         cached = self.fake.cache.use(body)
         usage = self._usage(body, reply, self.fake.cache.prompt[-1], cached)
         completion_id = self.fake.next_id("chatcmpl-")
+        self._body = body
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             self._stream(
@@ -310,6 +314,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        if self._body.get("timings_per_token"):  # llama.cpp: the prompt's figures from the
+            for n, chunk in enumerate(chunks[1:], 1):  # first token on, generation's so far
+                chunk["timings"] = {
+                    **usage[1],
+                    "predicted_n": n,
+                    "predicted_ms": n * MS_PER_EVAL_TOKEN,
+                }
         final = dict(chunks[0], choices=[{**chunks[0]["choices"][0], "delta": {}}])
         final["choices"][0]["finish_reason"] = self._finish(reply)
         final["timings"] = usage[1]  # llama.cpp puts its timings on the last chunk

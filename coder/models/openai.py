@@ -9,7 +9,10 @@ What it takes care of:
   index; a stream that ends without its final chunk (no `finish_reason`, or no `[DONE]` and
   no usage) is a dropped stream, retried;
 - the server's cache figures: `usage.prompt_tokens_details.cached_tokens`, else llama.cpp's
-  `timings.cache_n`; llama.cpp's `timings` also give prompt and generation times;
+  `timings.cache_n`; llama.cpp's `timings` also give prompt and generation times. llama.cpp
+  (found by its `/props`) is asked for them on every chunk (`timings_per_token`), so a reply
+  coder cuts short still records the prompt's tokens, cache and time; elsewhere such a call
+  counts as not reported (no prompt tokens, no cache report), never as 0 cached tokens;
 - the context size where the server reports it (vLLM `max_model_len` in /v1/models,
   llama.cpp `/props`), else `num_ctx` from the config, else DEFAULT_CONTEXT;
 - `embed` through /v1/embeddings, with the same error handling;
@@ -198,6 +201,7 @@ class OpenAIProvider:
         self.retry = RetryPolicy(retries, backoff, sleep)
         self._num_ctx = num_ctx
         self._facts: ModelFacts | None = None
+        self._timings_per_token = False  # set by probe() when the server is llama.cpp
         self._client: openai.OpenAI | None = None
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -242,6 +246,7 @@ class OpenAIProvider:
             entry = served.get(self.model)
             reported = _int((entry.model_extra or {}).get("max_model_len")) if entry else None
             props = self._llama_cpp_props()
+            self._timings_per_token = bool(props)  # llama.cpp: the prompt's figures on each chunk
             reported = reported or _int(
                 (props.get("default_generation_settings") or {}).get("n_ctx") or props.get("n_ctx")
             )
@@ -315,6 +320,8 @@ class OpenAIProvider:
             request["seed"] = self.seed
         if self.max_output_tokens is not None:
             request["max_tokens"] = self.max_output_tokens
+        if self._timings_per_token:  # llama.cpp only: other servers may refuse unknown fields
+            request["extra_body"] = {"timings_per_token": True}
         if isinstance(format, dict):
             request["response_format"] = {
                 "type": "json_schema",
@@ -353,10 +360,13 @@ class OpenAIProvider:
                                 piece.name += d.function.name or ""
                                 piece.arguments.append(d.function.arguments or "")
                         finish = choice.finish_reason or finish
-            except StopReply:
+            except StopReply:  # what the server said of the prompt so far, else "not reported"
                 text = "".join(content)
-                cut = Usage(
-                    eval_tokens=estimate_tokens(text), total_s=time.monotonic() - started, calls=1
+                ended = time.monotonic()
+                cut = (
+                    _usage(None, timings, started, first_token or ended, ended)
+                    if "prompt_n" in timings
+                    else Usage(eval_tokens=estimate_tokens(text), total_s=ended - started, calls=1)
                 )
                 return ChatResult(text, (), "", cut, "cut")
         if finish is None:

@@ -263,6 +263,46 @@ def test_a_cut_reply_closes_the_stream(fake: FakeOpenAI, make: MakeProvider) -> 
     assert provider.chat(USER).content == "after"  # the connection was released cleanly
 
 
+@pytest.mark.parametrize("llama_cpp", [True, False], ids=["llama.cpp", "elsewhere"])
+def test_a_cut_reply_records_what_the_server_said_of_the_prompt(llama_cpp: bool) -> None:
+    """llama.cpp (it has /props) is asked for its timings on every chunk, so a reply cut after
+    a few words still records the prompt's tokens, cache and time; a server that reports only
+    at the end leaves the call "not reported" (no prompt tokens, no cache report), which the
+    run's cache share leaves out instead of counting 0 cached tokens."""
+    from coder.models.provider import cache_share
+
+    with FakeOpenAI(llama_cpp=llama_cpp) as fake:
+        fake.enqueue(" ".join(["word"] * 50), " ".join(["word"] * 50))
+        provider = OpenAIProvider(MODEL, fake.url, api_key="x", sleep=lambda s: None)
+        provider.warm_up()
+        words = 0
+
+        def stop_early(event: ChatEvent) -> None:
+            nonlocal words
+            if isinstance(event, TextDelta):
+                words += 1
+                if words == 3:
+                    raise StopReply
+
+        first = provider.chat(USER, on_event=stop_early)
+        words = 0
+        second = provider.chat(USER, on_event=stop_early)
+        provider.close()
+        asked = [body.get("timings_per_token") for body in fake.chat_bodies()]
+    assert first.done_reason == second.done_reason == "cut"
+    usage = first.usage + second.usage
+    if llama_cpp:
+        assert asked == [True, True]
+        assert first.usage.prompt_tokens > 0 and first.usage.cache_reports == 1
+        assert first.usage.eval_tokens == 3 and first.usage.prompt_s > 0
+        assert second.usage.cached_tokens > 0  # the same prompt again: served from the cache
+        assert cache_share(usage) == second.usage.cached_tokens / usage.prompt_tokens
+    else:
+        assert asked == [None, None]
+        assert (usage.prompt_tokens, usage.cached_tokens, usage.cache_reports) == (0, 0, 0)
+        assert cache_share(usage) is None  # not reported, not "0% reuse"
+
+
 def test_arguments_that_are_not_json_come_back_as_text(
     fake: FakeOpenAI, make: MakeProvider
 ) -> None:
