@@ -40,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "max_prose_chars": 600,
     "fold_summaries": True,
     "warm_prefix": True,
+    "tool_protocol": "auto",
     "allow_network": False,
     "allowed_commands": [],
     "env_passthrough": [],
@@ -100,6 +101,7 @@ class Config:
     max_prose_chars: int
     fold_summaries: bool
     warm_prefix: bool
+    tool_protocol: str  # "native" | "text" | "auto" (coder.models.protocol)
     allow_network: bool
     allowed_commands: list[str]
     env_passthrough: list[str]

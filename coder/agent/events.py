@@ -12,6 +12,7 @@
     ContextWarning     the server probably cut the prompt, or a reply hit the output cap
     ModelRetrying      a transient failure; the call is repeated (text so far is void)
     EndpointSwitched   the step's endpoint refused; the call goes on at another
+    ProtocolSwitched   the model does not call tools natively: the step goes on with text tools
     LoopFinished       the loop ended: accepted, or why not
 
 Every event carries `turn` (1-based; 0 before the first call). Times are seconds.
@@ -115,6 +116,13 @@ class EndpointSwitched:
 
 
 @dataclass(frozen=True)
+class ProtocolSwitched:
+    turn: int
+    protocol: str  # the tool protocol the conversation goes on in ("text")
+    reason: str
+
+
+@dataclass(frozen=True)
 class LoopFinished:
     turn: int
     ok: bool
@@ -134,5 +142,6 @@ LoopEvent = (
     | ContextWarning
     | ModelRetrying
     | EndpointSwitched
+    | ProtocolSwitched
     | LoopFinished
 )

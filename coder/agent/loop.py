@@ -15,6 +15,10 @@ whose replies show no attempt at the tool format gets `max_blind_nudges` nudge(s
 step fails with that reason; a reply that tried (malformed JSON, a wrong name) gets up to
 `max_nudges`.
 
+Tool calls travel natively or as text (`tool_format`, coder.agent.texttools): the format
+decides what the request's `tools` are, which calls a reply holds, and how replies and results
+are written back; everything else (policy, the claim check, nudges, budgets) is the same.
+
 What happens is reported as typed events (`coder.agent.events`) to `on_event`.
 """
 
@@ -37,13 +41,15 @@ from coder.agent.events import (
     ModelRetrying,
     ModelText,
     Nudged,
+    ProtocolSwitched,
     ToolFinished,
     ToolStarted,
     TurnFinished,
     TurnStarted,
 )
-from coder.agent.repair import calls_in_text, looks_like_tool_call
+from coder.agent.repair import looks_like_tool_call
 from coder.agent.summarize import Summarizer
+from coder.agent.texttools import NATIVE, ToolFormat
 from coder.errors import ModelError, StopReply
 from coder.models.provider import (
     Arguments,
@@ -159,6 +165,7 @@ class LoopResult:
     turns: int = 0
     messages: list[Message] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # worth keeping with the step (output cap)
+    protocol: str = "native"  # the tool format the conversation ended in (texttools)
 
 
 ToolRunner = Callable[[str, Arguments], str]  # (name, arguments) -> text for the model
@@ -178,8 +185,10 @@ class AgentLoop:
         limits: Limits = Limits(),
         cancel: threading.Event | None = None,
         on_event: OnEvent | None = None,
+        tool_format: ToolFormat = NATIVE,
     ) -> None:
         self.provider = provider
+        self.format = tool_format  # native or text tool calls (coder.agent.texttools)
         self.tools = list(tools)
         self.known = [t["function"]["name"] for t in self.tools]
         self.allowed = list(allowed)
@@ -209,6 +218,7 @@ class AgentLoop:
         except _LoopStop as stop:
             self.result.error = stop.message
         r = self.result
+        r.protocol = self.format.name
         self.emit(LoopFinished(r.turns, r.ok, r.summary if r.ok else r.error or "", r.usage))
         return r
 
@@ -228,14 +238,15 @@ class AgentLoop:
         watcher = _StreamWatcher(self, turn)
         began = time.monotonic()
         try:
-            reply = self.provider.chat(self.messages, tools=self.tools, on_event=watcher)
+            tools = self.format.request_tools(self.tools)
+            reply = self.provider.chat(self.messages, tools=tools, on_event=watcher)
         except ModelError as exc:
             raise _ModelFailed(f"model call failed: {exc.message}") from exc
         self.result.turns = turn
         self.result.usage = self.result.usage + reply.usage
-        calls = _with_ids(list(reply.tool_calls) or calls_in_text(reply.content, self.known), turn)
+        calls = _with_ids(self.format.calls(reply, self.known), turn)
+        self.messages.append(self.format.message(reply, calls))
         reply = replace(reply, tool_calls=tuple(calls))
-        self.messages.append(reply.as_message())
         warning = _truncation_warning(reply, estimate)
         if warning:
             self.emit(ContextWarning(turn, warning))
@@ -262,20 +273,38 @@ class AgentLoop:
             self._execute_call(call)
 
     def _no_tool_call(self, reply: ChatResult) -> None:
+        text = self.format.switch(reply, self.known, self.result.turns)
+        if text is not None:  # auto chose native, and the model answers in prose
+            self.format = text
+            self.messages[0] = {
+                "role": "system",
+                "content": text.system(self.messages[0]["content"]),
+            }
+            self.emit(
+                ProtocolSwitched(self.result.turns, "text", "answered in prose naming a tool")
+            )
+            self.messages.append({"role": "user", "content": text.nudge(False)})
+            return
         self.nudges += 1
         tried = reply.done_reason != "cut" and looks_like_tool_call(reply.content, self.known)
         self.blind += not tried
         if self.blind > self.limits.max_blind_nudges:
             raise _GaveUp(
                 f"the model answered {self.blind} times in prose with no attempt at a tool "
-                "call; steps are done through tools (use a model that supports tool calling)"
+                "call; steps are done through tools ("
+                + (
+                    "it did not write a call in the format the system prompt shows"
+                    if self.format.name == "text"
+                    else "use a model that supports tool calling, or tool_protocol: text"
+                )
+                + ")"
             )
         if self.nudges > self.limits.max_nudges:
             raise _GaveUp(
                 f"the model answered {self.nudges} times without a usable tool call "
                 "(it must finish with step_complete)"
             )
-        nudge = prompts.NUDGE_CUT if reply.done_reason == "cut" else prompts.NUDGE_NO_TOOL
+        nudge = self.format.nudge(reply.done_reason == "cut")
         self.emit(Nudged(self.result.turns, "no_tool_call", reply.done_reason or ""))
         self.messages.append({"role": "user", "content": nudge})
 
@@ -313,10 +342,7 @@ class AgentLoop:
         self._answer(call, text)
 
     def _answer(self, call: ToolCall, content: str) -> None:
-        message: Message = {"role": "tool", "tool_name": call.name, "content": content}
-        if call.id:
-            message["tool_call_id"] = call.id
-        self.messages.append(message)
+        self.messages.append(self.format.answer(call, content))
 
     # -- bounds ------------------------------------------------------------------------------
 
@@ -349,7 +375,7 @@ class AgentLoop:
         if self.summarizer is not None and estimate_tokens(messages, self.tools) > room:
             self._summarize(messages, self.limits.context_tokens)
         changed = 0
-        tool_indexes = [i for i, m in enumerate(messages) if m["role"] == "tool"]
+        tool_indexes = [i for i, m in enumerate(messages) if self.format.is_result(m)]
         for i in tool_indexes[:-KEEP_RECENT]:
             if estimate_tokens(messages, self.tools) <= budget:
                 return changed

@@ -18,13 +18,20 @@ MAX_SCAN = 200_000  # characters of text examined; a reply longer than this is n
 
 def calls_in_text(text: str, known: Iterable[str]) -> list[ToolCall]:
     """Tool calls for known tools found in `text`, in order of appearance."""
+    return [call for call, _ in _calls_with_ends(text, known)]
+
+
+def first_call_in_text(text: str, known: Iterable[str]) -> tuple[ToolCall, int] | None:
+    """The first tool call for a known tool in `text`, and where its JSON ends."""
+    return next(_calls_with_ends(text, known), None)
+
+
+def _calls_with_ends(text: str, known: Iterable[str]) -> Iterator[tuple[ToolCall, int]]:
     names = set(known)
-    found = []
-    for obj in json_objects(text[:MAX_SCAN]):
+    for obj, end in _json_spans(text[:MAX_SCAN]):
         call = _as_call(obj, names)
         if call is not None:
-            found.append(call)
-    return found
+            yield call, end
 
 
 def _as_call(obj: Any, names: set[str]) -> ToolCall | None:
@@ -48,6 +55,11 @@ def _as_call(obj: Any, names: set[str]) -> ToolCall | None:
 
 def json_objects(text: str) -> Iterator[Any]:
     """Every top-level {...} in the text that parses as JSON (strings and escapes respected)."""
+    return (obj for obj, _ in _json_spans(text))
+
+
+def _json_spans(text: str) -> Iterator[tuple[Any, int]]:
+    """Each top-level JSON object in `text` and the offset just past it."""
     decoder = json.JSONDecoder()
     i = text.find("{")
     while i != -1:
@@ -56,7 +68,7 @@ def json_objects(text: str) -> Iterator[Any]:
         except ValueError:
             i = text.find("{", i + 1)
             continue
-        yield obj
+        yield obj, end
         i = text.find("{", end)
 
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from coder.agent.texttools import ToolFormat
     from coder.config import Config
     from coder.git.repository import Repo
+    from coder.models.protocol import Choice
     from coder.models.provider import ModelFacts, Models, ToolSchema
     from coder.redact import Redactor
     from coder.taskfile import Step, Task, TaskDoc
@@ -32,6 +34,9 @@ class AgentSession:
     tools: list[ToolSchema]
     facts: ModelFacts
     priming: threading.Thread | None = None  # the warm prefix being sent (warm_prefix)
+    # model name -> its tool protocol (coder.models.protocol), decided once per run
+    protocols: dict[str, Choice] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class EventSink(Protocol):
@@ -98,16 +103,23 @@ def open_agent(
         dict.fromkeys(next_model(task, s, made.get(s.id, 0)) or models.model for s in pending)
     )
     try:
-        facts = warm_up(models, first)
+        facts, warmed = warm_up(models, first)
     except BaseException:
         models.close()
         raise
     session = _session(models, facts, cfg, repo, base_commit, stored, redactor)
+    for name in first:  # known before the first step: the prefix primed is the model's own
+        tool_format(session, cfg, name, warmed[name])
     if cfg.warm_prefix and replay is None:
         # While the worktree is checked out, the servers take in the shared prefix.
+        fmt = tool_format(session, cfg, first[0])[0]
         session.priming = threading.Thread(
             target=models.prime,
-            args=([{"role": "system", "content": session.system}], session.tools, first[0]),
+            args=(
+                [{"role": "system", "content": fmt.system(session.system)}],
+                fmt.request_tools(session.tools) or [],
+                first[0],
+            ),
             name="warm-prefix",
             daemon=True,
         )
@@ -144,18 +156,56 @@ def _session(
     return AgentSession(models, registry, built.system, registry.definitions(), facts)
 
 
-def warm_up(models: Models, names: Sequence[str]) -> ModelFacts:
+def warm_up(models: Models, names: Sequence[str]) -> tuple[ModelFacts, dict[str, ModelFacts]]:
     """Warm up each of `names` (the models the pending steps start with), the first last so
     a server that holds one model at a time keeps the one needed first. The facts are the
     first's, with the smallest context of them all (every step shares the prefix built to
-    it)."""
+    it), and each model's own."""
 
     warmed = {name: models.warm_up(name) for name in reversed(names)}
     facts = warmed[names[0]]
     sizes = [f.num_ctx for f in warmed.values() if f.num_ctx]
     if sizes and facts.num_ctx and min(sizes) < facts.num_ctx:
         facts = replace(facts, num_ctx=min(sizes))
-    return facts
+    return facts, warmed
+
+
+def tool_format(
+    session: AgentSession, cfg: Config, model: str | None, facts: ModelFacts | None = None
+) -> tuple[ToolFormat, Choice]:
+    """How `model` (None: the run's) is given its tools, and why: decided at its first use
+    in the run (coder.models.protocol; `facts` from its warm-up, else it is warmed up now
+    when the decision needs them), the format over the session's tools as they are now."""
+    from coder.agent.texttools import format_for
+    from coder.models import protocol
+    from coder.models.factory import model_config
+
+    name = model or session.models.model
+    with session.lock:
+        choice = session.protocols.get(name)
+        if choice is None:
+            place, served = model_config(cfg, name)
+            remembered = protocol.Remembered(protocol.cache_path(cfg.project_root))
+            if facts is None and place.tool_protocol == "auto":
+                facts = session.models.warm_up(name)
+            choice = protocol.decide(place, served, facts or session.facts, remembered)
+            session.protocols[name] = choice
+    return format_for(choice, session.tools), choice
+
+
+def tools_as_text(session: AgentSession, cfg: Config, model: str | None, reason: str) -> Choice:
+    """`model` answered in prose naming a tool under an unproven native choice: it uses text
+    tools from now on (remembered for its server)."""
+    from coder.models import protocol
+    from coder.models.factory import model_config
+
+    name = model or session.models.model
+    place, served = model_config(cfg, name)
+    remembered = protocol.Remembered(protocol.cache_path(cfg.project_root))
+    choice = protocol.learned(place, served, reason, remembered)
+    with session.lock:
+        session.protocols[name] = choice
+    return choice
 
 
 def model_uses(

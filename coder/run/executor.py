@@ -408,6 +408,9 @@ class Executor:
             outcome = StepOutcome(False, exc.message)
         if outcome.usage:
             self._add_usage(step.id, outcome.usage)
+        if outcome.protocol:  # journaled with the step's next transition, as usage is
+            with self._lock:
+                self.record(step.id).tool_protocol = outcome.protocol
         for note in outcome.notes:
             self._reason(step.id, note)
         return outcome

@@ -94,6 +94,7 @@ class StepRecord:
     skip_cause: SkipCause | None = None
     reasons: list[str] = field(default_factory=list)  # why rerun, skipped, reset, oldest first
     summary: str | None = None
+    tool_protocol: str | None = None  # native | text: how its model got its tools (last attempt)
     tests: TestCounts | None = None
     usage: Usage | None = None  # model usage over all attempts
     notes: list[NoteRecord] = field(default_factory=list)  # the user's guidance (run/notes.py)

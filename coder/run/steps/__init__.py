@@ -68,6 +68,7 @@ class StepOutcome:
     details: dict[str, Any] = field(default_factory=dict)
     usage: Usage | None = None  # model usage of this attempt
     notes: tuple[str, ...] = ()  # for the step's reasons (a model escalation, an output cap)
+    protocol: str | None = None  # the tool protocol its model used: native | text
     errored: bool = False  # set by the executor only, from an EnvironmentProblem
 
     @property

@@ -12,7 +12,7 @@ from coder.agent import events as ev
 from coder.agent import prompts
 from coder.agent.loop import AgentLoop, Limits, LoopResult
 from coder.agent.prefix import step_focus
-from coder.agent.session import model_at
+from coder.agent.session import model_at, tool_format, tools_as_text
 from coder.durable import make_private_dirs, write_private
 from coder.git import workdir
 from coder.kinds import KINDS, ModelRole
@@ -62,15 +62,17 @@ def run(ctx: StepContext) -> StepOutcome:
     assert kind.model is not None, f"{kind.name} steps have no model"
     result = converse(ctx, role=kind.model, allowed=allowed, first_message=first)
     usage, notes = result.usage, tuple(result.notes)
+    protocol = result.protocol
     if not result.ok:
+        cancelled = result.error == "interrupted"
         return StepOutcome(
-            False, result.error, cancelled=result.error == "interrupted", usage=usage, notes=notes
+            False, result.error, cancelled=cancelled, usage=usage, notes=notes, protocol=protocol
         )
     if kind.read_only:
         write_private(
             notes_path(ctx.artifacts, ctx.step.id), ctx.redactor.redact(result.summary) + "\n"
         )
-    return StepOutcome(True, summary=result.summary, usage=usage, notes=notes)
+    return StepOutcome(True, summary=result.summary, usage=usage, notes=notes, protocol=protocol)
 
 
 def allowed_tools(step: Step, kind_tools: list[str], names: list[str]) -> list[str]:
@@ -122,8 +124,12 @@ def converse(
         # that want user and assistant to alternate accept it; the prefix stays as it is)
         notes = prompts.notes_message([ctx.redactor.redact(n) for n in ctx.notes])
         first_message = f"{first_message}\n\n{notes}"
+    log = ctx.log.bind(fix_cycle=cycle) if cycle is not None else ctx.log
+    model, escalation = model_for(ctx)
+    tools, choice = tool_format(session, ctx.config, model)
+    log.info("model.protocol", protocol=choice.protocol, reason=choice.reason)
     messages: list[Message] = [
-        {"role": "system", "content": session.system},
+        {"role": "system", "content": tools.system(session.system)},
         {"role": "user", "content": first_message},
     ]
 
@@ -132,10 +138,14 @@ def converse(
         ctx.log.info("tool.called", tool=name, ok=result.ok, arguments=json.dumps(arguments)[:300])
         return result.as_text()
 
-    log = ctx.log.bind(fix_cycle=cycle) if cycle is not None else ctx.log
-    model, escalation = model_for(ctx)
     if escalation and cycle in (None, 1):
         log.warning("model.escalated", model=model, reason=escalation)
+
+    def on_event(event: ev.LoopEvent) -> None:
+        if isinstance(event, ev.ProtocolSwitched):  # remembered for the model's next steps
+            tools_as_text(session, ctx.config, model, f"{event.reason} (step {ctx.step.id})")
+        report(log, event)
+
     provider = session.models.for_step(ctx.step.id, model)
     loop = AgentLoop(
         provider,
@@ -145,7 +155,8 @@ def converse(
         verify=lambda claim: verify_claim(ctx, tool_ctx, claim, role=role),
         limits=limits_for(ctx),
         cancel=ctx.cancel,
-        on_event=lambda event: report(log, event),
+        on_event=on_event,
+        tool_format=tools,
     )
     try:
         result = loop.run(messages)
@@ -167,8 +178,10 @@ def model_for(ctx: StepContext) -> tuple[str | None, str | None]:
 
 def report(log: EventLog, event: ev.LoopEvent) -> None:
     """Every loop event to the live view; to the event log, what is worth keeping (a line
-    per model turn, nudge, warning, retry or endpoint switch; never per token)."""
+    per model turn, nudge, warning, retry, endpoint or protocol switch; never per token)."""
     log.live(event)
+    if isinstance(event, ev.ProtocolSwitched):
+        log.warning("model.protocol", turn=event.turn, protocol=event.protocol, reason=event.reason)
     if isinstance(event, ev.TurnFinished):
         log.info(
             "model.turn",
