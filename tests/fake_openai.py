@@ -19,6 +19,10 @@ What it speaks, as those servers do:
   server started without `--embeddings`;
 - `GET /v1/models` (vLLM's `max_model_len` on each model), llama.cpp's `GET /props`
   (`default_generation_settings.n_ctx`), `GET /health`;
+- llama.cpp's `POST /apply-template` (`{"prompt"}`: the request as the fake renders it; off
+  with `templates=False`, as on vLLM). A model with `"template_tools": False` is served as
+  llama.cpp serves a GGUF whose chat template drops `tools`: they are accepted and never
+  reach the prompt (nor its token count), and the model never calls them;
 - errors as `{"error": {"message", "type", "code"}}` with the status (404 for an unknown model,
   400 for tools on a model without them); scripted faults from `Reply` (tests/fake_ollama.py):
   `http_status`, `error_mid_stream` (an error event after the first delta), a dropped
@@ -65,7 +69,7 @@ from tests.fake_ollama import (  # noqa: E402
     _Server,
     embedding,
 )
-from tests.prefix_cache import is_priming  # noqa: E402
+from tests.prefix_cache import is_priming, render  # noqa: E402
 
 MODEL = "qwen2.5-coder-7b-instruct"
 DEFAULT_MODELS: dict[str, dict[str, Any]] = {
@@ -86,9 +90,11 @@ class FakeOpenAI(FakeServer):
         port: int = 0,
         slots: int = 1,
         llama_cpp: bool = True,
+        templates: bool = True,
     ) -> None:
         self.models = dict(DEFAULT_MODELS if models is None else models)
         self.llama_cpp = llama_cpp  # False: no /props (vLLM and others): a 404 there
+        self.templates = templates  # llama.cpp's /apply-template is served
         super().__init__(_Handler, replies, port, slots)
 
     @property
@@ -104,6 +110,14 @@ class FakeOpenAI(FakeServer):
                 for r in self.requests
                 if r.path.endswith("/chat/completions") and not is_priming(r.body or {})
             ]
+
+
+def _as_prompted(body: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+    """The request as far as it reaches the prompt: without its tools for a model whose
+    chat template drops them."""
+    if model.get("template_tools", True):
+        return body
+    return {k: v for k, v in body.items() if k != "tools"}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -146,6 +160,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.fake.record(RecordedRequest("POST", self.path, body, raw, self._headers()))
         if self.path == "/v1/embeddings":
             self._embeddings(body)
+        elif self.path == "/apply-template" and self.fake.templates:
+            self._apply_template(body)
         elif self.path != "/v1/chat/completions":
             self._error(404, "File Not Found", "not_found_error")
         elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
@@ -176,6 +192,18 @@ class _Handler(BaseHTTPRequestHandler):
             "owned_by": "fake",
             "max_model_len": conf.get("context_length", 4096),
         }
+
+    def _apply_template(self, body: Any) -> None:
+        """llama.cpp renders the conversation through the model's chat template; here the
+        fake's rendering (tests/prefix_cache.render) of what reaches the prompt."""
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            self._error(400, "'messages' is required", "invalid_request_error")
+            return
+        model = next(iter(self.fake.models.values()), {})  # llama-server serves one model
+        if body.get("tools") and "tools" not in model.get("capabilities", []):
+            self._error(500, "tools param requires --jinja flag", "server_error")
+            return
+        self._json(200, {"prompt": render(_as_prompted(body, model))})
 
     # -- embeddings ---------------------------------------------------------------------------
 
@@ -228,7 +256,7 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.http_status is not None:
             self._error(reply.http_status, reply.error, "server_error")
             return
-        cached = self.fake.cache.use(body)
+        cached = self.fake.cache.use(_as_prompted(body, self.fake.models[body["model"]]))
         usage = self._usage(body, reply, self.fake.cache.prompt[-1], cached)
         completion_id = self.fake.next_id("chatcmpl-")
         self._body = body

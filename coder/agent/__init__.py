@@ -6,6 +6,8 @@
     events.py    what the loop reports while it works: typed events, in order
     repair.py    tool calls recovered from JSON written as text
     summarize.py before the context folds, the model's summary of the older turns
+    texttools.py how tool calls travel: natively, or described in the system prompt and
+                 written as text (tool_protocol)
     session.py   the run's model side: the shared session, opening it (models checked,
                  warmed up, the prefix built and primed), which model each attempt uses
 

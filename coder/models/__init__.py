@@ -9,6 +9,8 @@
     router.py     several endpoints behind one model source: affinity, spreading, failover
     retry.py      bounded retries for model calls, shared by the providers
     served.py     before a run: is every model its steps can use on its server
+    protocol.py   which tool protocol a model uses (native or text), decided from the config
+                  or the server's evidence, and remembered
     redacting.py  the one door every request passes: the run's redactor, right before the
                   provider (open_models and open_embedder put it there)
     fake.py       an in-process fake model for unit tests
