@@ -556,6 +556,7 @@ def render_dry_run(plan: Any) -> str:
             window = "the server's (`coder doctor` reads it)"
         lines.append(f"  model     {model['name']} {where}")
         lines.append(f"  context   {window}")
+        lines.append(f"  tools     {model['tool_protocol']}: {model['tool_protocol_reason']}")
         if task.fallback_model:
             lines.append(f"  fallback  {task.fallback_model} (from a step's third attempt)")
     lines.append(f"  network   {'on' if plan.network else 'off'} for commands")

@@ -131,20 +131,25 @@ class Remembered:
 def decide(cfg: Config, model: str, facts: ModelFacts, remembered: Remembered) -> Choice:
     """The protocol for `model` on the server `cfg` configures (its own config: a named
     model's, from model_config), whose facts `facts` the provider reported."""
+    if facts.provider == "replay" and cfg.tool_protocol == "auto":
+        return Choice("native", "a replay asks no server; " + FALLBACK_NOTE, proven=False)
+    choice = known(cfg, model, remembered)
+    if choice is None:
+        choice = evidence(cfg, model, facts)
+        if choice.proven:
+            remembered.put(server_key(cfg, model), choice)
+    return choice
+
+
+def known(cfg: Config, model: str, remembered: Remembered) -> Choice | None:
+    """The protocol known without asking the server: set in the config, or remembered from
+    an earlier decision; None: `auto` decides when a run starts."""
     fixed = FIXED.get(cfg.tool_protocol)
     if fixed is not None:
         where = cfg.sources.get("tool_protocol", "the config")
         return Choice(fixed, f"tool_protocol: {fixed} (from {where})")
-    if facts.provider == "replay":
-        return Choice("native", "a replay asks no server; " + FALLBACK_NOTE, proven=False)
-    key = server_key(cfg, model)
-    known = remembered.get(key)
-    if known is not None:
-        return Choice(known.protocol, f"remembered: {known.reason}")
-    choice = evidence(cfg, model, facts)
-    if choice.proven:
-        remembered.put(key, choice)
-    return choice
+    found = remembered.get(server_key(cfg, model))
+    return None if found is None else Choice(found.protocol, f"remembered: {found.reason}")
 
 
 def learned(cfg: Config, model: str, reason: str, remembered: Remembered) -> Choice:

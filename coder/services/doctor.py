@@ -11,7 +11,7 @@ from coder import config as config_mod
 from coder.errors import CoderError
 
 if TYPE_CHECKING:
-    from coder.models.provider import ServerProvider
+    from coder.models.provider import ModelFacts, ServerProvider
     from coder.policy.confine import Support
 
 MIN_USEFUL_CTX = 8192
@@ -200,7 +200,7 @@ def _models(cfg: config_mod.Config) -> list[Check]:
 
 
 def _server(cfg: config_mod.Config, model: str, *, name: str | None) -> list[Check]:
-    """Host, model, tool support and context window at each endpoint of one server; the
+    """Host, model, tool protocol and context window at each endpoint of one server; the
     fixes for a named model's server name its fields (`models.NAME.base_url`)."""
     from dataclasses import replace
 
@@ -251,6 +251,37 @@ def _embeddings(cfg: config_mod.Config, model: str) -> list[Check]:
     return checks
 
 
+def _tool_protocol(cfg: config_mod.Config, model: str, facts: ModelFacts, at: str) -> Check:
+    """Which tool protocol a run would use with the model, and why (coder.models.protocol:
+    the setting, a remembered choice, or the server's evidence; doctor remembers nothing)."""
+    from coder.models import protocol
+
+    name = f"tool protocol{at}"
+    remembered = protocol.Remembered(protocol.cache_path(cfg.project_root), write=False)
+    choice = protocol.decide(cfg, model, facts, remembered)
+    caps = facts.capabilities
+    if choice.protocol == "native" and caps and "tools" not in caps:  # set so, by hand
+        return Check(
+            name,
+            "fail",
+            f"native ({choice.reason}), but {model} does not call tools (capabilities: "
+            f"{', '.join(caps)}): its requests would be refused",
+            'set "tool_protocol": "auto" (or "text") for it in coder.config.json',
+        )
+    if choice.protocol == "text":
+        detail = f"text: the tools are described in the system prompt ({choice.reason})"
+        return Check(name, "ok", detail)
+    if not choice.proven:
+        return Check(
+            name,
+            "warn",
+            f"native, unproven: {choice.reason}",
+            'set "tool_protocol" to "native" or "text" in coder.config.json to decide it '
+            "yourself (llama.cpp calls tools with --jinja; vLLM with --enable-auto-tool-choice)",
+        )
+    return Check(name, "ok", f"native: {choice.reason}")
+
+
 def _quick(cfg: config_mod.Config) -> config_mod.Config:
     return cfg.updated({"request_timeout": 15})
 
@@ -264,7 +295,7 @@ def _label(name: str | None, url: str | None) -> str:
 def _endpoint(
     cfg: config_mod.Config, provider: ServerProvider, url: str, *, at: str
 ) -> list[Check]:
-    """Host, model, tool support and context window at one endpoint (the model is not
+    """Host, model, tool protocol and context window at one endpoint (the model is not
     loaded: `probe` only asks the server what it has); `at` labels the checks."""
     from coder.errors import ModelMissing
     from coder.models.factory import provider_of
@@ -290,29 +321,7 @@ def _endpoint(
             f"architecture, context {trained or 'unknown'})",
         )
     )
-    if not facts.capabilities:
-        checks.append(
-            Check(
-                f"tool support{at}",
-                "warn",
-                "the server does not say whether the model supports tool calling",
-                "check that the server enables tool calls (llama.cpp: --jinja; vLLM: "
-                "--enable-auto-tool-choice --tool-call-parser ...)",
-            )
-        )
-    elif "tools" in facts.capabilities:
-        checks.append(Check(f"tool support{at}", "ok", f"{model} supports tool calling"))
-    else:
-        checks.append(
-            Check(
-                f"tool support{at}",
-                "fail",
-                f"{model} does not support tool calling "
-                "(capabilities: " + ", ".join(facts.capabilities) + ")",
-                "use a model with tools, e.g. `ollama pull qwen2.5-coder:7b` and "
-                "set model in coder.config.json",
-            )
-        )
+    checks.append(_tool_protocol(cfg, model, facts, at))
     num_ctx = facts.num_ctx or 0
     if cfg.num_ctx:
         source = cfg.sources["num_ctx"]

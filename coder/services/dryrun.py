@@ -49,6 +49,8 @@ class ModelPlan(TypedDict):
     num_ctx: int | None
     num_ctx_source: str
     max_num_ctx: int | None  # Ollama's cap on the model's own context, when that is used
+    tool_protocol: str  # native | text | auto (decided when the run starts)
+    tool_protocol_reason: str
 
 
 @dataclass(frozen=True)
@@ -170,11 +172,14 @@ def _model(task: taskfile.Task, cfg: config_mod.Config, options: RunOptions) -> 
     the context window the run will send (`num_ctx`): the configured one, else the model's
     own (for Ollama capped by `max_num_ctx`), which only the server knows (a dry run asks no
     server; `coder doctor` does)."""
+    from coder.models import protocol
     from coder.models.factory import model_config, provider_of
 
     place, name = model_config(cfg, str(task.model or cfg.model))
     num_ctx = place.num_ctx
     provider = provider_of(place)
+    remembered = protocol.Remembered(protocol.cache_path(cfg.project_root), write=False)
+    tools = protocol.known(place, name, remembered)  # a dry run asks no server
     return {
         "name": name,
         "provider": provider.name,
@@ -183,4 +188,9 @@ def _model(task: taskfile.Task, cfg: config_mod.Config, options: RunOptions) -> 
         "num_ctx": num_ctx,
         "num_ctx_source": place.sources["num_ctx"] if num_ctx else "the model's own",
         "max_num_ctx": None if num_ctx or not provider.caps_context else int(place.max_num_ctx),
+        "tool_protocol": tools.protocol if tools else "auto",
+        "tool_protocol_reason": tools.reason
+        if tools
+        else "decided when the run starts, from what the server says about the model "
+        "(`coder doctor` shows it)",
     }

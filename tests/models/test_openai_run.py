@@ -212,7 +212,11 @@ def test_doctor_checks_each_endpoint(sample: Path, isolated_home: Path) -> None:
     assert found[f"model server ({fake.url})"]["status"] == "ok"
     assert found[f"model ({fake.url})"]["status"] == "ok"
     assert found[f"context window ({fake.url})"]["detail"].startswith("num_ctx 32768")
-    assert found[f"tool support ({fake.url})"]["status"] == "warn"  # the server does not say
+    protocol = found[f"tool protocol ({fake.url})"]
+    assert protocol["status"] == "ok"  # llama.cpp's /apply-template shows the tools arrive
+    assert protocol["detail"] == (
+        "native: the chat template puts the tools into the prompt (/apply-template)"
+    )
     assert found[f"model server ({dead})"]["status"] == "fail"
     assert dead in found[f"model server ({dead})"]["detail"]
 
