@@ -387,8 +387,9 @@ def tool_protocols(tmp: Path) -> None:
         state = json.loads((repo / ".coder" / "state" / "real.json").read_text())
         outcomes = ", ".join(f"{sid} {s['status']}" for sid, s in state["steps"].items())
         print(
-            f"   {setting:<6} exit {code} in {wall:5.1f}s; replies with a call: {parsed}/{len(rows)}"
-            f" ({parsed / max(1, len(rows)):.0%}); calls the tool accepted: {accepted}/"
+            f"   {setting:<6} exit {code} in {wall:5.1f}s; replies with a call: "
+            f"{parsed}/{len(rows)} ({parsed / max(1, len(rows)):.0%}); calls the tool accepted: "
+            f"{accepted}/"
             f"{len(called)}; cache: {cached}/{prompt} prompt tokens "
             f"({cached / max(1, prompt):.0%}); steps: {outcomes}"
         )
