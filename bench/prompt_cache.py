@@ -158,10 +158,21 @@ def coder_cmd() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "coder"]
 
 
-def run_once(tmp: Path, k: int, provider: str = "ollama") -> dict[str, Any]:
+def as_text(reply: Reply) -> Reply:
+    """A scripted tool call as a model without tool calling writes it (tool_protocol text)."""
+    (call,) = reply.tool_calls
+    block = json.dumps({"name": call["name"], "arguments": call["arguments"]})
+    return Reply(content=f"Next: {call['name']}.\n```json\n{block}\n```")
+
+
+def run_once(tmp: Path, k: int, provider: str = "ollama", protocol: str = "auto") -> dict[str, Any]:
     """One `coder run` of the journey against a fresh fake (Ollama, or OpenAI-compatible), in
-    a fresh repository."""
+    a fresh repository; with `protocol` text, the tools go in the system prompt and the model
+    writes its calls as text."""
     text, replies = journey()
+    if protocol == "text":
+        replies = [as_text(r) for r in replies]
+        k += 100  # its own directories
     home = tmp / f"home{k}-{provider}"
     (home / ".config").mkdir(parents=True)
     (home / ".gitconfig").write_text(
@@ -188,7 +199,14 @@ def run_once(tmp: Path, k: int, provider: str = "ollama") -> dict[str, Any]:
         else:
             (home / ".config" / "coder").mkdir(parents=True)
             (home / ".config" / "coder" / "config.json").write_text(
-                json.dumps({"provider": "openai", "base_url": fake.url, "model": OPENAI_MODEL})
+                json.dumps(
+                    {
+                        "provider": "openai",
+                        "base_url": fake.url,
+                        "model": OPENAI_MODEL,
+                        "tool_protocol": protocol,
+                    }
+                )
             )
         start = time.perf_counter()
         proc = subprocess.run(
@@ -419,6 +437,7 @@ def main(argv: list[str] | None = None) -> None:
             one["analysis"] = analyse(one["requests"], one["all_chats"])
             runs.append(one)
         openai_run = run_once(Path(tmp_name), 0, provider="openai")
+        text_run = run_once(Path(tmp_name), 0, provider="openai", protocol="text")
     best = min(runs, key=lambda r: r["wall"])
     a = best["analysis"]
     volatile = {json.dumps(r["analysis"]["rendered"]) for r in runs}
@@ -515,6 +534,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{openai_run['server_prompt']:,} prompt tokens; coder recorded {reported * 100:.1f}% "
         f"from the server's cached_tokens (goal >= {SERVER_CACHED_GOAL:.0%}: "
         f"{verdict(reported >= SERVER_CACHED_GOAL, under=True)})"
+    )
+    text_share = text_run["reported_cached"] / max(1, text_run["reported_prompt"])
+    print(
+        f"    {'the same, text tools':<34} {text_share * 100:6.1f}%  of "
+        f"{text_run['reported_prompt']:,} prompt tokens (tool_protocol text: the tools "
+        "described in the system prompt, no `tools` sent)"
     )
     found = compactions(best["events"])
     if found:
