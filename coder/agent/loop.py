@@ -198,6 +198,11 @@ class AgentLoop:
         self.cancel = cancel
         self.emit: OnEvent = on_event or (lambda _event: None)
 
+    @property
+    def sent_tools(self) -> list[ToolSchema]:
+        """The tool schemas a request carries (none in text: they are in the system prompt)."""
+        return self.format.request_tools(self.tools) or []
+
     def run(self, messages: list[Message]) -> LoopResult:
         """`messages` is the prefix (system prompt) plus the step's first user message; it is
         extended in place, so the caller keeps the transcript (also when this raises)."""
@@ -230,7 +235,7 @@ class AgentLoop:
 
     def query(self) -> ChatResult:
         folded = self._fit(self.messages)
-        estimate = estimate_tokens(self.messages, self.tools)
+        estimate = estimate_tokens(self.messages, self.sent_tools)
         turn = self.result.turns + 1
         if folded:
             self.emit(ContextCompacted(turn, folded, estimate))
@@ -238,8 +243,9 @@ class AgentLoop:
         watcher = _StreamWatcher(self, turn)
         began = time.monotonic()
         try:
-            tools = self.format.request_tools(self.tools)
-            reply = self.provider.chat(self.messages, tools=tools, on_event=watcher)
+            reply = self.provider.chat(
+                self.messages, tools=self.format.request_tools(self.tools), on_event=watcher
+            )
         except ModelError as exc:
             raise _ModelFailed(f"model call failed: {exc.message}") from exc
         self.result.turns = turn
@@ -377,13 +383,13 @@ class AgentLoop:
         changed = 0
         tool_indexes = [i for i, m in enumerate(messages) if self.format.is_result(m)]
         for i in tool_indexes[:-KEEP_RECENT]:
-            if estimate_tokens(messages, self.tools) <= budget:
+            if estimate_tokens(messages, self.sent_tools) <= budget:
                 return changed
             if not messages[i]["content"].startswith(FOLDED):
                 messages[i] = {**messages[i], "content": _fold(messages[i]["content"])}
                 changed += 1
         for i in sorted(tool_indexes, key=lambda i: -len(messages[i]["content"])):
-            excess = estimate_tokens(messages, self.tools) - budget
+            excess = estimate_tokens(messages, self.sent_tools) - budget
             if excess <= 0:
                 break
             text = messages[i]["content"]
