@@ -182,3 +182,13 @@ def test_dry_run_shows_what_it_knows_without_asking(sample: Path) -> None:
     config.write_text(json.dumps({"ollama_host": fake.url}))
     out = coder(sample, "run", "--dry-run", "-f", str(path))[1]
     assert "  tools     text: remembered: no tools" in out
+
+
+def test_a_bad_setting_is_named_with_its_place(sample: Path) -> None:
+    (sample / "coder.config.json").write_text(
+        json.dumps({"models": {"a": {"model": "x", "tool_protocol": "maybe"}}})
+    )
+    code, _, err = coder(sample, "doctor")
+    assert code == 2
+    assert "coder.config.json:1:50: models.a.tool_protocol: 'maybe' is not one of" in err
+    assert "['native', 'text', 'auto']" in err and "Traceback" not in err
