@@ -55,6 +55,7 @@ class EchoProvider:
     host_label = "echo server"
     server_name = "Echo"
     caps_context = False
+    tool_probe = False
 
     def __init__(self, model, endpoint):
         self.model, self.endpoint = model, endpoint

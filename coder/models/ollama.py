@@ -99,6 +99,7 @@ class OllamaProvider:
     host_label: ClassVar[str] = "ollama host"
     server_name: ClassVar[str] = "Ollama"
     caps_context: ClassVar[bool] = True
+    tool_probe: ClassVar[bool] = False
 
     @classmethod
     def open(cls, cfg: Config, endpoint: str, model: str) -> OllamaProvider:

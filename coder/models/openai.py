@@ -135,6 +135,7 @@ class OpenAIProvider:
     host_label: ClassVar[str] = "model server"
     server_name: ClassVar[str] = ""
     caps_context: ClassVar[bool] = False
+    tool_probe: ClassVar[bool] = True
 
     @classmethod
     def open(cls, cfg: Config, endpoint: str, model: str) -> OpenAIProvider:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from coder import yamldoc
 from coder.errors import CoderError
+from coder.models.factory import endpoints, provider_of
 
 if TYPE_CHECKING:
     from coder.config import Config
@@ -81,8 +82,6 @@ def cache_path(project_root: Path | None) -> Path | None:
 def server_key(cfg: Config, model: str) -> str:
     """What a decision is remembered by: provider, first endpoint, model (the config of the
     model's own server: coder.models.factory.model_config)."""
-    from coder.models.factory import endpoints
-
     try:
         first = endpoints(cfg)[0]
     except CoderError:
@@ -168,7 +167,7 @@ def evidence(cfg: Config, model: str, facts: ModelFacts) -> Choice:
             return Choice("native", "the server lists tools among the model's capabilities")
         listed = ", ".join(facts.capabilities)
         return Choice("text", f"the model's capabilities ({listed}) do not include tools")
-    if cfg.provider == "openai" and facts.endpoint:
+    if provider_of(cfg).tool_probe and facts.endpoint:
         from coder.config import api_key
 
         try:

@@ -279,6 +279,9 @@ class Provider(Protocol):
     host_label: str  # what `coder doctor` calls its server: "ollama host"
     server_name: str  # said before the server's version: "Ollama 0.5.1"; "" for none
     caps_context: bool  # an unset num_ctx is the model's own, capped by `max_num_ctx`
+    # its server can be asked whether tools reach the prompt (coder.models.protocol: llama.cpp's
+    # /apply-template, else a one-token request), where the model's capabilities do not say
+    tool_probe: bool
 
     def open(self, cfg: Config, endpoint: str, model: str) -> ServerProvider:
         """The provider for `model` at `endpoint`, set up from the config."""
