@@ -212,7 +212,9 @@ class AgentLoop:
         self.nudges = self.blind = self.repeats = 0
         self.last_call: tuple[str, str] | None = None
         self.summarizer = (
-            Summarizer(self.provider, self.tools, KEEP_RECENT) if self.limits.summaries else None
+            Summarizer(self.provider, self.sent_tools, KEEP_RECENT)
+            if self.limits.summaries
+            else None
         )
         try:
             while True:
@@ -282,6 +284,8 @@ class AgentLoop:
         text = self.format.switch(reply, self.known, self.result.turns)
         if text is not None:  # auto chose native, and the model answers in prose
             self.format = text
+            if self.summarizer is not None:  # its requests carry no tools either
+                self.summarizer.tools = self.sent_tools
             self.messages[0] = {
                 "role": "system",
                 "content": text.system(self.messages[0]["content"]),
@@ -378,7 +382,7 @@ class AgentLoop:
             return 0
         budget = int(self.limits.context_tokens * FILL)
         room = budget - summarize.REPLY_TOKENS  # so the summary call itself fits the window
-        if self.summarizer is not None and estimate_tokens(messages, self.tools) > room:
+        if self.summarizer is not None and estimate_tokens(messages, self.sent_tools) > room:
             self._summarize(messages, self.limits.context_tokens)
         changed = 0
         tool_indexes = [i for i, m in enumerate(messages) if self.format.is_result(m)]
@@ -420,7 +424,7 @@ class AgentLoop:
         if outcome is None:
             return
         self.result.usage = self.result.usage + outcome.usage
-        estimate = estimate_tokens(messages, self.tools)
+        estimate = estimate_tokens(messages, self.sent_tools)
         self.emit(
             ContextSummarized(turn, outcome.replaced, outcome.chars, estimate, outcome.reason)
         )
