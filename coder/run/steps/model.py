@@ -140,12 +140,6 @@ def converse(
 
     if escalation and cycle in (None, 1):
         log.warning("model.escalated", model=model, reason=escalation)
-
-    def on_event(event: ev.LoopEvent) -> None:
-        if isinstance(event, ev.ProtocolSwitched):  # remembered for the model's next steps
-            tools_as_text(session, ctx.config, model, f"{event.reason} (step {ctx.step.id})")
-        report(log, event)
-
     provider = session.models.for_step(ctx.step.id, model)
     loop = AgentLoop(
         provider,
@@ -155,7 +149,7 @@ def converse(
         verify=lambda claim: verify_claim(ctx, tool_ctx, claim, role=role),
         limits=limits_for(ctx),
         cancel=ctx.cancel,
-        on_event=on_event,
+        on_event=lambda event: report(log, event, learn=(ctx, model)),
         tool_format=tools,
     )
     try:
@@ -176,11 +170,17 @@ def model_for(ctx: StepContext) -> tuple[str | None, str | None]:
     return model_at(ctx.task, ctx.step, ctx.attempt)
 
 
-def report(log: EventLog, event: ev.LoopEvent) -> None:
+def report(
+    log: EventLog, event: ev.LoopEvent, learn: tuple[StepContext, str | None] | None = None
+) -> None:
     """Every loop event to the live view; to the event log, what is worth keeping (a line
-    per model turn, nudge, warning, retry, endpoint or protocol switch; never per token)."""
+    per model turn, nudge, warning, retry, endpoint or protocol switch; never per token).
+    `learn`: the step and model whose protocol switch the session remembers."""
     log.live(event)
     if isinstance(event, ev.ProtocolSwitched):
+        ctx, model = learn or (None, None)
+        if ctx is not None and ctx.agent is not None:  # for the model's next steps
+            tools_as_text(ctx.agent, ctx.config, model, f"{event.reason} (step {ctx.step.id})")
         log.warning("model.protocol", turn=event.turn, protocol=event.protocol, reason=event.reason)
     if isinstance(event, ev.TurnFinished):
         log.info(
