@@ -14,6 +14,7 @@
     │   ├── CorruptState         3  a run's state file or manifest cannot be read back
     │   ├── RunFilesGone         3  a run's checkpoint, manifest or worktree vanished as it ran
     │   ├── BranchMoved          3  the agent branch is not where coder left it
+    │   ├── RemoteBranchMoved    3  `coder push`: the remote branch is not where coder pushed it
     │   ├── ModelUnavailable     3  the model host is unreachable or lacks the model
     │   │   ├── HostUnreachable  3  nothing answers at the server's address (named)
     │   │   └── ModelMissing     3  the server lacks the model (the hint: how to get it)
@@ -157,6 +158,11 @@ class CorruptState(EnvironmentProblem):
 
 class BranchMoved(EnvironmentProblem):
     """The agent branch is not where coder left it (someone committed or reset it)."""
+
+
+class RemoteBranchMoved(EnvironmentProblem):
+    """`coder push`: the branch on the remote is not where coder last pushed it (or exists
+    though coder never pushed it); nothing was overwritten."""
 
 
 class ModelUnavailable(EnvironmentProblem):

@@ -35,6 +35,21 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Land a successful run on its base branch and tag it coder/ID.",
     ),
     "revert": ("revert_cmd", "revert", "Put a run's branch back at the state right after STEP."),
+    "fork": (
+        "fork_cmd",
+        "fork",
+        "Start a new run from a step of run ID: its own branch, worktree and state.",
+    ),
+    "compare": (
+        "fork_cmd",
+        "compare",
+        "Show two runs side by side: steps, outcomes, tokens, time, and their branches' diff.",
+    ),
+    "push": (
+        "push_cmd",
+        "push",
+        "Push a run's branch for review; print the PR body and the compare URL.",
+    ),
     "diff": (
         "history",
         "diff",

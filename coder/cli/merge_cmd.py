@@ -11,10 +11,11 @@ import click
 from coder.cli.common import cwd, emit_json, json_option, run_option
 
 MERGE_EPILOG = """\b
-Exit codes: 0 merged (or already merged, or nothing to merge), 1 --if-green found the
-merge result red, 2 unknown task or a run that did not succeed, 3 the run is running,
-conflicts, a base that cannot be fast-forwarded, uncommitted changes or an index.lock in
-the way, 130 interrupted (it says whether anything landed; merge again to finish).
+Exit codes: 0 merged (or already merged, or nothing to merge; with --push, pushed too),
+1 --if-green found the merge result red, 2 unknown task, a run that did not succeed or no
+such remote, 3 the run is running, conflicts, a base that cannot be fast-forwarded,
+uncommitted changes or an index.lock in the way, the push refused or failed, 130
+interrupted (it says whether anything landed; merge again to finish).
 
 \b
 Examples:
@@ -46,11 +47,26 @@ Examples:
     "in the merge commit's body, as plain lines.",
 )
 @click.option(
+    "--push",
+    "push_after",
+    is_flag=True,
+    help="Then push the base branch and the coder/ID tag to the remote, both or neither "
+    "(git's own credentials).",
+)
+@click.option("--remote", help="With --push: the remote (default: the base's, else origin).")
+@click.option(
     "-q", "--quiet", is_flag=True, help="No live status line: plain lines (as in a pipe)."
 )
 @json_option
 def merge(
-    task_id: str, if_green: bool, mode: str, report: bool, quiet: bool, as_json: bool
+    task_id: str,
+    if_green: bool,
+    mode: str,
+    report: bool,
+    push_after: bool,
+    remote: str | None,
+    quiet: bool,
+    as_json: bool,
 ) -> None:
     """Land a successful run on its base branch and tag it coder/ID.
 
@@ -58,15 +74,26 @@ def merge(
     are kept as they are, and edits to files the merge changes make it refuse.
     """
     from coder.services import merge as merge_service
+    from coder.services import push as push_service
 
+    if push_after:  # a remote that is not there refuses before anything lands
+        remote = push_service.merge_remote(cwd(), task_id, remote)
     with merge_activity(silent=as_json, quiet=quiet) as notify:
         result = merge_service.merge_run(
             task_id, cwd=cwd(), mode=mode, if_green=if_green, notify=notify, report=report
         )
+    pushed = None
+    if push_after and result.commit:
+        pushed = push_service.push_merge(cwd(), task_id, remote=remote)
     if as_json:
-        emit_json(result.to_dict())
-    else:
-        click.echo(describe(result))
+        emit_json({**result.to_dict(), "pushed": pushed.to_dict() if pushed else None})
+        return
+    click.echo(describe(result))
+    if pushed is not None:
+        tag = f" and tag {pushed.tag}" if pushed.tag else ""
+        click.echo(f"  pushed {pushed.base} ({pushed.commit[:12]}){tag} to {pushed.remote}")
+    elif push_after:
+        click.echo("  nothing merged, so nothing pushed")
 
 
 @contextmanager

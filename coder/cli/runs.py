@@ -398,6 +398,7 @@ def status(as_json: bool) -> None:
                 "branch": item.branch,
                 "updated_at": item.updated_at,
                 "error": item.error,
+                "parent": item.parent,
             }
         )
     _show_status(rows, as_json)
@@ -414,19 +415,47 @@ def _show_status(rows: list[StatusRow], as_json: bool) -> None:
 
 
 def status_table(rows: list[StatusRow]) -> str:
-    """`coder status`'s table: newest first, a header, each column as wide as its widest."""
+    """`coder status`'s table: newest first, a header, each column as wide as its widest;
+    a fork right under its parent, indented (coder.services.fork)."""
     rows = sorted(rows, key=lambda row: row.get("updated_at") or "", reverse=True)
     table = [("ID", "STATUS", "STEPS", "UPDATED (UTC)", "TITLE")] + [
         (
-            row["id"],
+            "  " * depth + row["id"],
             row["status"],
             row.get("progress", ""),
             (row.get("updated_at") or "")[:16].replace("T", " "),
             escaped(row.get("title") or row.get("error") or ""),
         )
-        for row in rows
+        for depth, row in under_parents(rows)
     ]
     return fitted(table).rstrip()
+
+
+def under_parents(rows: list[StatusRow]) -> list[tuple[int, StatusRow]]:
+    """`rows` in their order, each fork moved right under its parent: (depth, row)."""
+    ids = {row["id"] for row in rows}
+    forks: dict[str, list[StatusRow]] = {}
+    for row in rows:
+        parent = row.get("parent")
+        if parent in ids and parent != row["id"]:
+            forks.setdefault(str(parent), []).append(row)
+    placed: list[tuple[int, StatusRow]] = []
+    seen: set[str] = set()
+
+    def place(row: StatusRow, depth: int) -> None:
+        if row["id"] in seen:  # a parent loop written by hand: each row once
+            return
+        seen.add(row["id"])
+        placed.append((depth, row))
+        for child in forks.get(row["id"], []):
+            place(child, depth + 1)
+
+    for row in rows:
+        if row.get("parent") not in ids:
+            place(row, 0)
+    for row in rows:  # what a loop left unplaced
+        place(row, 0)
+    return placed
 
 
 class StatusRow(TypedDict, total=False):
@@ -440,6 +469,7 @@ class StatusRow(TypedDict, total=False):
     branch: str
     updated_at: str
     error: str | None
+    parent: str | None  # a fork's parent run
 
 
 def _from_manifest(coder_dir: Path, task_id: str) -> StatusRow | CorruptState:

@@ -16,6 +16,9 @@ other layers hold a `repository.Repo` handle and get plain values back).
                    the user's checkout, recovery of an interrupted revert
     filters.py     git's worktree filters (eol, ident, drivers) for the checkout land.py writes
     snapshot.py    the user's checkout as a commit, leaving it untouched (--include-uncommitted)
+    forks.py       a fork's history: the parent run's commits copied under the fork's id
+    remotes.py     remotes: push with compare-and-swap (the git program, git's credentials),
+                   a remote branch's commit, the review page's URL of a remote
     guard.py       the git guard: what a command changed in `.git` is put back, and named
 
 May import: the base modules (errors, ...) and policy's confinement. Never the run, model or

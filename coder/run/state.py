@@ -161,6 +161,25 @@ class MergeRecord(TypedDict, total=False):
     merged_at: str
 
 
+class ForkPoint(TypedDict):
+    """Where a fork (`coder fork`) left its parent run: the step it reruns from, and the
+    parent's commit its branch's history copies up to (the parent's base: none)."""
+
+    step: str
+    commit: str
+
+
+class PushRecord(TypedDict):
+    """What `coder push` last pushed: the remote (its URL without user or password), the
+    remote branch and the commit, so the next push replaces only what coder put there."""
+
+    remote: str
+    url: str
+    ref: str
+    commit: str
+    pushed_at: str
+
+
 @dataclass
 class RunState:
     """One run, as checkpointed: `.coder/state/ID.json` (schemas/state.schema.json)."""
@@ -182,6 +201,10 @@ class RunState:
     merge: MergeRecord | None = None
     # --include-uncommitted: the run's first commit, the checkout's changes (coder.run.uncommitted)
     checkout_commit: str | None = None
+    parent: str | None = None  # a fork's parent run (`coder fork`)
+    forked_at: ForkPoint | None = None
+    note: str | None = None  # `coder fork --note`: guidance for the fork's first pending step
+    pushed: PushRecord | None = None  # `coder push`
     journal_seq: int = 0  # the last journal line this snapshot contains
     version: int = 1
 
@@ -202,6 +225,10 @@ class RunState:
         "created_at",
         "updated_at",
         "merge",
+        "parent",
+        "forked_at",
+        "note",
+        "pushed",
         "journal_seq",
     )
 

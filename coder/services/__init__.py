@@ -3,6 +3,9 @@ these do the work, over the run engine in `coder.run`).
 
     merge.py     `coder merge` (and `run --merge-on-success`): landing a run on its base
     revert.py    `coder revert`: the branch back to a step, later steps pending again
+    fork.py      `coder fork`: a new run from a step of another, that run untouched
+    compare.py   `coder compare`: two runs side by side, and their branches' diff
+    push.py      `coder push` and `merge --push`: a run's branch to a remote, compare-and-swap
     history.py   `coder show`, `diff`, `logs`, `clean`: reading a run back, removing it
     report.py    `coder report`: a run as Markdown (or JSON) for a reviewer
     validate.py  `coder validate` (and MCP's `task_validate`): a taskfile, and preflight

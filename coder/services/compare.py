@@ -1,0 +1,116 @@
+"""`coder compare -t A -t B`: two runs side by side (a fork and its parent, say), so the better
+one can be merged and the other cleaned: per step the outcome, tries, tokens and time of each,
+the totals, and the diff from A's branch to B's (a stat, or the whole patch)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from coder.display import escaped
+from coder.errors import InvalidInput
+from coder.git import branches, diffs, repository
+from coder.run.state import DONE, StepRecord
+from coder.services import history
+
+
+@dataclass(frozen=True)
+class Side:
+    """One run's part of a row (None fields: the run has no such step)."""
+
+    status: str | None
+    attempts: int | None
+    tokens: int | None
+    duration_s: float | None
+    commit: str | None
+
+
+@dataclass(frozen=True)
+class Row:
+    step: str
+    a: Side
+    b: Side
+
+
+@dataclass(frozen=True)
+class Totals:
+    task_id: str
+    status: str
+    branch: str
+    tip: str | None
+    parent: str | None
+    done: int
+    steps: int
+    tokens: int
+    duration_s: float
+    model: str | None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: Totals
+    b: Totals
+    rows: tuple[Row, ...]
+    diff: str  # from A's branch to B's: a stat, or the patch with `patch`
+    identical: bool  # the two branches hold the same files
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["rows"] = [asdict(r) for r in self.rows]
+        return data
+
+
+def compare_runs(cwd: Path, first: str, second: str, *, patch: bool = False) -> Comparison:
+    if first == second:
+        raise InvalidInput(f"both sides are run {first}", hint="name two runs: -t A -t B")
+    views = history.open_run(cwd, first), history.open_run(cwd, second)
+    repo = repository.open_repo(views[0].root)
+    tips = [branches.branch_tip(repo, v.state.branch) for v in views]
+    order = list(views[0].state.steps)
+    order += [s for s in views[1].state.steps if s not in order]
+    steps = views[0].state.steps, views[1].state.steps
+    rows = tuple(Row(s, _side(steps[0].get(s)), _side(steps[1].get(s))) for s in order)
+    text, identical = "", False
+    if tips[0] and tips[1]:
+        identical = diffs.changed_files_between(repo, tips[0], tips[1]) == []
+        from coder.run.secrets import view_redactor
+
+        redactor = view_redactor(views[0].root, [v.state.worktree for v in views])
+        if patch:
+            text = diffs.diff_patch(repo, tips[0], tips[1])
+        else:
+            text = diffs.diff_stat(
+                repo, tips[0], tips[1], shown=lambda n: history.shown_name(n, redactor)
+            )
+        text = escaped(redactor.redact(text), lines=True)
+    return Comparison(_totals(views[0], tips[0]), _totals(views[1], tips[1]), rows, text, identical)
+
+
+def _side(record: StepRecord | None) -> Side:
+    if record is None:
+        return Side(None, None, None, None, None)
+    return Side(
+        record.status,
+        record.attempts,
+        record.tokens if record.usage else None,
+        record.duration_s,
+        record.commit,
+    )
+
+
+def _totals(view: history.RunView, tip: str | None) -> Totals:
+    state = view.state
+    records = state.steps.values()
+    return Totals(
+        task_id=state.task_id,
+        status=state.status,
+        branch=state.branch,
+        tip=tip,
+        parent=state.parent,
+        done=sum(1 for r in records if r.status in DONE),
+        steps=len(state.steps),
+        tokens=sum(r.tokens for r in records),
+        duration_s=round(sum(r.duration_s or 0.0 for r in records), 3),
+        model=state.task.get("model"),
+    )
