@@ -59,6 +59,21 @@ def remote_url(repo: Repo, name: str) -> str:
     return str(remote.push_url or remote.url or "")
 
 
+def remote_urls(repo: Repo, name: str) -> list[str]:
+    """Every URL remote `name` goes by: as configured (`remote.NAME.pushurl`, `.url`), then as
+    git pushes to it (`url.X.insteadOf` applied). A review page is found from the first that
+    names a known host: a URL rewritten to a mirror still opens the page of the one written."""
+    remote_url(repo, name)
+    found = [
+        str(repo.config[key])
+        for key in (f"remote.{name}.pushurl", f"remote.{name}.url")
+        if key in repo.config
+    ]
+    remote = repo.remotes[name]
+    found += [str(u) for u in (remote.push_url, remote.url) if u]
+    return list(dict.fromkeys(found))
+
+
 def default_remote(repo: Repo, base: str) -> str:
     """The remote `base` tracks (`branch.BASE.remote`), else `origin`."""
     key = f"branch.{base}.remote"
@@ -187,10 +202,10 @@ def web_location(url: str) -> tuple[str, str, str] | None:
 _WORDS = (("gitlab", "GitLab"), ("gitea", "Gitea/Forgejo"), ("forgejo", "Gitea/Forgejo"))
 
 
-def compare_url(url: str, *, base: str, branch: str) -> str | None:
+def compare_url(urls: list[str], *, base: str, branch: str) -> str | None:
     """The page that opens a pull (merge) request of `branch` into `base` on the remote at
-    `url`; None when its host is of no known kind."""
-    found = web_location(url)
+    the first of `urls` whose host is of a known kind; None when none is."""
+    found = next(filter(None, map(web_location, urls)), None)
     if found is None:
         return None
     kind, root, path = found

@@ -93,7 +93,9 @@ def push_run(cwd: Path, task_id: str, *, remote: str | None = None) -> PushResul
         ref=ref,
         commit=tip,
         previous=ours,
-        compare_url=remotes.compare_url(url, base=state.base, branch=state.branch),
+        compare_url=remotes.compare_url(
+            remotes.remote_urls(repo, name), base=state.base, branch=state.branch
+        ),
         body=body,
         warnings=tuple(warnings),
     )

@@ -1,0 +1,217 @@
+"""`coder fork` and `coder compare`: a fork begins at the commit before the step's, with that
+step and the later ones pending, runs with `coder resume` and merges; the parent's branch,
+worktree and state are untouched (hashed before and after); status lists forks under their
+parent; compare shows both. Real repositories, checked with the git CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import coder, git
+from tests.helpers import state_of, taskfile
+
+TASK = """
+    id: rv
+    title: Fork demo
+    graph:
+      - {id: s1, kind: shell, cmd: "echo one > a.txt"}
+      - {id: s2, kind: shell, cmd: "echo two >> a.txt && echo b > b.txt", depends_on: [s1]}
+      - {id: s3, kind: shell, cmd: "rm b.txt && echo c > c.txt", depends_on: [s2]}
+      - {id: s4, kind: shell, cmd: "echo 4 >> a.txt", depends_on: [s3]}
+"""
+BRANCH = "agent/rv-fork-demo"
+FORK = "rv-fork-1"
+FORK_BRANCH = "agent/rv-fork-1-fork-demo"
+
+
+@pytest.fixture
+def finished(make_repo: Any) -> Path:
+    repo = make_repo({"README.md": "# r\n"})
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, TASK)))
+    assert code == 0, out + err
+    return repo
+
+
+def rev(repo: Path, what: str) -> str:
+    return git(repo, "rev-parse", what).strip()
+
+
+def parent_fingerprint(repo: Path) -> dict[str, Any]:
+    """What forking must not change of run rv: its files under .coder/ (state, journal,
+    manifest, log), its branch and its worktree's HEAD and status, read with the git CLI."""
+    coder_dir = repo / ".coder"
+    files = [
+        coder_dir / "state" / "rv.json",
+        coder_dir / "state" / "rv.journal",
+        coder_dir / "tasks" / "rv.json",
+        coder_dir / "logs" / "rv.jsonl",
+    ]
+    worktree = coder_dir / "worktrees" / "rv"
+    return {
+        "files": {
+            p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else None
+            for p in files
+        },
+        "branch": rev(repo, f"refs/heads/{BRANCH}"),
+        "head": rev(worktree, "HEAD"),
+        "status": git(worktree, "status", "--porcelain", "--ignored"),
+        "main": rev(repo, "main"),
+    }
+
+
+def trailers(repo: Path, rng: str) -> list[tuple[str, str, str, str]]:
+    out = git(
+        repo,
+        "log",
+        "--reverse",
+        "--format=%T|%(trailers:key=Coder-Task,valueonly,separator=)"
+        "|%(trailers:key=Coder-Step,valueonly,separator=)"
+        "|%(trailers:key=Coder-Forked-From,valueonly,separator=)",
+        rng,
+    )
+    return [tuple(line.split("|")) for line in out.splitlines()]  # type: ignore[misc]
+
+
+def test_a_fork_begins_at_the_commit_before_the_step_and_the_parent_is_untouched(
+    finished: Path,
+) -> None:
+    repo = finished
+    before = parent_fingerprint(repo)
+    parent = state_of(repo, "rv")
+    s2, s3 = parent["steps"]["s2"]["commit"], parent["steps"]["s3"]["commit"]
+    assert rev(repo, f"{s3}^") == s2
+
+    code, out, err = coder(repo, "fork", "-t", "rv", "--at", "s3", "--note", "use c, not b")
+    assert code == 0, out + err
+    assert f"as {FORK}" in out and "pending  s3, s4" in out
+
+    # the branch holds the parent's files right before s3: s2's commit's tree
+    assert rev(repo, f"{FORK_BRANCH}^{{tree}}") == rev(repo, f"{s2}^{{tree}}")
+    assert rev(repo, f"{FORK_BRANCH}~2") == rev(repo, "main")
+    copies = trailers(repo, f"main..{FORK_BRANCH}")
+    originals = trailers(repo, f"main..{s2}")
+    assert [(t, task, step) for t, task, step, _ in copies] == [
+        (tree, FORK, step) for tree, _, step, _ in originals
+    ]
+    assert [c[3] for c in copies] == [rev(repo, f"{s2}^"), s2]
+    worktree = repo / ".coder" / "worktrees" / FORK
+    assert rev(worktree, "HEAD") == rev(repo, FORK_BRANCH)
+    assert git(worktree, "status", "--porcelain") == ""
+    assert sorted(p.name for p in worktree.iterdir() if p.name != ".git") == [
+        "README.md",
+        "a.txt",
+        "b.txt",
+    ]
+
+    state = state_of(repo, FORK)
+    assert state["parent"] == "rv" and state["note"] == "use c, not b"
+    assert state["forked_at"] == {"step": "s3", "commit": s2}
+    assert state["status"] == "pending" and state["branch"] == FORK_BRANCH
+    steps = state["steps"]
+    assert [steps[s]["status"] for s in ("s1", "s2", "s3", "s4")] == [
+        "success",
+        "success",
+        "pending",
+        "pending",
+    ]
+    assert steps["s2"]["commit"] == rev(repo, FORK_BRANCH)  # the copy, not the parent's
+    assert "carried over from run rv" in steps["s2"]["reasons"][-1]
+    assert steps["s3"]["commit"] is None and steps["s3"]["attempts"] == 0
+    assert parent_fingerprint(repo) == before
+
+    # the fork is a run like any other: resume runs s3 and s4, merge lands it
+    code, out, err = coder(repo, "resume", "-t", FORK)
+    assert code == 0, out + err
+    assert [c[2] for c in trailers(repo, f"main..{FORK_BRANCH}")] == ["s1", "s2", "s3", "s4"]
+    assert rev(repo, f"{FORK_BRANCH}^{{tree}}") == rev(repo, f"{BRANCH}^{{tree}}")
+    assert parent_fingerprint(repo) == before
+    code, out, err = coder(repo, "merge", "-t", FORK)
+    assert code == 0, out + err
+    assert git(repo, "show", "main:a.txt") == "one\ntwo\n4\n"
+    git(repo, "fsck", "--strict")
+
+
+def test_a_fork_at_the_first_step_begins_at_the_base(finished: Path) -> None:
+    before = parent_fingerprint(finished)
+    code, out, err = coder(finished, "fork", "-t", "rv", "--at", "s1", "--model", "other:1b")
+    assert code == 0, out + err
+    assert rev(finished, FORK_BRANCH) == rev(finished, "main")
+    state = state_of(finished, FORK)
+    assert {s["status"] for s in state["steps"].values()} == {"pending"}
+    assert state["forked_at"]["commit"] == rev(finished, "main")
+    manifest = json.loads((finished / ".coder" / "tasks" / f"{FORK}.json").read_text())
+    assert manifest["task"]["model"] == "other:1b" and manifest["task"]["id"] == FORK
+    # a second fork takes the next number
+    code, out, err = coder(finished, "fork", "-t", "rv", "--at", "s4", "--json")
+    assert code == 0, out + err
+    second = json.loads(out)
+    assert second["task_id"] == "rv-fork-2" and second["done"] == ["s1", "s2", "s3"]
+    assert parent_fingerprint(finished) == before
+
+
+def test_a_fork_at_an_unknown_step_is_refused_creating_nothing(finished: Path) -> None:
+    branches = git(finished, "branch", "--list")
+    code, out, err = coder(finished, "fork", "-t", "rv", "--at", "nope")
+    assert code == 2
+    assert "run rv has no step 'nope'" in err and "s1, s2, s3, s4" in err
+    assert "Traceback" not in err
+    assert git(finished, "branch", "--list") == branches
+    assert not (finished / ".coder" / "tasks" / f"{FORK}.json").exists()
+    assert not (finished / ".coder" / "worktrees" / FORK).exists()
+
+
+def test_status_lists_forks_under_their_parent(finished: Path) -> None:
+    code, out, err = coder(finished, "fork", "-t", "rv", "--at", "s2")
+    assert code == 0, out + err
+    other = taskfile(finished, TASK.replace("id: rv", "id: other"), "other.yaml")
+    code, out, err = coder(finished, "run", "--autonomous", "-f", str(other))
+    assert code == 0, out + err
+    code, out, _ = coder(finished, "status")
+    lines = out.splitlines()[1:]
+    names = [line.split()[0] for line in lines]
+    assert names == ["other", "rv", FORK]  # newest first, the fork right under its parent
+    assert lines[2].startswith(f"  {FORK} ") and not lines[1].startswith(" ")
+    code, out, _ = coder(finished, "status", "--json")
+    rows = {row["id"]: row for row in json.loads(out)}
+    assert rows[FORK]["parent"] == "rv" and rows["rv"]["parent"] is None
+
+
+def test_compare_shows_both_runs_and_the_diff_between_their_branches(finished: Path) -> None:
+    code, out, err = coder(finished, "fork", "-t", "rv", "--at", "s3")
+    assert code == 0, out + err
+    code, out, err = coder(finished, "compare", "-t", "rv", "-t", FORK)
+    assert code == 0, out + err
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["STEP", "rv"] and FORK in lines[0]
+    s3 = next(line for line in lines if line.startswith("s3 "))
+    assert s3.split()[1] == "success" and "pending" in s3
+    total = next(line for line in lines if line.startswith("total"))
+    assert "success 4/4" in total and "pending 2/4" in total
+    assert "fork of rv" in out
+    assert "Changes from rv to rv-fork-1:" in out and "c.txt" in out and "b.txt" in out
+
+    code, out, err = coder(finished, "compare", "-t", "rv", "-t", FORK, "--json")
+    assert code == 0, out + err
+    data = json.loads(out)
+    assert data["a"]["task_id"] == "rv" and data["b"]["task_id"] == FORK
+    assert data["b"]["parent"] == "rv" and data["a"]["done"] == 4 and data["b"]["done"] == 2
+    assert [(r["step"], r["a"]["status"], r["b"]["status"]) for r in data["rows"]] == [
+        ("s1", "success", "success"),
+        ("s2", "success", "success"),
+        ("s3", "success", "pending"),
+        ("s4", "success", "pending"),
+    ]
+    assert data["identical"] is False
+    assert "c.txt" in data["diff"]
+
+    code, out, err = coder(finished, "compare", "-t", "rv", "-t", FORK, "--diff")
+    assert code == 0, out + err
+    assert "diff --git a/b.txt b/b.txt" in out
+
+    code, out, err = coder(finished, "compare", "-t", "rv")
+    assert code == 2 and "compare needs two runs" in err
