@@ -96,7 +96,7 @@ class Pushed:
     message: str  # git's last error line, user and password cut out
 
     def rejected(self, ref: str) -> bool:
-        return self.refs.get(ref, ("!", ""))[0] == "!"
+        return self.refs.get(ref, ("", ""))[0] == "!"
 
 
 def push(
