@@ -63,9 +63,10 @@ def compare(manifest: Manifest, current: taskfile.Task, path: Path) -> Edit | No
     """The file at `path` against the run's task (None when they agree). InvalidInput when it
     does not load, or names another id, branch or base than the run's."""
     new = taskfile.load(path)
+    origin = manifest.origin or {}  # a fork's taskfile names the run it was forked from
     for field in ("id", "branch", "base"):
         declared = new.source.get(field)
-        if declared is not None and declared != getattr(current, field):
+        if declared is not None and declared not in (getattr(current, field), origin.get(field)):
             raise InvalidInput(
                 f"the taskfile {path} sets {field} {declared!r}, but run {current.id} has "
                 f"{field} {getattr(current, field)!r}; a run keeps its {field}",

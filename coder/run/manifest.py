@@ -43,6 +43,9 @@ class Manifest:
     worktree: str
     created_at: str
     checkout_commit: str | None = None  # --include-uncommitted: the run's first commit
+    # A fork's (coder.services.fork): the id and branch its taskfile names, those of the run
+    # it was first forked from, which `resume --taskfile` accepts for the fork's own.
+    origin: dict[str, str] | None = None
 
     @property
     def worktree_path(self) -> Path:
@@ -53,6 +56,8 @@ class Manifest:
         data = asdict(self)
         if self.checkout_commit is None:
             del data["checkout_commit"]
+        if self.origin is None:  # a run that is no fork: as before forks existed
+            del data["origin"]
         return data
 
     @property
@@ -73,11 +78,18 @@ class Manifest:
             worktree=data["worktree"],
             created_at=data["created_at"],
             checkout_commit=_commit_id(data.get("checkout_commit")),
+            origin=_origin(data.get("origin")),
         )
 
 
 def _commit_id(value: Any) -> str | None:
     return value if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{40}", value) else None
+
+
+def _origin(value: Any) -> dict[str, str] | None:
+    if isinstance(value, dict) and all(isinstance(value.get(k), str) for k in ("id", "branch")):
+        return {"id": value["id"], "branch": value["branch"]}
+    return None
 
 
 def manifest_path(coder_dir: Path, task_id: str) -> Path:

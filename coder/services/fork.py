@@ -127,6 +127,7 @@ def fork_run(
             branch=task["branch"],
             worktree=str(coder_dir / "worktrees" / new_id),
             created_at=now_iso(),
+            origin=parent.origin or {"id": task_id, "branch": parent.branch},
         )
         state = _state(manifest, parent_state, kept, at, cut, note)
         _create(repo, coder_dir, manifest, tip, state)

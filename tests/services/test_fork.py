@@ -215,3 +215,25 @@ def test_compare_shows_both_runs_and_the_diff_between_their_branches(finished: P
 
     code, out, err = coder(finished, "compare", "-t", "rv")
     assert code == 2 and "compare needs two runs" in err
+
+
+def test_a_fork_tries_the_step_another_way_from_the_edited_taskfile(finished: Path) -> None:
+    """The taskfile still names the parent's id and branch: `resume --taskfile` of the fork
+    (and of a fork of the fork) takes it for the pending steps; the parent keeps its own."""
+    before = parent_fingerprint(finished)
+    path = finished.parent / "task.yaml"
+    path.write_text(path.read_text().replace("echo c > c.txt", "echo C > c.txt"))
+    code, out, err = coder(finished, "fork", "-t", "rv", "--at", "s3")
+    assert code == 0, out + err
+    code, out, err = coder(finished, "resume", "-t", FORK, "--taskfile")
+    assert code == 0, out + err
+    assert git(finished, "show", f"{FORK_BRANCH}:c.txt") == "C\n"
+    code, out, err = coder(finished, "fork", "-t", FORK, "--at", "s4")
+    assert code == 0, out + err
+    nested = f"{FORK}-fork-1"
+    code, out, err = coder(finished, "resume", "-t", nested, "--taskfile")
+    assert code == 0, out + err
+    assert state_of(finished, nested)["parent"] == FORK
+    assert git(finished, "show", f"agent/{nested}-fork-demo:c.txt") == "C\n"
+    assert parent_fingerprint(finished) == before
+    assert git(finished, "show", f"{BRANCH}:c.txt") == "c\n"
