@@ -7,10 +7,12 @@ The fork is a run of its own: id `ID-fork-N`, its own branch, worktree, manifest
 right before the first commit of STEP or of any step after it in DAG order (the parent's
 base when there is none), so STEP and every step after it are pending, and `coder resume -t
 FORK` runs them. The steps before keep their records (summary, tests, tokens), each with the
-reason it is done. The branch holds copies of the parent's commits up to there (coder.git.
-forks: same trees, authors and messages, the trailer naming the fork), since each command
-reads a run's steps from commits that carry its own id. The parent's branch, worktree, state
-and files are read, never written.
+reason it is done: those whose commits the history keeps, and those that finished without a
+commit (an analyze or test step) once what they depend on is carried over too. The branch
+holds copies of the parent's commits up to there (coder.git.forks: same trees, authors and
+messages, the trailer naming the fork), since each command reads a run's steps from commits
+that carry its own id. The parent's branch, worktree, state and files are read, never
+written.
 """
 
 from __future__ import annotations
@@ -61,23 +63,48 @@ def fork_id(parent: str, taken: set[str]) -> str:
         n += 1
 
 
-def dag_order(task: dict[str, Any]) -> list[str]:
-    """The run's steps in DAG order, as the run's task has them."""
+def dag(task: dict[str, Any]) -> tuple[list[str], dict[str, list[str]]]:
+    """The run's steps in DAG order, and what each depends on, as the run's task has them."""
     from coder import graph
 
-    steps = taskfile.from_dict(task).steps
-    return graph.order(graph.build({s.id: list(s.depends_on) for s in steps}))
+    deps = {s.id: list(s.depends_on) for s in taskfile.from_dict(task).steps}
+    return graph.order(graph.build(deps)), deps
 
 
-def fork_point(
-    order: list[str], step: str, commits: list[gitcommits.StepCommit], base_commit: str
-) -> tuple[str, list[gitcommits.StepCommit]]:
-    """(the commit the fork's history ends at, the effective step commits it keeps): those
-    before the first commit of `step` or of a step after it in `order`."""
+@dataclass(frozen=True)
+class ForkPlan:
+    cut: str  # the commit the fork's history ends at
+    kept: tuple[gitcommits.StepCommit, ...]  # the parent's effective step commits it copies
+    carried: tuple[str, ...]  # the steps done in the fork, DAG order
+
+
+def plan_fork(
+    order: list[str],
+    deps: dict[str, list[str]],
+    step: str,
+    commits: list[gitcommits.StepCommit],
+    done: set[str],
+    base_commit: str,
+) -> ForkPlan:
+    """Where the fork of a run at `step` begins: `commits` are the parent's effective step
+    commits in branch order, `done` the steps the parent finished. The history is kept up to
+    the first commit of `step` or of a step after it in `order`. A step before `step` is
+    carried over when its commit is kept, or when it finished without a commit (an analyze
+    or test step, one that changed nothing, a skipped one) and every step it depends on is
+    carried over."""
     later = set(order[order.index(step) :])
     first = next((i for i, c in enumerate(commits) if c.step_id in later), len(commits))
     kept = commits[:first]
-    return (kept[-1].commit if kept else base_commit), kept
+    committed = {c.step_id for c in commits}
+    carried: list[str] = []
+    for sid in order:
+        if sid in later:
+            break
+        by_commit = sid in {c.step_id for c in kept}
+        no_commit = sid in done and sid not in committed
+        if by_commit or no_commit and all(d in carried for d in deps.get(sid, [])):
+            carried.append(sid)
+    return ForkPlan(kept[-1].commit if kept else base_commit, tuple(kept), tuple(carried))
 
 
 def fork_run(
@@ -93,7 +120,7 @@ def fork_run(
     coder_dir = project.coder_dir(repository.repo_root(repo))
     parent = manifests.load_manifest(coder_dir, task_id)
     parent_state = StateStore(coder_dir).load(task_id)
-    order = dag_order(parent.task)
+    order, deps = dag(parent.task)
     if at not in order:
         raise InvalidInput(
             f"run {task_id} has no step {at!r}", hint=f"its steps: {', '.join(order)}"
@@ -103,7 +130,9 @@ def fork_run(
     commits = gitcommits.effective_step_commits(
         repo, branch=parent.branch, base_commit=parent.base_commit, task_id=task_id
     )
-    cut, kept = fork_point(order, at, commits, parent.base_commit)
+    done = {sid for sid, r in parent_state.steps.items() if r.status in DONE}
+    plan = plan_fork(order, deps, at, commits, done, parent.base_commit)
+    cut = plan.cut
     new_id = fork_id(task_id, set(manifests.run_ids(coder_dir)))
     task = dict(parent.task, id=new_id)
     task["branch"] = taskfile.default_branch(new_id, parent_state.title)
@@ -129,7 +158,7 @@ def fork_run(
             created_at=now_iso(),
             origin=parent.origin or {"id": task_id, "branch": parent.branch},
         )
-        state = _state(manifest, parent_state, kept, at, cut, note)
+        state = _state(manifest, parent_state, plan, at, note)
         _create(repo, coder_dir, manifest, tip, state)
     return ForkResult(
         task_id=new_id,
@@ -146,31 +175,28 @@ def fork_run(
 
 
 def _state(
-    manifest: manifests.Manifest,
-    parent: RunState,
-    kept: list[gitcommits.StepCommit],
-    at: str,
-    cut: str,
-    note: str | None,
+    manifest: manifests.Manifest, parent: RunState, plan: ForkPlan, at: str, note: str | None
 ) -> RunState:
-    """The fork's first checkpoint: the kept steps done with the parent's records, on the
-    copied commits; every other step pending."""
+    """The fork's first checkpoint: the carried-over steps with the parent's records (a
+    committed one on its copy, once the branch exists: `_create`); every other step pending."""
     state = manifests.new_run(manifest)
-    state.parent, state.forked_at, state.note = parent.task_id, {"step": at, "commit": cut}, note
+    state.parent, state.note = parent.task_id, note
+    state.forked_at = {"step": at, "commit": plan.cut}
     state.status = "pending"
-    for commit in kept:
-        record = parent.steps.get(commit.step_id)
-        if record is None or commit.step_id not in state.steps:
+    commits = {c.step_id: c.commit for c in plan.kept}
+    for sid in plan.carried:
+        record = parent.steps.get(sid)
+        if record is None or sid not in state.steps:
             continue
-        state.steps[commit.step_id] = replace(
+        where = f" (its commit {commits[sid][:12]})" if sid in commits else ""
+        state.steps[sid] = replace(
             record,
-            status="success",
-            commit=None,  # its copy's, once the branch exists (`_create`)
+            status="success" if sid in commits else record.status,
+            commit=None,
             start_tip=None,
             reasons=[
                 *record.reasons,
-                f"carried over from run {parent.task_id} (its commit {commit.commit[:12]}) "
-                f"by `coder fork --at {at}`",
+                f"carried over from run {parent.task_id}{where} by `coder fork --at {at}`",
             ],
         )
     return state

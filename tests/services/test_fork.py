@@ -237,3 +237,67 @@ def test_a_fork_tries_the_step_another_way_from_the_edited_taskfile(finished: Pa
     assert git(finished, "show", f"agent/{nested}-fork-demo:c.txt") == "C\n"
     assert parent_fingerprint(finished) == before
     assert git(finished, "show", f"{BRANCH}:c.txt") == "c\n"
+
+
+def test_a_fork_with_another_model_asks_that_model(fake: Any, sample: Path) -> None:
+    """Real model steps against the fake Ollama: the fork's pending step goes to `--model`'s
+    model, the parent's steps went to the default one, and the parent is untouched."""
+    from tests.fake_ollama import DEFAULT_MODELS
+    from tests.helpers import chat_requests, done
+
+    fake.models["qwen2.5-coder:14b"] = dict(DEFAULT_MODELS["qwen2.5-coder:7b"])
+    path = taskfile(
+        sample,
+        """
+        id: m
+        title: Models
+        graph:
+          - {id: s1, kind: analyze, goal: look}
+          - {id: s2, kind: analyze, goal: look again, depends_on: [s1]}
+        """,
+    )
+    fake.enqueue(done("first look"))
+    fake.enqueue(done("second look"))
+    code, out, err = coder(sample, "run", "--autonomous", "-f", str(path))
+    assert code == 0, out + err
+    asked = len(chat_requests(fake))
+    assert {r["model"] for r in chat_requests(fake)} == {"qwen2.5-coder:7b"}
+    parent = (sample / ".coder" / "state" / "m.json").read_bytes()
+
+    code, out, err = coder(sample, "fork", "-t", "m", "--at", "s2", "--model", "qwen2.5-coder:14b")
+    assert code == 0, out + err
+    fake.enqueue(done("a closer look"))
+    code, out, err = coder(sample, "resume", "-t", "m-fork-1")
+    assert code == 0, out + err
+    later = chat_requests(fake)[asked:]
+    assert later and {r["model"] for r in later} == {"qwen2.5-coder:14b"}
+    state = state_of(sample, "m-fork-1")
+    assert state["steps"]["s1"]["summary"] == "first look"  # carried over, not rerun
+    assert state["steps"]["s2"]["summary"] == "a closer look"
+    assert (sample / ".coder" / "state" / "m.json").read_bytes() == parent
+
+
+def test_steps_without_a_commit_are_carried_over_when_what_they_need_is() -> None:
+    """plan_fork on its own: a test step (no commit) after a kept commit is carried over; one
+    after a step that is not is pending; nothing from the step on is carried."""
+    from coder.git.commits import StepCommit
+    from coder.services.fork import plan_fork
+
+    order = ["e1", "t1", "e2", "t2", "e3"]
+    deps = {"e1": [], "t1": ["e1"], "e2": [], "t2": ["e2"], "e3": ["t1", "t2"]}
+    # parallel levels landed e2 before e1 in branch order
+    commits = [StepCommit(c, s, 1, "x", s) for c, s in [("c2", "e2"), ("c1", "e1"), ("c3", "e3")]]
+    done = set(order)
+    plan = plan_fork(order, deps, "t2", commits, done, "base")
+    assert plan.cut == "c1" and [c.step_id for c in plan.kept] == ["e2", "e1"]
+    assert plan.carried == ("e1", "t1", "e2")
+    plan = plan_fork(order, deps, "e2", commits, done, "base")
+    assert plan.cut == "base" and plan.kept == ()
+    assert plan.carried == ()  # e1's commit comes after e2's: not kept, so t1 is not either
+    plan = plan_fork(order, deps, "t1", commits, done, "base")
+    assert plan.carried == ()  # e2, after t1 in DAG order, committed first: nothing is kept
+    in_order = [commits[1], commits[0], commits[2]]
+    plan = plan_fork(order, deps, "t1", in_order, done, "base")
+    assert plan.cut == "c1" and plan.carried == ("e1",)
+    plan = plan_fork(order, deps, "e3", in_order, done - {"t2"}, "base")
+    assert plan.carried == ("e1", "t1", "e2")  # t2 never finished: pending in the fork
