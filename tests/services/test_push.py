@@ -167,6 +167,31 @@ def test_merge_push_lands_main_and_the_tag_on_the_remote(
     assert git(remote, "show", "main:b.txt") == "two\n"
 
 
+def test_push_refuses_while_the_run_runs(
+    setup: tuple[Path, Path, Path],
+) -> None:
+    from coder.run.lock import TaskLock
+
+    repo, remote, _ = setup
+    with TaskLock(repo / ".coder", "pr"):
+        code, _, err = coder(repo, "push", "-t", "pr")
+    assert code == 3 and "cannot push run pr while it runs" in err
+    assert remote_ref(remote, REF) is None
+
+
+def test_a_push_whose_record_was_lost_finds_its_branch_there(
+    setup: tuple[Path, Path, Path],
+) -> None:
+    """The push landed but the state kept no record of it (a kill in between): the remote
+    branch is at the run's tip, so that is coder's and the push says it is already there."""
+    repo, remote, _ = setup
+    git(repo, "push", "-q", str(remote), f"{BRANCH}:{REF}")
+    code, out, err = coder(repo, "push", "-t", "pr", "--json")
+    assert code == 0, out + err
+    assert json.loads(out)["outcome"] == "up_to_date"
+    assert state_of(repo, "pr")["pushed"]["commit"] == rev(repo, BRANCH)
+
+
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
