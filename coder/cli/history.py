@@ -43,6 +43,9 @@ def show_run(task_id: str, as_json: bool) -> None:
     if note:
         echo(f"  skipped   {note}")
     echo(f"  branch    {state.branch} (from {state.base} at {state.base_commit[:8]})")
+    if state.parent and state.forked_at:
+        at = state.forked_at
+        echo(f"  fork of   {state.parent} at step {at['step']} (its commit {at['commit'][:8]})")
     echo(f"  worktree  {state.worktree}")
     if state.merge:
         merge = state.merge

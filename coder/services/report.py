@@ -100,6 +100,8 @@ class RunReport:
     # --include-uncommitted: the run's first commit and the files it changed (in `files` too)
     checkout_commit: str | None = None
     checkout_files: list[diffs.FileChange] = field(default_factory=list)
+    parent: str | None = None  # a fork's parent run (`coder fork`), and the step it left at
+    forked_at: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -118,6 +120,8 @@ class RunReport:
             "checkout_files": [f.as_dict() for f in self.checkout_files],
             "tip": self.tip,
             "merge": self.merge,
+            "parent": self.parent,
+            "forked_at": self.forked_at,
             "totals": totals(self),
             "steps": [
                 {
@@ -203,6 +207,8 @@ def build(view: RunView) -> RunReport:
             if view.state.checkout_commit
             else []
         ),
+        parent=state.get("parent"),
+        forked_at=(state.get("forked_at") or {}).get("step"),
     )
     return _with_next_steps(report)
 
@@ -355,6 +361,10 @@ def _head(report: RunReport) -> list[str]:
             1,
             f"| checkout | first commit `{report.checkout_commit[:8]}`: "
             f"{_count(len(report.checkout_files), 'uncommitted file')} from the checkout |",
+        )
+    if report.parent:
+        facts.append(
+            f"| forked | from run {_code(report.parent)} at step {_code(report.forked_at or '')} |"
         )
     merge = report.merge or {}
     if merge.get("commit"):

@@ -122,6 +122,10 @@ def test_a_fork_begins_at_the_commit_before_the_step_and_the_parent_is_untouched
     assert steps["s2"]["commit"] == rev(repo, FORK_BRANCH)  # the copy, not the parent's
     assert "carried over from run rv" in steps["s2"]["reasons"][-1]
     assert steps["s3"]["commit"] is None and steps["s3"]["attempts"] == 0
+    code, out, _ = coder(repo, "show", "-t", FORK)
+    assert f"fork of   rv at step s3 (its commit {s2[:8]})" in out
+    code, out, _ = coder(repo, "report", "-t", FORK)
+    assert "| forked | from run `rv` at step `s3` |" in out
     assert parent_fingerprint(repo) == before
 
     # the fork is a run like any other: resume runs s3 and s4, merge lands it
