@@ -51,14 +51,14 @@ class ForkResult:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
 
 
-def fork_id(parent: str, taken: set[str]) -> str:
-    """`PARENT-fork-N`, N the smallest not `taken` (the parent's id cut short to fit the
-    64 characters of an id)."""
+def fork_id(parent: str, free: Callable[[str], bool]) -> str:
+    """`PARENT-fork-N`, N the smallest whose id is `free` (the parent's id cut short to fit
+    the 64 characters of an id)."""
     n = 1
     while True:
         suffix = f"{SUFFIX}{n}"
         candidate = f"{parent[: 64 - len(suffix)]}{suffix}"
-        if candidate not in taken:
+        if free(candidate):
             return check_task_id(candidate)
         n += 1
 
@@ -133,13 +133,20 @@ def fork_run(
     done = {sid for sid, r in parent_state.steps.items() if r.status in DONE}
     plan = plan_fork(order, deps, at, commits, done, parent.base_commit)
     cut = plan.cut
-    new_id = fork_id(task_id, set(manifests.run_ids(coder_dir)))
-    task = dict(parent.task, id=new_id)
-    task["branch"] = taskfile.default_branch(new_id, parent_state.title)
+    taken = set(manifests.run_ids(coder_dir))
+
+    def branch_of(fork: str) -> str:
+        return taskfile.default_branch(fork, parent_state.title)
+
+    def free(fork: str) -> bool:  # no run, nor a branch a cleaned one left
+        return fork not in taken and branches.branch_tip(repo, branch_of(fork)) is None
+
+    new_id = fork_id(task_id, free)
+    task = dict(parent.task, id=new_id, branch=branch_of(new_id))
     if model:
         task["model"] = model
     with TaskLock(coder_dir, new_id):
-        if manifests.run_exists(coder_dir, new_id) or branches.branch_tip(repo, task["branch"]):
+        if manifests.run_exists(coder_dir, new_id) or not free(new_id):
             raise InvalidInput(
                 f"run {new_id} (or its branch {task['branch']}) appeared meanwhile",
                 hint="fork again",

@@ -155,6 +155,13 @@ def test_a_fork_at_the_first_step_begins_at_the_base(finished: Path) -> None:
     assert code == 0, out + err
     second = json.loads(out)
     assert second["task_id"] == "rv-fork-2" and second["done"] == ["s1", "s2", "s3"]
+    # a cleaned fork whose branch was kept: its number is not taken again
+    code, out, err = coder(finished, "clean", "-t", FORK, "--keep-branch")
+    assert code == 0, out + err
+    code, out, err = coder(finished, "fork", "-t", "rv", "--at", "s2", "--json")
+    assert code == 0, out + err
+    assert json.loads(out)["task_id"] == "rv-fork-3"
+    assert rev(finished, FORK_BRANCH) == rev(finished, "main")  # the kept branch, untouched
     assert parent_fingerprint(finished) == before
 
 
