@@ -141,6 +141,10 @@ def fork_run(
     def free(fork: str) -> bool:  # no run, nor a branch a cleaned one left
         return fork not in taken and branches.branch_tip(repo, branch_of(fork)) is None
 
+    if note is not None:  # kept in the state: redacted as everything stored is
+        from coder.run.secrets import view_redactor
+
+        note = view_redactor(repository.repo_root(repo), [parent.worktree]).redact(note)
     new_id = fork_id(task_id, free)
     task = dict(parent.task, id=new_id, branch=branch_of(new_id))
     if model:

@@ -142,10 +142,15 @@ def test_a_fork_begins_at_the_commit_before_the_step_and_the_parent_is_untouched
 
 def test_a_fork_at_the_first_step_begins_at_the_base(finished: Path) -> None:
     before = parent_fingerprint(finished)
-    code, out, err = coder(finished, "fork", "-t", "rv", "--at", "s1", "--model", "other:1b")
+    key = "sk-" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6"  # an OpenAI-style key
+    code, out, err = coder(
+        finished, "fork", "-t", "rv", "--at", "s1", "--model", "other:1b", "--note", f"use {key}"
+    )
     assert code == 0, out + err
     assert rev(finished, FORK_BRANCH) == rev(finished, "main")
     state = state_of(finished, FORK)
+    assert state["note"].startswith("use ") and key not in state["note"]
+    assert key not in (finished / ".coder" / "state" / f"{FORK}.json").read_text()
     assert {s["status"] for s in state["steps"].values()} == {"pending"}
     assert state["forked_at"]["commit"] == rev(finished, "main")
     manifest = json.loads((finished / ".coder" / "tasks" / f"{FORK}.json").read_text())
