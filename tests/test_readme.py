@@ -212,3 +212,29 @@ def test_each_commands_help_ends_with_its_docs_page() -> None:
         assert last.startswith("See "), f"coder {name} --help ends {last!r}"
         path, _, fragment = last.removeprefix("See ").partition("#")
         assert fragment in anchors((ROOT / path).read_text()), f"coder {name}: {last}"
+
+
+def test_the_ci_job_is_a_workflow_whose_coder_commands_parse() -> None:
+    """docs/journey.md's CI job: valid YAML, one job per task (a matrix), and each coder
+    command it runs is one coder knows (with --help appended, as test_each_command_parses)."""
+    import yaml
+
+    text = section(
+        (ROOT / "docs" / "journey.md").read_text(), "### Many tasks on many machines: a CI job"
+    )
+    [block] = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    job = yaml.safe_load(block)["jobs"]["task"]
+    assert len(job["strategy"]["matrix"]["task"]) > 1
+    runs = [step["run"] for step in job["steps"] if "run" in step]
+    commands = [
+        line.strip()
+        for run in runs
+        for line in run.splitlines()
+        if line.strip().startswith("coder ")
+    ]
+    assert [c.split()[1] for c in commands] == ["run", "push"]
+    assert "--autonomous" in commands[0]
+    for line in commands:
+        args = shlex.split(line.replace("${{ matrix.task }}", "T"))[1:]
+        result = CliRunner().invoke(main, [*args, "--help"], prog_name="coder")
+        assert result.exit_code == 0, f"{line}: {result.output}"
