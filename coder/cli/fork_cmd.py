@@ -19,6 +19,7 @@ authors and messages; the trailer names the fork). Run ID stays exactly as it is
 \b
 Examples:
   coder fork -t T-1 --at s2 --model qwen2.5-coder:14b
+  coder fork -t T-1 --at s2 --note "reuse parse_date from utils.py"
   coder resume -t T-1-fork-1
   coder compare -t T-1 -t T-1-fork-1
 """
@@ -35,7 +36,8 @@ Examples:
 )
 @click.option("--model", help="The model the fork's steps use (default: the parent's).")
 @click.option(
-    "--note", help="Guidance for the fork's first pending step (kept in the fork's state)."
+    "--note",
+    help="Guidance for the fork's first pending step a model works on (as `resume --note`).",
 )
 @json_option
 def fork(task_id: str, step: str, model: str | None, note: str | None, as_json: bool) -> None:
@@ -53,6 +55,8 @@ def fork(task_id: str, step: str, model: str | None, note: str | None, as_json: 
     click.echo(f"  pending  {', '.join(result.pending)}")
     if result.model:
         click.echo(f"  model    {result.model}")
+    if result.note:
+        click.echo(f"  note     for {result.note}")
     click.echo(f"  run it with `coder resume -t {result.task_id}`")
 
 

@@ -203,7 +203,6 @@ class RunState:
     checkout_commit: str | None = None
     parent: str | None = None  # a fork's parent run (`coder fork`)
     forked_at: ForkPoint | None = None
-    note: str | None = None  # `coder fork --note`: guidance for the fork's first pending step
     pushed: PushRecord | None = None  # `coder push`
     journal_seq: int = 0  # the last journal line this snapshot contains
     version: int = 1
@@ -227,7 +226,6 @@ class RunState:
         "merge",
         "parent",
         "forked_at",
-        "note",
         "pushed",
         "journal_seq",
     )

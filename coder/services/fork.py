@@ -45,7 +45,7 @@ class ForkResult:
     done: tuple[str, ...]  # steps carried over from the parent, DAG order
     pending: tuple[str, ...]
     model: str | None
-    note: str | None
+    note: str | None  # the step `--note` went to
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
@@ -141,10 +141,6 @@ def fork_run(
     def free(fork: str) -> bool:  # no run, nor a branch a cleaned one left
         return fork not in taken and branches.branch_tip(repo, branch_of(fork)) is None
 
-    if note is not None:  # kept in the state: redacted as everything stored is
-        from coder.run.secrets import view_redactor
-
-        note = view_redactor(repository.repo_root(repo), [parent.worktree]).redact(note)
     new_id = fork_id(task_id, free)
     task = dict(parent.task, id=new_id, branch=branch_of(new_id))
     if model:
@@ -155,9 +151,6 @@ def fork_run(
                 f"run {new_id} (or its branch {task['branch']}) appeared meanwhile",
                 hint="fork again",
             )
-        tip = forks.copy_history(
-            repo, base_commit=parent.base_commit, upto=cut, parent_id=task_id, fork_id=new_id
-        )
         manifest = manifests.Manifest(
             task_id=new_id,
             task=task,  # the parent's stored task, renamed
@@ -169,7 +162,11 @@ def fork_run(
             created_at=now_iso(),
             origin=parent.origin or {"id": task_id, "branch": parent.branch},
         )
-        state = _state(manifest, parent_state, plan, at, note)
+        state = _state(manifest, parent_state, plan, at)
+        noted = _note(repo, parent, state, note) if note is not None else None
+        tip = forks.copy_history(
+            repo, base_commit=parent.base_commit, upto=cut, parent_id=task_id, fork_id=new_id
+        )
         _create(repo, coder_dir, manifest, tip, state)
     return ForkResult(
         task_id=new_id,
@@ -181,17 +178,15 @@ def fork_run(
         done=tuple(s for s in order if state.steps[s].status in DONE),
         pending=tuple(s for s in order if state.steps[s].status not in DONE),
         model=model,
-        note=note,
+        note=noted,
     )
 
 
-def _state(
-    manifest: manifests.Manifest, parent: RunState, plan: ForkPlan, at: str, note: str | None
-) -> RunState:
+def _state(manifest: manifests.Manifest, parent: RunState, plan: ForkPlan, at: str) -> RunState:
     """The fork's first checkpoint: the carried-over steps with the parent's records (a
     committed one on its copy, once the branch exists: `_create`); every other step pending."""
     state = manifests.new_run(manifest)
-    state.parent, state.note = parent.task_id, note
+    state.parent = parent.task_id
     state.forked_at = {"step": at, "commit": plan.cut}
     state.status = "pending"
     commits = {c.step_id: c.commit for c in plan.kept}
@@ -211,6 +206,20 @@ def _state(
             ],
         )
     return state
+
+
+def _note(repo: repository.Repo, parent: manifests.Manifest, state: RunState, text: str) -> str:
+    """`--note`: a guidance note (coder.run.notes) for the fork's first pending step a model
+    works on, redacted into its record; the step it went to. Refused (exit 2), before
+    anything of the fork exists, when no pending step has a model to read it."""
+    from coder.run import notes
+    from coder.run.secrets import view_redactor
+
+    task = taskfile.from_dict(state.task)
+    step = notes.target(task, notes.will_run(task, state), None)
+    redactor = view_redactor(repository.repo_root(repo), [parent.worktree])
+    notes.give(state, step, text, via="fork", redactor=redactor)
+    return step
 
 
 def _create(
