@@ -21,11 +21,14 @@ from coder.git.repository import Repo
 TRAILER_FORKED_FROM = "Coder-Forked-From"
 
 
-def copy_history(repo: Repo, *, base_commit: str, upto: str, parent_id: str, fork_id: str) -> str:
+def copy_history(
+    repo: Repo, *, base_commit: str, upto: str, parent_id: str, fork_id: str
+) -> dict[str, str]:
     """Copies of the commits from `base_commit` (excluded) to `upto` (included), oldest first,
-    each naming `fork_id` in its trailer: the commit the fork's branch starts at
-    (`base_commit` itself when `upto` is it). EnvironmentProblem when the chain holds a commit
-    that is not `parent_id`'s, or a merge: the fork would carry someone else's work."""
+    each naming `fork_id` in its trailer: {original: copy}, in order (the last copy is the
+    commit the fork's branch starts at; none when `upto` is `base_commit`). EnvironmentProblem
+    when the chain holds a commit that is not `parent_id`'s, or a merge: the fork would carry
+    someone else's work."""
     chain: list[pygit2.Commit] = []
     commit = repo[upto].peel(pygit2.Commit)
     while str(commit.id) != base_commit:
@@ -39,6 +42,7 @@ def copy_history(repo: Repo, *, base_commit: str, upto: str, parent_id: str, for
         chain.append(commit)
         commit = commit.parents[0]
     tip = base_commit
+    copies: dict[str, str] = {}
     for original in reversed(chain):
         message = renamed(original.message, parent_id, fork_id, str(original.id))
         oid = repo.create_commit(
@@ -49,8 +53,8 @@ def copy_history(repo: Repo, *, base_commit: str, upto: str, parent_id: str, for
             original.tree_id,
             [pygit2.Oid(hex=tip)],
         )
-        tip = str(oid)
-    return tip
+        tip = copies[str(original.id)] = str(oid)
+    return copies
 
 
 def renamed(message: str, parent_id: str, fork_id: str, original: str) -> str:

@@ -131,7 +131,8 @@ def fork_run(
         repo, branch=parent.branch, base_commit=parent.base_commit, task_id=task_id
     )
     done = {sid for sid, r in parent_state.steps.items() if r.status in DONE}
-    plan = plan_fork(order, deps, at, commits, done, parent.base_commit)
+    # never below the checkout's commit (--include-uncommitted): it is the run's own start
+    plan = plan_fork(order, deps, at, commits, done, parent.start_commit)
     cut = plan.cut
     taken = set(manifests.run_ids(coder_dir))
 
@@ -164,9 +165,13 @@ def fork_run(
         )
         state = _state(manifest, parent_state, plan, at)
         noted = _note(repo, parent, state, note) if note is not None else None
-        tip = forks.copy_history(
+        copies = forks.copy_history(
             repo, base_commit=parent.base_commit, upto=cut, parent_id=task_id, fork_id=new_id
         )
+        tip = list(copies.values())[-1] if copies else parent.base_commit
+        if parent.checkout_commit:
+            manifest = replace(manifest, checkout_commit=copies[parent.checkout_commit])
+            state.checkout_commit = manifest.checkout_commit
         _create(repo, coder_dir, manifest, tip, state)
     return ForkResult(
         task_id=new_id,

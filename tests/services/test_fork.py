@@ -327,3 +327,23 @@ def test_steps_without_a_commit_are_carried_over_when_what_they_need_is() -> Non
     assert plan.cut == "c1" and plan.carried == ("e1",)
     plan = plan_fork(order, deps, "e3", in_order, done - {"t2"}, "base")
     assert plan.carried == ("e1", "t1", "e2")  # t2 never finished: pending in the fork
+
+
+def test_a_fork_of_a_run_that_took_the_checkout_keeps_its_first_commit(make_repo: Any) -> None:
+    """`run --include-uncommitted`: the run's first commit holds the checkout's edits; a fork,
+    even at the first step, begins on its copy (never below it), recorded as its own."""
+    repo = make_repo({"README.md": "# r\n"})
+    (repo / "README.md").write_text("# r, edited\n")
+    path = taskfile(repo, TASK)
+    code, out, err = coder(repo, "run", "--autonomous", "--include-uncommitted", "-f", str(path))
+    assert code == 0, out + err
+    parent = state_of(repo, "rv")["checkout_commit"]
+    assert parent
+    code, out, err = coder(repo, "fork", "-t", "rv", "--at", "s1")
+    assert code == 0, out + err
+    state = state_of(repo, FORK)
+    assert state["checkout_commit"] == rev(repo, FORK_BRANCH) != parent
+    assert git(repo, "show", f"{FORK_BRANCH}:README.md") == "# r, edited\n"
+    code, out, err = coder(repo, "resume", "-t", FORK)
+    assert code == 0, out + err
+    assert rev(repo, f"{FORK_BRANCH}^{{tree}}") == rev(repo, f"{BRANCH}^{{tree}}")
