@@ -53,6 +53,7 @@ def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Confi
     from coder.policy.env import scrub_env
 
     found = []
+    base_path = scrub_env(policy).get("PATH")  # once: a step's env only adds to it
     for index, step in enumerate(steps):
         refused_env = env_refusals([step])
         found += refused_env
@@ -68,7 +69,7 @@ def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Confi
                 if detects and index > 0:  # the steps before it may write the tests: they
                     continue  # are looked for when it runs (it fails there if none are found)
                 raise
-            path = scrub_env(policy, step.env).get("PATH")  # a step's env may set PATH
+            path = step.env.get("PATH", base_path)  # a step's env may set PATH
             if cmd is not None:
                 check_command(cmd, policy, root=root, cwd=root / (step.cwd or "."), path=path)
         except CoderError as exc:

@@ -50,3 +50,24 @@ def test_a_test_step_runs_the_detected_test_command(make_repo) -> None:
     cfg = config_mod.load(repo)
     policy = Policy.from_config(cfg.values)
     assert refusals(steps({"kind": "test"}), root=repo, policy=policy, config=cfg) == []
+
+
+def test_a_steps_own_path_decides_where_its_commands_resolve(repo: Path) -> None:
+    """A step's `env: PATH` is the PATH its command is looked up on; the next step's is the
+    scrubbed environment's again (the check reads each step's own)."""
+    tools = repo / "bin"
+    tools.mkdir()
+    (tools / "ls").write_text("#!/bin/sh\n")
+    (tools / "ls").chmod(0o755)
+    cfg = config_mod.load(repo)
+    found = refusals(
+        steps(
+            {"id": "own", "kind": "shell", "cmd": "ls", "env": {"PATH": str(tools)}},
+            {"id": "plain", "kind": "shell", "cmd": "ls"},
+        ),
+        root=repo,
+        policy=Policy.from_config(cfg.values),
+        config=cfg,
+    )
+    assert [(r.step_id, r.refused) for r in found] == [("own", True)]
+    assert "inside the worktree" in found[0].message
