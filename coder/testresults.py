@@ -38,7 +38,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from coder.testreport import TestReport, parse_output
 
@@ -96,6 +96,31 @@ def _head(argv: list[str]) -> tuple[str | None, list[str]]:
             return argv[2], argv[3:]
     runner = _SUBCOMMANDS.get(tuple(argv[:2]))
     return (runner, argv[2:]) if runner else (None, [])
+
+
+class Finished(Protocol):
+    """What `read_result` needs of a finished command (policy.sandbox.CommandResult)."""
+
+    @property
+    def stdout(self) -> str: ...
+    @property
+    def stderr(self) -> str: ...
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def results(self) -> bytes | None: ...
+
+
+def read_result(plan: Structured | None, result: Finished, framework: str | None) -> TestReport:
+    """`read` of a finished command's output, exit code and results file."""
+    return read(
+        plan,
+        stdout=result.stdout,
+        stderr=result.stderr,
+        exit_code=result.exit_code,
+        results=result.results,
+        framework=framework,
+    )
 
 
 def read(

@@ -63,14 +63,7 @@ def probe(root: Path, cmd: str, cfg: config_mod.Config, *, timeout: float = TIME
             f"`{cmd}` did not finish within {timeout:g} s",
             "check that the tests end on their own; a test step waits for its own timeout",
         )
-    report = testresults.read(
-        plan,
-        stdout=result.stdout,
-        stderr=result.stderr,
-        exit_code=result.exit_code,
-        results=result.results,
-        framework=testreport.framework_of(cmd),
-    )
+    report = testresults.read_result(plan, result, testreport.framework_of(cmd))
     return _judge(cmd, result.exit_code, result.stdout + "\n" + result.stderr, report)
 
 

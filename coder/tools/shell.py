@@ -146,14 +146,7 @@ def tests_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             return _refused(exc)
         raise
     output = result.stdout + ("\n" if result.stdout and result.stderr else "") + result.stderr
-    report = testresults.read(
-        plan,
-        stdout=result.stdout,
-        stderr=result.stderr,
-        exit_code=result.exit_code,
-        results=result.results,
-        framework=framework_of(cmd),
-    )
+    report = testresults.read_result(plan, result, framework_of(cmd))
     data = {
         "cmd": cmd,
         "exit_code": result.exit_code,

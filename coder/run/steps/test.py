@@ -57,13 +57,8 @@ def _run_tests(ctx: StepContext, cmd: str) -> tuple[StepOutcome, testreport.Test
         return StepOutcome(False, "interrupted while running the tests", cancelled=True), None
     if result.timed_out:
         return StepOutcome(False, describe_failure(result)), None
-    report = testresults.read(
-        plan,
-        stdout=result.stdout,
-        stderr=result.stderr,
-        exit_code=result.exit_code,
-        results=result.results,
-        framework=ctx.step.framework or testreport.framework_of(cmd),
+    report = testresults.read_result(
+        plan, result, ctx.step.framework or testreport.framework_of(cmd)
     )
     failed = (report.failed or 0) + (report.errors or 0) if report.found else None
     tests: TestCounts = {
