@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("runs", "run", "Run a taskfile on its own branch, one commit per step."),
     "resume": ("runs", "resume", "Continue a run that crashed, was killed or was stopped."),
     "stop": ("runs", "stop", "Stop a run; a runner that does not stop when asked is killed."),
-    "status": ("runs", "status", "List the runs in this repository."),
+    "status": ("status_cmd", "status", "List the runs in this repository."),
     "merge": (
         "merge_cmd",
         "merge",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 import click
@@ -392,3 +392,9 @@ def complete_steps(ctx: click.Context, param: click.Parameter, incomplete: str) 
     except Exception:  # noqa: BLE001 - as above
         return []
     return [CompletionItem(step) for step in steps if step.startswith(incomplete)]
+
+
+def fitted(rows: Sequence[Sequence[str]]) -> str:
+    """A table as text: each column as wide as its widest cell, the last one left free."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)

@@ -97,7 +97,7 @@ def compare(tasks: tuple[str, ...], patch: bool, as_json: bool) -> None:
 
 def comparison_text(result: Any, patch: bool) -> str:
     """The comparison as a table fitted to its columns, the totals, then the diff."""
-    from coder.cli.runs import fitted
+    from coder.cli.common import fitted
 
     a, b = result.a, result.b
     rows: list[tuple[str, ...]] = [
