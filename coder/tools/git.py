@@ -305,6 +305,25 @@ def _hunk_problem(
     )
 
 
+def _mark_missing_newline(hunk: _Hunk) -> None:
+    """`hunk` reaches the end of a file whose last line has no line end: where the model left
+    out git's "\\ No newline at end of file" (models do), put it after the old side's last
+    line and the new side's, so the patch applies and the file still ends without one."""
+    lines = hunk.lines
+    if not any(ln[:1] in " -" for ln in lines) or any(ln.startswith("\\") for ln in lines):
+        return
+    ends = {
+        max(i for i, ln in enumerate(lines) if ln[:1] in side)
+        for side in (" -", " +")
+        if any(ln[:1] in side for ln in lines)
+    }
+    hunk.lines = [
+        marked
+        for i, ln in enumerate(lines)
+        for marked in ([ln, "\\ No newline at end of file"] if i in ends else [ln])
+    ]
+
+
 def _render(fp: _FilePatch, placed: list[tuple[int, _Hunk]], crlf: bool, mode: int) -> str:
     old_name, new_name = fp.old or fp.new, fp.new or fp.old
     out = [f"diff --git a/{old_name} b/{new_name}"]
@@ -323,7 +342,9 @@ def _render(fp: _FilePatch, placed: list[tuple[int, _Hunk]], crlf: bool, mode: i
             f"@@ -{old_hdr},{n_old} +{new_hdr},{n_new} @@" + (f" {hunk.tail}" if hunk.tail else "")
         )
         cr = "\r" if crlf else ""
-        out += [ln if ln.startswith("\\") else ln + cr for ln in hunk.lines]
+        for line, after in zip(hunk.lines, [*hunk.lines[1:], ""]):
+            # a line followed by git's "\ No newline at end of file" has no line end to keep
+            out.append(line if line.startswith("\\") or after.startswith("\\") else line + cr)
         delta += n_new - n_old
     return "\n".join(out) + "\n"
 
@@ -359,7 +380,7 @@ def _prepare(ctx: ToolContext, files: list[_FilePatch]) -> tuple[str, list[str],
         seen.add(rel)
         if not fp.hunks and fp.old is not None:
             raise PatchProblem(f"no hunks for {rel}")
-        mode, crlf, current = 0o100644, False, []
+        mode, crlf, current, data = 0o100644, False, [], ""
         if fp.old is None:
             if os.path.lexists(real):
                 raise PatchProblem(
@@ -377,6 +398,10 @@ def _prepare(ctx: ToolContext, files: list[_FilePatch]) -> tuple[str, list[str],
             current = _file_lines(data.replace("\r\n", "\n") if crlf else data)
             mode = 0o100755 if os.access(real, os.X_OK) else 0o100644
         placed = _place_hunks(fp, current) if fp.old is not None else [(0, h) for h in fp.hunks]
+        if fp.old is not None and data and not data.endswith("\n"):
+            for start, hunk in placed:
+                if start + len(hunk.side(" -")) == len(current):
+                    _mark_missing_newline(hunk)
         texts.append(_render(fp, placed, crlf, mode))
         added = sum(len(h.side("+")) for h in fp.hunks)
         removed = sum(len(h.side("-")) for h in fp.hunks)

@@ -500,3 +500,42 @@ def test_fs_read_refuses_a_fifo(ctx: ToolContext) -> None:
     assert not result.ok and "not a regular file" in result.content
     assert "pipe" not in call(ctx, "fs_glob", pattern="**").content
     assert call(ctx, "fs_grep", pattern="anything").ok  # the fifo is not opened
+
+
+@pytest.mark.parametrize(
+    ("patch", "expected"),
+    [
+        # the last line changed: git's own diff of such a file marks both sides
+        (
+            "@@ -2,2 +2,2 @@\n two\n-three\n\\ No newline at end of file\n+THREE\n"
+            "\\ No newline at end of file\n",
+            b"one\r\ntwo\r\nTHREE",
+        ),
+        # a line before it changed: the last line is context, still without its newline
+        (
+            "@@ -1,3 +1,3 @@\n-one\n+ONE\n two\n three\n\\ No newline at end of file\n",
+            b"ONE\r\ntwo\r\nthree",
+        ),
+        # a line added at the end: the old last line gains its line end (CRLF, as the file's)
+        (
+            "@@ -3 +3,2 @@\n-three\n\\ No newline at end of file\n+three\n+four\n"
+            "\\ No newline at end of file\n",
+            b"one\r\ntwo\r\nthree\r\nfour",
+        ),
+        # git's marker left out, as models do: the file still ends without a line end
+        ("@@ -3 +3 @@\n-three\n+THREE\n", b"one\r\ntwo\r\nTHREE"),
+        ("@@ -2,2 +2,3 @@\n two\n+2.5\n three\n", b"one\r\ntwo\r\n2.5\r\nthree"),
+        ("@@ -1,3 +1,2 @@\n one\n-two\n three\n", b"one\r\nthree"),
+    ],
+)
+@pytest.mark.parametrize("newline", ["\r\n", "\n"])
+def test_fs_apply_patch_to_a_file_without_a_final_newline(
+    ctx: ToolContext, patch: str, expected: bytes, newline: str
+) -> None:
+    """A file (CRLF or LF) whose last line has no line end: the model's patch (written with
+    \\n, as it sees the file, with or without git's marker) applies, the file keeps its line
+    ends, and its last line stays without one unless the patch gives it one."""
+    (ctx.root / "dos.txt").write_bytes(b"one\r\ntwo\r\nthree".replace(b"\r\n", newline.encode()))
+    result = call(ctx, "fs_apply_patch", patch="--- a/dos.txt\n+++ b/dos.txt\n" + patch)
+    assert result.ok, result.as_text()
+    assert (ctx.root / "dos.txt").read_bytes() == expected.replace(b"\r\n", newline.encode())
