@@ -156,4 +156,5 @@ def _from_manifest(coder_dir: Path, task_id: str) -> StatusRow | CorruptState:
         "branch": manifest.branch,
         "updated_at": manifest.created_at,
         "error": None,
+        "parent": manifest.parent,
     }

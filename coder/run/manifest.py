@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from coder.durable import write_atomic
 from coder.errors import CoderError, CorruptState, EnvironmentProblem, InvalidInput, UnknownTask
-from coder.run.state import RunState, StateStore, check_task_id
+from coder.run.state import ForkPoint, RunState, StateStore, check_task_id
 from coder.schemas import TASK_ID
 
 if TYPE_CHECKING:
@@ -46,6 +46,10 @@ class Manifest:
     # A fork's (coder.services.fork): the id and branch its taskfile names, those of the run
     # it was first forked from, which `resume --taskfile` accepts for the fork's own.
     origin: dict[str, str] | None = None
+    # A fork's parent run and where it left it (RunState's own): a checkpoint rebuilt from
+    # the manifest keeps them, so status, compare and show still know the fork's parent.
+    parent: str | None = None
+    forked_at: ForkPoint | None = None
 
     @property
     def worktree_path(self) -> Path:
@@ -56,8 +60,9 @@ class Manifest:
         data = asdict(self)
         if self.checkout_commit is None:
             del data["checkout_commit"]
-        if self.origin is None:  # a run that is no fork: as before forks existed
-            del data["origin"]
+        for key in ("origin", "parent", "forked_at"):  # a run that is no fork: as before forks
+            if data[key] is None:
+                del data[key]
         return data
 
     @property
@@ -79,6 +84,8 @@ class Manifest:
             created_at=data["created_at"],
             checkout_commit=_commit_id(data.get("checkout_commit")),
             origin=_origin(data.get("origin")),
+            parent=data["parent"] if isinstance(data.get("parent"), str) else None,
+            forked_at=_fork_point(data.get("forked_at")),
         )
 
 
@@ -89,6 +96,16 @@ def _commit_id(value: Any) -> str | None:
 def _origin(value: Any) -> dict[str, str] | None:
     if isinstance(value, dict) and all(isinstance(value.get(k), str) for k in ("id", "branch")):
         return {"id": value["id"], "branch": value["branch"]}
+    return None
+
+
+def _fork_point(value: Any) -> ForkPoint | None:
+    if (
+        isinstance(value, dict)
+        and isinstance(value.get("step"), str)
+        and _commit_id(value.get("commit"))
+    ):
+        return {"step": value["step"], "commit": value["commit"]}
     return None
 
 
@@ -207,6 +224,8 @@ def from_state(state: RunState) -> Manifest:
         worktree=state.worktree,
         created_at=state.created_at,
         checkout_commit=state.checkout_commit,
+        parent=state.parent,
+        forked_at=state.forked_at,
     )
 
 
@@ -226,6 +245,8 @@ def new_run(manifest: Manifest) -> RunState:
         task=task,
         created_at=manifest.created_at,
         checkout_commit=manifest.checkout_commit,
+        parent=manifest.parent,
+        forked_at=manifest.forked_at,
         updated_at=now_iso(),
         steps={s["id"]: StepRecord() for s in task["graph"]},
     )

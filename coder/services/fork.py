@@ -162,6 +162,8 @@ def fork_run(
             worktree=str(coder_dir / "worktrees" / new_id),
             created_at=now_iso(),
             origin=parent.origin or {"id": task_id, "branch": parent.branch},
+            parent=task_id,
+            forked_at={"step": at, "commit": plan.cut},
         )
         state = _state(manifest, parent_state, plan, at)
         noted = _note(repo, parent, state, note) if note is not None else None
@@ -190,10 +192,7 @@ def fork_run(
 def _state(manifest: manifests.Manifest, parent: RunState, plan: ForkPlan, at: str) -> RunState:
     """The fork's first checkpoint: the carried-over steps with the parent's records (a
     committed one on its copy, once the branch exists: `_create`); every other step pending."""
-    state = manifests.new_run(manifest)
-    state.parent = parent.task_id
-    state.forked_at = {"step": at, "commit": plan.cut}
-    state.status = "pending"
+    state = manifests.new_run(manifest)  # parent and forked_at: the manifest's
     commits = {c.step_id: c.commit for c in plan.kept}
     for sid in plan.carried:
         record = parent.steps.get(sid)

@@ -196,6 +196,26 @@ def test_status_lists_forks_under_their_parent(finished: Path) -> None:
     assert rows[FORK]["parent"] == "rv" and rows["rv"]["parent"] is None
 
 
+def test_a_fork_whose_checkpoint_was_deleted_keeps_its_parent(finished: Path) -> None:
+    """The manifest holds the fork's parent and fork point: a checkpoint rebuilt from it (the
+    state files deleted, `coder resume`) still knows them, and status nests the fork."""
+    code, out, err = coder(finished, "fork", "-t", "rv", "--at", "s3")
+    assert code == 0, out + err
+    forked_at = state_of(finished, FORK)["forked_at"]
+    for name in (f"{FORK}.json", f"{FORK}.journal"):
+        (finished / ".coder" / "state" / name).unlink(missing_ok=True)
+    code, out, _ = coder(finished, "status", "--json")
+    assert {row["id"]: row for row in json.loads(out)}[FORK]["parent"] == "rv"
+    code, out, err = coder(finished, "resume", "-t", FORK)
+    assert code == 0, out + err
+    state = state_of(finished, FORK)
+    assert state["status"] == "success"
+    assert state["parent"] == "rv" and state["forked_at"] == forked_at
+    code, out, _ = coder(finished, "status")
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["rv", FORK]
+    assert out.splitlines()[2].startswith(f"  {FORK} ")
+
+
 def test_compare_shows_both_runs_and_the_diff_between_their_branches(finished: Path) -> None:
     code, out, err = coder(finished, "fork", "-t", "rv", "--at", "s3")
     assert code == 0, out + err
