@@ -7,6 +7,7 @@
     sandbox.py    the one way coder runs a command: policy checked, confined, network off,
                   resource limits, timeout, process-group kill, capped output
     confine.py    the kernel sandbox (Landlock) every command runs in, applied by a thread
+    reaper.py     coder as child subreaper: whether a sandbox can still hold a process
     escapes.py    options of allowed programs that run other programs, refused
     mounts.py     a read-only mount namespace: metadata outside the worktree stays put
     seccomp.py    no setuid or setgid file from a command (a seccomp filter)

@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from coder.errors import EnvironmentProblem
+from coder.policy import reaper
 
 MIN_ABI = 3  # truncate(2) is only covered from ABI 3 on
 _KEEP_THREADS = 16  # idle spawner threads kept (one per profile); older ones are stopped
@@ -279,6 +280,9 @@ class Confinement:
         self._requests = queue.SimpleQueue()
         self._ready: Future[None] = Future()
         self.per_command_netns = False
+        # Each process it starts is coder's descendant until it ends (coder.policy.reaper),
+        # so whether one is left can be told without a kill
+        self.watched = reaper.active()
         self._thread = threading.Thread(target=self._serve, name="coder-sandbox", daemon=True)
         self._thread.start()
         self._ready.result()  # raises what confining the thread raised
@@ -291,7 +295,9 @@ class Confinement:
             argv = [*prefix, *argv]
 
         def start() -> subprocess.Popen[bytes]:
-            return subprocess.Popen(argv, **kwargs)
+            proc = subprocess.Popen(argv, **kwargs)
+            reaper.track(proc, self)
+            return proc
 
         return self.call(start)
 
@@ -311,20 +317,34 @@ class Confinement:
 
     def end_leftovers(self) -> None:
         """SIGKILL every process still running in this sandbox (see the module docstring).
-        Only when none of its commands is meant to be running: they would be killed too."""
+        Only when none of its commands is meant to be running: they would be killed too.
+        Nothing is started when none can be running (coder.policy.reaper.quiet)."""
+        if self.watched and reaper.quiet(self):
+            return
         done: Future[subprocess.Popen[bytes]] = Future()
-        argv = ["/bin/sh", "-c", _END_LEFTOVERS.format(coder=os.getpid())]
-        start = functools.partial(subprocess.Popen, argv, stdin=subprocess.DEVNULL, env={})
+        script = _LIST_AND_END_LEFTOVERS if self.watched else _END_LEFTOVERS
+        argv = ["/bin/sh", "-c", script.format(coder=os.getpid())]
+        start = functools.partial(
+            subprocess.Popen, argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env={}
+        )
         self._requests.put((start, done))
         try:
-            exited = ProcessExit(done.result(timeout=30))  # TimeoutError is an OSError
+            proc = done.result(timeout=30)  # TimeoutError is an OSError
         except OSError as exc:
             raise EnvironmentProblem(f"cannot end the processes a command left: {exc}") from exc
-        try:
-            if not exited.within(30):
-                raise EnvironmentProblem("cannot end the processes a command left: no end in 30 s")
-        finally:
-            exited.close()
+        exited = ProcessExit(proc)
+        assert proc.stdout is not None
+        with proc.stdout:
+            try:
+                if not exited.within(30):
+                    raise EnvironmentProblem(
+                        "cannot end the processes a command left: no end in 30 s"
+                    )
+            finally:
+                exited.close()
+            listed = proc.stdout.read(1 << 20).split()  # its only writer has ended
+        if self.watched:  # the killed ones are (or become) coder's children: reap them
+            reaper.reap(int(pid) for pid in listed if pid.isdigit())
 
     def _serve(self) -> None:
         try:
@@ -486,6 +506,13 @@ def _drop_capabilities(keep: int | None = None) -> None:
 # Run inside a sandbox: kill(-1) reaches only the sandbox's own processes, as long as Landlock
 # scopes signals; if coder itself can be signalled, nothing is killed.
 _END_LEFTOVERS = "kill -0 {coder} 2>/dev/null || kill -9 -1 2>/dev/null; exit 0"
+# The same, printing first the pids it may signal (the sandbox's processes, itself left out):
+# coder reaps those that were reparented to it (coder.policy.reaper).
+_LIST_AND_END_LEFTOVERS = (
+    "kill -0 {coder} 2>/dev/null && exit 0; for p in /proc/[0-9]*; do p=${{p#/proc/}}; "
+    '[ "$p" = $$ ] || ! kill -0 "$p" 2>/dev/null || echo "$p"; done; kill -9 -1 2>/dev/null; '
+    "exit 0"
+)
 
 
 def profile_for(root: Path, *, network: bool = False) -> Profile:

@@ -206,6 +206,9 @@ class Executor:
 
     def execute(self) -> str:
         """Run every runnable step; returns the run's final status."""
+        from coder.policy import reaper
+
+        reaper.start()  # what a command leaves stays coder's: no kill per step to find it
         state = self.run.state
         state.status, state.pid, state.error = "running", os.getpid(), None
         self.checkpoint()

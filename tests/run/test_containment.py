@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +235,24 @@ def test_a_process_a_step_leaves_running_does_not_outlive_the_step(make_repo) ->
     assert code == 0, step
     pid = daemon_pid(repo / ".coder" / "worktrees" / "esc")
     assert gone(pid)
+
+
+def test_a_double_forked_daemon_is_ended_before_the_commit(make_repo) -> None:
+    """Its parent exited, so it is in no command's tree; coder, the child subreaper of its
+    run, still finds and ends it before the checks: the worktree is the step's commit
+    afterwards, and stays so; nothing of it is left, not even a zombie."""
+    from tests.policy.test_reaper import DOUBLE_FORK
+
+    repo = make_repo()
+    code, step = run_shell(repo, DOUBLE_FORK)
+    assert code == 0, step
+    worktree = repo / ".coder" / "worktrees" / "esc"
+    pid = int((worktree / "daemon.pid").read_text())
+    assert not Path(f"/proc/{pid}").exists()  # ended and reaped
+    committed = git(worktree, "show", f"{step['commit']}:tick.txt")
+    time.sleep(0.1)
+    assert (worktree / "tick.txt").read_text() == committed
+    assert git(worktree, "status", "--porcelain") == ""
 
 
 def test_the_model_cannot_reset_the_users_checkout(make_repo, isolated_home, fake) -> None:
