@@ -79,9 +79,11 @@ def commit_step(
     expected_tip: str,
     staged: Staged | None = None,
     notes: Sequence[str] = (),
+    repo: Repo | None = None,
 ) -> str | None:
     """Commit everything the step changed in ``worktree`` as one commit on its branch: the
     tree ``staged`` holds (what the verify stage staged and checked), or staged now.
+    ``repo``: the worktree, opened already (by the verify stage that staged it).
 
     Returns the new commit's hex, or None if the tree equals ``expected_tip``'s (a step that
     changed nothing makes no commit). Raises ``BranchMoved`` if the branch is not at
@@ -89,7 +91,7 @@ def commit_step(
     parent, which libgit2 turns into an atomic compare-and-swap.
     """
     worktree = Path(worktree)
-    w = open_worktree(worktree)
+    w = repo if repo is not None else open_worktree(worktree)
     refname = branch_ref(w, worktree)
     check_tip(w, refname, expected_tip, worktree)
     tree = _staged_tree(worktree, expected_tip, staged)
@@ -120,12 +122,13 @@ def commit_detached(
     parent: str,
     staged: Staged | None = None,
     notes: Sequence[str] = (),
+    repo: Repo | None = None,
 ) -> str | None:
     """``commit_step`` for a scratch worktree: the step commit advances only its detached
     HEAD (so the HEAD reflog keeps it reachable until ``cherry_pick`` lands it). Returns None
     if nothing changed."""
     workdir = Path(workdir)
-    w = open_worktree(workdir)
+    w = repo if repo is not None else open_worktree(workdir)
     if not w.head_is_detached:
         raise EnvironmentProblem(f"{workdir} is on a branch, not a scratch worktree")
     check_detached_head(w, parent, workdir)

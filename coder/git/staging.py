@@ -100,14 +100,15 @@ class Staged:
         return sorted({c.path for c in self.changes} | set(self.unstaged))
 
 
-def stage(worktree: Path, base: str) -> Staged:
+def stage(worktree: Path, base: str, *, repo: pygit2.Repository | None = None) -> Staged:
     """Stage everything that differs from the index in ``worktree`` (like ``git add -A``, less
     ``.coder/``, nested repositories and submodules) and return the staged tree with its
-    changes against commit ``base``."""
+    changes against commit ``base``. ``repo``: the worktree, opened already (`open_worktree`)
+    since the last command there ended."""
     from coder.git.repository import open_worktree
 
     worktree = Path(worktree)
-    w = open_worktree(worktree)
+    w = repo if repo is not None else open_worktree(worktree)
     git = _Git(w, worktree)
     staged = _stage_in_process(w, worktree) if _index_entries(w) < IN_PROCESS_BELOW else None
     tree, unstaged = staged or _stage_with_git(git, worktree)

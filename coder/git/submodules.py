@@ -174,9 +174,10 @@ def _checked_out_submodules(
         yield from _checked_out_submodules(sub, dest, f"{prefix}{path}/")
 
 
-def changed_submodules(worktree: Path) -> list[str]:
-    """Submodules whose files or commit a step changed: coder would not commit that work."""
-    w = open_worktree(worktree, writing=False)
+def changed_submodules(worktree: Path, *, repo: Repo | None = None) -> list[str]:
+    """Submodules whose files or commit a step changed: coder would not commit that work.
+    ``repo``: the worktree, opened already."""
+    w = repo if repo is not None else open_worktree(worktree, writing=False)
     changed = []
     for path, dest, oid in _checked_out_submodules(w, worktree):
         try:

@@ -19,11 +19,11 @@ def tree_of(repo: Repo, rev: str) -> pygit2.Tree:
 _LINKS: dict[str, frozenset[str]] = {}  # tree id -> the paths of its symlinks (a few kept)
 
 
-def committed_links(worktree: Path) -> frozenset[str]:
+def committed_links(worktree: Path, *, repo: Repo | None = None) -> frozenset[str]:
     """The paths of the symlinks in the worktree's HEAD commit. Cached by tree id, and a tree
     whose parent commit's tree is cached is derived from it through their diff, so a run
-    pays for one walk of the tree, not one per step."""
-    w = open_worktree(worktree, writing=False)
+    pays for one walk of the tree, not one per step. ``repo``: the worktree, opened already."""
+    w = repo if repo is not None else open_worktree(worktree, writing=False)
     if w.head_is_unborn:
         return frozenset()
     commit = w.head.peel(pygit2.Commit)

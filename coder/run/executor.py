@@ -49,7 +49,6 @@ from coder.run.steps.runners import runner_for
 if TYPE_CHECKING:
     from coder.agent.session import AgentSession
     from coder.config import Config
-    from coder.git.staging import Staged
     from coder.models.provider import Usage
     from coder.policy.commands import Policy
     from coder.redact import Redactor
@@ -122,9 +121,11 @@ class Place(Protocol):
     def start(self) -> str:
         """The commit an attempt starts from."""
 
-    def commit(self, step: Step, attempt: int, outcome: StepOutcome, staged: Staged) -> str | None:
-        """Commit the attempt's changes, as verify staged them (None when it changed
-        nothing)."""
+    def commit(
+        self, step: Step, attempt: int, outcome: StepOutcome, seen: Verification
+    ) -> str | None:
+        """Commit the attempt's changes, as verify staged them (`seen.staged`, in the
+        repository it opened: `seen.repo`); None when it changed nothing."""
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
         """Put the commit on the branch: (the commit now on it, the commit before it)."""
@@ -381,7 +382,7 @@ class Executor:
             restore.discard_changes(place.workdir, tip)
             return outcome, None
         crashpoint("after_checks", step.id)
-        return outcome, place.commit(step, attempt, outcome, seen.staged)
+        return outcome, place.commit(step, attempt, outcome, seen)
 
     def _act(self, step: Step, workdir: Path, attempt: int) -> StepOutcome:
         """The step kind's runner. A CoderError it raises is the step's own failure (its
@@ -679,11 +680,16 @@ class InPlace:
     def start(self) -> str:
         return self.ex._tip()
 
-    def commit(self, step: Step, attempt: int, outcome: StepOutcome, staged: Staged) -> str | None:
+    def commit(
+        self, step: Step, attempt: int, outcome: StepOutcome, seen: Verification
+    ) -> str | None:
         message = commit_parts(
             self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact, self.ex.notes(step)
         )
-        return commits.commit_step(self.workdir, **message, expected_tip=staged.base, staged=staged)
+        staged = seen.staged
+        return commits.commit_step(
+            self.workdir, **message, expected_tip=staged.base, staged=staged, repo=seen.repo
+        )
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
         return commit, tip  # the commit moved the branch already
@@ -704,11 +710,16 @@ class Scratch:
     def start(self) -> str:
         return self.tip
 
-    def commit(self, step: Step, attempt: int, outcome: StepOutcome, staged: Staged) -> str | None:
+    def commit(
+        self, step: Step, attempt: int, outcome: StepOutcome, seen: Verification
+    ) -> str | None:
         message = commit_parts(
             self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact, self.ex.notes(step)
         )
-        return commits.commit_detached(self.workdir, **message, parent=staged.base, staged=staged)
+        staged = seen.staged
+        return commits.commit_detached(
+            self.workdir, **message, parent=staged.base, staged=staged, repo=seen.repo
+        )
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
         current = self.ex._tip()

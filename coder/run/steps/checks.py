@@ -22,6 +22,7 @@ from coder.taskfile import Assertion
 
 if TYPE_CHECKING:
     from coder.config import Config
+    from coder.git.repository import Repo
     from coder.git.staging import Staged
     from coder.policy.commands import Policy
     from coder.taskfile import Step, Task
@@ -38,11 +39,19 @@ class Verification:
         self.policy, self.config = policy, config
 
     @functools.cached_property
+    def repo(self) -> Repo:
+        """The worktree's repository, opened once for the checks and the commit: no command
+        runs there between them, and its admin files were put back before (the git guard)."""
+        from coder.git.repository import open_worktree
+
+        return open_worktree(self.workdir)
+
+    @functools.cached_property
     def staged(self) -> Staged:
         """The step's changes, staged (once, for every check that asks and for the commit)."""
         from coder.git.staging import stage
 
-        return stage(self.workdir, self.base)
+        return stage(self.workdir, self.base, repo=self.repo)
 
     @property
     def changed(self) -> list[str]:
@@ -61,7 +70,7 @@ def protected_paths_untouched(seen: Verification) -> list[str]:
     from coder.git import trees
 
     changed = set(seen.changed)
-    links = (trees.committed_links(seen.workdir) - changed) | {
+    links = (trees.committed_links(seen.workdir, repo=seen.repo) - changed) | {
         rel for rel in changed if os.path.islink(seen.workdir / rel)
     }
     return protected_changes(
@@ -81,10 +90,9 @@ def diff_within_caps(seen: Verification) -> list[str]:
             f"({max_files})"
         )
     if max_lines is not None and seen.changed:
-        from coder.git import diffs, repository
+        from coder.git import diffs
 
-        repo = repository.open_repo(seen.workdir)
-        added, removed = diff_lines(diffs.changes_patch(repo, seen.staged.changes))
+        added, removed = diff_lines(diffs.changes_patch(seen.repo, seen.staged.changes))
         if added + removed > max_lines:
             problems.append(
                 f"the step changed {added + removed} lines (+{added} -{removed}), more than "
@@ -116,7 +124,7 @@ def submodules_unchanged(seen: Verification) -> list[str]:
     return [
         f"the step changed the submodule {path}/; coder commits only this repository, so "
         "that work would be lost (change the submodule in its own repository)"
-        for path in submodules.changed_submodules(seen.workdir)
+        for path in submodules.changed_submodules(seen.workdir, repo=seen.repo)
     ]
 
 
