@@ -276,6 +276,8 @@ class Confinement:
         self.profile = profile
         self.identity = _identity(profile)
         self.tmp_root = tempfile.mkdtemp(prefix="coder-sandbox-")
+        self._spare: list[str] = []  # commands' TMPDIRs given back empty (command_tmp)
+        self._spare_lock = threading.Lock()
         self._requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None]
         self._requests = queue.SimpleQueue()
         self._ready: Future[None] = Future()
@@ -314,6 +316,30 @@ class Confinement:
 
     def stop(self) -> None:
         self._requests.put(None)
+
+    def command_tmp(self) -> str:
+        """A private, empty temporary directory for one command (its TMPDIR), under this
+        sandbox's temporary root; `give_back` it when the command is done. One given back is
+        lent again only while it is still an empty directory (not a link a command put in
+        its place): a mkdir and an rmdir a command cost 1-2 ms on a busy disk."""
+        while True:
+            with self._spare_lock:
+                if not self._spare:
+                    break
+                path = self._spare.pop()
+            if _empty_dir(path):
+                return path
+            shutil.rmtree(path, ignore_errors=True)  # fd-based: never follows a link inside
+        return tempfile.mkdtemp(prefix="cmd-", dir=self.tmp_root)
+
+    def give_back(self, path: str) -> None:
+        """`path` from `command_tmp`, its command done: kept for the next command if it is
+        left empty, else removed with what is in it."""
+        if not _empty_dir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        with self._spare_lock:
+            self._spare.append(path)
 
     def end_leftovers(self) -> None:
         """SIGKILL every process still running in this sandbox (see the module docstring).
@@ -454,6 +480,19 @@ def launcher_argv(argv: list[str], root: Path, *, network: bool) -> list[str]:
     _tmp_roots.append(profile["tmp"])  # type: ignore[arg-type]
     launcher = [sys.executable, "-I", "-m", "coder.policy.launch", json.dumps(profile), "--"]
     return [*(prefix or ()), *launcher, *argv]
+
+
+def _empty_dir(path: str) -> bool:
+    """Whether `path` is a directory itself (not a link to one) with nothing in it."""
+    import stat
+
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return False
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
 
 
 def _existing(paths: Iterable[str]) -> list[str]:

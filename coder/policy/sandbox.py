@@ -352,7 +352,8 @@ def _shell_argv(shell: str, script: str) -> Iterator[list[str]]:
 @contextmanager
 def _spawner(policy: Policy, root: Path, env: dict[str, str]) -> Iterator[Spawn]:
     """How to start the command: confined in the kernel sandbox for `root` (with a private
-    TMPDIR, removed afterwards), or, with the sandbox off, only in its own network namespace."""
+    TMPDIR, emptied afterwards: `Confinement.command_tmp`), or, with the sandbox off, only in
+    its own network namespace."""
     if not policy.sandbox:
         prefix = None if policy.allow_network else _unshare_prefix()
 
@@ -365,12 +366,12 @@ def _spawner(policy: Policy, root: Path, env: dict[str, str]) -> Iterator[Spawn]
 
     require_sandbox(policy)
     spawner = confine.confinement(confine.profile_for(root, network=policy.allow_network))
-    tmp = tempfile.mkdtemp(prefix="cmd-", dir=spawner.tmp_root)
+    tmp = spawner.command_tmp()
     env.update(TMPDIR=tmp, TMP=tmp, TEMP=tmp)
     try:
         yield spawner.popen
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        spawner.give_back(tmp)
 
 
 def _unshare_prefix() -> tuple[str, ...] | None:

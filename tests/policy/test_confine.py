@@ -229,3 +229,31 @@ def test_a_worktree_removed_and_made_again_at_its_path_is_writable(tmp_path: Pat
         confine.confined(root, lambda: (root / "own.txt").write_text("b\n"))
         assert (root / "in.txt").read_text() == "a\n" and (root / "own.txt").read_text() == "b\n"
         shutil.rmtree(root)
+
+
+@needs_sandbox
+def test_each_command_gets_an_empty_tmpdir_of_its_own_whatever_the_last_one_left(
+    tmp_path: Path,
+) -> None:
+    """TMPDIRs are reused (a mkdir and an rmdir a command cost 1-2 ms): what a command leaves
+    there is gone before the next, and one it replaced with a link is not lent again (nor is
+    anything removed through it)."""
+    root, yours = tmp_path / "wt", tmp_path / "yours"
+    root.mkdir()
+    yours.mkdir()
+    (yours / "keep").write_text("yours\n")
+    policy = Policy(allowed_commands=POLICY.allowed_commands | {"ln", "rmdir", "ls"})
+    left = run_command(
+        'echo x > "$TMPDIR/left"; echo "$TMPDIR"', cwd=root, policy=policy, root=root
+    )
+    first = left.stdout.strip()
+    assert not os.path.exists(first)  # what it left was removed with it
+    again = run_command('ls -A "$TMPDIR"; echo "$TMPDIR"', cwd=root, policy=policy, root=root)
+    assert again.stdout.split() == [again.stdout.strip()]  # empty
+    tmpdir = again.stdout.strip()
+    swap = f'rmdir "$TMPDIR" && ln -s {yours} "$TMPDIR"'
+    assert run_command(swap, cwd=root, policy=policy, root=root).ok
+    assert os.path.islink(tmpdir)
+    after = run_command('ls -A "$TMPDIR"; echo "$TMPDIR"', cwd=root, policy=policy, root=root)
+    assert after.stdout.split() == [after.stdout.strip()] and after.stdout.strip() != tmpdir
+    assert (yours / "keep").read_text() == "yours\n"
