@@ -18,7 +18,9 @@ in `CODER_RUN_OWNER`, and resume, holding the task lock, ends whatever still car
 
 from __future__ import annotations
 
+import math
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -29,11 +31,14 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from coder.errors import EnvironmentProblem, InvalidInput, PolicyViolation
 from coder.policy.commands import Limits, Policy, check_command
 from coder.policy.env import scrub_env
+
+if TYPE_CHECKING:
+    from coder.policy.confine import ProcessExit
 
 _KILL_GRACE_S = 2.0  # between SIGTERM and SIGKILL
 _POLL_S = 0.05  # how often the waiting loop looks at the cancel event and the clock
@@ -141,11 +146,51 @@ class _CappedBuffer:
             return head + tail
 
 
-def _pump(stream: IO[bytes], buf: _CappedBuffer) -> None:
-    with stream:
-        fd = stream.fileno()
-        while chunk := os.read(fd, 65536):
-            buf.add(chunk)
+class _Pipes:
+    """A command's stdout and stderr, read by the thread that waits for it, as they fill:
+    reader threads would cost two thread starts and joins, about 1 ms a command."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], cap: int) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        self.out, self.err = _CappedBuffer(cap), _CappedBuffer(cap)
+        self._open: dict[int, tuple[IO[bytes], _CappedBuffer]] = {
+            proc.stdout.fileno(): (proc.stdout, self.out),
+            proc.stderr.fileno(): (proc.stderr, self.err),
+        }
+
+    @property
+    def open(self) -> bool:
+        """Whether a pipe still has a writer (the command, or something it started)."""
+        return bool(self._open)
+
+    def pump(self, seconds: float, wake: int | None = None) -> None:
+        """Read what the pipes hold, waiting up to `seconds` for output, a pipe's end, or
+        `wake` to become readable (a pidfd: the process ended)."""
+        if not self._open and wake is None:
+            time.sleep(max(0.0, seconds))
+            return
+        poller = select.poll()
+        for fd in (*self._open, *([wake] if wake is not None else [])):
+            poller.register(fd, select.POLLIN)
+        for fd, _event in poller.poll(math.ceil(max(0.0, seconds) * 1000)):
+            if fd not in self._open:
+                continue
+            chunk = os.read(fd, 65536)
+            if chunk:
+                self._open[fd][1].add(chunk)
+            else:  # every writer is gone
+                self._open.pop(fd)[0].close()
+
+    def drain(self, seconds: float) -> None:
+        """Read until both pipes end, for up to `seconds`."""
+        deadline = time.monotonic() + seconds
+        while self._open and (left := deadline - time.monotonic()) > 0:
+            self.pump(left)
+
+    def close(self) -> None:
+        for stream, _ in self._open.values():
+            stream.close()
+        self._open.clear()
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -159,11 +204,12 @@ def _signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
-def _end_group(proc: subprocess.Popen[bytes], readers: list[threading.Thread]) -> None:
+def _end_group(proc: subprocess.Popen[bytes], pipes: _Pipes, exited: ProcessExit) -> None:
     """Stop everything in the command's process group and reap the main process.
 
     SIGTERM first; the group is done when the main process has exited and the output pipes
-    are closed (every writer is gone), or after the grace period; then SIGKILL for the rest.
+    are closed (every writer is gone), or after the grace period (the pipes read meanwhile,
+    so a process flushing its output as it ends is not blocked); then SIGKILL for the rest.
     The group id stays ours while any member lives, so killing it late is safe.
     """
     pgid = proc.pid
@@ -171,12 +217,11 @@ def _end_group(proc: subprocess.Popen[bytes], readers: list[threading.Thread]) -
         return  # exited and nothing left behind
     if _signal_group(pgid, signal.SIGTERM):
         deadline = time.monotonic() + _KILL_GRACE_S
-        try:
-            proc.wait(timeout=_KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-        for reader in readers:
-            reader.join(max(0.0, deadline - time.monotonic()))
+        while (left := deadline - time.monotonic()) > 0:
+            running = proc.poll() is None
+            if not running and not pipes.open:
+                break
+            pipes.pump(min(left, _POLL_S), exited.fd if running else None)
         _signal_group(pgid, signal.SIGKILL)
     proc.wait()
 
@@ -389,37 +434,29 @@ def _wait(
     started: float,
 ) -> CommandResult:
     """Collect the output of a started command until it ends, times out or is cancelled."""
-    assert proc.stdout is not None and proc.stderr is not None
-    out, err = _CappedBuffer(policy.output_cap), _CappedBuffer(policy.output_cap)
-    readers = [
-        threading.Thread(
-            target=_pump, args=(stream, buf), daemon=True, name=f"coder-cmd-{proc.pid}-{name}"
-        )
-        for stream, buf, name in ((proc.stdout, out, "out"), (proc.stderr, err, "err"))
-    ]
-    for reader in readers:
-        reader.start()
-
-    timed_out = cancelled = False
     from coder.policy.confine import ProcessExit
 
+    pipes = _Pipes(proc, policy.output_cap)
+    timed_out = cancelled = False
     exited = ProcessExit(proc)
     try:
-        while True:
-            if exited.within(_POLL_S):
-                break
-            if cancel is not None and cancel.is_set():
-                cancelled = True
-                break
-            if time.monotonic() - started >= limit:
-                timed_out = True
-                break
-    finally:  # also on KeyboardInterrupt: never leave the group running
+        try:
+            while proc.poll() is None:
+                if cancel is not None and cancel.is_set():
+                    cancelled = True
+                    break
+                if time.monotonic() - started >= limit:
+                    timed_out = True
+                    break
+                pipes.pump(_POLL_S, exited.fd)
+        finally:  # also on KeyboardInterrupt: never leave the group running
+            _end_group(proc, pipes, exited)
+    finally:
         exited.close()
-        _end_group(proc, readers)
-    deadline = time.monotonic() + 1.0  # a process that left the group (setsid) may still
-    for reader in readers:  # hold a pipe open: do not wait for it
-        reader.join(max(0.0, deadline - time.monotonic()))
+    pipes.drain(1.0)  # a process that left the group (setsid) may still hold a pipe open:
+    incomplete = pipes.open  # do not wait for it
+    pipes.close()
+    out, err = pipes.out, pipes.err
     duration = time.monotonic() - started
 
     notes = []
@@ -432,7 +469,7 @@ def _wait(
         notes.append(
             f"output capped at {policy.output_cap} bytes per stream ({omitted} bytes omitted)"
         )
-    if any(reader.is_alive() for reader in readers):
+    if incomplete:
         notes.append(
             "output may be incomplete: a process that left the command's process "
             "group still holds its output open"
