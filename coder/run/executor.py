@@ -49,6 +49,7 @@ from coder.run.steps.runners import runner_for
 if TYPE_CHECKING:
     from coder.agent.session import AgentSession
     from coder.config import Config
+    from coder.git.staging import Change
     from coder.models.provider import Usage
     from coder.policy.commands import Policy
     from coder.redact import Redactor
@@ -111,6 +112,7 @@ class Attempted:
     outcome: StepOutcome
     tip: str  # the tip the attempt started from
     commit: str | None = None  # the step's commit, not landed yet for a scratch worktree
+    changes: tuple[Change, ...] = ()  # what the commit changes against `tip`, as verify saw it
 
 
 class Place(Protocol):
@@ -314,7 +316,7 @@ class Executor:
             tip = place.start()
             attempt = self._start(step, tip)
             try:
-                outcome, commit = self._attempt(step, place, attempt, tip)
+                outcome, commit, changes = self._attempt(step, place, attempt, tip)
             except EnvironmentProblem as exc:
                 return Attempted(StepOutcome(False, environment_error(exc), errored=True), tip)
             except OSError:  # a file of the run's vanished mid-way through the pipeline
@@ -323,7 +325,7 @@ class Executor:
                     raise
                 return Attempted(StepOutcome(False, environment_error(gone), errored=True), tip)
             if outcome.result != "failed" or self.run.stop.is_set():
-                return Attempted(outcome, tip, commit)
+                return Attempted(outcome, tip, commit, changes)
             failures += 1
             if failures > self._retries(step):
                 return Attempted(outcome, tip)
@@ -359,8 +361,9 @@ class Executor:
 
     def _attempt(
         self, step: Step, place: Place, attempt: int, tip: str
-    ) -> tuple[StepOutcome, str | None]:
-        """One attempt: act, verify, then commit what it did or discard it."""
+    ) -> tuple[StepOutcome, str | None, tuple[Change, ...]]:
+        """One attempt: act, verify, then commit what it did or discard it (the outcome, the
+        commit, its changes)."""
         from coder.policy.confine import end_leftovers
 
         guard = GitGuard.take(self.common_dir, place.workdir)
@@ -380,9 +383,10 @@ class Executor:
         )
         if not outcome.ok:
             restore.discard_changes(place.workdir, tip)
-            return outcome, None
+            return outcome, None, ()
         crashpoint("after_checks", step.id)
-        return outcome, place.commit(step, attempt, outcome, seen)
+        commit = place.commit(step, attempt, outcome, seen)
+        return outcome, commit, seen.staged.changes if commit else ()
 
     def _act(self, step: Step, workdir: Path, attempt: int) -> StepOutcome:
         """The step kind's runner. A CoderError it raises is the step's own failure (its
@@ -459,7 +463,10 @@ class Executor:
             self._fail(step, StepOutcome(False, exc.message))
             return
         crashpoint("after_commit", step.id)
-        self._succeed(step, outcome, landed, parent)
+        # the commit landed as it was made, on the tip it was made on: its diff is what
+        # verify staged (no second walk of the trees for the diff artifact)
+        same = landed == done.commit and parent == done.tip
+        self._succeed(step, outcome, landed, parent, done.changes if same else None)
 
     def _tip(self) -> str:
         tip = branches.branch_tip(self.repo, self.run.branch)
@@ -472,12 +479,21 @@ class Executor:
 
     # --- how a step ended ---------------------------------------------------------------
 
-    def _succeed(self, step: Step, outcome: StepOutcome, commit: str | None, parent: str) -> None:
+    def _succeed(
+        self,
+        step: Step,
+        outcome: StepOutcome,
+        commit: str | None,
+        parent: str,
+        changes: tuple[Change, ...] | None = None,
+    ) -> None:
         if commit:
-            write_private(
-                self.run.artifacts / f"{step.id}.diff",
-                self.run.redactor.redact(diffs.step_patch(self.repo, parent, commit)),
+            patch = (
+                diffs.step_patch(self.repo, parent, commit)
+                if changes is None
+                else diffs.changes_patch(self.repo, changes)
             )
+            write_private(self.run.artifacts / f"{step.id}.diff", self.run.redactor.redact(patch))
         self._update(
             step.id,
             sync=commit is None,  # a commit on the branch is the step's durable proof

@@ -193,6 +193,18 @@ def test_parallel_levels_land_in_file_order_with_the_same_result(make_repo) -> N
     )
     assert "parallel-demo--" not in git(parallel, "worktree", "list")  # scratch worktrees gone
     git(parallel, "fsck", "--strict")
+    # each step's diff artifact is its landed commit's diff (made from the change set verify
+    # staged when the commit landed as made, from the two trees when it was cherry-picked)
+    from coder.git import diffs, repository
+
+    for repo in (sequential, parallel):
+        r = repository.open_repo(repo)
+        for step, _attempt, _title in step_commits(repo, branch):
+            commit = git(repo, "log", "-1", "--format=%H", f"--grep=Coder-Step: {step}$", branch)
+            commit = commit.strip()
+            artifact = repo / ".coder" / "artifacts" / "parallel-demo" / f"{step}.diff"
+            assert artifact.read_text() == diffs.step_patch(r, f"{commit}^", commit), step
+            assert "diff --git" in artifact.read_text()
 
 
 def test_asserts_fail_the_step(make_repo) -> None:
