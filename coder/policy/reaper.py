@@ -76,7 +76,10 @@ def _readable() -> bool:
 
 
 def track(proc: subprocess.Popen[bytes], owner: object) -> None:
-    """`proc` was started for sandbox `owner`; it counts as known until it is reaped."""
+    """`proc` was started for sandbox `owner`; it counts as known until it is reaped (kept
+    only in a subreaper: elsewhere nothing asks, and nothing would forget it)."""
+    if not _active:
+        return
     with _lock:
         _tracked[proc.pid] = (weakref.ref(proc), owner)
 
