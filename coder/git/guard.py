@@ -99,15 +99,19 @@ class GitGuard:
         return " with `sandbox: off`" if self.held is None else ""
 
     @classmethod
-    def take(cls, common_dir: Path, workdir: Path | None = None) -> GitGuard:
-        """The guard around a step in `workdir`, a linked worktree of `common_dir`."""
+    def take(
+        cls, common_dir: Path, workdir: Path | None = None, *, head: tuple[str, str] | None = None
+    ) -> GitGuard:
+        """The guard around a step in `workdir`, a linked worktree of `common_dir`. `head`:
+        what `workdir`'s HEAD is, (branch or "(no branch)", commit), when the caller knows
+        (read from the worktree otherwise: a repository open per step)."""
         common_dir = Path(os.path.realpath(common_dir))
         real = None if workdir is None else Path(os.path.realpath(workdir))
         watched = _watched(common_dir, real)
         trees = (common_dir / "hooks",)
         stash_log = _stamp(_stash_log(common_dir))
         stashes = frozenset(s.commit_id for s in _stash_list(common_dir)) if stash_log else None
-        on = _worktree_head(workdir) if workdir is not None else None
+        on = head if head is not None or workdir is None else _worktree_head(workdir)
         stamps = _stamps(watched, trees, frozenset())
         saved = _snapshot(watched, trees, frozenset())
         return cls(

@@ -123,6 +123,10 @@ class Place(Protocol):
     def start(self) -> str:
         """The commit an attempt starts from."""
 
+    def head(self, tip: str) -> tuple[str, str]:
+        """What the worktree's HEAD is when an attempt starts from `tip` (the branch, or
+        "(no branch)", and the commit), as `git stash` names it (the git guard)."""
+
     def commit(
         self, step: Step, attempt: int, outcome: StepOutcome, seen: Verification
     ) -> str | None:
@@ -366,7 +370,7 @@ class Executor:
         commit, its changes)."""
         from coder.policy.confine import end_leftovers
 
-        guard = GitGuard.take(self.common_dir, place.workdir)
+        guard = GitGuard.take(self.common_dir, place.workdir, head=place.head(tip))
         started = time.monotonic()
         acted = self._act(step, place.workdir, attempt)
         end_leftovers(place.workdir)
@@ -696,6 +700,9 @@ class InPlace:
     def start(self) -> str:
         return self.ex._tip()
 
+    def head(self, tip: str) -> tuple[str, str]:
+        return self.ex.run.branch, tip
+
     def commit(
         self, step: Step, attempt: int, outcome: StepOutcome, seen: Verification
     ) -> str | None:
@@ -725,6 +732,9 @@ class Scratch:
 
     def start(self) -> str:
         return self.tip
+
+    def head(self, tip: str) -> tuple[str, str]:
+        return "(no branch)", tip
 
     def commit(
         self, step: Step, attempt: int, outcome: StepOutcome, seen: Verification

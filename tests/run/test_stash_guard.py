@@ -85,3 +85,27 @@ def test_a_stash_not_made_in_the_steps_worktree_is_kept_with_the_drop_command(
     assert "`git stash drop stash@{0}`" in error
     listed = [line.split(" ", 1)[1] for line in stashes(repo)]
     assert listed == ["On main: elsewhere", "On main: users own stash"]
+
+
+def test_a_stash_made_by_a_step_of_a_parallel_level_is_dropped(make_repo) -> None:
+    """A step beside others works in a scratch worktree, its HEAD detached: `git stash` names
+    its entry "WIP on (no branch)", and it is still the step's own, dropped."""
+    repo = user_repo(make_repo)
+    before = stashes(repo)
+    path = taskfile(
+        repo,
+        """
+        id: st
+        title: stash
+        policies: {max_parallel: 2}
+        graph:
+          - {id: a, kind: shell, cmd: "echo agent >> README.md && git stash -q", depends_on: []}
+          - {id: b, kind: shell, cmd: "echo b > b.txt", depends_on: []}
+        """,
+    )
+    code, _out, _err = coder(repo, "run", "--autonomous", "--no-sandbox", "-f", str(path))
+    step = state_of(repo, "st")["steps"]["a"]
+    assert code == 1 and step["status"] == "failed", step
+    assert "the step added stash entry 'WIP on (no branch): " in step["error"], step["error"]
+    assert "coder dropped it" in step["error"]
+    assert stashes(repo) == before
