@@ -161,6 +161,8 @@ def _reaped(fd: int) -> bool:
         found = os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
     except ChildProcessError:  # not our child: its parent's, or ours once that parent ends
         return _ended_elsewhere(fd)
+    except OSError:  # no waitid on a pidfd here (Linux < 5.4): left as an unknown child
+        return True
     return found is not None
 
 
