@@ -49,7 +49,7 @@ another (87 and 106 ms). At 100 files libgit2 stages in process (bench/scan.py: 
 processes cost more than the scan there); what is left there is fixed per step (below).
 
 Then, per step at 100 files, what was fixed per step (same machine, best of 5, coder's main
-and this code interleaved in pairs of runs, 9 pairs; ms):
+and this code interleaved in pairs of runs, 13 pairs; ms):
 
     phase      before (best run)   after (best run)
     command     4.0                 3.1     the command's output read by the waiting thread
