@@ -83,8 +83,8 @@ What stays per step at 100 files, and why:
 
 In the same session at 20,000 files: 0.72x, 0.86x and 1.11x (three runs, best of 3; 125.8 vs
 175.1, 151.6 vs 175.3, 122.8 vs 110.4 ms; verify 109-131 ms, git's own scan and writes), growth
-0.48-0.74x git's; the steps axis (`--step-counts 20 2020`) 0.85x, 0.89x, 0.99x and 1.62x over four runs
-(the last against a 20-step best taken in a quiet moment; no growth within that run: its
+0.48-0.74x git's; the steps axis (`--step-counts 20 2020`) 0.85x, 0.89x, 0.99x and 1.62x over
+four runs (the last against a 20-step best taken in a quiet moment; no growth within that run: its
 last tenth 0.99x its first), main's 0.81x; harness per no-op step 10.5-15.8 ms, main's 20.5.
 
 Both start measuring in a settled worktree: a 20,000-file checkout leaves seconds of disk

@@ -22,7 +22,7 @@ from coder.kinds import KINDS
 if TYPE_CHECKING:
     from coder.config import Config
     from coder.policy.commands import Policy
-    from coder.taskfile import Step
+    from coder.taskfile import Step, Task
 
 
 @dataclass(frozen=True)
@@ -95,3 +95,16 @@ def env_refusals(steps: Iterable[Step]) -> list[Refusal]:
             if exc is not None:
                 found.append(Refusal(step.id, "env", exc.message, exc.hint, key=name))
     return found
+
+
+def policy_for(task: Task, cfg: Config) -> Policy:
+    """The run's policy: the config's, narrowed by the taskfile. A taskfile can turn the
+    network off but never on; only coder.config.json widens permissions."""
+    from dataclasses import replace
+
+    from coder.policy.commands import Policy
+
+    policy = Policy.from_config(cfg.values)
+    if task.policies.get("allow_network") is False:
+        policy = replace(policy, allow_network=False)
+    return policy

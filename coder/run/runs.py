@@ -45,6 +45,7 @@ from coder.run import manifest as manifests
 from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import TaskLock
 from coder.run.manifest import Manifest, load_manifest, manifest_path, new_run
+from coder.run.preflight import policy_for
 from coder.run.secrets import restore, run_secrets, stored_task
 from coder.run.state import DONE, RunState, StateStore, now_iso
 
@@ -395,18 +396,6 @@ def _open_agent(
         done=done,
         attempts=attempts,
     )
-
-
-def policy_for(task: taskfile.Task, cfg: config_mod.Config) -> Policy:
-    """The run's policy: the config's, narrowed by the taskfile. A taskfile can turn the
-    network off but never on; only coder.config.json widens permissions."""
-
-    from coder.policy.commands import Policy
-
-    policy = Policy.from_config(cfg.values)
-    if task.policies.get("allow_network") is False:
-        policy = replace(policy, allow_network=False)
-    return policy
 
 
 def preflight(task: taskfile.Task, policy: Policy, root: Path, cfg: config_mod.Config) -> None:

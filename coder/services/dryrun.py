@@ -19,8 +19,8 @@ from coder.git import branches, repository
 from coder.kinds import KINDS, TESTS
 from coder.policy.sandbox import require_sandbox
 from coder.run.manifest import run_exists
-from coder.run.preflight import command_of, refusals
-from coder.run.runs import RunOptions, policy_for
+from coder.run.preflight import command_of, policy_for, refusals
+from coder.run.runs import RunOptions
 
 
 @dataclass(frozen=True)

@@ -460,7 +460,7 @@ class _Merge:
     def _verify(self, commit: str) -> None:
         from coder import config as config_mod
         from coder import taskfile
-        from coder.run.runs import policy_for
+        from coder.run.preflight import policy_for
         from coder.run.secrets import restore
 
         # the tests run as the taskfile wrote them (the manifest keeps them redacted)

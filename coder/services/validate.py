@@ -33,16 +33,14 @@ def check(
 
 def preflight_problems(doc: yamldoc.Document, task: taskfile.Task, cwd: Path) -> list[Problem]:
     """Run's preflight refusals (`coder.run.preflight.refusals`), each at its step."""
-    from coder.run.preflight import env_refusals, refusals
+    from coder.run.preflight import env_refusals, policy_for, refusals
 
     cfg = config_mod.load(cwd)
     if cfg.project_root is None:  # a step's env is the file's own business
         found = env_refusals(task.steps)
     else:
-        from coder.run import runs  # git and the policy: only where a run could start
-
         found = refusals(
-            task.steps, root=cfg.project_root, policy=runs.policy_for(task, cfg), config=cfg
+            task.steps, root=cfg.project_root, policy=policy_for(task, cfg), config=cfg
         )
     index = {step.id: i for i, step in enumerate(task.steps)}
     problems = []
