@@ -8,8 +8,9 @@ template that drops `tools`, a model without tool training): the tools are descr
 system prompt (name, one-line purpose, parameters, and one worked example call in a fenced
 block, a shape small models imitate well), no `tools` go with the request, the first call
 written in the reply is taken (what comes before it is the model's thinking, what comes after
-it is dropped from the transcript: often an invented result), and each result goes back as a
-user message naming the call. The description is appended to the run's cache-stable system
+it is dropped from the transcript: often an invented result, so the stream ends there and the
+server does not generate it: `complete`), and each result goes back as a user message naming
+the call. The description is appended to the run's cache-stable system
 prompt, so it is byte-identical for every request with that model.
 
 A format also says what the loop appends for a reply and a result, which messages are tool
@@ -84,6 +85,11 @@ class ToolFormat(Protocol):
         natively; else None."""
         ...
 
+    def complete(self, text: str, known: Sequence[str]) -> bool:
+        """Whether the reply streamed so far (`text`) already holds all this format keeps of
+        it, so the stream can end there (the server stops generating what would be dropped)."""
+        ...
+
 
 @dataclass(frozen=True)
 class NativeTools:
@@ -121,6 +127,9 @@ class NativeTools:
         if self.fallback is None or turn != 1 or reply.tool_calls:
             return None
         return self.fallback if names_a_tool(reply.content, known) else None
+
+    def complete(self, text: str, known: Sequence[str]) -> bool:
+        return False  # the server parses the calls: the reply is read to its end
 
 
 @dataclass(frozen=True)
@@ -171,6 +180,19 @@ class TextTools:
 
     def switch(self, reply: ChatResult, known: Sequence[str], turn: int) -> TextTools | None:
         return None
+
+    def complete(self, text: str, known: Sequence[str]) -> bool:
+        """The first call is written and its fence closed (or the text goes on without one):
+        what follows is dropped from the transcript anyway, so it need not be generated."""
+        if "}" not in text:
+            return False
+        found = first_call_in_text(text, known)
+        if found is None:
+            return False
+        rest = text[found[1] :].lstrip()
+        if not rest or rest[0] in "}],:":  # nothing yet, or the call sits inside more JSON
+            return False
+        return rest.startswith("```") or not "```".startswith(rest[:3])
 
 
 NATIVE = NativeTools()

@@ -8,6 +8,8 @@ import json
 import threading
 from typing import Any
 
+import pytest
+
 from coder.agent import events as ev
 from coder.agent.loop import AgentLoop, Limits, LoopResult
 from coder.agent.texttools import NATIVE, NativeTools, format_for, text_tools
@@ -90,6 +92,43 @@ def test_one_call_per_reply_is_taken() -> None:
     both = written("fs_read", path="a.py") + "\n" + written("fs_read", before="", path="b.py")
     h.run(both, written("step_complete", summary="ok"))
     assert h.ran == [("fs_read", {"path": "a.py"})]
+
+
+def test_the_stream_ends_once_the_first_call_is_written() -> None:
+    """What follows the call is dropped from the transcript, so it is not read (the stream is
+    closed and the server stops generating it); the turn ends as a reply with a call."""
+    h = Harness(max_prose_chars=100)
+    invented = "\nResult: def main(): pass" + " and so on" * 100
+    result = h.run(written("fs_read", after=invented, path="a.py"), written("step_complete"))
+    assert result.ok and h.ran == [("fs_read", {"path": "a.py"})]
+    assert result.messages[2]["content"] == written("fs_read", path="a.py")
+    turns = [e for e in h.events if isinstance(e, ev.TurnFinished)]
+    assert [t.done_reason for t in turns] == ["stop", "stop"]
+    assert turns[0].usage.eval_tokens < 30  # the invented result was never streamed
+    streamed = "".join(e.text for e in h.events if isinstance(e, ev.ModelText) and e.turn == 1)
+    assert streamed.startswith(written("fs_read", path="a.py")) and "Result" not in streamed
+
+
+@pytest.mark.parametrize(
+    ("text", "complete"),
+    [
+        ('```json\n{"name": "fs_read", "arguments": {"path": "a"}}', False),  # fence open
+        ('```json\n{"name": "fs_read", "arguments": {"path": "a"}}\n``', False),
+        ('```json\n{"name": "fs_read", "arguments": {"path": "a"}}\n```', True),
+        ('{"name": "fs_read", "arguments": {"path": "a"}}\nNow I wait.', True),  # no fence
+        ('{"name": "fs_read", "arguments": {"path": "a"}}', False),  # more may follow
+        ('{"function": {"name": "fs_read", "arguments": {"path": "a"}}', False),  # inner only
+        ('{"function": {"name": "fs_read", "arguments": {"path": "a"}}}\nok', True),
+        ('```json\n{"name": "no_such_tool", "arguments": {}}\n```', False),
+        ("Let me think about {this} first.", False),
+    ],
+)
+def test_a_reply_is_complete_once_its_first_call_and_fence_are_written(
+    text: str, complete: bool
+) -> None:
+    known = [t["function"]["name"] for t in TOOLS]
+    assert SECTION.complete(text, known) is complete
+    assert NATIVE.complete(text, known) is False  # the server parses native calls
 
 
 def test_a_call_the_server_parsed_anyway_is_written_into_the_text() -> None:
