@@ -9,10 +9,12 @@ accepts the claim (`verify`); a reply without a tool call gets a nudge, a call r
 unchanged gets a nudge and then ends the step; tool calls written as JSON in the text are
 recovered.
 
-Fast verdict: a reply that streams past `max_prose_chars` of text with no tool call and nothing
-shaped like one is cut off (the stream is closed, so the server stops generating), and a model
-whose replies show no attempt at the tool format gets `max_blind_nudges` nudge(s) before the
-step fails with that reason; a reply that tried (malformed JSON, a wrong name) gets up to
+Fast verdict: a reply that streams past `max_prose_chars` of text (or as many streamed pieces
+as that much prose takes in tokens: a degenerate reply of short tokens) with no tool call and
+nothing shaped like one is cut off (the stream is closed, so the server stops generating), as is
+a call whose name runs on past any tool's (a weak model looping inside the JSON), and a
+model whose replies show no attempt at the tool format gets `max_blind_nudges` nudge(s) before
+the step fails with that reason; a reply that tried (malformed JSON, a wrong name) gets up to
 `max_nudges`.
 
 Tool calls travel natively or as text (`tool_format`, coder.agent.texttools): the format
@@ -47,7 +49,7 @@ from coder.agent.events import (
     TurnFinished,
     TurnStarted,
 )
-from coder.agent.repair import looks_like_tool_call
+from coder.agent.repair import looks_like_tool_call, runaway_name
 from coder.agent.summarize import Summarizer
 from coder.agent.texttools import NATIVE, ToolFormat
 from coder.errors import ModelError, StopReply
@@ -250,6 +252,8 @@ class AgentLoop:
             )
         except ModelError as exc:
             raise _ModelFailed(f"model call failed: {exc.message}") from exc
+        if watcher.complete and reply.done_reason == "cut":  # ended after its call, not prose
+            reply = replace(reply, done_reason="stop")
         self.result.turns = turn
         self.result.usage = self.result.usage + reply.usage
         calls = _with_ids(self.format.calls(reply, self.known), turn)
@@ -438,31 +442,42 @@ class _StreamWatcher:
         self.loop, self.turn = loop, turn
         self.text = ""
         self.began = time.monotonic()
-        self.calls = 0
+        self.calls = self.pieces = 0  # pieces: streamed text deltas (each a token or more)
+        self.complete = False  # the stream was ended once the reply held all that is kept
 
     def __call__(self, event: ChatEvent) -> None:
         emit = self.loop.emit
         if isinstance(event, TextDelta):
             self.text += event.text
+            self.pieces += 1
             elapsed = time.monotonic() - self.began
             tokens = estimate_text_tokens(self.text)
             rate = tokens / elapsed if elapsed > 0 else 0.0
             emit(ModelText(self.turn, event.text, len(self.text), tokens, elapsed, rate))
+            if self.loop.format.complete(self.text, self.loop.known):
+                self.complete = True
+                raise StopReply
             self._maybe_cut()
         elif isinstance(event, ToolCallEvent):
             self.calls += 1
         elif isinstance(event, Retrying):
-            self.text, self.calls = "", 0  # the attempt's text is void
+            self.text, self.calls, self.pieces = "", 0, 0  # the attempt's text is void
             emit(ModelRetrying(self.turn, event.attempt, event.reason, event.delay_s))
         elif isinstance(event, EndpointDown):
-            self.text, self.calls = "", 0
+            self.text, self.calls, self.pieces = "", 0, 0
             emit(EndpointSwitched(self.turn, event.endpoint, event.next_endpoint, event.reason))
 
     def _maybe_cut(self) -> None:
         bound = self.loop.limits.max_prose_chars
-        if bound is None or self.calls or len(self.text) <= bound:
+        if bound is None or self.calls:
+            return
+        # As many streamed pieces as `bound` characters of prose would take: a reply of short
+        # tokens ("1. 1. 1. ...", a weak model's loop) is cut as soon as ordinary prose would be.
+        if len(self.text) <= bound and self.pieces <= bound // CHARS_PER_TOKEN:
             return
         if not looks_like_tool_call(self.text, self.loop.known):
+            raise StopReply
+        if runaway_name(self.text, self.loop.known):  # tool-shaped, but never a call
             raise StopReply
 
 

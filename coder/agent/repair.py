@@ -87,3 +87,19 @@ def looks_like_tool_call(text: str, known: Iterable[str]) -> bool:
         return True
     names = "|".join(re.escape(n) for n in known)
     return bool(names) and re.search(rf"\b(?:{names})\s*[({{]", text) is not None
+
+
+_NAME_VALUE = re.compile(r"""["'](?:name|tool|tool_name)["']\s*:\s*["']([^"'\n]*)""", re.IGNORECASE)
+NAME_SLACK = 16  # characters a call's name may run past the longest known name (a typo)
+
+
+def runaway_name(text: str, known: Iterable[str]) -> bool:
+    """Does the last call-shaped name in `text` run on past any tool's name, still unclosed (a
+    weak model looping inside the JSON: `"name": "calc_test_calc_test_calc_...`)? Such a
+    reply can never be a call, however far it is read."""
+    longest = max((len(n) for n in known), default=0)
+    found = list(_NAME_VALUE.finditer(text))
+    if not found:
+        return False
+    last = found[-1]
+    return last.end() == len(text) and len(last.group(1)) > longest + NAME_SLACK

@@ -133,6 +133,33 @@ def test_prose_with_no_tool_call_is_cut_and_nudged_once_then_the_step_fails() ->
     assert [n.reason for n in h.of(ev.Nudged)] == ["no_tool_call"]
 
 
+def test_a_reply_of_short_tokens_is_cut_as_soon_as_prose_would_be() -> None:
+    """A weak model's loop ("1. 1. 1. ...") takes a token per two or three characters: the
+    bound also counts streamed pieces (max_prose_chars / 4, what that much prose takes)."""
+    h = Harness(max_prose_chars=200)
+    result = h.run("1. " * 300, PROSE)
+    turns = h.of(ev.TurnFinished)
+    assert [t.done_reason for t in turns] == ["cut", "cut"]
+    first = [m["content"] for m in result.messages if m["role"] == "assistant"][0]
+    assert first == "1. " * 51  # 50 pieces read, cut at the 51st
+    assert not result.ok and "2 times in prose" in str(result.error)
+
+
+def test_a_call_whose_name_runs_on_is_cut_as_no_attempt() -> None:
+    """A weak model looping inside the JSON (`"name": "calc_test_calc_test...`): tool-shaped,
+    but no tool has such a name, so it is cut at the prose bound like prose; a long call
+    of a known tool is read to its end."""
+    looping = '```json\n{"name": "calc_test' + "_calc_test" * 100
+    h = Harness(max_prose_chars=200)
+    result = h.run(looping, looping)
+    assert [t.done_reason for t in h.of(ev.TurnFinished)] == ["cut", "cut"]
+    assert not result.ok and "2 times in prose with no attempt" in str(result.error)
+    long_call = '{"name": "fs_read", "arguments": {"path": "' + "a/" * 300 + 'x.py"}}'
+    h = Harness(max_prose_chars=200)
+    result = h.run(long_call, call("step_complete", summary="ok"))
+    assert result.ok and h.ran == [("fs_read", {"path": "a/" * 300 + "x.py"})]
+
+
 def test_short_prose_is_not_cut_but_counts_as_no_attempt() -> None:
     h = Harness(max_prose_chars=200)
     result = h.run("All done, I believe.", "Yes, it is done.")
