@@ -95,6 +95,7 @@ class FakeOpenAI(FakeServer):
         self.models = dict(DEFAULT_MODELS if models is None else models)
         self.llama_cpp = llama_cpp  # False: no /props (vLLM and others): a 404 there
         self.templates = templates  # llama.cpp's /apply-template is served
+        self.priming = Reply(content="ok")  # the answer to a warm prefix (a `delay_s`: slow)
         super().__init__(_Handler, replies, port, slots)
 
     @property
@@ -247,7 +248,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- chat ---------------------------------------------------------------------------------
 
     def _chat(self, body: dict[str, Any]) -> None:
-        reply = Reply(content="ok") if is_priming(body) else self.fake.reply_for(body)
+        reply = self.fake.priming if is_priming(body) else self.fake.reply_for(body)
         if reply is None:
             self._error(500, NO_REPLY_LEFT, "server_error")
             return

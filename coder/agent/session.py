@@ -38,6 +38,14 @@ class AgentSession:
     protocols: dict[str, Choice] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def primed(self) -> None:
+        """Wait for the warm prefix, if it is being sent: called right before a step's first
+        request (and before the models close), so the prefix is taken in while the run does
+        its other work (the worktree, the steps before the first model step, the step's focus
+        search) and the first request finds it in the server's cache."""
+        if self.priming is not None:
+            self.priming.join()
+
 
 class EventSink(Protocol):
     """Where an attacher reports (coder.run.events.EventLog is one)."""
@@ -111,7 +119,7 @@ def open_agent(
     for name in first:  # known before the first step: the prefix primed is the model's own
         tool_format(session, cfg, name, warmed[name])
     if cfg.warm_prefix and replay is None:
-        # While the worktree is checked out, the servers take in the shared prefix.
+        # While the run prepares, the servers take in the shared prefix (AgentSession.primed).
         fmt = tool_format(session, cfg, first[0])[0]
         session.priming = threading.Thread(
             target=models.prime,

@@ -145,6 +145,7 @@ def start(
             return _execute(setup, options, console)
         except BaseException as exc:
             if agent is not None:  # _execute closes it too; closing twice is harmless
+                agent.primed()
                 agent.models.close()
             start_at = (included.commit if included else None) or base_commit
             if not _started(repo, store, task.id, task.branch, start_at):
@@ -769,8 +770,6 @@ def _execute(setup: RunSetup, options: RunOptions, console: Console | None) -> R
         run = setup.context(log, options)
         if agent is not None:
             log.info("model.ready", **agent.facts.as_dict())
-            if agent.priming is not None:
-                agent.priming.join()
         attached = None
         try:
             if agent is not None and options.attach_tools is not None:  # they join the prefix
@@ -783,6 +782,7 @@ def _execute(setup: RunSetup, options: RunOptions, console: Console | None) -> R
             if attached is not None:
                 attached.close()
             if agent is not None:
+                agent.primed()  # a warm prefix still being sent ends before its client closes
                 agent.models.close()
     resume = f"coder resume -t {task.id}"
     if not manifests.run_exists(setup.coder_dir, task.id):  # deleted under the run

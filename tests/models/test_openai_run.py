@@ -16,7 +16,7 @@ import pytest
 
 from tests.agent.test_agent_run import FEATURE, feature_script
 from tests.conftest import coder, git
-from tests.fake_ollama import FakeOllama, down_url
+from tests.fake_ollama import FakeOllama, Reply, down_url
 from tests.fake_openai import MODEL, FakeOpenAI
 from tests.helpers import call, done, state_of, taskfile
 from tests.plan.test_plan import PROMPT, answer, plan_doc
@@ -66,6 +66,39 @@ def test_a_run_with_the_servers_cache_figures(server: FakeOpenAI, sample: Path) 
     assert shown["usage"]["cache_share"] == pytest.approx(share)
     assert shown["usage"]["cached_tokens"] == sum(steps)
     assert "of prompt tokens from the server's cache" in coder(sample, "show", "-t", "mul")[1]
+
+
+def test_the_warm_prefix_is_taken_in_while_the_run_does_other_work(
+    server: FakeOpenAI, sample: Path
+) -> None:
+    """The warm prefix goes out as the run opens and only the first model request waits for
+    it: a shell step before the first model step runs meanwhile, and that request finds the
+    prefix in the server's cache."""
+    slow = 3.0
+    server.priming = Reply(content="ok", delay_s=slow)
+    asked: list[float] = []
+    server.answer = lambda body: asked.append(time.time()) or None  # then the script answers
+    server.enqueue(done("nothing to find"))
+    task = """
+        id: warm
+        title: A shell step, then a model step
+        graph:
+          - {id: s1, kind: shell, cmd: "echo hello"}
+          - {id: s2, kind: analyze, goal: Find where the operations live, depends_on: [s1]}
+    """
+    code, out, err = coder(sample, "run", "--autonomous", "-f", str(taskfile(sample, task)))
+    assert code == 0, out + err
+    log = {(e["event"], e.get("step_id")): at(e) for e in events(sample, "warm")}
+    # the shell step ran while the prefix was on its way; the model step's request waited
+    assert asked[0] - log[("step.started", "s1")] > slow / 2
+    primed, first, *_ = server.cache.cached
+    assert primed == 0 and first > 0
+
+
+def at(event: dict[str, Any]) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
 def test_tool_results_name_their_call(server: FakeOpenAI, sample: Path) -> None:

@@ -152,6 +152,7 @@ def converse(
         on_event=lambda event: report(log, event, learn=(ctx, model)),
         tool_format=tools,
     )
+    session.primed()  # the first request finds the warm prefix in the server's cache
     try:
         result = loop.run(messages)
     finally:
