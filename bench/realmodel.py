@@ -125,6 +125,9 @@ def server() -> Iterator[str]:
     args = [exe, "-m", str(model_file()), "--host", "127.0.0.1", "--port", str(port)]
     args += ["--ctx-size", str(CONTEXT), "--"]  # the rest goes to llama-server as is
     args += ["--jinja", "--alias", ALIAS, "--parallel", "1", "--threads", "2"]
+    # No prompt cache in RAM beside the slot's: a run never finds a prompt of an earlier run
+    # (Aider's or coder's), as on a user's first run.
+    args += ["--cache-ram", "0"]
     # Its own process group: the wrapper starts llama-server as a child, and both must go.
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -415,7 +418,8 @@ def aider_exe() -> str | None:
 def versus_aider(tmp: Path, pairs: int = 2) -> None:
     """The same one-edit task on the same server: coder's run to its verdict against Aider's
     one message (`--message`, it exits after the reply), `pairs` of them, each pair alternating
-    which goes first, each run after another request (`other_request`)."""
+    which goes first, each run after another request (`other_request`), so each starts with
+    its prompt in no cache of the server's."""
     exe = aider_exe()
     name = "time to a verdict vs Aider, same server and task"
     if exe is None:
