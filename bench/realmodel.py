@@ -201,9 +201,10 @@ STARTED: dict[Path, float] = {}  # repo -> when its coder run started (epoch sec
 
 def breakdown(repo: Path, task_id: str, wall: float) -> str:
     """Where a coder run's wall time went, from its event log: process start to the model
-    checked (imports, the server asked), to the run started (the prefix built; the warm prefix
-    waited for), then each model call (the server's prompt and generation seconds, the rest
-    of the call), coder's own work between and after the calls."""
+    checked (imports, the server asked), to the first model call (the prefix built, the
+    worktree, the step's focus search, the warm prefix waited for), then the model calls (the
+    server's prompt and generation seconds, the rest of each call), coder's own work between
+    and after them."""
     from datetime import datetime
 
     def at(event: dict[str, Any]) -> float:
@@ -212,27 +213,21 @@ def breakdown(repo: Path, task_id: str, wall: float) -> str:
     log = repo / ".coder" / "logs" / f"{task_id}.jsonl"
     events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     start = STARTED[repo]
-    marks = {e["event"]: at(e) for e in reversed(events)}  # the first of each
-    ready, begun = marks.get("model.ready", start), marks.get("run.started", start)
-    parts = [f"start {ready - start:.1f}s", f"to first step {begun - ready:.1f}s"]
-    last = begun
-    calls = prompt = gen = 0.0
-    for e in events:
-        if e.get("event") != "model.turn":
-            continue
-        u = e.get("usage") or {}
-        calls += e.get("duration_s", 0.0)
-        prompt += u.get("prompt_s", 0.0)
-        gen += u.get("eval_s", 0.0)
-        last = at(e)
-    between = (last - begun) - calls
-    parts.append(
-        f"model calls {calls:.1f}s (prompt {prompt:.1f}s, generation {gen:.1f}s, "
-        f"other {calls - prompt - gen:.1f}s)"
+    calls = [e for e in events if e.get("event") == "model.turn"]
+    ready = next((at(e) for e in events if e.get("event") == "model.ready"), start)
+    if not calls:
+        return f"start {ready - start:.1f}s, no model call"
+    first = at(calls[0]) - calls[0].get("duration_s", 0.0)
+    in_calls = sum(e.get("duration_s", 0.0) for e in calls)
+    prompt = sum((e.get("usage") or {}).get("prompt_s", 0.0) for e in calls)
+    gen = sum((e.get("usage") or {}).get("eval_s", 0.0) for e in calls)
+    last = at(calls[-1])
+    return (
+        f"start {ready - start:.1f}s, to the first call {first - ready:.1f}s, model calls "
+        f"{in_calls:.1f}s (prompt {prompt:.1f}s, generation {gen:.1f}s, other "
+        f"{in_calls - prompt - gen:.1f}s), coder between calls {last - first - in_calls:.1f}s, "
+        f"after the last call {start + wall - last:.1f}s"
     )
-    parts.append(f"coder between calls {between:.1f}s")
-    parts.append(f"after the last call {start + wall - last:.1f}s")
-    return ", ".join(parts)
 
 
 def server_calls(log: str, offset: int = 0) -> list[tuple[int, float, int, float]]:

@@ -12,10 +12,10 @@ recovered.
 Fast verdict: a reply that streams past `max_prose_chars` of text (or as many streamed pieces
 as that much prose takes in tokens: a degenerate reply of short tokens) with no tool call and
 nothing shaped like one is cut off (the stream is closed, so the server stops generating), as is
-a call whose name runs on past any tool's (a weak model looping inside the JSON), and a
-model whose replies show no attempt at the tool format gets `max_blind_nudges` nudge(s) before
-the step fails with that reason; a reply that tried (malformed JSON, a wrong name) gets up to
-`max_nudges`.
+one past that bound, tool-shaped or not, whose last pieces repeat one short cycle (a weak
+model's loop: `_summary_summary...`); a model whose replies show no attempt at the tool
+format gets `max_blind_nudges` nudge(s) before the step fails with that reason; a reply that
+tried (malformed JSON, a wrong name) gets up to `max_nudges`.
 
 Tool calls travel natively or as text (`tool_format`, coder.agent.texttools): the format
 decides what the request's `tools` are, which calls a reply holds, and how replies and results
@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -49,7 +50,7 @@ from coder.agent.events import (
     TurnFinished,
     TurnStarted,
 )
-from coder.agent.repair import looks_like_tool_call, runaway_name
+from coder.agent.repair import LOOP_PIECES, looks_like_tool_call, looping
 from coder.agent.summarize import Summarizer
 from coder.agent.texttools import NATIVE, ToolFormat
 from coder.errors import ModelError, StopReply
@@ -443,6 +444,7 @@ class _StreamWatcher:
         self.text = ""
         self.began = time.monotonic()
         self.calls = self.pieces = 0  # pieces: streamed text deltas (each a token or more)
+        self.recent: deque[str] = deque(maxlen=LOOP_PIECES)  # the last pieces (repair.looping)
         self.complete = False  # the stream was ended once the reply held all that is kept
 
     def __call__(self, event: ChatEvent) -> None:
@@ -450,6 +452,7 @@ class _StreamWatcher:
         if isinstance(event, TextDelta):
             self.text += event.text
             self.pieces += 1
+            self.recent.append(event.text)
             elapsed = time.monotonic() - self.began
             tokens = estimate_text_tokens(self.text)
             rate = tokens / elapsed if elapsed > 0 else 0.0
@@ -462,9 +465,11 @@ class _StreamWatcher:
             self.calls += 1
         elif isinstance(event, Retrying):
             self.text, self.calls, self.pieces = "", 0, 0  # the attempt's text is void
+            self.recent.clear()
             emit(ModelRetrying(self.turn, event.attempt, event.reason, event.delay_s))
         elif isinstance(event, EndpointDown):
             self.text, self.calls, self.pieces = "", 0, 0
+            self.recent.clear()
             emit(EndpointSwitched(self.turn, event.endpoint, event.next_endpoint, event.reason))
 
     def _maybe_cut(self) -> None:
@@ -475,9 +480,7 @@ class _StreamWatcher:
         # tokens ("1. 1. 1. ...", a weak model's loop) is cut as soon as ordinary prose would be.
         if len(self.text) <= bound and self.pieces <= bound // CHARS_PER_TOKEN:
             return
-        if not looks_like_tool_call(self.text, self.loop.known):
-            raise StopReply
-        if runaway_name(self.text, self.loop.known):  # tool-shaped, but never a call
+        if not looks_like_tool_call(self.text, self.loop.known) or looping(self.recent):
             raise StopReply
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from coder import yamldoc
@@ -89,17 +89,17 @@ def looks_like_tool_call(text: str, known: Iterable[str]) -> bool:
     return bool(names) and re.search(rf"\b(?:{names})\s*[({{]", text) is not None
 
 
-_NAME_VALUE = re.compile(r"""["'](?:name|tool|tool_name)["']\s*:\s*["']([^"'\n]*)""", re.IGNORECASE)
-NAME_SLACK = 16  # characters a call's name may run past the longest known name (a typo)
+LOOP_PIECES = 64  # streamed pieces (tokens) a loop must fill before a reply counts as one
+LOOP_PERIOD = 3  # the longest cycle, in pieces, counted as a loop
 
 
-def runaway_name(text: str, known: Iterable[str]) -> bool:
-    """Does the last call-shaped name in `text` run on past any tool's name, still unclosed (a
-    weak model looping inside the JSON: `"name": "calc_test_calc_test_calc_...`)? Such a
-    reply can never be a call, however far it is read."""
-    longest = max((len(n) for n in known), default=0)
-    found = list(_NAME_VALUE.finditer(text))
-    if not found:
+def looping(pieces: Sequence[str]) -> bool:
+    """Do the last LOOP_PIECES streamed pieces of a reply repeat a cycle of at most
+    LOOP_PERIOD pieces (a weak model stuck in a loop: `_summary_summary_summary...`,
+    `1. 1. 1. ...`)? Such a reply goes nowhere, tool-shaped or not, however far it is read."""
+    tail = list(pieces)[-LOOP_PIECES:]
+    if len(tail) < LOOP_PIECES:
         return False
-    last = found[-1]
-    return last.end() == len(text) and len(last.group(1)) > longest + NAME_SLACK
+    return any(
+        all(tail[i] == tail[i - p] for i in range(p, len(tail))) for p in range(1, LOOP_PERIOD + 1)
+    )

@@ -145,19 +145,22 @@ def test_a_reply_of_short_tokens_is_cut_as_soon_as_prose_would_be() -> None:
     assert not result.ok and "2 times in prose" in str(result.error)
 
 
-def test_a_call_whose_name_runs_on_is_cut_as_no_attempt() -> None:
-    """A weak model looping inside the JSON (`"name": "calc_test_calc_test...`): tool-shaped,
-    but no tool has such a name, so it is cut at the prose bound like prose; a long call
-    of a known tool is read to its end."""
-    looping = '```json\n{"name": "calc_test' + "_calc_test" * 100
+def test_a_reply_stuck_in_a_loop_is_cut_even_when_tool_shaped() -> None:
+    """A weak model looping inside the JSON (`"json_summary_summary ...`): tool-shaped, but its
+    last 64 pieces repeat one short cycle, so it is cut past the prose bound and counts as no
+    attempt; a long call of a known tool, however repetitive its start, is read to its end."""
+    looping = '```json\n{"name": "fs_read", "json": "' + "summary " * 200
     h = Harness(max_prose_chars=200)
     result = h.run(looping, looping)
     assert [t.done_reason for t in h.of(ev.TurnFinished)] == ["cut", "cut"]
+    first = [m["content"] for m in result.messages if m["role"] == "assistant"][0]
+    assert len(first.split()) < 70  # cut once the loop filled 64 pieces past the bound
     assert not result.ok and "2 times in prose with no attempt" in str(result.error)
-    long_call = '{"name": "fs_read", "arguments": {"path": "' + "a/" * 300 + 'x.py"}}'
+    path = " ".join(f"dir{i}" for i in range(100)) + " x.py"
+    long_call = '{"name": "fs_read", "arguments": {"path": "' + path + '"}}'
     h = Harness(max_prose_chars=200)
     result = h.run(long_call, call("step_complete", summary="ok"))
-    assert result.ok and h.ran == [("fs_read", {"path": "a/" * 300 + "x.py"})]
+    assert result.ok and h.ran == [("fs_read", {"path": path})]
 
 
 def test_short_prose_is_not_cut_but_counts_as_no_attempt() -> None:

@@ -145,7 +145,7 @@ def test_text_shaped_like_the_example_counts_as_an_attempt() -> None:
     """The fast verdict: a long call in the block is not cut at the prose bound (the fence is
     tool-shaped), and a broken call gets the nudges of an attempt, not one blind nudge."""
     h = Harness(max_prose_chars=100, max_nudges=3, max_blind_nudges=1)
-    long = "x " * 200
+    long = " ".join(f"x{i}" for i in range(200))  # long, not a loop (repair.looping)
     broken = f'I will write it.\n```json\n{{"name": "fs_write", "arguments": {{"content": "{long}", }}\n```'
     result = h.run(broken, broken, written("step_complete", summary="done"))
     assert result.ok
