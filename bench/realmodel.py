@@ -306,7 +306,7 @@ def steps_line(repo: Path, task_id: str) -> str:
     return "; ".join(f"{sid}: {', '.join(calls)}" for sid, calls in by_step.items())
 
 
-def warm_prefix(tmp: Path, runs: int = 1) -> None:
+def warm_prefix(tmp: Path, runs: int = 3) -> None:
     """The one-step task with `warm_prefix` off and on, `runs` pairs interleaved, each run on
     a fresh server (so the prefix is not in its cache already)."""
     print("2. warm prefix (fresh server each time; the first model call of the first step):")
@@ -410,7 +410,7 @@ def aider_exe() -> str | None:
     return os.environ.get("AIDER") or shutil.which("aider")
 
 
-def versus_aider(tmp: Path, pairs: int = 2) -> None:
+def versus_aider(tmp: Path, pairs: int = 3) -> None:
     """The same one-edit task on the same server: coder's run to its verdict against Aider's
     one message (`--message`, it exits after the reply), `pairs` of them, each pair alternating
     which goes first, each run after another request (`other_request`), so each starts with
@@ -562,8 +562,8 @@ def main() -> int:
         choices=("four", "warm", "aider"),
         help="run only these default parts (1 four, 2 warm, 4 aider; repeatable)",
     )
-    parser.add_argument("--pairs", type=int, default=2, help="coder/Aider pairs in part 4")
-    parser.add_argument("--warm-runs", type=int, default=1, help="off/on pairs in part 2")
+    parser.add_argument("--pairs", type=int, default=3, help="coder/Aider pairs in part 4")
+    parser.add_argument("--warm-runs", type=int, default=3, help="off/on pairs in part 2")
     parser.add_argument("--keep", type=Path, help="keep the repos and their logs in this dir")
     args = parser.parse_args()
     if args.if_available and not available():

@@ -5,13 +5,13 @@
 
 `TextTools` is for a model that cannot call tools natively, or cannot as served (a chat
 template that drops `tools`, a model without tool training): the tools are described in the
-system prompt (name, one-line purpose, parameters, and one worked example call in a fenced
-block, a shape small models imitate well), no `tools` go with the request, the first call
-written in the reply is taken (what comes before it is the model's thinking, what comes after
-it is dropped from the transcript: often an invented result, so the stream ends there and the
-server does not generate it: `complete`), and each result goes back as a user message naming
-the call. The description is appended to the run's cache-stable system
-prompt, so it is byte-identical for every request with that model.
+system prompt (one line each: name, parameters as a signature, one-line purpose; and one
+worked example call in a fenced block, a shape small models imitate well), no `tools` go with
+the request, the first call written in the reply is taken (what comes before it is the model's
+thinking, what comes after it is dropped from the transcript: often an invented result, so the
+stream ends there and the server does not generate it: `complete`), and each result goes back
+as a user message naming the call. The description is appended to the run's cache-stable
+system prompt, so it is byte-identical for every request with that model.
 
 A format also says what the loop appends for a reply and a result, which messages are tool
 results (context folding), and how to nudge a reply without a call. `NativeTools(fallback=...)`
@@ -212,12 +212,14 @@ def example_block() -> str:
 
 
 def text_tools(tools: Sequence[ToolSchema]) -> TextTools:
-    """The text format for `tools`: their description for the system prompt."""
+    """The text format for `tools`: their description for the system prompt, one line each."""
     lines = [TOOLS_INTRO.format(example=example_block())]
     for tool in tools:
         function = tool["function"]
-        lines.append(f"- {function['name']}: {_first_sentence(function['description'])}")
-        lines += _parameters(function["parameters"])
+        signature = _signature(function["parameters"])
+        lines.append(
+            f"- {function['name']}({signature}): {_first_sentence(function['description'])}"
+        )
     lines.append("</tools>\n")
     return TextTools("\n".join(lines))
 
@@ -228,17 +230,19 @@ def _first_sentence(text: str) -> str:
     return text[: match.start()] if match else text
 
 
-def _parameters(schema: dict[str, Any]) -> list[str]:
-    """One line per parameter: `name (type, required): what it is`."""
+def _signature(schema: dict[str, Any]) -> str:
+    """The parameters as a signature: `path, offset?: integer` (`?`: optional; strings untyped).
+    Their descriptions are left out: on a CPU they cost a weak model more prompt time than
+    they give (bench/realmodel.py), and a name with the tool's purpose says most of it."""
     required = set(schema.get("required") or [])
-    lines = []
+    parts = []
     for name, spec in (schema.get("properties") or {}).items():
         kind = spec.get("type", "any") if isinstance(spec, dict) else "any"
         kind = "/".join(kind) if isinstance(kind, list) else str(kind)
-        tags = ", ".join([kind, "required"] if name in required else [kind])
-        about = _first_sentence(str(spec.get("description", ""))) if isinstance(spec, dict) else ""
-        lines.append(f"    {name} ({tags})" + (f": {about}" if about else ""))
-    return lines
+        parts.append(
+            f"{name}{'' if name in required else '?'}" + ("" if kind == "string" else f": {kind}")
+        )
+    return ", ".join(parts)
 
 
 def _through_fence(text: str, end: int) -> str:

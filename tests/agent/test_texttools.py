@@ -58,12 +58,15 @@ def test_the_system_prompt_describes_each_tool_with_one_example_call() -> None:
     assert text.count("```json") == 1  # one worked example, in one fenced block
     assert '{"name": "fs_read", "arguments": {"path": "README.md"}}' in text
     for tool in TOOLS:
-        assert f"\n- {tool['function']['name']}: " in text
-    # one line of purpose each, then one line per parameter
-    assert "- fs_read: Read a text file with line numbers, a page at a time" in text
-    assert "    path (string, required): File path relative to the repository root." in text
-    assert "    offset (integer): First line to read, 1-based (default 1)." in text
-    assert "    files_changed (array): Repository-relative paths you changed" in text
+        assert f"\n- {tool['function']['name']}(" in text
+    # one line each: the parameters as a signature (`?` optional, strings untyped), the purpose
+    assert (
+        "- fs_read(path, offset?: integer, limit?: integer): Read a text file with line "
+        "numbers, a page at a time" in text
+    )
+    assert "- step_complete(summary, files_changed?: array, no_change_reason?): Finish" in text
+    assert "- git_status(): List the files changed" in text
+    assert not [line for line in text.splitlines() if line.startswith("    ")]
     assert text_tools(TOOLS) == SECTION  # the same bytes every time: the prefix stays cached
 
 
