@@ -311,6 +311,7 @@ def warm_prefix(tmp: Path, runs: int = 3) -> None:
     a fresh server (so the prefix is not in its cache already)."""
     print("2. warm prefix (fresh server each time; the first model call of the first step):")
     walls: dict[bool, list[float]] = {False: [], True: []}
+    ready: dict[bool, list[float]] = {False: [], True: []}  # seconds to the prompt taken in
     for k in range(runs):
         for warm in (False, True):
             with server() as url:
@@ -320,6 +321,7 @@ def warm_prefix(tmp: Path, runs: int = 3) -> None:
             rows = turns(repo, "one")
             first = rows[0]["usage"] if rows else {}
             print(f"   {breakdown(repo, 'one', wall)}")
+            ready[warm].append(first_token_at(repo, "one"))
             print(
                 f"   warm_prefix {str(warm).lower():<5} exit {code}  run {wall:5.1f}s  first "
                 f"call: prompt {first.get('prompt_tokens', 0)} tokens, "
@@ -329,6 +331,11 @@ def warm_prefix(tmp: Path, runs: int = 3) -> None:
                 flush=True,
             )
             walls[warm].append(wall)
+    on, off = ready[True], ready[False]
+    print(
+        "   from the start to the first call's prompt taken in (what the warm prefix can "
+        f"change; the reply's length is the model's): off {spread(off)}, on {spread(on)}"
+    )
     on, off = walls[True], walls[False]
     ratios = [a / b for a, b in zip(on, off, strict=True)]
     print(
@@ -336,6 +343,18 @@ def warm_prefix(tmp: Path, runs: int = 3) -> None:
         f"(pairs {', '.join(f'{r:.2f}x' for r in ratios)}; off {spread(off)}, on {spread(on)}"
         f": {'it saves time here' if sum(on) < sum(off) else 'it saves nothing here'})"
     )
+
+
+def first_token_at(repo: Path, task_id: str) -> float:
+    """Seconds from the run's start until the server had taken in its first call's prompt."""
+    from datetime import datetime
+
+    rows = turns(repo, task_id)
+    if not rows:
+        return float("nan")
+    ended = datetime.fromisoformat(rows[0]["timestamp"].replace("Z", "+00:00")).timestamp()
+    began = ended - rows[0].get("duration_s", 0.0)
+    return began + (rows[0].get("usage") or {}).get("prompt_s", 0.0) - STARTED[repo]
 
 
 def spread(values: list[float]) -> str:

@@ -86,7 +86,9 @@ def looks_like_tool_call(text: str, known: Iterable[str]) -> bool:
     if _CALL_SHAPE.search(text):
         return True
     names = "|".join(re.escape(n) for n in known)
-    return bool(names) and re.search(rf"\b(?:{names})\s*[({{]", text) is not None
+    # called like a function, not defined as one (`def step_complete(...)` in a code answer)
+    pattern = rf"(?<!def )(?<!function )\b(?:{names})\s*[({{]"
+    return bool(names) and re.search(pattern, text) is not None
 
 
 LOOP_PIECES = 64  # streamed pieces (tokens) a loop must fill before a reply counts as one

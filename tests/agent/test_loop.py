@@ -11,6 +11,7 @@ import pytest
 from coder.agent import events as ev
 from coder.agent import prompts
 from coder.agent.loop import AgentLoop, Limits, LoopResult
+from coder.agent.repair import looks_like_tool_call
 from coder.errors import HostUnreachable, ModelError
 from coder.models.fake import FakeProvider, call, reply
 from coder.models.provider import ToolCall
@@ -161,6 +162,20 @@ def test_a_reply_stuck_in_a_loop_is_cut_even_when_tool_shaped() -> None:
     h = Harness(max_prose_chars=200)
     result = h.run(long_call, call("step_complete", summary="ok"))
     assert result.ok and h.ran == [("fs_read", {"path": path})]
+
+
+def test_code_defining_a_tool_is_prose_and_calling_one_is_an_attempt() -> None:
+    """`fs_read("a.py")` is an attempt at a call, read on; a code answer that defines a
+    function named like a tool (`def step_complete(...)`, as a weak model wrote) is prose."""
+    known = [t["function"]["name"] for t in TOOLS]
+    assert looks_like_tool_call('I will run fs_read("a.py") first.', known)
+    assert not looks_like_tool_call("```python\ndef step_complete(output_file):\n", known)
+    assert not looks_like_tool_call("function fs_edit(path) {", known)
+    h = Harness(max_prose_chars=200)
+    code = "Here is how:\n```python\ndef step_complete(output_file, output_dir):\n" + PROSE
+    result = h.run(code, code)
+    assert [t.done_reason for t in h.of(ev.TurnFinished)] == ["cut", "cut"]
+    assert not result.ok and "2 times in prose with no attempt" in str(result.error)
 
 
 def test_short_prose_is_not_cut_but_counts_as_no_attempt() -> None:
