@@ -81,8 +81,15 @@ _CALL_SHAPE = re.compile(
 )
 
 
+# A fenced block in a programming language (```python, ```js ...; to its end, or to the end of
+# the text while it is still open): code the model shows, not a call, whatever JSON it holds.
+_CODE_BLOCK = re.compile(r"```[ \t]*(?!json|tool)[A-Za-z][\w+-]*[^\n]*\n.*?(?:```|\Z)", re.DOTALL)
+
+
 def looks_like_tool_call(text: str, known: Iterable[str]) -> bool:
-    """Does `text` show an attempt at the tool format (the fast verdict keeps reading it)?"""
+    """Does `text` show an attempt at the tool format (the fast verdict keeps reading it)?
+    Code blocks in a language are left out: dicts in a Python answer are not a call."""
+    text = _CODE_BLOCK.sub("", text)
     if _CALL_SHAPE.search(text):
         return True
     names = "|".join(re.escape(n) for n in known)

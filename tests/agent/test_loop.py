@@ -171,6 +171,11 @@ def test_code_defining_a_tool_is_prose_and_calling_one_is_an_attempt() -> None:
     assert looks_like_tool_call('I will run fs_read("a.py") first.', known)
     assert not looks_like_tool_call("```python\ndef step_complete(output_file):\n", known)
     assert not looks_like_tool_call("function fs_edit(path) {", known)
+    # JSON inside a block of code in a language is code, not a call; in a json block, it is
+    python = '```python\nsteps = [\n    {"name": "s1", "kind": "analyze"'
+    assert not looks_like_tool_call(python, known)
+    assert looks_like_tool_call(python + '\n```\nNow: {"name": "fs_read"', known)
+    assert looks_like_tool_call('```json\n{"name": "fs_read"', known)
     h = Harness(max_prose_chars=200)
     code = "Here is how:\n```python\ndef step_complete(output_file, output_dir):\n" + PROSE
     result = h.run(code, code)
