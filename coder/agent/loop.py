@@ -14,8 +14,9 @@ as that much prose takes in tokens: a degenerate reply of short tokens) with no 
 nothing shaped like one is cut off (the stream is closed, so the server stops generating), as is
 one past that bound, tool-shaped or not, whose last pieces repeat one short cycle (a weak
 model's loop: `_summary_summary...`); a model whose replies show no attempt at the tool
-format gets `max_blind_nudges` nudge(s) before the step fails with that reason; a reply that
-tried (malformed JSON, a wrong name) gets up to `max_nudges`.
+format gets `max_blind_nudges` nudge(s), each reply after one cut at half the bound, before
+the step fails with that reason; a reply that tried (malformed JSON, a wrong name) gets up to
+`max_nudges`.
 
 Tool calls travel natively or as text (`tool_format`, coder.agent.texttools): the format
 decides what the request's `tools` are, which calls a reply holds, and how replies and results
@@ -476,6 +477,8 @@ class _StreamWatcher:
         bound = self.loop.limits.max_prose_chars
         if bound is None or self.calls:
             return
+        if self.loop.blind:  # its replies showed no attempt yet, and it was told to call a tool
+            bound //= 2
         # As many streamed pieces as `bound` characters of prose would take: a reply of short
         # tokens ("1. 1. 1. ...", a weak model's loop) is cut as soon as ordinary prose would be.
         if len(self.text) <= bound and self.pieces <= bound // CHARS_PER_TOKEN:
