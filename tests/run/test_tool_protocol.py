@@ -75,7 +75,10 @@ def assert_text_requests(bodies: list[dict[str, Any]]) -> None:
     systems = {b["messages"][0]["content"] for b in bodies}
     assert len(systems) == 1
     (system,) = systems
-    assert "<tools>" in system and "- fs_edit(path, search, replace, replace_all?: boolean): " in system
+    assert (
+        "<tools>" in system
+        and "- fs_edit(path, search, replace, replace_all?: boolean): " in system
+    )
     assert '```json\n{"name": "fs_read", "arguments": {"path": "README.md"}}\n```' in system
     last = bodies[1]["messages"]
     assistant, result = last[-2], last[-1]
