@@ -105,7 +105,7 @@ class Kind:
     required: tuple[str, ...] = ()  # fields a step of this kind must have
     command: Command | None = None  # how it finds the command it runs (None: it runs none)
     model: ModelRole | None = None  # None: no model (unless on_fail fix_and_retry)
-    instructions: str | None = None  # said to the model in the step's first message
+    instructions: str | None = None  # its rules for the model (prompts.kinds_section)
     fix: Fix | None = None  # on_fail: fix_and_retry applies, in these words
     default_goal: str | None = None  # when a step has no goal; `{cmd}` is filled in
     labels: Labels = field(default_factory=Labels)
@@ -144,8 +144,8 @@ KINDS: Mapping[str, Kind] = {
             required=_MODEL,
             model="read",
             instructions=(
-                "This step is read-only: study the code and finish with step_complete, putting "
-                "your findings (what later steps need to know) in the summary."
+                "Read-only: study the code and finish with step_complete, putting your "
+                "findings (what later steps need to know) in the summary."
             ),
         ),
         Kind(
@@ -163,7 +163,7 @@ KINDS: Mapping[str, Kind] = {
             fields=_MODEL_FIELDS | {"changes"},
             required=_MODEL,
             model="docs",
-            instructions="Only documentation files may be changed in this step.",
+            instructions="Only documentation files may be changed.",
         ),
         Kind(
             "shell",

@@ -12,7 +12,7 @@ and the files its `changes` name. So the prefix stays byte-identical for every s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ from coder.redact import Redactor
 if TYPE_CHECKING:
     from coder.config import Config
     from coder.git.repository import Repo
+    from coder.tools.registry import Registry
 
 FOCUS_HITS = 5
 
@@ -46,10 +47,11 @@ def build(
     num_ctx: int | None,
     cache_dir: Path | None,
     redactor: Redactor,
+    kinds: Mapping[str, Sequence[str]] | None = None,
 ) -> Prefix:
     """The system prompt every request of the run starts with (see the module docstring),
     redacted by the run's `redactor`, which learns the values of the commit's `.env*` files
-    first."""
+    first. `kinds`: the task's model step kinds and their tools (`model_kinds`)."""
     from coder.context import instructions, repomap
 
     focus = repomap.Focus.of_task(task)
@@ -72,6 +74,7 @@ def build(
         files=repo_map.files,
         instructions=found.render(),
         task=task,
+        kinds=kinds,
     )
     system = redactor.redact(system)
     return Prefix(
@@ -82,6 +85,16 @@ def build(
         repo_map.cached,
         tuple(i.path for i in found.files),
     )
+
+
+def model_kinds(kinds: Iterable[str], registry: Registry) -> dict[str, list[str]]:
+    """Each kind among `kinds` (a task's steps', in order) whose steps talk to a model, with
+    the tools its steps may call: what the prefix says about kinds (prompts.kinds_section)."""
+    from coder.kinds import KINDS
+    from coder.tools.registry import tools_for_kind
+
+    used = [k for k in dict.fromkeys(kinds) if k in KINDS and KINDS[k].uses_model]
+    return {k: tools_for_kind(k, registry) for k in used}
 
 
 def register_env_files(repo: Repo, commit: str, redactor: Redactor) -> None:
@@ -99,11 +112,12 @@ def register_env_files(repo: Repo, commit: str, redactor: Redactor) -> None:
 def step_focus(
     root: Path, goal: str, changes: list[str], *, redactor: Redactor, cache_dir: Path | None = None
 ) -> list[str]:
-    """Where a step's work likely is: the files its `changes` name, then the code_search hits
-    for its goal (path:lines and the definition), as lines for its first message."""
+    """Where a step's work likely is, as lines for its first message: the code_search hits
+    for its goal, one line per file (`path: lines (definition), ...`, in line order), the files
+    its `changes` name first (the message names those as expected to change already)."""
     from coder.context import search
 
-    lines = [f"{path} (expected to change)" for path in changes]
+    spans: dict[str, list[tuple[int, str]]] = {path: [] for path in changes}
     if goal.strip() and search.tokenize(goal):
         try:
             hits = search.search(root, goal, k=FOCUS_HITS, cache_dir=cache_dir, redactor=redactor)
@@ -111,5 +125,12 @@ def step_focus(
             hits = []
         for hit in hits:
             c = hit.chunk
-            lines.append(f"{c.path}:{c.start}-{c.end}" + (f" ({c.name})" if c.name else ""))
-    return lines
+            lines = str(c.start) if c.start == c.end else f"{c.start}-{c.end}"
+            spans.setdefault(c.path, []).append(
+                (c.start, lines + (f" ({c.name})" if c.name else ""))
+            )
+    return [
+        f"{path}: {', '.join(s for _, s in sorted(found))}"
+        for path, found in spans.items()
+        if found
+    ]

@@ -37,9 +37,15 @@ NO_MAP = "No map of the files (repo_map_tokens is 0): find them with fs_glob, co
 
 
 def system_prompt(
-    *, repo_map: str, files: int, task: Mapping[str, Any], instructions: str = ""
+    *,
+    repo_map: str,
+    files: int,
+    task: Mapping[str, Any],
+    instructions: str = "",
+    kinds: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
-    """The run's prefix: rules, the project's instructions, the repository map, the task."""
+    """The run's prefix: rules, the project's instructions, the repository map, the task and
+    the `kinds` of its model steps (kind -> its tools; see `kinds_section`)."""
     return (
         f"{RULES}\n"
         + (f"{instructions}\n\n" if instructions else "")
@@ -47,7 +53,20 @@ def system_prompt(
         + (f"{repo_map}\n" if repo_map else "")
         + "</repository>\n\n"
         f"<task>\n{json.dumps(_task_view(task), indent=1, sort_keys=True)}\n</task>\n"
+        + (kinds_section(kinds) if kinds else "")
     )
+
+
+def kinds_section(kinds: Mapping[str, Sequence[str]]) -> str:
+    """What each kind of the task's model steps may do and must do: said once in the prefix
+    (cached by the server for every request of the run), not again in each step's first
+    message."""
+    lines = ["\n<kinds>", "A step's kind sets its tools and its own rules:"]
+    for name, tools in kinds.items():
+        rule = KINDS[name].instructions
+        lines.append(f"- {name}: " + (f"{rule} " if rule else "") + f"Tools: {', '.join(tools)}.")
+    lines.append("</kinds>\n")
+    return "\n".join(lines)
 
 
 def _task_view(task: Mapping[str, Any]) -> dict[str, Any]:
@@ -63,9 +82,12 @@ def step_message(
     attempt: int,
     previous_error: str | None = None,
     focus: Sequence[str] = (),
+    kind_tools: Sequence[str] | None = None,
 ) -> str:
     """The first user message of a step: the dynamic part, after the prefix. `focus`: where
-    its work likely is (agent.prefix.step_focus)."""
+    its work likely is (agent.prefix.step_focus). `kind_tools`: the tools the prefix lists for
+    the step's kind (`kinds_section`), None where it does not describe the kind: the kind's
+    rules are then said here, and the step's `tools` wherever they differ from the prefix's."""
     lines = [f"Step {step['id']} ({step['kind']}): {step['goal']}"]
     if step.get("changes"):
         expected = ", ".join(f"{c['path']} ({c.get('mode', 'patch')})" for c in step["changes"])
@@ -73,7 +95,7 @@ def step_message(
     if focus:
         lines.append("Likely relevant code for this step:\n" + "\n".join(f"- {f}" for f in focus))
     instructions = KINDS[step["kind"]].instructions
-    if instructions:
+    if instructions and kind_tools is None:
         lines.append(instructions)
     for step_id, text in notes.items():
         lines.append(f'<notes from="{step_id}">\n{text}\n</notes>')
@@ -83,7 +105,9 @@ def step_message(
             + (f" because: {previous_error}" if previous_error else "")
             + "."
         )
-    lines.append(f"Tools for this step: {', '.join(tools)}.")
+    tools = list(tools)
+    if kind_tools is None or tools != list(kind_tools):
+        lines.append(f"Tools for this step: {', '.join(tools)}.")
     return "\n".join(lines)
 
 
@@ -101,10 +125,9 @@ NUDGE_NO_TOOL = (
 )
 
 
-NUDGE_CUT = (
-    "Your reply was cut off: this step is done through tool calls, not prose. Call a tool "
-    "now (for example fs_read on a file named in the goal); when the step is done, call "
-    "step_complete with a summary and files_changed."
+NUDGE_CUT = (  # short: new to the server's cache each time
+    "Your reply was cut off: act through tool calls, not prose. Call a tool now (for example "
+    "fs_read on a file named in the goal); when the step is done, call step_complete."
 )
 
 

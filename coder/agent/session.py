@@ -33,6 +33,9 @@ class AgentSession:
     system: str
     tools: list[ToolSchema]
     facts: ModelFacts
+    # kind -> the tools the prefix lists for it (prefix.model_kinds): a step's first message
+    # names its tools only where they differ
+    kind_tools: Mapping[str, list[str]] = field(default_factory=dict)
     priming: threading.Thread | None = None  # the warm prefix being sent (warm_prefix)
     # model name -> its tool protocol (coder.models.protocol), decided once per run
     protocols: dict[str, Choice] = field(default_factory=dict)
@@ -115,7 +118,8 @@ def open_agent(
     except BaseException:
         models.close()
         raise
-    session = _session(models, facts, cfg, repo, base_commit, stored, redactor)
+    kinds = [s.kind for s in task.steps]
+    session = _session(models, facts, cfg, repo, base_commit, stored, redactor, kinds)
     for name in first:  # known before the first step: the prefix primed is the model's own
         tool_format(session, cfg, name, warmed[name])
     if cfg.warm_prefix and replay is None:
@@ -143,15 +147,17 @@ def _session(
     base_commit: str,
     stored: TaskDoc,
     redactor: Redactor,
+    kinds: Sequence[str],
 ) -> AgentSession:
     """The session over warmed-up `models`: the tool registry and the prefix built for the
-    smallest context among them."""
+    smallest context among them, saying what each of the task's step `kinds` may do."""
     from coder import project
     from coder.agent import prefix
     from coder.git import repository
     from coder.tools.registry import default_registry
 
     registry = default_registry()
+    kind_tools = prefix.model_kinds(kinds, registry)
     built = prefix.build(
         repo,
         base_commit,
@@ -160,8 +166,11 @@ def _session(
         num_ctx=facts.num_ctx,
         cache_dir=project.coder_dir(repository.repo_root(repo)) / "cache",
         redactor=redactor,
+        kinds=kind_tools,
     )
-    return AgentSession(models, registry, built.system, registry.definitions(), facts)
+    return AgentSession(
+        models, registry, built.system, registry.definitions(), facts, kind_tools=kind_tools
+    )
 
 
 def warm_up(models: Models, names: Sequence[str]) -> tuple[ModelFacts, dict[str, ModelFacts]]:

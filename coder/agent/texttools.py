@@ -171,11 +171,13 @@ class TextTools:
         return message["role"] == "user" and message.get("content", "").startswith(RESULT_HEAD)
 
     def nudge(self, cut: bool) -> str:
-        why = "Your reply was cut off: this step is done through tool calls, not prose. " * cut
+        # Short (it is new to the server's cache each time); the example stays: a small model
+        # imitates the shape it was just shown.
+        why = "Your reply was cut off: act through tool calls, not prose. " * cut
+        finish = "." if cut else " with a summary and files_changed."
         return (
-            f"{why}Call a tool now: write one JSON object in a fenced block, as in\n"
-            f"{example_block()}\nWhen the step is done, call step_complete with a summary and "
-            "files_changed."
+            f"{why}Call a tool now: one JSON object in a fenced block, as in\n"
+            f"{example_block()}\nWhen the step is done, call step_complete{finish}"
         )
 
     def switch(self, reply: ChatResult, known: Sequence[str], turn: int) -> TextTools | None:

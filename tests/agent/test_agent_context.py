@@ -71,13 +71,48 @@ def test_agents_md_reaches_every_step_in_a_byte_identical_prefix(
     assert "calc.py\n4| def add(a: float, b: float) -> float:" in prefix
     # the per-step focus goes after the prefix, in the step's own first message
     edit_first = firsts[1]["messages"][1]["content"]
-    assert "Likely relevant code for this step:\n- calc.py (expected to change)" in edit_first
-    assert "- calc.py:8-9 (subtract)" in edit_first
+    assert "Files expected to change: calc.py (patch)" in edit_first
+    # one line per file, its hits in line order (each file named once)
+    assert "Likely relevant code for this step:\n- calc.py: " in edit_first
+    focus = [line for line in edit_first.splitlines() if line.startswith("- ")]
+    assert [line.split(":")[0] for line in focus] == ["- calc.py", "- tests/test_calc.py"]
+    assert "8-9 (subtract)" in focus[0]
     # code_search answered the analyze step with the function
     search_result = requests[1]["messages"][-1]
     assert search_result["role"] == "tool" and search_result["content"].startswith(
         "calc.py:8-9 (subtract)"
     )
+
+
+def test_each_kind_is_described_once_in_the_prefix_not_in_every_step(
+    fake: FakeOllama, make_repo
+) -> None:
+    """A kind's rules and tools are in the cached prefix; a step's first message (new tokens
+    for the server on every step) names its tools only where its `tools:` narrows them."""
+    repo = make_sample(make_repo)
+    fake.enqueue(done("add and subtract"), done("calc.py has two functions"))
+    task = """
+        id: kinds
+        title: Look at calc
+        graph:
+          - {id: s1, kind: analyze, goal: List the functions in calc.py}
+          - {id: s2, kind: analyze, goal: Count them, tools: [fs_read]}
+          - {id: s3, kind: shell, cmd: "true"}
+    """
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, task)))
+    assert code == 0, out + err
+    requests = chat_requests(fake)
+    prefix = requests[0]["messages"][0]["content"]
+    kinds = prefix[prefix.index("<kinds>") : prefix.index("</kinds>")]
+    rule = "Read-only: study the code and finish with step_complete"
+    assert kinds.count("\n- ") == 1  # analyze only: shell steps talk to no model
+    assert f"- analyze: {rule}" in kinds
+    assert "Tools: fs_read, fs_glob, fs_grep, code_search, git_status," in kinds
+    firsts = [r["messages"][1]["content"] for r in requests if len(r["messages"]) == 2]
+    assert firsts[0].startswith("Step s1 (analyze): List the functions in calc.py")
+    assert "Tools for this step" not in firsts[0] and rule not in firsts[0]
+    assert firsts[1].endswith("Tools for this step: fs_read, step_complete.")
+    assert rule not in firsts[1]
 
 
 def test_a_syntax_breaking_edit_is_refused_and_the_model_fixes_it(

@@ -155,7 +155,7 @@ def test_text_shaped_like_the_example_counts_as_an_attempt() -> None:
     turns = [e for e in h.events if isinstance(e, ev.TurnFinished)]
     assert [t.done_reason for t in turns] == ["stop", "stop", "stop"]
     nudge = result.messages[3]["content"]
-    assert nudge.startswith("Call a tool now: write one JSON object in a fenced block")
+    assert nudge.startswith("Call a tool now: one JSON object in a fenced block")
 
 
 def test_prose_is_still_cut_and_the_step_fails_with_a_text_hint() -> None:

@@ -57,6 +57,7 @@ def run(ctx: StepContext) -> StepOutcome:
             redactor=ctx.redactor,
             cache_dir=cache_dir(ctx),
         ),
+        kind_tools=ctx.agent.kind_tools.get(ctx.step.kind),
     )
     kind = KINDS[ctx.step.kind]
     assert kind.model is not None, f"{kind.name} steps have no model"
