@@ -76,11 +76,13 @@ LINTER = Command(_lint_command)  # its `cmd`, else the config's `lint_command`, 
 @dataclass(frozen=True)
 class Fix:
     """The words of a fixable kind's fix cycles (`on_fail: fix_and_retry`): `head` opens the
-    message to the model ({summary}, {command}, {cycle}, {max_cycles} filled in), `tag`
+    message to the model ({summary}, {command}, {cycle}, {max_cycles} filled in), `rule` is
+    what every cycle must respect (said once in the prefix: prompts.kinds_section), `tag`
     wraps the failures, `rerun` is what coder runs again after the fix, `check` names what
     still fails when the cycles run out."""
 
     head: str
+    rule: str
     tag: str
     rerun: str
     check: str
@@ -183,7 +185,8 @@ KINDS: Mapping[str, Kind] = {
             command=TESTS,
             fix=Fix(
                 head="The tests fail ({summary}) when running `{command}`. Fix cycle {cycle} of "
-                "{max_cycles}: change the code so they pass. Change a test only if the test "
+                "{max_cycles}.",
+                rule="Change the code so the failing tests pass. Change a test only if the test "
                 "itself is wrong.",
                 tag="test-output",
                 rerun="the tests",
@@ -201,8 +204,9 @@ KINDS: Mapping[str, Kind] = {
             command=LINTER,
             fix=Fix(
                 head="The linter reports new findings ({summary}) when running `{command}` on "
-                "the lines this run changed. Fix cycle {cycle} of {max_cycles}: change the code "
-                "so they go away. Silence a finding only if it is wrong.",
+                "the lines this run changed. Fix cycle {cycle} of {max_cycles}.",
+                rule="Change the code so the new findings go away. Silence a finding only if "
+                "it is wrong.",
                 tag="lint-output",
                 rerun="the linter",
                 check="lint",

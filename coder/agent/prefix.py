@@ -23,6 +23,7 @@ from coder.redact import Redactor
 if TYPE_CHECKING:
     from coder.config import Config
     from coder.git.repository import Repo
+    from coder.taskfile import Step
     from coder.tools.registry import Registry
 
 FOCUS_HITS = 5
@@ -87,14 +88,22 @@ def build(
     )
 
 
-def model_kinds(kinds: Iterable[str], registry: Registry) -> dict[str, list[str]]:
-    """Each kind among `kinds` (a task's steps', in order) whose steps talk to a model, with
-    the tools its steps may call: what the prefix says about kinds (prompts.kinds_section)."""
+def model_kinds(steps: Iterable[Step], registry: Registry) -> dict[str, list[str]]:
+    """The kinds of a task's `steps` (in order) that talk to a model, with the tools they may
+    call: a model step's kind its own, a kind with fix cycles (a step with `on_fail:
+    fix_and_retry`) the edit tools. What the prefix says about kinds (prompts.kinds_section)."""
     from coder.kinds import KINDS
     from coder.tools.registry import tools_for_kind
 
-    used = [k for k in dict.fromkeys(kinds) if k in KINDS and KINDS[k].uses_model]
-    return {k: tools_for_kind(k, registry) for k in used}
+    kinds: dict[str, list[str]] = {}
+    for step in steps:
+        if step.kind in kinds or step.kind not in KINDS:
+            continue
+        if KINDS[step.kind].uses_model:
+            kinds[step.kind] = tools_for_kind(step.kind, registry)
+        elif step.uses_model:  # its fix cycles (coder.run.steps.fix)
+            kinds[step.kind] = tools_for_kind("edit", registry)
+    return kinds
 
 
 def register_env_files(repo: Repo, commit: str, redactor: Redactor) -> None:

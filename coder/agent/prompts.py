@@ -58,13 +58,18 @@ def system_prompt(
 
 
 def kinds_section(kinds: Mapping[str, Sequence[str]]) -> str:
-    """What each kind of the task's model steps may do and must do: said once in the prefix
-    (cached by the server for every request of the run), not again in each step's first
-    message."""
+    """What each kind of the task's model steps (and of its steps with fix cycles) may do and
+    must do: said once in the prefix (cached by the server for every request of the run), not
+    again in each step's first message."""
     lines = ["\n<kinds>", "A step's kind sets its tools and its own rules:"]
     for name, tools in kinds.items():
-        rule = KINDS[name].instructions
-        lines.append(f"- {name}: " + (f"{rule} " if rule else "") + f"Tools: {', '.join(tools)}.")
+        kind = KINDS[name]
+        if kind.uses_model:
+            label, rule = name, kind.instructions
+        else:
+            assert kind.fix is not None, f"kind {name} talks to no model"
+            label, rule = f"{name} (its fix cycles)", kind.fix.rule
+        lines.append(f"- {label}: " + (f"{rule} " if rule else "") + f"Tools: {', '.join(tools)}.")
     lines.append("</kinds>\n")
     return "\n".join(lines)
 
@@ -152,19 +157,26 @@ def fix_message(
     max_cycles: int,
     tools: Iterable[str],
     same_as_before: bool,
+    kind_tools: Sequence[str] | None = None,
 ) -> str:
     """A fix cycle of a fixable step (a test step's failing tests, a lint step's new
     findings), in its kind's words (`coder.kinds.Kind.fix`): only the failing sections or the
-    new findings, not the whole log."""
+    new findings, not the whole log. `kind_tools`: as for `step_message` (the prefix says the
+    kind's fix rule and tools, so they are not repeated here)."""
     words = KINDS[step["kind"]].fix
     assert words is not None, f"kind {step['kind']} has no fix cycles"
     head = words.head.format(summary=summary, command=command, cycle=cycle, max_cycles=max_cycles)
+    if kind_tools is None:
+        head += f" {words.rule}"
     lines = [f"Step {step['id']} ({step['kind']}): {step['goal']}"]
     lines += [head, f"<{words.tag}>", *failures, f"</{words.tag}>"]
     if same_as_before:
         lines.append("The previous fix did not change these failures: try a different approach.")
+    tools = list(tools)
+    if kind_tools is None or tools != list(kind_tools):
+        lines.append(f"Tools for this step: {', '.join(tools)}.")
     lines.append(
-        f"Tools for this step: {', '.join(tools)}. When you are done, call step_complete "
-        f"with a summary and files_changed; coder then reruns {words.rerun}."
+        f"When you are done, call step_complete with a summary and files_changed; coder then "
+        f"reruns {words.rerun}."
     )
     return "\n".join(lines)

@@ -118,8 +118,7 @@ def open_agent(
     except BaseException:
         models.close()
         raise
-    kinds = [s.kind for s in task.steps]
-    session = _session(models, facts, cfg, repo, base_commit, stored, redactor, kinds)
+    session = _session(models, facts, cfg, repo, base_commit, stored, redactor, task.steps)
     for name in first:  # known before the first step: the prefix primed is the model's own
         tool_format(session, cfg, name, warmed[name])
     if cfg.warm_prefix and replay is None:
@@ -147,17 +146,17 @@ def _session(
     base_commit: str,
     stored: TaskDoc,
     redactor: Redactor,
-    kinds: Sequence[str],
+    steps: Sequence[Step],
 ) -> AgentSession:
     """The session over warmed-up `models`: the tool registry and the prefix built for the
-    smallest context among them, saying what each of the task's step `kinds` may do."""
+    smallest context among them, saying what each kind of the task's `steps` may do."""
     from coder import project
     from coder.agent import prefix
     from coder.git import repository
     from coder.tools.registry import default_registry
 
     registry = default_registry()
-    kind_tools = prefix.model_kinds(kinds, registry)
+    kind_tools = prefix.model_kinds(steps, registry)
     built = prefix.build(
         repo,
         base_commit,

@@ -79,6 +79,14 @@ def test_analyze_edit_failing_test_fix_doc_merge(fake: FakeOllama, sample: Path)
     )
     first = fix_request["messages"][1]["content"]
     assert "test_multiply" in first and "AssertionError" in first and "test_add" not in first
+    # the fix rule and tools are the prefix's (cached), said once for the run, not per cycle
+    rule = "Change the code so the failing tests pass. Change a test only if the test itself"
+    prefix = fix_request["messages"][0]["content"]
+    assert f"- test (its fix cycles): {rule}" in prefix
+    assert rule not in first and "Tools for this step" not in first
+    assert first.endswith(
+        "call step_complete with a summary and files_changed; coder then reruns the tests."
+    )
     # merged on main, as one squash commit
     assert "def multiply" in git(sample, "show", "main:calc.py")
     assert git(sample, "rev-parse", "coder/fix") == git(sample, "rev-parse", "main")

@@ -111,6 +111,7 @@ def _ask(
         max_cycles=ctx.step.max_cycles,
         tools=allowed,
         same_as_before=same_as_before,
+        kind_tools=ctx.agent.kind_tools.get(ctx.step.kind) if ctx.agent else None,
     )
     ctx.log.info("fix.cycle", cycle=cycle, failing=failing.summary, kind=ctx.step.kind)
     return converse(
