@@ -37,9 +37,29 @@ class AgentSession:
     # names its tools only where they differ
     kind_tools: Mapping[str, list[str]] = field(default_factory=dict)
     priming: threading.Thread | None = None  # the warm prefix being sent (warm_prefix)
+    warm_model: str | None = None  # the model the warm prefix goes to (None: none is sent)
     # model name -> its tool protocol (coder.models.protocol), decided once per run
     protocols: dict[str, Choice] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def prime(self, cfg: Config) -> None:
+        """Start sending the warm prefix to `warm_model`, as it will see it: call once the
+        tools are final (external ones join the prefix first). Once per run; see `primed`."""
+        model = self.warm_model
+        if self.priming is not None or model is None:
+            return
+        fmt = tool_format(self, cfg, model)[0]
+        self.priming = threading.Thread(
+            target=self.models.prime,
+            args=(
+                [{"role": "system", "content": fmt.system(self.system)}],
+                fmt.request_tools(self.tools) or [],
+                model,
+            ),
+            name="warm-prefix",
+            daemon=True,
+        )
+        self.priming.start()
 
     def primed(self) -> None:
         """Wait for the warm prefix, if it is being sent: called right before a step's first
@@ -122,19 +142,10 @@ def open_agent(
     for name in first:  # known before the first step: the prefix primed is the model's own
         tool_format(session, cfg, name, warmed[name])
     if cfg.warm_prefix and replay is None:
-        # While the run prepares, the servers take in the shared prefix (AgentSession.primed).
-        fmt = tool_format(session, cfg, first[0])[0]
-        session.priming = threading.Thread(
-            target=models.prime,
-            args=(
-                [{"role": "system", "content": fmt.system(session.system)}],
-                fmt.request_tools(session.tools) or [],
-                first[0],
-            ),
-            name="warm-prefix",
-            daemon=True,
-        )
-        session.priming.start()
+        session.warm_model = first[0]
+        if not cfg.mcp_servers:  # else once their tools joined it (coder.run.runs)
+            # While the run prepares, the servers take in the shared prefix (`primed`).
+            session.prime(cfg)
     return session
 
 

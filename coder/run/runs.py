@@ -776,6 +776,8 @@ def _execute(setup: RunSetup, options: RunOptions, console: Console | None) -> R
                 attached = options.attach_tools(
                     agent, setup.cfg, cwd=setup.worktree, log=log, redactor=redactor
                 )
+            if agent is not None:
+                agent.prime(setup.cfg)  # unless it is already being sent
             with _stop_on_signals(run.stop, log):
                 status = Executor(run).execute()
         finally:

@@ -17,6 +17,7 @@ from coder.taskfile import Step
 from tests.conftest import coder
 from tests.fake_ollama import FakeOllama
 from tests.helpers import ROOT, call, chat_requests, done, state_of, taskfile
+from tests.prefix_cache import is_priming
 
 pytest.importorskip("mcp")
 
@@ -94,6 +95,10 @@ def test_a_run_uses_external_tools_and_survives_their_failures(fake: FakeOllama,
     } <= set(tools)
     assert not any(name.startswith("ghost__") for name in tools)
     assert all(body["tools"] == requests[0]["tools"] for body in requests)
+    # the warm prefix went out once they had joined: the first request finds it as it is
+    primings = [b for b in fake.chat_bodies() if is_priming(b)]
+    assert len(primings) == 1 and primings[0]["tools"] == requests[0]["tools"]
+    assert primings[0]["messages"] == requests[0]["messages"][:1]
     locate = tools["echo__locate"]["parameters"]
     assert locate["required"] == ["point"]
     assert locate["properties"]["point"]["type"] == "object"
