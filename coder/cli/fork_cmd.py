@@ -92,7 +92,9 @@ def compare(tasks: tuple[str, ...], patch: bool, as_json: bool) -> None:
     if as_json:
         emit_json(result.to_dict())
         return
-    click.echo(comparison_text(result, patch))
+    from coder.cli.pager import page
+
+    page(comparison_text(result, patch), diff=patch)  # as `coder diff`: paged on a terminal
 
 
 def comparison_text(result: Any, patch: bool) -> str:

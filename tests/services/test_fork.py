@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +253,28 @@ def test_compare_shows_both_runs_and_the_diff_between_their_branches(finished: P
 
     code, out, err = coder(finished, "compare", "-t", "rv")
     assert code == 2 and "compare needs two runs" in err
+
+
+def test_compare_diff_goes_through_the_pager_on_a_terminal(finished: Path, tmp_path: Path) -> None:
+    """Through a real pseudo-terminal, as `coder diff`: the pager git would use gets the
+    table and the diff, coloured."""
+    code, out, err = coder(finished, "fork", "-t", "rv", "--at", "s3")
+    assert code == 0, out + err
+    seen = tmp_path / "paged.txt"
+    env = {**os.environ, "GIT_PAGER": f"cat > {seen}", "NO_COLOR": ""}
+    primary, secondary = os.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "coder", "compare", "-t", "rv", "-t", FORK, "--diff"],
+            cwd=finished, env=env, stdout=secondary, stderr=subprocess.PIPE, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    assert proc.returncode == 0, proc.stderr
+    paged = seen.read_text()
+    assert paged.startswith("STEP ") and "Diff from rv to rv-fork-1:" in paged
+    assert "\x1b[1mdiff --git a/b.txt b/b.txt" in paged
 
 
 def test_a_fork_tries_the_step_another_way_from_the_edited_taskfile(finished: Path) -> None:
