@@ -98,6 +98,8 @@ def _change_patch(repo: Repo, change: Change) -> str:
     if _GITLINK in (change.old or (0,))[:1] + (change.new or (0,))[:1]:  # ids, not the text's
         ids = (e[1][:7] if e else "0000000" for e in (change.old, change.new))
         head = re.sub(r"\nindex \S+", "\nindex {}..{}".format(*ids), head)
+    if sep == "\n--- " and "\n@@ " not in body:  # an empty file added or deleted: no hunk,
+        sep = ""  # and git prints no ---/+++ lines for it
     return head + sep + body if sep else head + "\n"
 
 

@@ -281,8 +281,9 @@ def test_a_submodule_is_never_looked_into_by_git_nor_staged(make_repo, scan, tmp
 
 def test_a_steps_patch_is_what_git_diff_prints(make_repo) -> None:
     """diffs.step_patch (the step's diff artifact) walks only what changed; its text is
-    `git diff --no-renames` byte for byte: modes, symlinks, binary files, gitlinks."""
-    root = make_repo({"m": "a\nb\n", "x": "x\n", "del": "d\n", "dir/keep": "k\n"})
+    `git diff --no-renames` byte for byte: modes, symlinks, binary files, gitlinks, empty
+    files added or deleted (no ---/+++ lines: there is no hunk)."""
+    root = make_repo({"m": "a\nb\n", "x": "x\n", "del": "d\n", "dir/keep": "k\n", "gone-empty": ""})
     (root / "bin").write_bytes(b"bin\0\1")
     (root / "link").symlink_to("m")
     git(root, "add", "-A")
@@ -297,6 +298,10 @@ def test_a_steps_patch_is_what_git_diff_prints(make_repo) -> None:
     (root / "link").symlink_to("x")
     (root / "dir" / "deep").mkdir()
     (root / "dir" / "deep" / "new").write_text("new\n")
+    (root / "new-empty").write_text("")
+    (root / "gone-empty").unlink()
+    (root / "x-empty").write_text("")
+    (root / "x-empty").chmod(0o755)
     git(root, "mv", "dir/keep", "kept")
     git(root, "add", "-A")
     git(root, "update-index", "--add", "--cacheinfo", f"160000,{old},sub")
