@@ -110,10 +110,16 @@ def step_message(
             + (f" because: {previous_error}" if previous_error else "")
             + "."
         )
-    tools = list(tools)
-    if kind_tools is None or tools != list(kind_tools):
-        lines.append(f"Tools for this step: {', '.join(tools)}.")
+    lines += _tools_line(tools, kind_tools)
     return "\n".join(lines)
+
+
+def _tools_line(tools: Iterable[str], kind_tools: Sequence[str] | None) -> list[str]:
+    """The step's tools, unless they are those the prefix lists for its kind."""
+    tools = list(tools)
+    if kind_tools is not None and tools == list(kind_tools):
+        return []
+    return [f"Tools for this step: {', '.join(tools)}."]
 
 
 def notes_message(notes: Sequence[str]) -> str:
@@ -172,9 +178,7 @@ def fix_message(
     lines += [head, f"<{words.tag}>", *failures, f"</{words.tag}>"]
     if same_as_before:
         lines.append("The previous fix did not change these failures: try a different approach.")
-    tools = list(tools)
-    if kind_tools is None or tools != list(kind_tools):
-        lines.append(f"Tools for this step: {', '.join(tools)}.")
+    lines += _tools_line(tools, kind_tools)
     lines.append(
         f"When you are done, call step_complete with a summary and files_changed; coder then "
         f"reruns {words.rerun}."
