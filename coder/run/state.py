@@ -16,12 +16,15 @@ the complete lines and ignores the torn one, as if the crash came just before it
 truth and the checkpoint a cache that can be rebuilt from the step commits' trailers, so a
 snapshot or journal that does not read whole is reported (`CorruptState`, exit 3) and
 `coder resume` rebuilds it. jsonschema checks a state when it is loaded and when a snapshot is
-written; the snapshot goes through `write_atomic`, the one durable write.
+written; the snapshot goes through `write_atomic`, the one durable write. What a load checked
+is remembered (`ID.checked`: a digest of the snapshot's and journal's bytes), so a reader of
+an unchanged run (`coder status`) skips the check and jsonschema's import.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -331,28 +334,56 @@ class StateStore:
             raise UnknownTask(task_id, self.list_ids()) from None
         except OSError as exc:
             raise EnvironmentProblem(f"cannot read state file {display_path(path)}: {exc}") from exc
-        data = _parse_snapshot(path, task_id, raw)
-        journal = self._replay(task_id, data)
-        problem = _validation_problem(data) if journal.lines else None
+        whole = self._journal_lines(task_id)
+        # The schema check costs jsonschema's import (about half of `coder status`): skipped
+        # for bytes that passed it before (`_checked`).
+        digest = _digest(raw, whole)
+        checked = self._checked(task_id) == digest
+        data = _parse_snapshot(path, task_id, raw, check=not checked)
+        journal = self._replay(task_id, data, whole)
+        problem = _validation_problem(data) if journal.lines and not checked else None
         if problem:
             journal_path = self.journal_path(task_id)
             raise CorruptState(
                 journal_path, task_id, f"does not match the state schema at {problem}"
             )
+        if not checked:
+            self._remember_checked(task_id, digest)
         self._journals[task_id] = journal
         return RunState.from_dict(data)
 
-    def _replay(self, task_id: str, data: dict[str, Any]) -> _Journal:
-        """Apply the journal's whole lines newer than the snapshot to `data`."""
+    def _checked_path(self, task_id: str) -> Path:
+        """What the last schema check passed: the digest of the snapshot and journal it read
+        (a cache: a torn or stale one only means checking again)."""
+        return self.dir / f"{check_task_id(task_id)}.checked"
+
+    def _checked(self, task_id: str) -> str | None:
+        try:
+            return self._checked_path(task_id).read_text(encoding="ascii").strip()
+        except (OSError, ValueError):
+            return None
+
+    def _remember_checked(self, task_id: str, digest: str) -> None:
+        from coder.durable import write_private
+
+        with contextlib.suppress(EnvironmentProblem):  # a read-only disk: check each time
+            write_private(self._checked_path(task_id), digest + "\n")
+
+    def _journal_lines(self, task_id: str) -> bytes:
+        """The journal's whole lines (a torn last line: the crash came before it)."""
         path = self.journal_path(task_id)
-        journal = _Journal(seq=int(data.get("journal_seq") or 0))
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
-            return journal
+            return b""
         except OSError as exc:
             raise EnvironmentProblem(f"cannot read {display_path(path)}: {exc}") from exc
-        whole = raw[: raw.rfind(b"\n") + 1]  # a torn last line: the crash came before it
+        return raw[: raw.rfind(b"\n") + 1]
+
+    def _replay(self, task_id: str, data: dict[str, Any], whole: bytes) -> _Journal:
+        """Apply the journal's whole lines (`whole`) newer than the snapshot to `data`."""
+        path = self.journal_path(task_id)
+        journal = _Journal(seq=int(data.get("journal_seq") or 0))
         for number, line in enumerate(whole.splitlines(), 1):
             try:
                 entry = json.loads(line)
@@ -457,6 +488,8 @@ class StateStore:
             )
 
     def delete(self, task_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._checked_path(task_id).unlink()
         for path in (self.path(task_id), self.journal_path(task_id)):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -464,7 +497,13 @@ class StateStore:
         self._journals.pop(task_id, None)
 
 
-def _parse_snapshot(path: Path, task_id: str, raw: bytes) -> dict[str, Any]:
+def _digest(snapshot: bytes, journal: bytes) -> str:
+    return hashlib.blake2b(b"%d\n" % len(snapshot) + snapshot + journal, digest_size=16).hexdigest()
+
+
+def _parse_snapshot(path: Path, task_id: str, raw: bytes, *, check: bool) -> dict[str, Any]:
+    """The snapshot's object; `check`: against the schema too."""
+
     def corrupt(reason: str) -> CorruptState:
         return CorruptState(path, task_id, reason)
 
@@ -476,7 +515,7 @@ def _parse_snapshot(path: Path, task_id: str, raw: bytes) -> dict[str, Any]:
         raise corrupt(f"not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise corrupt("not a JSON object")
-    problem = _validation_problem(data)
+    problem = _validation_problem(data) if check else None
     if problem:
         raise corrupt(f"does not match the state schema at {problem}")
     if data["task_id"] != task_id:

@@ -272,6 +272,40 @@ def test_list_load_all_delete(store: StateStore) -> None:
     assert StateStore(store.coder_dir / "missing").list_ids() == []
 
 
+def test_bytes_checked_once_are_not_checked_again_and_any_change_is(
+    store: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The schema check (jsonschema's import: half of `coder status`) runs once for the bytes
+    of a snapshot and journal; a change of one byte, in either, is checked again."""
+    from coder.run import state as state_mod
+
+    state = make_state()
+    store.save(state)
+    transitions(store, state)
+    checks: list[int] = []
+    real = state_mod._validation_problem
+    monkeypatch.setattr(
+        state_mod, "_validation_problem", lambda data: checks.append(1) or real(data)
+    )
+    first = StateStore(store.coder_dir).load("T-1")
+    assert len(checks) == 2  # the snapshot, then the state with the journal's lines
+    again = StateStore(store.coder_dir).load("T-1")
+    assert again == first and len(checks) == 2
+    # the same length, one byte changed: a status no state may have
+    path = store.path("T-1")
+    path.write_bytes(path.read_bytes().replace(b'"status": "running"', b'"status": "rUnning"', 1))
+    with pytest.raises(CorruptState, match="state schema"):
+        StateStore(store.coder_dir).load("T-1")
+    store.save(state)
+    StateStore(store.coder_dir).load("T-1")
+    journal = store.journal_path("T-1")
+    journal.write_bytes(b'{"seq": 9, "at": "x", "step": "s1", "record": {"status": "lost"}}\n')
+    with pytest.raises(CorruptState, match="state schema"):
+        StateStore(store.coder_dir).load("T-1")
+    store.delete("T-1")
+    assert sorted(p.name for p in store.dir.iterdir()) == []  # its check went with it
+
+
 # --- the journal ----------------------------------------------------------------------------
 
 
