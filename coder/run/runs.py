@@ -5,8 +5,7 @@ Files per run, under `.coder/`:
                           worktree. Written once, before anything else, never changed.
     state/<id>.json       the checkpoint (coder.run.state): a snapshot, and a journal of the
     state/<id>.journal    step transitions since; can be rebuilt from the manifest and the
-                          branch's trailers. state/<id>.checked: what the last schema check
-                          of them passed (a cache).
+                          branch's trailers.
     worktrees/<id>/       the git worktree on the run's branch: all work happens there.
     logs/<id>.jsonl       the event log. artifacts/<id>/: per-step diffs and command logs.
 """

@@ -17,8 +17,9 @@ truth and the checkpoint a cache that can be rebuilt from the step commits' trai
 snapshot or journal that does not read whole is reported (`CorruptState`, exit 3) and
 `coder resume` rebuilds it. jsonschema checks a state when it is loaded and when a snapshot is
 written; the snapshot goes through `write_atomic`, the one durable write. What a load checked
-is remembered (`ID.checked`: a digest of the snapshot's and journal's bytes), so a reader of
-an unchanged run (`coder status`) skips the check and jsonschema's import.
+is remembered (`.coder/cache/state/ID.checked`: a digest of the snapshot's and journal's
+bytes), so a reader of an unchanged run (`coder status`) skips the check and jsonschema's
+import.
 """
 
 from __future__ import annotations
@@ -354,8 +355,8 @@ class StateStore:
 
     def _checked_path(self, task_id: str) -> Path:
         """What the last schema check passed: the digest of the snapshot and journal it read
-        (a cache: a torn or stale one only means checking again)."""
-        return self.dir / f"{check_task_id(task_id)}.checked"
+        (a cache, under `.coder/cache/`: a torn or stale one only means checking again)."""
+        return self.coder_dir / "cache" / "state" / f"{check_task_id(task_id)}.checked"
 
     def _checked(self, task_id: str) -> str | None:
         try:

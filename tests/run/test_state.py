@@ -302,8 +302,10 @@ def test_bytes_checked_once_are_not_checked_again_and_any_change_is(
     journal.write_bytes(b'{"seq": 9, "at": "x", "step": "s1", "record": {"status": "lost"}}\n')
     with pytest.raises(CorruptState, match="state schema"):
         StateStore(store.coder_dir).load("T-1")
+    checked = store.coder_dir / "cache" / "state" / "T-1.checked"
+    assert checked.is_file()
     store.delete("T-1")
-    assert sorted(p.name for p in store.dir.iterdir()) == []  # its check went with it
+    assert sorted(p.name for p in store.dir.iterdir()) == [] and not checked.exists()
 
 
 # --- the journal ----------------------------------------------------------------------------
