@@ -25,6 +25,9 @@ or directory replaced by a symlink (or a fifo) counts as changed, and the restor
 and writes the original in its place, never through it; a restore whose parent directory is
 no longer where it was (a link on its way) is refused with the path, not made through the link.
 
+What a guard costs: a stat of each path it watches, before and after the command; a file is
+read only when it changed recently or since an earlier guard read it (`_settled`, `_KNOWN`).
+
 A change made by someone else while the command ran (a commit from the user's terminal during
 a long `tests_run`) cannot be told from the command's: it is put back too, and named.
 
@@ -44,7 +47,9 @@ import os
 import shutil
 import stat
 import struct
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,10 +90,11 @@ class GitGuard:
     aside: list[Path] = field(default_factory=list)  # where a replacement of it was put
     # What `changes` and `drop_stashes` compare first, a few stat calls: when every watched
     # path's inode, size, times and mode are as they were, nothing changed (any write sets a
-    # ctime, which no process can set back); no stash was added while the stash reflog is as
-    # it was (every `git stash` appends to it).
+    # ctime, which no process can set back: see `_settled`); no stash was added while the
+    # stash reflog is as it was (every `git stash` appends to it).
     stamps: dict[str, _Stamp] = field(default_factory=dict)
     stash_log: _Stamp | None = None
+    taken_ns: int = 0  # the wall clock just before the stamps were taken
 
     @property
     def _actor(self) -> str:
@@ -109,11 +115,10 @@ class GitGuard:
         real = None if workdir is None else Path(os.path.realpath(workdir))
         watched = _watched(common_dir, real)
         trees = (common_dir / "hooks",)
-        stash_log = _stamp(_stash_log(common_dir))
+        taken_ns, stamps, saved = _take(watched, trees, frozenset())
+        stash_log = _stamp(_stash_log(common_dir))  # after taken_ns: see _settled
         stashes = frozenset(s.commit_id for s in _stash_list(common_dir)) if stash_log else None
         on = head if head is not None or workdir is None else _worktree_head(workdir)
-        stamps = _stamps(watched, trees, frozenset())
-        saved = _snapshot(watched, trees, frozenset())
         return cls(
             common_dir,
             watched,
@@ -123,6 +128,7 @@ class GitGuard:
             trees,
             stamps=stamps,
             stash_log=stash_log,
+            taken_ns=taken_ns,
         )
 
     @classmethod
@@ -134,8 +140,7 @@ class GitGuard:
         watched, trees = _submodules(git_dir)
         trees = (git_dir, *trees)
         skip = frozenset(str(git_dir / rel) for rel in (*_NOT_WATCHED, "refs/stash"))
-        stamps = _stamps(watched, trees, skip)
-        saved = _snapshot(watched, trees, skip)
+        taken_ns, stamps, saved = _take(watched, trees, skip)
         stash_log = _stamp(_stash_log(git_dir))
         stashes = frozenset(s.commit_id for s in _stash_list(git_dir)) if stash_log else None
         on = _worktree_head(checkout)
@@ -150,6 +155,7 @@ class GitGuard:
             held,
             stamps=stamps,
             stash_log=stash_log,
+            taken_ns=taken_ns,
         )
 
     def close(self) -> None:
@@ -157,9 +163,10 @@ class GitGuard:
             os.close(self.held)
 
     def changes(self) -> list[Path]:
-        if self.stamps and _stamps(self.watched, self.trees, self.skip) == self.stamps:
+        stamps = _stamps(self.watched, self.trees, self.skip)
+        if stamps == self.stamps and all(_settled(s, self.taken_ns) for s in stamps.values()):
             return []
-        now = _snapshot(self.watched, self.trees, self.skip)
+        now = _contents(self.watched, stamps, _known(self.watched, self.trees))
         return sorted(
             Path(k)
             for k in self.saved.keys() | now.keys()
@@ -216,7 +223,8 @@ class GitGuard:
         import pygit2
 
         problems: list[str] = []
-        if _stamp(_stash_log(self.common_dir)) == self.stash_log:
+        now = _stamp(_stash_log(self.common_dir))
+        if now == self.stash_log and _settled(now, self.taken_ns):
             return problems
         repo = pygit2.Repository(str(self.common_dir))
         added = [s for s in _stash_list(self.common_dir) if s.commit_id not in self.stashes]
@@ -331,6 +339,14 @@ def _submodules(git_dir: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
 
 _Stamp = tuple[int, int, int, int, int]  # inode, size, mtime, ctime (ns), mode
 
+# A stamp stands for a file's content only once the file's last change is older than the
+# granularity of the timestamps a change after it would get: the kernel stamps changes with a
+# clock that ticks every 1-10 ms (and some filesystems keep whole seconds only, FAT two), so a
+# write in the same tick as the last one could leave every field of the stamp as it was
+# (its mtime set back with utime). A file changed that recently is read instead.
+_SETTLE_NS = 100_000_000  # sub-second timestamps: ten ticks of the slowest kernel clock
+_SETTLE_WHOLE_SECONDS_NS = 3_000_000_000  # whole seconds: a filesystem may keep no finer
+
 
 def _stamp(path: str | Path) -> _Stamp | None:
     try:
@@ -340,10 +356,23 @@ def _stamp(path: str | Path) -> _Stamp | None:
     return info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode
 
 
+def _settled(stamp: _Stamp | None, taken_ns: int) -> bool:
+    """Whether `stamp`, taken after the wall clock read `taken_ns`, changes with any change to
+    its file after that: its ctime is older than any a later change can be given (ctime is
+    set by the kernel on every write, chmod, rename or utime; no process can set it back).
+    An absent file has nothing to change."""
+    if stamp is None:
+        return True
+    ctime = stamp[3]
+    margin = _SETTLE_WHOLE_SECONDS_NS if ctime % 1_000_000_000 == 0 else _SETTLE_NS
+    return ctime + margin < taken_ns
+
+
 def _stamps(
     watched: tuple[Path, ...], trees: tuple[Path, ...], skip: frozenset[str]
 ) -> dict[str, _Stamp]:
-    """The stamp of every path `_snapshot` would read (a directory's covers what it lists)."""
+    """The stamp of every watched path, and of every path in `trees` but `skip` (a directory's
+    stamp covers what it lists), without following links."""
     out = {str(path): found for path in watched if (found := _stamp(path)) is not None}
     pending = [str(tree) for tree in trees]
     while pending:
@@ -365,45 +394,63 @@ def _stash_log(common_dir: Path) -> Path:
     return common_dir / "logs" / "refs" / "stash"
 
 
-def _snapshot(
+# The contents of watched regular files read by earlier guards of the same watched paths, each
+# with its stamp, settled when it was taken (`_settled`): while a file's stamp is still that
+# one, its content is too, and the next guard need not read it (the sample hooks, the config:
+# a stat each, not a read, per step). By (watched, trees); the last few sets of paths only.
+_Known = dict[str, tuple[_Stamp, _Content]]
+_KNOWN: OrderedDict[tuple[tuple[Path, ...], tuple[Path, ...]], _Known] = OrderedDict()
+_KNOWN_KEPT = 16
+_known_lock = threading.Lock()
+
+
+def _known(watched: tuple[Path, ...], trees: tuple[Path, ...]) -> _Known:
+    with _known_lock:
+        return _KNOWN.get((watched, trees), {})
+
+
+def _take(
     watched: tuple[Path, ...], trees: tuple[Path, ...], skip: frozenset[str]
+) -> tuple[int, dict[str, _Stamp], dict[str, _Content]]:
+    """(the wall clock before the stamps, the stamps, the contents) of what a guard watches;
+    the contents of the files whose stamps were settled are kept for the next guard."""
+    taken_ns = time.time_ns()
+    stamps = _stamps(watched, trees, skip)
+    saved = _contents(watched, stamps, _known(watched, trees))
+    keep = {
+        path: (found, saved[path])
+        for path, found in stamps.items()
+        if stat.S_ISREG(found[4])
+        and _settled(found, taken_ns)
+        and saved.get(path, _NOT_A_FILE) != _NOT_A_FILE  # replaced since its stamp: not kept
+    }
+    with _known_lock:
+        _KNOWN[(watched, trees)] = keep
+        _KNOWN.move_to_end((watched, trees))
+        while len(_KNOWN) > _KNOWN_KEPT:
+            _KNOWN.popitem(last=False)
+    return taken_ns, stamps, saved
+
+
+def _contents(
+    watched: tuple[Path, ...], stamps: dict[str, _Stamp], known: _Known
 ) -> dict[str, _Content]:
+    """What each stamped path holds: a directory of a watched tree its mode, anything but a
+    regular file _NOT_A_FILE (never opened), a regular file its bytes and permission bits (as
+    `known` holds them while its stamp is the one they were read under; else read now)."""
+    files = {str(path) for path in watched}
     out: dict[str, _Content] = {}
-    for path in watched:
-        content = _read(str(path))
-        if content is not None:
-            out[str(path)] = content
-    for tree in trees:
-        try:
-            info = os.lstat(tree)
-        except FileNotFoundError:
-            continue
-        _walk(str(tree), info.st_mode, skip, out)
-    return out
-
-
-def _walk(path: str, mode: int, skip: frozenset[str], out: dict[str, _Content]) -> None:
-    """`path` (its lstat mode given) and everything below it but `skip`, without following
-    links. Paths as strings: a .git with thousands of loose refs is walked twice per call."""
-    if not stat.S_ISDIR(mode):
-        content = _read(path)
-        if content is not None:
+    for path, found in stamps.items():
+        mode = found[4]
+        if stat.S_ISDIR(mode) and path not in files:
+            out[path] = (b"", stat.S_IFDIR | stat.S_IMODE(mode))
+        elif not stat.S_ISREG(mode):
+            out[path] = _NOT_A_FILE
+        elif (entry := known.get(path)) is not None and entry[0] == found:
+            out[path] = entry[1]
+        elif (content := _read(path)) is not None:  # None: removed since its stamp
             out[path] = content
-        return
-    out[path] = (b"", stat.S_IFDIR | stat.S_IMODE(mode))
-    try:
-        with os.scandir(path) as found:
-            entries = sorted(found, key=lambda e: e.name)
-    except OSError:  # unreadable: its mode is what changed
-        return
-    for entry in entries:
-        if entry.path in skip:
-            continue
-        try:
-            child = entry.stat(follow_symlinks=False).st_mode
-        except FileNotFoundError:
-            continue
-        _walk(entry.path, child, skip, out)
+    return out
 
 
 def _read(path: str | Path) -> _Content | None:

