@@ -69,21 +69,34 @@ def fsync_dir(directory: Path) -> None:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write an artifact or log under `.coder/` readable by its owner only (0600, also when
-    the file existed), its directories created 0700. Not crash-safe: for what `write_atomic`
-    does not need to protect (logs, diffs, transcripts). A file system that refuses (full,
-    read-only) is an EnvironmentProblem: a run stops as `error`, not as a failed step."""
+    """Write an artifact or log under `.coder/` readable by its owner only (0600), its
+    directories created 0700 when missing. Not crash-safe, nor synced: for what `write_atomic`
+    does not need to protect (logs, diffs, transcripts). What was at `path` is replaced, never
+    written through (a link there is removed, not followed), and a new file is written (an
+    existing one truncated and rewritten would make ext4 flush it on close, 1 ms). A file
+    system that refuses (full, read-only) is an EnvironmentProblem: a run stops as `error`,
+    not as a failed step."""
     path = Path(path)
     try:
-        make_private_dirs(path.parent)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            os.fchmod(fd, 0o600)
+            fd = _create_private(path)
+        except FileNotFoundError:  # its directory is missing (the first write, or deleted)
+            make_private_dirs(path.parent)
+            fd = _create_private(path)
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask
             _write_all(fd, text.encode("utf-8"))
         finally:
             os.close(fd)
     except OSError as exc:
         raise write_failed(path, exc) from exc
+
+
+def _create_private(path: Path) -> int:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(path, flags, 0o600)
 
 
 def make_private_dirs(path: Path) -> None:

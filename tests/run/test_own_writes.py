@@ -49,6 +49,37 @@ def worktree(repo: Path, name: str = "own") -> Path:
     return repo / ".coder" / "worktrees" / name
 
 
+# --------------------------------------------------------------------------- the artifacts
+
+
+def test_a_link_planted_at_a_steps_artifact_is_replaced_not_written_through(
+    make_repo, tmp_path: Path
+) -> None:
+    """Without the sandbox (which keeps `.coder/` read-only) a command can plant links where
+    coder writes the step's command log and diff: coder replaces them with its files and
+    writes nothing where they point."""
+    repo = make_repo()
+    out = outside_dir(tmp_path)
+    before = fingerprint(out)
+    plant = (
+        "mkdir -p ../../artifacts/own && echo x > x.txt"
+        f" && ln -s {out / 'a.txt'} ../../artifacts/own/s1.diff"
+        f" && ln -s {out / 'sub' / 'keep.txt'} ../../artifacts/own/s1-attempt1.log"
+    )
+    path = taskfile(
+        repo, f"id: own\ntitle: t\ngraph:\n  - {{id: s1, kind: shell, cmd: {json.dumps(plant)}}}\n"
+    )
+    code, stdout, stderr = coder(repo, "run", "--autonomous", "--no-sandbox", "-f", str(path))
+    assert code == 0, stdout + stderr
+    assert fingerprint(out) == before
+    artifacts = repo / ".coder" / "artifacts" / "own"
+    for name in ("s1.diff", "s1-attempt1.log"):
+        assert not (artifacts / name).is_symlink()
+        assert (artifacts / name).stat().st_mode & 0o777 == 0o600
+    assert "+x" in (artifacts / "s1.diff").read_text()
+    assert (artifacts / "s1-attempt1.log").read_text().startswith("$ mkdir -p")
+
+
 # --------------------------------------------------------------------------- the discard
 
 
