@@ -103,6 +103,8 @@ def make_private_dirs(path: Path) -> None:
     """`path` and each missing directory above it, made 0700 (`Path.mkdir(parents=True)` gives
     the parents the umask's mode: a `.coder/` deleted during a run came back 0755)."""
     path = Path(path)
+    if path.is_dir():  # the common case: one stat, not one per parent
+        return
     for directory in [*reversed(path.parents), path]:
         if not directory.is_dir():
             with contextlib.suppress(FileExistsError):
