@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "display",
         "durable",
         "nofollow",
+        "realpath",
         "crashpoints",
         "safeio",
         "interrupts",

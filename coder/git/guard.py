@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from coder.errors import EnvironmentProblem
+from coder.realpath import realpath
 
 _Content = tuple[bytes, int]  # a regular file's bytes and permission bits; a directory's mode
 _NOT_A_FILE: _Content = (b"", -1)  # a symlink, fifo, device, ...: never read through
@@ -111,8 +112,8 @@ class GitGuard:
         """The guard around a step in `workdir`, a linked worktree of `common_dir`. `head`:
         what `workdir`'s HEAD is, (branch or "(no branch)", commit), when the caller knows
         (read from the worktree otherwise: a repository open per step)."""
-        common_dir = Path(os.path.realpath(common_dir))
-        real = None if workdir is None else Path(os.path.realpath(workdir))
+        common_dir = Path(realpath(common_dir))
+        real = None if workdir is None else Path(realpath(workdir))
         watched = _watched(common_dir, real)
         trees = (common_dir / "hooks",)
         taken_ns, stamps, saved = _take(watched, trees, frozenset())
@@ -135,7 +136,7 @@ class GitGuard:
     def take_checkout(cls, checkout: Path) -> GitGuard:
         """The guard around a command in the main checkout `checkout` (its `.git` a directory).
         Call `close` when done with it."""
-        git_dir = Path(os.path.realpath(checkout / ".git"))
+        git_dir = Path(realpath(checkout / ".git"))
         held = os.open(git_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         watched, trees = _submodules(git_dir)
         trees = (git_dir, *trees)
@@ -303,8 +304,8 @@ def _watched(common_dir: Path, workdir: Path | None) -> tuple[Path, ...]:
     if gitfile is not None and found is not None and found != _NOT_A_FILE:
         paths.append(gitfile)
         text = found[0].decode("utf-8", errors="replace").strip()
-        admin = Path(os.path.realpath(gitfile.parent / text.removeprefix("gitdir:").strip()))
-        if admin.parent == Path(os.path.realpath(common_dir / "worktrees")):
+        admin = Path(realpath(gitfile.parent / text.removeprefix("gitdir:").strip()))
+        if admin.parent == Path(realpath(common_dir / "worktrees")):
             # config.worktree: read by git and libgit2 when the repository sets
             # extensions.worktreeConfig; a command's `core.worktree` there would redirect
             # coder's own checkouts, its `core.fsmonitor` run a program
@@ -496,7 +497,7 @@ def _replace(path: Path, content: _Content | None) -> None:
     """Make `path` what `content` says (absent, a directory, a regular file), removing whatever
     is there now without following it."""
     parent = os.path.dirname(path)
-    if os.path.realpath(parent) != parent:
+    if realpath(parent) != parent:
         raise EnvironmentProblem(
             f"cannot put back {path}: {parent} is no longer the directory it was (a link or a "
             "moved directory is on its way)",

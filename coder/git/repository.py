@@ -26,6 +26,7 @@ import pygit2
 
 from coder import safeio
 from coder.errors import EnvironmentProblem
+from coder.realpath import realpath
 
 Repo: TypeAlias = pygit2.Repository
 
@@ -116,7 +117,7 @@ def open_worktree(worktree: Path, *, writing: bool = True) -> Repo:
                 hint="`coder resume` re-creates it from the branch",
             ) from None
         raise environment_error(exc, Path(worktree)) from None
-    if w.workdir is None or Path(w.workdir).resolve() != Path(worktree).resolve():
+    if w.workdir is None or realpath(w.workdir) != realpath(worktree):
         raise EnvironmentProblem(f"{worktree} is not the root of a git working tree")
     if writing and not (Path(w.path) / "commondir").is_file():
         raise EnvironmentProblem(

@@ -20,6 +20,7 @@ from typing import Any
 from coder.config import DEFAULTS, LIMITS
 from coder.errors import InvalidInput
 from coder.policy.shell import basename, program_words, refuse
+from coder.realpath import realpath
 
 # Shell builtins that appear in everyday command lines (allowed; not programs to tell a
 # planning model about).
@@ -331,9 +332,9 @@ def check_command(
 
 def _check_resolves(word: str, policy: Policy, root: Path, cwd: Path, path: str | None) -> None:
     name = basename(word)
-    real_root = os.path.realpath(root)
+    real_root = realpath(root)
     found = shutil.which(name, path=path)
-    found_real = os.path.realpath(found) if found else None
+    found_real = realpath(found) if found else None
     if "/" not in word:
         if name in _BASH_BUILTINS or found_real is None:
             return  # a builtin, or "command not found" at run time
@@ -344,7 +345,7 @@ def _check_resolves(word: str, policy: Policy, root: Path, cwd: Path, path: str 
                 "allowed_commands in coder.config.json)"
             )
         return
-    target = os.path.realpath(os.path.join(cwd, os.path.expanduser(word)))
+    target = realpath(os.path.join(cwd, os.path.expanduser(word)))
     if _inside(target, real_root):
         rel = os.path.relpath(target, real_root)
         if rel in policy.allowed_paths:

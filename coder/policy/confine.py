@@ -68,6 +68,7 @@ from typing import Any, TypeVar
 
 from coder.errors import EnvironmentProblem
 from coder.policy import reaper
+from coder.realpath import realpath
 
 MIN_ABI = 3  # truncate(2) is only covered from ABI 3 on
 _KEEP_THREADS = 16  # idle spawner threads kept (one per profile); older ones are stopped
@@ -220,7 +221,7 @@ def writable_for(root: Path) -> tuple[str, ...]:
     The worktree's `.git` file is writable, so it is not trusted alone: the admin directory
     it names must name this worktree back (its `gitdir` file, which git wrote and a command
     cannot), or a command could aim the next one's sandbox at another run's admin dir."""
-    real = os.path.realpath(root)
+    real = realpath(root)
     gitfile = os.path.join(real, ".git")
     from coder import safeio
 
@@ -229,11 +230,11 @@ def writable_for(root: Path) -> tuple[str, ...]:
 
     try:
         found = text(gitfile).strip()
-        admin = os.path.realpath(os.path.join(real, found.removeprefix("gitdir:").strip()))
+        admin = realpath(os.path.join(real, found.removeprefix("gitdir:").strip()))
         back = text(os.path.join(admin, "gitdir")).strip()
     except OSError:  # a main checkout (.git is a directory), or no git at all
         return (real,)
-    if found.startswith("gitdir:") and os.path.realpath(os.path.join(admin, back)) == gitfile:
+    if found.startswith("gitdir:") and realpath(os.path.join(admin, back)) == gitfile:
         return (real, admin)
     return (real,)
 
@@ -453,7 +454,7 @@ def _metadata_wall(found: Support, profile: Profile, tmp_root: str) -> None:
             )
         return
     try:
-        mounts.wall((*profile.writable, os.path.realpath(tmp_root)), profile.readonly)
+        mounts.wall((*profile.writable, realpath(tmp_root)), profile.readonly)
     except OSError as exc:
         raise EnvironmentProblem(
             f"cannot make the filesystem read-only for commands: {exc}"
@@ -567,7 +568,7 @@ def kept_readonly(root: Path) -> tuple[str, ...]:
     puts `.git` back (coder.mcp.walls)."""
     if support().mounts_problem is not None:
         return ()
-    real = os.path.realpath(root)
+    real = realpath(root)
     inside = (os.path.join(real, name) for name in (".git", ".coder"))
     return tuple(p for p in inside if os.path.isdir(p) and not os.path.islink(p))
 
@@ -599,7 +600,7 @@ def spawner_for(root: Path) -> Confinement | None:
 def end_leftovers(root: Path) -> None:
     """End every process left running in the sandbox of worktree `root` (by commands that
     have all returned); nothing if no command ran there."""
-    real = os.path.realpath(root)
+    real = realpath(root)
     with _lock:
         found = [c for p, c in _confinements.items() if p.writable[:1] == (real,)]
     for spawner in found:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coder.errors import PolicyViolation
+from coder.realpath import realpath
 
 if TYPE_CHECKING:
     from coder.policy.commands import Policy
@@ -184,7 +185,7 @@ def _link_target(root: Path, rel: str) -> str | None:
     (not a link, or a link that leads outside `root`)."""
     head, _, name = rel.rstrip("/").rpartition("/")
     parent = resolve_inside(root, head)
-    if parent is None or not os.path.islink(os.path.join(os.path.realpath(root), parent, name)):
+    if parent is None or not os.path.islink(os.path.join(realpath(root), parent, name)):
         return None
     return resolve_inside(root, rel)
 
@@ -197,7 +198,7 @@ def resolve_inside(root: Path, rel: str) -> str | None:
     the root itself), or None if it leads outside `root` or loops. Walks one component at a
     time and only ever looks at paths inside `root` (lstat, readlink): a link that points
     out is never followed, so a link planted by a command cannot make coder read elsewhere."""
-    real_root = os.path.realpath(root)
+    real_root = realpath(root)
     done: list[str] = []
     todo = [p for p in rel.split("/") if p not in ("", ".")][::-1]
     hops = 0
@@ -239,8 +240,8 @@ def resolve_in_root(root: Path, rel: str, *, write: bool, policy: Policy) -> Pat
     """
     if not rel or "\0" in rel:
         raise PolicyViolation(f"invalid path: {rel!r}")
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(os.path.join(real_root, rel))  # an absolute rel replaces the root
+    real_root = realpath(root)
+    real = realpath(os.path.join(real_root, rel))  # an absolute rel replaces the root
     lexical = os.path.normpath(os.path.join(real_root, rel))
     if not _inside(real, real_root):
         if _inside(lexical, real_root):

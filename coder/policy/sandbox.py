@@ -36,6 +36,7 @@ from typing import IO, TYPE_CHECKING, Any
 from coder.errors import EnvironmentProblem, InvalidInput, PolicyViolation
 from coder.policy.commands import Limits, Policy, check_command
 from coder.policy.env import scrub_env
+from coder.realpath import realpath
 
 if TYPE_CHECKING:
     from coder.policy.confine import ProcessExit
@@ -303,7 +304,7 @@ def run_command(
     check_command(cmd, policy, root=Path(root or cwd), cwd=Path(cwd), path=command_env.get("PATH"))
     cwd = Path(cwd)
     if root is not None:
-        real_root, real_cwd = os.path.realpath(root), os.path.realpath(cwd)
+        real_root, real_cwd = realpath(root), realpath(cwd)
         if os.path.commonpath([real_root, real_cwd]) != real_root:
             raise PolicyViolation(f"working directory escapes the worktree: {cwd}")
     if not cwd.is_dir():

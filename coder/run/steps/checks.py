@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coder.policy.paths import naming, protected_changes, resolve_inside
+from coder.realpath import realpath
 from coder.taskfile import Assertion
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ def _assert_problem(a: Assertion, workdir: Path) -> str | None:
     rel = None if os.path.isabs(a.path) else resolve_inside(workdir, a.path)
     if rel is None:
         return "the path leads outside the worktree"
-    path = Path(os.path.realpath(workdir), rel)
+    path = Path(realpath(workdir), rel)
     try:
         mode: int | None = os.lstat(path).st_mode
     except FileNotFoundError:
