@@ -332,12 +332,14 @@ def check_command(
 
 def _check_resolves(word: str, policy: Policy, root: Path, cwd: Path, path: str | None) -> None:
     name = basename(word)
+    if "/" not in word and name in _BASH_BUILTINS:
+        return  # a builtin: bash runs no file for it, whatever PATH finds
     real_root = realpath(root)
     found = shutil.which(name, path=path)
     found_real = realpath(found) if found else None
     if "/" not in word:
-        if name in _BASH_BUILTINS or found_real is None:
-            return  # a builtin, or "command not found" at run time
+        if found_real is None:
+            return  # "command not found" at run time
         if _inside(found_real, real_root):
             raise refuse(
                 f"`{name}` would run {found}, inside the worktree, which a step or the model "

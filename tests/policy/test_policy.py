@@ -434,3 +434,16 @@ def test_programs_resolve_to_what_path_finds(tmp_path: Path) -> None:
         (root / "bin" / "ls").write_text("")
         (root / "bin" / "ls").chmod(0o755)
         check_command("ls", POLICY, root=root, cwd=root, path=f"{root}/bin:{path}")
+
+
+def test_a_builtin_runs_as_a_builtin_whatever_path_finds(tmp_path: Path) -> None:
+    """bash runs `echo` itself even where PATH finds an `echo` file in the worktree (so it is
+    not looked up at all); the file run by its path is still a program inside the worktree."""
+    root = tmp_path / "wt"
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "echo").write_text("#!/bin/sh\n")
+    (root / "bin" / "echo").chmod(0o755)
+    path = f"{root}/bin:{os.environ['PATH']}"
+    check_command("echo hi > out.txt", POLICY, root=root, cwd=root, path=path)
+    with pytest.raises(PolicyViolation, match="is a program inside the worktree"):
+        check_command("bin/echo hi", POLICY, root=root, cwd=root, path=path)
