@@ -398,10 +398,12 @@ def _stash_log(common_dir: Path) -> Path:
 # The contents of watched regular files read by earlier guards of the same watched paths, each
 # with its stamp, settled when it was taken (`_settled`): while a file's stamp is still that
 # one, its content is too, and the next guard need not read it (the sample hooks, the config:
-# a stat each, not a read, per step). By (watched, trees); the last few sets of paths only.
+# a stat each, not a read, per step). By (watched, trees); the last few sets of paths only,
+# and small files only (a checkout's index can be megabytes: it is read each time, as before).
 _Known = dict[str, tuple[_Stamp, _Content]]
 _KNOWN: OrderedDict[tuple[tuple[Path, ...], tuple[Path, ...]], _Known] = OrderedDict()
 _KNOWN_KEPT = 16
+_KNOWN_MAX_BYTES = 1 << 20
 _known_lock = threading.Lock()
 
 
@@ -422,6 +424,7 @@ def _take(
         path: (found, saved[path])
         for path, found in stamps.items()
         if stat.S_ISREG(found[4])
+        and found[1] <= _KNOWN_MAX_BYTES
         and _settled(found, taken_ns)
         and saved.get(path, _NOT_A_FILE) != _NOT_A_FILE  # replaced since its stamp: not kept
     }

@@ -143,3 +143,27 @@ def test_a_step_rewriting_a_hook_keeping_its_size_and_mtime_fails_and_is_undone(
         "restored)"
     )
     assert digest(hook) == original
+
+
+def test_only_small_files_are_kept_between_guards(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A guard keeps what it read for the next one only for files up to 1 MiB (a checkout's
+    index can be megabytes): a larger one is read by every guard."""
+    git_dir = repo / ".git"
+    big = git_dir / "hooks" / "big-hook"
+    big.write_bytes(b"#" * (guard._KNOWN_MAX_BYTES + 1))
+    for path in (git_dir / "config", git_dir / HOOK, big):
+        settle(path)
+    GitGuard.take(git_dir)
+    read: list[str] = []
+    real_read = guard._read
+
+    def spy(path: str | Path) -> guard._Content | None:
+        read.append(str(path))
+        return real_read(path)
+
+    monkeypatch.setattr(guard, "_read", spy)
+    taken = GitGuard.take(git_dir)
+    assert read == [str(big)]
+    assert taken.saved[str(big)][0] == big.read_bytes()
