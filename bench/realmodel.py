@@ -50,8 +50,9 @@ this cut 2.90x, 2.71x, 1.82x (median 2.71x; coder 32.6-45.1 s, Aider 14.0-17.9 s
 three runs, pairs 1.25x, 1.30x, 0.79x (median 1.25x), 1.15x, 1.05x, 1.09x (median 1.09x) and
 1.15x, 1.05x, 1.11x (median 1.11x) (coder 13.8-21.8 s, Aider 12.0-20.0 s). Part 1: 91.9-94.1%
 reuse then (every uncached token was new content: each step's first message and a nudge);
-95.3-95.7% in three runs since each kind's rules and tools are said once in the prefix. Part 2: the warm prefix saves nothing on this task
-(runs on/off median 1.11x, 0.94x, 1.06x; spreads 0.65-1.70x).
+95.3-95.7% in three runs since each kind's rules and tools are said once in the prefix.
+Part 2: the warm prefix saves nothing on this task (runs on/off median 1.11x, 0.94x, 1.06x;
+spreads 0.65-1.70x).
 """
 
 from __future__ import annotations
