@@ -55,6 +55,22 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "
         time.sleep(0.02)
 
 
+def coder_on_terminal(
+    cwd: Path, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[bytes]:
+    """`coder ARGS` with its stdout a real pseudo-terminal (what it printed there is not kept:
+    a test points GIT_PAGER at a file to see what was paged)."""
+    primary, secondary = os.openpty()
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "coder", *args],
+            cwd=cwd, env=env, stdout=secondary, stderr=subprocess.PIPE, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(secondary)
+        os.close(primary)
+
+
 def taskfile(repo: Path, text: str, name: str = "task.yaml") -> Path:
     """Write a (dedented) taskfile beside the repository, so it is not part of the checkout."""
     path = repo.parent / name

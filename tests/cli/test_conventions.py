@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from coder.cli import main
 from coder.cli.common import hoisted
 from tests.conftest import coder, git
-from tests.helpers import taskfile
+from tests.helpers import coder_on_terminal, taskfile
 
 TASK = """
     id: c1
@@ -83,15 +83,7 @@ def test_diff_and_logs_page_on_a_terminal_in_colour(make_repo, tmp_path: Path) -
         "GIT_PAGER": f'printf %s "$LESS" > {less}; cat > {seen}',
         "NO_COLOR": "",
     }
-    primary, secondary = os.openpty()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "coder", "diff", "-t", "c1"],
-            cwd=repo, env=env, stdout=secondary, stderr=subprocess.PIPE, timeout=60,
-        )  # fmt: skip
-    finally:
-        os.close(secondary)
-        os.close(primary)
+    proc = coder_on_terminal(repo, env, "diff", "-t", "c1")
     assert proc.returncode == 0, proc.stderr
     paged = seen.read_text()
     assert "\x1b[32m+one\x1b[0m" in paged and "\x1b[1mdiff --git a/one.txt b/one.txt" in paged

@@ -51,6 +51,19 @@ def rewrite_keeping_size_and_times(path: str | Path) -> None:
     )
 
 
+def reads_spied(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths the guard reads from now on (their content), in order."""
+    read: list[str] = []
+    real_read = guard._read
+
+    def spy(path: str | Path) -> guard._Content | None:
+        read.append(str(path))
+        return real_read(path)
+
+    monkeypatch.setattr(guard, "_read", spy)
+    return read
+
+
 def test_an_unchanged_hook_is_not_read_again_and_a_rewrite_is_still_put_back(
     repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -60,14 +73,7 @@ def test_an_unchanged_hook_is_not_read_again_and_a_rewrite_is_still_put_back(
     settle(git_dir / "config")
     settle(hook)
     GitGuard.take(git_dir)  # reads the hooks, keeps what it read
-    read: list[str] = []
-    real_read = guard._read
-
-    def spy(path: str | Path) -> guard._Content | None:
-        read.append(str(path))
-        return real_read(path)
-
-    monkeypatch.setattr(guard, "_read", spy)
+    read = reads_spied(monkeypatch)
     taken = GitGuard.take(git_dir)
     assert read == []  # stats only: nothing changed since the first guard read them
     assert taken.saved[str(hook)][0] == hook.read_bytes()  # and it holds their content
@@ -156,14 +162,7 @@ def test_only_small_files_are_kept_between_guards(
     for path in (git_dir / "config", git_dir / HOOK, big):
         settle(path)
     GitGuard.take(git_dir)
-    read: list[str] = []
-    real_read = guard._read
-
-    def spy(path: str | Path) -> guard._Content | None:
-        read.append(str(path))
-        return real_read(path)
-
-    monkeypatch.setattr(guard, "_read", spy)
+    read = reads_spied(monkeypatch)
     taken = GitGuard.take(git_dir)
     assert read == [str(big)]
     assert taken.saved[str(big)][0] == big.read_bytes()

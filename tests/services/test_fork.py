@@ -8,15 +8,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import coder, git
-from tests.helpers import state_of, taskfile
+from tests.helpers import coder_on_terminal, state_of, taskfile
 
 TASK = """
     id: rv
@@ -262,15 +260,7 @@ def test_compare_diff_goes_through_the_pager_on_a_terminal(finished: Path, tmp_p
     assert code == 0, out + err
     seen = tmp_path / "paged.txt"
     env = {**os.environ, "GIT_PAGER": f"cat > {seen}", "NO_COLOR": ""}
-    primary, secondary = os.openpty()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "coder", "compare", "-t", "rv", "-t", FORK, "--diff"],
-            cwd=finished, env=env, stdout=secondary, stderr=subprocess.PIPE, timeout=60,
-        )  # fmt: skip
-    finally:
-        os.close(secondary)
-        os.close(primary)
+    proc = coder_on_terminal(finished, env, "compare", "-t", "rv", "-t", FORK, "--diff")
     assert proc.returncode == 0, proc.stderr
     paged = seen.read_text()
     assert paged.startswith("STEP ") and "Diff from rv to rv-fork-1:" in paged
