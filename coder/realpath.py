@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import os
 
-_FLAGS = getattr(os, "O_PATH", 0) | os.O_CLOEXEC
+_O_PATH = getattr(os, "O_PATH", 0)  # Linux only
 
 
 def realpath(path: str | os.PathLike[str]) -> str:
     """`os.path.realpath(path)`, see the module docstring."""
-    if not _FLAGS & getattr(os, "O_PATH", 0):
+    if not _O_PATH:
         return os.path.realpath(path)
     try:
-        fd = os.open(path, _FLAGS)
+        fd = os.open(path, _O_PATH | os.O_CLOEXEC)
     except (OSError, ValueError):
         return os.path.realpath(path)
     try:

@@ -97,7 +97,7 @@ def model_kinds(steps: Iterable[Step], registry: Registry) -> dict[str, list[str
 
     kinds: dict[str, list[str]] = {}
     for step in steps:
-        if step.kind in kinds or step.kind not in KINDS:
+        if step.kind in kinds:
             continue
         if KINDS[step.kind].uses_model:
             kinds[step.kind] = tools_for_kind(step.kind, registry)

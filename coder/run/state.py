@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 from coder.crashpoints import armed, crashpoint
 from coder.display import listed
-from coder.durable import fsync_dir, make_private_dirs, write_atomic
+from coder.durable import fsync_dir, make_private_dirs, write_atomic, write_private
 from coder.errors import (
     CorruptState,
     EnvironmentProblem,
@@ -365,8 +365,6 @@ class StateStore:
             return None
 
     def _remember_checked(self, task_id: str, digest: str) -> None:
-        from coder.durable import write_private
-
         with contextlib.suppress(EnvironmentProblem):  # a read-only disk: check each time
             write_private(self._checked_path(task_id), digest + "\n")
 
