@@ -59,6 +59,7 @@ from coder.realpath import realpath
 
 _Content = tuple[bytes, int]  # a regular file's bytes and permission bits; a directory's mode
 _NOT_A_FILE: _Content = (b"", -1)  # a symlink, fifo, device, ...: never read through
+_STASH_LOCK = threading.Lock()  # see GitGuard.drop_stashes
 
 # What the checkout guard does not watch, relative to the git dir (see the module docstring).
 _NOT_WATCHED = (
@@ -220,37 +221,51 @@ class GitGuard:
     def drop_stashes(self) -> list[str]:
         """Drop the refs/stash entries the step added; a problem for each new entry (empty:
         none), naming what was dropped, or the `git stash drop` command for one that may not
-        be the step's."""
-        import pygit2
-
-        problems: list[str] = []
+        be the step's or could not be dropped."""
         now = _stamp(_stash_log(self.common_dir))
         if now == self.stash_log and _settled(now, self.taken_ns):
-            return problems
+            return []
+        # The steps of a parallel level are checked in threads at once, and detached at one
+        # tip each claims the same "WIP on (no branch)" entry: one at a time, each reading
+        # the list afresh, or both drop stash@{0}, the second time the user's own entry.
+        with _STASH_LOCK:
+            return self._drop_added()
+
+    def _drop_added(self) -> list[str]:
+        import pygit2
+
         repo = pygit2.Repository(str(self.common_dir))
         added = [s for s in _stash_list(self.common_dir) if s.commit_id not in self.stashes]
+        problems: list[str] = []
         left = []
         for entry in added:  # the step's first: the commands name the indices after the drops
             message = entry.message.strip()
-            index = _stash_index(self.common_dir, entry.commit_id)
-            if index is not None and self._made_here(repo, entry.commit_id, message):
-                repo.stash_drop(index)
+            if not self._made_here(repo, entry.commit_id, message):
+                left.append((entry, "may be"))
+            elif _drop(repo, self.common_dir, entry.commit_id):
                 problems.append(
                     f"{self._actor} added stash entry {message!r} to the repository's shared "
                     f"refs/stash (a `git stash`{self._unconfined}); coder dropped it, the "
                     "other stash entries are as they were"
                 )
             else:
-                left.append(entry)
-        for entry in left:
+                left.append((entry, "is"))
+        for entry, whose in left:
             index = _stash_index(self.common_dir, entry.commit_id)
             if index is None:
                 continue  # dropped meanwhile
+            mine = whose == "is"
             problems.append(
                 f"stash entry stash@{{{index}}} ({entry.message.strip()!r}) was added to the "
-                f"repository's shared refs/stash while {self._actor} ran and may be "
-                f"{self._actor}'s (a `git stash`{self._unconfined}): if it is not yours, drop "
-                f"it with `git stash drop stash@{{{index}}}` (check `git stash list` first)"
+                f"repository's shared refs/stash while {self._actor} ran and {whose} "
+                f"{self._actor}'s (a `git stash`{self._unconfined})"
+                + (
+                    f": coder could not drop it (refs/stash stayed locked); drop it with "
+                    f"`git stash drop stash@{{{index}}}`"
+                    if mine
+                    else f": if it is not yours, drop it with `git stash drop stash@{{{index}}}` "
+                    "(check `git stash list` first)"
+                )
             )
         return problems
 
@@ -274,6 +289,26 @@ def _stash_list(common_dir: Path) -> list[Any]:
         return list(pygit2.Repository(str(common_dir)).listall_stashes())
     except pygit2.GitError:
         return []
+
+
+def _drop(repo: Any, common_dir: Path, commit_id: Any) -> bool:
+    """Drop the entry `commit_id` from refs/stash: True once gone. False if refs/stash stays
+    locked for a second (a `git stash` of a command still running beside the step); its
+    index is read again before each try, as that command may have added an entry meanwhile."""
+    import pygit2
+
+    for delay in (0.02, 0.1, 0.3, 0.6, None):
+        index = _stash_index(common_dir, commit_id)
+        if index is None:
+            return True
+        try:
+            repo.stash_drop(index)
+            return True
+        except pygit2.GitError:
+            if delay is None:
+                return False
+            time.sleep(delay)
+    return False
 
 
 def _stash_index(common_dir: Path, commit_id: Any) -> int | None:

@@ -6,11 +6,14 @@ Real runs of `coder` (no sandbox), checked with the git CLI."""
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from coder.git.guard import GitGuard
 from tests.conftest import coder, git
 from tests.helpers import state_of, taskfile
 
@@ -115,3 +118,54 @@ def test_a_stash_made_by_a_step_of_a_parallel_level_is_dropped(make_repo) -> Non
     assert "the step added stash entry 'WIP on (no branch): " in error, error
     assert "coder dropped it" in error
     assert stashes(repo) == before
+
+
+def test_steps_checked_at_once_drop_their_one_entry_never_the_users(make_repo) -> None:
+    """The steps of a parallel level are checked in threads, both detached at one tip, so both
+    claim the one new entry: dropped once, and the user's stash below it is kept. Raced
+    directly, round after round (two drops of stash@{0} took the user's entry)."""
+    repo = user_repo(make_repo)
+    tip = git(repo, "rev-parse", "HEAD").strip()
+    trees = [repo.parent / f"wt{i}" for i in (1, 2)]
+    for tree in trees:
+        git(repo, "worktree", "add", "-q", "--detach", str(tree), "HEAD")
+    before = stashes(repo)
+    for turn in range(40):
+        guards = [GitGuard.take(repo / ".git", tree, head=("(no branch)", tip)) for tree in trees]
+        (trees[turn % 2] / "README.md").write_text(f"agent {turn}\n")
+        git(trees[turn % 2], "stash", "-q")
+        start = threading.Barrier(2)
+
+        def check(guard: GitGuard) -> list[str]:
+            start.wait()
+            return guard.drop_stashes()
+
+        with ThreadPoolExecutor(2) as pool:
+            problems = list(pool.map(check, guards))
+        assert stashes(repo) == before, (turn, problems)
+        assert sorted(map(len, problems)) == [0, 1], problems
+        assert "coder dropped it" in max(problems, key=len)[0]
+
+
+def test_an_entry_that_cannot_be_dropped_is_named_with_the_command(make_repo) -> None:
+    """refs/stash held locked (a `git stash` of a command still running beside the step)
+    past the retries: no traceback, the step's problem names the exact drop command."""
+    repo = user_repo(make_repo)
+    tip = git(repo, "rev-parse", "HEAD").strip()
+    tree = repo.parent / "wt"
+    git(repo, "worktree", "add", "-q", "--detach", str(tree), "HEAD")
+    guard = GitGuard.take(repo / ".git", tree, head=("(no branch)", tip))
+    (tree / "README.md").write_text("agent\n")
+    git(tree, "stash", "-q")
+    after = stashes(repo)
+    lock = repo / ".git" / "refs" / "stash.lock"
+    lock.write_text("")
+    try:
+        problems = guard.drop_stashes()
+    finally:
+        lock.unlink()
+    assert stashes(repo) == after  # nothing dropped, the user's entry still below
+    assert len(problems) == 1, problems
+    assert "coder could not drop it (refs/stash stayed locked)" in problems[0], problems
+    assert "`git stash drop stash@{0}`" in problems[0]
+    assert "'WIP on (no branch): " in problems[0]
