@@ -29,7 +29,9 @@ What a guard costs: a stat of each path it watches, before and after the command
 read only when it changed recently or since an earlier guard read it (`_settled`, `_KNOWN`).
 
 A change made by someone else while the command ran (a commit from the user's terminal during
-a long `tests_run`) cannot be told from the command's: it is put back too, and named.
+a long `tests_run`) cannot be told from the command's: it is put back too, and named. Nor can
+one by another step of a parallel level (they share config, hooks and refs/stash): the guard
+that looks first puts it back and names it; guards put back one at a time, each looking afresh.
 
 `refs/stash` is the repository's, shared by its worktrees: with `sandbox: off` a step's
 `git stash` lands there (as any `git stash` of an MCP call in the checkout does), and the user's
@@ -59,7 +61,11 @@ from coder.realpath import realpath
 
 _Content = tuple[bytes, int]  # a regular file's bytes and permission bits; a directory's mode
 _NOT_A_FILE: _Content = (b"", -1)  # a symlink, fifo, device, ...: never read through
-_STASH_LOCK = threading.Lock()  # see GitGuard.drop_stashes
+# The steps of a parallel level are checked in their threads at once, and their guards share
+# the repository's config, hooks and refs/stash: what is put back there is put back by one
+# guard at a time, each looking afresh (two restores of one file raced on its unlink and
+# create; two drops of stash@{0} took the user's entry).
+_SHARED = threading.Lock()
 
 # What the checkout guard does not watch, relative to the git dir (see the module docstring).
 _NOT_WATCHED = (
@@ -189,10 +195,11 @@ class GitGuard:
     def restore(self) -> list[Path]:
         """Put back what changed; returns it (the git dir itself first, if it was replaced).
         EnvironmentProblem if something cannot be put back."""
-        moved = [self.common_dir] if self._put_back_git_dir() else []
-        changed = self.changes()
-        for path in changed:
-            _replace(path, self.saved.get(str(path)))
+        with _SHARED:
+            moved = [self.common_dir] if self._put_back_git_dir() else []
+            changed = self.changes()
+            for path in changed:
+                _replace(path, self.saved.get(str(path)))
         return moved + changed
 
     def _put_back_git_dir(self) -> bool:
@@ -225,10 +232,7 @@ class GitGuard:
         now = _stamp(_stash_log(self.common_dir))
         if now == self.stash_log and _settled(now, self.taken_ns):
             return []
-        # The steps of a parallel level are checked in threads at once, and detached at one
-        # tip each claims the same "WIP on (no branch)" entry: one at a time, each reading
-        # the list afresh, or both drop stash@{0}, the second time the user's own entry.
-        with _STASH_LOCK:
+        with _SHARED:  # two steps detached at one tip both claim a "WIP on (no branch)" entry
             return self._drop_added()
 
     def _drop_added(self) -> list[str]:
