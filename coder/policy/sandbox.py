@@ -59,10 +59,31 @@ class CommandResult:
     note: str = ""  # what happened besides the output, for the model and the log
     # `results_var`: what the command wrote to the file that variable named (None: nothing)
     results: bytes | None = None
+    confined: bool = False  # it ran in the kernel sandbox
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out and not self.cancelled
+
+    @property
+    def refused_write(self) -> str:
+        """Why the command failed, when it ran confined and its output says a write was refused
+        (a `git add` storing an object, a file outside the worktree): else "". Said to the user
+        in the step's error, to the model in shell_run's result."""
+        if not self.confined or self.ok:
+            return ""
+        output = self.stderr + self.stdout
+        if not any(sign in output for sign in _REFUSED_WRITE):
+            return ""
+        why = "the sandbox lets a command write only the step's worktree and its TMPDIR"
+        if "git" in self.cmd:
+            why += ", and coder commits a step's changes itself: no `git add` or `git commit`"
+        return why
+
+
+# What a write the sandbox refused prints: the read-only mounts' EROFS, and git's message for
+# the objects Landlock keeps read-only.
+_REFUSED_WRITE = ("Read-only file system", "insufficient permission for adding an object")
 
 
 def network_isolation_available() -> bool:
@@ -485,4 +506,5 @@ def _wait(
         cancelled=cancelled,
         truncated=omitted > 0,
         note="; ".join(notes),
+        confined=policy.sandbox,
     )

@@ -82,7 +82,8 @@ def _status_line(result: CommandResult) -> str:
         status = "cancelled"
     else:
         status = f"exit code {result.exit_code}"
-    return f"{status} ({result.duration_s:.1f}s)" + (f"; {result.note}" if result.note else "")
+    notes = [n for n in (result.note, result.refused_write) if n]
+    return f"{status} ({result.duration_s:.1f}s)" + "".join(f"; {n}" for n in notes)
 
 
 def _refused(exc: PolicyViolation) -> ToolResult:

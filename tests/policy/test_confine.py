@@ -15,7 +15,7 @@ from coder.policy import confine, sandbox
 from coder.policy.commands import Limits, Policy
 from coder.policy.sandbox import run_command
 from tests.conftest import coder, git
-from tests.helpers import denied, taskfile
+from tests.helpers import denied, state_of, taskfile
 
 needs_sandbox = pytest.mark.skipif(
     not confine.support().available,
@@ -257,3 +257,47 @@ def test_each_command_gets_an_empty_tmpdir_of_its_own_whatever_the_last_one_left
     after = run_command('ls -A "$TMPDIR"; echo "$TMPDIR"', cwd=root, policy=policy, root=root)
     assert after.stdout.split() == [after.stdout.strip()] and after.stdout.strip() != tmpdir
     assert (yours / "keep").read_text() == "yours\n"
+
+
+@needs_sandbox
+def test_a_git_add_the_sandbox_refused_says_why(make_repo) -> None:
+    """A confined `git add` cannot store the object (the repository's objects are read-only
+    to commands): the result says why, and that coder commits a step's changes itself. Not
+    for a command that ran unconfined, nor for one that exited 0."""
+    repo = make_repo()
+    tree = repo.parent / "wt"
+    git(repo, "worktree", "add", "-q", "--detach", str(tree), "HEAD")
+    refused = run_command(
+        "echo new > new.txt && git add new.txt", cwd=tree, policy=POLICY, root=tree
+    )
+    assert refused.exit_code not in (0, None), refused
+    assert refused.refused_write == (
+        "the sandbox lets a command write only the step's worktree and its TMPDIR, and coder "
+        "commits a step's changes itself: no `git add` or `git commit`"
+    ), refused.stderr
+    echoed = f"echo '{denied()}' >&2"
+    assert not run_command(echoed, cwd=tree, policy=POLICY, root=tree).refused_write
+    unconfined = Policy(allowed_commands=POLICY.allowed_commands, sandbox=False)
+    assert not run_command(
+        echoed + "; exit 1", cwd=tree, policy=unconfined, root=tree
+    ).refused_write
+    assert git(tree, "status", "--short").split() == ["??", "new.txt"]  # nothing was staged
+
+
+@needs_sandbox
+def test_a_step_whose_write_was_refused_says_why_in_its_error(make_repo) -> None:
+    """The same explanation reaches the user in the step's error (`coder run`, real sandbox);
+    without git in the command it does not mention git."""
+    repo = make_repo()
+    outside = repo.parent / "outside.txt"
+    outside.write_text("keep\n")
+    path = taskfile(
+        repo, f"id: w\ntitle: w\ngraph:\n  - {{id: s1, kind: shell, cmd: 'echo x > {outside}'}}\n"
+    )
+    code, _out, _err = coder(repo, "run", "--autonomous", "-f", str(path))
+    error = state_of(repo, "w")["steps"]["s1"]["error"]
+    assert code == 1 and outside.read_text() == "keep\n"
+    if denied() == "Read-only file system":  # Landlock alone says "Permission denied": no hint
+        assert error.endswith(
+            "; the sandbox lets a command write only the step's worktree and its TMPDIR"
+        ), error

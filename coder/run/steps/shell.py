@@ -70,7 +70,8 @@ def describe_failure(result: sandbox.CommandResult) -> str:
         return f"`{cmd}` {result.note or 'timed out'}"
     tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-5:]
     detail = ("; output ends: " + " | ".join(tail)) if tail else ""
-    return f"`{cmd}` exited with {result.exit_code}{detail}"
+    why = f"; {result.refused_write}" if result.refused_write else ""
+    return f"`{cmd}` exited with {result.exit_code}{detail}{why}"
 
 
 def _policy_timeout(ctx: StepContext) -> int | None:
