@@ -9,10 +9,12 @@ import select
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from coder.schemas import validator
 from tests.conftest import git
@@ -20,6 +22,30 @@ from tests.fake_ollama import FakeOllama, Reply
 from tests.prefix_cache import is_priming
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: fixtures/, tasks/, README.md
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def level_worktrees(repo: Path, count: int = 2) -> tuple[str, list[Path]]:
+    """`count` linked worktrees of `repo` detached at its HEAD, as the steps of a parallel level
+    work: (that commit, the worktrees)."""
+    tip = git(repo, "rev-parse", "HEAD").strip()
+    trees = [repo.parent / f"wt{i}" for i in range(1, count + 1)]
+    for tree in trees:
+        git(repo, "worktree", "add", "-q", "--detach", str(tree), "HEAD")
+    return tip, trees
+
+
+def at_once(call: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """`call` on each item in its own thread, all released together: the results in order."""
+    start = threading.Barrier(len(items))
+
+    def released(item: _T) -> _R:
+        start.wait()
+        return call(item)
+
+    with ThreadPoolExecutor(len(items)) as pool:
+        return list(pool.map(released, items))
 
 
 def denied() -> str:

@@ -9,18 +9,16 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from coder.git import guard
 from coder.git.guard import GitGuard
-from tests.conftest import coder, git
-from tests.helpers import state_of, taskfile
+from tests.conftest import coder
+from tests.helpers import at_once, level_worktrees, state_of, taskfile
 
 HOOK = Path("hooks") / "pre-commit.sample"  # one of the sample hooks `git init` writes
 
@@ -175,23 +173,13 @@ def test_guards_checked_at_once_put_a_shared_file_back_once(repo: Path) -> None:
     share the repository's config: one puts it back, the other then finds it as it was (two
     restores raced on its unlink and create: FileExistsError). Raced directly, round after
     round; judged by the file's hash."""
-    tip = git(repo, "rev-parse", "HEAD").strip()
-    trees = [repo.parent / f"wt{i}" for i in (1, 2)]
-    for tree in trees:
-        git(repo, "worktree", "add", "-q", "--detach", str(tree), "HEAD")
+    tip, trees = level_worktrees(repo)
     config = repo / ".git" / "config"
     original = digest(config)
     for turn in range(40):
         guards = [GitGuard.take(repo / ".git", t, head=("(no branch)", tip)) for t in trees]
         with config.open("a") as file:  # what a command with `sandbox: off` can do
             file.write(f"[core]\n\thooksPath = /tmp/planted{turn}\n")
-        start = threading.Barrier(2)
-
-        def check(guard: GitGuard) -> list[Path]:
-            start.wait()
-            return guard.restore()
-
-        with ThreadPoolExecutor(2) as pool:
-            restored = list(pool.map(check, guards))
+        restored = at_once(GitGuard.restore, guards)
         assert digest(config) == original, turn
         assert sorted(restored, key=len) == [[], [config]], restored

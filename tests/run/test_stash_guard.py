@@ -6,8 +6,6 @@ Real runs of `coder` (no sandbox), checked with the git CLI."""
 from __future__ import annotations
 
 import json
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,7 @@ import pytest
 
 from coder.git.guard import GitGuard
 from tests.conftest import coder, git
-from tests.helpers import state_of, taskfile
+from tests.helpers import at_once, level_worktrees, state_of, taskfile
 
 pytestmark = pytest.mark.usefixtures("scan")  # each test with both ways of staging
 
@@ -125,23 +123,13 @@ def test_steps_checked_at_once_drop_their_one_entry_never_the_users(make_repo) -
     claim the one new entry: dropped once, and the user's stash below it is kept. Raced
     directly, round after round (two drops of stash@{0} took the user's entry)."""
     repo = user_repo(make_repo)
-    tip = git(repo, "rev-parse", "HEAD").strip()
-    trees = [repo.parent / f"wt{i}" for i in (1, 2)]
-    for tree in trees:
-        git(repo, "worktree", "add", "-q", "--detach", str(tree), "HEAD")
+    tip, trees = level_worktrees(repo)
     before = stashes(repo)
     for turn in range(40):
         guards = [GitGuard.take(repo / ".git", tree, head=("(no branch)", tip)) for tree in trees]
         (trees[turn % 2] / "README.md").write_text(f"agent {turn}\n")
         git(trees[turn % 2], "stash", "-q")
-        start = threading.Barrier(2)
-
-        def check(guard: GitGuard) -> list[str]:
-            start.wait()
-            return guard.drop_stashes()
-
-        with ThreadPoolExecutor(2) as pool:
-            problems = list(pool.map(check, guards))
+        problems = at_once(GitGuard.drop_stashes, guards)
         assert stashes(repo) == before, (turn, problems)
         assert sorted(map(len, problems)) == [0, 1], problems
         assert "coder dropped it" in max(problems, key=len)[0]
@@ -151,9 +139,7 @@ def test_an_entry_that_cannot_be_dropped_is_named_with_the_command(make_repo) ->
     """refs/stash held locked (a `git stash` of a command still running beside the step)
     past the retries: no traceback, the step's problem names the exact drop command."""
     repo = user_repo(make_repo)
-    tip = git(repo, "rev-parse", "HEAD").strip()
-    tree = repo.parent / "wt"
-    git(repo, "worktree", "add", "-q", "--detach", str(tree), "HEAD")
+    tip, [tree] = level_worktrees(repo, 1)
     guard = GitGuard.take(repo / ".git", tree, head=("(no branch)", tip))
     (tree / "README.md").write_text("agent\n")
     git(tree, "stash", "-q")
