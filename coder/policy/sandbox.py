@@ -75,9 +75,12 @@ class CommandResult:
         output = self.stderr + self.stdout
         if not any(sign in output for sign in _REFUSED_WRITE):
             return ""
-        why = "the sandbox lets a command write only the step's worktree and its TMPDIR"
+        why = "the sandbox lets a command write only its worktree and its TMPDIR"
         if "git" in self.cmd:
-            why += ", and coder commits a step's changes itself: no `git add` or `git commit`"
+            why += (
+                ", not the repository's objects or refs: `git add` and `git commit` fail "
+                "(coder commits each step of a run itself)"
+            )
         return why
 
 

@@ -262,7 +262,7 @@ def test_each_command_gets_an_empty_tmpdir_of_its_own_whatever_the_last_one_left
 @needs_sandbox
 def test_a_git_add_the_sandbox_refused_says_why(make_repo) -> None:
     """A confined `git add` cannot store the object (the repository's objects are read-only
-    to commands): the result says why, and that coder commits a step's changes itself. Not
+    to commands): the result says why, and that coder commits a run's steps itself. Not
     for a command that ran unconfined, nor for one that exited 0."""
     repo = make_repo()
     tree = repo.parent / "wt"
@@ -272,8 +272,9 @@ def test_a_git_add_the_sandbox_refused_says_why(make_repo) -> None:
     )
     assert refused.exit_code not in (0, None), refused
     assert refused.refused_write == (
-        "the sandbox lets a command write only the step's worktree and its TMPDIR, and coder "
-        "commits a step's changes itself: no `git add` or `git commit`"
+        "the sandbox lets a command write only its worktree and its TMPDIR, not the "
+        "repository's objects or refs: `git add` and `git commit` fail (coder commits each "
+        "step of a run itself)"
     ), refused.stderr
     echoed = f"echo '{denied()}' >&2"
     assert not run_command(echoed, cwd=tree, policy=POLICY, root=tree).refused_write
@@ -299,5 +300,5 @@ def test_a_step_whose_write_was_refused_says_why_in_its_error(make_repo) -> None
     assert code == 1 and outside.read_text() == "keep\n"
     if denied() == "Read-only file system":  # Landlock alone says "Permission denied": no hint
         assert error.endswith(
-            "; the sandbox lets a command write only the step's worktree and its TMPDIR"
+            "; the sandbox lets a command write only its worktree and its TMPDIR"
         ), error
