@@ -361,7 +361,8 @@ def _describe(doc: Document, error: Any) -> list[Problem]:
             and len(path) == 2
             and path[0] == "graph"
         ):
-            message += f" for a {instance['kind']} step"
+            kind = instance["kind"]
+            message += f" for {'an' if kind.startswith(tuple('aeiou')) else 'a'} {kind} step"
     elif error.validator == "enum":
         hint = yamldoc.did_you_mean(str(instance), [str(v) for v in error.validator_value])
         choices = ", ".join(map(str, error.validator_value))

@@ -222,7 +222,14 @@ def test_load_raises_with_every_problem(tmp_path: Path) -> None:
     with pytest.raises(InvalidTaskfile) as info:
         taskfile.load(path)
     assert len(info.value.problems) == 2
-    assert "and 1 more problem" in info.value.message
+    assert info.value.message.endswith("(and 1 more problem)"), info.value.message
+    path.write_text("title: t\ngraph:\n  - {kind: edit}\n  - {kind: nope}\n  - {kind: shell}\n")
+    with pytest.raises(InvalidTaskfile) as info:
+        taskfile.load(path)
+    assert info.value.message.endswith(
+        "task.yaml:3:5: graph[0]: missing required field 'goal' for an edit step "
+        "(and 2 more problems)"
+    )
 
 
 # --- hostile files: one clear line, never a traceback or a hang -----------------------------
