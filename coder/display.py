@@ -57,6 +57,11 @@ def quoted_name(name: str) -> str:
     return '"' + _UNSAFE_CHAR.sub(lambda m: _escape(m.group()), inner) + '"'
 
 
+def counted(count: int, noun: str) -> str:
+    """`1 step`, `2 steps`: `count` and `noun`, plural when it is not one."""
+    return f"{count} {noun}" + "s" * (count != 1)
+
+
 def listed(items: Sequence[str], limit: int) -> str:
     """`a, b, c and 4 more`: the first `limit` of `items`, and how many were left out."""
     more = len(items) - limit

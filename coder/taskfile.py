@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from coder import yamldoc
+from coder.display import counted
 from coder.errors import DocumentError, InvalidInput, InvalidTaskfile
 from coder.kinds import KIND_FIELDS, KINDS, kinds_taking
 from coder.schemas import TASK_ID
@@ -198,9 +199,9 @@ def check_document(
     problems = _schema_problems(doc) + _graph_problems(doc)
     problems.sort(key=lambda p: (p.line, p.col))
     if len(problems) > MAX_PROBLEMS:
-        extra = len(problems) - MAX_PROBLEMS
+        extra = counted(len(problems) - MAX_PROBLEMS, "more problem")
         problems = problems[:MAX_PROBLEMS] + [
-            Problem(doc.name, problems[MAX_PROBLEMS].line, 1, f"... and {extra} more problems")
+            Problem(doc.name, problems[MAX_PROBLEMS].line, 1, f"... and {extra}")
         ]
     if problems:
         return problems, None

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from coder.cli.common import PathType, cwd, emit_json, json_option
+from coder.display import counted
 from coder.errors import EXIT_FAILED
 
 if TYPE_CHECKING:
@@ -128,8 +129,8 @@ def _summary(result: Any, cwd: Path) -> str:
     where = shown(result.path, cwd) if result.path else "(dry run: not written)"
     usage = result.usage
     return (
-        f"Planned {where}: {result.title} ({len(result.document['graph'])} steps, "
-        f"{result.attempts} attempt{'s' * (result.attempts != 1)}, "
+        f"Planned {where}: {result.title} ({counted(len(result.document['graph']), 'step')}, "
+        f"{counted(result.attempts, 'attempt')}, "
         f"{usage.prompt_tokens} prompt + {usage.eval_tokens} generated tokens)"
     )
 

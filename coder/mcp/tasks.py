@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coder.display import counted
 from coder.errors import CoderError, InvalidInput, RunNotStarted
 from coder.policy.paths import resolve_in_root
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
@@ -70,7 +71,8 @@ def task_validate(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     levels = graph.levels(graph.build(task.deps()))
     return ToolResult(
         ok=True,
-        content=f"{rel}: valid ({len(task.steps)} steps in {len(levels)} levels)",
+        content=f"{rel}: valid ({counted(len(task.steps), 'step')} in "
+        f"{counted(len(levels), 'level')})",
         data={
             "valid": True,
             "id": task.id if task.source.get("id") else None,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from coder import config as config_mod
 from coder import project, taskfile
 from coder.crashpoints import crashpoint
+from coder.display import counted
 from coder.errors import (
     CoderError,
     CorruptState,
@@ -408,7 +409,7 @@ def preflight(task: taskfile.Task, policy: Policy, root: Path, cfg: config_mod.C
     require_sandbox(policy)
     found = refusals(task.steps, root=root, policy=policy, config=cfg)
     if found:
-        more = f" (and {len(found) - 1} more refusals)" if len(found) > 1 else ""
+        more = f" (and {counted(len(found) - 1, 'more refusal')})" if len(found) > 1 else ""
         raise InvalidInput(f"{found[0]}{more}", hint=found[0].hint)
 
 

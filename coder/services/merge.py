@@ -38,6 +38,7 @@ from typing import Any
 
 from coder import project
 from coder.crashpoints import crashpoint
+from coder.display import counted
 from coder.errors import (
     CheckoutInTheWay,
     CoderError,
@@ -600,7 +601,9 @@ def merge_message(
         lines.insert(0, "- uncommitted changes from the checkout (the run's first commit)")
     what = "Squash merge" if mode == "squash" else "Merge"
     title = redact(" ".join(task.title.split())) or f"coder task {task.id}"
-    intro = f"{what} of coder task {task.id} from {state.branch} ({len(task.steps)} steps):"
+    intro = (
+        f"{what} of coder task {task.id} from {state.branch} ({counted(len(task.steps), 'step')}):"
+    )
     trailers = f"{commits.TRAILER_TASK}: {task.id}\n{commits.TRAILER_MERGE}: {mode}\n"
     steps = redact(summary) if summary else "\n".join(lines)
     return "\n\n".join([title, intro + "\n" + steps, trailers])
