@@ -245,7 +245,7 @@ class GitGuard:
         for entry in added:  # the step's first: the commands name the indices after the drops
             message = entry.message.strip()
             if not self._made_here(repo, entry.commit_id, message):
-                left.append((entry, "may be"))
+                left.append((entry, False))
             elif _drop(repo, self.common_dir, entry.commit_id):
                 problems.append(
                     f"{self._actor} added stash entry {message!r} to the repository's shared "
@@ -253,22 +253,21 @@ class GitGuard:
                     "other stash entries are as they were"
                 )
             else:
-                left.append((entry, "is"))
-        for entry, whose in left:
+                left.append((entry, True))
+        for entry, ours in left:
             index = _stash_index(self.common_dir, entry.commit_id)
             if index is None:
                 continue  # dropped meanwhile
-            mine = whose == "is"
+            drop = f"`git stash drop stash@{{{index}}}`"
             problems.append(
                 f"stash entry stash@{{{index}}} ({entry.message.strip()!r}) was added to the "
-                f"repository's shared refs/stash while {self._actor} ran and {whose} "
-                f"{self._actor}'s (a `git stash`{self._unconfined})"
+                f"repository's shared refs/stash while {self._actor} ran and "
                 + (
-                    f": coder could not drop it (refs/stash stayed locked); drop it with "
-                    f"`git stash drop stash@{{{index}}}`"
-                    if mine
-                    else f": if it is not yours, drop it with `git stash drop stash@{{{index}}}` "
-                    "(check `git stash list` first)"
+                    f"is {self._actor}'s (a `git stash`{self._unconfined}): coder could not drop "
+                    f"it (refs/stash stayed locked); drop it with {drop}"
+                    if ours
+                    else f"may be {self._actor}'s (a `git stash`{self._unconfined}): if it is not "
+                    f"yours, drop it with {drop} (check `git stash list` first)"
                 )
             )
         return problems
@@ -301,7 +300,7 @@ def _drop(repo: Any, common_dir: Path, commit_id: Any) -> bool:
     index is read again before each try, as that command may have added an entry meanwhile."""
     import pygit2
 
-    for delay in (0.02, 0.1, 0.3, 0.6, None):
+    for delay in (0.02, 0.1, 0.3, 0.6, 0.0):
         index = _stash_index(common_dir, commit_id)
         if index is None:
             return True
@@ -309,8 +308,6 @@ def _drop(repo: Any, common_dir: Path, commit_id: Any) -> bool:
             repo.stash_drop(index)
             return True
         except pygit2.GitError:
-            if delay is None:
-                return False
             time.sleep(delay)
     return False
 
