@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from coder import config as config_mod
 from coder import project, taskfile
 from coder.crashpoints import crashpoint
-from coder.display import counted
+from coder.display import counted, listed
 from coder.errors import (
     CoderError,
     CorruptState,
@@ -35,6 +35,7 @@ from coder.errors import (
     InvalidInput,
     RunFilesGone,
     UnknownTask,
+    display_path,
 )
 from coder.git import branches, repository, submodules, workdir, worktrees
 from coder.git import commits as gitcommits
@@ -504,7 +505,7 @@ def _resumable_state(
         state = store.load(task_id)
     except (CorruptState, UnknownTask) as exc:
         problem = (
-            exc.message
+            f"state file {display_path(exc.path)} is corrupt ({exc.reason})"
             if isinstance(exc, CorruptState)
             # not "no task X":
             else (
@@ -512,9 +513,18 @@ def _resumable_state(
                 "first checkpoint, or the file was deleted)"
             )
         )  # the run's manifest exists
-        warnings.append(f"{problem}; rebuilding the state from the branch's commits")
         state = new_run(manifest)
         state.status = "interrupted"
+        kept = store.salvage(task_id, state)
+        warnings.append(
+            f"{problem}; rebuilding the state from the branch's commits"
+            + (
+                f" and what the checkpoint still held of {counted(len(kept), 'step')} "
+                f"({listed(kept, 5)}: their notes, attempts and usage)"
+                if kept
+                else ""
+            )
+        )
     if branches.branch_tip(repo, manifest.branch) is None:
         raise _branch_gone(repo, state, manifest.branch)
     if state.status == "success":

@@ -400,6 +400,40 @@ class StateStore:
         journal.length = len(whole)
         return journal
 
+    def salvage(self, task_id: str, state: RunState) -> list[str]:
+        """After a CorruptState or a missing snapshot: put into `state` (rebuilt from the
+        manifest) each step record the run's files still hold whole, so its notes, attempts
+        and usage are not lost with the file: the snapshot's steps if it parses, then the
+        journal's lines up to the first unreadable one, newer over older. Each record must
+        match the schema on its own; git has the last word after (`runs.reconcile`). Returns
+        the steps taken."""
+        found: dict[str, Any] = {}
+        seq = 0
+        with contextlib.suppress(OSError, ValueError, RecursionError):
+            snapshot = json.loads(self.path(task_id).read_bytes())
+            ours = isinstance(snapshot, dict) and snapshot.get("task_id") == task_id
+            if ours and isinstance(snapshot.get("steps"), dict):
+                found.update(snapshot["steps"])
+                number = snapshot.get("journal_seq")
+                seq = number if isinstance(number, int) else 0
+        with contextlib.suppress(OSError, EnvironmentProblem):
+            for line in self._journal_lines(task_id).splitlines():
+                try:
+                    entry = json.loads(line)
+                    if entry["seq"] > seq:
+                        found[entry["step"]] = entry["record"]
+                except (ValueError, KeyError, TypeError, RecursionError):
+                    break  # what follows a damaged line cannot be trusted to be in order
+        taken = []
+        for step_id, record in found.items():
+            if not isinstance(step_id, str) or step_id not in state.steps:
+                continue
+            alone = {**state.to_dict(), "steps": {step_id: record}}
+            if isinstance(record, dict) and _validation_problem(alone) is None:
+                state.steps[step_id] = StepRecord.from_dict(record)
+                taken.append(step_id)
+        return taken
+
     def load_all(self) -> list[RunState | CorruptState]:
         """Every task's state, with a corrupt file reported in place (for `coder status`)."""
         states: list[RunState | CorruptState] = []

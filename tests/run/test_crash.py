@@ -449,19 +449,34 @@ def test_random_kill_then_resume_equals_the_golden_run(
 # --- 3. a torn state file --------------------------------------------------------------------
 
 
-def test_truncated_state_is_rebuilt_from_the_branch(make_repo, golden: Golden) -> None:
+@pytest.mark.parametrize("journal", ["lost", "kept"])
+def test_truncated_state_is_rebuilt_from_the_branch(
+    make_repo, golden: Golden, journal: str
+) -> None:
+    """The snapshot cut in half: resume rebuilds the state from the branch's commits, keeping
+    the step records the journal still holds whole (git then has the last word)."""
     repo, taskfile, before = user_repo(make_repo)
     crash(repo, taskfile, "after_commit@s3")
     path = repo / ".coder" / "state" / f"{TASK_ID}.json"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
+    lines = path.with_suffix(".journal").read_text().splitlines()
+    journaled = [json.loads(line)["step"] for line in lines]
+    assert journaled, "the crash left no journal line: nothing to keep"
+    if journal == "lost":
+        path.with_suffix(".journal").unlink()
 
     result = coder(repo, "resume", "-t", TASK_ID)
     assert result.returncode == 0, out(result)
     assert "is corrupt" in result.stderr and "rebuilding the state" in result.stderr, out(result)
     state = assert_golden(repo, golden, before)
-    for sid in ("s1", "s2", "s3"):  # known done from their trailers alone
-        assert any(COMMITTED in r for r in state["steps"][sid]["reasons"]), state["steps"][sid]
+    kept = sorted(set(journaled)) if journal == "kept" else []
+    assert ("what the checkpoint still held of" in result.stderr) == bool(kept), out(result)
+    for sid in ("s1", "s2", "s3"):
+        reasons = state["steps"][sid]["reasons"]
+        # known done from their trailers alone, unless the journal said so (s3 was running)
+        said = sid in kept and sid != "s3"
+        assert any(COMMITTED in r for r in reasons) != said, (journaled, state["steps"][sid])
 
 
 # --- 4. one runner per task ------------------------------------------------------------------

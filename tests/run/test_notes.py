@@ -237,11 +237,14 @@ def test_every_fix_cycle_sees_the_notes_given_so_far(fake: FakeOllama, make_repo
     assert trailers(repo, "s1", "agent/fixit-fix-subtract") == [f"Coder-Note: {NOTE}"]
 
 
+@pytest.mark.parametrize("snapshot", ["kept", "corrupt"])
 def test_a_prompt_note_survives_a_crash_and_reaches_the_resumed_step(
-    fake: FakeOllama, sample: Path
+    fake: FakeOllama, sample: Path, snapshot: str
 ) -> None:
     """The note is journaled when it is given: a runner killed right after (at the same
-    prompt) loses nothing, and the resumed run's attempt of the step gets it."""
+    prompt) loses nothing, and the resumed run's attempt of the step gets it; so it does when
+    the snapshot is then found corrupt, and the state is rebuilt from the branch's commits
+    with what the journal still holds."""
     term = Terminal(["run", "-f", str(taskfile(sample, TASK))], sample, env=PLAIN)
     term.see("step s1 (shell)")
     term.send("r")
@@ -256,9 +259,17 @@ def test_a_prompt_note_survives_a_crash_and_reaches_the_resumed_step(
     assert NOTE in journal  # not in a snapshot yet: the journal line holds it
     [note] = state_of(sample, "steer")["steps"]["s2"]["notes"]
     assert (note["text"], note["via"]) == (NOTE, "prompt")
+    if snapshot == "corrupt":
+        (sample / ".coder" / "state" / "steer.json").write_text('{"version": 1, "ta')
     fake.enqueue(*edit_calc())
     code, out, err = coder(sample, "resume", "-t", "steer")
     assert code == 0, out + err
+    if snapshot == "corrupt":
+        assert (
+            "rebuilding the state from the branch's commits and what the checkpoint still "
+            "held of 2 steps (s1, s2: their notes, attempts and usage)" in err
+        ), err
+        assert "run `coder resume -t steer` to rebuild" not in err  # it is resuming already
     assert f"<note>\n{NOTE}\n</note>" in chat_requests(fake)[0]["messages"][1]["content"]
     assert trailers(sample, "s2") == [f"Coder-Note: {NOTE}"]
 

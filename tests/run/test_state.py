@@ -384,6 +384,63 @@ def test_a_line_corrupt_before_the_end_is_reported(store: StateStore) -> None:
         StateStore(store.coder_dir).load("T-1")
 
 
+def fresh(task_id: str = "T-1") -> RunState:
+    """The state a resume rebuilds from the manifest: every step pending, nothing known."""
+    data = state_dict(task_id)
+    data["steps"] = {s: {"status": "pending", "attempts": 0} for s in data["steps"]}
+    return RunState.from_dict(data)
+
+
+def test_a_corrupt_snapshot_gives_up_the_steps_its_journal_still_holds(
+    store: StateStore,
+) -> None:
+    """The snapshot unreadable: the journal's lines (whole records) are kept; the steps only
+    the snapshot knew are lost with it (git restores what was committed)."""
+    state = make_state()
+    store.save(state)
+    after = transitions(store, state)
+    store.path("T-1").write_bytes(b'{"version": 1, "task_id": "T-1", "ste')
+    with pytest.raises(CorruptState):
+        StateStore(store.coder_dir).load("T-1")
+    rebuilt = fresh()
+    assert StateStore(store.coder_dir).salvage("T-1", rebuilt) == ["s2", "s3"]
+    assert rebuilt.steps["s2"] == after[-1].steps["s2"]
+    assert rebuilt.steps["s3"] == after[-1].steps["s3"]
+    assert rebuilt.steps["s1"] == StepRecord()
+
+
+def test_a_journal_damaged_mid_way_gives_up_the_snapshot_and_the_lines_before(
+    store: StateStore,
+) -> None:
+    """Snapshot whole, journal line 2 of 3 garbage: the snapshot's steps and line 1 are kept;
+    line 3 is not (after a damaged line, order is not to be trusted). A record that does not
+    match the schema on its own, a step the run does not have and another task's snapshot
+    give nothing."""
+    state = make_state()
+    state.steps["s1"].notes.append(
+        {"text": "use utils.py", "via": "resume", "attempt": 2, "at": now_iso()}
+    )
+    store.save(state)
+    after = transitions(store, state)
+    path = store.journal_path("T-1")
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"not json\n" + lines[2])
+    rebuilt = fresh()
+    assert StateStore(store.coder_dir).salvage("T-1", rebuilt) == ["s1", "s2", "s3"]
+    assert rebuilt.steps["s1"].notes == state.steps["s1"].notes  # the note is not lost
+    assert rebuilt.steps["s2"] == after[0].steps["s2"]  # line 1
+    assert rebuilt.steps["s3"] == make_state().steps["s3"]  # the snapshot's, not line 3's
+
+    bad = json.loads(lines[0])
+    bad["record"]["status"] = "exploded"
+    unknown = {**json.loads(lines[1]), "step": "s9"}
+    path.write_bytes(json.dumps(bad).encode() + b"\n" + json.dumps(unknown).encode() + b"\n")
+    store.path("T-1").write_bytes(json.dumps(state_dict("T-2")).encode())
+    rebuilt = fresh()
+    assert StateStore(store.coder_dir).salvage("T-1", rebuilt) == []
+    assert rebuilt.steps == fresh().steps
+
+
 def test_the_journal_is_compacted_when_it_outgrows_the_run(store: StateStore) -> None:
     small = StateStore(store.coder_dir, compact_every=2)
     state = make_state()
