@@ -69,16 +69,14 @@ class PolicyViolation(InvalidInput):
     """A command, path or setting refused by policy; the message names the thing and the fix."""
 
 
-def _more(count: int) -> str:
-    return f"{count} more problem" + "s" * (count != 1)
-
-
 class DocumentError(InvalidInput):
     """The file could not be read as a document; `problems` say where and why (at least one,
     e.g. every duplicate key)."""
 
     def __init__(self, problem: Problem, *more: Problem) -> None:
-        also = f" (and {_more(len(more))})" if more else ""
+        from coder.display import counted  # not at import: `coder --help` needs none
+
+        also = f" (and {counted(len(more), 'more problem')})" if more else ""
         super().__init__(f"{problem}{also}")
         self.problems = [problem, *more]
 
@@ -89,8 +87,10 @@ class DocumentError(InvalidInput):
 
 class InvalidTaskfile(InvalidInput):
     def __init__(self, problems: list[Problem]) -> None:
+        from coder.display import counted
+
         first = problems[0]
-        more = f" (and {_more(len(problems) - 1)})" if len(problems) > 1 else ""
+        more = f" (and {counted(len(problems) - 1, 'more problem')})" if len(problems) > 1 else ""
         super().__init__(f"{first}{more}", hint="run `coder validate -f FILE` to see every problem")
         self.problems = problems
 
