@@ -28,7 +28,7 @@ from coder.errors import (
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from coder.models.provider import UsageRecord
+    from coder.models.usage import UsageRecord
     from coder.run.executor import Approval, RunContext
     from coder.run.state import RunState
     from coder.taskfile import Step
@@ -587,7 +587,7 @@ def skipped_steps(state: RunState) -> list[dict[str, Any]]:
 def run_usage(state: RunState) -> UsageRecord:
     """The run's model usage summed over its steps, with `cache_share`: the share of prompt
     tokens the server reported serving from its cache (null when it reported none)."""
-    from coder.models.provider import cache_share
+    from coder.models.usage import cache_share
 
     total = state.usage()
     return {**total.as_dict(), "cache_share": cache_share(total)}

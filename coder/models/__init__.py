@@ -2,6 +2,7 @@
 
     provider.py   the provider seam (a small Protocol) and its value types (messages, tool
                   calls, usage, model facts)
+    usage.py      what model calls cost (Usage), light enough for reading a run's state
     ollama.py     the Ollama provider (the official `ollama` client)
     openai.py     the OpenAI-compatible provider (llama.cpp, vLLM, SGLang, LM Studio, ...)
     replay.py     record a run's model replies, or answer from a recording

@@ -48,7 +48,7 @@ from coder.errors import (
 from coder.schemas import TASK_ID, validator
 
 if TYPE_CHECKING:
-    from coder.models.provider import Usage, UsageRecord
+    from coder.models.usage import Usage, UsageRecord
     from coder.taskfile import TaskDoc
 
 
@@ -122,7 +122,7 @@ class StepRecord:
         values["notes"] = [cast(NoteRecord, dict(n)) for n in data.get("notes") or []]
         usage = data.get("usage")
         if usage:
-            from coder.models.provider import Usage  # not at import: `coder status` needs none
+            from coder.models.usage import Usage  # not at import: a run of no model needs none
 
             values["usage"] = Usage(**usage)
         return cls(**values)
@@ -266,7 +266,7 @@ class RunState:
 
     def usage(self) -> Usage:
         """Model usage of the whole run."""
-        from coder.models.provider import Usage
+        from coder.models.usage import Usage
 
         total = Usage()
         for record in self.steps.values():

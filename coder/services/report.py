@@ -20,12 +20,12 @@ from coder import diagram, taskfile
 from coder.agent.session import model_at
 from coder.display import escaped, quoted_name
 from coder.git import branches, diffs, repository
-from coder.models.provider import cache_share
+from coder.models.usage import cache_share
 from coder.run import events
 from coder.services.history import RunView
 
 if TYPE_CHECKING:
-    from coder.models.provider import UsageRecord
+    from coder.models.usage import UsageRecord
     from coder.redact import Redactor
     from coder.run.state import MergeRecord, NoteRecord, TestCounts
     from coder.taskfile import Task
