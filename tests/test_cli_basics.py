@@ -294,6 +294,34 @@ def test_status_outside_a_main_checkout_takes_the_full_path(repo: Path, tmp_path
     assert proc.returncode == 3 and ".coder is a file" in proc.stderr, proc.stderr
 
 
+def test_reading_a_finished_run_loads_no_libgit2_and_no_provider(tmp_path: Path) -> None:
+    """`coder status`, `show -t` and `logs -t` read a run's files: a run with model usage (the
+    demo's) needs neither libgit2 nor the provider seam for that; `diff` and `report` (the
+    files each commit changed) do load libgit2, which the probe must see."""
+    demo = tmp_path / "demo"
+    assert run("demo", "--keep", str(demo), cwd=tmp_path).returncode == 0
+    probe = (
+        "import sys, coder.cli; coder.cli.main(sys.argv[1:], standalone_mode=False);"
+        "print(sorted(m for m in ('pygit2', 'coder.models.provider') if m in sys.modules))"
+    )
+
+    def loaded(*args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", probe, *args],
+            cwd=demo,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout.splitlines()[-1]
+
+    for args in (["status"], ["show", "-t", "demo"], ["logs", "-t", "demo"]):
+        assert loaded(*args) == "[]", args
+    assert loaded("diff", "-t", "demo", "--stat") == "['pygit2']"
+    assert loaded("report", "-t", "demo") == "['pygit2']"
+
+
 def test_the_command_table_matches_the_commands() -> None:
     """`coder --help` lists commands from coder.cli.COMMANDS without importing them: each
     line there must be what the command's own docstring says, and every command is listed."""

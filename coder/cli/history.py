@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from coder.run.events import Event
     from coder.run.state import RunState
-    from coder.services.history import CleanedAll
+    from coder.services.clean import CleanedAll
 
 
 def show_run(task_id: str, as_json: bool) -> None:
@@ -194,17 +194,17 @@ def clean(
     deleted by hand but whose agent/ branch holds their commits; only branches of coder's runs
     are ever deleted.
     """
-    from coder.services import history
+    from coder.services import clean as cleaning
 
     options = {"keep_branch": keep_branch, "delete_branch": delete_branch, "force": force}
     if every or merged:
         if task_id is not None or (every and merged):
             raise click.UsageError("pass one of -t ID, --last, --all or --merged")
-        _clean_all(history.clean_all(cwd(), merged_only=merged, **options), as_json)
+        _clean_all(cleaning.clean_all(cwd(), merged_only=merged, **options), as_json)
         return
     if task_id is None:
         task_id = resolve_run(None, only=False)  # says which options name a run
-    result = history.clean(cwd(), task_id, **options)
+    result = cleaning.clean(cwd(), task_id, **options)
     if as_json:
         emit_json(result)
         return

@@ -76,10 +76,6 @@ def validate(path: Path, as_json: bool) -> None:
 @json_option
 def show(path: Path | None, task_id: str | None, graph: bool, fmt: str, as_json: bool) -> None:
     """Show a taskfile's DAG (-f) or a run's progress (-t)."""
-    from coder import config as config_mod
-    from coder import graph as dag_mod
-    from coder import taskfile
-
     if (path is None) == (task_id is None):
         raise click.UsageError("pass exactly one of -f FILE (a taskfile) or -t ID (a run)")
     if as_json and (graph or fmt != "text"):
@@ -94,6 +90,10 @@ def show(path: Path | None, task_id: str | None, graph: bool, fmt: str, as_json:
         return
 
     assert path is not None  # click: -f or -t is required (checked above)
+    from coder import config as config_mod
+    from coder import graph as dag_mod
+    from coder import taskfile
+
     task = taskfile.load(path)
     named = task.source.get("id") or task.id == taskfile.id_from_name(path)
     id_note = "" if task.source.get("id") else " (the file's name)"
