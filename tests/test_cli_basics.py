@@ -238,17 +238,15 @@ def test_help_does_not_import_heavy_modules() -> None:
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
-STATUS_PROBE = (
-    "import sys, coder.cli; coder.cli.main(['status', *sys.argv[1:]], standalone_mode=False);"
-    "print(sorted(m for m in ('pathlib', 'json', 'coder.run.state') if m in sys.modules))"
-)
-
-
-def status_probe(cwd: Path, *args: str) -> tuple[str, list[str]]:
-    """`coder status` in `cwd`: what it printed, and which of the modules the no-runs answer
-    does without it imported."""
+def cli_probe(cwd: Path, modules: tuple[str, ...], *args: str) -> tuple[str, list[str]]:
+    """`coder ARGS` in `cwd`, in a fresh interpreter: what it printed, and which of `modules`
+    it imported."""
+    code = (
+        "import sys, coder.cli; coder.cli.main(sys.argv[1:], standalone_mode=False);"
+        f"print([m for m in {modules!r} if m in sys.modules])"
+    )
     proc = subprocess.run(
-        [sys.executable, "-c", STATUS_PROBE, *args],
+        [sys.executable, "-c", code, *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -257,6 +255,12 @@ def status_probe(cwd: Path, *args: str) -> tuple[str, list[str]]:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     *printed, imported = proc.stdout.splitlines()
     return "\n".join(printed), json.loads(imported.replace("'", '"'))
+
+
+def status_probe(cwd: Path, *args: str) -> tuple[str, list[str]]:
+    """`coder status` in `cwd`: what it printed, and which of the modules the no-runs answer
+    does without it imported."""
+    return cli_probe(cwd, ("pathlib", "json", "coder.run.state"), "status", *args)
 
 
 def test_status_with_no_runs_answers_without_loading_the_state(repo: Path) -> None:
@@ -300,26 +304,14 @@ def test_reading_a_finished_run_loads_no_libgit2_and_no_provider(tmp_path: Path)
     files each commit changed) do load libgit2, which the probe must see."""
     demo = tmp_path / "demo"
     assert run("demo", "--keep", str(demo), cwd=tmp_path).returncode == 0
-    probe = (
-        "import sys, coder.cli; coder.cli.main(sys.argv[1:], standalone_mode=False);"
-        "print(sorted(m for m in ('pygit2', 'coder.models.provider') if m in sys.modules))"
-    )
 
-    def loaded(*args: str) -> str:
-        proc = subprocess.run(
-            [sys.executable, "-c", probe, *args],
-            cwd=demo,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return proc.stdout.splitlines()[-1]
+    def loaded(*args: str) -> list[str]:
+        return cli_probe(demo, ("pygit2", "coder.models.provider"), *args)[1]
 
     for args in (["status"], ["show", "-t", "demo"], ["logs", "-t", "demo"]):
-        assert loaded(*args) == "[]", args
-    assert loaded("diff", "-t", "demo", "--stat") == "['pygit2']"
-    assert loaded("report", "-t", "demo") == "['pygit2']"
+        assert loaded(*args) == [], args
+    assert loaded("diff", "-t", "demo", "--stat") == ["pygit2"]
+    assert loaded("report", "-t", "demo") == ["pygit2"]
 
 
 def test_the_command_table_matches_the_commands() -> None:
