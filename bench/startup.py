@@ -3,13 +3,14 @@
     coder --help                      vs  python -c "import click"          goal <= 1.3x
     coder status (no runs yet)        vs  python -c "import click"          goal <= 1.3x
     coder status (one finished run)   vs  python -c "import click"          for information
+    coder show -t (that run)          vs  python -c "import click"          for information
     coder validate (1,000 steps)      vs  python -c "yaml.safe_load(...)"   goal <= 1.5x
 
 Each command runs in a fresh process (what a user waits for), interleaved with its baseline
 (each round runs every command once); the best of N rounds is kept, the figure least
 disturbed by a noisy, shared machine. `coder status` runs in a git
-repository of its own; with a run there it also reads and checks that run's state (the state
-schema: jsonschema's import is most of the difference).
+repository of its own; with a run there it also reads that run's state (its schema check only
+the first time: `.coder/cache/state/`), and so does `coder show -t`, which prints it.
 """
 
 from __future__ import annotations
@@ -109,12 +110,14 @@ def main() -> None:
                 "help": ([*coder, "--help"], None),
                 "status": ([*coder, "status"], fresh),
                 "status, one run": ([*coder, "status"], repo),
+                "show": ([*coder, "show", "-t", "one"], repo),
             },
             RUNS,
         )
         report("coder --help", best["help"], best["click"], 1.3)
         report("coder status (no runs yet)", best["status"], best["click"], 1.3)
         report("coder status (one finished run)", best["status, one run"], best["click"], None)
+        report("coder show -t (that run)", best["show"], best["click"], None)
         path = Path(tmp) / "big.yaml"
         big_taskfile(path)
         best = best_interleaved(
