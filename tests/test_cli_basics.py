@@ -298,15 +298,16 @@ def test_status_outside_a_main_checkout_takes_the_full_path(repo: Path, tmp_path
     assert proc.returncode == 3 and ".coder is a file" in proc.stderr, proc.stderr
 
 
-def test_reading_a_finished_run_loads_no_libgit2_and_no_provider(tmp_path: Path) -> None:
+def test_reading_a_finished_run_loads_no_libgit2_provider_or_structlog(tmp_path: Path) -> None:
     """`coder status`, `show -t` and `logs -t` read a run's files: a run with model usage (the
-    demo's) needs neither libgit2 nor the provider seam for that; `diff` and `report` (the
-    files each commit changed) do load libgit2, which the probe must see."""
+    demo's) needs neither libgit2, the provider seam nor structlog (which writes the log) for
+    that; `diff` and `report` (the files each commit changed) do load libgit2, which the probe
+    must see."""
     demo = tmp_path / "demo"
     assert run("demo", "--keep", str(demo), cwd=tmp_path).returncode == 0
 
     def loaded(*args: str) -> list[str]:
-        return cli_probe(demo, ("pygit2", "coder.models.provider"), *args)[1]
+        return cli_probe(demo, ("pygit2", "coder.models.provider", "structlog"), *args)[1]
 
     for args in (["status"], ["show", "-t", "demo"], ["logs", "-t", "demo"]):
         assert loaded(*args) == [], args

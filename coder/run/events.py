@@ -23,14 +23,14 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
-
-import structlog
-from structlog.typing import EventDict, Processor, WrappedLogger
+from typing import TYPE_CHECKING, Any, Self
 
 from coder.durable import make_private_dirs, write_failed
 from coder.redact import SCAN_FAILED, Redactor
 from coder.run.state import check_task_id
+
+if TYPE_CHECKING:
+    from structlog.typing import EventDict, Processor, WrappedLogger
 
 # One line of the event log as a dict (ts, level, event, task_id, step_id, ...: the keys of
 # schemas/log.schema.json, then the free-form fields of its event), or the context bound to
@@ -161,6 +161,8 @@ class EventLog:
         self._sink = _Sink(self.path, console, live)
         self._owner = True
         self._fields: Event = {"task_id": task_id}
+        import structlog  # not at import: reading a log (`coder logs`) needs none
+
         self._logger: Any = structlog.wrap_logger(
             self._sink,
             processors=[
