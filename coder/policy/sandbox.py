@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import select
 import shutil
 import signal
@@ -76,7 +77,7 @@ class CommandResult:
         if not any(sign in output for sign in _REFUSED_WRITE):
             return ""
         why = "the sandbox lets a command write only its worktree and its TMPDIR"
-        if "git" in self.cmd:
+        if re.search(r"\bgit\b", self.cmd):  # the program, not "digit"
             why += (
                 ", not the repository's objects or refs: `git add` and `git commit` fail "
                 "(coder commits each step of a run itself)"

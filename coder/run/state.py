@@ -425,10 +425,11 @@ class StateStore:
                 except (ValueError, KeyError, TypeError, RecursionError):
                     break  # what follows a damaged line cannot be trusted to be in order
         taken = []
+        rebuilt = state.to_dict()
         for step_id, record in found.items():
             if not isinstance(step_id, str) or step_id not in state.steps:
                 continue
-            alone = {**state.to_dict(), "steps": {step_id: record}}
+            alone = {**rebuilt, "steps": {step_id: record}}
             if isinstance(record, dict) and _validation_problem(alone) is None:
                 state.steps[step_id] = StepRecord.from_dict(record)
                 taken.append(step_id)
