@@ -5,6 +5,7 @@ $EDITOR, or [a]ll for the rest of the step. The live view is paused while it ask
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -68,10 +69,23 @@ def ask_edit(step_id: str, proposal: Proposal, redact: Callable[[str], str]) -> 
     files = {}
     for change in proposal.files:
         if change.after is not None and b"\0" not in change.after:  # text: binary stays
-            suffix = PurePosixPath(change.path).suffix or ".txt"
+            suffix = editor_suffix(change.path)
             edited_bytes = click.edit(change.after, require_save=False, extension=suffix)
             files[change.path] = change.after if edited_bytes is None else bytes(edited_bytes)
     return Verdict("edit", files=files)
+
+
+# An extension as editors know them (.py, .tsx, .c++): the only part of the model's file name
+# that reaches the editor's command line. click 8.1 runs the editor through a shell, with the
+# temporary file's name in double quotes, where `$(...)` still runs.
+_PLAIN_SUFFIX = re.compile(r"\.[A-Za-z0-9_+-]{1,16}")
+
+
+def editor_suffix(path: str) -> str:
+    """The extension of the temporary file the editor opens for `path` (for its syntax
+    colouring): the file's own when it is plain, else `.txt`."""
+    suffix = PurePosixPath(path).suffix
+    return suffix if _PLAIN_SUFFIX.fullmatch(suffix) else ".txt"
 
 
 def shown(step_id: str, proposal: Proposal, redact: Callable[[str], str]) -> str:

@@ -225,3 +225,31 @@ def test_ctrl_c_at_the_question_stops_the_run_and_writes_nothing(make_repo) -> N
     assert events(repo, "tool.called") == []  # the question ended the run, not the tool call
     assert not (repo / ".coder" / "worktrees" / "edits" / "two.txt").exists()
     assert git(repo, "rev-list", "--count", f"main..{BRANCH}").strip() == "0"
+
+
+def test_the_editor_gets_a_file_name_coder_made_never_the_models(make_repo, tmp_path: Path) -> None:
+    """click 8.1 runs the editor through a shell with the file name in double quotes: a
+    `$(...)` in the model's file name would run. The editor's file takes only a plain
+    extension from it."""
+    repo = make_repo()
+    seen = tmp_path / "argv.json"
+    editor = tmp_path / "editor.py"
+    editor.write_text(f"import json, sys\njson.dump(sys.argv[1:], open({str(seen)!r}, 'w'))\n")
+    hostile = "notes.$(cd; touch PWNED)"
+    with FakeOllama() as fake:
+        fake.enqueue(
+            call("fs_write", path=hostile, content="draft\n"),
+            done("wrote the notes", hostile),
+        )
+        term = Terminal(
+            ["run", "--approvals", "per-edit", "-f", str(taskfile(repo, TASK))],
+            repo,
+            env={**PLAIN, "OLLAMA_HOST": fake.url, "EDITOR": f"{sys.executable} {editor}"},
+        )
+        term.expect(r"\[e\]dit  " + ASKED)
+        term.send("e")
+        term.finish()
+    (opened,) = json.loads(seen.read_text())
+    assert Path(opened).suffix == ".txt"
+    assert "$" not in opened and ";" not in opened and " " not in opened
+    assert not list(Path(os.environ["HOME"]).rglob("PWNED")) and not list(repo.rglob("PWNED"))
