@@ -121,30 +121,68 @@ def detect(root: Path) -> list[Linter]:
     return found
 
 
+# The output formats coder reads (any linter may print any of them):
+# `path:line[:col]: [CODE] message` (ruff concise and pylint, flake8, pylint, golangci-lint, mypy);
 _LINE = re.compile(
     r"^(?P<path>[^\s:][^:\n]*?):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?P<rest>\S.*)$", re.M
 )
+# a message line, then ` --> path:line:col` under it (ruff's default, rustc and clippy);
+_ARROW = re.compile(r"^\s*-->\s*(?P<path>[^\s:][^:\n]*?):(?P<line>\d+)(?::(?P<col>\d+))?\s*$")
+# a file's path alone on a line, then `  line:col  message` lines (ruff grouped, ESLint's
+# default "stylish");
+_HEADER = re.compile(r"^(?P<path>[^\s:][^\s:]*?):?\s*$")
+_ENTRY = re.compile(r"^\s+(?P<line>\d+):(?P<col>\d+)\s+(?P<rest>\S.*)$")
+# and ESLint's JSON (`Linter.output`).
 _CODE = re.compile(
-    r"^(?:(?:warning|error):\s*)?(?P<code>[A-Z]+[0-9]+)\b:?\s*(?:\[\*\]\s*)?(?P<msg>.*)$"
+    r"^(?:(?:warning|error)(?:\[[\w-]+\])?:\s*)?\[?(?P<code>[A-Z]+[0-9]+)\b\]?:?\s*"
+    r"(?:\[\*\]\s*)?(?P<msg>.*)$"
 )
 
 
 def parse_output(output: str, linter: Linter, path: str) -> list[Finding]:
     """The findings about `path` in a linter's output."""
+    about = [f for f in parse_all(output, linter) if f.path == path]
+    absolute = [f for f in parse_all(output, linter) if f.path.startswith("/")]  # ESLint's
+    return about + [f for f in absolute if f.path.endswith("/" + path)]
+
+
+def parse_all(output: str, linter: Linter) -> list[Finding]:
+    """Every finding a linter's output names, whatever file it is about, in any of the
+    formats above (paths as printed, `./` dropped)."""
     if linter.output == "eslint-json":
-        return _eslint(output, path)
-    found = []
+        return _eslint(output)
+    found: list[Finding] = []
     for m in _LINE.finditer(output):
-        if _normal(m["path"]) != path:
-            continue
-        rest = m["rest"].strip()
-        code_match = _CODE.match(rest)
-        code, message = (code_match["code"], code_match["msg"]) if code_match else ("", rest)
-        found.append(Finding(path, int(m["line"]), int(m["col"] or 1), code, message.strip()))
+        found.append(_finding(m["path"], m["line"], m["col"], m["rest"]))
+    lines = output.splitlines()
+    header: str | None = None
+    for i, text in enumerate(lines):
+        if arrow := _ARROW.match(text):
+            above = next((t for t in reversed(lines[:i]) if t.strip()), "")
+            found.append(_finding(arrow["path"], arrow["line"], arrow["col"], above))
+        elif entry := _ENTRY.match(text):
+            if header is not None:
+                found.append(_finding(header, entry["line"], entry["col"], entry["rest"]))
+        elif head := _HEADER.match(text):
+            header = head["path"] if "." in head["path"] or "/" in head["path"] else None
+        elif not text.strip():
+            header = None
     return found
 
 
-def _eslint(output: str, path: str) -> list[Finding]:
+def _finding(path: str, line: str, col: str | None, rest: str) -> Finding:
+    rest = rest.strip()
+    parts = re.split(r"\s{2,}", rest)
+    if len(parts) >= 2 and parts[0] in ("error", "warning"):  # ESLint: severity, message, rule
+        code = parts[-1] if len(parts) > 2 else ""
+        message = "  ".join(parts[1:-1] if len(parts) > 2 else parts[1:])
+        return Finding(_normal(path), int(line), int(col or 1), code, message)
+    code_match = _CODE.match(rest)
+    code, message = (code_match["code"], code_match["msg"]) if code_match else ("", rest)
+    return Finding(_normal(path), int(line), int(col or 1), code, message.strip())
+
+
+def _eslint(output: str) -> list[Finding]:
     start = output.find("[")
     try:
         reports = json.loads(output[start:]) if start >= 0 else []
@@ -152,13 +190,11 @@ def _eslint(output: str, path: str) -> list[Finding]:
         return []
     found = []
     for report in reports if isinstance(reports, list) else []:
-        file_path = str(report.get("filePath", ""))
-        if not (file_path == path or file_path.endswith("/" + path)):
-            continue
+        file_path = _normal(str(report.get("filePath", "")))
         for m in report.get("messages", []):
             found.append(
                 Finding(
-                    path,
+                    file_path,
                     int(m.get("line") or 1),
                     int(m.get("column") or 1),
                     str(m.get("ruleId") or ""),
@@ -166,6 +202,21 @@ def _eslint(output: str, path: str) -> list[Finding]:
                 )
             )
     return found
+
+
+def unread_failure(linter: Linter, path: str, exit_code: int | None, output: str) -> str | None:
+    """Why a linter's run proves nothing clean although it named no finding coder could read:
+    it exited non-zero (the exit status decides), with the end of what it printed; else
+    None. A linter that exits non-zero with findings in its output is read by them (the
+    findings outside the changed lines do not count)."""
+    if exit_code in (0, None) or parse_all(output, linter):  # None: stopped, not judged
+        return None
+    last = [line.strip() for line in output.strip().splitlines() if line.strip()][-3:]
+    said = f": {' | '.join(last)[:300]}" if last else " and printed nothing"
+    return (
+        f"{linter.name} exited with {exit_code} on {path}, and its output names no finding "
+        f"coder can read, so the exit status decides{said}"
+    )
 
 
 def _normal(path: str) -> str:

@@ -14,6 +14,7 @@ from coder.lintreport import (
     linters_for,
     new_findings,
     parse_output,
+    unread_failure,
 )
 
 
@@ -88,6 +89,77 @@ def test_the_linter_for_a_file(tmp_path: Path) -> None:
 def test_parse_output(linter: str, output: str, expected: list[tuple[str, int, int, str]]) -> None:
     found = parse_output(output, LINTERS[linter], "src/a.py")
     assert [(f.code, f.line, f.column, f.message) for f in found] == expected
+
+
+RUFF_FULL = """\
+F401 [*] `os` imported but unused
+ --> src/a.py:1:8
+  |
+1 | import os
+  |        ^^
+help: Remove unused import: `os`
+
+E711 Comparison to `None` should be `cond is None`
+ --> src/a.py:6:17
+  |
+6 |     return x == None
+  |                 ^^^^
+
+Found 2 errors.
+"""
+RUFF_GROUPED = "src/a.py:\n  1:8 F401 [*] `os` imported but unused\n\nFound 1 error.\n"
+PYLINT_FORMAT = "src/a.py:1: [F401] `os` imported but unused\n"
+ESLINT_STYLISH = """
+/w/src/a.py
+   5:7  error  'x' is assigned a value but never used  no-unused-vars
+  9:1  warning  Unexpected console statement  no-console
+
+2 problems (1 error, 1 warning)
+"""
+RUSTC = "warning: unused variable: `x`\n --> src/a.py:2:9\n  |\n2 |     let x = 1;\n"
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        (
+            RUFF_FULL,
+            [
+                ("F401", 1, 8, "`os` imported but unused"),
+                ("E711", 6, 17, "Comparison to `None` should be `cond is None`"),
+            ],
+        ),
+        (RUFF_GROUPED, [("F401", 1, 8, "`os` imported but unused")]),
+        (PYLINT_FORMAT, [("F401", 1, 1, "`os` imported but unused")]),
+        (
+            ESLINT_STYLISH,
+            [
+                ("no-unused-vars", 5, 7, "'x' is assigned a value but never used"),
+                ("no-console", 9, 1, "Unexpected console statement"),
+            ],
+        ),
+        (RUSTC, [("", 2, 9, "warning: unused variable: `x`")]),
+    ],
+)
+def test_every_output_format_of_the_known_linters_is_read(
+    output: str, expected: list[tuple[str, int, int, str]]
+) -> None:
+    """Whatever linter prints it (a user's `cmd: ruff check {file}` gets ruff's default,
+    multi-line format, not the concise one coder asks for)."""
+    found = parse_output(output, Linter("any", "x {file}", ()), "src/a.py")
+    assert [(f.code, f.line, f.column, f.message) for f in found] == expected
+
+
+def test_a_non_zero_exit_without_a_finding_coder_can_read_decides() -> None:
+    linter = Linter("mylint", "mylint {file}", ())
+    unread = unread_failure(linter, "a.py", 1, "a.py -- 1 problem (unused import os)\n")
+    assert unread == (
+        "mylint exited with 1 on a.py, and its output names no finding coder can read, so the "
+        "exit status decides: a.py -- 1 problem (unused import os)"
+    )
+    assert unread_failure(linter, "a.py", 0, "whatever\n") is None
+    # findings it can read decide (those about other files or lines do not count)
+    assert unread_failure(linter, "a.py", 1, "b.py:3:1: E1 x\n") is None
 
 
 def test_only_new_findings_count_and_moved_ones_do_not() -> None:

@@ -94,10 +94,12 @@ def lint_findings(
             except PolicyViolation as exc:
                 notes.append(f"{linter.name} was not run on {path}: {exc.message}")
                 continue
-            found = lintreport.parse_output(result.stdout + "\n" + result.stderr, linter, path)
-            if not found and (result.timed_out or result.exit_code not in (0, 1)):
-                why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
-                notes.append(f"{linter.name} {why} on {path}")
+            output = result.stdout + "\n" + result.stderr
+            if result.timed_out:
+                notes.append(f"{linter.name} timed out on {path}")
+            elif unread := lintreport.unread_failure(linter, path, result.exit_code, output):
+                notes.append(unread)
+            found = lintreport.parse_output(output, linter, path)
             findings += [f for f in found if f.line in lines]
     return findings, notes
 

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 
 from coder.context import syntax
 from coder.errors import PolicyViolation
-from coder.lintreport import Finding, Linter, linters_for, new_findings, parse_output
+from coder.lintreport import (
+    Finding,
+    Linter,
+    linters_for,
+    new_findings,
+    parse_output,
+    unread_failure,
+)
 from coder.tools.base import ToolContext, ToolResult
 
 LINT_TIMEOUT_S = 60
@@ -124,12 +131,11 @@ class Lint:
         except PolicyViolation as exc:
             return self._disable(linter, f"{linter.name} was not run: {exc.message}")
         output = result.stdout + "\n" + result.stderr
-        found = parse_output(output, linter, rel)
-        if found or result.exit_code in (0, 1):
-            return found
-        why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
-        tail = output.strip().splitlines()[-1:] or [""]
-        return self._disable(linter, f"{linter.name} {why} and was turned off: {tail[0][:200]}")
+        if result.timed_out:
+            return self._disable(linter, f"{linter.name} timed out and was turned off")
+        if unread := unread_failure(linter, rel, result.exit_code, output):
+            return self._disable(linter, f"{unread}; it was turned off")
+        return parse_output(output, linter, rel)
 
     def _disable(self, linter: Linter, note: str) -> list[Finding]:
         self.ctx._edits.setdefault("disabled", set()).add(linter.name)

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from coder.errors import EXIT_FAILED
 from coder.run.steps.checks import diff_lines
@@ -224,6 +227,52 @@ def test_a_lint_step_fails_on_a_new_finding_and_passes_without(make_repo) -> Non
     assert steps["s2"]["status"] == "success"
     assert steps["s4"]["status"] == "failed"
     assert steps["s4"]["error"] == "lint: 1 new finding: bad.py:1:1: P001 no print in library code"
+
+
+def test_a_lint_step_whose_linter_exits_non_zero_unread_fails(make_repo) -> None:
+    """A linter that says something coder cannot read and exits 1 found something: the exit
+    status decides, and the step's error shows what it printed."""
+    repo = make_repo(
+        {
+            "lint.py": "import sys\nprint(f'{sys.argv[1]} -- 1 problem (unused import os)')\n"
+            "sys.exit(1)\n"
+        }
+    )
+    code, out = run(
+        repo,
+        f"""
+        id: unread
+        title: t
+        graph:
+          - {{id: s1, kind: shell, cmd: "printf 'import os\\n' > new.py"}}
+          - {{id: s2, kind: lint, cmd: "{Path(sys.executable).name} lint.py {{file}}"}}
+        """,
+    )
+    assert code == EXIT_FAILED, out
+    s2 = state_of(repo, "unread")["steps"]["s2"]
+    assert s2["status"] == "failed"
+    assert s2["error"] == (
+        "lint: lint_command exited with 1 on new.py, and its output names no finding coder "
+        "can read, so the exit status decides: new.py -- 1 problem (unused import os)"
+    )
+
+
+@pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is not installed")
+def test_a_lint_step_running_ruff_with_its_default_format_sees_the_finding(make_repo) -> None:
+    repo = make_repo({"pyproject.toml": "[tool.ruff]\n", "ok.py": "x = 1\n"})
+    code, out = run(
+        repo,
+        """
+        id: ruffed
+        title: t
+        graph:
+          - {id: s1, kind: shell, cmd: "printf 'import os\\n' > new.py"}
+          - {id: s2, kind: lint, cmd: "ruff check --no-cache {file}"}
+        """,
+    )
+    assert code == EXIT_FAILED, out
+    error = state_of(repo, "ruffed")["steps"]["s2"]["error"]
+    assert error.startswith("lint: 1 new finding: new.py:1:8: F401 "), error
 
 
 def test_a_lint_step_without_a_linter_is_refused_before_the_run(make_repo) -> None:

@@ -30,8 +30,8 @@ def run(ctx: StepContext) -> StepOutcome:
         )
         if ctx.cancel.is_set():
             return StepOutcome(False, "interrupted while linting", cancelled=True), None
-        if notes:  # a linter that could not run proves nothing, and no model fixes that
-            return StepOutcome(False, "lint could not run: " + "; ".join(notes)), None
+        if notes:  # a linter that could not run or be read proves nothing clean
+            return StepOutcome(False, "lint: " + "; ".join(notes)), None
         if not findings:
             return StepOutcome(True, summary=f"lint clean ({names})"), None
         summary = f"{len(findings)} new finding{'s' * (len(findings) > 1)}"
