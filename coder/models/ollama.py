@@ -18,6 +18,7 @@ It logs nothing: retries are reported to the caller as `Retrying` events.
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -170,6 +171,7 @@ class OllamaProvider:
         self._facts: ModelFacts | None = None
         self._warm = False  # has a request loaded the model yet?
         self._clients: dict[float, ollama.Client] = {}
+        importlib.import_module("ollama")  # in the thread that makes it (coder.models.router)
 
     # -- life cycle ---------------------------------------------------------------------------
 

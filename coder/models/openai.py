@@ -26,6 +26,7 @@ What it takes care of:
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -203,6 +204,7 @@ class OpenAIProvider:
         self._num_ctx = num_ctx
         self._facts: ModelFacts | None = None
         self._timings_per_token = False  # set by probe() when the server is llama.cpp
+        importlib.import_module("openai")  # in the thread that makes it (coder.models.router)
         self._client: openai.OpenAI | None = None
 
     # -- life cycle ---------------------------------------------------------------------------

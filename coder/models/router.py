@@ -82,17 +82,20 @@ class Router:
         is an error, as is no endpoint answering. The facts are those of the first endpoint
         that answered."""
         name = model or self.model
-        if len(self.endpoints) == 1:
-            return self.provider(self.endpoints[0], name).warm_up()
+        # Made here, not in the pool: making one imports its SDK, and an SDK imported by
+        # several threads at once can meet a module another thread has half initialised.
+        providers = [self.provider(endpoint, name) for endpoint in self.endpoints]
+        if len(providers) == 1:
+            return providers[0].warm_up()
 
-        def warm(endpoint: str) -> ModelFacts | HostUnreachable:
+        def warm(provider: ModelProvider) -> ModelFacts | HostUnreachable:
             try:
-                return self.provider(endpoint, name).warm_up()
+                return provider.warm_up()
             except HostUnreachable as exc:
                 return exc
 
-        with ThreadPoolExecutor(len(self.endpoints)) as pool:
-            results = list(pool.map(warm, self.endpoints))
+        with ThreadPoolExecutor(len(providers)) as pool:
+            results = list(pool.map(warm, providers))
         facts = [r for r in results if isinstance(r, ModelFacts)]
         down = [e for e, r in zip(self.endpoints, results) if isinstance(r, HostUnreachable)]
         for endpoint in down:
@@ -113,15 +116,15 @@ class Router:
         real calls to report."""
         from coder.errors import CoderError
 
-        def send(endpoint: str) -> None:
+        def send(provider: ModelProvider) -> None:
             with contextlib.suppress(CoderError):
-                provider = self.provider(endpoint, model or self.model)
                 provider.chat(messages, tools=tools, on_event=cut_at_first_token)
 
         now = self._clock()
         up = [e for e in self.endpoints if self._down_until.get(e, 0.0) <= now]
-        with ThreadPoolExecutor(max(1, len(up))) as pool:
-            list(pool.map(send, up))
+        providers = [self.provider(endpoint, model or self.model) for endpoint in up]
+        with ThreadPoolExecutor(max(1, len(providers))) as pool:
+            list(pool.map(send, providers))
 
     def close(self) -> None:
         with self._lock:

@@ -131,3 +131,20 @@ def test_embed_keeps_to_the_step_endpoint_and_fails_over_like_chat() -> None:
     assert len(vectors) == 1 and len(vectors[0]) == 16
     assert e.at("b", "embedder").embedded == [["parse the config"]]  # moved to b
     assert step.endpoint == "b" and router.for_step("s2").endpoint == "b"  # a cools down
+
+
+def test_providers_are_made_before_the_pool_so_no_two_threads_import_an_sdk_at_once() -> None:
+    """Making a provider imports its SDK; the openai SDK imported by several warm-up threads
+    at once met a half-initialised httpx (`partially initialized module 'httpx'`)."""
+    import threading
+
+    makers: list[str] = []
+
+    def make(endpoint: str, model: str) -> FakeProvider:
+        makers.append(threading.current_thread().name)
+        return FakeProvider(model=model)
+
+    router = Router(make, ["a", "b", "c"], "m")
+    router.warm_up()
+    router.prime([{"role": "system", "content": "x"}], [], model="other")
+    assert makers == [threading.current_thread().name] * 6
