@@ -384,3 +384,29 @@ def test_a_committed_dot_coder_file_is_one_clear_error(make_repo, monkeypatch) -
         )
     assert git(repo, "status", "--porcelain") == ""
     assert git(repo, "branch", "--list") == "* main\n"
+
+
+def test_positional_forms_as_gh_and_git_take_them_and_suggestions(make_repo) -> None:
+    """`coder run FILE`, `coder show ID`, `coder merge ID` (where -f and -t are the long
+    forms), and a mistyped command gets the one it is close to; usage errors are exit 2."""
+    from tests.conftest import coder
+
+    repo = make_repo()
+    (repo / "tasks").mkdir()
+    (repo / "tasks" / "greet.yaml").write_text(
+        "id: greet\ntitle: Greet\ngraph:\n  - {kind: shell, cmd: 'echo hi > hi.txt'}\n"
+    )
+    code, _out, err = coder(repo, "run", "--autonomous", "tasks/greet.yaml")
+    assert code == 0, err
+    assert git(repo, "show", "agent/greet-greet:hi.txt") == "hi\n"
+    shown, by_option = (
+        coder(repo, "show", "greet", "--json"),
+        coder(repo, "show", "-t", "greet", "--json"),
+    )
+    assert shown[0] == 0 and json.loads(shown[1]) == json.loads(by_option[1])
+    code, _out, err = coder(repo, "merge", "greet", "-t", "other")
+    assert code == 2 and "two runs named: greet and -t other" in err
+    code, _out, err = coder(repo, "run", "tasks/greet.yaml", "-t", "greet")
+    assert code == 2 and "both name a taskfile" in err
+    proc = run("log")
+    assert proc.returncode == 2 and "No such command 'log'. Did you mean 'logs'?" in proc.stderr

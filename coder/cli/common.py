@@ -116,6 +116,18 @@ class CoderGroup(click.Group):
             self.add_command(command)
         return self.commands.get(cmd_name)
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = click.utils.make_str(args[0]) if args else ""
+        if args and self.get_command(ctx, name) is None and not name.startswith("-"):
+            import difflib
+
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=1, cutoff=0.6)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            ctx.fail(f"No such command '{name}'.{hint}")
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(map(len, names), default=0)
@@ -304,15 +316,23 @@ def _with_run_option(func: Callable[..., Any], only: bool, required: bool) -> An
     import functools
 
     @functools.wraps(func)
-    def resolved(*args: Any, task_id: str | None, last: bool, **kwargs: Any) -> Any:
+    def resolved(
+        *args: Any, task_id: str | None, run: str | None, last: bool, **kwargs: Any
+    ) -> Any:
+        if run is not None and task_id not in (None, run):
+            raise click.UsageError(f"two runs named: {run} and -t {task_id}; give one")
+        task_id = task_id if run is None else run  # `coder show ID`, as gh and git take it
         if task_id is not None or last or required:
             task_id = resolve_run(task_id, last=last, only=only)
         return func(*args, task_id=task_id, **kwargs)
 
     what = "an id or its start" + ("; the only run when there is one" if only else "")
     resolved = click.option("--last", is_flag=True, help="The newest run.")(resolved)
+    resolved = click.argument("run", required=False, metavar="[ID]", shell_complete=complete_runs)(
+        resolved
+    )
     return click.option(
-        "-t", "--task", "task_id", help=f"The run ({what}).", shell_complete=complete_runs
+        "-t", "--task", "task_id", help=f"The run ({what}; or as ID).", shell_complete=complete_runs
     )(resolved)
 
 

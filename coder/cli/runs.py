@@ -107,6 +107,7 @@ def run_options(func: Any) -> Any:
 
 
 @click.command(epilog=RUN_EPILOG)
+@click.argument("given", required=False, metavar="[TASKFILE]")
 @click.option("-f", "--file", "path", type=PathType(), help="The taskfile (YAML).")
 @click.option(
     "-t", "--task", "task_id", help="A taskfile in tasks/ by its id (instead of -f FILE)."
@@ -131,6 +132,7 @@ def run_options(func: Any) -> Any:
 @run_options
 @json_option
 def run(
+    given: str | None,
     path: Path | None,
     task_id: str | None,
     autonomous: bool,
@@ -157,7 +159,7 @@ def run(
     """
     from coder.run import runs
 
-    path = _taskfile_given(path, task_id, as_json)
+    path = _taskfile_given(given, path, task_id, as_json)
     options = runs.RunOptions(
         max_parallel,
         fail_fast,
@@ -218,11 +220,26 @@ def _asking(progress: Any, approvals: str | None, default: str) -> dict[str, Any
     }
 
 
-def _taskfile_given(path: Path | None, task_id: str | None, as_json: bool) -> Path:
+def _taskfile_given(
+    given: str | None, path: Path | None, task_id: str | None, as_json: bool
+) -> Path:
     """`run`'s taskfile: -f FILE, or -t ID's file in this checkout's tasks/ (named on
-    stderr)."""
+    stderr), or either as the argument (`coder run tasks/x.yaml`, `coder run x`): a file when
+    one is there or the name ends in .yaml/.yml, else an id."""
+    if given is not None:
+        import os
+
+        if path is not None or task_id is not None:
+            raise click.UsageError(f"{given} and -f/-t both name a taskfile; give one")
+        if os.path.exists(given) or given.endswith((".yaml", ".yml")):
+            path = PathType().convert(given, None, None)
+        else:
+            task_id = given
     if (path is None) == (task_id is None):
-        raise click.UsageError("pass exactly one of -f FILE or -t ID (a taskfile in tasks/)")
+        raise click.UsageError(
+            "pass exactly one of -f FILE or -t ID (a taskfile in tasks/), or either as "
+            "`coder run TASKFILE`"
+        )
     if path is not None:
         return path
     assert task_id is not None
