@@ -242,9 +242,11 @@ def _fix_cycles(view: RunView) -> dict[str, list[FixCycle]]:
 
 
 def tests_summary(tests: TestCounts) -> str:
-    """The counts a test step recorded, worded as the test report words them."""
+    """The counts a test step recorded, worded as the test report words them, with the
+    command's exit status: the verdict (a suite's own report may claim anything)."""
     parts = [f"{tests[key]} {key}" for key in ("passed", "failed", "skipped") if tests.get(key)]
-    return ", ".join(parts) or f"no counts (exit code {tests.get('exit_code')})"
+    exit_status = f"exit {tests.get('exit_code')}"
+    return f"{', '.join(parts)} ({exit_status})" if parts else f"no counts ({exit_status})"
 
 
 def totals(report: RunReport) -> dict[str, Any]:

@@ -71,7 +71,7 @@ def test_analyze_edit_failing_test_fix_doc_merge(fake: FakeOllama, sample: Path)
     assert [c[:2] for c in step_commits(sample, branch)] == [("s2", "1"), ("s3", "1"), ("s4", "1")]
     assert git(sample, "show", f"{branch}~1:calc.py").count("return a * b") == 1  # s3's commit
     step = state_of(sample, "fix")["steps"]["s3"]
-    assert step["summary"] == "tests green: 3 passed after 1 fix cycle"
+    assert step["summary"] == "tests green (exit 0): 3 passed after 1 fix cycle"
     assert step["usage"]["calls"] == 2
     # the model saw the failing test, not the whole log
     fix_request = next(

@@ -104,7 +104,7 @@ def test_report_of_the_demo_has_every_section_and_shows_figures(demo: Path) -> N
     # the test step: red before its fix cycle, green after, as the log and the state say
     s3 = next(r for r in rows if r[0].startswith("[s3]"))
     tests = state["steps"]["s3"]["tests"]
-    assert s3[5] == f"2 passed, 1 failed → {tests['passed']} passed" and s3[6] == "1"
+    assert s3[5] == f"2 passed, 1 failed → {tests['passed']} passed (exit 0)" and s3[6] == "1"
     assert "- **Fix cycle 1:** started from red tests (2 passed, 1 failed)" in md
 
     # the run's totals and the whole diff, against show --json and git
@@ -290,3 +290,29 @@ def test_the_models_that_answered_are_named_never_folded_into_the_runs() -> None
     assert "| models | main, big (together): 0 tokens in 0 calls," in markdown(report)
     single = markdown(replace(report, models=["main"]))
     assert "| model | main: 0 tokens in 0 calls," in single
+
+
+def test_a_suites_own_report_is_shown_beside_the_exit_status_never_instead(make_repo) -> None:
+    """A hostile suite rewrites the JUnit report coder asked pytest for (it claims 55,000
+    passed) and exits 1: the step fails by the exit status, and every place that shows the
+    counts shows the status with them."""
+    conftest = (
+        "import os\n"
+        "def pytest_unconfigure(config):\n"
+        "    path = os.environ.get('CODER_TEST_RESULTS')\n"
+        "    if path:\n"
+        "        open(path, 'w').write('<testsuite>' + '<testcase/>' * 55000 + '</testsuite>')\n"
+    )
+    repo = make_repo({"conftest.py": conftest, "test_x.py": "def test_x():\n    assert 0\n"})
+    path = taskfile(
+        repo, "id: liar\ntitle: t\ngraph:\n  - {id: t1, kind: test, framework: pytest}\n"
+    )
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == 1, out + err
+    step = show_json(repo, "liar")["steps"]["t1"]
+    assert step["status"] == "failed" and step["tests"]["exit_code"] == 1
+    assert step["error"].startswith("tests failed: 55000 passed (`"), step["error"]
+    assert step["error"].endswith("exited with 1)")
+    code, report, err = coder(repo, "report", "-t", "liar")
+    assert code == 0, err
+    assert "55000 passed (exit 1)" in report

@@ -72,7 +72,8 @@ def _run_tests(ctx: StepContext, cmd: str) -> tuple[StepOutcome, testreport.Test
             False, f"no tests ran (`{cmd}`); a test step needs tests to prove anything", tests=tests
         ), report
     if result.ok:
-        return StepOutcome(True, summary=f"tests green: {report.summary()}", tests=tests), report
+        summary = f"tests green (exit 0): {report.summary()}"  # counts beside the verdict
+        return StepOutcome(True, summary=summary, tests=tests), report
     error = f"tests failed: {report.summary()} (`{cmd}` exited with {result.exit_code})"
     return StepOutcome(
         False, error, tests=tests, details={"failures": list(report.failures)}
