@@ -556,4 +556,31 @@ def detect_test_command(root: Path) -> str | None:
         if any(mentions(str(f.relative_to(root)), "TestCase") for f in found):
             return f"python -m unittest discover {f'-s {folder} ' if folder else ''}-v"
         return "python -m pytest -q"
-    return None
+    # Tests inside the package (`toolz/tests/`, `src/pkg/tests/`): what `python -m pytest` at
+    # the root collects (TestCase classes too; `unittest discover` would need every folder
+    # on the way to be a package)
+    return "python -m pytest -q" if _has_inner_tests(root) else None
+
+
+# Not the project's own tests: virtual environments, dependencies, build output.
+_NOT_TESTS = {".tox", ".nox", "venv", "env", "node_modules", "build", "dist", "site-packages"}
+
+
+def _has_inner_tests(root: Path, *, depth: int = 4) -> bool:
+    """Whether a folder named test or tests, at most `depth` folders below the root, holds
+    a file pytest collects (`test_*.py`, `*_test.py`); hidden folders (`.git`, `.venv`) and
+    the folders above are passed over."""
+    for here, dirs, files in os.walk(root):
+        level = here[len(str(root)) :].count(os.sep)
+        if (
+            os.path.basename(here) in ("test", "tests")
+            and level
+            and any(
+                f.endswith(".py") and (f.startswith("test_") or f.endswith("_test.py"))
+                for f in files
+            )
+        ):
+            return True
+        keep = [d for d in dirs if d not in _NOT_TESTS and not d.startswith(".")]
+        dirs[:] = keep if level < depth else []
+    return False

@@ -168,6 +168,16 @@ def test_a_malformed_host_is_a_clear_error_naming_where_it_came_from(
         ({"tests/test_x.py": "def test_a():\n    assert 1\n"}, "python -m pytest -q"),
         ({"test_x.py": ""}, "python -m pytest -q"),
         ({"README.md": "hi"}, None),
+        # inside the package, as toolz keeps them (`toolz/tests/`): what pytest collects
+        (
+            {"setup.py": "", "toolz/tests/test_itertoolz.py": "def test_a():\n    assert 1\n"},
+            "python -m pytest -q",
+        ),
+        (
+            {"src/pkg/tests/test_x.py": "import unittest\nclass T(unittest.TestCase): pass\n"},
+            "python -m pytest -q",
+        ),
+        ({"node_modules/x/tests/test_y.py": "def test_a(): pass\n"}, None),
     ],
 )
 def test_detect_test_command(tmp_path: Path, files: dict[str, str], expected: str | None) -> None:
