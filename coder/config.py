@@ -562,6 +562,7 @@ def detect_test_command(root: Path) -> str | None:
     return "python -m pytest -q" if _has_inner_tests(root) else None
 
 
+_TEST_FOLDERS = frozenset({"test", "tests"})  # folder names, not step kinds
 # Not the project's own tests: virtual environments, dependencies, build output.
 _NOT_TESTS = {".tox", ".nox", "venv", "env", "node_modules", "build", "dist", "site-packages"}
 
@@ -573,7 +574,7 @@ def _has_inner_tests(root: Path, *, depth: int = 4) -> bool:
     for here, dirs, files in os.walk(root):
         level = here[len(str(root)) :].count(os.sep)
         if (
-            os.path.basename(here) in ("test", "tests")
+            os.path.basename(here) in _TEST_FOLDERS
             and level
             and any(
                 f.endswith(".py") and (f.startswith("test_") or f.endswith("_test.py"))

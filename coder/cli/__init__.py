@@ -114,5 +114,8 @@ def main(ctx: click.Context, debug: bool, colour: str) -> None:
     worktree with a local model (Ollama or an OpenAI-compatible server), one commit per step,
     and merges only when green.
     """
+    from coder.cli.streams import survive_closed_pipes
+
+    survive_closed_pipes()
     ctx.ensure_object(dict)["debug"] = debug or os.environ.get("CODER_DEBUG") == "1"
     ctx.color = colour_setting(colour)
