@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import PurePosixPath
@@ -14,9 +15,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import click
 
+from coder.cli import ask
 from coder.display import escaped
 
 if TYPE_CHECKING:
+    from coder.run.approvals import EditPrompt
     from coder.tools.approval import Proposal, Verdict
 
 
@@ -24,21 +27,27 @@ class Pausable(Protocol):
     def paused(self) -> AbstractContextManager[None]: ...
 
 
-def edit_prompt(progress: Pausable) -> Callable[[str, Proposal, Callable[[str], str]], Verdict]:
+def edit_prompt(progress: Pausable) -> EditPrompt:
     """The question, asked with the live view (or the plain lines) held back meanwhile."""
 
-    def ask(step_id: str, proposal: Proposal, redact: Callable[[str], str]) -> Verdict:
+    def question(
+        step_id: str, proposal: Proposal, redact: Callable[[str], str], stop: threading.Event
+    ) -> Verdict:
         with progress.paused():  # never draw over the question
             try:
-                return ask_edit(step_id, proposal, redact)
-            except click.Abort:  # a second Ctrl-C, or the terminal gone: stop at once, as
-                raise KeyboardInterrupt from None  # anywhere else (not a tool's error)
+                return ask_edit(step_id, proposal, redact, stop)
+            except click.Abort:  # the editor failed to start, or the terminal is gone: stop
+                raise KeyboardInterrupt from None  # at once, as anywhere else
 
-    return ask
+    return question
 
 
-def ask_edit(step_id: str, proposal: Proposal, redact: Callable[[str], str]) -> Verdict:
-    """Show the proposal (redacted, control characters escaped) and take the answer."""
+def ask_edit(
+    step_id: str, proposal: Proposal, redact: Callable[[str], str], stop: threading.Event
+) -> Verdict:
+    """Show the proposal (redacted, control characters escaped) and take the answer; a stop
+    while it waits (Ctrl-C, SIGTERM, a hang-up) refuses the change and the step is
+    interrupted by that stop."""
     from coder.tools.approval import Verdict
 
     click.echo(f"\n{escaped(shown(step_id, proposal, redact), lines=True)}", err=True)
@@ -46,18 +55,17 @@ def ask_edit(step_id: str, proposal: Proposal, redact: Callable[[str], str]) -> 
         diff = escaped(redact(proposal.diff()), lines=True)
         click.echo(_coloured(diff), nl=False, err=True, color=_colour())
     choices = ["y", "n", "e", "a"] if proposal.editable else ["y", "n", "a"]
-    answer = click.prompt(
+    answer = ask.choose(
         "  [y]es  [n]o  " + ("[e]dit  " if proposal.editable else "") + "[a]ll for this step",
+        choices,
+        stop,
         default="y",
-        type=click.Choice(choices),
-        show_choices=False,
-        err=True,
     )
+    if answer is None:
+        return Verdict("no", reason="the user stopped the run")
     if answer == "n":
-        reason = click.prompt(
-            "  why not (the model is told)", default="", show_default=False, err=True
-        )
-        return Verdict("no", reason=reason)
+        reason = ask.line("  why not (the model is told)", stop)
+        return Verdict("no", reason=reason or "")
     if answer == "a":
         return Verdict("all")
     if answer == "y":

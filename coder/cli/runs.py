@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from coder.cli import ask
 from coder.cli.common import (
     PathType,
     cwd,
@@ -382,13 +383,14 @@ def approval_prompt(step: Step, run: RunContext) -> Approval:
     keys = ["r", "s", "d", "n", "q"] if step.uses_model else ["r", "s", "d", "q"]
     note = "  [n]ote" if step.uses_model else ""
     while True:
-        answer = click.prompt(
+        answer = ask.choose(
             f"\nstep {step.id} ({step.kind}): {what}\n  [r]un  [s]kip  [d]iff so far{note}  [q]uit",
+            keys,
+            run.stop,
             default="r",
-            type=click.Choice(keys),
-            show_choices=False,
-            err=True,
         )
+        if answer is None:  # Ctrl-C, SIGTERM or a hang-up while asking: as [q]uit
+            return "quit"
         if answer == "n":
             prompt_note(step, run)
             continue
@@ -407,9 +409,9 @@ def prompt_note(step: Step, run: RunContext) -> None:
     from coder.errors import InvalidInput
     from coder.run.notes import give_now
 
-    text = click.prompt(f"note for step {step.id} (empty: none)", default="", err=True)
+    text = ask.line(f"note for step {step.id} (empty: none)", run.stop)
     try:
-        note = give_now(run, step.id, text) if text.strip() else None
+        note = give_now(run, step.id, text) if text else None
     except InvalidInput as exc:
         click.echo(f"error: {exc.message}", err=True)
         return

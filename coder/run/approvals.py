@@ -32,7 +32,8 @@ ALIASES: Mapping[str, Mode] = {"manual": "per-step"}  # the name before per-edit
 
 # The terminal's per-edit question: the step, the proposed change and how to redact what it
 # shows -> the answer.
-EditPrompt = Callable[[str, "Proposal", Callable[[str], str]], "Verdict"]
+# `stop` is the run's: a stop while it waits ends the question (coder.cli.ask).
+EditPrompt = Callable[[str, "Proposal", Callable[[str], str], threading.Event], "Verdict"]
 
 
 def mode_of(chosen: str | None, policies: Mapping[str, Any], default: Mode) -> Mode:
@@ -65,6 +66,7 @@ class EditApprovals:
 
     prompt: EditPrompt
     redactor: Redactor
+    stop: threading.Event  # the run's
     lock: threading.Lock = field(default_factory=threading.Lock)  # one question at a time
     _all: set[str] = field(default_factory=set)
 
@@ -90,7 +92,8 @@ class StepApprovals:
             if self.step_id in self.run._all:  # not asked again; logged as what `all` let by
                 verdict = Verdict("all")
             else:
-                verdict = self.run.prompt(self.step_id, proposal, self.run.redactor.redact)
+                redact = self.run.redactor.redact
+                verdict = self.run.prompt(self.step_id, proposal, redact, self.run.stop)
             if verdict.answer == "all":
                 self.run._all.add(self.step_id)
         fields: dict[str, Any] = {"tool": proposal.tool, "target": proposal.target[:300]}

@@ -739,7 +739,9 @@ class RunSetup:
         from coder.run.approvals import EditApprovals
         from coder.run.executor import RunContext
 
+        stop = threading.Event()  # the run's, which its questions watch too
         return RunContext(
+            stop=stop,
             task=self.task,
             repo_root=self.root,
             coder_dir=self.coder_dir,
@@ -756,7 +758,7 @@ class RunSetup:
             fail_fast=options.fail_fast,
             agent=self.agent,
             approve=options.approve if self.approvals == "per-step" else None,
-            approve_edit=EditApprovals(options.approve_edit, self.redactor)
+            approve_edit=EditApprovals(options.approve_edit, self.redactor, stop)
             if self.approvals == "per-edit" and options.approve_edit is not None
             else None,
         )

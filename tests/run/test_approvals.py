@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+
+import pytest
 
 from tests.conftest import coder, git
 from tests.helpers import ROOT, Terminal, taskfile
@@ -45,6 +49,40 @@ def test_approve_skip_diff_and_quit_through_a_terminal(make_repo) -> None:
     assert state["steps"]["two"]["reasons"] == ["skipped by the user at the approval prompt"]
     assert git(repo, "show", "agent/ask-ask-first:one.txt") == "one\n"
     # quitting is a stop: resume continues (autonomously) with the remaining step
+    code, out, err = coder(repo, "resume", "-t", "ask")
+    assert code == 0, out + err
+    assert git(repo, "show", "agent/ask-ask-first:three.txt") == "three\n"
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "SIGTERM", "SIGHUP"])
+def test_a_stop_at_the_question_is_quit_exit_130_checkpointed(make_repo, how: str) -> None:
+    """The prompt waits for an answer; Ctrl-C, `coder stop`'s SIGTERM and a closed terminal
+    each end it as [q]uit does, at once: exit 130, the state checkpointed, resume goes on."""
+    repo = make_repo()
+    term = Terminal(["run", "-f", str(taskfile(repo, TASK))], repo, env=PLAIN, session=True)
+    term.see("step one (shell)")
+    term.send("r")
+    term.see("step two (shell)")
+    asked = time.monotonic()
+    if how == "ctrl-c":
+        os.write(term.master, b"\x03")
+    elif how == "SIGTERM":
+        term.proc.send_signal(signal.SIGTERM)
+    else:
+        term.hang_up()
+    while term.proc.poll() is None and time.monotonic() - asked < 15:
+        if how != "SIGHUP":
+            term.read(0.1)  # what it prints on its way out
+        time.sleep(0.05)
+    assert term.proc.poll() == 130, term.output
+
+    state = json.loads((repo / ".coder" / "state" / "ask.json").read_text())
+    assert state["status"] == "interrupted"
+    assert {k: v["status"] for k, v in state["steps"].items()} == {
+        "one": "success",
+        "two": "pending",
+        "three": "pending",
+    }
     code, out, err = coder(repo, "resume", "-t", "ask")
     assert code == 0, out + err
     assert git(repo, "show", "agent/ask-ask-first:three.txt") == "three\n"

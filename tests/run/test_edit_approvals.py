@@ -217,12 +217,13 @@ def test_ctrl_c_at_the_question_stops_the_run_and_writes_nothing(make_repo) -> N
             session=True,  # the terminal is coder's: Ctrl-C sends it SIGINT
         )
         term.expect(ASKED)
-        os.write(term.master, b"\x03")  # Ctrl-C: the run is asked to stop
+        os.write(term.master, b"\x03")  # Ctrl-C: the run stops, the question with it
         term.see("stopping")
-        os.write(term.master, b"\x03")  # again: at once, from the question too
         assert term.finish() == 130, term.output
     assert "Traceback" not in term.output
-    assert events(repo, "tool.called") == []  # the question ended the run, not the tool call
+    (called,) = events(repo, "tool.called")  # answered as a refusal: nothing written
+    assert called["tool"] == "fs_write" and called["ok"] is False
+    assert events(repo, "approval.refused")[0]["reason"] == "the user stopped the run"
     assert not (repo / ".coder" / "worktrees" / "edits" / "two.txt").exists()
     assert git(repo, "rev-list", "--count", f"main..{BRANCH}").strip() == "0"
 
