@@ -173,7 +173,7 @@ class CoderGroup(click.Group):
             if ctx.meta.get("coder.json_wanted") or ctx.ensure_object(dict).get("json"):
                 _echo_json_error(exc.format_message(), _usage_hint(exc), exc.exit_code)
             raise
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, click.Abort):  # click.prompt's Ctrl-C is Abort: the same
             click.echo("coder: interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
         except OSError as exc:  # a full disk, wherever coder meets it: not a bug

@@ -116,3 +116,15 @@ def test_the_live_display_leaves_an_open_prompt_alone(make_repo) -> None:
     assert term.read(1.2) == ""  # long enough for several redraws
     term.send("q")
     assert term.finish() == 130
+
+
+def test_ctrl_c_at_the_trust_question_is_an_interruption_exit_130(make_repo) -> None:
+    """click's prompts turn Ctrl-C into Abort ("Aborted!", exit 1); coder's edge maps it to
+    an interruption like any other."""
+    repo = make_repo({"coder.config.json": json.dumps({"allowed_commands": ["make"]})})
+    term = Terminal(["run", "-f", str(taskfile(repo, TASK))], repo, env=PLAIN, session=True)
+    term.see("Trust these settings for this repository?")
+    os.write(term.master, b"\x03")
+    assert term.finish() == 130, term.output
+    assert "coder: interrupted" in term.output and "Aborted!" not in term.output
+    assert not (repo / ".coder" / "state" / "ask.json").exists()
