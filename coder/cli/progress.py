@@ -245,9 +245,14 @@ def clock_of(seconds: float) -> str:
 # --- the displays ---------------------------------------------------------------------------
 
 
+HEARTBEAT_S = 30.0  # plain mode: a line at least this often while a step works
+
+
 class Progress:
-    """Plain mode: one line per SHOWN event; `silent` (under --json) prints nothing. The live
-    view (`coder.cli.live.LiveProgress`) extends it. `clock` gives the lines' time of day."""
+    """Plain mode: one line per SHOWN event, and a `working` line for each running step after
+    `heartbeat` seconds without one (a CI log that shows nothing for minutes looks hung);
+    `silent` (under --json) prints nothing. The live view (`coder.cli.live.LiveProgress`)
+    extends it. `clock` gives the lines' time of day."""
 
     live = False
 
@@ -258,12 +263,17 @@ class Progress:
         silent: bool = False,
         clock: Callable[[], str] | None = None,
         steps: Sequence[tuple[str, str, str]] = (),
+        heartbeat: float = HEARTBEAT_S,
     ) -> None:
         self.stream = stream or sys.stderr
         self.silent = silent
         self.clock = clock or (lambda: time.strftime("%H:%M:%S"))
         self.board = Board(steps)
         self.lock = threading.RLock()
+        self.heartbeat = heartbeat
+        self._last_line = time.monotonic()
+        self._closed = threading.Event()
+        self._beating: threading.Thread | None = None
 
     def __call__(self, event: dict[str, Any]) -> None:
         if self.silent:
@@ -272,6 +282,24 @@ class Progress:
             self.board.apply(event, time.monotonic())
             if event.get("event") in SHOWN:
                 self.line(event, self.clock())
+                self._last_line = time.monotonic()
+            if not self.live and self._beating is None:
+                self._beating = threading.Thread(target=self._beat, name="coder-progress")
+                self._beating.daemon = True
+                self._beating.start()
+
+    def _beat(self) -> None:
+        while not self._closed.wait(min(self.heartbeat, 5.0)):
+            with self.lock:
+                now = time.monotonic()
+                if now - self._last_line < self.heartbeat:
+                    continue
+                for step in self.board.steps.values():
+                    if step.status == "running":
+                        line = f"{self.clock()}  {step.id:<10} {'working':<11} {step.doing(now)}"
+                        self.stream.write(line + "\n")
+                self.stream.flush()
+                self._last_line = now
 
     def loop_event(self, fields: dict[str, Any], event: object) -> None:
         """A typed model-loop event: only the live view draws these."""
@@ -285,7 +313,7 @@ class Progress:
         return holding(self.lock)
 
     def close(self) -> None:
-        pass
+        self._closed.set()
 
 
 def can_redraw(stream: IO[str]) -> bool:

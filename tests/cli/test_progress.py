@@ -347,3 +347,25 @@ def test_plan_shows_the_draft_and_the_problems_sent_back(sample: Path) -> None:
         term.expect(r"\S draft 2 of 3: waiting for the model · 0:0\d")
         assert term.finish() == 0
     assert "Planned tasks/add-multiply.yaml" in plain(term.output)
+
+
+def test_plain_mode_says_a_step_is_still_working_after_a_silence() -> None:
+    """A 148 s test step printed nothing in a CI log: plain lines get a `working` line per
+    running step when nothing was printed for `heartbeat` seconds, and none after the end."""
+    import time
+
+    stream = io.StringIO()
+    progress = Progress(stream, clock=lambda: "10:00:00", heartbeat=0.3)
+    progress({"event": "run.started", "steps": 1, "branch": "agent/x"})
+    progress({"event": "step.started", "step_id": "s4", "kind": "test", "goal": "run them"})
+    time.sleep(0.9)
+    progress({"event": "step.succeeded", "step_id": "s4", "commit": "abc"})
+    progress.close()
+    time.sleep(0.5)
+    lines = stream.getvalue().splitlines()
+    working = [line for line in lines if " working " in line]
+    assert working and all(
+        re.fullmatch(r"10:00:00  s4         working     running the tests · 0:00", line)
+        for line in working
+    )
+    assert " working " not in lines[-1]  # nothing after the step ended
