@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from typing import TypedDict
 
     from coder.errors import CorruptState
+    from coder.run.state import PushRecord
 
     class StatusRow(TypedDict, total=False):
         """A run as `coder status` lists it (`--json`: the same keys)."""
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
         updated_at: str
         error: str | None
         parent: str | None  # a fork's parent run
+        runner_gone: bool  # the state says running, but no runner holds the run
+        merged: str | None  # the commit `coder merge` landed on the base branch
+        pushed: str | None  # the remote branch `coder push` last pushed to
 
 
 @click.command(epilog="\b\nExamples:\n  coder status\n  coder status --json")
@@ -58,22 +62,21 @@ def status(as_json: bool) -> None:
         done = sum(1 for r in item.steps.values() if r.status in DONE)
         skipped = sum(1 for r in item.steps.values() if r.status == "skipped")
         running = read_lock_owner(coder_dir, item.task_id) is not None
-        status: str = "running" if running else item.status
-        if status == "running" and not running:  # the state says so, but no runner holds it
-            status = "interrupted (runner gone; coder resume)"
-        elif skipped and status == "success":  # done, but not every step did its work
-            status = f"success ({skipped} skipped)"
+        gone = item.status == "running" and not running  # the state says so; nobody runs it
         rows.append(
             {
                 "id": item.task_id,
                 "title": item.title,
-                "status": status,
+                "status": "running" if running else item.status,
                 "progress": f"{done}/{len(item.steps)}",
                 "skipped": skipped,
                 "branch": item.branch,
                 "updated_at": item.updated_at,
                 "error": item.error,
                 "parent": item.parent,
+                "runner_gone": gone,
+                "merged": item.merge.get("commit") if item.merge else None,
+                "pushed": _remote_branch(item.pushed) if item.pushed else None,
             }
         )
     _show_status(rows, as_json)
@@ -98,7 +101,7 @@ def status_table(rows: list[StatusRow]) -> str:
     table = [("ID", "STATUS", "STEPS", "UPDATED (UTC)", "TITLE")] + [
         (
             "  " * depth + row["id"],
-            row["status"],
+            shown_status(row),
             row.get("progress", ""),
             (row.get("updated_at") or "")[:16].replace("T", " "),
             escaped(row.get("title") or row.get("error") or ""),
@@ -106,6 +109,24 @@ def status_table(rows: list[StatusRow]) -> str:
         for depth, row in under_parents(rows)
     ]
     return fitted(table).rstrip()
+
+
+def _remote_branch(pushed: PushRecord) -> str:
+    """`origin/agent/x`, as git names a remote-tracking branch."""
+    return f"{pushed['remote']}/{pushed['ref'].removeprefix('refs/heads/')}"
+
+
+def shown_status(row: StatusRow) -> str:
+    """A row's STATUS cell: the status, and what became of the run since (merged, pushed),
+    or what to do (a runner that is gone)."""
+    if row.get("runner_gone"):
+        return "interrupted (runner gone; coder resume)"
+    if row.get("merged"):
+        return "merged"
+    status = row["status"]
+    if status == "success" and row.get("skipped"):  # done, but not every step did its work
+        status = f"success ({row['skipped']} skipped)"
+    return f"{status}, pushed" if row.get("pushed") else status
 
 
 def under_parents(rows: list[StatusRow]) -> list[tuple[int, StatusRow]]:

@@ -460,6 +460,32 @@ def test_status_lists_runs(make_repo) -> None:
     )
 
 
+def test_status_tells_merged_and_pushed_runs_from_waiting_ones(make_repo, tmp_path) -> None:
+    """The table says what became of a run; `--json` keeps the status a status and says it
+    in fields of their own."""
+    repo = make_repo()
+    git(tmp_path, "init", "-q", "--bare", "remote.git")
+    git(repo, "remote", "add", "origin", str(tmp_path / "remote.git"))
+    for task_id in ("waits", "pushes", "lands"):
+        path = taskfile(
+            repo,
+            f"id: {task_id}\ntitle: t\ngraph:\n  - {{kind: shell, cmd: 'echo {task_id} > {task_id}.txt'}}\n",
+            f"{task_id}.yaml",
+        )
+        assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == 0
+    assert coder(repo, "push", "-t", "pushes", "-o", str(tmp_path / "pr.md"))[0] == 0
+    assert coder(repo, "merge", "-t", "lands")[0] == 0
+    code, out, _ = coder(repo, "status")
+    shown = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:]}
+    assert shown == {"waits": "success", "pushes": "success,", "lands": "merged"}
+    assert "pushes  success, pushed" in out
+    rows = {row["id"]: row for row in json.loads(coder(repo, "status", "--json")[1])}
+    assert {row["status"] for row in rows.values()} == {"success"}
+    assert rows["lands"]["merged"] == git(repo, "rev-parse", "main").strip()
+    assert rows["pushes"]["pushed"] == "origin/agent/pushes-t" and rows["waits"]["pushed"] is None
+    assert not any(row["runner_gone"] for row in rows.values())
+
+
 def test_a_long_command_validates_and_runs_and_a_too_long_one_is_refused(make_repo) -> None:
     repo = make_repo()
     body = "\n".join(f"row {i}" for i in range(25_000))  # ~200 KB
