@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -97,3 +98,32 @@ def test_the_wheel_ships_the_examples_and_the_unittest_runner(
     )
     run = installed("run", "--autonomous", "-f", "tasks/hello-shell.yaml")
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_every_help_page_link_resolves_where_the_wheel_is_installed(
+    installed_wheel: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`--help` ends with the page that documents the command: a file the installed package
+    holds (the wheel ships docs/ and the README), not a path of this source checkout."""
+    from coder.cli import COMMANDS
+
+    _wheel, site = installed_wheel
+    for name in COMMANDS:
+        proc = subprocess.run(
+            [sys.executable, "-m", "coder", *name.split(), "--help"],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(site), "COLUMNS": "400"},
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, proc.stderr
+        see = proc.stdout.strip().splitlines()[-1].strip()
+        assert see.startswith(f"See {site / 'coder' / '_docs'}/"), (name, see)
+        page, _, anchor = see.removeprefix("See ").partition("#")
+        text = Path(page).read_text(encoding="utf-8")
+        headings = {
+            re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            for line in text.splitlines()
+            if line.startswith("#")
+        }
+        assert anchor in headings, (name, anchor)

@@ -66,11 +66,25 @@ DOCS_PAGES: dict[str, str] = {
 def with_docs_link(command: click.Command, name: str, page: str | None = None) -> None:
     """End `command`'s help (and its subcommands') with the page that documents it."""
     page = DOCS_PAGES.get(name, page)
-    line = f"See {page}"
+    line = f"\b\nSee {docs_location(page)}" if page else ""  # \b: never wrapped
     if page and line not in (command.epilog or ""):
         command.epilog = f"{command.epilog}\n\n{line}" if command.epilog else line
     for sub_name, sub in getattr(command, "commands", {}).items():
         with_docs_link(sub, f"{name} {sub_name}", page)
+
+
+def docs_location(page: str) -> str:
+    """Where `page` (`docs/journey.md#anchor`, `README.md#...`) is on this machine: the copy
+    the wheel ships (`coder/_docs/`), else this source checkout's; as given when neither is
+    there."""
+    import os
+
+    name, _, anchor = page.partition("#")
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # coder/
+    for candidate in (os.path.join(package, "_docs", name), os.path.join(package, "..", name)):
+        if os.path.isfile(candidate):
+            return os.path.normpath(candidate) + (f"#{anchor}" if anchor else "")
+    return page
 
 
 def help_width() -> int:
