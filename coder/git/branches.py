@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pygit2
+from pygit2.enums import ReferenceType
 
 from coder.errors import BranchMoved, EnvironmentProblem, InvalidInput
 from coder.git.repository import (
@@ -110,6 +111,8 @@ def checked_out_at(repo: Repo, refname: str) -> Path | None:
 
 
 def branch_ref(w: Repo, worktree: Path) -> str:
+    """The branch the worktree's HEAD names (resolved): for reading only. What coder moves
+    is named by the run, never by HEAD: ``run_branch_ref``."""
     if w.head_is_detached or w.head_is_unborn:
         raise EnvironmentProblem(
             f"worktree {worktree} is not on a branch (detached or unborn HEAD)",
@@ -118,8 +121,35 @@ def branch_ref(w: Repo, worktree: Path) -> str:
     return str(w.head.name)
 
 
+def run_branch_ref(w: Repo, worktree: Path, branch: str) -> str:
+    """``refs/heads/BRANCH``, the run's branch, by name: the ref a step commit, a landing or a
+    revert moves. The worktree's HEAD is never followed to find it: a process that pointed
+    HEAD at ``main`` (or made the branch a symbolic ref to it) would make the commit land
+    there, and at a run's first step ``main``'s tip is the expected one, so no
+    compare-and-swap would notice. Such a worktree is an EnvironmentProblem: nothing moves
+    (and ``check_tip`` refuses a branch made a symbolic ref)."""
+    refname = f"refs/heads/{branch}"
+    head = w.lookup_reference("HEAD")
+    named = head.target if head.type == ReferenceType.SYMBOLIC else None
+    if named != refname:
+        now = f"names {named}" if named else f"is detached at {str(head.target)[:12]}"
+        raise EnvironmentProblem(
+            f"the HEAD of worktree {worktree} {now}, not the run's branch {branch}: a process "
+            "pointed it elsewhere; nothing was committed",
+            hint=f"`coder resume` points it back at {branch} and runs the step again",
+        )
+    return refname
+
+
 def check_tip(w: Repo, refname: str, expected: str, worktree: Path) -> None:
     ref = w.references.get(refname)
+    if ref is not None and ref.type == ReferenceType.SYMBOLIC:  # a move would follow it
+        branch = refname.removeprefix("refs/heads/")
+        raise BranchMoved(
+            f"branch '{branch}' was made a symbolic ref to {ref.target} (worktree {worktree})",
+            hint=f"point it back at its last commit (`git reflog {branch}`) with "
+            f"`git update-ref --no-deref {refname} COMMIT`, or `coder clean` the task",
+        )
     actual = None if ref is None else str(ref.target)
     if actual != expected:
         raise moved(refname, expected, actual, worktree)
@@ -155,13 +185,16 @@ def move_branch_ref(
         tx.set_target(refname, target, message=f"coder: {why} {str(target)[:12]}")
 
 
-def move_branch(worktree: Path, target: str, *, expected_tip: str, message: str) -> None:
-    """Point the worktree's branch at ``target`` if it still points at ``expected_tip`` (lock,
-    check, set; ``message`` goes to the reflog, where the old tip stays). The files are left
-    as they are: ``discard_changes(worktree, target)`` brings them along afterwards."""
+def move_branch(
+    worktree: Path, target: str, *, branch: str, expected_tip: str, message: str
+) -> None:
+    """Point ``branch``, checked out in the worktree, at ``target`` if it still points at
+    ``expected_tip`` (lock, check, set; ``message`` goes to the reflog, where the old tip
+    stays). The files are left as they are: ``discard_changes(worktree, target)`` brings them
+    along afterwards."""
     worktree = Path(worktree)
     w = open_worktree(worktree)
-    refname = branch_ref(w, worktree)
+    refname = run_branch_ref(w, worktree, branch)
     try:
         with w.transaction() as tx:
             tx.lock_ref(refname)

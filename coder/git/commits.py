@@ -2,9 +2,10 @@
 
 * **Git is the truth.** Each step is one commit with ``Coder-Task``/``Coder-Step``/
   ``Coder-Attempt`` trailers; ``step_commits`` reads them back to rebuild lost state.
-* **Compare-and-swap.** ``commit_step`` creates the commit *through* the branch ref with
-  ``expected_tip`` as first parent, so libgit2 refuses ("current tip is not the first
-  parent") if anyone moved the branch in between: ``BranchMoved``.
+* **Compare-and-swap, by name.** ``commit_step`` moves the run's branch, named by the run
+  (never found through the worktree's HEAD, which a process may have pointed at ``main``),
+  from ``expected_tip`` to the new commit under the ref's lock: ``BranchMoved`` if anyone
+  moved it in between.
 * **One walk of the tree per step.** ``staging.stage`` finds and stages a step's changes in
   one scan; the verify stage checks that change set and ``commit_step`` records its tree, so
   what was checked is what is committed.
@@ -23,13 +24,12 @@ from pygit2.enums import SortMode
 
 from coder.errors import EnvironmentProblem, InvalidInput, RunFailed
 from coder.git.branches import (
-    branch_ref,
     branch_tip,
     check_detached_head,
     check_tip,
     move_branch_ref,
-    moved,
     resolve_commit,
+    run_branch_ref,
 )
 from coder.git.repository import Repo, git_failure, identity, open_worktree
 from coder.git.restore import restore_files
@@ -71,6 +71,7 @@ def _staged_tree(worktree: Path, base: str, staged: Staged | None) -> pygit2.Oid
 def commit_step(
     worktree: Path,
     *,
+    branch: str,
     task_id: str,
     step_id: str,
     attempt: int,
@@ -81,18 +82,19 @@ def commit_step(
     notes: Sequence[str] = (),
     repo: Repo | None = None,
 ) -> str | None:
-    """Commit everything the step changed in ``worktree`` as one commit on its branch: the
-    tree ``staged`` holds (what the verify stage staged and checked), or staged now.
-    ``repo``: the worktree, opened already (by the verify stage that staged it).
+    """Commit everything the step changed in ``worktree`` as one commit on ``branch``, the
+    run's branch checked out there: the tree ``staged`` holds (what the verify stage staged
+    and checked), or staged now. ``repo``: the worktree, opened already (by the verify stage
+    that staged it).
 
     Returns the new commit's hex, or None if the tree equals ``expected_tip``'s (a step that
-    changed nothing makes no commit). Raises ``BranchMoved`` if the branch is not at
-    ``expected_tip``: the commit is created through the ref with ``expected_tip`` as first
-    parent, which libgit2 turns into an atomic compare-and-swap.
+    changed nothing makes no commit). The commit moves ``branch`` by name, never through
+    HEAD, by compare-and-swap (lock, check, set): ``BranchMoved`` if it is not at
+    ``expected_tip``, EnvironmentProblem if the worktree's HEAD no longer names it.
     """
     worktree = Path(worktree)
     w = repo if repo is not None else open_worktree(worktree)
-    refname = branch_ref(w, worktree)
+    refname = run_branch_ref(w, worktree, branch)
     check_tip(w, refname, expected_tip, worktree)
     tree = _staged_tree(worktree, expected_tip, staged)
     parent = w[expected_tip].peel(pygit2.Commit)
@@ -102,11 +104,10 @@ def commit_step(
     message = commit_message(
         title, body, task_id=task_id, step_id=step_id, attempt=attempt, notes=notes
     )
-    try:
-        oid = w.create_commit(refname, who.author, who.committer, message, tree, [parent.id])
+    try:  # the commit first, on no ref; then the branch moves to it
+        oid = w.create_commit(None, who.author, who.committer, message, tree, [parent.id])
+        move_branch_ref(w, refname, oid, expected_tip, worktree, f"step {step_id}")
     except (pygit2.GitError, OSError) as exc:
-        if "current tip is not the first parent" in str(exc):
-            raise moved(refname, expected_tip, branch_tip(w, refname[11:]), worktree) from None
         raise git_failure(exc, f"commit step {step_id}", worktree) from None
     return str(oid)
 
@@ -149,8 +150,9 @@ def commit_detached(
     return str(oid)
 
 
-def cherry_pick(worktree: Path, commit: str, *, expected_tip: str) -> str | None:
-    """Land a scratch step commit on the worktree's branch (at ``expected_tip``, CAS).
+def cherry_pick(worktree: Path, commit: str, *, branch: str, expected_tip: str) -> str | None:
+    """Land a scratch step commit on ``branch``, checked out in ``worktree`` (at
+    ``expected_tip``, CAS on the branch by name, as ``commit_step``).
 
     If the commit's parent is the tip it lands as is (fast-forward); otherwise its change is
     three-way merged in memory onto the tip and committed with the same message (trailers
@@ -159,7 +161,7 @@ def cherry_pick(worktree: Path, commit: str, *, expected_tip: str) -> str | None
     """
     worktree = Path(worktree)
     w = open_worktree(worktree)
-    refname = branch_ref(w, worktree)
+    refname = run_branch_ref(w, worktree, branch)
     check_tip(w, refname, expected_tip, worktree)
     pick = w[resolve_commit(w, commit)].peel(pygit2.Commit)
     ours = w[expected_tip].peel(pygit2.Commit)
@@ -174,7 +176,7 @@ def cherry_pick(worktree: Path, commit: str, *, expected_tip: str) -> str | None
             if merged.conflicts:
                 paths = sorted({(o or t or a).path for a, o, t in merged.conflicts})
                 raise RunFailed(
-                    f"step commit {str(pick.id)[:12]} conflicts with {refname[11:]} "
+                    f"step commit {str(pick.id)[:12]} conflicts with {branch} "
                     f"in {', '.join(paths)}",
                     hint="parallel steps edited the same lines; make one depend on the other",
                 )
@@ -182,15 +184,8 @@ def cherry_pick(worktree: Path, commit: str, *, expected_tip: str) -> str | None
             if tree == ours.tree_id:
                 return None
             committer = identity(w).committer
-            try:  # CAS through the ref, as in commit_step
-                new = w.create_commit(
-                    refname, pick.author, committer, pick.message, tree, [ours.id]
-                )
-            except pygit2.GitError as exc:
-                if "current tip is not the first parent" in str(exc):
-                    now = branch_tip(w, refname[11:])
-                    raise moved(refname, expected_tip, now, worktree) from None
-                raise
+            new = w.create_commit(None, pick.author, committer, pick.message, tree, [ours.id])
+            move_branch_ref(w, refname, new, expected_tip, worktree, "cherry-pick")
     except (pygit2.GitError, OSError) as exc:
         raise git_failure(exc, f"cherry-pick {str(pick.id)[:12]}", worktree) from None
     restore_files(w, worktree, str(new), f"cherry-pick {str(pick.id)[:12]}")

@@ -21,6 +21,7 @@ from coder.git.branches import (
     check_tip,
     move_branch_ref,
     resolve_commit,
+    run_branch_ref,
 )
 from coder.git.repository import Repo, git_failure, open_worktree, retry_on_index_lock
 from coder.git.submodules import reset_submodules
@@ -92,8 +93,9 @@ def discard_changes(worktree: Path, to_commit: str) -> None:
     restore_files(w, worktree, to_commit, "discard changes")
 
 
-def reset_branch(worktree: Path, to_commit: str, *, expected_tip: str) -> None:
-    """Move the worktree's branch to ``to_commit`` and make the files match (revert by reset).
+def reset_branch(worktree: Path, to_commit: str, *, branch: str, expected_tip: str) -> None:
+    """Move ``branch``, checked out in the worktree, to ``to_commit`` and make the files match
+    (revert by reset).
 
     The ref is locked and its old value checked inside a ref transaction, so a concurrent
     commit to the branch makes this fail with ``BranchMoved`` instead of being dropped.
@@ -102,7 +104,7 @@ def reset_branch(worktree: Path, to_commit: str, *, expected_tip: str) -> None:
     """
     worktree = Path(worktree)
     w = open_worktree(worktree)
-    refname = branch_ref(w, worktree)
+    refname = run_branch_ref(w, worktree, branch)
     target = w[resolve_commit(w, to_commit)].id
     try:
         move_branch_ref(w, refname, target, expected_tip, worktree, "reset to")

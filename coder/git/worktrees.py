@@ -15,7 +15,7 @@ from coder import nofollow
 from coder.durable import fsync_dir, make_private_dirs
 from coder.errors import EnvironmentProblem, InvalidInput
 from coder.git.branches import checked_out_at, delete_branch, head_of, resolve_commit
-from coder.git.repository import Repo, common_dir, open_worktree, repo_root
+from coder.git.repository import Repo, admin_text, common_dir, open_worktree, repo_root
 from coder.git.submodules import init_submodules
 
 
@@ -147,6 +147,29 @@ def remove_worktree(repo: Repo, name: str, path: Path) -> None:
         os.unlink(_marker(path, CREATING))
     if removing is not None:
         os.unlink(removing)
+
+
+def point_head_back(repo: Repo, name: str, branch: str) -> str | None:
+    """Point the HEAD of coder's worktree ``name`` back at ``branch`` when it names anything
+    else (a process the run left pointed it at ``main``: ``commit_step`` refuses such a
+    worktree). Returns what it named ("refs/heads/main", a commit id), None when it names
+    ``branch`` or the worktree is not registered. The admin dir is found from the repository,
+    never from the worktree's `.git` file, and the new HEAD replaces whatever is there (a
+    link too), never written through it."""
+    admin = common_dir(repo) / "worktrees" / name
+    wanted = f"ref: refs/heads/{branch}"
+    try:
+        named = admin_text(admin / "HEAD")
+    except FileNotFoundError:
+        if not admin.is_dir():
+            return None
+        named = "nothing"
+    except OSError:  # a link, a FIFO: not the file git made
+        named = "something other than a file"
+    if named == wanted:
+        return None
+    nofollow.write_file(admin, "HEAD", f"{wanted}\n".encode())
+    return named.removeprefix("ref: ")
 
 
 def _prune_stale(repo: Repo, common: Path, name: str) -> None:

@@ -711,7 +711,12 @@ class InPlace:
         )
         staged = seen.staged
         return commits.commit_step(
-            self.workdir, **message, expected_tip=staged.base, staged=staged, repo=seen.repo
+            self.workdir,
+            **message,
+            branch=self.ex.run.branch,
+            expected_tip=staged.base,
+            staged=staged,
+            repo=seen.repo,
         )
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
@@ -751,7 +756,10 @@ class Scratch:
         current = self.ex._tip()
         if commit is None:
             return None, current
-        return commits.cherry_pick(self.ex.run.worktree, commit, expected_tip=current), current
+        landed = commits.cherry_pick(
+            self.ex.run.worktree, commit, branch=self.ex.run.branch, expected_tip=current
+        )
+        return landed, current
 
 
 def environment_error(exc: EnvironmentProblem) -> str:

@@ -634,6 +634,9 @@ def reconcile(repo: Repo, state: RunState, manifest: Manifest, worktree: Path) -
         warnings.append(f"{cut_short.format(worktree)} from {branch}")
     if repository.clear_stale_index_lock(worktree):
         warnings.append("removed a stale index.lock left by the crash")
+    named = worktrees.point_head_back(repo, task_id, branch)
+    if named is not None:
+        warnings.append(f"the worktree's HEAD named {named}, not {branch}; pointed it back")
     committed = {
         c.step_id: c.commit
         for c in gitcommits.effective_step_commits(

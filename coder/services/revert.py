@@ -286,8 +286,9 @@ class _Revert:
     # --- the worktree ------------------------------------------------------------------------
 
     def _repair_worktree(self, tip: str) -> None:
-        """What resume repairs too: a deleted worktree, a crash's index.lock, and commands a
-        killed runner left running (they would write into the worktree behind our back)."""
+        """What resume repairs too: a deleted worktree, a crash's index.lock, commands a
+        killed runner left running (they would write into the worktree behind our back), and
+        a HEAD one of them pointed at another branch."""
         from coder.policy import sandbox
 
         if not worktrees.worktree_ready(self.worktree):  # missing, or its checkout cut short
@@ -303,6 +304,11 @@ class _Revert:
         if leftovers:
             self.warnings.append(
                 f"killed {len(leftovers)} leftover command process(es) of a killed runner"
+            )
+        named = worktrees.point_head_back(self.repo, self.task_id, self.branch)  # after them
+        if named is not None:
+            self.warnings.append(
+                f"the worktree's HEAD named {named}, not {self.branch}; pointed it back"
             )
 
     def _settle_worktree(self, tip: str) -> None:
@@ -350,6 +356,7 @@ class _Revert:
         branches.move_branch(
             self.worktree,
             target,
+            branch=self.branch,
             expected_tip=tip,
             message=f"{gitcommits.REFLOG_REVERT} {self.task_id} to {self.to_step} ({self.mode})",
         )

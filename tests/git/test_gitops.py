@@ -45,6 +45,7 @@ def setup(make_repo, files):
 def step(wt: Path, tip: str, step_id: str = "s1", *, task: str = "t1", attempt: int = 1) -> str:
     sha = commits.commit_step(
         wt,
+        branch=BRANCH,
         task_id=task,
         step_id=step_id,
         attempt=attempt,
@@ -325,6 +326,7 @@ def test_commit_step_makes_one_commit_with_trailers(setup):
 
     sha = commits.commit_step(
         wt,
+        branch=BRANCH,
         task_id="t1",
         step_id="s2",
         attempt=3,
@@ -356,7 +358,13 @@ def test_commit_step_without_changes_makes_no_commit(setup):
     root, repo, wt, base = setup
     assert (
         commits.commit_step(
-            wt, task_id="t1", step_id="s1", attempt=1, title="noop", expected_tip=base
+            wt,
+            branch=BRANCH,
+            task_id="t1",
+            step_id="s1",
+            attempt=1,
+            title="noop",
+            expected_tip=base,
         )
         is None
     )
@@ -365,7 +373,13 @@ def test_commit_step_without_changes_makes_no_commit(setup):
     (wt / "x.log").write_text("ignored only\n")
     assert (
         commits.commit_step(
-            wt, task_id="t1", step_id="s1", attempt=1, title="noop", expected_tip=base
+            wt,
+            branch=BRANCH,
+            task_id="t1",
+            step_id="s1",
+            attempt=1,
+            title="noop",
+            expected_tip=base,
         )
         is None
     )
@@ -376,7 +390,13 @@ def test_commit_step_without_body_omits_the_paragraph(setup):
     root, _repo, wt, base = setup
     (wt / "a.txt").write_text("a\n")
     commits.commit_step(
-        wt, task_id="t1", step_id="s1", attempt=1, title="multi\nline  title", expected_tip=base
+        wt,
+        branch=BRANCH,
+        task_id="t1",
+        step_id="s1",
+        attempt=1,
+        title="multi\nline  title",
+        expected_tip=base,
     )
     assert git(root, "log", "-1", "--format=%B", BRANCH) == (
         "multi line title\n\nCoder-Task: t1\nCoder-Step: s1\nCoder-Attempt: 1\n\n"
@@ -461,7 +481,7 @@ def test_user_checkout_is_untouched_by_worktree_work(make_repo, files):
     restore.discard_changes(wt, s1)
     (wt / "new.py").unlink()
     s2 = step(wt, s1, "s2")
-    restore.reset_branch(wt, s1, expected_tip=s2)
+    restore.reset_branch(wt, s1, branch=BRANCH, expected_tip=s2)
     diffs.diff_patch(repo, base, worktree=wt)
     worktrees.remove_worktree(repo, "t1", wt)
 
@@ -530,11 +550,11 @@ def test_reset_branch(setup):
     (wt / "one.txt").write_text("1 changed\n")
     s2 = step(wt, s1, "s2")
     with pytest.raises(BranchMoved):
-        restore.reset_branch(wt, base, expected_tip=s1)
+        restore.reset_branch(wt, base, branch=BRANCH, expected_tip=s1)
     with pytest.raises(InvalidInput):
-        restore.reset_branch(wt, "no-such-rev", expected_tip=s2)
+        restore.reset_branch(wt, "no-such-rev", branch=BRANCH, expected_tip=s2)
     assert branches.branch_tip(repo, BRANCH) == s2
-    restore.reset_branch(wt, s1, expected_tip=s2)
+    restore.reset_branch(wt, s1, branch=BRANCH, expected_tip=s2)
     assert branches.branch_tip(repo, BRANCH) == s1
     assert (wt / "one.txt").read_text() == "1\n"
     assert not (wt / "two").exists()
@@ -555,9 +575,9 @@ def test_a_deleted_worktree_never_resolves_to_the_main_checkout(setup):
     (wt / "stray.txt").write_text("x\n")
     for call in (
         lambda: restore.discard_changes(wt, base),
-        lambda: restore.reset_branch(wt, base, expected_tip=base),
+        lambda: restore.reset_branch(wt, base, branch=BRANCH, expected_tip=base),
         lambda: commits.commit_step(
-            wt, task_id="t1", step_id="s1", attempt=1, title="t", expected_tip=base
+            wt, branch=BRANCH, task_id="t1", step_id="s1", attempt=1, title="t", expected_tip=base
         ),
         lambda: workdir.changed_paths(wt),
     ):
@@ -570,6 +590,50 @@ def test_a_deleted_worktree_never_resolves_to_the_main_checkout(setup):
     assert (root / "untracked.txt").read_text() == "user file\n"
 
 
+@pytest.mark.parametrize("head", ["ref: refs/heads/main\n", "HEAD-COMMIT\n"])
+def test_no_branch_moves_through_a_head_pointed_elsewhere(setup, head: str) -> None:
+    """The run's branch is moved by name: a worktree whose HEAD names main (or a commit)
+    moves nothing, main least of all (at a run's first step main is at the expected tip, so
+    a compare-and-swap through HEAD would pass); `point_head_back` puts HEAD back."""
+    root, repo, wt, base = setup
+    scratch_tree = scratch(repo, root, "t1--s2", base)
+    (scratch_tree / "s2.txt").write_text("s2\n")
+    picked = detached(scratch_tree, base, "s2")
+    admin_head = root / ".git" / "worktrees" / "t1" / "HEAD"
+    head = head.replace("HEAD-COMMIT", base)
+    admin_head.write_text(head)
+    (wt / "a.txt").write_text("a\n")
+    refs = git(root, "for-each-ref", "--format=%(refname) %(objectname)")
+    for call in (
+        lambda: step(wt, base),
+        lambda: commits.cherry_pick(wt, picked, branch=BRANCH, expected_tip=base),
+        lambda: restore.reset_branch(wt, base, branch=BRANCH, expected_tip=base),
+        lambda: branches.move_branch(
+            wt, picked, branch=BRANCH, expected_tip=base, message="coder: revert"
+        ),
+    ):
+        with pytest.raises(EnvironmentProblem, match=f"not the run's branch {BRANCH}"):
+            call()
+    assert git(root, "for-each-ref", "--format=%(refname) %(objectname)") == refs
+    assert git(root, "rev-parse", "main").strip() == base
+
+    assert worktrees.point_head_back(repo, "t1", BRANCH) == head.strip().removeprefix("ref: ")
+    assert git(wt, "symbolic-ref", "HEAD") == f"refs/heads/{BRANCH}\n"
+    assert worktrees.point_head_back(repo, "t1", BRANCH) is None
+    assert step(wt, base) == git(root, "rev-parse", BRANCH).strip()
+    assert git(root, "rev-parse", "main").strip() == base
+
+
+def test_a_branch_made_a_symbolic_ref_is_never_followed(setup) -> None:
+    root, repo, wt, base = setup
+    git(root, "symbolic-ref", f"refs/heads/{BRANCH}", "refs/heads/main")
+    (wt / "a.txt").write_text("a\n")
+    with pytest.raises(BranchMoved, match="was made a symbolic ref to refs/heads/main"):
+        step(wt, base)
+    assert git(root, "rev-parse", "main").strip() == base
+    assert git(root, "symbolic-ref", f"refs/heads/{BRANCH}") == "refs/heads/main\n"
+
+
 def test_a_stale_ref_lock_is_reported_with_the_file_to_delete(setup):
     root, _repo, wt, base = setup
     lock = root / ".git" / "refs" / "heads" / "agent" / "t1-demo.lock"
@@ -579,7 +643,7 @@ def test_a_stale_ref_lock_is_reported_with_the_file_to_delete(setup):
         step(wt, base)
     assert str(lock) in err.value.hint
     with pytest.raises(EnvironmentProblem, match="cannot reset branch"):
-        restore.reset_branch(wt, base, expected_tip=base)
+        restore.reset_branch(wt, base, branch=BRANCH, expected_tip=base)
     lock.unlink()
     step(wt, base)
 
@@ -702,9 +766,9 @@ def test_scratch_worktrees_and_cherry_pick(setup):
     (b / "s3.txt").write_text("s3\n")
     c3 = detached(b, base, "s3")
 
-    landed2 = commits.cherry_pick(wt, c2, expected_tip=base)
+    landed2 = commits.cherry_pick(wt, c2, branch=BRANCH, expected_tip=base)
     assert landed2 == c2  # parent is the tip: fast-forward, same commit
-    landed3 = commits.cherry_pick(wt, c3, expected_tip=landed2)
+    landed3 = commits.cherry_pick(wt, c3, branch=BRANCH, expected_tip=landed2)
     assert landed3 != c3 and git(root, "rev-parse", f"{landed3}^").strip() == landed2
     assert git(root, "log", "-1", "--format=%(trailers)", landed3) == (
         "Coder-Task: t1\nCoder-Step: s3\nCoder-Attempt: 1\n\n"
@@ -714,7 +778,7 @@ def test_scratch_worktrees_and_cherry_pick(setup):
     assert git(wt, "status", "--porcelain") == ""
     steps = commits.step_commits(repo, branch=BRANCH, base_commit=base, task_id="t1")
     assert [(c.step_id, c.commit) for c in steps] == [("s2", c2), ("s3", landed3)]
-    assert commits.cherry_pick(wt, c3, expected_tip=landed3) is None  # already there
+    assert commits.cherry_pick(wt, c3, branch=BRANCH, expected_tip=landed3) is None  # already there
 
     for name in ("t1--s2", "t1--s3"):
         worktrees.remove_worktree(repo, name, root / ".coder" / "worktrees" / name)
@@ -729,13 +793,13 @@ def test_cherry_pick_conflict_and_moved_branch(setup):
     (a / "README.md").write_text("s2 version\n")
     (b / "README.md").write_text("s3 version\n")
     c2, c3 = detached(a, base, "s2"), detached(b, base, "s3")
-    tip = commits.cherry_pick(wt, c2, expected_tip=base)
+    tip = commits.cherry_pick(wt, c2, branch=BRANCH, expected_tip=base)
     with pytest.raises(RunFailed, match="conflicts with .* in README.md"):
-        commits.cherry_pick(wt, c3, expected_tip=tip)
+        commits.cherry_pick(wt, c3, branch=BRANCH, expected_tip=tip)
     assert branches.branch_tip(repo, BRANCH) == tip
     assert git(wt, "status", "--porcelain") == ""
     with pytest.raises(BranchMoved):
-        commits.cherry_pick(wt, c3, expected_tip=base)
+        commits.cherry_pick(wt, c3, branch=BRANCH, expected_tip=base)
     with pytest.raises(BranchMoved):
         commits.commit_detached(a, task_id="t1", step_id="s2", attempt=2, title="x", parent=base)
 

@@ -169,13 +169,27 @@ def test_the_commit_records_the_staged_tree_and_the_repository_checks_out(setup)
     staged = staging.stage(wt, base)
     (wt / "late.txt").write_text("after verify: not in this commit\n")
     sha = commits.commit_step(
-        wt, task_id="t1", step_id="s1", attempt=1, title="t", expected_tip=base, staged=staged
+        wt,
+        branch=BRANCH,
+        task_id="t1",
+        step_id="s1",
+        attempt=1,
+        title="t",
+        expected_tip=base,
+        staged=staged,
     )
     assert git(root, "rev-parse", f"{sha}^{{tree}}").strip() == staged.tree
     git(root, "fsck", "--strict")
     with pytest.raises(ValueError, match="staged against"):
         commits.commit_step(
-            wt, task_id="t1", step_id="s2", attempt=1, title="t", expected_tip=sha, staged=staged
+            wt,
+            branch=BRANCH,
+            task_id="t1",
+            step_id="s2",
+            attempt=1,
+            title="t",
+            expected_tip=sha,
+            staged=staged,
         )
 
 
