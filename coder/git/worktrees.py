@@ -153,19 +153,15 @@ def point_head_back(repo: Repo, name: str, branch: str) -> str | None:
     """Point the HEAD of coder's worktree ``name`` back at ``branch`` when it names anything
     else (a process the run left pointed it at ``main``: ``commit_step`` refuses such a
     worktree). Returns what it named ("refs/heads/main", a commit id), None when it names
-    ``branch`` or the worktree is not registered. The admin dir is found from the repository,
-    never from the worktree's `.git` file, and the new HEAD replaces whatever is there (a
-    link too), never written through it."""
+    ``branch``, or is missing or not a regular file (opening the worktree refuses that, with
+    the way out). The admin dir is found from the repository, never from the worktree's `.git`
+    file, and the new HEAD replaces the old one, never written through it."""
     admin = common_dir(repo) / "worktrees" / name
     wanted = f"ref: refs/heads/{branch}"
     try:
         named = admin_text(admin / "HEAD")
-    except FileNotFoundError:
-        if not admin.is_dir():
-            return None
-        named = "nothing"
-    except OSError:  # a link, a FIFO: not the file git made
-        named = "something other than a file"
+    except OSError:
+        return None
     if named == wanted:
         return None
     nofollow.write_file(admin, "HEAD", f"{wanted}\n".encode())

@@ -1,9 +1,10 @@
 """The kernel filesystem sandbox every command runs in: Landlock, applied by a spawner thread.
 
 What a confined command can do: read and execute anything; write only under its profile's
-writable directories (a run's worktree, that worktree's own git admin directory, a private
-temporary directory) and to `/dev/null`-like devices; no TCP at all while the network is off,
-and no signals or abstract UNIX sockets reaching processes outside the sandbox. The user's
+writable directories (a run's worktree, that worktree's own git admin directory, less the
+files naming its branch, repository and config where the mount wall is: `admin_files`, a
+private temporary directory) and to `/dev/null`-like devices; no TCP at all while the network
+is off, and no signals or abstract UNIX sockets reaching processes outside the sandbox. The user's
 checkout, the repository's refs, objects, hooks and config, `.coder/` and `$HOME` are
 read-only to it, and that holds for root too: Landlock is checked after file permissions.
 
@@ -215,8 +216,9 @@ def _libc() -> ctypes.CDLL:
 
 def writable_for(root: Path) -> tuple[str, ...]:
     """The directories a command in worktree `root` may write: the worktree and, for a linked
-    worktree, its own admin directory (`.git/worktrees/<id>`: index, HEAD), never the
-    repository's shared refs, objects, hooks or config.
+    worktree, its own admin directory (`.git/worktrees/<id>`: its index; not its HEAD and the
+    other files of `admin_files`), never the repository's shared refs, objects, hooks or
+    config.
 
     The worktree's `.git` file is writable, so it is not trusted alone: the admin directory
     it names must name this worktree back (its `gitdir` file, which git wrote and a command
@@ -472,8 +474,10 @@ def launcher_argv(argv: list[str], root: Path, *, network: bool) -> list[str]:
     if not found.available:
         raise EnvironmentProblem(f"no command sandbox: {found.problem}")
     prefix = unshare_prefix() if not network and found.netns == "per-command" else None
+    writable = writable_for(root)
     profile = {
-        "writable": list(writable_for(root)),
+        "writable": list(writable),
+        "readonly": list(admin_files(writable)),
         "network": network,
         "tmp": tempfile.mkdtemp(prefix="coder-sandbox-"),
         "netns_done": prefix is not None,
@@ -557,7 +561,48 @@ _LIST_AND_END_LEFTOVERS = (
 
 def profile_for(root: Path, *, network: bool = False) -> Profile:
     """The profile of the commands that run in worktree (or checkout) `root`."""
-    return Profile(writable_for(root), network=network, readonly=kept_readonly(root))
+    writable = writable_for(root)
+    readonly = kept_readonly(root) + admin_files(writable)
+    return Profile(writable, network=network, readonly=readonly)
+
+
+# What git reads in a linked worktree's admin dir to know the worktree's repository, branch
+# and config: a HEAD pointed at main aims the step commit there, a commondir at another
+# repository (whose config runs a `core.fsmonitor`) the user's next `git status`, a
+# config.worktree's `core.worktree` coder's checkouts. Never written by a command.
+_ADMIN_FILES = ("HEAD", "commondir", "gitdir", "config.worktree")
+
+
+def admin_files(writable: tuple[str, ...]) -> tuple[str, ...]:
+    """`_ADMIN_FILES` of the admin dir among `writable` (`writable_for`'s second path, a
+    linked worktree's), kept read-only inside it: bound over themselves, where this machine
+    has the read-only mount wall (elsewhere the git guard around each step puts them back).
+    config.worktree, absent unless the repository uses it, is made empty first (an empty one
+    sets nothing): a name that does not exist cannot be bound, and a command could create it.
+    A name that is not a regular file (a link a command left) is not bound: never through a
+    link; the git guard replaces it."""
+    import stat
+
+    if len(writable) < 2 or support().mounts_problem is not None:
+        return ()
+    admin = writable[1]
+    fd = os.open(admin, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.close(os.open("config.worktree", flags, 0o644, dir_fd=fd))
+        except FileExistsError:
+            pass
+        found = []
+        for name in _ADMIN_FILES:
+            try:
+                if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    found.append(os.path.join(admin, name))
+            except FileNotFoundError:
+                continue
+        return tuple(found)
+    finally:
+        os.close(fd)
 
 
 def kept_readonly(root: Path) -> tuple[str, ...]:
@@ -589,8 +634,10 @@ def spawner_for(root: Path) -> Confinement | None:
     if not support().available:
         return None
     # Inside `root` coder's own writes go where they mean to (a checkout's `.git` included:
-    # libgit2 locks the index even to patch files); a command's carve-outs are not theirs.
-    profile = Profile(writable_for(root))
+    # libgit2 locks the index even to patch files); a command's carve-outs are not theirs,
+    # but for the admin files, which coder writes only outside the sandbox.
+    writable = writable_for(root)
+    profile = Profile(writable, readonly=admin_files(writable))
     with _lock:
         paths = (profile.writable, profile.readonly)
         same = next((p for p in _confinements if (p.writable, p.readonly) == paths), profile)

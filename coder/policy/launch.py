@@ -15,7 +15,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m coder.policy.launch PROFILE -- PROGRAM [ARGS...]", file=sys.stderr)
         return 2
     spec = json.loads(argv[0])
-    profile = confine.Profile(tuple(spec["writable"]), network=bool(spec["network"]))
+    profile = confine.Profile(
+        tuple(spec["writable"]), network=bool(spec["network"]), readonly=tuple(spec["readonly"])
+    )
     confine.confine_current_thread(profile, spec["tmp"], netns_done=bool(spec["netns_done"]))
     os.environ.update(TMPDIR=spec["tmp"], TMP=spec["tmp"], TEMP=spec["tmp"])
     try:

@@ -88,7 +88,7 @@ def _tests_found(cwd: Path, cfg: config_mod.Config) -> list[Check]:
     command = cfg.test_command or config_mod.detect_test_command(root)
     if not command:
         return []
-    found = testprobe.probe(root, command, cfg)
+    found = testprobe.probe(cwd, command, cfg)
     return [Check("tests", found.status, found.detail, found.fix)]
 
 

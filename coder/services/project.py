@@ -50,7 +50,7 @@ def init(cwd: Path, *, force: bool = False, probe: bool = True) -> InitResult:
     if probe:
         cfg = config_mod.load(root)
         command = cfg.test_command or detected.get("test_command")
-        found = testprobe.probe(root, str(command), cfg) if command else None
+        found = testprobe.probe(cwd, str(command), cfg) if command else None
     return InitResult(root, path, written, excluded, detected, found)
 
 

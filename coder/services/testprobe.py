@@ -2,25 +2,39 @@
 
 A run's test step fails with "no tests ran" when the command finds none, and a command that
 cannot start (pytest not installed, a program the policy refuses) fails every test step. Both
-are cheaper to learn before a run. So `probe` runs the command the way a test step does:
-through the sandbox with the config's policy, structured results where the runner offers them
-(coder.testresults), a timeout; in the checkout itself (what `pytest` typed there does too,
-caches and all; coder sets PYTHONDONTWRITEBYTECODE). `coder init --no-test-probe` and
-`coder doctor --no-test-probe` skip it.
+are cheaper to learn before a run. So `probe` runs the command the way a test step does, and
+where a test step does: in a throwaway worktree of the commit the user's checkout has checked
+out (detached, under `.coder/worktrees/`, removed afterwards), through the sandbox with the
+config's policy, inside a git guard, structured results where the runner offers them
+(coder.testresults), a timeout. Never in the checkout itself: the test command is the
+repository's, and there it could switch the user's branch (a linked worktree's HEAD), aim
+their next `git status` at another repository (its commondir) or, with no mount wall, write
+`.git/hooks` and `.git/config`. So it probes HEAD as committed, and says so when the checkout
+has changes it did not see. `coder init --no-test-probe` and `coder doctor --no-test-probe`
+skip it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from coder import config as config_mod
 from coder import testreport, testresults
-from coder.errors import CoderError, PolicyViolation
+from coder.errors import CoderError, EnvironmentProblem, PolicyViolation
+
+if TYPE_CHECKING:
+    from coder.git.repository import Repo
 
 TIMEOUT_S = 120.0
 Outcome = Literal["ok", "failing", "no_tests", "not_run", "unread"]
+# The throwaway worktree's name: a dot, which no task id has, so it is never a run's
+# (`ID`, `ID--STEP`); the pid, so that two probes at once do not share one.
+_NAME = "test.probe-"
 
 
 @dataclass(frozen=True)
@@ -35,28 +49,56 @@ class Probe:
         return "ok" if self.outcome == "ok" else "warn"
 
 
-def probe(root: Path, cmd: str, cfg: config_mod.Config, *, timeout: float = TIMEOUT_S) -> Probe:
-    """Run test command `cmd` once in `root` and say what it found."""
+def probe(cwd: Path, cmd: str, cfg: config_mod.Config, *, timeout: float = TIMEOUT_S) -> Probe:
+    """Run test command `cmd` once on the commit checked out where `cwd` is, as a test step
+    would, and say what it found."""
+    from coder.git import repository
+
+    try:
+        repo = repository.open_repo(cwd)
+        with _throwaway_worktree(repo) as workdir:
+            found = _probe_in(workdir, cmd, cfg, timeout)
+        unseen = _uncommitted(repo)
+    except CoderError as exc:
+        return Probe("not_run", f"`{cmd}` was not run: {exc.message}", exc.hint)
+    return replace(found, detail=f"{found.detail} ({unseen})") if unseen else found
+
+
+def _probe_in(workdir: Path, cmd: str, cfg: config_mod.Config, timeout: float) -> Probe:
+    """The probe in the throwaway worktree `workdir`, inside a git guard, as a step runs."""
+    from coder.git.guard import GitGuard
+    from coder.git.repository import common_dir, open_worktree
     from coder.policy import sandbox
     from coder.policy.commands import Policy
+    from coder.policy.confine import end_leftovers
     from coder.run.steps.test import rust_nightly
 
+    w = open_worktree(workdir, writing=False)
     policy = Policy.from_config(cfg.values)
-    plan = testresults.structured(cmd, nightly=lambda: rust_nightly(root, policy))
+    plan = testresults.structured(cmd, nightly=lambda: rust_nightly(workdir, policy))
+    guard = GitGuard.take(common_dir(w), workdir, head=("(no branch)", str(w.head.target)))
     try:
         result = sandbox.run_command(
             plan.command if plan else cmd,
-            cwd=root,
+            cwd=workdir,
             policy=policy,
             timeout=timeout,
-            env={"PYTHONDONTWRITEBYTECODE": "1"},
-            root=root,
+            root=workdir,
             results_var=testresults.RESULTS_VAR if plan and plan.results_file else None,
         )
     except PolicyViolation as exc:
         return Probe("not_run", f"`{cmd}` was not run: {exc.message}", exc.hint or _SET)
     except CoderError as exc:  # no sandbox on this machine
         return Probe("not_run", f"`{cmd}` could not be run: {exc.message}", exc.hint)
+    finally:
+        end_leftovers(workdir)
+        changed = guard.describe(guard.restore()) + guard.drop_stashes()
+    if changed:
+        return Probe(
+            "failing",
+            f"`{cmd}` changed {', '.join(changed)} (put back): a test step running it fails",
+            "make the tests leave the repository's .git alone",
+        )
     if result.timed_out:
         return Probe(
             "not_run",
@@ -65,6 +107,77 @@ def probe(root: Path, cmd: str, cfg: config_mod.Config, *, timeout: float = TIME
         )
     report = testresults.read_result(plan, result, testreport.framework_of(cmd))
     return _judge(cmd, result.exit_code, result.stdout + "\n" + result.stderr, report)
+
+
+@contextmanager
+def _throwaway_worktree(repo: Repo) -> Iterator[Path]:
+    """A worktree of the commit `repo`'s checkout has checked out, detached, under the
+    repository's `.coder/worktrees/` (made, never through a link), removed afterwards, also
+    on an error or a timeout; a probe a kill cut short is removed by the next one."""
+    from coder import nofollow, project
+    from coder.errors import LinkInTheWay
+    from coder.git import branches, repository, worktrees
+
+    commit = branches.head_commit(repo)
+    if commit is None:
+        raise EnvironmentProblem(
+            "the repository has no commits yet", hint="commit something, then probe again"
+        )
+    root = repository.repo_root(repo)
+    project.ensure_coder_dir(root)
+    repository.ensure_excluded(repo, f"/{project.CODER_DIR}/")
+    rel = f"{project.CODER_DIR}/worktrees"
+    try:
+        with nofollow.open_dir(root, rel):
+            pass
+    except LinkInTheWay as exc:
+        raise EnvironmentProblem(
+            f"{root / exc.rel} is a link, not coder's directory",
+            hint=f"remove {root / exc.rel}, then probe again",
+        ) from None
+    parent = root / rel
+    _remove_cut_short(repo, parent)
+    name = f"{_NAME}{os.getpid()}"
+    path = worktrees.add_scratch_worktree(repo, name=name, path=parent / name, commit=commit)
+    try:
+        yield path
+    finally:
+        worktrees.remove_worktree(repo, name, parent / name)
+
+
+def _remove_cut_short(repo: Repo, parent: Path) -> None:
+    """The throwaway worktrees of probes whose process is gone (killed mid-way)."""
+    from coder.git import worktrees
+
+    for entry in os.listdir(parent):
+        pid = entry.removeprefix(_NAME).partition(".")[0]
+        if entry.startswith(_NAME) and pid.isdigit() and not _alive(int(pid)):
+            name = f"{_NAME}{pid}"
+            worktrees.remove_worktree(repo, name, parent / name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _uncommitted(repo: Repo) -> str | None:
+    """What the probe did not see: a phrase when the checkout has changes beside HEAD (but
+    for coder's own config, which `coder init` writes and the tests do not read)."""
+    from coder.git import repository, workdir
+
+    checkout = repository.checkout_root(repo)
+    if checkout is None:
+        return None
+    changed = workdir.status(repository.open_worktree(checkout, writing=False))
+    if set(changed) - {config_mod.PROJECT_FILE}:
+        return "HEAD as committed: your uncommitted changes were not probed"
+    return None
 
 
 _SET = "set `test_command` in coder.config.json (`coder config set test_command '...'`)"

@@ -183,3 +183,24 @@ def test_guards_checked_at_once_put_a_shared_file_back_once(repo: Path) -> None:
         restored = at_once(GitGuard.restore, guards)
         assert digest(config) == original, turn
         assert sorted(restored, key=len) == [[], [config]], restored
+
+
+def test_an_empty_config_worktree_is_as_none_and_any_other_is_put_back(repo: Path) -> None:
+    """The sandbox makes a worktree's config.worktree empty to keep it read-only
+    (confine.admin_files), possibly after the step's guard was taken: that is no change. One
+    that sets something, a link, or a directory is, and the guard removes it."""
+    _tip, (worktree,) = level_worktrees(repo, 1)
+    admin = repo / ".git" / "worktrees" / worktree.name
+    config = admin / "config.worktree"
+    taken = GitGuard.take(repo / ".git", worktree)
+    config.write_bytes(b"")
+    assert taken.changes() == []
+    for plant in (
+        lambda: config.write_text("[core]\n\tfsmonitor = touch PWNED\n"),
+        lambda: config.symlink_to(repo / ".git" / "config"),
+        lambda: config.mkdir(),
+    ):
+        config.unlink(missing_ok=True)
+        plant()
+        assert taken.restore() == [config]
+        assert not os.path.lexists(config)

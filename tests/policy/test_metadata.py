@@ -137,6 +137,53 @@ def test_git_in_a_linked_worktree_still_works(make_repo) -> None:
     assert done.stdout.endswith("\nR  a.txt -> b.txt\n"), done.stdout
 
 
+ADMIN_FILES = ("HEAD", "commondir", "gitdir", "config.worktree")
+# Each rewrites {f}, an admin file, as a command could: in place, as git does (a new file
+# renamed over it), or by removing it or putting a link in its place.
+REWRITES = (
+    "echo 'ref: refs/heads/main' > {f}",
+    "echo 'ref: refs/heads/main' > {f}.lock && mv {f}.lock {f}",
+    "rm -f {f}",
+    "ln -sf ../../refs/heads/main {f}",
+    "chmod 666 {f}",
+)
+
+
+def admin_files(admin: Path) -> dict[str, tuple[bytes, int]]:
+    return {n: ((admin / n).read_bytes(), (admin / n).lstat().st_mode) for n in ADMIN_FILES}
+
+
+@needs_mounts
+@pytest.mark.parametrize("launcher", [False, True], ids=["command", "launched program"])
+def test_a_linked_worktrees_admin_files_are_read_only_to_commands(
+    make_repo, launcher: bool
+) -> None:
+    """What git reads to know a worktree's branch, repository and config (HEAD, commondir,
+    gitdir, config.worktree) is read-only in its writable admin dir, to commands and to the
+    programs coder does not start itself (external MCP servers); config.worktree, absent
+    before, is made empty so that none can create it. git still works there: its index is
+    writable."""
+    repo = make_repo({"a.txt": "a\n"})
+    wt, admin = repo.parent / "wt", repo / ".git" / "worktrees" / "wt"
+    git(repo, "worktree", "add", "-q", str(wt), "-b", "wt")
+    script = "; ".join(r.format(f=f"{admin}/{n}") for n in ADMIN_FILES for r in REWRITES)
+    script += "; git mv a.txt b.txt && git status --short"
+    if launcher:  # the profile is made here, and config.worktree with it
+        argv = confine.launcher_argv(["bash", "-c", script], wt, network=False)
+    else:
+        run(wt, "true")
+    assert (admin / "config.worktree").read_bytes() == b""
+    before = admin_files(admin)
+    if launcher:
+        done = subprocess.run(argv, cwd=wt, capture_output=True, text=True, check=False)
+    else:
+        done = run(wt, script)
+    assert admin_files(admin) == before
+    assert done.stdout.endswith("R  a.txt -> b.txt\n"), done
+    assert done.stderr.count("Read-only file system") + done.stderr.count("busy") >= 20, done
+    assert git(wt, "symbolic-ref", "HEAD") == "refs/heads/wt\n"
+
+
 SETID = {
     "chmod u+s": "chmod u+s {f}",
     "chmod 4755": "chmod 4755 {f}",

@@ -166,17 +166,24 @@ def test_the_worktree_its_git_admin_dir_and_tmpdir_are_writable(make_repo) -> No
     assert "?? made.txt" in step_log(repo)
 
 
+def refused(admin_file: str) -> str:
+    """How a step fails that rewrote its worktree's admin file: the read-only mount refuses the
+    write where there is one (confine.admin_files), else the git guard puts it back."""
+    walled = confine.support().mounts_problem is None
+    return "Read-only file system" if walled else f"the step changed {admin_file}"
+
+
 @pytest.mark.usefixtures("scan")
 def test_the_admin_dir_head_cannot_redirect_the_step_commit(make_repo, isolated_home) -> None:
     """The admin dir is writable (git status needs its index); pointing its HEAD at main
-    would make the executor's commit land on main. The guard fails the step and undoes it."""
+    would make the executor's commit land on main. The step fails; HEAD is as it was."""
     repo = user_repo(make_repo)
     outside = Outside(repo, isolated_home)
     code, step = run_shell(
         repo, 'echo x > x.txt && echo "ref: refs/heads/main" > "$(git rev-parse --git-dir)/HEAD"'
     )
     assert code == 1
-    assert "the step changed .git/worktrees/esc/HEAD" in step["error"]
+    assert refused(".git/worktrees/esc/HEAD") in step["error"]
     outside.assert_unchanged()
     admin_head = (repo / ".git" / "worktrees" / "esc" / "HEAD").read_text()
     assert admin_head == "ref: refs/heads/agent/esc-escape-attempt\n"
@@ -185,8 +192,8 @@ def test_the_admin_dir_head_cannot_redirect_the_step_commit(make_repo, isolated_
 def test_the_worktree_config_cannot_redirect_coders_own_git(make_repo, isolated_home) -> None:
     """With extensions.worktreeConfig (sparse checkouts set it), git and libgit2 read the
     admin dir's config.worktree, which a command can write: its `core.worktree` would aim
-    coder's checkouts elsewhere, its `core.fsmonitor` run a program. The guard fails the step
-    and removes the file."""
+    coder's checkouts elsewhere, its `core.fsmonitor` run a program. The step fails; the file
+    is kept empty (read-only) or removed by the guard."""
     repo = user_repo(make_repo)
     git(repo, "config", "extensions.worktreeConfig", "true")
     outside = Outside(repo, isolated_home)
@@ -195,9 +202,10 @@ def test_the_worktree_config_cannot_redirect_coders_own_git(make_repo, isolated_
         'printf "[core]\\n\\tworktree = %s\\n" "$HOME" > "$(git rev-parse --git-dir)/config.worktree"',
     )
     assert code == 1
-    assert "the step changed .git/worktrees/esc/config.worktree" in step["error"]
+    assert refused(".git/worktrees/esc/config.worktree") in step["error"]
     outside.assert_unchanged()
-    assert not (repo / ".git" / "worktrees" / "esc" / "config.worktree").exists()
+    config = repo / ".git" / "worktrees" / "esc" / "config.worktree"
+    assert not config.exists() or config.read_bytes() == b""
 
 
 @pytest.mark.parametrize(
@@ -214,9 +222,11 @@ def test_the_worktree_config_cannot_redirect_coders_own_git(make_repo, isolated_
 def test_the_git_guard_restores_without_following_the_step(
     make_repo, isolated_home, cmd: str
 ) -> None:
+    """With the sandbox off (as a machine without the mount wall, where the admin files are
+    writable to commands), the git guard is what puts them back."""
     repo = user_repo(make_repo)
     outside = Outside(repo, isolated_home)
-    code, step = run_shell(repo, "echo x > x.txt && " + cmd)
+    code, step = run_shell(repo, "echo x > x.txt && " + cmd, "--no-sandbox")
     assert code == 1 and "belongs to coder's executor" in step["error"], step
     outside.assert_unchanged()
     assert (repo / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
