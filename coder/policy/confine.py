@@ -591,7 +591,7 @@ def admin_files(writable: tuple[str, ...]) -> tuple[str, ...]:
         try:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             os.close(os.open("config.worktree", flags, 0o644, dir_fd=fd))
-        except FileExistsError:
+        except OSError:  # there already; or not ours to make (then not a command's either)
             pass
         found = []
         for name in _ADMIN_FILES:

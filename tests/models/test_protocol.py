@@ -134,7 +134,8 @@ def test_doctor_says_which_protocol_and_why(sample: Path, isolated_home: Path) -
         "text: the tools are described in the system prompt (the chat template drops the tools"
     )
     assert "tool protocol     text: the tools are described" in out
-    assert not (sample / ".coder").exists()  # doctor remembers nothing
+    # doctor remembers nothing (its test probe makes `.coder/worktrees/`, and removes its own)
+    assert not (sample / ".coder" / "cache" / "tool-protocols.json").exists()
 
 
 def test_doctor_fails_native_set_for_a_model_without_tools(sample: Path) -> None:
