@@ -134,8 +134,8 @@ def run_branch_ref(w: Repo, worktree: Path, branch: str) -> str:
     if named != refname:
         now = f"names {named}" if named else f"is detached at {str(head.target)[:12]}"
         raise EnvironmentProblem(
-            f"the HEAD of worktree {worktree} {now}, not the run's branch {branch}: a process "
-            "pointed it elsewhere; nothing was committed",
+            f"the HEAD of worktree {worktree} {now}, not the run's branch {branch} (a process "
+            "or a hand pointed it elsewhere); nothing was committed",
             hint=f"`coder resume` points it back at {branch} and runs the step again",
         )
     return refname
