@@ -15,12 +15,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from coder.config import PROJECT_FILE
 from coder.display import listed
 from coder.errors import CoderError, InvalidInput
 from coder.git import branches, repository, snapshot, workdir
 from coder.git.repository import Repo
 from coder.policy.commands import Policy
 from coder.policy.paths import is_protected
+from coder.project import TASKS_DIR
 
 SHOWN = 5  # file names in the note
 
@@ -34,9 +36,18 @@ class Included:
 
 
 def left_out(repo: Repo, base: str, taskfile: Path) -> list[str]:
-    """The uncommitted changes of the checkout that a run from `base` would not see: none
-    when `base` is not the branch checked out; the taskfile itself aside (it is read from the
-    disk)."""
+    """The uncommitted changes a run from `base` would not see, as its start says them:
+    coder's own inputs aside, which it reads from the disk, committed or not (the other
+    taskfiles in `tasks/`, coder.config.json: a new user's first runs named them every
+    time)."""
+    tasks = f"{TASKS_DIR}/"
+    changed = uncommitted(repo, base, taskfile)
+    return [rel for rel in changed if rel != PROJECT_FILE and not rel.startswith(tasks)]
+
+
+def uncommitted(repo: Repo, base: str, taskfile: Path) -> list[str]:
+    """The uncommitted changes of the checkout, against `base`: none when `base` is not the
+    branch checked out; the taskfile itself aside (it is read from the disk)."""
     try:
         if base != branches.current_branch(repo):
             return []
@@ -67,7 +78,7 @@ def include(
     repo: Repo, base_commit: str, taskfile: Path, *, task_id: str, base: str, policy: Policy
 ) -> Included:
     """The run's first commit: the checkout's uncommitted changes on top of `base_commit`."""
-    changed = left_out(repo, base, taskfile)
+    changed = uncommitted(repo, base, taskfile)
     protected = tuple(rel for rel in changed if is_protected(rel.rstrip("/"), policy))
     wanted = [rel for rel in changed if rel not in protected]
     body = (

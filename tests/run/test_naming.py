@@ -131,6 +131,21 @@ def test_a_run_says_which_uncommitted_edits_it_leaves_out(make_repo) -> None:
     assert code == 0 and "uncommitted" not in err
 
 
+def test_coders_own_uncommitted_inputs_are_not_named_at_every_start(make_repo) -> None:
+    """After `coder init` and a few taskfiles, none committed (as the README's first five
+    minutes go), a run does not warn about them: coder reads them from the disk."""
+    repo = make_repo()
+    assert coder(repo, "init", "--no-test-probe")[0] == 0
+    add_task(repo, "other.yaml")
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(add_task(repo, "first.yaml")))
+    assert code == 0 and "uncommitted" not in err, err
+    (repo / "README.md").write_text("# changed\n")
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(add_task(repo, "second.yaml")))
+    assert (
+        code == 0 and "1 uncommitted change in your checkout is not part of it: README.md (" in err
+    )
+
+
 def test_clean_all_and_merged_remove_coders_runs_and_nothing_else(make_repo) -> None:
     """Judged by git: worktrees, branches; a branch coder did not make stays, and so does a
     run with uncommitted changes (refused, named, exit 3) while the others go."""
