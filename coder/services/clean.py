@@ -67,11 +67,13 @@ class _Remains:
     worktree: Path
     branch: str | None
     step_ids: tuple[str, ...] = ()
+    start: str | None = None  # the commit the run's branch started at (None: unknown)
 
     @classmethod
     def of(cls, manifest: Manifest) -> _Remains:
         graph = manifest.task["graph"]
-        return cls(manifest.worktree_path, manifest.branch, tuple(s["id"] for s in graph))
+        steps = tuple(s["id"] for s in graph)
+        return cls(manifest.worktree_path, manifest.branch, steps, manifest.start_commit)
 
 
 def clean(
@@ -130,12 +132,13 @@ def clean_all(
 ) -> CleanedAll:
     """`clean` of every run of the project (with `merged_only`, of each one merged): those
     coder knows under `.coder/`, and those whose files there are gone but whose `agent/`
-    branch ends in one of their commits. A run that refuses (uncommitted changes, running) is
+    branch ends in one of their commits, or whose worktree git still has registered. A run that refuses (uncommitted changes, running) is
     listed under `refused` with why, and the others are cleaned all the same."""
     repo = repository.open_repo(cwd)
     coder_dir = project.coder_dir(repository.repo_root(repo))
     known = manifests.run_ids(coder_dir) if coder_dir.is_dir() else []
-    ids = sorted(set(known) | set(commits.branch_task_ids(repo)))
+    left = set(commits.branch_task_ids(repo)) | _registered_runs(repo, coder_dir)
+    ids = sorted(set(known) | left)
     cleaned: list[Cleaned] = []
     refused: list[Refused] = []
     for task_id in ids:
@@ -151,6 +154,22 @@ def clean_all(
         if not result["nothing"]:
             cleaned.append(result)
     return {"cleaned": cleaned, "refused": refused}
+
+
+def _registered_runs(repo: Repo, coder_dir: Path) -> set[str]:
+    """The runs git still has a worktree registered for under `.coder/worktrees/` (their
+    directory may be gone): what is left of a run that stopped before its first commit and
+    whose files are gone, whose branch no commit of it names."""
+    admin_root = repository.common_dir(repo) / "worktrees"
+    found = set()
+    for admin in sorted(admin_root.iterdir()) if admin_root.is_dir() else []:
+        try:
+            gitdir = Path(repository.admin_text(admin / "gitdir"))
+        except OSError:
+            continue
+        if gitdir.parent.parent == coder_dir / "worktrees" and "--" not in admin.name:
+            found.add(admin.name)  # a step's scratch worktree (`ID--STEP`) is its run's
+    return found
 
 
 def _was_merged(coder_dir: Path, task_id: str) -> bool:
@@ -201,7 +220,10 @@ def _remove(
     branch = remains.branch
     if branch is not None and gitbranches.branch_tip(repo, branch) is None:
         branch = None  # deleted by hand already
-    drop_branch = branch is not None and (delete_branch or (merged and not keep_branch))
+    # A branch still where the run started holds nothing of it: kept, it would only stop the
+    # same taskfile from running again ("branch already exists").
+    empty = branch is not None and gitbranches.branch_tip(repo, branch) == remains.start
+    drop_branch = branch is not None and (delete_branch or (not keep_branch and (merged or empty)))
     if drop_branch and branch is not None:
         worktrees.prune_stale_worktrees(repo)  # one deleted by hand still "has it checked out"
         gitbranches.delete_branch(repo, branch)

@@ -160,3 +160,41 @@ def test_a_corrupt_manifest_is_named_and_clean_still_removes_the_run(
     assert code == 0, out + err
     assert "Kept branch agent/fs-failed-start" in out
     assert leftovers(repo, "fs") == ["agent/fs-failed-start"]
+
+
+def test_clean_removes_a_branch_that_holds_nothing_so_the_taskfile_runs_again(make_repo) -> None:
+    """A run whose only step failed made no commit: its branch is still at the base, and
+    `clean` removes it with the rest, as the hint says; then the same taskfile runs."""
+    repo = make_repo()
+    failing = taskfile(repo, "id: bad\ntitle: t\ngraph:\n  - {kind: shell, cmd: 'exit 1'}\n")
+    assert coder(repo, "run", "--autonomous", "-f", str(failing))[0] == 1
+    code, out, err = coder(repo, "clean", "-t", "bad")
+    assert code == 0, err
+    assert "Deleted branch agent/bad-t." in out
+    assert git(repo, "branch", "--list", "agent/*") == ""
+    assert coder(repo, "run", "--autonomous", "-f", str(failing))[0] == 1  # runs, fails again
+    # a branch that holds a commit of the run is kept, as before
+    path = taskfile(repo, SHELL)
+    assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == 0
+    code, out, _ = coder(repo, "clean", "-t", "fs")
+    assert "Kept branch agent/fs-failed-start" in out
+    assert git(repo, "branch", "--list", "agent/fs-*").strip() == "agent/fs-failed-start"
+
+
+def test_clean_all_delete_branch_takes_the_branch_of_a_run_without_commits_or_files(
+    make_repo,
+) -> None:
+    """A run that stopped before its first commit, whose files under .coder/ were deleted:
+    no commit names it, but git still has its worktree registered, and so its branch."""
+    import shutil
+
+    repo = make_repo()
+    failing = taskfile(repo, "id: left\ntitle: t\ngraph:\n  - {kind: shell, cmd: 'exit 1'}\n")
+    assert coder(repo, "run", "--autonomous", "-f", str(failing))[0] == 1
+    git(repo, "branch", "agent/mine")  # the user's own, under the same prefix: stays
+    shutil.rmtree(repo / ".coder")
+    code, out, err = coder(repo, "clean", "--all", "--delete-branch")
+    assert code == 0, err
+    assert "Removed run left and branch agent/left-t." in out
+    assert git(repo, "branch", "--format=%(refname:short)").split() == ["agent/mine", "main"]
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
