@@ -19,6 +19,7 @@ commits coder did not make, or the worktree has uncommitted changes.
 Examples:
   coder revert -t T-1 --to-step s2
   coder revert -t T-1 --to-step s2 --mode reset --json
+  coder revert -t T-1 --to-step base
   coder revert -t T-1 --to-step s1 --note 'keep the old signature' --step s2
   coder resume -t T-1
 """
@@ -31,7 +32,8 @@ Examples:
     "to_step",
     required=True,
     metavar="STEP",
-    help="Keep this step and the ones before it; undo every later one.",
+    help="Keep this step and the ones before it; undo every later one (`base`: undo every "
+    "step, back where the run started).",
     shell_complete=complete_steps,
 )
 @click.option(

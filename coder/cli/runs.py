@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -273,12 +274,18 @@ def _taskfile_given(
     help="Take the edited taskfile (the one the run started from, or FILE) for the steps not "
     "yet done; the done steps must be unchanged.",
 )
+@click.option(
+    "--ignore-edits",
+    is_flag=True,
+    help="Go on with the run's own copy of the task although the taskfile changed.",
+)
 @note_options
 @run_options
 @json_option
 def resume(
     task_id: str,
     taskfile: str | None,
+    ignore_edits: bool,
     note: str | None,
     note_file: str | None,
     step: str | None,
@@ -297,18 +304,23 @@ def resume(
 
     Finished steps never run again; a step caught mid-way is checked against git: committed
     means done, otherwise its partial changes are discarded and it runs again. When the
-    taskfile changed since the run started, resume says so and keeps the run's own copy,
-    unless --taskfile takes the new version. A --note reaches the next attempt of the step
-    (--step, else the next one a model works on).
+    taskfile changed since the run started, resume asks which version to go on with (without
+    a terminal it refuses, changing nothing): --taskfile takes the new version for the steps
+    not yet done, --ignore-edits keeps the run's own copy. A --note reaches the next attempt
+    of the step (--step, else the next one a model works on).
     """
     from coder.mcp.client import attach_configured
     from coder.run import runs
+    from coder.run.amend import TaskfileEdited
 
+    if taskfile is not None and ignore_edits:
+        raise click.UsageError("pass one of --taskfile or --ignore-edits, not both")
     text = given_note(note, note_file, step)
     ask_trust(as_json)
     progress = _progress(as_json, quiet, verbose, steps=lambda: dag_steps(task_id=task_id))
-    try:
-        result = runs.resume(
+
+    def resumed(taskfile: str | None, ignore_edits: bool) -> runs.RunResult:
+        return runs.resume(
             task_id,
             cwd=cwd(),
             console=progress,
@@ -322,13 +334,41 @@ def resume(
                 sandbox="off" if no_sandbox else None,
                 live=progress.loop_event,
                 taskfile=taskfile,
+                ignore_edits=ignore_edits,
                 **_asking(progress, approvals, "none"),
                 notes=((step, text),) if text is not None else (),
             ),
         )
+
+    try:
+        try:
+            result = resumed(taskfile, ignore_edits)
+        except TaskfileEdited as edited:
+            if as_json or not (sys.stdin.isatty() and sys.stdout.isatty()):
+                raise
+            with progress.paused():
+                taken = _ask_which_version(edited)
+            result = resumed("" if taken else None, not taken)
     finally:
         progress.close()
     _finish(result, as_json)
+
+
+def _ask_which_version(edited: Any) -> bool:
+    """At a terminal: the steps the edited taskfile changes, and whether to take it (True)
+    or go on with the run's own copy (False); [q]uit is an interruption."""
+    click.echo(f"{escaped(edited.message)}:", err=True)
+    for difference in edited.edit.differences:
+        click.echo(f"  {difference}", err=True)
+    answer = ask.choose(
+        "  [t]ake the new version for the steps not yet done  [k]eep the run's copy  [q]uit",
+        ["t", "k", "q"],
+        threading.Event(),
+        default="t",
+    )
+    if answer in (None, "q"):
+        raise KeyboardInterrupt
+    return answer == "t"
 
 
 @click.command(epilog="\b\nExample:\n  coder stop -t T-20261122-101500-ab12")

@@ -3,10 +3,12 @@
 `coder resume` compares the taskfile on disk with the run's own copy (the manifest keeps the
 task as resolved at the start). When they differ it says so, and:
 
-    without --taskfile   the run goes on with its own copy (the warning says how to switch)
-    with --taskfile      the new version is taken for the steps not yet done, provided every
+    neither flag         resume refuses before anything changes (`TaskfileEdited`, exit 2),
+                         naming what changed and both ways on; at a terminal the CLI asks
+    --taskfile           the new version is taken for the steps not yet done, provided every
                          done step (committed or skipped) is unchanged; otherwise resume
                          refuses, naming the first done step that differs
+    --ignore-edits       the run goes on with its own copy (said in a warning)
 
 Taking it rewrites the manifest first (atomically), then the checkpoint: new steps join as
 pending, removed steps (never done ones) leave, changed steps run with their new definition.
@@ -27,6 +29,20 @@ from coder.run.state import DONE, RunState, StepRecord
 
 if TYPE_CHECKING:
     from coder.redact import Redactor
+
+
+class TaskfileEdited(InvalidInput):
+    """The taskfile changed since the run started, and the resume did not say which version
+    to go on with."""
+
+    def __init__(self, edit: Edit, task_id: str) -> None:
+        super().__init__(
+            edit.summary(),
+            hint=f"take the new version for the steps not yet done: `coder resume -t {task_id} "
+            f"--taskfile`; or go on with the run's own copy: `coder resume -t {task_id} "
+            "--ignore-edits`",
+        )
+        self.edit = edit
 
 
 @dataclass(frozen=True)
@@ -157,10 +173,11 @@ def align(state: RunState, task: taskfile.Task) -> None:
 
 
 def load_or_warn(
-    manifest: Manifest, current: taskfile.Task, root: Path, given: str | None
+    manifest: Manifest, current: taskfile.Task, root: Path, given: str | None, *, keep: bool
 ) -> tuple[Edit | None, str | None]:
-    """The edit to consider and a warning: with `given` (--taskfile) a problem is an error;
-    without, it is a warning and the run keeps its own copy."""
+    """The edit to take and a warning: with `given` (--taskfile) a problem is an error;
+    without, it is a warning and the run keeps its own copy. An edit found without either
+    `given` or `keep` (--ignore-edits) is refused: TaskfileEdited."""
     path = taskfile_path(manifest, root, given)
     if path is None:
         if given is not None:
@@ -179,7 +196,6 @@ def load_or_warn(
         return None, f"{exc.message}; resuming with the run's own copy of the task"
     if edit is None or given is not None:
         return edit, None
-    return None, (
-        f"{edit.summary()}; resuming with the run's own copy of the task (pass --taskfile "
-        "to take the new version for the steps not yet done)"
-    )
+    if not keep:
+        raise TaskfileEdited(edit, current.id)
+    return None, f"{edit.summary()}; resuming with the run's own copy of the task"

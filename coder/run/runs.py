@@ -80,8 +80,10 @@ class RunOptions:
     # context (run.events.LiveView); nothing it gets is written to the log.
     live: LiveView | None = None
     # resume: take the taskfile's new version for the steps not yet done ("": the file the
-    # run started from; else the path of another). None: keep the run's own copy.
+    # run started from; else the path of another). None: keep the run's own copy when
+    # `ignore_edits`, else refuse an edited taskfile (coder.run.amend.TaskfileEdited).
     taskfile: str | None = None
+    ignore_edits: bool = False
     # resume: guidance notes, (step id or None for the next model step, text) (run/notes.py)
     notes: tuple[tuple[str | None, str], ...] = ()
     # start: the checkout's uncommitted changes become the run's first commit
@@ -437,11 +439,15 @@ def resume(
         task = taskfile.from_dict(restore(manifest.task, manifest.taskfile))
         amend.align(state, task)  # after a crash while an edited taskfile was being taken
         given = _notes_for(task, state, options.notes)  # checked before anything changes
+        edit, warning = amend.load_or_warn(  # so is an edited taskfile
+            manifest, task, root, options.taskfile, keep=options.ignore_edits
+        )
+        warnings += [warning] if warning else []
         warnings += reconcile(repo, state, manifest, manifest.worktree_path)
         cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
         config_mod.require_trusted(cfg)
         task, manifest, redactor = _take_edit(
-            coder_dir, root, state, manifest, task, cfg, options, warnings
+            coder_dir, root, state, manifest, task, edit, cfg, warnings
         )
         approvals = approvals_of(task, options)
         for step_id, text in given:
@@ -549,15 +555,12 @@ def _take_edit(
     state: RunState,
     manifest: Manifest,
     task: taskfile.Task,
+    edit: amend.Edit | None,
     cfg: config_mod.Config,
-    options: RunOptions,
     warnings: list[str],
 ) -> tuple[taskfile.Task, Manifest, Redactor]:
     """The task the resume runs, its manifest and redactor: the run's own, or the edited
-    taskfile's (`options.taskfile`) for the steps not yet done, checked as a start is."""
-    edit, warning = amend.load_or_warn(manifest, task, root, options.taskfile)
-    if warning:
-        warnings.append(warning)
+    taskfile's (`edit`, --taskfile) for the steps not yet done, checked as a start is."""
     running = edit.task if edit is not None else task
     redactor = run_redactor([root], running, policy_for(running, cfg), cfg)
     if edit is None:

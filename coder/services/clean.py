@@ -132,8 +132,9 @@ def clean_all(
 ) -> CleanedAll:
     """`clean` of every run of the project (with `merged_only`, of each one merged): those
     coder knows under `.coder/`, and those whose files there are gone but whose `agent/`
-    branch ends in one of their commits, or whose worktree git still has registered. A run that refuses (uncommitted changes, running) is
-    listed under `refused` with why, and the others are cleaned all the same."""
+    branch ends in one of their commits, or whose worktree git still has registered. A run
+    that refuses (uncommitted changes, running) is listed under `refused` with why, and the
+    others are cleaned all the same."""
     repo = repository.open_repo(cwd)
     coder_dir = project.coder_dir(repository.repo_root(repo))
     known = manifests.run_ids(coder_dir) if coder_dir.is_dir() else []

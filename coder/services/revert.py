@@ -1,6 +1,7 @@
 """Undoing the end of a run: `coder revert -t ID --to-step sX [--mode revert|reset]`.
 
-The branch goes back to the state right after step sX, and every later step becomes `pending`
+The branch goes back to the state right after step sX (`--to-step base`: where the run
+started, unless a step is named `base`), and every later step becomes `pending`
 again (attempts kept, the reason recorded), with the run `interrupted`, so `coder resume` redoes
 them. Git decides what "right after sX" is: the *cut* is the newest commit, in branch order, of
 sX or of a step before it in DAG order (the run's base when there is none); every step commit
@@ -46,6 +47,7 @@ from coder.run.manifest import Manifest, load_manifest
 from coder.run.state import StateStore
 
 MODES = ("revert", "reset")
+START = "base"  # `--to-step base`: back where the run started, every step to do again
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,11 @@ def revert_run(
     coder_dir = project.coder_dir(repository.repo_root(repo))
     manifest = load_manifest(coder_dir, task_id)
     order = step_order(manifest)
-    if to_step not in order:
-        raise InvalidInput(f"run {task_id} has no step {to_step!r} (its steps: {', '.join(order)})")
+    if to_step not in order and to_step != START:
+        raise InvalidInput(
+            f"run {task_id} has no step {to_step!r} (its steps: {', '.join(order)}; "
+            f"`{START}`: before the first)"
+        )
     lock = lock_for_command(
         coder_dir, task_id, "revert", hint=f"stop it first with `coder stop -t {task_id}`"
     )
@@ -136,7 +141,7 @@ def plan_revert(
     """What to undo: `commits` are the effective step commits in branch order; with none kept
     the cut is `start_commit`, where the run's work begins (its base, or its commit of the
     checkout's uncommitted changes, which no revert undoes)."""
-    upto = set(order[: order.index(to_step) + 1])
+    upto = set(order[: order.index(to_step) + 1]) if to_step in order else set()  # START
     last = max((i for i, c in enumerate(commits) if c.step_id in upto), default=-1)
     cut = commits[last].commit if last >= 0 else start_commit
     kept = {c.step_id for c in commits[: last + 1]}

@@ -1,6 +1,8 @@
-"""Resume and an edited taskfile: never silently. Without --taskfile the run keeps its own copy
-and says so; with it, the new version runs for the steps not yet done, provided the done
-steps are unchanged (else resume refuses naming the step, changing nothing)."""
+"""Resume and an edited taskfile: never silently. Without a choice resume refuses, naming what
+changed and both ways on, changing nothing (at a terminal it asks); --ignore-edits keeps the
+run's own copy and says so; --taskfile runs the new version for the steps not yet done,
+provided the done steps are unchanged (else resume refuses naming the step, changing
+nothing)."""
 
 from __future__ import annotations
 
@@ -42,14 +44,24 @@ def files(repo: Path) -> dict[str, bytes]:
     }
 
 
-def test_resume_says_the_taskfile_changed_and_keeps_its_own_copy(make_repo) -> None:
-    """The reproduction: fixing s2's cmd and resuming reran the old snapshot, silently."""
+def test_resume_refuses_an_edited_taskfile_until_told_which_version(make_repo) -> None:
+    """The reproduction: fixing s2's cmd and resuming reran the old snapshot (103 s, exit 1),
+    with a warning that did not say plainly what to do."""
     repo, path = failed_run(make_repo)
     path.write_text(path.read_text().replace('cmd: "false"', 'cmd: "echo two > two.txt"'))
+    before = files(repo)
     code, out, err = coder(repo, "resume", "-t", "ed")
-    assert code == EXIT_FAILED, out + err
+    assert code == EXIT_USAGE, out + err
     assert "the taskfile" in err and "changed since the run started (step s2 changed)" in err
-    assert "pass --taskfile to take the new version" in err
+    assert (
+        "hint: take the new version for the steps not yet done: `coder resume -t ed "
+        "--taskfile`; or go on with the run's own copy: `coder resume -t ed --ignore-edits`"
+    ) in err
+    assert files(repo) == before  # nothing ran, nothing changed
+
+    code, out, err = coder(repo, "resume", "-t", "ed", "--ignore-edits")
+    assert code == EXIT_FAILED, out + err  # the old s2 fails again, as asked
+    assert "resuming with the run's own copy of the task" in err
 
     code, out, err = coder(repo, "resume", "-t", "ed", "--taskfile")
     assert code == 0, out + err
@@ -143,3 +155,16 @@ def test_a_crash_between_the_manifest_and_the_checkpoint_is_mended(make_repo) ->
     code, out, err = coder(repo, "resume", "-t", "ed")
     assert code == 0, out + err
     assert [c[0] for c in step_commits(repo, BRANCH)] == ["s1", "s2", "s3", "s4"]
+
+
+def test_at_a_terminal_resume_shows_what_changed_and_asks(make_repo) -> None:
+    from tests.helpers import Terminal
+
+    repo, path = failed_run(make_repo)
+    path.write_text(path.read_text().replace('cmd: "false"', 'cmd: "echo two > two.txt"'))
+    term = Terminal(["resume", "-t", "ed"], repo, env={"TERM": "dumb"})
+    term.see("step s2 changed")
+    term.expect(r"\[t\]ake the new version for the steps not yet done  \[k\]eep the run's copy")
+    term.send("t")
+    assert term.finish() == 0, term.output
+    assert [c[0] for c in step_commits(repo, BRANCH)] == ["s1", "s2", "s3"]

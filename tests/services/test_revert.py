@@ -191,6 +191,20 @@ def test_reset_mode_moves_the_branch_back_and_keeps_the_old_tip(finished: Path) 
     assert_resume_matches(repo, golden)
 
 
+def test_revert_to_base_undoes_every_step_and_resume_redoes_the_first(finished: Path) -> None:
+    """`--to-step base`: the way to redo the first step (no step is before it)."""
+    repo = finished
+    code, out, err = coder(repo, "revert", "-t", "rv", "--to-step", "base", "--mode", "reset")
+    assert code == 0, out + err
+    assert rev(repo, BRANCH) == rev(repo, "main")
+    state = state_of(repo, "rv")
+    assert [state["steps"][s]["status"] for s in ("s1", "s2", "s3", "s4")] == ["pending"] * 4
+    code, out, err = coder(repo, "resume", "-t", "rv")
+    assert code == 0, out + err
+    assert [s for s, _ in effective(repo)] == ["s1", "s2", "s3", "s4"]
+    assert state_of(repo, "rv")["steps"]["s1"]["attempts"] == 2
+
+
 def test_reverting_to_the_last_step_is_a_no_op(finished: Path) -> None:
     git(finished, "tag", "coder/rv", "main")  # an earlier run's merge tag: not this run's
     before = unchanged(finished)
@@ -254,7 +268,9 @@ def test_unknown_task_and_step(finished: Path) -> None:
     assert code == 2 and "no task 'nope'" in err
     code, out, err = coder(finished, "revert", "-t", "rv", "--to-step", "zz", "--json")
     assert code == 2
-    assert err.startswith("coder: error: run rv has no step 'zz' (its steps: s1, s2, s3, s4)")
+    assert err.startswith(
+        "coder: error: run rv has no step 'zz' (its steps: s1, s2, s3, s4; `base`: before"
+    )
     assert json.loads(out)["exit_code"] == 2
     assert unchanged(finished) == before
 
