@@ -19,9 +19,12 @@ from collections.abc import Sequence
 # reorder or break a line where it is shown: bidirectional marks and overrides, the Unicode line
 # and paragraph separators.
 _REORDERING = "\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
-_UNSAFE = "\x00-\x1f\x7f-\x9f" + _REORDERING
+# A byte of a name that is not UTF-8, as Python keeps it (surrogateescape): shown as git shows
+# the byte (`\377`).
+_RAW_BYTES = "\udc80-\udcff"
+_UNSAFE = "\x00-\x1f\x7f-\x9f" + _REORDERING + _RAW_BYTES
 _UNSAFE_CHAR = re.compile(f"[{_UNSAFE}]")
-_UNSAFE_IN_LINES = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_REORDERING}]")  # \t, \n kept
+_UNSAFE_IN_LINES = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_REORDERING}{_RAW_BYTES}]")  # \t, \n
 _NAMED = {
     "\a": "\\a",
     "\b": "\\b",
@@ -38,6 +41,8 @@ def _escape(char: str) -> str:
     if char in _NAMED:
         return _NAMED[char]
     code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # a raw byte (surrogateescape)
+        code -= 0xDC00
     return f"\\{code:03o}" if code < 0x100 else f"\\u{code:04x}"
 
 

@@ -7,6 +7,7 @@
     │   ├── InvalidTaskfile      2  a taskfile's problems, each with FILE:LINE:COL
     │   ├── UnknownTask          2  no run with that task id in this project
     │   ├── MergedRun            2  revert of a run that already landed on its base
+    │   ├── TaskfileEdited       2  resume: the taskfile changed, and which version is not said
     │   ├── BadSpec              2  `coder plan`: the spec is missing, empty or unreadable
     │   └── PatchProblem         2  fs_apply_patch: the patch does not parse or apply
     ├── EnvironmentProblem       3  something outside the run broke; the run stops as `error`
@@ -63,6 +64,20 @@ class CoderError(Exception):
 
 class InvalidInput(CoderError):
     exit_code = EXIT_USAGE
+
+
+class TaskfileEdited(InvalidInput):
+    """`coder resume`: the taskfile changed since the run started, and the resume did not
+    say which version to go on with; `differences` say what changed ("step s2 changed")."""
+
+    def __init__(self, message: str, task_id: str, differences: tuple[str, ...]) -> None:
+        super().__init__(
+            message,
+            hint=f"take the new version for the steps not yet done: `coder resume -t {task_id} "
+            f"--taskfile`; or go on with the run's own copy: `coder resume -t {task_id} "
+            "--ignore-edits`",
+        )
+        self.differences = differences
 
 
 class PolicyViolation(InvalidInput):

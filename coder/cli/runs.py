@@ -25,6 +25,7 @@ from coder.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    TaskfileEdited,
 )
 
 if TYPE_CHECKING:
@@ -311,7 +312,6 @@ def resume(
     """
     from coder.mcp.client import attach_configured
     from coder.run import runs
-    from coder.run.amend import TaskfileEdited
 
     if taskfile is not None and ignore_edits:
         raise click.UsageError("pass one of --taskfile or --ignore-edits, not both")
@@ -354,11 +354,11 @@ def resume(
     _finish(result, as_json)
 
 
-def _ask_which_version(edited: Any) -> bool:
+def _ask_which_version(edited: TaskfileEdited) -> bool:
     """At a terminal: the steps the edited taskfile changes, and whether to take it (True)
     or go on with the run's own copy (False); [q]uit is an interruption."""
     click.echo(f"{escaped(edited.message)}:", err=True)
-    for difference in edited.edit.differences:
+    for difference in edited.differences:
         click.echo(f"  {difference}", err=True)
     answer = ask.choose(
         "  [t]ake the new version for the steps not yet done  [k]eep the run's copy  [q]uit",

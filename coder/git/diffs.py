@@ -11,6 +11,8 @@ from typing import Any
 
 import pygit2
 
+from coder.display import escaped
+from coder.git.filters import utf8
 from coder.git.repository import Repo, open_worktree, under_coder_dir
 from coder.git.staging import Change, changes
 from coder.git.trees import tree_of
@@ -78,10 +80,23 @@ def changes_patch(repo: Repo, found: Iterable[Change]) -> str:
     return "".join(_change_patch(repo, change) for change in found)
 
 
+# libgit2 takes a path only as UTF-8 text: a name that is not (its raw bytes kept as
+# surrogates) is diffed under this stand-in, then named as git names it (`"a/bad\377.txt"`).
+_STAND_IN = "coder-name-that-is-not-utf-8"
+
+
 def _change_patch(repo: Repo, change: Change) -> str:
     old, new = _side(repo, change.old), _side(repo, change.new)
     path = change.path
-    text = pygit2.Patch.create_from(old, new, old_as_path=path, new_as_path=path).text or ""
+    raw = not path.isascii() and not utf8(path)
+    named = _STAND_IN if raw else path
+    text = pygit2.Patch.create_from(old, new, old_as_path=named, new_as_path=named).text or ""
+    sides = {side: f"{side}/{path}" for side in "ab"}
+    if raw:
+        inner = escaped(path.replace("\\", "\\\\").replace('"', '\\"'))
+        sides = {side: f'"{side}/{inner}"' for side in "ab"}
+        for side, shown in sides.items():
+            text = text.replace(f"{side}/{_STAND_IN}", shown)
     # libgit2 takes both sides as regular files (100644): put the real modes in the header
     head, sep, body = text.partition("\n--- ") if "\n--- " in text else text.partition("\nBinary")
     old_mode, new_mode = (f"{e[0]:o}" if e else None for e in (change.old, change.new))
@@ -93,7 +108,7 @@ def _change_patch(repo: Repo, change: Change) -> str:
         head = head.replace(" 100644", f" {new_mode}") if head else head
     else:
         index = head.partition("\nindex ")[2].split(" ")[0]
-        head = f"diff --git a/{path} b/{path}\nold mode {old_mode}\nnew mode {new_mode}"
+        head = f"diff --git {sides['a']} {sides['b']}\nold mode {old_mode}\nnew mode {new_mode}"
         head += f"\nindex {index}" if index else ""
     if _GITLINK in (change.old or (0,))[:1] + (change.new or (0,))[:1]:  # ids, not the text's
         ids = (e[1][:7] if e else "0000000" for e in (change.old, change.new))

@@ -22,12 +22,18 @@ import pygit2
 from coder.errors import EnvironmentProblem
 
 
+def _attr(w: pygit2.Repository, path: str, name: str) -> object:
+    """A git attribute of `path`. The path as bytes: pygit2 hands out a name that is not UTF-8
+    with surrogates (surrogateescape) and encodes a str back strictly."""
+    return w.get_attr(os.fsencode(path), name)
+
+
 def needs_git(w: pygit2.Repository, path: str) -> str | None:
     """What makes `path` need git itself (a filter driver, an encoding), or None."""
-    driver = w.get_attr(path, "filter")
+    driver = _attr(w, path, "filter")
     if isinstance(driver, str):
         return f"the filter `{driver}`"
-    encoding = w.get_attr(path, "working-tree-encoding")
+    encoding = _attr(w, path, "working-tree-encoding")
     if isinstance(encoding, str):
         return f"working-tree-encoding {encoding}"
     return None
@@ -44,7 +50,7 @@ def check_available(w: pygit2.Repository, path: str) -> None:
             "git is not on PATH; nothing was changed",
             hint="install git, then run the command again",
         )
-    driver = w.get_attr(path, "filter")
+    driver = _attr(w, path, "filter")
     if isinstance(driver, str) and _required(w, driver) and not _configured(w, driver):
         raise EnvironmentProblem(
             f"{path} needs the filter `{driver}` (.gitattributes), which is required but not "
@@ -55,12 +61,26 @@ def check_available(w: pygit2.Repository, path: str) -> None:
 
 
 def smudged(w: pygit2.Repository, path: str, oid: str) -> bytes:
-    """The content `git checkout` writes at `path` for blob `oid`."""
-    if needs_git(w, path) is None:
+    """The content `git checkout` writes at `path` for blob `oid`. A name that is not UTF-8
+    goes to git too: pygit2's BlobIO cannot take it (its reading thread dies, and the read
+    waits for ever)."""
+    if not utf8(path) and shutil.which("git") is None:
+        return bytes(w[oid].peel(pygit2.Blob).data)  # no filter can be applied: as stored
+    if utf8(path) and needs_git(w, path) is None:
         plain = pygit2.enums.BlobFilter(0)  # no binary sniffing: git converts `text` files anyway
         with pygit2.BlobIO(w[oid].peel(pygit2.Blob), as_path=path, flags=plain) as blob:
             return blob.read()
     return _git(w, "cat-file", "--filters", f"--path={path}", oid)
+
+
+def utf8(path: str) -> bool:
+    """Whether libgit2 can be handed `path` as text (a name that is not UTF-8 holds the raw
+    bytes as surrogates, which pygit2 refuses to encode)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def blob_id(w: pygit2.Repository, path: str) -> str:

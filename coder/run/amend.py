@@ -3,7 +3,7 @@
 `coder resume` compares the taskfile on disk with the run's own copy (the manifest keeps the
 task as resolved at the start). When they differ it says so, and:
 
-    neither flag         resume refuses before anything changes (`TaskfileEdited`, exit 2),
+    neither flag         resume refuses before anything changes (TaskfileEdited, exit 2),
                          naming what changed and both ways on; at a terminal the CLI asks
     --taskfile           the new version is taken for the steps not yet done, provided every
                          done step (committed or skipped) is unchanged; otherwise resume
@@ -22,27 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coder import taskfile
-from coder.errors import CoderError, InvalidInput
+from coder.errors import CoderError, InvalidInput, TaskfileEdited
 from coder.run.manifest import Manifest, write_path
 from coder.run.secrets import stored_task
 from coder.run.state import DONE, RunState, StepRecord
 
 if TYPE_CHECKING:
     from coder.redact import Redactor
-
-
-class TaskfileEdited(InvalidInput):
-    """The taskfile changed since the run started, and the resume did not say which version
-    to go on with."""
-
-    def __init__(self, edit: Edit, task_id: str) -> None:
-        super().__init__(
-            edit.summary(),
-            hint=f"take the new version for the steps not yet done: `coder resume -t {task_id} "
-            f"--taskfile`; or go on with the run's own copy: `coder resume -t {task_id} "
-            "--ignore-edits`",
-        )
-        self.edit = edit
 
 
 @dataclass(frozen=True)
@@ -197,5 +183,5 @@ def load_or_warn(
     if edit is None or given is not None:
         return edit, None
     if not keep:
-        raise TaskfileEdited(edit, current.id)
+        raise TaskfileEdited(edit.summary(), current.id, edit.differences)
     return None, f"{edit.summary()}; resuming with the run's own copy of the task"
