@@ -1,7 +1,9 @@
 """The one durable write: nothing else in coder writes a file that must survive a crash.
 
 Temp file in the same directory, write, fsync, `os.replace`, fsync the directory: a crash at any
-instant leaves either the old or the new content, never half of either.
+instant leaves either the old or the new content, never half of either. Each write works in a
+descriptor of its directory, reached as coder.nofollow reaches it: under `.coder/`, never
+through a link.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from pathlib import Path
 
+from coder import nofollow
 from coder.crashpoints import crashpoint
-from coder.errors import EnvironmentProblem, display_path
+from coder.errors import EnvironmentProblem, LinkInTheWay, display_path
 
 
 def write_atomic(
@@ -20,34 +24,43 @@ def write_atomic(
 ) -> None:
     """Replace `path` with `data` so that a crash at any instant leaves either the old or the
     new content: temp file in the same directory, write, fsync, `os.replace`, fsync the
-    directory. On any failure the temp file is removed and the old file is untouched.
+    directory. On any failure the temp file is removed and the old file is untouched. Under
+    `.coder/` the directory is reached without following a link (coder.nofollow.at); a link
+    at `path` is replaced, never written through.
 
     A new file gets `new_mode` (private by default: coder's state; the file tools pass 0644
     for the user's files); an existing file keeps its mode. `crash_point` names the test-only
     crash hook between the write and the rename."""
-    path = Path(path)
-    directory = path.parent
-    import tempfile  # here: it costs a 10th of `coder status`, which writes nothing
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
+    with nofollow.at(path) as (dir_fd, name):
+        fd, tmp = _create_temp(dir_fd, name)
         try:
             try:
-                os.fchmod(fd, os.stat(path).st_mode & 0o7777)
-            except FileNotFoundError:
-                os.fchmod(fd, new_mode)
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if crash_point:
-            crashpoint(crash_point)  # test-only: the crash tests kill coder here
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(directory)
+                try:
+                    old = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    os.fchmod(fd, old.st_mode & 0o7777 if stat.S_ISREG(old.st_mode) else new_mode)
+                except FileNotFoundError:
+                    os.fchmod(fd, new_mode)
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if crash_point:
+                crashpoint(crash_point)  # test-only: the crash tests kill coder here
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        _fsync(dir_fd)
+
+
+def _create_temp(dir_fd: int, name: str) -> tuple[int, str]:
+    """A new private file `.NAME.XXXXXXXX.tmp` in the directory open as `dir_fd`."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        tmp = f".{name}.{os.urandom(4).hex()}.tmp"
+        with contextlib.suppress(FileExistsError):
+            return os.open(tmp, flags, 0o600, dir_fd=dir_fd), tmp
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -57,32 +70,31 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable. Some filesystems cannot fsync a directory (EINVAL)."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    """Make a rename in `directory` durable (reached as coder.nofollow.open_dir reaches it)."""
+    with nofollow.open_dir(directory) as fd:
+        _fsync(fd)
+
+
+def _fsync(dir_fd: int) -> None:
+    """Some filesystems cannot fsync a directory (EINVAL)."""
     try:
-        os.fsync(fd)
+        os.fsync(dir_fd)
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise
-    finally:
-        os.close(fd)
 
 
 def write_private(path: Path, text: str) -> None:
     """Write an artifact or log under `.coder/` readable by its owner only (0600), its
     directories created 0700 when missing. Not crash-safe, nor synced: for what `write_atomic`
     does not need to protect (logs, diffs, transcripts). What was at `path` is replaced, never
-    written through (a link there is removed, not followed), and a new file is written (an
-    existing one truncated and rewritten would make ext4 flush it on close, 1 ms). A file
-    system that refuses (full, read-only) is an EnvironmentProblem: a run stops as `error`,
-    not as a failed step."""
+    written through (a link there is removed, not followed; a link above it under `.coder/`
+    stops the write), and a new file is written (an existing one truncated and rewritten would
+    make ext4 flush it on close, 1 ms). A file system that refuses (full, read-only) is an
+    EnvironmentProblem: a run stops as `error`, not as a failed step."""
     path = Path(path)
     try:
-        try:
-            fd = _create_private(path)
-        except FileNotFoundError:  # its directory is missing (the first write, or deleted)
-            make_private_dirs(path.parent)
-            fd = _create_private(path)
+        fd = create_private(path)
         try:
             os.fchmod(fd, 0o600)  # whatever the umask
             _write_all(fd, text.encode("utf-8"))
@@ -92,17 +104,33 @@ def write_private(path: Path, text: str) -> None:
         raise write_failed(path, exc) from exc
 
 
+def create_private(path: Path) -> int:
+    """A descriptor of a new, empty file at `path` readable by its owner only, made in place
+    of what was there (a link is removed, not followed), its directories made 0700 when
+    missing (under `.coder/`: none of them a link)."""
+    try:
+        return _create_private(path)
+    except FileNotFoundError:  # its directory is missing (the first write, or deleted)
+        make_private_dirs(path.parent)
+        return _create_private(path)
+
+
 def _create_private(path: Path) -> int:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    return os.open(path, flags, 0o600)
+    with nofollow.at(path) as (dir_fd, name):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dir_fd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(name, flags, 0o600, dir_fd=dir_fd)
 
 
 def make_private_dirs(path: Path) -> None:
     """`path` and each missing directory above it, made 0700 (`Path.mkdir(parents=True)` gives
-    the parents the umask's mode: a `.coder/` deleted during a run came back 0755)."""
+    the parents the umask's mode: a `.coder/` deleted during a run came back 0755); under
+    `.coder/` without following a link (coder.nofollow.make_dirs)."""
     path = Path(path)
+    if nofollow.anchor(path)[1]:
+        nofollow.make_dirs(path)
+        return
     if path.is_dir():  # the common case: one stat, not one per parent
         return
     for directory in [*reversed(path.parents), path]:
@@ -112,7 +140,10 @@ def make_private_dirs(path: Path) -> None:
 
 
 def write_failed(path: Path, exc: OSError) -> EnvironmentProblem:
-    """coder could not write one of its files under `.coder/` (a full disk, most often)."""
+    """coder could not write one of its files under `.coder/` (a full disk, most often; a
+    link in the way, which it does not follow)."""
+    if isinstance(exc, LinkInTheWay):
+        return exc.problem()
     return EnvironmentProblem(
         f"cannot write {display_path(path)}: {exc.strerror or exc}",
         hint="free some disk space (or fix the file system), then run the command again "

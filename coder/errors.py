@@ -290,8 +290,46 @@ class LinkInTheWay(OSError):
     what it means for them (the file tools refuse, the merge stops)."""
 
     def __init__(self, root: Path | str, rel: str) -> None:
+        import os
+
         super().__init__(40, f"{rel} is a symbolic link or not a directory", str(root))  # ELOOP
         self.rel = rel
+        try:  # now: a clean-up may remove the link before the message is shown
+            self.target: str | None = os.readlink(os.path.join(root, rel))
+        except OSError:
+            self.target = None
+
+    def problem(self) -> EnvironmentProblem:
+        """What it is when it reaches the user: met under `.coder/` (the callers that write
+        elsewhere say what it means for them first)."""
+        import os
+
+        path = os.path.join(self.filename, self.rel)
+        if ".coder" in path.split(os.sep):
+            return not_ours(path, self.target)
+        return EnvironmentProblem(
+            f"{path} is a symbolic link or not a directory: coder does not follow it",
+            hint="move it out of the way, then run the command again",
+        )
+
+
+def not_ours(path: Path | str, target: str | None = None) -> EnvironmentProblem:
+    """A link (`target`: what it points to, else read here) or a file at `.coder`, or where
+    coder keeps its files under it: refused, never followed."""
+    import os
+
+    if target is None:
+        try:
+            target = os.readlink(path)
+        except OSError:
+            pass
+    what = "not a directory" if target is None else f"a symbolic link (to {target})"
+    fix = f"move {path} out of the way" if target is None else f"remove the link (`rm {path}`)"
+    return EnvironmentProblem(
+        f"{path} is {what}: coder keeps its state, logs and worktrees in real directories "
+        "under .coder/ and never follows a link there",
+        hint=f"{fix}, then run the command again",
+    )
 
 
 class NotRegular(OSError):

@@ -9,6 +9,14 @@ write (the kernel resolves each step against the directory already open). `root`
 coder's own path (a worktree under `.coder/`, the user's checkout) and is opened as given.
 
 git does the same for its checkouts (`has_symlink_leading_path`).
+
+`.coder/` is coder's own too, but a repository can ship a link there (committed as `.coder`,
+or as `.coder/cache/repomap`), and a command can plant one. So a path with a `.coder`
+component is never opened as given: the walk starts at the directory holding its first
+`.coder` and opens `.coder` and each name under it without following a link (`anchor`). Every
+read, write, rename and delete coder makes under `.coder/` goes through the functions below
+(`at`, `open_file`, `read_bytes`, `listdir`, `unlink`, `remove_tree`), `coder.durable`'s
+writes included.
 """
 
 from __future__ import annotations
@@ -21,9 +29,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from coder.crashpoints import armed, crashpoint
-from coder.errors import LinkInTheWay
+from coder.errors import LinkInTheWay, NotRegular
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+CODER_DIR = ".coder"  # where coder keeps its state (coder.project), walked from its parent
 
 
 def _parts(rel: str) -> list[str]:
@@ -42,24 +51,125 @@ def _open_dir_at(fd: int, name: str, root: Path | str, rel: str) -> int:
         raise
 
 
-@contextlib.contextmanager
-def open_dir(root: Path | str, rel_dir: str = "", *, create: bool = False) -> Iterator[int]:
-    """A descriptor of directory `root/rel_dir`, reached without following a link (made, with
-    its parents, if `create`). Closed when the block ends."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def anchor(path: Path | str) -> tuple[str, str]:
+    """Where a walk to directory `path` starts (opened as given) and what it walks from there
+    (each name opened without following a link): for a path under `.coder/`, the directory
+    holding its first `.coder` and `.coder/...`; for any other path, `path` itself and ""."""
+    parts = Path(path).parts
+    if CODER_DIR not in parts:
+        return os.fspath(path), ""
+    i = parts.index(CODER_DIR)
+    return os.path.join(*parts[:i]) if i else ".", "/".join(parts[i:])
+
+
+def _walk(fd: int, rel: str, root: Path | str, create: bool, mode: int) -> int:
+    """The descriptor of `rel` under the directory open as `fd` (which it takes over), each
+    name opened without following a link; missing names made with `mode` if `create`."""
+    done: list[str] = []
     try:
-        done: list[str] = []
-        for name in _parts(rel_dir) if rel_dir not in ("", ".") else []:
+        for name in _parts(rel) if rel not in ("", ".") else []:
             done.append(name)
             if create:
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, 0o777, dir_fd=fd)
+                    os.mkdir(name, mode, dir_fd=fd)
             inner = _open_dir_at(fd, name, root, "/".join(done))
             os.close(fd)
             fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def open_dir(
+    root: Path | str, rel_dir: str = "", *, create: bool = False, mode: int = 0o777
+) -> Iterator[int]:
+    """A descriptor of directory `root/rel_dir`, reached without following a link (made, with
+    its parents, if `create`: with `mode`, less the umask). `root` is opened as given, but for
+    what of it lies under `.coder/` (`anchor`). Closed when the block ends."""
+    start, below = anchor(root)
+    fd = os.open(start, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = _walk(fd, below, start, False, mode)
+    fd = _walk(fd, rel_dir, root, create, mode)
+    try:
         yield fd
     finally:
         os.close(fd)
+
+
+# --- paths under `.coder/`, each reached from its anchor ------------------------------------
+
+
+@contextlib.contextmanager
+def at(path: Path | str, *, create: bool = False) -> Iterator[tuple[int, str]]:
+    """A descriptor of the directory holding `path`, reached as `open_dir` reaches it, and
+    the last name of `path` (for the `dir_fd` calls). With `create`, the missing directories
+    under `.coder/` are made 0700 (coder's own: its logs hold what commands printed)."""
+    head, name = os.path.split(os.path.abspath(path))
+    start, below = anchor(head)
+    with open_dir(start, below, create=create and bool(below), mode=0o700) as fd:
+        yield fd, name
+
+
+def make_dirs(path: Path | str) -> None:
+    """Directory `path` under `.coder/`, with each missing one above it up to `.coder`, made
+    0700 without following a link (LinkInTheWay where one is in the way)."""
+    start, below = anchor(os.path.abspath(path))
+    with open_dir(start, below, create=True, mode=0o700):
+        pass
+
+
+def open_file(path: Path | str, flags: int, mode: int = 0o600, *, create: bool = False) -> int:
+    """`os.open(path, flags, mode)` with the walk of `at` (`create`: its directories made),
+    never through a link at `path` itself (O_NOFOLLOW: LinkInTheWay)."""
+    with at(path, create=create) as (fd, name):
+        return _open_at(fd, name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, path)
+
+
+def _open_at(fd: int, name: str, flags: int, mode: int, path: Path | str) -> int:
+    try:
+        return os.open(name, flags, mode, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            start, below = anchor(path)
+            raise LinkInTheWay(start, below or os.path.basename(path)) from None
+        raise
+
+
+def read_bytes(path: Path | str) -> bytes:
+    """The bytes of the regular file at `path`, reached as `open_file` reaches it (a FIFO or a
+    device there is NotRegular, never waited on)."""
+    from coder.safeio import file_kind
+
+    fd = open_file(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as file:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            raise NotRegular(path, file_kind(kind))
+        return file.read()
+
+
+def listdir(path: Path | str) -> list[str]:
+    """The names in directory `path`, reached as `open_dir` reaches it."""
+    with open_dir(path) as fd:
+        return os.listdir(fd)
+
+
+def lstat(path: Path | str) -> os.stat_result:
+    """What is at `path` (a link there is a link), reached as `at` reaches it."""
+    with at(path) as (fd, name):
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+
+
+def unlink(path: Path | str, *, missing_ok: bool = True) -> None:
+    """Remove the file (or link) at `path`, reached as `at` reaches it."""
+    try:
+        with at(path) as (fd, name):
+            os.unlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
 
 
 def leading_link(root: Path | str, rel: str) -> str | None:
@@ -163,16 +273,11 @@ def remove_tree(path: Path | str) -> None:
     """Delete `path` and everything under it, never following a link (a link is removed, not
     what it names). Directories a command made unwritable are made writable first, through
     their descriptor. Missing is fine."""
-    path = os.path.abspath(path)
-    parent, name = os.path.split(path)
     try:
-        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        with at(path) as (fd, name):
+            _remove_at(fd, name)
     except FileNotFoundError:
         return
-    try:
-        _remove_at(fd, name)
-    finally:
-        os.close(fd)
 
 
 def _remove_at(dir_fd: int, name: str) -> None:

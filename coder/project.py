@@ -7,22 +7,32 @@ Below run/ and agent/, which both need it (the agent session puts its code index
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from pathlib import Path
 
 from coder import config as config_mod
-from coder.errors import EnvironmentProblem
+from coder import nofollow
+from coder.errors import EnvironmentProblem, LinkInTheWay, not_ours
 
-CODER_DIR = ".coder"
+CODER_DIR = nofollow.CODER_DIR
 TASKS_DIR = "tasks"  # the repository's taskfiles (`coder plan` writes there)
 SUBDIRS = ("tasks", "state", "logs", "artifacts", "worktrees", "locks")
 
 
 def coder_dir(root: Path) -> Path:
-    """`.coder/` at the repository root; EnvironmentProblem if a file (say, one committed)
-    stands where it belongs."""
+    """`.coder/` at the repository root; EnvironmentProblem if a link (say, one committed or
+    planted by a command: coder would write its state through it) or a file stands where it
+    belongs. What is under it is reached without following a link (coder.nofollow)."""
     path = root / CODER_DIR
-    if os.path.lexists(path) and not path.is_dir():
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return path
+    if stat.S_ISLNK(mode):
+        raise not_ours(path)
+    if not stat.S_ISDIR(mode):
         raise EnvironmentProblem(
             f"{path} is a file, but coder keeps its runs, logs and worktrees in a {CODER_DIR}/ "
             "directory there",
@@ -47,12 +57,21 @@ def main_root(cwd: Path) -> Path:
 
 def ensure_coder_dir(root: Path) -> Path:
     """`.coder/` and its folders, readable by their owner only (0700): it holds logs and
-    transcripts of what commands printed."""
+    transcripts of what commands printed. Made before any command runs in the checkout, so the
+    sandbox keeps it read-only to them (coder.policy.confine.kept_readonly). Made and chmodded
+    through descriptors that never follow a link: a link at `.coder` or at one of its folders
+    is refused (EnvironmentProblem), nothing written."""
     base = coder_dir(root)
-    base.mkdir(mode=0o700, exist_ok=True)
-    base.chmod(0o700)
-    for sub in SUBDIRS:
-        (base / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(base, 0o700)
+        with nofollow.open_dir(base) as fd:
+            os.fchmod(fd, 0o700)
+            for sub in SUBDIRS:
+                with nofollow.open_dir(base, sub, create=True, mode=0o700):
+                    pass
+    except LinkInTheWay as exc:
+        raise exc.problem() from None
     return base
 
 

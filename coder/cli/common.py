@@ -13,7 +13,7 @@ from typing import Any, TypeVar, cast
 
 import click
 
-from coder.errors import EXIT_INTERRUPTED, CoderError
+from coder.errors import EXIT_INTERRUPTED, CoderError, LinkInTheWay
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -190,8 +190,8 @@ class CoderGroup(click.Group):
         except (KeyboardInterrupt, click.Abort):  # click.prompt's Ctrl-C is Abort: the same
             click.echo("coder: interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
-        except OSError as exc:  # a full disk, wherever coder meets it: not a bug
-            problem = disk_full(exc)
+        except OSError as exc:  # a full disk, a link under .coder/: not a bug
+            problem = exc.problem() if isinstance(exc, LinkInTheWay) else disk_full(exc)
             if problem is None:
                 raise
             report_error(ctx, problem)
@@ -373,8 +373,8 @@ def no_runs_yet() -> bool:
     directory is a directory (a main checkout, as `project.main_root` finds it), and its
     `.coder/` holds no manifest or checkpoint. With os.path alone: pathlib, json and the
     state's classes were a quarter of `coder status` (bench/startup.py). False whenever in
-    doubt (a linked worktree, no repository, `.coder` not a directory, an unreadable folder):
-    the full path answers then, naming any problem."""
+    doubt (a linked worktree, no repository, `.coder` a link or not a directory, an unreadable
+    folder): the full path answers then, naming any problem."""
     try:
         here = os.getcwd()
     except OSError:
@@ -385,7 +385,7 @@ def no_runs_yet() -> bool:
             return False
         here = parent
     base = os.path.join(here, ".coder")
-    if os.path.lexists(base) and not os.path.isdir(base):
+    if os.path.islink(base) or os.path.lexists(base) and not os.path.isdir(base):
         return False
     for sub in ("tasks", "state"):  # manifests, checkpoints: `*.json` (run/manifest.run_ids)
         try:

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coder import nofollow
 from coder.durable import make_private_dirs, write_atomic
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def _load(path: Path | None, redactor: Redactor | None) -> tuple[dict[str, Any],
     if path is None:
         return {}, False
     try:
-        text = path.read_text(encoding="utf-8")
+        text = nofollow.read_bytes(path).decode("utf-8")
         data = json.loads(text)
     except (OSError, ValueError, RecursionError):
         return {}, False

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from coder import nofollow
 from coder.context.blobcache import BlobCache, write_text
 from coder.context.languages import language_of, vendored
 from coder.context.tags import Definition, FileTags, extract
@@ -129,7 +131,7 @@ def build(
         ).hexdigest()[:32]
         rendered = cache_dir / "repomap" / f"{digest}.txt"
         try:
-            text = rendered.read_text(encoding="utf-8")
+            text = nofollow.read_bytes(rendered).decode("utf-8")
             header, _, body = text.partition("\n")
             files, definitions = (int(n) for n in header.split())
             if scrub.mentions_known(body):  # written before the secret was known
@@ -152,11 +154,15 @@ def build(
 
 
 def _prune(folder: Path, keep: int = KEEP_MAPS) -> None:
-    """Only the most recently written maps stay (one per tree, budget and task)."""
+    """Only the most recently written maps stay (one per tree, budget and task). The folder
+    is reached, and its entries removed, without following a link (coder.nofollow): a link
+    planted at `.coder/cache/repomap` leaves what it names alone."""
     try:
-        maps = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
-        for old in maps[keep:]:
-            old.unlink()
+        with nofollow.open_dir(folder) as fd:
+            found = [(os.stat(n, dir_fd=fd, follow_symlinks=False), n) for n in os.listdir(fd)]
+            maps = sorted(found, key=lambda entry: entry[0].st_mtime, reverse=True)
+            for _, old in maps[keep:]:
+                os.unlink(old, dir_fd=fd)
     except OSError:
         pass
 

@@ -27,7 +27,6 @@ import hashlib
 import heapq
 import json
 import math
-import os
 import re
 import threading
 from array import array
@@ -35,11 +34,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from coder import nofollow
 from coder.context.blobcache import BlobCache
 from coder.context.languages import language_of, vendored
 from coder.context.repomap import MAX_TAG_BYTES
 from coder.context.tags import Definition, extract
-from coder.durable import write_atomic
+from coder.durable import make_private_dirs, write_atomic
 from coder.redact import Redactor
 
 VERSION = 2  # 2: entries keyed by blob and language, path tokens no longer cached
@@ -383,10 +383,10 @@ def _embeddings(
 
 
 def _load_vectors(path: Path | None) -> dict[str, array[float]]:
-    if path is None or not path.is_file():
+    if path is None:
         return {}
     try:
-        data = path.read_bytes()
+        data = nofollow.read_bytes(path)
         head, _, body = data.partition(b"\n")
         meta = json.loads(head)
         keys, dim = meta["keys"], int(meta["dim"])
@@ -410,7 +410,7 @@ def _save_vectors(path: Path | None, vectors: dict[str, array[float]]) -> None:
         flat.extend(vectors[key])
     data = json.dumps({"keys": keys, "dim": dim}).encode() + b"\n" + flat.tobytes()
     try:
-        os.makedirs(path.parent, exist_ok=True)
+        make_private_dirs(path.parent)
         write_atomic(path, data, crash_point=None)
     except OSError:
         pass

@@ -7,13 +7,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import pygit2
 
 from coder import nofollow
 from coder.durable import fsync_dir, make_private_dirs
-from coder.errors import EnvironmentProblem, InvalidInput
+from coder.errors import EnvironmentProblem, InvalidInput, LinkInTheWay
 from coder.git.branches import checked_out_at, delete_branch, head_of, resolve_commit
 from coder.git.repository import Repo, admin_text, common_dir, open_worktree, repo_root
 from coder.git.submodules import init_submodules
@@ -42,8 +43,8 @@ def create_worktree(repo: Repo, *, name: str, path: Path, branch: str, start: st
             f"a worktree named '{name}' already exists at {wt.path}",
             hint=f"remove it with `git worktree remove {wt.path}` (or `coder clean`)",
         )
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        what = "the directory exists and is not empty" if path.is_dir() else "a file is there"
+    what = _in_the_way(path)
+    if what is not None:
         raise EnvironmentProblem(
             f"cannot create worktree at {path}: {what}",
             hint="move or delete it, then retry",
@@ -65,10 +66,17 @@ def create_worktree(repo: Repo, *, name: str, path: Path, branch: str, start: st
                 "switch that checkout to another branch or remove that worktree",
             )
 
-    make_private_dirs(path.parent)
-    if path.exists():
-        path.rmdir()  # empty (checked above); libgit2 insists on creating it itself
-    creating = _mark(path, CREATING)
+    try:
+        # libgit2 goes by path: right before, each directory on the way under .coder/ is made
+        # or checked to be a real one (LinkInTheWay), and the empty one there (checked above)
+        # goes, as libgit2 insists on creating it itself.
+        make_private_dirs(path.parent)
+        with nofollow.at(path) as (fd, leaf):
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(leaf, dir_fd=fd)
+        creating = _mark(path, CREATING)
+    except LinkInTheWay as exc:
+        raise exc.problem() from None
     try:
         repo.add_worktree(name, str(path), ref)
     except (pygit2.GitError, OSError) as exc:
@@ -76,8 +84,21 @@ def create_worktree(repo: Repo, *, name: str, path: Path, branch: str, start: st
         _remove_half_registration(common, name)
         raise EnvironmentProblem(f"cannot create worktree '{name}' at {path}: {exc}") from None
     init_submodules(repo, path, str(ref.target))
-    os.unlink(creating)  # the checkout is complete: from now on its files are the branch's
+    nofollow.unlink(creating, missing_ok=False)  # complete: from now on its files are the branch's
     return path
+
+
+def _in_the_way(path: Path) -> str | None:
+    """What at `path` keeps a worktree from being made there (a link is not followed)."""
+    try:
+        mode = nofollow.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(mode):
+        return f"a symbolic link is there (to {os.readlink(path)})"
+    if not stat.S_ISDIR(mode):
+        return "a file is there"
+    return "the directory exists and is not empty" if nofollow.listdir(path) else None
 
 
 # A worktree being created or removed.
@@ -100,8 +121,7 @@ def _marker(path: Path, doing: str) -> Path:
 def _mark(path: Path, doing: str) -> Path:
     """Mark ``path`` as being created or removed, durably, before the work starts."""
     marker = _marker(path, doing)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    os.close(os.open(marker, flags, 0o600))
+    os.close(nofollow.open_file(marker, os.O_WRONLY | os.O_CREAT, 0o600))
     fsync_dir(marker.parent)
     return marker
 
@@ -111,8 +131,11 @@ def pending_change(path: Path) -> str | None:
     ``path`` was cut short (by a kill), else None."""
     path = Path(path).absolute()
     for doing in (REMOVING, CREATING):
-        if os.path.lexists(_marker(path, doing)):
-            return doing
+        try:
+            nofollow.lstat(_marker(path, doing))
+        except FileNotFoundError:
+            continue
+        return doing
     return None
 
 
@@ -143,10 +166,9 @@ def remove_worktree(repo: Repo, name: str, path: Path) -> None:
     removing = _mark(path, REMOVING) if path.parent.is_dir() else None
     nofollow.remove_tree(path)
     nofollow.remove_tree(admin)  # after the files: a removal cut short is still registered
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(_marker(path, CREATING))
+    nofollow.unlink(_marker(path, CREATING))
     if removing is not None:
-        os.unlink(removing)
+        nofollow.unlink(removing, missing_ok=False)
 
 
 def point_head_back(repo: Repo, name: str, branch: str) -> str | None:

@@ -46,13 +46,18 @@ def tool_context(root: Path) -> ToolContext:
     """The context of every call: the repository's config, as a run would use it."""
     from coder import config as config_mod
     from coder import project
+    from coder.git import repository
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.run.secrets import known_secrets
     from coder.tools.settings import code_settings
 
     cfg = config_mod.load(root)
-    coder_dir = project.coder_dir(root)
+    # Before any command runs in the checkout, `.coder/` is made (a link there refused): the
+    # sandbox keeps it read-only to commands only if it is there (confine.kept_readonly), and
+    # one could otherwise plant a link where coder then writes.
+    coder_dir = project.ensure_coder_dir(root)
+    repository.ensure_excluded(repository.open_repo(root), f"/{project.CODER_DIR}/")
     # what a run would redact: `.env*` values, secret-named and passed-through variables
     redactor = Redactor(known_secrets([root], cfg.values))
     return ToolContext(
@@ -60,7 +65,7 @@ def tool_context(root: Path) -> ToolContext:
         policy=Policy.from_config(cfg.values),
         redactor=redactor,
         test_command=cfg.test_command,
-        **code_settings(cfg, {}, coder_dir / "cache" if coder_dir.is_dir() else None, redactor),
+        **code_settings(cfg, {}, coder_dir / "cache", redactor),
     )
 
 

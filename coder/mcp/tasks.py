@@ -10,6 +10,7 @@ session); its output goes to `.coder/mcp/ID.log`.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -18,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coder import nofollow
 from coder.display import counted
+from coder.durable import create_private, write_failed, write_private
 from coder.errors import CoderError, InvalidInput, RunNotStarted
 from coder.policy.paths import resolve_in_root
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
@@ -98,21 +101,24 @@ def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             hint=f"follow it with task_status, continue it with `coder resume -t "
             f"{task.id}`, or remove it with `coder clean -t {task.id}`",
         )
-    work = coder_dir / "mcp"
-    work.mkdir(exist_ok=True)
+    work = coder_dir / "mcp"  # written without following a link (coder.durable)
     run_file = _taskfile(ctx, rel)
     if not task.source.get("id"):  # pin the generated id, so we can report it
         import yaml
 
         run_file = work / f"{task.id}.yaml"
         document = {"id": task.id, **json.loads(json.dumps(dict(task.source), default=str))}
-        run_file.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+        write_private(run_file, yaml.safe_dump(document, sort_keys=False))
     log = work / f"{task.id}.log"
     # -P: never import a `coder` or `mcp` package from the repository being worked on.
     cmd = [sys.executable, "-P", "-m", "coder", "run", "--autonomous", "-f", str(run_file)]
     if args.get("merge_on_success"):
         cmd.append("--merge-on-success")
-    with open(log, "wb") as out:
+    try:
+        fd = create_private(log)
+    except OSError as exc:
+        raise write_failed(log, exc) from exc
+    with os.fdopen(fd, "wb") as out:
         process = subprocess.Popen(
             cmd,
             cwd=coder_dir.parent,
@@ -244,7 +250,7 @@ def task_stop(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 def _log_line(launch: _Launch, prefix: str) -> str | None:
     """The last line of the run's output starting with `prefix`, with its hint line."""
     try:
-        lines = launch.log.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = nofollow.read_bytes(launch.log).decode("utf-8", errors="replace").splitlines()
     except OSError:
         return None
     for i in range(len(lines) - 1, -1, -1):
@@ -257,7 +263,7 @@ def _log_line(launch: _Launch, prefix: str) -> str | None:
 def _not_started(task_id: str, launch: _Launch) -> CoderError:
     """The error `coder run` printed (its `coder: error:` and `hint:` lines)."""
     try:
-        text = launch.log.read_text(encoding="utf-8", errors="replace")
+        text = nofollow.read_bytes(launch.log).decode("utf-8", errors="replace")
     except OSError:
         text = ""
     message = hint = None

@@ -14,6 +14,7 @@ torn line, and a new `EventLog` terminates one left at the end of the file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,8 +24,9 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, BinaryIO, Self
 
+from coder import nofollow
 from coder.durable import make_private_dirs, write_failed
 from coder.redact import SCAN_FAILED, Redactor
 from coder.run.state import check_task_id
@@ -106,8 +108,8 @@ class _Sink:
         self._lock = threading.Lock()
         self._console = console
         self.live = live
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC  # RDWR: to peek at the end
-        self._fd: int | None = os.open(path, flags, 0o600)
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT  # RDWR: to peek at the end
+        self._fd: int | None = nofollow.open_file(path, flags, 0o600)
         size = os.fstat(self._fd).st_size
         if size and os.pread(self._fd, 1, size - 1) != b"\n":
             self._write(b"\n")  # a previous runner was killed mid-line: end its torn line
@@ -235,7 +237,7 @@ def read_events(coder_dir: Path, task_id: str) -> Iterator[Event]:
     """Every event logged so far. Lines that are not whole JSON objects (a line torn by a
     crash) are skipped; a missing log yields nothing."""
     try:
-        fh = open(log_path(coder_dir, task_id), "rb")  # noqa: SIM115 (closed below)
+        fh = _open_log(log_path(coder_dir, task_id))
     except FileNotFoundError:
         return
     with fh:
@@ -243,6 +245,11 @@ def read_events(coder_dir: Path, task_id: str) -> Iterator[Event]:
             event = _parse_line(line)
             if event is not None:
                 yield event
+
+
+def _open_log(path: Path) -> BinaryIO:
+    """The log, for reading, reached without following a link (coder.nofollow)."""
+    return os.fdopen(nofollow.open_file(path, os.O_RDONLY | os.O_NONBLOCK), "rb")
 
 
 def follow_events(
@@ -257,8 +264,9 @@ def follow_events(
     try:
         while True:
             done = stop()
-            if fh is None and path.exists():
-                fh = open(path, "rb")  # noqa: SIM115 (closed in finally)
+            if fh is None:
+                with contextlib.suppress(FileNotFoundError):
+                    fh = _open_log(path)
             if fh is not None:
                 pending += fh.read()
                 *lines, pending = pending.split(b"\n")

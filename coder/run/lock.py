@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self, TypedDict, cast
 
+from coder import nofollow
 from coder.durable import make_private_dirs, write_failed
 from coder.errors import ConcurrentRun
 from coder.run.state import check_task_id, now_iso
@@ -100,9 +101,12 @@ class TaskLock:
     def acquire(self) -> Self:
         if self._fd is not None:
             raise RuntimeError(f"lock for task {self.task_id} is already held by this object")
-        make_private_dirs(self.path.parent)
-        # O_CLOEXEC: commands the runner starts must not inherit (and so keep) the lock.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            make_private_dirs(self.path.parent)
+            # O_CLOEXEC (open_file's): commands the runner starts must not keep the lock.
+            fd = nofollow.open_file(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:  # a link under .coder/ (never followed), a full disk
+            raise write_failed(self.path, exc) from exc
         try:
             if not _flock(fd, fcntl.LOCK_EX):
                 raise self._busy(_read_owner(fd))
@@ -189,7 +193,7 @@ def lock_for_command(
 def read_lock_owner(coder_dir: Path, task_id: str) -> int | None:
     """The pid of the live runner holding the task's lock, or None (for `stop`/`status`)."""
     try:
-        fd = os.open(_lock_path(coder_dir, task_id), os.O_RDONLY | os.O_CLOEXEC)
+        fd = nofollow.open_file(_lock_path(coder_dir, task_id), os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:

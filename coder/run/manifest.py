@@ -16,8 +16,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coder import nofollow
 from coder.durable import write_atomic
-from coder.errors import CoderError, CorruptState, EnvironmentProblem, InvalidInput, UnknownTask
+from coder.errors import (
+    CoderError,
+    CorruptState,
+    EnvironmentProblem,
+    InvalidInput,
+    LinkInTheWay,
+    UnknownTask,
+)
 from coder.run.state import ForkPoint, RunState, StateStore, check_task_id
 from coder.schemas import TASK_ID
 
@@ -115,14 +123,23 @@ def manifest_path(coder_dir: Path, task_id: str) -> Path:
 
 def run_ids(coder_dir: Path) -> list[str]:
     """Every run of the project: each task with a manifest or a checkpoint."""
-    tasks = coder_dir / "tasks"
-    manifests = {p.stem for p in tasks.glob("*.json")} if tasks.is_dir() else set()
+    try:
+        names = nofollow.listdir(coder_dir / "tasks")
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    manifests = {name.removesuffix(".json") for name in names if name.endswith(".json")}
     ids = manifests | set(StateStore(coder_dir).list_ids())
     return sorted(i for i in ids if TASK_ID.fullmatch(i))
 
 
 def run_exists(coder_dir: Path, task_id: str) -> bool:
-    return StateStore(coder_dir).exists(task_id) or manifest_path(coder_dir, task_id).exists()
+    if StateStore(coder_dir).exists(task_id):
+        return True
+    try:
+        nofollow.lstat(manifest_path(coder_dir, task_id))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
 
 
 def load_manifest(coder_dir: Path, task_id: str) -> Manifest:
@@ -146,9 +163,11 @@ def read_manifest(coder_dir: Path, task_id: str) -> Manifest:
 
     path = manifest_path(coder_dir, task_id)
     try:
-        data = loads_json(path.read_bytes())
+        data = loads_json(nofollow.read_bytes(path))
     except FileNotFoundError:
         raise UnknownTask(task_id, run_ids(coder_dir)) from None
+    except LinkInTheWay as exc:
+        raise exc.problem() from None
     except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError
         raise CorruptState(path, task_id, str(exc), manifest=True) from None
     problem = _problem(data, task_id)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import threading
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
-from coder import project, taskfile
+from coder import nofollow, project, taskfile
 from coder.crashpoints import crashpoint
 from coder.display import counted, listed
 from coder.errors import (
@@ -238,7 +237,7 @@ def _claim(
             raise _branch_exists(repo, task, path)
         return _open_agent(task, cfg, repo, base_commit, options, redactor)
     except BaseException:
-        lock.unlink(missing_ok=True)
+        nofollow.unlink(lock)
         raise
 
 
@@ -346,17 +345,17 @@ def _remove_unstarted(
         if branches.branch_tip(repo, task.branch) == start_at:
             branches.delete_branch(repo, task.branch)
 
+    files = (manifest_path(coder_dir, task.id), coder_dir / "logs" / f"{task.id}.jsonl", lock)
     undo: list[Callable[[], None]] = [
         lambda: worktrees.remove_worktree(repo, task.id, coder_dir / "worktrees" / task.id),
         drop_branch,
         lambda: store.delete(task.id),
+        *(lambda path=path: nofollow.unlink(path) for path in files),
+        lambda: nofollow.remove_tree(coder_dir / "artifacts" / task.id),
     ]
     for step in undo:
-        with contextlib.suppress(CoderError, OSError):
+        with contextlib.suppress(CoderError, OSError):  # a link under .coder/: left alone
             step()
-    for path in (manifest_path(coder_dir, task.id), coder_dir / "logs" / f"{task.id}.jsonl", lock):
-        path.unlink(missing_ok=True)
-    shutil.rmtree(coder_dir / "artifacts" / task.id, ignore_errors=True)
 
 
 def _missing_base(base: str) -> str:

@@ -28,12 +28,14 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
+from coder import nofollow
 from coder.crashpoints import armed, crashpoint
 from coder.display import listed
 from coder.durable import fsync_dir, make_private_dirs, write_atomic, write_private
@@ -41,6 +43,7 @@ from coder.errors import (
     CorruptState,
     EnvironmentProblem,
     InvalidInput,
+    LinkInTheWay,
     RunFilesGone,
     UnknownTask,
     display_path,
@@ -316,13 +319,16 @@ class StateStore:
         return self.dir / f"{check_task_id(task_id)}.journal"
 
     def exists(self, task_id: str) -> bool:
-        return self.path(task_id).is_file()
+        return _is_file(self.path(task_id))
 
     def list_ids(self) -> list[str]:
-        if not self.dir.is_dir():
+        try:
+            names = nofollow.listdir(self.dir)
+        except (FileNotFoundError, NotADirectoryError):
             return []
         # Temp files are hidden (`.X.json.*.tmp`), so `*.json` never picks one up.
-        return sorted(p.stem for p in self.dir.glob("*.json") if TASK_ID.fullmatch(p.stem))
+        stems = (name.removesuffix(".json") for name in names if name.endswith(".json"))
+        return sorted(stem for stem in stems if TASK_ID.fullmatch(stem))
 
     # --- reading --------------------------------------------------------------------------
 
@@ -330,9 +336,11 @@ class StateStore:
         """The snapshot with the journal's whole lines applied, checked against the schema."""
         path = self.path(task_id)
         try:
-            raw = path.read_bytes()
+            raw = nofollow.read_bytes(path)
         except FileNotFoundError:
             raise UnknownTask(task_id, self.list_ids()) from None
+        except LinkInTheWay as exc:
+            raise exc.problem() from None
         except OSError as exc:
             raise EnvironmentProblem(f"cannot read state file {display_path(path)}: {exc}") from exc
         whole = self._journal_lines(task_id)
@@ -360,7 +368,7 @@ class StateStore:
 
     def _checked(self, task_id: str) -> str | None:
         try:
-            return self._checked_path(task_id).read_text(encoding="ascii").strip()
+            return nofollow.read_bytes(self._checked_path(task_id)).decode("ascii").strip()
         except (OSError, ValueError):
             return None
 
@@ -372,9 +380,11 @@ class StateStore:
         """The journal's whole lines (a torn last line: the crash came before it)."""
         path = self.journal_path(task_id)
         try:
-            raw = path.read_bytes()
+            raw = nofollow.read_bytes(path)
         except FileNotFoundError:
             return b""
+        except LinkInTheWay as exc:
+            raise exc.problem() from None
         except OSError as exc:
             raise EnvironmentProblem(f"cannot read {display_path(path)}: {exc}") from exc
         return raw[: raw.rfind(b"\n") + 1]
@@ -410,7 +420,7 @@ class StateStore:
         found: dict[str, Any] = {}
         seq = 0
         with contextlib.suppress(OSError, ValueError, RecursionError):
-            snapshot = json.loads(self.path(task_id).read_bytes())
+            snapshot = json.loads(nofollow.read_bytes(self.path(task_id)))
             ours = isinstance(snapshot, dict) and snapshot.get("task_id") == task_id
             if ours and isinstance(snapshot.get("steps"), dict):
                 found.update(snapshot["steps"])
@@ -469,10 +479,14 @@ class StateStore:
             make_private_dirs(self.dir)
             write_atomic(path, text.encode("utf-8"))
             journal_path = self.journal_path(state.task_id)
-            if journal.length or journal_path.exists():
+            if journal.length or _is_file(journal_path):
                 crashpoint("compaction")  # test-only: snapshot written, journal not emptied
                 with contextlib.suppress(FileNotFoundError):
-                    os.truncate(journal_path, 0)
+                    fd = nofollow.open_file(journal_path, os.O_WRONLY)
+                    try:
+                        os.ftruncate(fd, 0)
+                    finally:
+                        os.close(fd)
         except OSError as exc:
             raise _write_failed(path, exc) from exc
         journal.length = journal.lines = 0
@@ -515,20 +529,27 @@ class StateStore:
         """A snapshot this store wrote or read is gone: deleted by hand (or `.coder/` with
         it). Writing on would leave a journal, or a checkpoint, nobody asked for."""
         path = self.path(task_id)
-        if not path.is_file():
+        if not self.exists(task_id):
             raise RunFilesGone(
                 f"the state file {display_path(path)} of run {task_id} was deleted while the "
                 "run was using it"
             )
 
     def delete(self, task_id: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self._checked_path(task_id).unlink()
+        nofollow.unlink(self._checked_path(task_id))
         for path in (self.path(task_id), self.journal_path(task_id)):
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                nofollow.unlink(path, missing_ok=False)
                 fsync_dir(path.parent)
         self._journals.pop(task_id, None)
+
+
+def _is_file(path: Path) -> bool:
+    """Whether a regular file is at `path` (a link there is not one, and is not followed)."""
+    try:
+        return stat.S_ISREG(nofollow.lstat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def _digest(snapshot: bytes, journal: bytes) -> str:
@@ -563,10 +584,10 @@ def _append(path: Path, data: bytes, length: int, *, sync: bool = True) -> None:
     too); on failure the file is cut back to `length`. A new journal is always made durable,
     its directory entry too."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        fd = nofollow.open_file(path, os.O_WRONLY)
         created = False
     except FileNotFoundError:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = nofollow.open_file(path, os.O_WRONLY | os.O_CREAT, 0o600)
         created = True
     try:
         if os.fstat(fd).st_size != length:
@@ -595,6 +616,8 @@ def _write_at(fd: int, data: bytes, offset: int) -> None:
 
 
 def _write_failed(path: Path, exc: OSError) -> EnvironmentProblem:
+    if isinstance(exc, LinkInTheWay):
+        return exc.problem()
     return EnvironmentProblem(
         f"cannot write the checkpoint {display_path(path)}: {exc.strerror or exc}",
         hint="free some disk space (or fix the file system), then `coder resume` the run",

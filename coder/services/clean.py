@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from coder import project
+from coder import nofollow, project
 from coder.display import listed
 from coder.errors import (
     CoderError,
@@ -230,8 +229,8 @@ def _remove(
         gitbranches.delete_branch(repo, branch)
     StateStore(coder_dir).delete(task_id)
     for path in _files(coder_dir, task_id):
-        path.unlink(missing_ok=True)
-    shutil.rmtree(coder_dir / "artifacts" / task_id, ignore_errors=True)
+        nofollow.unlink(path)
+    nofollow.remove_tree(coder_dir / "artifacts" / task_id)
     return {
         "task_id": task_id,
         "nothing": False,

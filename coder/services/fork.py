@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from coder import project, taskfile
+from coder import nofollow, project, taskfile
 from coder.errors import CoderError, InvalidInput
 from coder.git import branches, forks, repository, worktrees
 from coder.git import commits as gitcommits
@@ -257,7 +257,7 @@ def _create(
             lambda: worktrees.remove_worktree(repo, manifest.task_id, worktree),
             lambda: branches.delete_branch(repo, manifest.branch),
             lambda: store.delete(manifest.task_id),
-            lambda: manifests.manifest_path(coder_dir, manifest.task_id).unlink(missing_ok=True),
+            lambda: nofollow.unlink(manifests.manifest_path(coder_dir, manifest.task_id)),
         ]
         for step in undo:
             with contextlib.suppress(CoderError, OSError):

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import project
+from coder import nofollow, project
 from coder.crashpoints import crashpoint
 from coder.display import counted
 from coder.errors import (
@@ -399,7 +399,7 @@ class _Merge:
         holds the task lock), the lock was last written within a minute of the journal, and
         no process has it open."""
         try:
-            record = json.loads(self._journal.read_text())
+            record = json.loads(nofollow.read_bytes(self._journal))
             pid, since = record["pid"], float(record["since"])
             mine = record["lock"] == str(lock) and record["host"] == socket.gethostname()
             written = lock.stat().st_mtime
@@ -435,7 +435,7 @@ class _Merge:
             except CoderError as exc:
                 raise self._unfinished(checkout, new, exc) from None
             finally:  # the index is written, or its write failed and removed its lock
-                self._journal.unlink(missing_ok=True)
+                nofollow.unlink(self._journal)
         if plan.blocked:
             self.warnings.append(
                 f"left {', '.join(plan.blocked[:10])} in {checkout} as they are (changed "

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coder import config as config_mod
+from coder import nofollow
 from coder.durable import write_atomic, write_failed
 from coder.project import CODER_DIR, TASKS_DIR, ensure_coder_dir
 from coder.services import testprobe
@@ -76,19 +77,25 @@ def example_names() -> list[str]:
 
 def write_example(root: Path, name: str, *, force: bool = False) -> Path:
     """Copy the example taskfile `name` into the repository's `tasks/`; InvalidInput naming
-    the examples for an unknown one, or when the file exists (unless `force`)."""
-    from coder.errors import InvalidInput
+    the examples for an unknown one, or when the file exists (unless `force`). Written without
+    following a link (a `tasks` link merged from a run would send it elsewhere): a link at
+    `tasks` is refused, one at the file itself replaced (with `force`)."""
+    from coder.errors import InvalidInput, LinkInTheWay
 
     source = examples_dir() / f"{name.removesuffix('.yaml')}.yaml"
     if not source.is_file():
         raise InvalidInput(
             f"no example named {name!r}", hint=f"choose one of: {', '.join(example_names())}"
         )
-    target = root / TASKS_DIR / source.name
-    if target.exists() and not force:
+    rel = f"{TASKS_DIR}/{source.name}"
+    try:
+        nofollow.write_file(root, rel, source.read_bytes(), mode=0o644, new_only=not force)
+    except FileExistsError:
         raise InvalidInput(
-            f"{target} exists; nothing was written", hint="pass --force to overwrite it"
-        )
-    target.parent.mkdir(exist_ok=True)
-    write_atomic(target, source.read_bytes(), new_mode=0o644, crash_point=None)
-    return target
+            f"{root / rel} exists; nothing was written", hint="pass --force to overwrite it"
+        ) from None
+    except LinkInTheWay as exc:
+        raise exc.problem() from None
+    except OSError as exc:
+        raise write_failed(root / rel, exc) from exc
+    return root / rel
