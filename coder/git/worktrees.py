@@ -141,8 +141,13 @@ def pending_change(path: Path) -> str | None:
 
 def worktree_ready(path: Path) -> bool:
     """Whether ``path`` holds a complete worktree: checked out to the end, not half removed.
-    Only then can its files differ from its branch by anyone's changes."""
-    return (Path(path) / ".git").is_file() and pending_change(path) is None
+    Only then can its files differ from its branch by anyone's changes. Under `.coder/` it is
+    reached without following a link (LinkInTheWay): commands would run wherever one leads."""
+    try:
+        checked_out = stat.S_ISREG(nofollow.lstat(Path(path) / ".git").st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return checked_out and pending_change(path) is None
 
 
 def remove_worktree(repo: Repo, name: str, path: Path) -> None:

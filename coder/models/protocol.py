@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from coder import yamldoc
+from coder import nofollow, yamldoc
 from coder.errors import CoderError
 from coder.models.factory import endpoints, provider_of
 
@@ -121,7 +121,7 @@ class Remembered:
         if self.path is None:
             return {}
         try:
-            data = yamldoc.loads_json(self.path.read_text(encoding="utf-8"))
+            data = yamldoc.loads_json(nofollow.read_bytes(self.path).decode("utf-8"))
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}

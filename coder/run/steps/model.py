@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coder import nofollow
 from coder.agent import events as ev
 from coder.agent import prompts
 from coder.agent.loop import AgentLoop, Limits, LoopResult
@@ -18,7 +19,6 @@ from coder.git import workdir
 from coder.kinds import KINDS, ModelRole
 from coder.policy.paths import naming
 from coder.run.steps import StepContext, StepOutcome
-from coder.safeio import read_regular
 from coder.taskfile import Step, is_repo_relative, parse_duration
 from coder.tools import TERMINAL_TOOL
 
@@ -316,7 +316,7 @@ def notes_for(ctx: StepContext) -> dict[str, str]:
         if s.id not in ancestors or not KINDS[s.kind].read_only:
             continue
         try:  # coder's own file, but never read through a link or blocked on a fifo
-            raw = read_regular(ctx.artifacts / f"{s.id}.notes.md", follow=False)
+            raw = nofollow.read_bytes(ctx.artifacts / f"{s.id}.notes.md")
         except OSError:
             continue
         notes[s.id] = raw.decode("utf-8", errors="replace").strip()
