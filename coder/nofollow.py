@@ -30,6 +30,7 @@ from pathlib import Path
 
 from coder.crashpoints import armed, crashpoint
 from coder.errors import LinkInTheWay, NotRegular
+from coder.safeio import file_kind
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 CODER_DIR = ".coder"  # where coder keeps its state (coder.project), walked from its parent
@@ -101,13 +102,18 @@ def open_dir(
 # --- paths under `.coder/`, each reached from its anchor ------------------------------------
 
 
+def _split(path: Path | str) -> tuple[str, str, str]:
+    """`path` as (where its walk starts, the directories it walks, its last name)."""
+    head, name = os.path.split(os.path.abspath(path))
+    return (*anchor(head), name)
+
+
 @contextlib.contextmanager
 def at(path: Path | str, *, create: bool = False) -> Iterator[tuple[int, str]]:
     """A descriptor of the directory holding `path`, reached as `open_dir` reaches it, and
     the last name of `path` (for the `dir_fd` calls). With `create`, the missing directories
     under `.coder/` are made 0700 (coder's own: its logs hold what commands printed)."""
-    head, name = os.path.split(os.path.abspath(path))
-    start, below = anchor(head)
+    start, below, name = _split(path)
     with open_dir(start, below, create=create and bool(below), mode=0o700) as fd:
         yield fd, name
 
@@ -124,24 +130,18 @@ def open_file(path: Path | str, flags: int, mode: int = 0o600, *, create: bool =
     """`os.open(path, flags, mode)` with the walk of `at` (`create`: its directories made),
     never through a link at `path` itself (O_NOFOLLOW: LinkInTheWay)."""
     with at(path, create=create) as (fd, name):
-        return _open_at(fd, name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, path)
-
-
-def _open_at(fd: int, name: str, flags: int, mode: int, path: Path | str) -> int:
-    try:
-        return os.open(name, flags, mode, dir_fd=fd)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            start, below = anchor(path)
-            raise LinkInTheWay(start, below or os.path.basename(path)) from None
-        raise
+        try:
+            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+    start, below, name = _split(path)
+    raise LinkInTheWay(start, f"{below}/{name}" if below else name)
 
 
 def read_bytes(path: Path | str) -> bytes:
     """The bytes of the regular file at `path`, reached as `open_file` reaches it (a FIFO or a
     device there is NotRegular, never waited on)."""
-    from coder.safeio import file_kind
-
     fd = open_file(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     with os.fdopen(fd, "rb") as file:
         kind = os.fstat(fd).st_mode

@@ -66,6 +66,14 @@ def without_times(index: str) -> str:
     return "\n".join(line for line in index.splitlines() if not line.strip().startswith(keep))
 
 
+def excluded(repo: Path) -> Path:
+    """`repo` with `.coder/` excluded from git, as `coder mcp serve` leaves it when it starts
+    (it makes `.coder/` before any command runs, as `coder init` does)."""
+    with (repo / ".git" / "info" / "exclude").open("a") as exclude:
+        exclude.write("/.coder/\n")
+    return repo
+
+
 def refused(result: Any) -> bool:
     """The call was stopped at a wall: the guard put .git back and said so (a tool error),
     or the sandbox's read-only .git refused the write (the command failed; `git stash` fails
@@ -115,7 +123,7 @@ def test_shell_run_cannot_change_git(
         user_config = tmp_path / "user-config.json"
         user_config.write_text('{"sandbox": "off"}')
         monkeypatch.setenv("CODER_CONFIG", str(user_config))
-    repo = make_repo({"README.md": "# sample\n", "src/app.py": "x = 1\n"})
+    repo = excluded(make_repo({"README.md": "# sample\n", "src/app.py": "x = 1\n"}))
     git(repo, "tag", "v1")  # a ref for pack-refs to move into packed-refs
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -181,7 +189,7 @@ def test_tests_run_cannot_change_git(make_repo, tmp_path: Path) -> None:
             "    hook.write_text('#!/bin/sh\\necho pwned\\n')\n    hook.chmod(0o755)\n",
         }
     )
-    before = git_state(repo)
+    before = git_state(excluded(repo))
 
     async def scenario() -> Any:
         async with stdio_session(repo, tmp_path / "server.err") as client:
