@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -108,6 +111,23 @@ def test_a_linked_folder_of_coder_dir_is_refused(make_repo: Any, outside: Path, 
     assert git(repo, "branch", "--list", "agent/*") == ""
 
 
+def test_resume_does_not_check_a_worktree_out_through_a_link(make_repo: Any, outside: Path) -> None:
+    """`.coder/worktrees` swapped for a link between a run and its resume: the worktree is
+    not checked out again where the link leads (libgit2 goes by path: each directory on the
+    way is checked right before)."""
+    repo = make_repo()
+    failing = SHELL.replace("echo one > one.txt", "exit 1")
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, failing)))
+    assert code == 1, out + err
+    worktrees = repo / ".coder" / "worktrees"
+    os.rename(worktrees, repo.parent / "worktrees.away")
+    os.symlink(outside, worktrees)
+    before = fingerprint(outside)
+    code, _, err = coder(repo, "resume", "-t", "fs")
+    assert fingerprint(outside) == before
+    refused(code, err, worktrees)
+
+
 @pytest.mark.parametrize(
     "rel",
     ["logs/fs.jsonl", "locks/fs.lock", "state/fs.journal"],
@@ -172,6 +192,31 @@ def test_the_test_probe_cannot_plant_a_coder_link(make_repo: Any, outside: Path)
     code, out, err = coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, SHELL)))
     assert code == 0, out + err
     assert fingerprint(outside) == before
+
+
+@pytest.mark.skipif(
+    not FOUND.available or os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="a runner without the mount wall is simulated as root without CAP_SYS_ADMIN",
+)
+def test_without_the_mount_wall_a_planted_coder_link_is_refused(
+    make_repo: Any, outside: Path
+) -> None:
+    """Without the read-only mount wall (no CAP_SYS_ADMIN: an ordinary user, a container's
+    root), the test probe's command can replace `.coder/` with a link: the next command
+    refuses it, naming it, and writes nothing through it."""
+    repo = make_repo()
+    plant = f"rm -rf .coder && ln -s {outside} .coder"
+    (repo / "coder.config.json").write_text(json.dumps({"test_command": plant}) + "\n")
+    before = fingerprint(outside)
+    without = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]
+    doctor = subprocess.run(
+        [*without, sys.executable, "-m", "coder", "doctor"], cwd=repo, capture_output=True
+    )
+    assert b"command metadata" in doctor.stdout, doctor.stdout + doctor.stderr
+    assert os.path.islink(repo / ".coder")  # what the wall would have kept out
+    code, _, err = coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, SHELL)))
+    assert fingerprint(outside) == before
+    refused(code, err, repo / ".coder")
 
 
 # --- coder mcp serve ------------------------------------------------------------------------
