@@ -56,11 +56,13 @@ def anchor(path: Path | str) -> tuple[str, str]:
     """Where a walk to directory `path` starts (opened as given) and what it walks from there
     (each name opened without following a link): for a path under `.coder/`, the directory
     holding its first `.coder` and `.coder/...`; for any other path, `path` itself and ""."""
-    parts = Path(path).parts
+    text = os.fspath(path)
+    parts = text.split(os.sep)  # str ops: Path.parts costs more than the walk's openat calls
     if CODER_DIR not in parts:
-        return os.fspath(path), ""
+        return text, ""
     i = parts.index(CODER_DIR)
-    return os.path.join(*parts[:i]) if i else ".", "/".join(parts[i:])
+    start = os.sep.join(parts[:i]) or (os.sep if text.startswith(os.sep) else ".")
+    return start, "/".join(part for part in parts[i:] if part)
 
 
 def _walk(fd: int, rel: str, root: Path | str, create: bool, mode: int) -> int:
