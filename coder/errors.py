@@ -305,7 +305,7 @@ class LinkInTheWay(OSError):
         import os
 
         path = os.path.join(self.filename, self.rel)
-        if ".coder" in path.split(os.sep):
+        if ".coder" in path.split(os.sep):  # coder.nofollow.CODER_DIR (which imports this)
             return not_ours(path, self.target)
         return EnvironmentProblem(
             f"{path} is a symbolic link or not a directory: coder does not follow it",
