@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -194,42 +193,29 @@ def test_the_test_probe_cannot_plant_a_coder_link(make_repo: Any, outside: Path)
     assert fingerprint(outside) == before
 
 
-@pytest.mark.skipif(
-    not FOUND.available or os.geteuid() != 0 or not shutil.which("setpriv"),
-    reason="a runner without the mount wall is simulated as root without CAP_SYS_ADMIN",
-)
-def test_without_the_mount_wall_a_planted_coder_link_is_refused(
-    make_repo: Any, outside: Path
-) -> None:
-    """Without the read-only mount wall (no CAP_SYS_ADMIN: an ordinary user, a container's
-    root), the test probe's command can replace `.coder/` with a link: the next command
-    refuses it, naming it, and writes nothing through it."""
-    repo = make_repo()
-    plant = f"rm -rf .coder && ln -s {outside} .coder"
-    (repo / "coder.config.json").write_text(json.dumps({"test_command": plant}) + "\n")
-    before = fingerprint(outside)
-    without = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]
-    doctor = subprocess.run(
-        [*without, sys.executable, "-m", "coder", "doctor"], cwd=repo, capture_output=True
-    )
-    assert b"command metadata" in doctor.stdout, doctor.stdout + doctor.stderr
-    assert os.path.islink(repo / ".coder")  # what the wall would have kept out
-    code, _, err = coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, SHELL)))
-    assert fingerprint(outside) == before
-    refused(code, err, repo / ".coder")
-
-
 # --- coder mcp serve ------------------------------------------------------------------------
 
 
-def _serve(repo: Path, errlog: Path, scenario: Any) -> None:
-    from tests.mcp.test_mcp_server import stdio_session
+def _serve(repo: Path, errlog: Path, scenario: Any, *, prefix: tuple[str, ...] = ()) -> None:
+    """`scenario(client)` with the real MCP client of `coder mcp serve --root repo`, the
+    server started under `prefix` (a command that starts it)."""
+    from mcp import Client, StdioServerParameters, stdio_client
+
+    serve = [*prefix, sys.executable, "-m", "coder", "mcp", "serve", "--root", str(repo)]
+    params = StdioServerParameters(
+        command=serve[0], args=serve[1:], env=dict(os.environ), cwd=str(repo.parent)
+    )
 
     async def session() -> None:
-        async with stdio_session(repo, errlog) as client:
-            await scenario(client)
+        with open(errlog, "w") as err:
+            async with Client(stdio_client(params, errlog=err), read_timeout_seconds=30) as client:
+                await scenario(client)
 
     asyncio.run(session())
+
+
+def _text(result: Any) -> str:
+    return "\n".join(c.text for c in result.content)
 
 
 async def _finished(client: Any, task_id: str) -> dict[str, Any]:
@@ -294,3 +280,35 @@ def test_mcp_serve_makes_coder_dir_before_any_command(
     _serve(repo, tmp_path / "server.err", scenario)
     assert fingerprint(outside) == before
     assert stat.S_ISDIR(os.lstat(repo / ".coder").st_mode)
+
+
+@pytest.mark.skipif(
+    not FOUND.available or os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="a runner without the mount wall is simulated as root without CAP_SYS_ADMIN",
+)
+def test_without_the_mount_wall_a_planted_coder_link_is_refused(
+    make_repo: Any, outside: Path, tmp_path: Path
+) -> None:
+    """Without the read-only mount wall (no CAP_SYS_ADMIN: an ordinary user, a container's
+    root), a command of `coder mcp serve`, which runs in the checkout, can replace `.coder/`
+    with a link: task_run refuses it, naming it, and nothing is written through it."""
+    pytest.importorskip("mcp")
+    repo = make_repo()
+    (repo / "tasks").mkdir()
+    (repo / "tasks" / "made.yaml").write_text(
+        'id: made\ntitle: t\ngraph:\n  - {kind: shell, cmd: "echo made > made.txt"}\n'
+    )
+    before = fingerprint(outside)
+
+    async def scenario(client: Any) -> None:
+        plant = f"rm -rf .coder && ln -s {outside} .coder"
+        planted = await client.call_tool("shell_run", {"cmd": plant})
+        assert os.path.islink(repo / ".coder"), _text(planted)  # what the wall keeps out
+        started = await client.call_tool("task_run", {"path": "tasks/made.yaml"})
+        assert fingerprint(outside) == before
+        assert started.is_error, _text(started)
+        assert f"{repo / '.coder'} is a symbolic link (to {outside})" in _text(started)
+
+    without = ("setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin")
+    _serve(repo, tmp_path / "server.err", scenario, prefix=without)
+    assert fingerprint(outside) == before
