@@ -37,6 +37,7 @@ from coder.tools.registry import NAME_RE, Registry
 if TYPE_CHECKING:
     from coder.agent.session import AgentSession, EventSink
     from coder.config import Config
+    from coder.policy.trees import Tree
     from coder.redact import Redactor
     from coder.schemas import JsonSchema
 
@@ -101,6 +102,7 @@ class _Connection:
     task: asyncio.Task[None] | None = None
     listed: asyncio.Future[list[Any]] | None = None
     dead: str | None = None  # why it cannot be called any more
+    tree: Tree | None = None  # its process tree, when confined (coder.policy.trees)
 
     def stderr_tail(self, lines: int = 3) -> str:
         try:  # pread: the server shares the file offset; do not move it
@@ -242,11 +244,15 @@ class McpBridge:
         return _to_result(tool, result)
 
     def close(self) -> None:
-        """Stop every server (stdin closed, then SIGTERM/SIGKILL by the SDK) and the loop."""
+        """Stop every server (stdin closed, then SIGTERM/SIGKILL by the SDK) and the loop, and
+        end every process they started (coder.policy.trees)."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self.close)
+        trees = [conn.tree for conn in self._conns.values() if conn.tree is not None]
+        for tree in trees:  # while the servers run: a subreaper tree is found below its server
+            self._end_tree(tree.end_new)
         if self._thread.is_alive():
             if self._loop.is_running():
                 try:
@@ -257,6 +263,8 @@ class McpBridge:
                     pass
             self._loop.call_soon_threadsafe(self._loop.stop)  # queued if not running yet
             self._thread.join(timeout=SHUTDOWN_TIMEOUT)
+        for tree in trees:
+            self._end_tree(tree.close)
         for conn in self._conns.values():
             conn.errlog.close()
 
@@ -314,9 +322,8 @@ class McpBridge:
         from coder import __version__
 
         assert conn.listed is not None and conn.stop is not None
-        spec = conn.spec
         try:
-            params = self._params(spec)
+            params = self._params(conn)
             async with Client(
                 stdio_client(params, errlog=conn.errlog),
                 cache=None,
@@ -331,6 +338,8 @@ class McpBridge:
                     if not cursor:
                         break
                 conn.client = client
+                if conn.tree is not None:
+                    conn.tree.ready()  # what it started until now is its own
                 if not conn.listed.done():
                     conn.listed.set_result(tools)
                 await conn.stop.wait()
@@ -342,19 +351,21 @@ class McpBridge:
             elif conn.dead is None and not self._closed:
                 conn.dead = _reason(exc, conn)
 
-    def _params(self, spec: Mapping[str, Any]) -> Any:
-        """How to start a server: confined like a command unless the sandbox is off (network
-        only when its entry allows it)."""
+    def _params(self, conn: _Connection) -> Any:
+        """How to start a server: confined like a command, in a process tree of its own
+        (`conn.tree`), unless the sandbox is off (network only when its entry allows it)."""
         from mcp import StdioServerParameters
 
+        spec = conn.spec
         argv = [str(spec["command"]), *(str(a) for a in spec.get("args") or [])]
         if self.sandbox:
-            from coder.policy.confine import launcher_argv
+            from coder.policy import trees
 
             program = str(self.cwd / argv[0]) if "/" in argv[0] else argv[0]
             if shutil.which(program) is None:
                 raise FileNotFoundError(argv[0])  # as starting it unconfined would say
-            argv = launcher_argv(argv, self.cwd, network=bool(spec.get("allow_network")))
+            network = bool(spec.get("allow_network"))
+            argv, conn.tree = trees.launch(argv, self.cwd, network=network)
         return StdioServerParameters(
             command=argv[0],
             args=argv[1:],
@@ -474,6 +485,15 @@ class McpBridge:
             f"{reason}; the run goes on without its tools",
             server=conn.status.name,
         )
+
+    def _end_tree(self, end: Callable[[], None]) -> None:
+        """Stopping goes on when a server's processes cannot be ended: it is said."""
+        from coder.errors import EnvironmentProblem
+
+        try:
+            end()
+        except EnvironmentProblem as exc:
+            self._warn("mcp.processes_left", f"MCP server processes left running: {exc.message}")
 
     def _warn(self, event: str, message: str, **fields: Any) -> None:
         self.warnings.append(message)

@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from coder.errors import EnvironmentProblem
-from coder.policy import reaper
+from coder.policy import cgroups, reaper
 from coder.realpath import realpath
 
 MIN_ABI = 3  # truncate(2) is only covered from ABI 3 on
@@ -288,6 +288,7 @@ class Confinement:
         # Each process it starts is coder's descendant until it ends (coder.policy.reaper),
         # so whether one is left can be told without a kill
         self.watched = reaper.active()
+        self.group: cgroups.Group | None = None  # its pids cgroup (`_join_group`), if any
         self._thread = threading.Thread(target=self._serve, name="coder-sandbox", daemon=True)
         self._thread.start()
         self._ready.result()  # raises what confining the thread raised
@@ -317,8 +318,24 @@ class Confinement:
         self._requests.put((fn, done))
         return done.result()
 
+    def hold_to(self, processes: int) -> None:
+        """At most `processes` processes (and threads) at once in this sandbox from now on (0:
+        no limit), where it has a pids cgroup: `limits.processes`, which binds root too
+        (`ulimit -u` does not). Written only when it changes: a command costs nothing more."""
+        tasks = processes + 1 if processes else None  # this thread is in the cgroup too
+        if self.group is None or self.group.tasks == tasks:
+            return
+        try:
+            self.group.limit(tasks)
+        except OSError as exc:
+            raise EnvironmentProblem(
+                f"cannot hold commands to {processes} processes: {exc}"
+            ) from exc
+
     def stop(self) -> None:
         self._requests.put(None)
+        if self.group is not None:
+            self.group.retire()
 
     def command_tmp(self) -> str:
         """A private, empty temporary directory for one command (its TMPDIR), under this
@@ -350,6 +367,22 @@ class Confinement:
         Nothing is started when none can be running (coder.policy.reaper.quiet)."""
         if self.watched and reaper.quiet(self):
             return
+        if self.group is None:
+            self._end_from_inside()
+            return
+        # From outside, by the sandbox's cgroup: nothing is started in the sandbox to do it,
+        # so one at its process limit is ended too (coder.policy.cgroups).
+        killed = self.group.end()
+        if not self.watched:  # the orphans among them are init's to reap
+            return
+        reaper.reap(killed)
+        if not reaper.quiet(self):  # coder's unreaped children are in no cgroup's list
+            with self.group.lifted():  # ... and still count: the lister is not refused a fork
+                self._end_from_inside()
+
+    def _end_from_inside(self) -> None:
+        """The kill from inside the sandbox (see the module docstring); when coder is a
+        subreaper, the pids it may signal are listed and those of coder's children reaped."""
         done: Future[subprocess.Popen[bytes]] = Future()
         script = _LIST_AND_END_LEFTOVERS if self.watched else _END_LEFTOVERS
         argv = ["/bin/sh", "-c", script.format(coder=os.getpid())]
@@ -377,8 +410,11 @@ class Confinement:
 
     def _serve(self) -> None:
         try:
+            self._join_group()
             self._confine_this_thread()
         except BaseException as exc:
+            if self.group is not None:
+                self.group.retire()
             self._ready.set_exception(exc)
             return
         self._ready.set_result(None)
@@ -388,6 +424,12 @@ class Confinement:
                 done.set_result(fn())
             except BaseException as exc:
                 done.set_exception(exc)
+
+    def _join_group(self) -> None:
+        """This (spawner) thread joins a pids cgroup of its own where coder can make one
+        (coder.policy.cgroups), before confining itself shuts the cgroup files: what its
+        commands start is listed there, and held to `hold_to`."""
+        self.group = cgroups.join_new("sandbox")
 
     def _confine_this_thread(self) -> None:
         self.per_command_netns = confine_current_thread(self.profile, self.tmp_root)
@@ -463,10 +505,13 @@ def _metadata_wall(found: Support, profile: Profile, tmp_root: str) -> None:
         ) from exc
 
 
-def launcher_argv(argv: list[str], root: Path, *, network: bool) -> list[str]:
+def launcher_argv(
+    argv: list[str], root: Path, *, network: bool, tree: dict[str, str] | None = None
+) -> list[str]:
     """`argv` wrapped to run confined to `root` (as `writable_for` says) by a launcher process:
     for programs coder does not start itself (external MCP servers, started by the MCP SDK),
-    where one Python start per long-lived server costs nothing that matters."""
+    where one Python start per long-lived server costs nothing that matters. `tree`: the
+    process tree it joins first (coder.policy.trees)."""
     import json
     import sys
 
@@ -481,6 +526,7 @@ def launcher_argv(argv: list[str], root: Path, *, network: bool) -> list[str]:
         "network": network,
         "tmp": tempfile.mkdtemp(prefix="coder-sandbox-"),
         "netns_done": prefix is not None,
+        "tree": tree or {},
     }
     _tmp_roots.append(profile["tmp"])  # type: ignore[arg-type]
     launcher = [sys.executable, "-I", "-m", "coder.policy.launch", json.dumps(profile), "--"]
@@ -645,13 +691,17 @@ def spawner_for(root: Path) -> Confinement | None:
 
 
 def end_leftovers(root: Path) -> None:
-    """End every process left running in the sandbox of worktree `root` (by commands that
-    have all returned); nothing if no command ran there."""
+    """End every process left running in the sandboxes of worktree `root`: its commands' (all
+    returned), and what the MCP servers confined to it started since they were ready
+    (coder.policy.trees; none of their calls is running)."""
+    from coder.policy import trees
+
     real = realpath(root)
     with _lock:
         found = [c for p, c in _confinements.items() if p.writable[:1] == (real,)]
     for spawner in found:
         spawner.end_leftovers()
+    trees.end(real)
 
 
 _confinements: OrderedDict[Profile, Confinement] = OrderedDict()

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from coder.policy import confine
+from coder.policy import confine, trees
 
 
 def main(argv: list[str]) -> int:
@@ -15,6 +15,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m coder.policy.launch PROFILE -- PROGRAM [ARGS...]", file=sys.stderr)
         return 2
     spec = json.loads(argv[0])
+    trees.enter(spec.get("tree") or {})  # before confining: the cgroup files are outside
     profile = confine.Profile(
         tuple(spec["writable"]), network=bool(spec["network"]), readonly=tuple(spec["readonly"])
     )

@@ -437,6 +437,7 @@ def _spawner(policy: Policy, root: Path, env: dict[str, str]) -> Iterator[Spawn]
 
     require_sandbox(policy)
     spawner = confine.confinement(confine.profile_for(root, network=policy.allow_network))
+    spawner.hold_to(policy.limits.processes)
     tmp = spawner.command_tmp()
     env.update(TMPDIR=tmp, TMP=tmp, TEMP=tmp)
     try:
