@@ -70,7 +70,7 @@ LIMITS: dict[str, int] = {
     "cpu_seconds": 600,  # CPU time
     "memory_mb": 16384,  # address space (AddressSanitizer needs 0: it maps terabytes)
     "file_size_mb": 1024,  # largest file a command may write
-    "processes": 4096,  # processes of the user (the kernel counts all of them; root exempt)
+    "processes": 4096,  # of the user (ulimit -u counts them all); as root, of the sandbox (cgroup)
 }
 # The time limits that bound a repository's commands and the model's work in a step.
 TIMEOUTS = ("command_timeout", "step_timeout")

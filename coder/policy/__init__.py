@@ -8,6 +8,8 @@
                   resource limits, timeout, process-group kill, capped output
     confine.py    the kernel sandbox (Landlock) every command runs in, applied by a thread
     reaper.py     coder as child subreaper: whether a sandbox can still hold a process
+    cgroups.py    a pids cgroup per sandbox: limits.processes binds root; what it holds, listed
+    trees.py      an MCP server's process tree: what it started during a step ends with it
     escapes.py    options of allowed programs that run other programs, refused
     mounts.py     a read-only mount namespace: metadata outside the worktree stays put
     seccomp.py    no setuid or setgid file from a command (a seccomp filter)

@@ -38,10 +38,15 @@ not contained, and `support().mounts_problem` says why.
 
 Leftovers. A process that leaves its command's process group (`setsid`, a daemon) outlives
 the kill of the group, and would go on changing the worktree while coder checks and commits
-it. `end_leftovers` ends every process still in a worktree's sandbox: a process started in
-the same sandbox sends SIGKILL to all it may signal, which Landlock's signal scope limits to
-the sandbox's own processes. It first checks that it cannot signal coder itself, and kills
-nothing when it can (a kernel before Landlock ABI 6 has no signal scope).
+it. `end_leftovers` ends every process still in a worktree's sandbox. Where coder can make
+cgroups (root), each spawner thread joins a pids cgroup of its own first (coder.policy.cgroups):
+coder kills what it lists, from outside, and its `pids.max` is `limits.processes`, which binds
+root (`ulimit -u` does not). Elsewhere, and for coder's own children that ended unreaped, a
+process started in the same sandbox sends SIGKILL to all it may signal, which Landlock's signal
+scope limits to the sandbox's own processes. It first checks that it cannot signal coder
+itself, and kills nothing when it can (a kernel before Landlock ABI 6 has no signal scope).
+The external MCP servers confined to the worktree (`launcher_argv`) have sandboxes of their
+own: what they started since they were ready is ended too (coder.policy.trees).
 
 `landlockpy` is the binding (ctypes, no compiler, follows each new Landlock ABI). ABI 3 or newer
 is required: before it, truncating a file was not covered.

@@ -1,5 +1,6 @@
-"""`python -m coder.policy.launch PROFILE -- PROGRAM ARGS...`: confine this process as
-`confine.launcher_argv` described it in PROFILE (JSON), then become PROGRAM."""
+"""`python -m coder.policy.launch PROFILE -- PROGRAM ARGS...`: join the process tree
+PROFILE (JSON) names (coder.policy.trees), confine this process as `confine.launcher_argv`
+described it, then become PROGRAM."""
 
 from __future__ import annotations
 

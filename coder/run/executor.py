@@ -287,14 +287,19 @@ class Executor:
         """Independent steps run concurrently, each in its own scratch worktree from the same
         tip; their commits then land in file order, so the history is the same whatever
         finished first."""
+        from coder.policy.confine import end_leftovers
+
         tip = self._tip()
         places: dict[str, Scratch] = {}
         try:
             for step in steps:
                 places[step.id] = Scratch(self, step, tip)
-            with ThreadPoolExecutor(max_workers=len(steps)) as pool:
-                futures = {s.id: pool.submit(self._attempts, s, places[s.id]) for s in steps}
-                results = {sid: f.result() for sid, f in futures.items()}
+            try:
+                with ThreadPoolExecutor(max_workers=len(steps)) as pool:
+                    futures = {s.id: pool.submit(self._attempts, s, places[s.id]) for s in steps}
+                    results = {sid: f.result() for sid, f in futures.items()}
+            finally:  # every step of the level is done: what the run's MCP servers started
+                end_leftovers(self.run.worktree)  # (confined to its worktree) ends with them
             for step in steps:
                 done = results[step.id]
                 if self.halted and done.outcome.ok:  # an earlier step of the level failed

@@ -137,7 +137,7 @@ def _sandbox(cfg: config_mod.Config) -> list[Check]:
             "allowlist and Landlock's TCP rules keep commands off the network",
             "enable user namespaces (sysctl kernel.unprivileged_userns_clone=1) if you can",
         )
-    return [files, net, _metadata(found, off=off)]
+    return [files, net, _metadata(found, off=off), _processes(found, off=off)]
 
 
 def _metadata(found: Support, *, off: bool) -> Check:
@@ -168,6 +168,37 @@ def _metadata(found: Support, *, off: bool) -> Check:
         "read-only mount namespace"
         if found.mounts_problem is not None
         else None,
+    )
+
+
+def _processes(found: Support, *, off: bool) -> Check:
+    """The process wall: whether `limits.processes` binds, and how what a step's commands
+    and its MCP servers' tools leave behind is found at the step's end."""
+    import os
+
+    from coder.policy import cgroups
+
+    name = "process trees"
+    if off or not found.available:
+        return Check(name, "warn" if off else "fail", "no kernel sandbox: see command sandbox")
+    problem = cgroups.problem()
+    if problem is None:
+        return Check(
+            name,
+            "ok",
+            "a pids cgroup per sandbox and per MCP server: limits.processes binds root too, "
+            "and what a step or an MCP tool started is ended with the step",
+        )
+    trees = "an MCP server is the subreaper of what its tools start"
+    if os.geteuid() != 0:
+        return Check(
+            name, "ok", f"limits.processes by ulimit -u (no pids cgroup: {problem}); {trees}"
+        )
+    return Check(
+        name,
+        "warn",
+        f"limits.processes is not enforced for root (no pids cgroup: {problem}); {trees}",
+        "mount the cgroup v1 pids hierarchy (/sys/fs/cgroup/pids), or run coder as another user",
     )
 
 

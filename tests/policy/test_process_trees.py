@@ -85,6 +85,19 @@ def cgroup_dirs(pid: int) -> list[str]:
     )
 
 
+def mcp_cgroups() -> list[str]:
+    """The MCP servers' cgroups this (test) process has now."""
+    home = cgroups._home()
+    if home is None:
+        return []
+    return [
+        child
+        for base in cgroup_dirs(os.getpid())
+        for child in os.listdir(os.path.join(home[0], base))
+        if child.startswith("mcp-")
+    ]
+
+
 # Starts 200 `sleep MARKER` in sessions of their own, counting those the kernel let start.
 FORK_200 = (
     "python3 -c 'import subprocess, sys\n"
@@ -156,8 +169,49 @@ def test_what_an_mcp_tool_starts_ends_with_its_step(fake: FakeOllama, make_repo)
         assert tool_results(requests[3])[-1] == "1"  # s1: running during its step
         assert tool_results(requests[-1]) == ["0", "0"]  # s2: ended with s1, before s2
         assert none_left(own) and none_left(orphan)
+        assert mcp_cgroups() == []  # the server's, removed once it stopped
     finally:
         kill_all(own, orphan)
+
+
+PARALLEL_RUN = """
+    id: level
+    title: what an MCP server starts in a level of parallel steps ends with the level
+    graph:
+      - {id: a, kind: analyze, goal: leave a sleeper, tools: ["spawn__*"]}
+      - {id: b, kind: analyze, goal: leave a sleeper too, tools: ["spawn__*"]}
+      - {id: c, kind: analyze, goal: count them, tools: ["spawn__*"], depends_on: [a, b]}
+"""
+
+
+def test_what_an_mcp_tool_starts_in_parallel_steps_ends_with_their_level(
+    fake: FakeOllama, make_repo
+) -> None:
+    """Parallel steps work in scratch worktrees, but the servers are the run's, confined to
+    its worktree: what they started is ended once the level's steps are done, before any
+    lands."""
+    from coder import config as config_mod
+
+    repo = make_repo()
+    config = {"mcp_servers": [SPAWN], "max_parallel": 2}
+    (repo / "coder.config.json").write_text(json.dumps(config))
+    config_mod.trust(repo)
+    marker = sleep_marker()
+    fake.enqueue(  # a and b take these in whatever order they ask
+        call("spawn__orphan", marker=marker),
+        call("spawn__orphan", marker=marker),
+        done("left a sleeper", no_change_reason="nothing to change"),
+        done("left a sleeper", no_change_reason="nothing to change"),
+        call("spawn__running", marker=marker),
+        done("counted them", no_change_reason="nothing to change"),
+    )
+    try:
+        code, out, err = coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, PARALLEL_RUN)))
+        assert code == 0, out + err
+        assert tool_results(chat_requests(fake)[-1]) == ["0"]
+        assert none_left(marker)
+    finally:
+        kill_all(marker)
 
 
 def bridge_script(root: Path) -> str:
@@ -185,32 +239,6 @@ def bridge_script(root: Path) -> str:
         print(json.dumps(seen))
         """
     )
-
-
-@needs_cgroups
-def test_an_mcp_server_in_a_pids_cgroup_keeps_nothing_past_the_step(tmp_path: Path) -> None:
-    markers = [sleep_marker() for _ in range(3)]
-    script = bridge_script(tmp_path)
-    try:
-        done_ = subprocess.run(
-            [sys.executable, "-c", script, *markers],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert done_.returncode == 0, done_.stderr
-        seen = json.loads(done_.stdout)
-        assert seen == {
-            "cgroups": None,
-            "running": [1, 1],
-            "after the step": [0, 0],
-            "server answers": "0",
-            "after the run": 0,
-        }
-        assert all(none_left(m) for m in markers)
-    finally:
-        kill_all(*markers)
 
 
 @pytest.fixture(scope="module")
@@ -285,6 +313,34 @@ def test_without_cgroups_the_server_is_the_subreaper_of_what_it_starts(
         assert all(none_left(m) for m in markers)
     finally:
         kill_all(*markers)
+
+
+def test_doctor_says_which_process_wall_holds(
+    make_repo, nobody_home: Path, nobody_python: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.fake_ollama import down_url
+
+    monkeypatch.setenv("OLLAMA_HOST", down_url())
+    repo = make_repo()
+    _, out, _ = coder(repo, "doctor", "--json")
+    found = {c["name"]: c for c in json.loads(out)["checks"]}["process trees"]
+    if cgroups.problem() is None:
+        assert found["status"] == "ok" and "limits.processes binds root too" in found["detail"]
+
+    mine = nobody_home / "repo"
+    subprocess.run(["git", "init", "-q", str(mine)], check=True)
+    shutil.chown(mine, 65534, 65534)
+    for path in mine.rglob("*"):
+        shutil.chown(path, 65534, 65534)
+    doctor = as_nobody([str(nobody_python), "-m", "coder", "doctor", "--json"], mine)
+    found = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}["process trees"]
+    assert found == {
+        "name": "process trees",
+        "status": "ok",
+        "detail": "limits.processes by ulimit -u (no pids cgroup: making a cgroup needs root); "
+        "an MCP server is the subreaper of what its tools start",
+        "fix": None,
+    }
 
 
 # A coder that made a sandbox (so its cgroups), whose command left a process running (its pid in

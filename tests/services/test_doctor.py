@@ -38,6 +38,7 @@ def test_all_good(repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert statuses.pop("command sandbox") == ("ok" if confine.support().available else "fail")
     assert statuses.pop("command network") in ("ok", "warn")  # depends on the kernel
     assert statuses.pop("command metadata") in ("ok", "warn", "fail")  # see the next test
+    assert statuses.pop("process trees") in ("ok", "warn")  # tests/policy/test_process_trees
     assert statuses == {
         "git repository": "ok",
         "test command": "ok",
