@@ -120,7 +120,7 @@ class Group:
         left (one may fork while it is being killed); the pids killed."""
         killed: list[int] = []
         deadline = time.monotonic() + _END_WAIT_S
-        while found := [pid for pid in self.pids() if spare is None or not spare(pid)]:
+        while found := [pid for pid in self._listed() if spare is None or not spare(pid)]:
             if time.monotonic() > deadline:
                 raise EnvironmentProblem(
                     f"cannot end the processes left in cgroup {self.path}: "
@@ -128,6 +128,13 @@ class Group:
                 )
             killed += kill(found, self.holds)
         return killed
+
+    def _listed(self) -> set[int]:
+        try:
+            return self.pids()
+        except OSError as exc:
+            problem = f"cannot list the processes in cgroup {self.path}: {exc}"
+            raise EnvironmentProblem(problem) from exc
 
     def retire(self) -> None:
         """Not used any more: removed as soon as nothing is left in it (now, or when the next

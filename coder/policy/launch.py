@@ -16,7 +16,11 @@ def main(argv: list[str]) -> int:
         print("usage: python -m coder.policy.launch PROFILE -- PROGRAM [ARGS...]", file=sys.stderr)
         return 2
     spec = json.loads(argv[0])
-    trees.enter(spec.get("tree") or {})  # before confining: the cgroup files are outside
+    try:  # before confining: the cgroup files and the pid file are outside the sandbox
+        trees.enter(spec.get("tree") or {})
+    except OSError as exc:
+        print(f"coder: cannot put {argv[2]} in a process tree: {exc}", file=sys.stderr)
+        return 1
     profile = confine.Profile(
         tuple(spec["writable"]), network=bool(spec["network"]), readonly=tuple(spec["readonly"])
     )

@@ -34,6 +34,7 @@ from coder.policy import cgroups, reaper
 from coder.realpath import realpath
 
 _PR_SET_CHILD_SUBREAPER = 36
+Identity = tuple[int, "int | None"]  # a pid and when its process started: one process
 _PASSES = 100  # of finding and ending a subreaper tree's new processes (each forks at most so)
 
 
@@ -141,9 +142,6 @@ class Tree:
             return int(Path(self._dir, "pid").read_text())
         except (OSError, ValueError):
             return None
-
-
-Identity = tuple[int, "int | None"]  # a pid and when its process started: one process
 
 
 def _identity(pid: int) -> Identity:
