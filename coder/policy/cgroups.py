@@ -61,6 +61,15 @@ def problem() -> str | None:
     return None
 
 
+def sweep() -> None:
+    """End what the cgroups of coders that are gone hold, and remove them (`coder resume`
+    before it looks at the worktree: it does not wait for its first sandbox)."""
+    home = _home() if os.geteuid() == 0 else None
+    if home is not None:
+        with _lock:
+            _sweep(*home)
+
+
 class Group:
     """One pids cgroup coder made (or a gone coder made, when swept)."""
 

@@ -264,7 +264,10 @@ def kill_owned(owner: str, wait: float = 5.0) -> list[int]:
     Only the caller may know none of them is live work: `coder resume` calls it holding the
     task lock, before it starts any command. Linux only (it reads /proc); a command that
     cleared its environment escapes it, as one that left its process group escapes the
-    timeout kill."""
+    timeout kill: what the cgroups of a killed coder hold is ended then too, whatever its
+    environment (coder.policy.cgroups)."""
+    from coder.policy import cgroups
+
     needle = f"{OWNER_VAR}={owner}".encode()
     mine = {os.getpid(), os.getpgrp()}
     found = []
@@ -286,6 +289,7 @@ def kill_owned(owner: str, wait: float = 5.0) -> list[int]:
     deadline = time.monotonic() + wait  # dead, not dying: one may be inside a write()
     while any(_alive(pid) for pid in found) and time.monotonic() < deadline:
         time.sleep(0.01)
+    cgroups.sweep()
     return found
 
 

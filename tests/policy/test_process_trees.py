@@ -370,7 +370,8 @@ def left_behind(root: Path, *, wait: bool) -> tuple[int, int, subprocess.Popen[s
 @needs_cgroups
 def test_coder_leaves_no_cgroup_behind_even_killed_outright(tmp_path: Path) -> None:
     """A coder that exits removes its cgroups, what is left in them ended first; one killed
-    with SIGKILL cannot, and the next coder sweeps them (and ends what they hold)."""
+    with SIGKILL cannot, and the next coder sweeps them (and ends what they hold) before it
+    looks at a worktree (`coder resume`'s `kill_owned`)."""
     pid, daemon, exits = left_behind(tmp_path, wait=False)
     assert exits.wait(timeout=60) == 0
     assert cgroup_dirs(pid) == [] and gone(daemon)
@@ -380,13 +381,11 @@ def test_coder_leaves_no_cgroup_behind_even_killed_outright(tmp_path: Path) -> N
     killed.wait()
     try:
         assert len(cgroup_dirs(pid)) == 1 and sandbox._alive(daemon)  # what SIGKILL leaves
-        sweeps = [
-            sys.executable,
-            "-c",
-            "from coder.policy import cgroups; print(cgroups.problem())",
-        ]
-        swept = subprocess.run(sweeps, cwd=ROOT, capture_output=True, text=True, check=True)
-        assert swept.stdout == "None\n"
+        sweeps = "from coder.policy import sandbox; print(sandbox.kill_owned('another run'))"
+        swept = subprocess.run(
+            [sys.executable, "-c", sweeps], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+        assert swept.stdout == "[]\n"  # nothing carries that owner: the sweep ended it
         assert cgroup_dirs(pid) == [] and gone(daemon)
     finally:
         if sandbox._alive(daemon):
