@@ -359,13 +359,15 @@ class McpBridge:
         spec = conn.spec
         argv = [str(spec["command"]), *(str(a) for a in spec.get("args") or [])]
         if self.sandbox:
-            from coder.policy import trees
+            from coder.policy.confine import launcher_argv
+            from coder.policy.trees import Tree
 
             program = str(self.cwd / argv[0]) if "/" in argv[0] else argv[0]
             if shutil.which(program) is None:
                 raise FileNotFoundError(argv[0])  # as starting it unconfined would say
+            conn.tree = Tree(self.cwd)  # closed by close(), whatever happens from here
             network = bool(spec.get("allow_network"))
-            argv, conn.tree = trees.launch(argv, self.cwd, network=network)
+            argv = launcher_argv(argv, self.cwd, network=network, tree=conn.tree.spec)
         return StdioServerParameters(
             command=argv[0],
             args=argv[1:],

@@ -38,22 +38,6 @@ Identity = tuple[int, "int | None"]  # a pid and when its process started: one p
 _PASSES = 100  # of finding and ending a subreaper tree's new processes (each forks at most so)
 
 
-def launch(argv: list[str], root: Path, *, network: bool) -> tuple[list[str], Tree]:
-    """`argv` wrapped to run confined to `root` by the launcher (`confine.launcher_argv`), in a
-    tree of its own, and that tree (registered for `end` until it is closed)."""
-    from coder.policy.confine import launcher_argv
-
-    tree = Tree(realpath(root))
-    try:
-        wrapped = launcher_argv(argv, root, network=network, tree=tree.spec)
-    except BaseException:
-        tree.close()
-        raise
-    with _lock:
-        _trees.append(tree)
-    return wrapped, tree
-
-
 def enter(spec: dict[str, str]) -> None:
     """In the launcher, before it confines itself: join the tree `spec` names (`Tree.spec`;
     none when empty)."""
@@ -83,10 +67,12 @@ def end(root: str) -> None:
 
 
 class Tree:
-    """A launched server and everything it starts."""
+    """A launched server and everything it starts: made before the server is started (its
+    launcher joins it: `spec`, for `confine.launcher_argv`), ended at each step's end in
+    worktree `root` (`end`) until it is closed."""
 
-    def __init__(self, root: str) -> None:
-        self.root = root
+    def __init__(self, root: Path) -> None:
+        self.root = realpath(root)
         self.group = cgroups.make("mcp") if cgroups.problem() is None else None
         self._dir: str | None = None  # private: the launcher writes its pid there
         if self.group is not None:
@@ -95,6 +81,8 @@ class Tree:
             self._dir = tempfile.mkdtemp(prefix="coder-tree-")
             self.spec = {"pidfile": os.path.join(self._dir, "pid")}
         self._own: frozenset[Identity] = frozenset()
+        with _lock:
+            _trees.append(self)
 
     def ready(self) -> None:
         """The server is ready: what the tree holds now is its own."""
