@@ -1,7 +1,7 @@
 """The kernel sandbox's cost per command, as ratios against what a command cost before.
 
-    process: `bash -c true` started confined (Landlock, private network, the metadata wall:
-        read-only mount namespace and seccomp) and waited for
+    process: `bash -c true` started confined (Landlock, private network, the view of
+        coder.policy.view or the read-only mount namespace, and seccomp) and waited for
         vs  the same under Landlock alone (the sandbox before the metadata wall)  goal <= 1.2x
         vs  `unshare --map-current-user --net -- bash -c true` (before the sandbox)  goal < 1.3x
         and a plain `bash -c true`, for scale
@@ -71,6 +71,7 @@ def main() -> None:
         landlock_only.stop()
     ms = {name: statistics.median(values) * 1000 for name, values in times.items()}
     wall = "mount namespace" if found.mounts_problem is None else "no mount namespace"
+    wall += ", view" if found.view_problem is None else ", no view"
     wall += ", seccomp" if found.setid_problem is None else ", no seccomp"
     print(f"Landlock ABI {found.abi}, network namespace: {found.netns}, metadata wall: {wall}")
     print(f"{ROUNDS} rounds, medians; bash -c true")
@@ -83,7 +84,9 @@ def main() -> None:
 def _without_the_wall(profile: confine.Profile) -> confine.Confinement:
     """A spawner confined as before the metadata wall: Landlock and the network namespace."""
     found = confine.support()
-    before = dataclasses.replace(found, mounts_problem="off", setid_problem="off")
+    before = dataclasses.replace(
+        found, mounts_problem="off", setid_problem="off", view_problem="off"
+    )
     with mock.patch.object(confine, "support", lambda: before):
         return confine.Confinement(profile)
 

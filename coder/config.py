@@ -44,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "allow_network": False,
     "allowed_commands": [],
     "env_passthrough": [],
+    "visible_paths": [],
     "protected_paths": [],
     "command_timeout": 600,
     "output_cap": 65536,
@@ -105,6 +106,7 @@ class Config:
     allow_network: bool
     allowed_commands: list[str]
     env_passthrough: list[str]
+    visible_paths: list[str]
     protected_paths: list[str]
     command_timeout: int
     output_cap: int
@@ -268,7 +270,13 @@ def widening(data: Mapping[str, Any]) -> dict[str, Any]:
     found = {
         key: data[key]
         # api_key_env: the value of a variable of yours, sent to the model server
-        for key in ("mcp_servers", "allowed_commands", "env_passthrough", "api_key_env")
+        for key in (
+            "mcp_servers",
+            "allowed_commands",
+            "env_passthrough",
+            "visible_paths",  # files of yours shown to commands
+            "api_key_env",
+        )
         if data.get(key)
     }
     for key in ("ollama_host", "base_url"):  # your task and prompts, sent off this machine

@@ -26,6 +26,20 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 
+def visible_to_commands(*paths: Path) -> None:
+    """List `paths` in the user's config under `visible_paths`, as a user does for what their
+    steps must read outside the worktree (here: the flag files a test drives a step with)."""
+    import json
+
+    from coder.config import user_config_path
+
+    config = user_config_path()
+    data = json.loads(config.read_text()) if config.exists() else {}
+    data["visible_paths"] = [*data.get("visible_paths", []), *map(str, paths)]
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps(data))
+
+
 def level_worktrees(repo: Path, count: int = 2) -> tuple[str, list[Path]]:
     """`count` linked worktrees of `repo` detached at its HEAD, as the steps of a parallel level
     work: (that commit, the worktrees)."""
@@ -46,6 +60,15 @@ def at_once(call: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
 
     with ThreadPoolExecutor(len(items)) as pool:
         return list(pool.map(released, items))
+
+
+def refused_outside() -> tuple[str, ...]:
+    """How a write to a path outside a command's worktree may fail here: denied (`denied`),
+    or, in the command's view (coder.policy.view), no such path at all."""
+    from coder.policy import confine
+
+    absent = ("No such file or directory",) if confine.support().view_problem is None else ()
+    return (denied(), *absent)
 
 
 def denied() -> str:

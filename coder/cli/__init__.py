@@ -91,6 +91,15 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# The commands that start commands (or MCP servers, or coder's own confined git): they make
+# coder a user namespace of its own first, while it has one thread, so that an ordinary user's
+# commands get the view and walls root's get (coder.policy.userns). Not the others: a program
+# they start (ssh for `push`, an editor) keeps the user's exact identity.
+CONFINING = frozenset(
+    {"init", "plan", "run", "resume", "merge", "revert", "fork", "doctor", "mcp", "demo"}
+)
+
+
 @click.group(
     cls=CoderGroup,
     lazy_commands=COMMANDS,
@@ -118,4 +127,8 @@ def main(ctx: click.Context, debug: bool, colour: str) -> None:
 
     survive_closed_pipes()
     ctx.ensure_object(dict)["debug"] = debug or os.environ.get("CODER_DEBUG") == "1"
+    if ctx.invoked_subcommand in CONFINING:
+        from coder.policy import userns
+
+        userns.enter()
     ctx.color = colour_setting(colour)

@@ -95,8 +95,13 @@ def list_servers(as_json: bool) -> None:
                 "No MCP servers configured; add them under `mcp_servers` in coder.config.json."
             )
         return
+    from coder.policy.commands import visible_paths
+
     sandbox = cfg.sandbox != "off"
-    with McpBridge(servers, cwd=cfg.project_root or cwd(), sandbox=sandbox) as bridge:
+    visible = visible_paths(cfg.visible_paths)
+    with McpBridge(
+        servers, cwd=cfg.project_root or cwd(), sandbox=sandbox, visible=visible
+    ) as bridge:
         statuses = bridge.servers
     if as_json:
         emit_json([s.as_dict() for s in statuses])

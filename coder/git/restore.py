@@ -58,23 +58,25 @@ def restore_files(w: Repo, worktree: Path, commit: str, doing: str) -> None:
 
 
 def _remove_planted_links(root: Path, tree: pygit2.Tree) -> None:
-    """Remove a symlink (or file) that stands where ``tree`` has a directory, so that the
-    checkout creates the directory instead of writing its files through the link, as git
-    does. Only the link itself goes, never what it points at."""
+    """Remove a symlink (or file) that stands where ``tree`` has a directory (or a submodule),
+    so that the checkout creates the directory instead of writing its files through the
+    link, as git does (and instead of failing on a link to what the confined checkout does
+    not see). Only the link itself goes, never what it points at."""
+    submodule = pygit2.enums.FileMode.COMMIT
 
     def walk(tree: pygit2.Tree, rel: str) -> None:
         for entry in tree:
-            if not isinstance(entry, pygit2.Tree):
+            if not isinstance(entry, pygit2.Tree) and entry.filemode != submodule:
                 continue
             path = f"{rel}{entry.name}"
             try:
                 mode = os.lstat(root / path).st_mode
             except (FileNotFoundError, NotADirectoryError):
                 continue
-            if stat.S_ISDIR(mode):
-                walk(entry, f"{path}/")
-            else:
+            if not stat.S_ISDIR(mode):
                 os.unlink(root / path)
+            elif isinstance(entry, pygit2.Tree):
+                walk(entry, f"{path}/")
 
     walk(tree, "")
 

@@ -78,9 +78,16 @@ def _submodules(
     found = []
     for name, path, oid in _gitlinks(repo, commit):
         source = None
-        for candidate in (root / path, common / "modules" / name):
+        # A copy kept in `modules/` is opened bare: only its objects are wanted, and its
+        # work tree (`core.worktree`, in the user's checkout) is not in a confined thread's
+        # view (coder.policy.view), where libgit2 would not open it.
+        opened = pygit2.enums.RepositoryOpenFlag
+        for candidate, flags in (
+            (root / path, opened.NO_SEARCH),
+            (common / "modules" / name, opened.NO_SEARCH | opened.BARE),
+        ):
             try:
-                sub = Repo(str(candidate), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+                sub = Repo(str(candidate), flags)
             except (pygit2.GitError, OSError):
                 continue
             if sub.get(oid) is not None:

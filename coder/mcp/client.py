@@ -126,9 +126,11 @@ class McpBridge:
         startup_timeout: float = STARTUP_TIMEOUT,
         warn: Warn | None = None,
         sandbox: bool = True,
+        visible: Sequence[str] = (),
     ) -> None:
         self.cwd = cwd
         self.sandbox = sandbox  # each server confined to `cwd` like a command (policy.confine)
+        self.visible = tuple(visible)  # the config's `visible_paths`: shown to each server
         self.warnings: list[str] = []
         self._warn_sink = warn
         self._conns: dict[str, _Connection] = {}
@@ -367,7 +369,9 @@ class McpBridge:
                 raise FileNotFoundError(argv[0])  # as starting it unconfined would say
             conn.tree = Tree(self.cwd)  # closed by close(), whatever happens from here
             network = bool(spec.get("allow_network"))
-            argv = launcher_argv(argv, self.cwd, network=network, tree=conn.tree.spec)
+            argv = launcher_argv(
+                argv, self.cwd, network=network, visible=self.visible, tree=conn.tree.spec
+            )
         return StdioServerParameters(
             command=argv[0],
             args=argv[1:],
@@ -525,6 +529,7 @@ def attach(
     log: EventSink,
     redactor: Redactor | None = None,
     sandbox: bool = True,
+    visible: Sequence[str] = (),
 ) -> McpBridge:
     """Start the run's MCP servers (confined to the worktree unless `sandbox` is off) and add
     their tools to the agent session, before any step runs (the tool list is part of the
@@ -535,6 +540,7 @@ def attach(
         cwd=cwd,
         warn=lambda kind, f: log.warning("run.warning", kind=kind, **f),
         sandbox=sandbox,
+        visible=visible,
     )
     if redactor is not None:
         redactor.add(*bridge.secrets())
@@ -558,8 +564,13 @@ def attach_configured(
     servers = cfg.mcp_servers
     if not servers:
         return None
+    from coder.policy.commands import visible_paths
+
     sandbox = cfg.sandbox != "off"
-    return attach(agent, servers, cwd=cwd, log=log, redactor=redactor, sandbox=sandbox)
+    visible = visible_paths(cfg.visible_paths)
+    return attach(
+        agent, servers, cwd=cwd, log=log, redactor=redactor, sandbox=sandbox, visible=visible
+    )
 
 
 # --------------------------------------------------------------------------- conversions

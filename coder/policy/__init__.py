@@ -11,7 +11,9 @@
     cgroups.py    a pids cgroup per sandbox: limits.processes binds root; what it holds, listed
     trees.py      an MCP server's process tree: what it started during a step ends with it
     escapes.py    options of allowed programs that run other programs, refused
+    view.py       what a command sees: a root of its own (worktree, temp dir, toolchain)
     mounts.py     a read-only mount namespace: metadata outside the worktree stays put
+    userns.py     a user namespace of coder's own, so ordinary users get the same walls
     seccomp.py    no setuid or setgid file from a command (a seccomp filter)
     launch.py     `python -m coder.policy.launch`: confine this process, then become a program
 

@@ -216,6 +216,8 @@ class Policy:
     command_timeout: int = DEFAULTS["command_timeout"]  # seconds
     sandbox: bool = True  # run commands in the kernel sandbox (coder.policy.confine)
     limits: Limits = Limits()
+    # paths shown read-only to commands in their view (coder.policy.view), `~` expanded
+    visible_paths: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Policy:
@@ -265,7 +267,22 @@ class Policy:
             command_timeout=integer("command_timeout", DEFAULTS["command_timeout"], 1),
             sandbox=sandbox == "on",
             limits=Limits.from_config(cfg.get("limits")),
+            visible_paths=visible_paths(strings("visible_paths")),
         )
+
+
+def visible_paths(listed: list[str]) -> tuple[str, ...]:
+    """The config's `visible_paths`, `~` expanded; each must then be absolute."""
+    found = []
+    for name in listed:
+        path = os.path.normpath(os.path.expanduser(name))
+        if not os.path.isabs(path):
+            raise InvalidInput(
+                f"config key visible_paths: {name!r} is not an absolute path",
+                hint="name it from / or from ~, e.g. ~/.cargo/registry",
+            )
+        found.append(path)
+    return tuple(found)
 
 
 # Bash runs these itself when they are named without a path: PATH plays no part.

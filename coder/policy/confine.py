@@ -1,10 +1,12 @@
 """The kernel filesystem sandbox every command runs in: Landlock, applied by a spawner thread.
 
-What a confined command can do: read and execute anything; write only under its profile's
-writable directories (a run's worktree, that worktree's own git admin directory, less the
-files naming its branch, repository and config where the mount wall is: `admin_files`, a
-private temporary directory) and to `/dev/null`-like devices; no TCP at all while the network
-is off, and no signals or abstract UNIX sockets reaching processes outside the sandbox. The user's
+What a confined command can do: read and execute what it sees (coder.policy.view: its
+worktree, its temp dir, the system and its toolchain, where this machine allows a view; else
+anything); write only under its profile's writable directories (a run's worktree, that
+worktree's own git admin directory, less the files naming its branch, repository and config
+where the mount wall is: `admin_files`, a private temporary directory) and to `/dev/null`-like
+devices; no TCP at all while the network is off, and no signals or abstract UNIX sockets
+reaching processes outside the sandbox. The user's
 checkout, the repository's refs, objects, hooks and config, `.coder/` and `$HOME` are
 read-only to it, and that holds for root too: Landlock is checked after file permissions.
 
@@ -20,21 +22,29 @@ Network. While the network is off a command also gets a private network namespac
 this sandbox existed. With CAP_SYS_ADMIN (coder running as root) the spawner thread unshares
 its own network namespace and then drops every capability from the thread (bounding set
 included), so commands run as a capability-less root that cannot load modules, reboot or undo
-the sandbox. Without it, each command runs under `unshare --map-current-user --net` (a user and
+the sandbox. An ordinary user gets CAP_SYS_ADMIN so too, in a user namespace coder makes for
+itself at start (coder.policy.userns). Without it, each command runs under
+`unshare --map-current-user --net` (a user and
 network namespace per command); `unshare` must write its own uid map under `/proc`, so in that
 mode the ruleset also lets commands write under `/proc`, where an unprivileged user can only
 touch their own processes (Landlock still denies ptrace-like access to processes outside the
 sandbox).
 
-Metadata. Landlock has no rights for a file's mode, owner, times or extended attributes. With
-CAP_SYS_ADMIN the spawner thread also makes itself a mount namespace in which everything is
-read-only but the profile's writable directories (coder.policy.mounts; `Profile.readonly`
-carves read-only paths out of them), before Landlock and before it drops its capabilities; for
+The view, and metadata. Landlock has no rights for a file's mode, owner, times or extended
+attributes, and lets a command read anything and connect to any UNIX socket by path. With
+CAP_SYS_ADMIN the spawner thread also makes itself a mount namespace whose root holds only what
+its commands need, everything read-only but the profile's writable directories
+(coder.policy.view; where only bind mounts work, the host's tree all read-only,
+coder.policy.mounts; `Profile.readonly` carves read-only paths out of the writable ones),
+before Landlock and before it drops its capabilities; for
 every user, a seccomp filter refuses setuid and setgid modes (coder.policy.seccomp), after
 Landlock. Both are made once per thread and inherited by every command, so they cost nothing
 per command. Without CAP_SYS_ADMIN there is no mount namespace (a thread of a process with
-threads cannot make the user namespace it would need): metadata outside the worktree is then
-not contained, and `support().mounts_problem` says why.
+threads cannot make the user namespace it would need): commands then see everything, metadata
+outside the worktree is not contained, and `support().view_problem` and `mounts_problem` say
+why. And coder's process is made not dumpable while it has spawners (`_undumpable`): a
+spawner thread shares its commands' Landlock domain, and would otherwise let them into
+coder's memory through `/proc`.
 
 Leftovers. A process that leaves its command's process group (`setsid`, a daemon) outlives
 the kill of the group, and would go on changing the worktree while coder checks and commits
@@ -85,6 +95,7 @@ _DEVICE_DIRS = ("/dev/pts", "/dev/shm")  # pseudo-terminals; POSIX shared memory
 _CLONE_NEWNET = 0x40000000
 _T = TypeVar("_T")
 _PR_CAPBSET_DROP = 24
+_PR_SET_DUMPABLE = 4
 _CAP_VERSION_3 = 0x20080522
 _CAP_SETFCAP = 31
 
@@ -97,6 +108,9 @@ class Profile:
     network: bool = False
     # real paths inside `writable` kept read-only (bound over themselves; needs the mount wall)
     readonly: tuple[str, ...] = ()
+    # paths shown read-only besides the system, in the view (coder.policy.view): the toolchain
+    # the commands' PATH names and the config's `visible_paths`
+    visible: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,6 +124,8 @@ class Support:
     # and why setuid/setgid bits are not refused (coder.policy.seccomp); None when they are.
     mounts_problem: str | None = "not probed"
     setid_problem: str | None = "not probed"
+    # The view (coder.policy.view): why commands see the whole filesystem here, or None.
+    view_problem: str | None = "not probed"
 
     @property
     def available(self) -> bool:
@@ -128,7 +144,11 @@ def support() -> Support:
     except OSError as exc:
         return Support(0, "none", f"Landlock is not usable: {exc}")
     netns = _netns_mode()
-    walls = {"mounts_problem": _mounts_problem(), "setid_problem": _setid_problem()}
+    walls = {
+        "mounts_problem": _mounts_problem(),
+        "setid_problem": _setid_problem(),
+        "view_problem": _view_problem(),
+    }
     if abi == 0:
         problem = "this kernel has no Landlock (Linux 5.13+ with lsm=landlock)"
         return Support(0, netns, problem, **walls)
@@ -175,7 +195,22 @@ def _mounts_problem() -> str | None:
     if failed is None:
         return None
     if failed.errno == errno.EPERM:
-        return "making a mount namespace in a thread needs CAP_SYS_ADMIN (root)"
+        return "making a mount namespace in a thread needs CAP_SYS_ADMIN (root, or user namespaces)"
+    return failed.strerror or str(failed)
+
+
+def _view_problem() -> str | None:
+    from coder.policy import view
+
+    if problem := view.problem():
+        return problem
+    with tempfile.TemporaryDirectory(prefix="coder-probe-") as tmp:
+        found = view.plan([tmp])
+        failed = _in_throwaway_thread(lambda: view.build(found, tmp))
+    if failed is None:
+        return None
+    if failed.errno == errno.EPERM:
+        return "making a mount namespace in a thread needs CAP_SYS_ADMIN (root, or user namespaces)"
     return failed.strerror or str(failed)
 
 
@@ -294,6 +329,7 @@ class Confinement:
         # so whether one is left can be told without a kill
         self.watched = reaper.active()
         self.group: cgroups.Group | None = None  # its pids cgroup (`_join_group`), if any
+        _undumpable()
         self._thread = threading.Thread(target=self._serve, name="coder-sandbox", daemon=True)
         self._thread.start()
         self._ready.result()  # raises what confining the thread raised
@@ -491,10 +527,19 @@ def confine_current_thread(profile: Profile, tmp_root: str, *, netns_done: bool 
 
 
 def _metadata_wall(found: Support, profile: Profile, tmp_root: str) -> None:
-    """Everything read-only to the thread but the profile's writable dirs (coder.policy.mounts),
-    where this machine allows it; a read-only carve-out needs it."""
-    from coder.policy import mounts
+    """The thread's own root showing only what its commands need (coder.policy.view), else
+    everything read-only to it but the profile's writable dirs (coder.policy.mounts), where
+    this machine allows either; a read-only carve-out needs one of them."""
+    from coder.policy import mounts, view
 
+    writable = (*profile.writable, realpath(tmp_root))
+    if found.view_problem is None:
+        shown = (*profile.visible, *_common_dirs(profile.writable))
+        try:
+            view.build(view.plan(writable, profile.readonly, shown), tmp_root)
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot build the view of commands: {exc}") from exc
+        return
     if found.mounts_problem is not None:
         if profile.readonly:
             raise EnvironmentProblem(
@@ -503,20 +548,40 @@ def _metadata_wall(found: Support, profile: Profile, tmp_root: str) -> None:
             )
         return
     try:
-        mounts.wall((*profile.writable, realpath(tmp_root)), profile.readonly)
+        mounts.wall(writable, profile.readonly)
     except OSError as exc:
         raise EnvironmentProblem(
             f"cannot make the filesystem read-only for commands: {exc}"
         ) from exc
 
 
+def _common_dirs(writable: Iterable[str]) -> list[str]:
+    """The repository's common git dir of a linked worktree's admin dir in `writable`
+    (`COMMON/worktrees/ID`, by its place, not by the `commondir` file a command can write):
+    git in the worktree needs its objects, refs and config."""
+    found = []
+    for path in writable:
+        parent = os.path.dirname(path)
+        common = os.path.dirname(parent)
+        if os.path.basename(parent) == "worktrees" and os.path.isdir(f"{common}/objects"):
+            found.append(common)
+    return found
+
+
 def launcher_argv(
-    argv: list[str], root: Path, *, network: bool, tree: dict[str, str] | None = None
+    argv: list[str],
+    root: Path,
+    *,
+    network: bool,
+    visible: Iterable[str] = (),
+    tree: dict[str, str] | None = None,
 ) -> list[str]:
     """`argv` wrapped to run confined to `root` (as `writable_for` says) by a launcher process:
     for programs coder does not start itself (external MCP servers, started by the MCP SDK),
-    where one Python start per long-lived server costs nothing that matters. `tree`: the
-    process tree it joins first (coder.policy.trees)."""
+    where one Python start per long-lived server costs nothing that matters. The program
+    sees, besides the system, the toolchain of coder's PATH and of its own directory, and
+    `visible` (the config's `visible_paths`). `tree`: the process tree it joins first
+    (coder.policy.trees)."""
     import json
     import sys
 
@@ -531,11 +596,23 @@ def launcher_argv(
         "network": network,
         "tmp": tempfile.mkdtemp(prefix="coder-sandbox-"),
         "netns_done": prefix is not None,
+        "visible": [*_toolchain(argv[0], root), *visible],
         "tree": tree or {},
     }
     _tmp_roots.append(profile["tmp"])  # type: ignore[arg-type]
     launcher = [sys.executable, "-I", "-m", "coder.policy.launch", json.dumps(profile), "--"]
     return [*(prefix or ()), *launcher, *argv]
+
+
+def _toolchain(program: str, cwd: Path) -> tuple[str, ...]:
+    """What a program started by name from `cwd` runs from (coder.policy.view.toolchain): the
+    toolchain of PATH, and of the directory the program is found in."""
+    from coder.policy import view
+
+    path_var = os.environ.get("PATH", "")
+    found = shutil.which(os.path.join(cwd, program) if "/" in program else program)
+    where = os.path.dirname(os.path.abspath(found)) if found else ""
+    return view.toolchain(f"{path_var}{os.pathsep}{where}")
 
 
 def _empty_dir(path: str) -> bool:
@@ -549,6 +626,15 @@ def _empty_dir(path: str) -> bool:
             return next(entries, None) is None
     except OSError:
         return False
+
+
+def _undumpable() -> None:
+    """Keep commands out of coder's memory. A spawner thread is in its commands' Landlock
+    domain and holds no capability, so the kernel's ptrace checks would let a command open
+    `/proc/CODER/task/SPAWNER/mem` and read or write all of coder (its unconfined threads
+    included); a process that is not dumpable can be reached so only with CAP_SYS_PTRACE.
+    Programs coder starts are dumpable again (exec resets it)."""
+    _libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def _existing(paths: Iterable[str]) -> list[str]:
@@ -610,11 +696,19 @@ _LIST_AND_END_LEFTOVERS = (
 )
 
 
-def profile_for(root: Path, *, network: bool = False) -> Profile:
-    """The profile of the commands that run in worktree (or checkout) `root`."""
+def profile_for(
+    root: Path, *, network: bool = False, path: str | None = None, visible: Iterable[str] = ()
+) -> Profile:
+    """The profile of the commands that run in worktree (or checkout) `root` with `path` as
+    their PATH (coder's own by default): they see its toolchain (coder.policy.view) and
+    `visible` (the config's `visible_paths`) besides the system."""
+    from coder.policy import view
+
     writable = writable_for(root)
     readonly = kept_readonly(root) + admin_files(writable)
-    return Profile(writable, network=network, readonly=readonly)
+    toolchain = view.toolchain(os.environ.get("PATH", "") if path is None else path)
+    shown = (*toolchain, *visible)
+    return Profile(writable, network=network, readonly=readonly, visible=shown)
 
 
 # What git reads in a linked worktree's admin dir to know the worktree's repository, branch
@@ -634,7 +728,7 @@ def admin_files(writable: tuple[str, ...]) -> tuple[str, ...]:
     link; the git guard replaces it."""
     import stat
 
-    if len(writable) < 2 or support().mounts_problem is not None:
+    if len(writable) < 2 or not _mount_wall(support()):
         return ()
     admin = writable[1]
     fd = os.open(admin, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -662,11 +756,17 @@ def kept_readonly(root: Path) -> tuple[str, ...]:
     has neither: its `.git` is a file, its repository is outside it). Only where this machine
     has the read-only mount wall that keeps them so; elsewhere the git guard around each call
     puts `.git` back (coder.mcp.walls)."""
-    if support().mounts_problem is not None:
+    if not _mount_wall(support()):
         return ()
     real = realpath(root)
     inside = (os.path.join(real, name) for name in (".git", ".coder"))
     return tuple(p for p in inside if os.path.isdir(p) and not os.path.islink(p))
+
+
+def _mount_wall(found: Support) -> bool:
+    """Whether commands get a mount namespace here (the view, or the read-only wall), which
+    keeps a carve-out of their writable dirs read-only."""
+    return found.view_problem is None or found.mounts_problem is None
 
 
 def confined(root: Path, fn: Callable[[], _T]) -> _T:
@@ -687,8 +787,11 @@ def spawner_for(root: Path) -> Confinement | None:
     # Inside `root` coder's own writes go where they mean to (a checkout's `.git` included:
     # libgit2 locks the index even to patch files); a command's carve-outs are not theirs,
     # but for the admin files, which coder writes only outside the sandbox.
+    from coder.policy import view
+
     writable = writable_for(root)
-    profile = Profile(writable, readonly=admin_files(writable))
+    toolchain = view.toolchain(os.environ.get("PATH", ""))
+    profile = Profile(writable, readonly=admin_files(writable), visible=toolchain)
     with _lock:
         paths = (profile.writable, profile.readonly)
         same = next((p for p in _confinements if (p.writable, p.readonly) == paths), profile)

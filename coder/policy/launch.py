@@ -1,6 +1,9 @@
 """`python -m coder.policy.launch PROFILE -- PROGRAM ARGS...`: join the process tree
 PROFILE (JSON) names (coder.policy.trees), confine this process as `confine.launcher_argv`
-described it, then become PROGRAM."""
+described it, then become PROGRAM.
+
+It runs single-threaded, so a non-root user gets a user namespace of its own first
+(coder.policy.userns) and with it the same view and walls as root (coder.policy.view)."""
 
 from __future__ import annotations
 
@@ -8,13 +11,14 @@ import json
 import os
 import sys
 
-from coder.policy import confine, trees
+from coder.policy import confine, trees, userns
 
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -m coder.policy.launch PROFILE -- PROGRAM [ARGS...]", file=sys.stderr)
         return 2
+    userns.enter()  # single-threaded here: a user namespace of its own, if it needs one
     spec = json.loads(argv[0])
     try:  # before confining: the cgroup files and the pid file are outside the sandbox
         trees.enter(spec.get("tree") or {})
@@ -22,7 +26,10 @@ def main(argv: list[str]) -> int:
         print(f"coder: cannot put {argv[2]} in a process tree: {exc}", file=sys.stderr)
         return 1
     profile = confine.Profile(
-        tuple(spec["writable"]), network=bool(spec["network"]), readonly=tuple(spec["readonly"])
+        tuple(spec["writable"]),
+        network=bool(spec["network"]),
+        readonly=tuple(spec["readonly"]),
+        visible=tuple(spec["visible"]),
     )
     confine.confine_current_thread(profile, spec["tmp"], netns_done=bool(spec["netns_done"]))
     os.environ.update(TMPDIR=spec["tmp"], TMP=spec["tmp"], TEMP=spec["tmp"])

@@ -21,7 +21,9 @@ Devices stay usable on a read-only mount (writing to /dev/null, opening /dev/ptm
 pseudo-terminal); /dev/shm is bound writable for POSIX shared memory. A mount namespace costs
 one system call per mount here and nothing per command: the commands the thread starts share it.
 It needs CAP_SYS_ADMIN in the thread's user namespace: root, or a process that made its own
-user namespace (coder.policy.launch for a non-root user).
+user namespace (coder.policy.userns). Where it can, coder builds the view of coder.policy.view
+instead (the same read-only tree, and only what a command needs in it); this wall is kept for
+a machine where bind mounts work but the view does not.
 """
 
 from __future__ import annotations

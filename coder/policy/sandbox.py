@@ -355,7 +355,7 @@ def run_command(
     started = time.monotonic()
     with (
         _spawner(policy, root or cwd, command_env) as spawn,
-        _shell_argv(shell, script) as argv,
+        _shell_argv(shell, script, command_env.get("TMPDIR")) as argv,
         _results_file(results_var, command_env, private=policy.sandbox) as results,
     ):
         try:
@@ -412,13 +412,14 @@ _MAX_ARG = 100_000
 
 
 @contextmanager
-def _shell_argv(shell: str, script: str) -> Iterator[list[str]]:
+def _shell_argv(shell: str, script: str, tmp_dir: str | None) -> Iterator[list[str]]:
     """`shell -c SCRIPT`; a script too long for one argument (a big heredoc) is read by the
-    shell from a private temporary file instead, removed when the command is done."""
+    shell from a private temporary file instead (in `tmp_dir`, the command's own TMPDIR: the
+    one place outside the worktree a confined command sees), removed when it is done."""
     if len(script.encode()) <= _MAX_ARG:
         yield [shell, "-c", script]
         return
-    with tempfile.TemporaryDirectory(prefix="coder-cmd-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="coder-cmd-", dir=tmp_dir) as tmp:
         path = Path(tmp, "command.sh")
         path.write_text(script, encoding="utf-8")
         yield [shell, str(path)]
@@ -440,7 +441,10 @@ def _spawner(policy: Policy, root: Path, env: dict[str, str]) -> Iterator[Spawn]
     from coder.policy import confine
 
     require_sandbox(policy)
-    spawner = confine.confinement(confine.profile_for(root, network=policy.allow_network))
+    profile = confine.profile_for(
+        root, network=policy.allow_network, path=env.get("PATH", ""), visible=policy.visible_paths
+    )
+    spawner = confine.confinement(profile)
     spawner.hold_to(policy.limits.processes)
     tmp = spawner.command_tmp()
     env.update(TMPDIR=tmp, TMP=tmp, TEMP=tmp)

@@ -137,7 +137,13 @@ def _sandbox(cfg: config_mod.Config) -> list[Check]:
             "allowlist and Landlock's TCP rules keep commands off the network",
             "enable user namespaces (sysctl kernel.unprivileged_userns_clone=1) if you can",
         )
-    return [files, net, _metadata(found, off=off), _processes(found, off=off)]
+    return [
+        files,
+        net,
+        _metadata(found, off=off),
+        _view(found, off=off),
+        _processes(found, off=off),
+    ]
 
 
 def _metadata(found: Support, *, off: bool) -> Check:
@@ -164,8 +170,8 @@ def _metadata(found: Support, *, off: bool) -> Check:
         name,
         "warn",
         "; ".join([*missing, *parts]),
-        "run coder as root (it drops every capability before starting a command) for the "
-        "read-only mount namespace"
+        "run coder as root, or allow unprivileged user namespaces, for the read-only mount "
+        "namespace (coder drops every capability before starting a command)"
         if found.mounts_problem is not None
         else None,
     )
@@ -199,6 +205,32 @@ def _processes(found: Support, *, off: bool) -> Check:
         "warn",
         f"limits.processes is not enforced for root (no pids cgroup: {problem}); {trees}",
         "mount the cgroup v1 pids hierarchy (/sys/fs/cgroup/pids), or run coder as another user",
+    )
+
+
+def _view(found: Support, *, off: bool) -> Check:
+    """What a command sees (coder.policy.view): only its worktree, its temp dir, the system
+    and its toolchain, or the whole filesystem (read-only to it)."""
+    from coder.policy import userns
+
+    name = "command view"
+    if off or not found.available:
+        return Check(name, "warn" if off else "fail", "no kernel sandbox: see command sandbox")
+    if found.view_problem is None:
+        return Check(
+            name,
+            "ok",
+            "commands see only their worktree, its temp dir, the system and their toolchain: "
+            "no $HOME, /run, /tmp, /dev/shm or terminals of this machine, no other repository",
+        )
+    why = userns.problem() or found.view_problem
+    return Check(
+        name,
+        "warn",
+        "commands can read whatever you can and connect to UNIX sockets by path (an ssh "
+        f"agent, a container daemon) ({why})",
+        "run coder as root, or allow unprivileged user namespaces "
+        "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)",
     )
 
 

@@ -216,9 +216,10 @@ def test_a_required_filter_that_is_not_configured_stops_the_staging(setup) -> No
 # --- what a command plants for git to run --------------------------------------------------
 
 
-def planted(tmp_path: Path, name: str, body: str) -> Path:
-    """An executable script that leaves `marker` files where it may and where it may not."""
-    script = tmp_path / name
+def planted(where: Path, name: str, body: str) -> Path:
+    """An executable script that leaves `marker` files where it may and where it may not,
+    put where a command can write it (the worktree's admin dir: the sandbox shows it)."""
+    script = where / name
     script.write_text(f"#!/bin/sh\n{body}\n")
     script.chmod(0o755)
     return script
@@ -230,8 +231,8 @@ def test_a_planted_fsmonitor_never_runs_and_a_filter_runs_confined(setup, tmp_pa
     outside = tmp_path / "outside"
     outside.mkdir()
     admin = root / ".git" / "worktrees" / "t1"  # writable when confined: any run leaves a mark
-    monitor = planted(tmp_path, "monitor", f"touch {admin}/monitor-ran {outside}/monitor-ran")
-    clean = planted(tmp_path, "clean", f"touch {outside}/filter-wrote 2>/dev/null\ntr a-z A-Z")
+    monitor = planted(admin, "monitor", f"touch {admin}/monitor-ran {outside}/monitor-ran")
+    clean = planted(admin, "clean", f"touch {outside}/filter-wrote 2>/dev/null\ntr a-z A-Z")
     git(root, "config", "extensions.worktreeConfig", "true")  # the user's repository
     (admin / "config.worktree").write_text(  # what a command can write there
         f'[core]\n\tfsmonitor = {monitor}\n[filter "up"]\n\tclean = {clean}\n'
@@ -249,7 +250,8 @@ def test_an_object_forged_in_the_quarantine_is_refused(setup, tmp_path) -> None:
     """A filter (confined, but able to write where git writes) plants a file under the id of
     the blob git is about to store, with other content: git then skips writing it."""
     root, wt, base = setup
-    forge = tmp_path / "forge.py"
+    admin = root / ".git" / "worktrees" / "t1"
+    forge = admin / "forge.py"
     forge.write_text(
         "import os, sys, zlib, hashlib\n"
         "data = sys.stdin.buffer.read()\n"
@@ -259,7 +261,7 @@ def test_an_object_forged_in_the_quarantine_is_refused(setup, tmp_path) -> None:
         "open(os.path.join(d, oid[2:]), 'wb').write(zlib.compress(b'blob 5\\0other'))\n"
         "sys.stdout.buffer.write(data)\n"
     )
-    clean = planted(tmp_path, "clean", f"exec {sys.executable} {forge}")
+    clean = planted(admin, "clean", f"exec {sys.executable} {forge}")
     git(root, "config", "filter.forge.clean", str(clean))
     (wt / ".gitattributes").write_text("*.f filter=forge\n")
     (wt / "x.f").write_text("genuine\n")
@@ -281,7 +283,7 @@ def test_a_submodule_is_never_looked_into_by_git_nor_staged(make_repo, scan, tmp
         repo, name="t1", path=root / ".coder" / "worktrees" / "t1", branch=BRANCH, start="main"
     )
     sub = wt / "vendor" / "lib"
-    clean = planted(tmp_path, "clean", f"touch {sub}/filter-ran\ncat")
+    clean = planted(root / ".git" / "worktrees" / "t1", "clean", f"touch {sub}/filter-ran\ncat")
     with (sub / ".git" / "config").open("a") as config:  # what a command can write there
         config.write(f'[filter "x"]\n\tclean = {clean}\n')
     (sub / ".gitattributes").write_text("*.txt filter=x\n")

@@ -27,7 +27,7 @@ from coder.errors import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_USAGE, CoderEr
 from coder.run.state import StateStore
 from coder.schemas import validator
 from tests.conftest import git
-from tests.helpers import stray_processes, wait_for
+from tests.helpers import stray_processes, visible_to_commands, wait_for
 
 TASK_ID = "crash1"
 BRANCH = f"agent/{TASK_ID}"
@@ -340,6 +340,7 @@ def test_resume_ends_the_commands_a_killed_runner_left_behind(
     go on writing into the worktree while (or after) resume reconciles it."""
     repo, _, before = user_repo(make_repo)
     go = tmp_path / "go-fast"  # created before the resume: the rerun of s1 is quick
+    visible_to_commands(tmp_path)
     marks = [["sleep", f"1000.{random.randrange(10**9):09d}"] for _ in range(2)]
     cmd = (
         f"if [ -e {go} ]; then echo one > new.txt; else echo partial > partial.txt; "
@@ -511,6 +512,7 @@ def test_stop_interrupts_the_step_kills_its_children_and_resume_finishes(
 ) -> None:
     repo = make_repo(BASE_FILES)
     go = tmp_path / "go-fast"  # absent: s1 writes, then hangs; present (on resume): quick
+    visible_to_commands(tmp_path)
     child = ["sleep", f"1000.{random.randrange(10**9):09d}"]  # unique: found in /proc later
     cmd = (
         f"if [ -e {go} ]; then echo done > s1.txt; "

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from tests.conftest import coder, git
-from tests.helpers import fingerprint
+from tests.helpers import fingerprint, visible_to_commands
 
 TASK = """id: inc
 title: include
@@ -204,6 +204,7 @@ def test_a_run_rebuilt_after_coder_dir_is_deleted_knows_its_checkout_commit(
     import sys
 
     go = tmp_path / "go"
+    visible_to_commands(tmp_path)
     repo = make_repo({"README.md": "# r\n", "app.py": "x = 1\n"})
     (repo / "t.yaml").write_text(
         "id: rb\ntitle: rebuild\ngraph:\n"

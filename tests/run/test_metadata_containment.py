@@ -28,6 +28,13 @@ needs_seccomp = pytest.mark.skipif(
     reason=f"no seccomp filter here: {FOUND.problem or FOUND.setid_problem}",
 )
 SETID = stat.S_ISUID | stat.S_ISGID
+# How each attempt is refused: read-only where the target is in the command's view (the
+# checkout's directory, $HOME), absent where it is not (coder.policy.view).
+REFUSED = ("Read-only file system", "No such file or directory")
+
+
+def refusals(text: str) -> int:
+    return sum(1 for line in text.splitlines() if any(sign in line for sign in REFUSED))
 
 
 class Targets:
@@ -99,7 +106,7 @@ def test_a_step_cannot_change_metadata_outside_its_worktree(
     code, step = run_shell(repo, cmd + "; echo done > done.txt")
     assert code == 0, step  # the last command succeeds: the step is judged by the targets
     targets.assert_unchanged()
-    assert step_log(repo).count("Read-only file system") == len(ATTEMPTS)
+    assert refusals(step_log(repo)) == len(ATTEMPTS)
 
 
 @needs_mounts
@@ -121,7 +128,7 @@ def test_the_model_cannot_change_metadata_outside_its_worktree(
     )
     coder(repo, "run", "--autonomous", "-f", str(path))
     tool_reply = next(m for m in fake.chat_bodies()[-1]["messages"] if m["role"] == "tool")
-    assert tool_reply["content"].count("Read-only file system") == 3, tool_reply
+    assert refusals(tool_reply["content"]) == 3, tool_reply
     targets.assert_unchanged()
 
 

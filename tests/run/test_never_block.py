@@ -20,7 +20,7 @@ import pytest
 
 from coder.policy.sandbox import OWNER_VAR, owner_token
 from tests.conftest import git
-from tests.helpers import ROOT, state_of, taskfile
+from tests.helpers import ROOT, state_of, taskfile, visible_to_commands
 
 
 def coder_process(repo: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -108,6 +108,7 @@ def test_stop_kills_a_runner_that_does_not_stop(make_repo, tmp_path: Path) -> No
     the run is left as a crash leaves it, and `coder resume` finishes it."""
     repo = make_repo()
     flag = tmp_path / "go"
+    visible_to_commands(tmp_path)
     path = taskfile(
         repo,
         f"id: stuck\ntitle: t\ngraph:\n  - {{id: s1, kind: shell, cmd: "

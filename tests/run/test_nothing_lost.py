@@ -25,8 +25,15 @@ import pytest
 from coder.errors import EXIT_ENVIRONMENT, EXIT_USAGE
 from tests.conftest import coder as cli
 from tests.conftest import git
-from tests.helpers import state_of
+from tests.helpers import state_of, visible_to_commands
 from tests.run.test_crash import coder, out, spawn, stray_processes, wait_for, write_taskfile
+
+
+@pytest.fixture(autouse=True)
+def flags_visible(tmp_path: Path) -> None:
+    """The steps here wait on flag files in the test's directory: commands see it."""
+    visible_to_commands(tmp_path)
+
 
 TASK_ID = "nl"
 BRANCH = f"agent/{TASK_ID}"

@@ -12,7 +12,7 @@ import pytest
 from coder.schemas import validator
 from tests.conftest import coder, git
 from tests.fake_ollama import down_url
-from tests.helpers import ROOT, snapshot, state_of, step_commits, taskfile
+from tests.helpers import ROOT, snapshot, state_of, step_commits, taskfile, visible_to_commands
 
 SEQUENCE = """
     id: seq
@@ -425,6 +425,7 @@ def test_resume_of_unknown_or_finished_runs(make_repo) -> None:
 def test_resume_after_a_failure_retries_the_failed_step(make_repo, tmp_path: Path) -> None:
     repo = make_repo()
     flag = tmp_path / "fixed"
+    visible_to_commands(tmp_path)
     path = taskfile(
         repo,
         f"""

@@ -25,7 +25,9 @@ def canary_repo(make_repo, isolated_home: Path, monkeypatch: pytest.MonkeyPatch)
     (repo / ".env").write_text(f"DATABASE_URL=postgres://u@h/db\nAPI_PASSWORD={ENV_SECRET}\n")
     config = isolated_home / ".config" / "coder" / "config.json"
     config.parent.mkdir(parents=True)
-    config.write_text(json.dumps({"env_passthrough": ["DEPLOY_HANDLE"]}))
+    # the commands read the checkout's .env, which the user lets them see
+    settings = {"env_passthrough": ["DEPLOY_HANDLE"], "visible_paths": [str(repo / ".env")]}
+    config.write_text(json.dumps(settings))
     monkeypatch.setenv("DEPLOY_HANDLE", PASSED_SECRET)  # a name that does not look secret
     return repo
 

@@ -30,8 +30,15 @@ import pytest
 from coder.errors import EXIT_INTERRUPTED
 from coder.run.state import StateStore
 from tests.conftest import git
-from tests.helpers import Terminal, stray_processes, wait_for
+from tests.helpers import Terminal, stray_processes, visible_to_commands, wait_for
 from tests.run.test_crash import coder, out, spawn  # the real CLI, in a subprocess
+
+
+@pytest.fixture(autouse=True)
+def flags_visible(tmp_path: Path) -> None:
+    """The steps here wait on flag files in the test's directory: commands see it."""
+    visible_to_commands(tmp_path)
+
 
 TASK_ID = "sig1"
 BRANCH = f"agent/{TASK_ID}"

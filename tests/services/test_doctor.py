@@ -38,6 +38,7 @@ def test_all_good(repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert statuses.pop("command sandbox") == ("ok" if confine.support().available else "fail")
     assert statuses.pop("command network") in ("ok", "warn")  # depends on the kernel
     assert statuses.pop("command metadata") in ("ok", "warn", "fail")  # see the next test
+    assert statuses.pop("command view") in ("ok", "warn", "fail")  # and the one after
     assert statuses.pop("process trees") in ("ok", "warn")  # tests/policy/test_process_trees
     assert statuses == {
         "git repository": "ok",
@@ -131,3 +132,21 @@ def test_the_metadata_wall_and_what_is_missing(
     monkeypatch.setattr(confine, "support", lambda: none)
     _, out, _ = coder(repo_with_tests, "doctor")
     assert "FAIL  command metadata  no kernel sandbox: see command sandbox" in out
+
+
+def test_the_view_and_why_it_is_missing(
+    repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    monkeypatch.setenv("OLLAMA_HOST", down_url())
+    found = confine.support()
+    view = checks(repo_with_tests)[1]["command view"]
+    if found.available and found.view_problem is None:
+        assert view["status"] == "ok" and "no $HOME, /run, /tmp, /dev/shm" in view["detail"]
+    missing = dataclasses.replace(found, problem=None, view_problem="needs CAP_SYS_ADMIN")
+    monkeypatch.setattr(confine, "support", lambda: missing)
+    view = checks(repo_with_tests)[1]["command view"]
+    assert view["status"] == "warn" and "user namespaces" in view["fix"]
+    assert view["detail"].startswith("commands can read whatever you can and connect to UNIX")
+    assert view["detail"].endswith("(needs CAP_SYS_ADMIN)")
