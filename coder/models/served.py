@@ -104,8 +104,10 @@ def place_hint(cfg: Config, name: str | None, hint: str | None) -> str | None:
     from coder.models.factory import named_models
 
     entry = named_models(cfg).get(name or "")
-    if not hint or entry is None:
+    if not hint:
         return hint
+    if entry is None:
+        return _where_set(cfg, hint)
     fields = "model"
     if "provider" in entry or "base_url" in entry:
         fields = "base_url|api_key_env|model"
@@ -115,3 +117,19 @@ def place_hint(cfg: Config, name: str | None, hint: str | None) -> str | None:
         )
     field = rf"(?<![\w.])({fields}) in coder\.config\.json"
     return re.sub(field, rf"models.{name}.\1 in coder.config.json", hint)
+
+
+_SERVER_FIELDS = ("base_url", "ollama_host", "api_key_env", "model", "num_ctx")
+
+
+def _where_set(cfg: Config, hint: str) -> str:
+    """`hint` with each "FIELD in coder.config.json" naming where FIELD's value comes from
+    (your user config, CODER_CONFIG's file, a variable), not the project's file it is not in."""
+    for field in _SERVER_FIELDS:
+        source = cfg.sources.get(field, "default")
+        kind, _, where = source.partition(" ")
+        if kind in ("default", "project", "flag"):  # the project file is the place to set it
+            continue
+        place = f"the variable {where}" if kind == "env" else where.removeprefix("file ")
+        hint = hint.replace(f"{field} in coder.config.json", f"{field} in {place}")
+    return hint

@@ -277,12 +277,22 @@ def _server(cfg: config_mod.Config, model: str, *, name: str | None) -> list[Che
     except CoderError as exc:  # e.g. api_key_env names a variable that is not set
         return [Check(what, "fail", exc.message, place_hint(cfg, name, exc.hint))]
     checks: list[Check] = []
+    down: list[Check] = []  # an endpoint that does not answer
     for url, provider in zip(urls, providers, strict=True):
         at = _label(name, url if len(urls) > 1 else None)
         try:
-            checks += _endpoint(cfg, provider, url, at=at)
+            found = _endpoint(cfg, provider, url, at=at)
         finally:
             provider.close()
+        down += found[:1] if len(found) == 1 and found[0].status == "fail" else []
+        checks += found
+    if down and len(down) < len(urls):  # runs fail over to the endpoints that answer
+        checks = [
+            replace(c, status="warn", detail=f"{c.detail}; runs use the other endpoints")
+            if c in down
+            else c
+            for c in checks
+        ]
     return [replace(c, fix=place_hint(cfg, name, c.fix)) for c in checks]
 
 
