@@ -327,7 +327,10 @@ def _models_cell(report: RunReport) -> str:
 
 def models_used(task: Task, attempts: dict[str, int]) -> list[str]:
     """The models the attempts of a run's model steps used (`attempts`: made per step id),
-    the run's own first: a step's `model`, and its `fallback_model` once it took over."""
+    the run's own first: a step's `model`, and its `fallback_model` once it took over; none
+    when no step uses a model."""
+    if not any(step.uses_model for step in task.steps):
+        return []
     found = [task.model] if task.model else []
     for step in task.steps:
         if not step.uses_model:
@@ -354,8 +357,12 @@ def _head(report: RunReport) -> list[str]:
         f"| steps | {t['steps']} ({_count(t['commits'], 'commit')}, "
         f"{_count(t['fix_cycles'], 'fix cycle')}) |",
         f"| changes | {_count(t['files'], 'file')}, +{t['added']} −{t['removed']} |",
-        f"| {_models_cell(report)}: {t['tokens']:,} tokens in "
-        f"{_count(t['model_calls'], 'call')}, cache reuse {_share(t['cache_share'])} |",
+        (
+            f"| {_models_cell(report)}: {t['tokens']:,} tokens in "
+            f"{_count(t['model_calls'], 'call')}, cache reuse {_share(t['cache_share'])} |"
+            if report.models
+            else "| model | none: no step of the run uses one |"
+        ),
         f"| time | {t['duration_s']:.1f} s in steps |",
     ]
     if report.checkout_commit:

@@ -316,3 +316,13 @@ def test_a_suites_own_report_is_shown_beside_the_exit_status_never_instead(make_
     code, report, err = coder(repo, "report", "-t", "liar")
     assert code == 0, err
     assert "55000 passed (exit 1)" in report
+
+
+def test_a_run_without_model_steps_names_no_model(make_repo) -> None:
+    repo = make_repo()
+    path = taskfile(repo, "id: sh\ntitle: t\ngraph:\n  - {kind: shell, cmd: 'echo x > x.txt'}\n")
+    assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == 0
+    code, report, err = coder(repo, "report", "-t", "sh")
+    assert code == 0, err
+    assert "| model | none: no step of the run uses one |" in report
+    assert json.loads(coder(repo, "report", "-t", "sh", "--format", "json")[1])["models"] == []
