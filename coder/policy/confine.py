@@ -596,7 +596,7 @@ def launcher_argv(
         "network": network,
         "tmp": tempfile.mkdtemp(prefix="coder-sandbox-"),
         "netns_done": prefix is not None,
-        "visible": [*_toolchain(argv[0], root), *visible],
+        "visible": [*_toolchain(argv[0], root), *_named(argv[1:]), *visible],
         "tree": tree or {},
     }
     _tmp_roots.append(profile["tmp"])  # type: ignore[arg-type]
@@ -613,6 +613,19 @@ def _toolchain(program: str, cwd: Path) -> tuple[str, ...]:
     found = shutil.which(os.path.join(cwd, program) if "/" in program else program)
     where = os.path.dirname(os.path.abspath(found)) if found else ""
     return view.toolchain(f"{path_var}{os.pathsep}{where}")
+
+
+def _named(args: list[str]) -> list[str]:
+    """The files and directories a server's own command line names by absolute path (its
+    script, `/home/me/tools/server.py`; its config): the server you configured runs from them,
+    so its view shows them read-only (a file's whole directory, for what it imports)."""
+    found = []
+    for arg in args:
+        value = arg.partition("=")[2] if arg.startswith("--") and "=" in arg else arg
+        if not value.startswith("/") or not os.path.exists(value):
+            continue
+        found.append(value if os.path.isdir(value) else os.path.dirname(value))
+    return found
 
 
 def _empty_dir(path: str) -> bool:

@@ -155,6 +155,24 @@ def test_a_run_without_model_steps_starts_no_server(make_repo) -> None:
     assert "ghost" not in err
 
 
+def test_a_server_sees_the_script_its_command_line_names(tmp_path: Path) -> None:
+    """A server configured as `python /elsewhere/server.py`: its script is outside the
+    worktree and the toolchain, and its view shows it (read-only), or it could not start."""
+    import shutil
+
+    from coder.mcp.client import McpBridge
+
+    elsewhere = tmp_path / "tools"
+    elsewhere.mkdir()
+    script = elsewhere / "server.py"
+    shutil.copy(ROOT / "fixtures" / "mcp_echo_server.py", script)
+    worktree = tmp_path / "wt"
+    worktree.mkdir()
+    server = {**ECHO, "args": [str(script)]}
+    with McpBridge([server], cwd=worktree) as bridge:
+        assert bridge.call("echo__echo", {"text": "hi"}).content == "hi", bridge.warnings
+
+
 def test_bridge_allow_list_timeout_and_shutdown(tmp_path: Path) -> None:
     from coder.mcp.client import McpBridge
 
