@@ -353,7 +353,9 @@ def test_resume_ends_the_commands_a_killed_runner_left_behind(
     go.touch()
     resumed = coder(repo, "resume", "-t", TASK_ID)
     assert resumed.returncode == 0, out(resumed)
-    assert "leftover command process(es) of the previous runner" in resumed.stderr
+    # Ended by this resume ("killed 2 leftover command process(es) of the previous runner"),
+    # or already by another coder's sweep of a gone coder's cgroups (coder.policy.cgroups):
+    # either way before the resume looked at the worktree.
     assert not any(stray_processes(m) for m in marks), "a crashed run's command survived resume"
     assert_golden(repo, golden, before)
 
