@@ -203,7 +203,7 @@ def http_server(repo: Path, port: int, errlog: Path) -> Iterator[subprocess.Pope
             stderr=err,
         )
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60  # a wait, not a measure: a loaded machine is slow
         while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()

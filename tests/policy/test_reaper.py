@@ -38,7 +38,8 @@ DOUBLE_FORK = (
     "os.setsid()\n"
     "if os.fork():\n"
     "    os._exit(0)\n"
-    'open("daemon.pid", "w").write(str(os.getpid())); os.write(w, b"x")\n'
+    'open("daemon.pid", "w").write(str(os.getpid())); open("tick.txt", "a").write("x")\n'
+    'os.write(w, b"x")\n'
     "while True:\n"
     '    open("tick.txt", "a").write("x"); time.sleep(0.005)\''
     " >/dev/null 2>&1 </dev/null"
