@@ -77,3 +77,31 @@ def test_a_staged_file_deleted_since_and_no_change_at_all(make_repo) -> None:
     git(repo, "add", "new.txt")
     (repo / "new.txt").unlink()
     assert snap(repo) is None  # nothing differs from HEAD in the working files
+
+
+def test_a_file_replacing_a_directory_drops_what_was_left_out_below_it(make_repo) -> None:
+    """`d/keep.env` is not asked for (a protected path the run leaves out), yet `d` is now a
+    file: the commit cannot hold both, so nothing stays below `d` (and a file that became a
+    directory goes too); the sibling `dd/x` and `d.txt`, which sort beside them, stay."""
+    repo = make_repo(
+        {"d/keep.env": "K=1\n", "d/a/b.txt": "b\n", "dd/x": "x\n", "d.txt": "t\n", "f": "f\n"}
+    )
+    for name in ("d/keep.env", "d/a/b.txt"):
+        (repo / name).unlink()
+    (repo / "d" / "a").rmdir()
+    (repo / "d").rmdir()
+    (repo / "d").write_text("now a file\n")
+    (repo / "f").unlink()
+    (repo / "f").mkdir()
+    (repo / "f" / "g").write_text("g\n")
+    r = repository.open_repo(repo)
+    head = git(repo, "rev-parse", "HEAD").strip()
+    wanted = [p for p in workdir.changed_paths(repo) if p != "d/keep.env"]
+    made = snapshot.snapshot(r, repo, head, wanted, task_id="t1")
+    assert made is not None
+    assert tree(repo, made.commit) == {
+        "d": "100644 now a file\n",
+        "d.txt": "100644 t\n",
+        "dd/x": "100644 x\n",
+        "f/g": "100644 g\n",
+    }
