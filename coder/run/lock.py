@@ -1,8 +1,10 @@
-"""The per-task runner lock (`.coder/locks/ID.lock`): one runner per task.
+"""The per-task runner lock (`.coder/locks/ID.lock`): one runner per task; and the lock of
+the user's checkout (`.coder/locks/the.checkout.lock`, `CheckoutLock`): one reader or writer
+of it at a time.
 
-The lock is an `flock` on a file descriptor the runner keeps open: the kernel releases it when
+Each lock is an `flock` on a file descriptor its holder keeps open: the kernel releases it when
 the process dies, however it dies, so a `kill -9` can never leave a lock that blocks forever.
-The pid written in the file is for messages and `coder stop`; the flock is what decides.
+The record written in the file is for messages and `coder stop`; the flock is what decides.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from typing import Self, TypedDict, cast
 
 from coder import nofollow
 from coder.durable import make_private_dirs, write_failed
-from coder.errors import ConcurrentRun
-from coder.run.state import check_task_id, now_iso
+from coder.errors import CoderError, ConcurrentRun, EnvironmentProblem
+from coder.run.state import StateStore, check_task_id, now_iso
 
 
 def pid_alive(pid: int) -> bool:
@@ -53,6 +55,8 @@ class Owner(TypedDict, total=False):
     started_at: str
     host: str
     holder: str  # "run", "merge", "revert", ...
+    task: str  # the checkout lock's: the run whose command holds it
+    landed: str  # the checkout lock's: the commit a merge moved the base branch to
 
 
 def _read_owner(fd: int) -> Owner:
@@ -65,6 +69,11 @@ def _read_owner(fd: int) -> Owner:
     if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
         return {}
     return cast(Owner, owner)
+
+
+def _record(fd: int, record: Owner) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
 
 
 def _flock(fd: int, operation: int, attempts: int = 5) -> bool:
@@ -119,8 +128,7 @@ class TaskLock:
                 "host": socket.gethostname(),
                 "holder": self.holder,
             }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
+            _record(fd, record)
         except OSError as exc:  # a full disk
             os.close(fd)
             raise write_failed(self.path, exc) from exc
@@ -188,6 +196,127 @@ def lock_for_command(
         raise ConcurrentRun(
             f"cannot {holder} run {task_id} while it runs: {exc.message}", hint=hint or exc.hint
         ) from None
+
+
+# --- the user's checkout ---------------------------------------------------------------------
+
+CHECKOUT_LOCK = "the.checkout.lock"  # task ids have no dot: no task's lock is named so
+CHECKOUT_WAIT = 30.0  # seconds a command waits for another to be done with the checkout
+
+
+class CheckoutLock:
+    """The user's checkout, one command at a time: `coder merge` holds this lock from just
+    before it moves the base branch until the checkout has followed, and `coder run
+    --include-uncommitted` while it reads the checkout into the run's first commit. So a
+    snapshot never sees a checkout half-way between two commits (HEAD moved, its files not
+    yet), which it would take, and a later merge land, as the user's undoing of the merge.
+
+    `with CheckoutLock(coder_dir, holder="merge", task_id=ID) as lock: ...` waits up to
+    CHECKOUT_WAIT seconds for the other holder (an update takes well under one), then refuses
+    naming it (ConcurrentRun, exit 3). A holder that does not finish (killed, interrupted,
+    failed) leaves its record: one of a merge that had moved its base (`landed`) means the
+    checkout did not follow, and until `coder merge -t ID` finishes that (or that run's state
+    records its merge) the checkout is neither read nor updated by anyone else."""
+
+    def __init__(self, coder_dir: Path, *, holder: str, task_id: str) -> None:
+        self.coder_dir = Path(coder_dir)
+        self.path = self.coder_dir / "locks" / CHECKOUT_LOCK
+        self.holder, self.task_id = holder, task_id
+        self._record: Owner = {}
+        self._fd: int | None = None
+
+    def acquire(self, wait: float | None = None) -> Self:
+        try:
+            make_private_dirs(self.path.parent)
+            fd = nofollow.open_file(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise write_failed(self.path, exc) from exc
+        try:
+            limit = CHECKOUT_WAIT if wait is None else wait
+            if not _flock(fd, fcntl.LOCK_EX, attempts=max(1, int(limit / 0.02))):
+                raise self._busy(_read_owner(fd), limit)
+            self._refuse_unfinished(_read_owner(fd))  # its record stays, for the next one
+            import socket
+
+            self._record = {
+                "pid": os.getpid(),
+                "started_at": now_iso(),
+                "host": socket.gethostname(),
+                "holder": self.holder,
+                "task": self.task_id,
+            }
+            _record(fd, self._record)
+        except OSError as exc:
+            os.close(fd)
+            raise write_failed(self.path, exc) from exc
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return self
+
+    def landed(self, commit: str) -> None:
+        """The holder (a merge) moved the base branch to `commit`: from now on, a holder that
+        does not finish leaves a checkout behind its branch."""
+        assert self._fd is not None, "the checkout lock is held"
+        self._record = {**self._record, "landed": commit}
+        _record(self._fd, self._record)
+
+    def release(self, *, finished: bool = True) -> None:
+        """Unlock; the record is emptied only when the holder `finished` its work."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            if finished:
+                os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> Self:
+        return self.acquire()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release(finished=exc_type is None)
+
+    def _busy(self, owner: Owner, waited: float) -> ConcurrentRun:
+        pid = owner.get("pid")
+        who = f"pid {pid}" if pid else "another process"
+        task = f" of run {owner['task']}" if owner.get("task") else ""
+        doing = (
+            f"`coder merge`{task} ({who}) is updating"
+            if owner.get("holder") == "merge"
+            else f"`coder run --include-uncommitted`{task} ({who}) is reading"
+        )
+        return ConcurrentRun(
+            f"{doing} your checkout, still after {waited:.0f}s; nothing was changed",
+            hint="run the command again once it has finished",
+            holder=owner.get("holder", "run"),
+        )
+
+    def _refuse_unfinished(self, owner: Owner) -> None:
+        """EnvironmentProblem when `owner`, left by a holder that did not finish, is a merge of
+        another run that moved its base and whose checkout update is still undone."""
+        task, landed = owner.get("task"), owner.get("landed")
+        if owner.get("holder") != "merge" or not landed or not task or task == self.task_id:
+            return
+        try:
+            merge = StateStore(self.coder_dir).load(task).merge
+        except CoderError:  # the run is gone (`coder clean`): nobody can finish it
+            return
+        if merge and merge.get("commit"):  # finished since
+            return
+        raise EnvironmentProblem(
+            f"the merge of run {task} moved its base branch to {landed[:12]} but stopped before "
+            "your checkout followed: its files may be half-way between the two commits; "
+            "nothing was changed",
+            hint=f"finish that merge with `coder merge -t {task}`, then run this command again",
+        )
 
 
 def read_lock_owner(coder_dir: Path, task_id: str) -> int | None:

@@ -125,8 +125,9 @@ def start(
             if options.include_uncommitted:
                 assert task.base is not None, "a resolved task names its base"
                 included = uncommitted.include(
-                    repo, base_commit, path, task_id=task.id, base=task.base, policy=policy
+                    repo, coder_dir, path, task_id=task.id, base=task.base, policy=policy
                 )
+                base_commit = included.base_commit  # a merge may have moved it since
             checkout_commit = included.commit if included else None
             state = _create(repo, coder_dir, task, path, base_commit, redactor, checkout_commit)
             store.save(state)

@@ -3,6 +3,11 @@ starts from a commit and leaves them out (said before it starts, never silently)
 `coder run --include-uncommitted` they become the run's first commit on its branch
 (`coder.git.snapshot`), the checkout itself left as it is.
 
+The checkout is read under `coder.run.lock.CheckoutLock`, which `coder merge` holds while it
+moves a base branch and brings the checkout along: a run never takes a merge's half-written
+files (HEAD moved, files not yet) as the user's changes, which would undo the merge when the
+run lands. The run starts from the commit the checkout is at then (its base branch's tip).
+
 That commit carries `Coder-Task: ID` and `Coder-Checkout: uncommitted` (no `Coder-Step`: it is
 no step's), and the run's manifest and checkpoint name it (`checkout_commit`): `coder revert
 --to-step` never goes below it, the squash merge and the report count it as the run's work.
@@ -23,12 +28,14 @@ from coder.git.repository import Repo
 from coder.policy.commands import Policy
 from coder.policy.paths import is_protected
 from coder.project import TASKS_DIR
+from coder.run.lock import CheckoutLock
 
 SHOWN = 5  # file names in the note
 
 
 @dataclass(frozen=True)
 class Included:
+    base_commit: str  # the base branch's tip when the checkout was read: the run's base
     commit: str | None  # None: nothing recordable was left uncommitted
     paths: tuple[str, ...] = ()  # what the commit changes
     protected: tuple[str, ...] = ()  # left out: protected paths
@@ -75,22 +82,29 @@ def check_includable(repo: Repo, base: str) -> None:
 
 
 def include(
-    repo: Repo, base_commit: str, taskfile: Path, *, task_id: str, base: str, policy: Policy
+    repo: Repo, coder_dir: Path, taskfile: Path, *, task_id: str, base: str, policy: Policy
 ) -> Included:
-    """The run's first commit: the checkout's uncommitted changes on top of `base_commit`."""
-    changed = uncommitted(repo, base, taskfile)
-    protected = tuple(rel for rel in changed if is_protected(rel.rstrip("/"), policy))
-    wanted = [rel for rel in changed if rel not in protected]
-    body = (
-        f"The uncommitted changes of the checkout when run {task_id} started "
-        "(`coder run --include-uncommitted`); the checkout itself was left as it was."
-    )
-    made = snapshot.snapshot(
-        repo, repository.repo_root(repo), base_commit, wanted, task_id=task_id, body=body
-    )
+    """The run's first commit: the checkout's uncommitted changes on top of the tip of `base`
+    (the branch checked out), both read under the checkout's lock."""
+    with CheckoutLock(coder_dir, holder="run", task_id=task_id):
+        base_commit = branches.branch_tip(repo, base)
+        if base_commit is None:
+            raise InvalidInput(
+                f"branch {base} no longer exists", hint=f"check out {base}, then run again"
+            )
+        changed = uncommitted(repo, base, taskfile)
+        protected = tuple(rel for rel in changed if is_protected(rel.rstrip("/"), policy))
+        wanted = [rel for rel in changed if rel not in protected]
+        body = (
+            f"The uncommitted changes of the checkout when run {task_id} started "
+            "(`coder run --include-uncommitted`); the checkout itself was left as it was."
+        )
+        made = snapshot.snapshot(
+            repo, repository.repo_root(repo), base_commit, wanted, task_id=task_id, body=body
+        )
     if made is None:
-        return Included(None, (), protected, ())
-    return Included(made.commit, made.paths, protected, made.left_out)
+        return Included(base_commit, None, (), protected, ())
+    return Included(base_commit, made.commit, made.paths, protected, made.left_out)
 
 
 def note(files: list[str]) -> str:

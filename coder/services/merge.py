@@ -15,7 +15,10 @@ and running the merge again finishes the job:
 5. Move base and the tag `coder/ID` in one ref transaction, only if base still points where
    step 1 saw it (compare-and-swap).
 6. Bring the checkout of base along: the merged paths only, each only if still at the old
-   content, so the user's other edits survive byte for byte.
+   content, so the user's other edits survive byte for byte. Steps 5 and 6 hold the
+   checkout's lock (`coder.run.lock.CheckoutLock`), so `run --include-uncommitted` never
+   reads the checkout in between; a merge that moved base and stopped before the checkout
+   followed leaves that lock's record, and until it is finished the lock is refused.
 7. Record the merge in the state, last: a recorded merge means every step above is done.
 
 What a kill in step 6 leaves in the user's checkout, the next merge removes: temporary files
@@ -31,7 +34,8 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +55,7 @@ from coder.errors import (
 from coder.git import branches, commits, diffs, repository, worktrees
 from coder.git import land as gitland
 from coder.run.foreign import refuse_foreign_commits
-from coder.run.lock import lock_for_command, pid_alive, processes_holding
+from coder.run.lock import CheckoutLock, lock_for_command, pid_alive, processes_holding
 from coder.run.manifest import Manifest, load_manifest
 from coder.run.state import RunState, StateStore, StepRecord, now_iso
 
@@ -193,18 +197,21 @@ class _Merge:
             if checkout is not None:  # the tests took a while: look again
                 self._check_checkout(checkout, base_tip, commit)
         crashpoint("merge_before_ref")
-        gitland.land(
-            self.repo,
-            branch=self.base,
-            target=commit,
-            expected_tip=base_tip,
-            tag=self.tag,
-            tag_expected=gitland.ref_target(self.repo, self._tagref),
-            message=f"coder: merge {self.task_id} ({self.mode})",
-        )
-        crashpoint("merge_after_ref")
-        if checkout is not None:
-            self._update_checkout(checkout, base_tip, commit)
+        with self._holding(checkout) as held:
+            gitland.land(
+                self.repo,
+                branch=self.base,
+                target=commit,
+                expected_tip=base_tip,
+                tag=self.tag,
+                tag_expected=gitland.ref_target(self.repo, self._tagref),
+                message=f"coder: merge {self.task_id} ({self.mode})",
+            )
+            if held is not None:
+                held.landed(commit)
+            crashpoint("merge_after_ref")
+            if checkout is not None:
+                self._update_checkout(checkout, base_tip, commit)
         crashpoint("merge_after_checkout")
         self._record(commit, self.mode)
         return self._result(
@@ -411,6 +418,16 @@ class _Merge:
             return None
         return pid
 
+    @contextmanager
+    def _holding(self, checkout: Path | None) -> Iterator[CheckoutLock | None]:
+        """The checkout's lock while base moves and `checkout` (None: base is checked out
+        nowhere) follows it: `run --include-uncommitted` never reads it half-way."""
+        if checkout is None:
+            yield None
+            return
+        with CheckoutLock(self.coder_dir, holder="merge", task_id=self.task_id) as held:
+            yield held
+
     def _update_checkout(self, checkout: Path, old: str, new: str) -> bool:
         """True if files were written. This comes after base moved: a failure says so, and
         that merging again finishes the job."""
@@ -512,8 +529,12 @@ class _Merge:
                     f"could not tell which files the merge changed; check "
                     f"`git status` in {checkout}"
                 )
-            elif self._update_checkout(checkout, old, commit):
-                finished.append("checkout")
+            else:
+                with self._holding(checkout) as held:
+                    assert held is not None
+                    held.landed(commit)
+                    if self._update_checkout(checkout, old, commit):
+                        finished.append("checkout")
         self._record(commit, mode)
         finished.append("state")
         return self._result(
