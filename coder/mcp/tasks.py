@@ -4,13 +4,23 @@ Registry tools like the others (flat schemas, errors as data), served by `coder 
 `task_run` starts `coder run --autonomous` as a background process in the repository and
 returns the run's id: a taskfile without `id` is copied to `.coder/mcp/ID.yaml` with a generated
 id first, so the id is known before the run starts. The process outlives the server (its own
-session); its output goes to `.coder/mcp/ID.log`.
+session); its output is appended to `.coder/mcp/ID.log` (each launch's from a line of its own,
+never over an earlier one's).
+
+Clients each start a server of their own, so several may call `task_run` on one taskfile at the
+same moment. The one that takes the task's claim (`.coder/mcp/ID.lock`, an `flock`) starts the
+run, and hands the claim to it (an inherited descriptor): it lasts as long as that `coder run`
+does, and the kernel ends it when that process ends, however it ends. The others are told the
+run is already running, with its id and pid, and start nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -21,9 +31,10 @@ from typing import Any
 
 from coder import nofollow
 from coder.display import counted
-from coder.durable import create_private, write_failed, write_private
-from coder.errors import CoderError, InvalidInput, RunNotStarted
+from coder.durable import write_failed, write_private
+from coder.errors import CoderError, InvalidInput, NotRegular, RunNotStarted
 from coder.policy.paths import resolve_in_root
+from coder.safeio import file_kind
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
 
 START_WAIT = 5.0  # seconds task_run waits for the run to be created (or to fail early)
@@ -34,6 +45,7 @@ class _Launch:
     process: subprocess.Popen[bytes]
     log: Path
     merge: bool = False
+    offset: int = 0  # where this launch's output starts in the log
 
 
 _launched: dict[str, _Launch] = {}
@@ -89,45 +101,33 @@ def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     from coder import project, taskfile
     from coder.git import repository
     from coder.run import manifest as manifests
+    from coder.run.lock import read_lock_owner
 
     rel = args["path"]
     task = taskfile.load(_taskfile(ctx, rel), rel)
     repo, coder_dir = _repo(ctx)
     project.ensure_coder_dir(coder_dir.parent)
     repository.ensure_excluded(repo, f"/{project.CODER_DIR}/")
-    if manifests.run_exists(coder_dir, task.id):
-        raise InvalidInput(
-            f"a run of task {task.id} already exists",
-            hint=f"follow it with task_status, continue it with `coder resume -t "
-            f"{task.id}`, or remove it with `coder clean -t {task.id}`",
-        )
-    work = coder_dir / "mcp"  # written without following a link (coder.durable)
-    run_file = _taskfile(ctx, rel)
-    if not task.source.get("id"):  # pin the generated id, so we can report it
-        import yaml
-
-        run_file = work / f"{task.id}.yaml"
-        document = {"id": task.id, **json.loads(json.dumps(dict(task.source), default=str))}
-        write_private(run_file, yaml.safe_dump(document, sort_keys=False))
-    log = work / f"{task.id}.log"
-    # -P: never import a `coder` or `mcp` package from the repository being worked on.
-    cmd = [sys.executable, "-P", "-m", "coder", "run", "--autonomous", "-f", str(run_file)]
-    if args.get("merge_on_success"):
-        cmd.append("--merge-on-success")
+    work = coder_dir / "mcp"  # written without following a link (coder.nofollow, durable)
+    claim_path = work / f"{task.id}.lock"
+    claim = _claim(claim_path)
+    if claim is None:  # another task_run is starting it, or its run is running
+        return _already_running(task.id, _claimant(claim_path))
     try:
-        fd = create_private(log)
-    except OSError as exc:
-        raise write_failed(log, exc) from exc
-    with os.fdopen(fd, "wb") as out:
-        process = subprocess.Popen(
-            cmd,
-            cwd=coder_dir.parent,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    launch = _Launch(process, log, bool(args.get("merge_on_success")))
+        runner = read_lock_owner(coder_dir, task.id)
+        if runner is not None:  # started by `coder run` or `coder resume`
+            return _already_running(task.id, runner)
+        if manifests.run_exists(coder_dir, task.id):
+            raise InvalidInput(
+                f"a run of task {task.id} already exists",
+                hint=f"follow it with task_status, continue it with `coder resume -t "
+                f"{task.id}`, or remove it with `coder clean -t {task.id}`",
+            )
+        run_file = _run_file(ctx, rel, task, work)
+        launch = _launch(task.id, run_file, coder_dir, claim, bool(args.get("merge_on_success")))
+    finally:
+        os.close(claim)  # the run holds the claim now (or nobody: nothing was started)
+    process = launch.process
     with _lock:
         _launched[task.id] = launch
     manifest = manifests.manifest_path(coder_dir, task.id)
@@ -148,8 +148,119 @@ def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             "status": state,
             "branch": task.branch,
             "pid": process.pid,
-            "log": str(log),
+            "log": str(launch.log),
         },
+    )
+
+
+def _run_file(ctx: ToolContext, rel: str, task: Any, work: Path) -> Path:
+    """The taskfile the run starts from: a copy with its generated id pinned when it has
+    none, so the id can be reported."""
+    if task.source.get("id"):
+        return _taskfile(ctx, rel)
+    import yaml
+
+    run_file = work / f"{task.id}.yaml"
+    document = {"id": task.id, **json.loads(json.dumps(dict(task.source), default=str))}
+    write_private(run_file, yaml.safe_dump(document, sort_keys=False))
+    return run_file
+
+
+def _launch(task_id: str, run_file: Path, coder_dir: Path, claim: int, merge: bool) -> _Launch:
+    """`coder run --autonomous` in the background, its output appended to the run's log, the
+    claim handed to it (and its pid written in the claim's file)."""
+    from coder.run.state import now_iso
+
+    # -P: never import a `coder` or `mcp` package from the repository being worked on.
+    cmd = [sys.executable, "-P", "-m", "coder", "run", "--autonomous", "-f", str(run_file)]
+    if merge:
+        cmd.append("--merge-on-success")
+    log = coder_dir / "mcp" / f"{task_id}.log"
+    fd = _open_log(log)
+    with os.fdopen(fd, "ab") as out:
+        offset = out.tell()
+        out.write(f"--- {now_iso()} task_run: {' '.join(cmd[3:])}\n".encode())
+        out.flush()
+        process = subprocess.Popen(
+            cmd,
+            cwd=coder_dir.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(claim,),
+        )
+    os.pwrite(claim, f"{process.pid}\n".encode(), 0)
+    return _Launch(process, log, merge, offset)
+
+
+def _open_log(log: Path) -> int:
+    """The run's log, opened to append (made 0600 if missing). Never written through: a link
+    or a fifo there (shipped in `.coder/`, or planted) is replaced by a file of coder's own."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        with nofollow.at(log, create=True) as (dir_fd, name):
+            with contextlib.suppress(FileNotFoundError):
+                if not stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=dir_fd)
+            fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        raise write_failed(log, exc) from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # swapped in since (a device): never written to
+        os.close(fd)
+        raise write_failed(log, NotRegular(log, file_kind(mode)))
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def _claim(path: Path) -> int | None:
+    """A descriptor holding the task's claim (`path`, emptied), or None when another holds
+    it: a task_run starting the run, or the `coder run` it handed the claim to."""
+    try:
+        fd = nofollow.open_file(path, os.O_RDWR | os.O_CREAT, 0o600, create=True)
+    except OSError as exc:
+        raise write_failed(path, exc) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)  # an earlier launch's pid
+    return fd
+
+
+def _claimant(path: Path, timeout: float = 2.0) -> int | None:
+    """The pid of the `coder run` holding the claim at `path`, written by the task_run that
+    started it just after it did (None if it has not yet)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            text = nofollow.read_bytes(path).decode("ascii", errors="replace").strip()
+        except OSError:
+            text = ""
+        if text.isdigit() or time.monotonic() >= deadline:
+            return int(text) if text.isdigit() else None
+        time.sleep(0.02)
+
+
+def _starting_elsewhere(coder_dir: Path, task_id: str) -> bool:
+    """Whether the `coder run` another server's task_run started holds the task's claim (it
+    has not made its state yet)."""
+    from coder.run.lock import processes_holding
+    from coder.run.state import check_task_id
+
+    claim = coder_dir / "mcp" / f"{check_task_id(task_id)}.lock"
+    pid = _claimant(claim, timeout=0)
+    return pid is not None and processes_holding(claim, among=[pid]) == [pid]
+
+
+def _already_running(task_id: str, pid: int | None) -> ToolResult:
+    who = f" (pid {pid})" if pid else ""
+    return ToolResult.error(
+        f"run {task_id} is already running{who}; this call started nothing",
+        hint=f"follow it with task_status(id={task_id!r}), or stop it with task_stop",
+        data={"task_id": task_id, "status": "running", "pid": pid},
     )
 
 
@@ -166,7 +277,7 @@ def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     try:
         state = StateStore(coder_dir).load(task_id)
     except UnknownTask:
-        if alive:
+        if alive or _starting_elsewhere(coder_dir, task_id):
             return ToolResult(
                 ok=True,
                 content=f"run {task_id}: starting",
@@ -249,10 +360,7 @@ def task_stop(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 def _log_line(launch: _Launch, prefix: str) -> str | None:
     """The last line of the run's output starting with `prefix`, with its hint line."""
-    try:
-        lines = nofollow.read_bytes(launch.log).decode("utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
+    lines = _launch_output(launch).splitlines()
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith(prefix):
             hint = lines[i + 1].strip() if i + 1 < len(lines) else ""
@@ -260,12 +368,18 @@ def _log_line(launch: _Launch, prefix: str) -> str | None:
     return None
 
 
+def _launch_output(launch: _Launch) -> str:
+    """What this launch's `coder run` printed: the log from where it started."""
+    try:
+        data = nofollow.read_bytes(launch.log)
+    except OSError:
+        return ""
+    return data[launch.offset :].decode("utf-8", errors="replace")
+
+
 def _not_started(task_id: str, launch: _Launch) -> CoderError:
     """The error `coder run` printed (its `coder: error:` and `hint:` lines)."""
-    try:
-        text = nofollow.read_bytes(launch.log).decode("utf-8", errors="replace")
-    except OSError:
-        text = ""
+    text = _launch_output(launch)
     message = hint = None
     for line in text.splitlines():
         if line.startswith("coder: error: "):

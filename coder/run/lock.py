@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Collection
 from pathlib import Path
 from types import TracebackType
 from typing import Self, TypedDict, cast
@@ -346,13 +347,18 @@ def _wait_for_owner_pid(fd: int, timeout: float = 1.0) -> int | None:
         time.sleep(0.02)
 
 
-def processes_holding(path: Path) -> list[int]:
-    """Pids of the other live processes that have `path` open (Linux: `/proc/PID/fd`; none
-    where there is no procfs). A lock file still open is a lock still being written."""
+def processes_holding(path: Path, among: Collection[int] | None = None) -> list[int]:
+    """Pids of the other live processes (`among` these, else all) that have `path` open
+    (Linux: `/proc/PID/fd`; none where there is no procfs). A lock file still open is a lock
+    still being written."""
     target = os.path.realpath(path)
     found = []
     try:
-        pids = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+        pids = (
+            list(among)
+            if among is not None
+            else [int(e) for e in os.listdir("/proc") if e.isdigit()]
+        )
     except OSError:
         return []
     for pid in pids:

@@ -5,6 +5,7 @@ only requests with the user's bearer token."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -178,6 +179,62 @@ def test_task_control_validate_run_status(make_repo, tmp_path: Path) -> None:
     assert git(repo, "show", f"{_branch(repo)}:made.txt") == "made\n"
     # the checkout untouched (only the test's own taskfiles); .coder/ excluded from git
     assert git(repo, "status", "--porcelain") == "?? tasks/\n"
+
+
+def test_three_clients_starting_one_taskfile_start_one_run(make_repo, tmp_path: Path) -> None:
+    """Three clients, each with its own server, call task_run on one taskfile at the same
+    moment: one is told "started", the others "already running" with its id; the run's log
+    keeps its own output (appended, never replaced by a loser's)."""
+    repo = make_repo()
+    (repo / "tasks").mkdir()
+    (repo / "tasks" / "once.yaml").write_text(
+        'id: once\ntitle: Once\ngraph:\n  - {kind: shell, cmd: "sleep 1 && echo once >> once.txt"}\n'
+    )
+    log = repo / ".coder" / "mcp" / "once.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("an earlier launch's output\n")  # a run of this id, since removed
+
+    async def scenario() -> list[Any]:
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [
+                await stack.enter_async_context(stdio_session(repo, tmp_path / f"server{n}.err"))
+                for n in range(3)
+            ]
+            answers = await asyncio.gather(
+                *(call(client, "task_run", path="tasks/once.yaml") for client in clients)
+            )
+            # one told "already running" follows the run its server did not start
+            loser = next((c for c, a in zip(clients, answers, strict=True) if a.is_error), None)
+            assert loser is not None, [text(a) for a in answers]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                result = await call(loser, "task_status", id="once")
+                assert not result.is_error, text(result)
+                status = result.structured_content
+                if status["status"] not in ("starting", "running"):
+                    break
+                await asyncio.sleep(0.2)
+            assert status["status"] == "success", status
+            return list(answers)
+
+    answers = asyncio.run(scenario())
+    started = [a for a in answers if not a.is_error]
+    assert len(started) == 1, [text(a) for a in answers]
+    assert started[0].structured_content["task_id"] == "once"
+    pid = started[0].structured_content["pid"]
+    for refused in (a for a in answers if a.is_error):
+        assert text(refused).startswith("run once is already running"), text(refused)
+        assert refused.structured_content["task_id"] == "once"
+        assert refused.structured_content["pid"] == pid
+    # one run, one step commit, the step's file written once
+    branch = _branch(repo)
+    assert git(repo, "rev-list", "--count", f"main..{branch}").strip() == "1"
+    assert git(repo, "show", f"{branch}:once.txt") == "once\n"
+    earlier, printed = log.read_text().split("\n", 1)
+    assert earlier == "an earlier launch's output"
+    assert printed.startswith("--- ") and printed.count("task_run: coder run") == 1, printed
+    assert "Run once: success" in printed
+    assert "already" not in printed and "error" not in printed, printed
 
 
 def _branch(repo: Path) -> str:
