@@ -4,7 +4,8 @@ of it at a time.
 
 Each lock is an `flock` on a file descriptor its holder keeps open: the kernel releases it when
 the process dies, however it dies, so a `kill -9` can never leave a lock that blocks forever.
-The record written in the file is for messages and `coder stop`; the flock is what decides.
+The record written in the file is for messages and `coder stop`; the flock is what decides who
+holds the lock (the checkout lock's record also tells that a merge did not finish).
 """
 
 from __future__ import annotations
@@ -226,16 +227,15 @@ class CheckoutLock:
         self._record: Owner = {}
         self._fd: int | None = None
 
-    def acquire(self, wait: float | None = None) -> Self:
+    def acquire(self) -> Self:
         try:
             make_private_dirs(self.path.parent)
             fd = nofollow.open_file(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise write_failed(self.path, exc) from exc
         try:
-            limit = CHECKOUT_WAIT if wait is None else wait
-            if not _flock(fd, fcntl.LOCK_EX, attempts=max(1, int(limit / 0.02))):
-                raise self._busy(_read_owner(fd), limit)
+            if not _flock(fd, fcntl.LOCK_EX, attempts=max(1, int(CHECKOUT_WAIT / 0.02))):
+                raise self._busy(_read_owner(fd), CHECKOUT_WAIT)
             self._refuse_unfinished(_read_owner(fd))  # its record stays, for the next one
             import socket
 
