@@ -18,7 +18,8 @@
     │   ├── RemoteBranchMoved    3  `coder push`: the remote branch is not where coder pushed it
     │   ├── ModelUnavailable     3  the model host is unreachable or lacks the model
     │   │   ├── HostUnreachable  3  nothing answers at the server's address (named)
-    │   │   └── ModelMissing     3  the server lacks the model (the hint: how to get it)
+    │   │   ├── ModelMissing     3  the server lacks the model (the hint: how to get it)
+    │   │   └── ModelStalled     3  the server takes requests and answers none in time
     │   ├── MergeConflict        3  the base moved and changed the same lines
     │   ├── CheckoutInTheWay     3  uncommitted changes in the base checkout block a merge
     │   └── RunNotStarted        3  an MCP `task_run` whose `coder run` exited before starting
@@ -201,6 +202,12 @@ class ModelMissing(ModelUnavailable):
     """The server answers but does not serve the model; the hint says how to get it."""
 
 
+class ModelStalled(ModelUnavailable):
+    """Every attempt of a request timed out (`request_timeout`): the server accepts
+    connections and does not answer (hung, overloaded, loading forever). Not the step's doing:
+    the run stops as `error`, and resumes once the server answers again."""
+
+
 class MergeConflict(EnvironmentProblem):
     """The base branch moved since the run started and changed the same lines."""
 
@@ -280,6 +287,16 @@ class StopReply(Exception):  # noqa: N818
 class Transient(Exception):  # noqa: N818
     """A model-call failure worth retrying that a provider noticed itself (a stream that ended
     early, ...); its message is the reason."""
+
+
+class Abandoned(Exception):  # noqa: N818
+    """A model request given up by the bound it ran in (coder.models.bounds): `stopped` when
+    the run was asked to stop, else the step's time ran out. Its connection was closed, so
+    the server stopped working on it."""
+
+    def __init__(self, *, stopped: bool) -> None:
+        super().__init__("the run was asked to stop" if stopped else "the step's time ran out")
+        self.stopped = stopped
 
 
 # --- OSErrors of coder's own (callers that catch OSError see them as one) ------------------

@@ -3,8 +3,14 @@
 Left at their defaults, SIGTERM and SIGHUP (the terminal closed, an ssh connection dropped)
 end coder at once, with no `finally` run: a step's commands, which run in sessions of their
 own, would go on writing the worktree after the runner is gone. So every command takes the
-three alike: outside a run's steps they raise `KeyboardInterrupt` (`interrupting`), during a
-run they ask it to stop (`coder.run.runs`); either way the command ends with exit 130.
+three alike (`taken`): outside a run's steps they raise `KeyboardInterrupt` (`interrupting`),
+during a run they ask it to stop (`coder.run.runs`); either way the command ends with exit 130.
+
+Each handler is coder's own, never Python's default: Python sets its SIGINT handler only when
+SIGINT was not ignored as it started, and a shell without job control starts its background
+commands (`tox &` in a script, a CI step) with SIGINT ignored; such a `coder merge` went on
+after Ctrl-C, where `coder run` stopped. The one ignored signal kept ignored is a hang-up:
+under `nohup` the user asked for the command to outlive its terminal.
 
 A hang-up also takes the terminal away: writes to it fail (EIO) from then on, and a message
 about the interruption would turn into a traceback. `detach_terminal` points the standard
@@ -22,6 +28,15 @@ from collections.abc import Iterator
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def taken() -> tuple[signal.Signals, ...]:
+    """The stop signals coder acts on: all three, but a hang-up ignored from the start (nohup)."""
+    return tuple(
+        s
+        for s in STOP_SIGNALS
+        if s != signal.SIGHUP or signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN
+    )
 
 
 def detach_terminal() -> None:
@@ -47,12 +62,13 @@ def _interrupt(signum: int, _frame: Any) -> None:
 
 @contextlib.contextmanager
 def interrupting() -> Iterator[None]:
-    """Within the block SIGTERM and SIGHUP interrupt as SIGINT does; the previous handlers
-    come back after it. Only the main thread can set handlers: elsewhere, nothing changes."""
+    """Within the block the stop signals coder takes (`taken`) raise KeyboardInterrupt; the
+    previous handlers come back after it. Only the main thread can set handlers: elsewhere,
+    nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {s: signal.signal(s, _interrupt) for s in taken()}
     try:
         yield
     finally:

@@ -4,6 +4,8 @@ It speaks real HTTP on 127.0.0.1 so tests drive it with the real `ollama` client
 streaming in chunked transfer encoding (as Ollama's Go server does), tool calls each whole in a
 done=false chunk, usage in the final chunk (nanoseconds, zero values omitted), the same error
 bodies and statuses. Model turns are scripted with `enqueue()`; every request is recorded.
+A stalled server (`stall`) takes chat requests and answers none, and notes when each client
+gives up (`hangups`).
 
     with FakeOllama() as fake:
         fake.enqueue(Reply(content="hello"), Reply(tool_calls=[{"name": "f", "arguments": {}}]))
@@ -22,6 +24,7 @@ import argparse
 import hashlib
 import json
 import re
+import select
 import signal
 import socket
 import sys
@@ -171,6 +174,12 @@ class FakeServer:
         # A function of a chat request's body that answers it before the script (None: the
         # next scripted reply): for turns whose order a test cannot know, such as a summary.
         self.answer: Callable[[dict[str, Any]], Reply | None] | None = None
+        # A stalled server: "answer", a chat request (one with messages, a warm prefix too) is
+        # read and never answered; "stream", its headers and first piece are sent, then
+        # nothing. Until the client goes (`hangups`) or the server stops; no script is used.
+        self.stall: str | None = None
+        self.stalled: list[float] = []  # time.monotonic() as each stalled request came
+        self.hangups: list[float] = []  # time.monotonic() as the client of one went away
         self._server = _Server(("127.0.0.1", port), handler)
         self._server.fake = self
         self._thread: threading.Thread | None = None
@@ -225,6 +234,25 @@ class FakeServer:
         """`answer`'s reply to the request, else the next scripted one."""
         answered = self.answer(body) if self.answer is not None else None
         return answered if answered is not None else self.next_reply()
+
+    def hold(self, handler: BaseHTTPRequestHandler) -> None:
+        """Keep a stalled request's connection open, sending nothing, until its client closes
+        it (noted in `hangups`) or the server stops."""
+        conn, stopping = handler.connection, handler.server.stopping  # type: ignore[attr-defined]
+        with self._lock:
+            self.stalled.append(time.monotonic())
+        handler.close_connection = True
+        while not stopping.is_set():
+            if not select.select([conn], [], [], 0.02)[0]:
+                continue
+            try:
+                data = conn.recv(4096)
+            except OSError:
+                data = b""
+            if not data:
+                with self._lock:
+                    self.hangups.append(time.monotonic())
+                return
 
     def next_id(self, prefix: str) -> str:
         with self._lock:
@@ -452,6 +480,11 @@ class _Handler(BaseHTTPRequestHandler):
         if not body.get("messages"):  # a load request (or an unload with keep_alive 0)
             self._json(200, self._load_answer(name, body))
             return
+        if self.fake.stall is not None:
+            if self.fake.stall == "stream":  # the headers and one piece, then nothing
+                self._stream_head([self._chunk(body, False, content="Let me ")])
+            self.fake.hold(self)
+            return
         reply = Reply(content="ok") if is_priming(body) else self.fake.reply_for(body)
         if reply is None:
             self._error(500, NO_REPLY_LEFT)
@@ -552,11 +585,17 @@ class _Handler(BaseHTTPRequestHandler):
         usage["total_duration"] = sum(v for k, v in usage.items() if k.endswith("_duration"))
         return {k: v for k, v in usage.items() if v}  # omitempty
 
-    def _stream(self, lines: list[dict[str, Any]], reply: Reply) -> None:
+    def _stream_head(self, lines: list[dict[str, Any]]) -> None:
+        """The streamed answer's headers and first `lines`."""
         self.send_response(200)
         self.send_header("Content-Type", "application/x-ndjson")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        for line in lines:
+            self._write_chunk(json.dumps(line).encode() + b"\n")
+
+    def _stream(self, lines: list[dict[str, Any]], reply: Reply) -> None:
+        self._stream_head([])
         faulty = (
             reply.error_mid_stream is not None
             or reply.drop_connection_mid_stream

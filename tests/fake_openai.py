@@ -28,7 +28,8 @@ What it speaks, as those servers do:
   `http_status`, `error_mid_stream` (an error event after the first delta), a dropped
   connection, a malformed line, `end_early` (a clean end before the final chunk), `no_done`
   (the whole reply without the closing `[DONE]`), `delay_s`, `chunk_delay_s` (a pause before
-  each chunk: a model's generation speed; a client that closes the stream stops it).
+  each chunk: a model's generation speed; a client that closes the stream stops it);
+  a stalled server (`stall`, as in tests/fake_ollama.py).
 
     with FakeOpenAI() as fake:
         fake.enqueue(Reply(content="hi"), Reply(tool_calls=[{"name": "f", "arguments": {}}]))
@@ -248,6 +249,13 @@ class _Handler(BaseHTTPRequestHandler):
     # -- chat ---------------------------------------------------------------------------------
 
     def _chat(self, body: dict[str, Any]) -> None:
+        if self.fake.stall is not None:
+            if self.fake.stall == "stream":  # the headers and the role's chunk, then nothing
+                self._stream_head()
+                first = {"role": "assistant", "content": ""}
+                self._event(json.dumps(self._chunk(body, "chatcmpl-stalled", first, None)))
+            self.fake.hold(self)
+            return
         reply = self.fake.priming if is_priming(body) else self.fake.reply_for(body)
         if reply is None:
             self._error(500, NO_REPLY_LEFT, "server_error")
@@ -338,11 +346,7 @@ class _Handler(BaseHTTPRequestHandler):
         usage: tuple[dict[str, Any], dict[str, Any]],
         include_usage: bool,
     ) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
+        self._stream_head()
         if self._body.get("timings_per_token"):  # llama.cpp: the prompt's figures from the
             for n, chunk in enumerate(chunks[1:], 1):  # first token on, generation's so far
                 chunk["timings"] = {
@@ -418,6 +422,13 @@ class _Handler(BaseHTTPRequestHandler):
         }
 
     # -- responses ----------------------------------------------------------------------------
+
+    def _stream_head(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
 
     def _event(self, data: str) -> None:
         self._write_chunk(f"data: {data}\n\n".encode())

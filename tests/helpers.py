@@ -40,6 +40,25 @@ def visible_to_commands(*paths: Path) -> None:
     config.write_text(json.dumps(data))
 
 
+# Starts coder with the stop signals set as the test says, then runs it in its place.
+_LAUNCH = """\
+import os, signal, sys
+ignored = {int(n) for n in sys.argv[1].split(",") if n}
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+os.execv(sys.executable, [sys.executable, "-m", "coder", *sys.argv[2:]])
+"""
+
+
+def coder_argv(*args: str, ignoring: Sequence[int] = ()) -> list[str]:
+    """`python -m coder ARGS` started as from a terminal: SIGINT, SIGTERM and SIGHUP at their
+    defaults whatever this process ignores (a suite under `nohup`, or started in the
+    background by a script, passes its ignored signals on, and coder honours an ignored
+    hang-up: coder.interrupts), or with `ignoring` ignored, as nohup (SIGHUP) or a shell
+    without job control (SIGINT, for a background command) starts it."""
+    return [sys.executable, "-c", _LAUNCH, ",".join(map(str, ignoring)), *args]
+
+
 def level_worktrees(repo: Path, count: int = 2) -> tuple[str, list[Path]]:
     """`count` linked worktrees of `repo` detached at its HEAD, as the steps of a parallel level
     work: (that commit, the worktrees)."""
@@ -306,7 +325,7 @@ class Terminal:
         # not a process group leader, so setsid(1) calls setsid() and execs in its place
         lead = ["setsid", "--ctty"] if session else []
         self.proc = subprocess.Popen(
-            [*lead, sys.executable, "-m", "coder", *args],
+            [*lead, *coder_argv(*args)],
             cwd=cwd,
             stdin=slave,
             stdout=slave,

@@ -7,7 +7,9 @@ The conversation only grows (each request starts with the previous one, byte for
 server reuses its cache. The step ends only through `step_complete`, and only when the harness
 accepts the claim (`verify`); a reply without a tool call gets a nudge, a call repeated
 unchanged gets a nudge and then ends the step; tool calls written as JSON in the text are
-recovered.
+recovered. A model request that the bound it runs in ended (coder.models.bounds: the step's
+time, the run's stop; a server that never answers cannot hold the step) ends the loop as a
+stop (`interrupted`) or as the time limit.
 
 Fast verdict: a reply that streams past `max_prose_chars` of text (or as many streamed pieces
 as that much prose takes in tokens: a degenerate reply of short tokens) with no tool call and
@@ -54,7 +56,7 @@ from coder.agent.events import (
 from coder.agent.repair import LOOP_PIECES, looks_like_tool_call, looping
 from coder.agent.summarize import Summarizer
 from coder.agent.texttools import NATIVE, ToolFormat
-from coder.errors import ModelError, StopReply
+from coder.errors import Abandoned, ModelError, StopReply
 from coder.models.provider import (
     Arguments,
     ChatEvent,
@@ -235,7 +237,11 @@ class AgentLoop:
 
     def step(self) -> None:
         self.check_limits()
-        self.execute(self.query())
+        try:
+            reply = self.query()
+        except Abandoned as exc:  # the step's bound ended a model request (coder.models.bounds)
+            raise _Cancelled() if exc.stopped else self._out_of_time() from exc
+        self.execute(reply)
 
     # -- query: one model call ---------------------------------------------------------------
 
@@ -370,14 +376,17 @@ class AgentLoop:
                 f"turn limit reached ({self.limits.max_turns} model turns) without step_complete"
             )
         if time.monotonic() - self.started > self.limits.max_seconds:
-            raise _LimitReached(
-                f"time limit reached ({self.limits.max_seconds:.0f}s) without step_complete"
-            )
+            raise self._out_of_time()
         used = self.result.usage.prompt_tokens + self.result.usage.eval_tokens
         if self.limits.max_tokens is not None and used > self.limits.max_tokens:
             raise _LimitReached(
                 f"token budget exhausted ({used} of {self.limits.max_tokens} tokens)"
             )
+
+    def _out_of_time(self) -> _LimitReached:
+        return _LimitReached(
+            f"time limit reached ({self.limits.max_seconds:.0f}s) without step_complete"
+        )
 
     def _fit(self, messages: list[Message]) -> int:
         """Ollama silently drops the oldest messages of a prompt longer than num_ctx, so coder

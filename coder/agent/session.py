@@ -10,12 +10,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from coder.models import bounds
+
 if TYPE_CHECKING:
     from coder.agent.texttools import ToolFormat
     from coder.config import Config
     from coder.git.repository import Repo
     from coder.models.protocol import Choice
-    from coder.models.provider import ModelFacts, Models, ToolSchema
+    from coder.models.provider import Message, ModelFacts, Models, ToolSchema
     from coder.redact import Redactor
     from coder.taskfile import Step, Task, TaskDoc
     from coder.tools.registry import Registry
@@ -37,6 +39,7 @@ class AgentSession:
     # names its tools only where they differ
     kind_tools: Mapping[str, list[str]] = field(default_factory=dict)
     priming: threading.Thread | None = None  # the warm prefix being sent (warm_prefix)
+    priming_stop: threading.Event = field(default_factory=threading.Event)
     warm_model: str | None = None  # the model the warm prefix goes to (None: none is sent)
     # model name -> its tool protocol (coder.models.protocol), decided once per run
     protocols: dict[str, Choice] = field(default_factory=dict)
@@ -49,23 +52,34 @@ class AgentSession:
         if self.priming is not None or model is None:
             return
         fmt = tool_format(self, cfg, model)[0]
-        self.priming = threading.Thread(
-            target=self.models.prime,
-            args=(
-                [{"role": "system", "content": fmt.system(self.system)}],
-                fmt.request_tools(self.tools) or [],
-                model,
-            ),
-            name="warm-prefix",
-            daemon=True,
-        )
+        prefix: list[Message] = [{"role": "system", "content": fmt.system(self.system)}]
+
+        def send() -> None:  # within a bound of its own: `stop_priming` ends it
+            with bounds.within(cancel=self.priming_stop):
+                self.models.prime(prefix, fmt.request_tools(self.tools) or [], model)
+
+        self.priming = threading.Thread(target=send, name="warm-prefix", daemon=True)
         self.priming.start()
 
     def primed(self) -> None:
         """Wait for the warm prefix, if it is being sent: called right before a step's first
-        request (and before the models close), so the prefix is taken in while the run does
-        its other work (the worktree, the steps before the first model step, the step's focus
-        search) and the first request finds it in the server's cache."""
+        request, so the prefix is taken in while the run does its other work (the worktree,
+        the steps before the first model step, the step's focus search) and the first
+        request finds it in the server's cache. The step's bound (coder.models.bounds) ends
+        the wait, and the prefix with it: a server that does not take it in within the step's
+        time will not answer the step either."""
+        if self.priming is None:
+            return
+        bound = bounds.current()
+        if bound is None:
+            self.priming.join()
+        elif not bound.join(self.priming):
+            self.stop_priming()
+
+    def stop_priming(self) -> None:
+        """End the warm prefix if it is still being sent (its connection is shut down), and
+        wait until it has: before the models close."""
+        self.priming_stop.set()
         if self.priming is not None:
             self.priming.join()
 

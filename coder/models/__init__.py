@@ -9,6 +9,8 @@
     factory.py    the one place providers are built from the config (one entry per provider)
     router.py     several endpoints behind one model source: affinity, spreading, failover
     retry.py      bounded retries for model calls, shared by the providers
+    bounds.py     a step's time and the run's stop end its model requests (their connections
+                  shut down), even one the server never answers
     served.py     before a run: is every model its steps can use on its server
     protocol.py   which tool protocol a model uses (native or text), decided from the config
                   or the server's evidence, and remembered

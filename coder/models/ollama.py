@@ -11,7 +11,11 @@ What it takes care of, so callers don't have to:
 - failures are classified: host unreachable -> HostUnreachable, model not pulled ->
   ModelMissing with the exact `ollama pull` (both exit 3); 5xx, mid-stream errors, dropped
   connections, timeouts, malformed NDJSON -> retried with bounded exponential backoff, then
-  ModelError; other refusals (400) -> ModelError at once.
+  ModelError (ModelStalled, exit 3, when every attempt timed out); other refusals (400) ->
+  ModelError at once;
+- a request made within a step's bound (coder.models.bounds) ends when the step's time runs
+  out or the run is stopped: its connection (one per request) is shut down, and Ollama stops
+  generating when its client goes.
 
 It logs nothing: retries are reported to the caller as `Retrying` events.
 """
@@ -27,6 +31,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
 
 from coder.errors import (
+    CoderError,
     HostUnreachable,
     ModelError,
     ModelMissing,
@@ -34,6 +39,7 @@ from coder.errors import (
     StopReply,
     Transient,
 )
+from coder.models import bounds, retry
 from coder.models.provider import (
     ChatEvent,
     ChatResult,
@@ -47,7 +53,6 @@ from coder.models.provider import (
     Usage,
     estimate_tokens,
 )
-from coder.models.retry import RetryPolicy
 
 if TYPE_CHECKING:
     import ollama
@@ -316,7 +321,7 @@ class OllamaProvider:
         started = time.monotonic()
         with closing(chunks):  # release the connection even if a callback raises
             try:
-                for chunk in chunks:  # read to the end, so the connection can be reused
+                for chunk in chunks:  # read to the end: the final chunk has the usage
                     message = chunk.message
                     if message.thinking:
                         thinking.append(message.thinking)
@@ -382,7 +387,12 @@ class OllamaProvider:
         if timeout not in self._clients:
             import ollama
 
-            self._clients[timeout] = ollama.Client(host=self.host, timeout=self._timeout(timeout))
+            self._clients[timeout] = ollama.Client(
+                host=self.host,
+                timeout=self._timeout(timeout),
+                headers=bounds.ONE_CONNECTION_PER_REQUEST,  # a step's bound can end each one
+                event_hooks={"request": [bounds.trace_requests]},
+            )
         return self._clients[timeout]
 
     @staticmethod
@@ -396,15 +406,18 @@ class OllamaProvider:
     ) -> T:
         """Run `action`, retrying transient failures with bounded exponential backoff."""
 
-        def failed(reason: str) -> ModelError:
+        log = "the Ollama server log (`journalctl -u ollama`, or ~/.ollama/logs/server.log)"
+
+        def failed(reason: str, stalled: bool) -> CoderError:
+            if stalled:
+                return retry.stalled(self.host, self.model, self.retries, reason, log)
             return ModelError(
                 f"the call to {self.model} at {self.host} failed after {self.retries} "
                 f"attempt(s): {reason}",
-                hint="see the Ollama server log (`journalctl -u ollama`, or "
-                "~/.ollama/logs/server.log)",
+                hint=f"see {log}",
             )
 
-        policy = RetryPolicy(self.retries, self.backoff, self._sleep)
+        policy = retry.RetryPolicy(self.retries, self.backoff, self._sleep)
         return policy.run(action, self._classify, failed, emit)
 
     def _classify(self, exc: Exception) -> str | None:
@@ -423,7 +436,7 @@ class OllamaProvider:
                 f"cannot reach Ollama at {self.host}: {cause}", hint=HOST_HINT, endpoint=self.host
             )
         if isinstance(exc, httpx.TimeoutException):
-            return f"timed out ({type(exc).__name__})"
+            return retry.TimedOut(f"timed out ({type(exc).__name__})")
         if isinstance(exc, httpx.TransportError):  # dropped connection, read error, ...
             return f"connection failed: {type(exc).__name__}: {exc}"
         if isinstance(exc, json.JSONDecodeError):

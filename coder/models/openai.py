@@ -20,8 +20,12 @@ What it takes care of:
   json_object), `max_output_tokens` as `max_tokens`;
 - errors mapped to the same user-facing errors as Ollama's: nothing listening ->
   HostUnreachable naming the URL; model not served -> ModelMissing naming what the server
-  serves; 429/5xx, timeouts, dropped or malformed streams -> retried, then ModelError; other
-  refusals -> ModelError at once. The SDK's own retries are off: ours report `Retrying`.
+  serves; 429/5xx, timeouts, dropped or malformed streams -> retried, then ModelError
+  (ModelStalled, exit 3, when every attempt timed out); other refusals -> ModelError at once.
+  The SDK's own retries are off: ours report `Retrying`;
+- a request made within a step's bound (coder.models.bounds) ends when the step's time runs
+  out or the run is stopped: its connection (one per request) is shut down, so the server
+  stops generating.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
 
 from coder import yamldoc
 from coder.errors import (
+    CoderError,
     HostUnreachable,
     InvalidInput,
     ModelError,
@@ -44,6 +49,7 @@ from coder.errors import (
     StopReply,
     Transient,
 )
+from coder.models import bounds, retry
 from coder.models.provider import (
     ChatEvent,
     ChatResult,
@@ -57,7 +63,6 @@ from coder.models.provider import (
     Usage,
     estimate_tokens,
 )
-from coder.models.retry import RetryPolicy
 
 if TYPE_CHECKING:
     import openai
@@ -200,7 +205,7 @@ class OpenAIProvider:
         self.seed = seed
         self.max_output_tokens = max_output_tokens
         self.request_timeout = request_timeout
-        self.retry = RetryPolicy(retries, backoff, sleep)
+        self.retry = retry.RetryPolicy(retries, backoff, sleep)
         self._num_ctx = num_ctx
         self._facts: ModelFacts | None = None
         self._timings_per_token = False  # set by probe() when the server is llama.cpp
@@ -229,6 +234,11 @@ class OpenAIProvider:
                 api_key=self.api_key or "not-needed",  # local servers take any key
                 max_retries=0,
                 timeout=openai.Timeout(self.request_timeout, connect=CONNECT_TIMEOUT_S),
+                # a step's bound can end each request (coder.models.bounds)
+                default_headers=bounds.ONE_CONNECTION_PER_REQUEST,
+                http_client=openai.DefaultHttpxClient(
+                    event_hooks={"request": [bounds.trace_requests]}
+                ),
             )
         return self._client
 
@@ -414,10 +424,13 @@ class OpenAIProvider:
     def _retrying(
         self, action: Callable[[], T], emit: Callable[[ChatEvent], None] | None = None
     ) -> T:
-        def failed(reason: str) -> ModelError:
+        def failed(reason: str, stalled: bool) -> CoderError:
+            attempts = self.retry.attempts
+            if stalled:
+                return retry.stalled(self.base_url, self.model, attempts, reason, "its log")
             return ModelError(
-                f"the call to {self.model} at {self.base_url} failed after "
-                f"{self.retry.attempts} attempt(s): {reason}",
+                f"the call to {self.model} at {self.base_url} failed after {attempts} "
+                f"attempt(s): {reason}",
                 hint="see the model server's log",
             )
 
@@ -430,7 +443,7 @@ class OpenAIProvider:
         if isinstance(exc, Transient):
             return str(exc)
         if isinstance(exc, openai.APITimeoutError):
-            return "timed out"
+            return retry.TimedOut("timed out")
         if isinstance(exc, openai.APIConnectionError):
             if _refused(exc):
                 raise HostUnreachable(

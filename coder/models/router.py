@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from coder.errors import HostUnreachable
+from coder.models import bounds
 from coder.models.provider import (
     ChatEvent,
     ChatResult,
@@ -113,18 +114,19 @@ class Router:
         """Send the run's shared prefix (system message and tools) for `model` (else the
         default one) to every endpoint that is up, cut at the first token, so the first
         step's first call finds it in the server's cache; a failure here is left for the
-        real calls to report."""
-        from coder.errors import CoderError
+        real calls to report, and a bound the caller is in (coder.models.bounds) ends it."""
+        from coder.errors import Abandoned, CoderError
 
         def send(provider: ModelProvider) -> None:
-            with contextlib.suppress(CoderError):
+            with contextlib.suppress(CoderError, Abandoned):
                 provider.chat(messages, tools=tools, on_event=cut_at_first_token)
 
         now = self._clock()
         up = [e for e in self.endpoints if self._down_until.get(e, 0.0) <= now]
         providers = [self.provider(endpoint, model or self.model) for endpoint in up]
-        with ThreadPoolExecutor(max(1, len(providers))) as pool:
-            list(pool.map(send, providers))
+        with ThreadPoolExecutor(max(1, len(providers))) as pool:  # within the caller's bound
+            for future in [pool.submit(bounds.in_context(send), p) for p in providers]:
+                future.result()
 
     def close(self) -> None:
         with self._lock:

@@ -40,7 +40,7 @@ from coder.git import branches, repository, submodules, workdir, worktrees
 from coder.git import commits as gitcommits
 from coder.git import land as gitland
 from coder.git import restore as gitrestore
-from coder.interrupts import STOP_SIGNALS, detach_terminal
+from coder.interrupts import detach_terminal, taken
 from coder.run import amend, notes, uncommitted
 from coder.run import manifest as manifests
 from coder.run.foreign import refuse_foreign_commits
@@ -149,7 +149,7 @@ def start(
             return _execute(setup, options, console)
         except BaseException as exc:
             if agent is not None:  # _execute closes it too; closing twice is harmless
-                agent.primed()
+                agent.stop_priming()
                 agent.models.close()
             start_at = (included.commit if included else None) or base_commit
             if not _started(repo, store, task.id, task.branch, start_at):
@@ -803,7 +803,7 @@ def _execute(setup: RunSetup, options: RunOptions, console: Console | None) -> R
             if attached is not None:
                 attached.close()
             if agent is not None:
-                agent.primed()  # a warm prefix still being sent ends before its client closes
+                agent.stop_priming()  # a warm prefix still being sent ends before its client
                 agent.models.close()
     resume = f"coder resume -t {task.id}"
     if not manifests.run_exists(setup.coder_dir, task.id):  # deleted under the run
@@ -813,9 +813,9 @@ def _execute(setup: RunSetup, options: RunOptions, console: Console | None) -> R
 
 @contextmanager
 def _stop_on_signals(stop: threading.Event, log: EventLog) -> Iterator[None]:
-    """SIGTERM (`coder stop`), Ctrl-C and a hang-up (the terminal closed) stop gracefully: the
-    current step is interrupted, its commands ended and the checkpoint written. A second
-    Ctrl-C stops at once."""
+    """SIGTERM (`coder stop`), Ctrl-C and a hang-up (the terminal closed; not under nohup:
+    coder.interrupts.taken) stop gracefully: the current step is interrupted, its commands
+    and model requests ended and the checkpoint written. A second Ctrl-C stops at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -828,7 +828,7 @@ def _stop_on_signals(stop: threading.Event, log: EventLog) -> Iterator[None]:
         stop.set()
         log.warning("run.stop_requested", signal=signal.Signals(signum).name)
 
-    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    previous = {s: signal.signal(s, handler) for s in taken()}
     try:
         yield
     finally:

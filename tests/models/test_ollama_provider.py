@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from coder.errors import EXIT_ENVIRONMENT, EXIT_FAILED, ModelError, ModelUnavailable
+from coder.errors import (
+    EXIT_ENVIRONMENT,
+    EXIT_FAILED,
+    ModelError,
+    ModelStalled,
+    ModelUnavailable,
+)
 from coder.models.ollama import OllamaProvider, normalize_host
 from coder.models.provider import (
     ChatEvent,
@@ -286,7 +292,7 @@ def test_first_request_gets_the_longer_timeout(fake: FakeOllama, make: MakeProvi
     fake.enqueue(Reply(content="cold load", delay_s=0.3), Reply(content="warm", delay_s=0.3))
     provider = make(num_ctx=4096, request_timeout=0.1, first_request_timeout=5, retries=1)
     assert provider.chat(USER).content == "cold load"
-    with pytest.raises(ModelError, match="timed out"):
+    with pytest.raises(ModelStalled, match="timed out"):
         provider.chat(USER)
 
 

@@ -27,7 +27,7 @@ from coder.errors import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_USAGE, CoderEr
 from coder.run.state import StateStore
 from coder.schemas import validator
 from tests.conftest import git
-from tests.helpers import stray_processes, visible_to_commands, wait_for
+from tests.helpers import coder_argv, stray_processes, visible_to_commands, wait_for
 
 TASK_ID = "crash1"
 BRANCH = f"agent/{TASK_ID}"
@@ -73,8 +73,9 @@ def coder(
 
 
 def spawn(repo: Path, *args: str) -> subprocess.Popen[str]:
+    """The real CLI in the background, as from a terminal (tests signal it)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "coder", *args],
+        coder_argv(*args),
         cwd=repo,
         env=_env(),
         stdout=subprocess.PIPE,

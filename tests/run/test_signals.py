@@ -30,7 +30,7 @@ import pytest
 from coder.errors import EXIT_INTERRUPTED
 from coder.run.state import StateStore
 from tests.conftest import git
-from tests.helpers import Terminal, stray_processes, visible_to_commands, wait_for
+from tests.helpers import Terminal, coder_argv, stray_processes, visible_to_commands, wait_for
 from tests.run.test_crash import coder, out, spawn  # the real CLI, in a subprocess
 
 
@@ -117,6 +117,18 @@ def assert_interrupted_then_resumed(repo: Path, go: Path) -> None:
     assert log.split() == ["s2", "s1"]
     assert git(worktree(repo), "status", "--porcelain", "--untracked-files=all") == ""
     git(repo, "fsck", "--strict")
+
+
+def spawn_ignoring(repo: Path, sig: signal.Signals, *args: str) -> subprocess.Popen[str]:
+    """`coder ARGS` started with `sig` ignored, as `nohup` starts a command (SIGHUP) and a shell
+    without job control a background one (SIGINT)."""
+    return subprocess.Popen(
+        coder_argv(*args, ignoring=[sig]),
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def interrupt(proc: subprocess.Popen[str], sig: signal.Signals) -> tuple[float, str]:
@@ -210,6 +222,37 @@ def test_closing_the_terminal_stops_the_run(
     assert_interrupted_then_resumed(repo, go)
 
 
+def test_a_run_started_under_nohup_goes_on_after_a_hang_up(make_repo, tmp_path: Path) -> None:
+    """The troubleshooting guide's advice for an unreliable connection: a run started under
+    `nohup` (SIGHUP ignored) goes on when its terminal goes, its step's command too, and
+    finishes."""
+    repo = make_repo(BASE_FILES)
+    go = tmp_path / "go"
+    waits = f"while [ ! -e {go} ]; do sleep 0.05; done; echo > partial.txt; echo done > s1.txt"
+    taskfile = repo.parent / "nohup-task.yaml"
+    taskfile.write_text(
+        f"id: {TASK_ID}\nbranch: {BRANCH}\ntitle: waits until told\ngraph:\n"
+        f"  - {{id: s1, kind: shell, cmd: {json.dumps(waits)}}}\n"
+        '  - {id: s2, kind: shell, cmd: "echo two > two.txt", depends_on: [s1]}\n'
+    )
+    runner = spawn_ignoring(repo, signal.SIGHUP, "run", "--autonomous", "-f", str(taskfile))
+    try:
+        wait_for(lambda: (repo / ".coder" / "logs" / f"{TASK_ID}.jsonl").exists(), what="the run")
+        time.sleep(0.5)  # s1 waits
+        runner.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert runner.poll() is None, "the hang-up stopped a run started under nohup"
+        go.touch()
+        _, err = runner.communicate(timeout=60)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.communicate()
+    assert runner.returncode == 0, err
+    log = git(repo, "log", "--format=%(trailers:key=Coder-Step,valueonly)", f"main..{BRANCH}")
+    assert log.split() == ["s2", "s1"]
+
+
 # --- coder merge --------------------------------------------------------------------------
 
 MERGE_TASK = """\
@@ -222,14 +265,24 @@ graph:
 
 
 @pytest.mark.parametrize(
-    "sig", [signal.SIGHUP, signal.SIGINT, signal.SIGTERM], ids=lambda sig: sig.name
+    ("sig", "ignored"),
+    [
+        (signal.SIGHUP, False),
+        (signal.SIGINT, False),
+        (signal.SIGTERM, False),
+        (signal.SIGINT, True),
+    ],
+    ids=["SIGHUP", "SIGINT", "SIGTERM", "SIGINT-ignored-at-start"],
 )
 def test_a_signal_during_merge_lands_nothing_ends_its_tests_and_says_to_merge_again(
-    make_repo, tmp_path: Path, strays: list[list[str]], sig: signal.Signals
+    make_repo, tmp_path: Path, strays: list[list[str]], sig: signal.Signals, ignored: bool
 ) -> None:
     """`coder merge --if-green` is signalled while the tests run on the merge result: base and
     the tag are untouched, the check worktree and every test process are gone, the message
-    says nothing landed and to merge again; merging again lands the one squash commit."""
+    says nothing landed and to merge again; merging again lands the one squash commit. Also
+    when coder started with SIGINT ignored, as a shell without job control starts a background
+    command (a suite run as `tox &` once lost its SIGINT that way: Python's own handler is
+    not set then)."""
     repo = make_repo(BASE_FILES)
     go = tmp_path / "go"  # present while the run tests: quick; absent for the first merge
     mark = unique_sleep()
@@ -243,7 +296,8 @@ def test_a_signal_during_merge_lands_nothing_ends_its_tests_and_says_to_merge_ag
     go.unlink()
     old_main = git(repo, "rev-parse", "main").strip()
     check = repo / ".coder" / "worktrees" / "m1--merge.check"
-    merging = spawn(repo, "merge", "-t", "m1", "--if-green")
+    args = ("merge", "-t", "m1", "--if-green")
+    merging = spawn_ignoring(repo, sig, *args) if ignored else spawn(repo, *args)
     try:
         wait_for(
             lambda: (check / "started").exists() and stray_processes(mark) != [],

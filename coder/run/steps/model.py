@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from coder.agent.session import model_at, tool_format, tools_as_text
 from coder.durable import make_private_dirs, write_private
 from coder.git import workdir
 from coder.kinds import KINDS, ModelRole
+from coder.models import bounds
 from coder.policy.paths import naming
 from coder.run.steps import StepContext, StepOutcome
 from coder.taskfile import Step, is_repo_relative, parse_duration
@@ -142,20 +144,22 @@ def converse(
     if escalation and cycle in (None, 1):
         log.warning("model.escalated", model=model, reason=escalation)
     provider = session.models.for_step(ctx.step.id, model)
+    limits = limits_for(ctx)
     loop = AgentLoop(
         provider,
         tools=session.tools,
         allowed=allowed,
         run_tool=run_tool,
         verify=lambda claim: verify_claim(ctx, tool_ctx, claim, role=role),
-        limits=limits_for(ctx),
+        limits=limits,
         cancel=ctx.cancel,
         on_event=lambda event: report(log, event, learn=(ctx, model)),
         tool_format=tools,
     )
-    session.primed()  # the first request finds the warm prefix in the server's cache
-    try:
-        result = loop.run(messages)
+    try:  # the step's model requests end with its time or the run's stop (models.bounds)
+        with bounds.within(time.monotonic() + limits.max_seconds, ctx.cancel):
+            session.primed()  # the first request finds the warm prefix in the server's cache
+            result = loop.run(messages)
     finally:
         provider.close()
         write_private(ctx.artifact(transcript), ctx.redactor.redact(json.dumps(messages, indent=1)))
