@@ -1,10 +1,11 @@
 """A model server that takes requests and answers none (hung, overloaded) cannot hold a run
-(RELIABILITY.md row 9): a real `coder run` against the fake Ollama in its stalled mode.
+(RELIABILITY.md rows 9, 18 and 22): a real `coder run` against the fake Ollama, stalled.
 
-- SIGTERM, SIGINT or SIGHUP ends the run within a few seconds (exit 130, the checkpoint says
-  `interrupted`, the server saw its client go, no process left in /proc), and `coder resume`
-  finishes it once the server answers; with the warm prefix on (the default) the step waits
-  on the prefix first, without it on its own request: both are ended.
+- `coder stop` (SIGTERM, no SIGKILL needed), SIGINT or SIGHUP ends the run within a few
+  seconds (exit 130, the checkpoint says `interrupted`, the server saw its client go, no
+  process left in /proc), and `coder resume` finishes it once the server answers; with the
+  warm prefix on (the default) the step waits on the prefix first, without it on its own
+  request: both are ended.
 - A step's `timeout` ends the step on time (the step's own failure, as a command's timeout is),
   where the request used to wait for the client's 600 s timeout and then be retried.
 - A request that times out on every attempt (`request_timeout`) is the environment's problem:
@@ -29,7 +30,10 @@ from tests.run.test_crash import coder, out, spawn
 
 TASK_ID = "stall"
 BRANCH = f"agent/{TASK_ID}"
-SOON_S = 5.0  # "within a few seconds", with room for a loaded machine
+# How soon after the signal or the deadline: the server sees its client go; the process has
+# exited (its checkpoint written; the issue's figure, with room for a loaded machine).
+HANG_UP_S = 5.0
+EXIT_S = 15.0
 
 
 def task(repo: Path, timeout: int | None = None) -> Path:
@@ -67,6 +71,11 @@ def processes_naming(text: str) -> list[int]:
     return found
 
 
+def step_started(repo: Path) -> bool:
+    log = repo / ".coder" / "logs" / f"{TASK_ID}.jsonl"
+    return log.exists() and '"step.started"' in log.read_text()
+
+
 def finish(fake: FakeOllama, repo: Path) -> None:
     """The server answers again: `coder resume` finishes the run, s1's one commit on the
     branch."""
@@ -88,7 +97,7 @@ def assert_nothing_committed(repo: Path) -> None:
 @pytest.mark.parametrize(
     ("sig", "warm_prefix"),
     [(signal.SIGTERM, True), (signal.SIGINT, False), (signal.SIGHUP, False)],
-    ids=["SIGTERM-waiting-on-the-warm-prefix", "SIGINT", "SIGHUP"],
+    ids=["coder-stop-waiting-on-the-warm-prefix", "SIGINT", "SIGHUP"],
 )
 def test_a_signal_ends_a_run_waiting_on_a_stalled_server(
     fake: FakeOllama, make_repo, isolated_home: Path, sig: signal.Signals, warm_prefix: bool
@@ -98,13 +107,16 @@ def test_a_signal_ends_a_run_waiting_on_a_stalled_server(
     fake.stall = "answer"
     path = task(repo)
     runner = spawn(repo, "run", "--autonomous", "-f", str(path))
-    try:
-        # the warm prefix and, without it, the step's own request: taken, never answered
-        wait_for(lambda: fake.stalled, timeout=30, what="a request to the stalled server")
-        time.sleep(0.3)  # well into the wait
+    try:  # s1 waits on the warm prefix or, without it, on its own request
+        wait_for(lambda: step_started(repo) and fake.stalled, timeout=30, what="s1 to wait")
+        time.sleep(0.3)
     finally:
         sent = time.monotonic()
-        runner.send_signal(sig)
+        if sig == signal.SIGTERM:  # as `coder stop` sends it: no SIGKILL needed
+            stopped = coder(repo, "stop", "-t", TASK_ID)
+            assert stopped.returncode == 0 and "Stopped run" in stopped.stdout, out(stopped)
+        else:
+            runner.send_signal(sig)
         try:
             _, err = runner.communicate(timeout=30)
         finally:
@@ -113,8 +125,8 @@ def test_a_signal_ends_a_run_waiting_on_a_stalled_server(
                 runner.communicate()
     ended = time.monotonic()
     assert runner.returncode == EXIT_INTERRUPTED, err
-    assert ended - sent < SOON_S, f"the run took {ended - sent:.1f}s to stop"
-    assert len(fake.hangups) == len(fake.stalled) and fake.hangups[-1] - sent < SOON_S
+    assert ended - sent < EXIT_S, f"the run took {ended - sent:.1f}s to stop"
+    assert len(fake.hangups) == len(fake.stalled) and fake.hangups[-1] - sent < HANG_UP_S
     assert processes_naming(str(path)) == []
     state = state_of(repo, TASK_ID)
     assert state["status"] == "interrupted" and state["steps"]["s1"]["status"] == "interrupted"
@@ -128,14 +140,13 @@ def test_a_step_timeout_ends_the_step_on_time(fake: FakeOllama, make_repo) -> No
     retry."""
     repo = make_repo()
     fake.stall = "stream"  # the headers and a first piece, then nothing
-    began = time.monotonic()
     ran = coder(repo, "run", "--autonomous", "-f", str(task(repo, timeout=3)))
-    took = time.monotonic() - began
     assert ran.returncode == EXIT_FAILED, out(ran)
-    assert took < 3 + SOON_S, f"the run took {took:.1f}s"
     step = state_of(repo, TASK_ID)["steps"]["s1"]
     assert step["status"] == "failed" and "time limit reached (3s)" in step["error"]
     assert fake.stalled and len(fake.hangups) == len(fake.stalled)  # every request ended
+    # the step's own request (the last one) was ended on time, not retried
+    assert fake.hangups[-1] - fake.stalled[-1] < 3 + HANG_UP_S
     assert_nothing_committed(repo)
 
 
