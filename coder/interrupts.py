@@ -8,9 +8,9 @@ during a run they ask it to stop (`coder.run.runs`); either way the command ends
 
 Each handler is coder's own, never Python's default: Python sets its SIGINT handler only when
 SIGINT was not ignored as it started, and a shell without job control starts its background
-commands (`tox &` in a script, a CI step) with SIGINT ignored; such a `coder merge` went on
-after Ctrl-C, where `coder run` stopped. The one ignored signal kept ignored is a hang-up:
-under `nohup` the user asked for the command to outlive its terminal.
+commands (`tox &` in a script) with SIGINT ignored; such a `coder merge` went on after Ctrl-C,
+where `coder run` stopped. A hang-up ignored from the start stays ignored: under `nohup` the
+user asked for the command to outlive its terminal.
 
 A hang-up also takes the terminal away: writes to it fail (EIO) from then on, and a message
 about the interruption would turn into a traceback. `detach_terminal` points the standard

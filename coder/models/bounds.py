@@ -124,7 +124,8 @@ class Bound:
             step = POLL_S
             if self.deadline is not None:
                 step = min(step, max(0.0, self.deadline - time.monotonic()))
-            (self.cancel or self._ended).wait(step)
+            woken_by = self.cancel if self.cancel is not None else self._ended
+            woken_by.wait(step)  # a stop wakes it at once
 
     def _shut_down_all(self) -> None:
         with self._lock:

@@ -803,7 +803,7 @@ def _execute(setup: RunSetup, options: RunOptions, console: Console | None) -> R
             if attached is not None:
                 attached.close()
             if agent is not None:
-                agent.stop_priming()  # a warm prefix still being sent ends before its client
+                agent.stop_priming()  # a warm prefix still being sent is ended first
                 agent.models.close()
     resume = f"coder resume -t {task.id}"
     if not manifests.run_exists(setup.coder_dir, task.id):  # deleted under the run
