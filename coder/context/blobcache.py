@@ -3,7 +3,9 @@
 A blob id names the content, so a cached entry never goes stale: the next build of a changed
 tree reparses only the blobs it has not seen. Each cache is one JSON file holding the entries
 of the last tree it was saved for (older ones are pruned), written atomically; two runs saving
-at once leave one complete file, and a missing or unreadable one is rebuilt.
+at once leave one complete file, and a missing or unreadable one is rebuilt. So is an entry
+that does not have the shape its cache writes (`valid`): the file is anyone's to edit, and a
+hand-made or foreign entry is dropped, computed again, and the file rewritten without it.
 
 No secret the run knows is kept: entries are computed from redacted text (the callers redact
 with the run's redactor), and an entry an earlier run wrote before it knew a secret is dropped
@@ -13,7 +15,7 @@ when loaded (recomputed, and the file rewritten without it).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,16 +27,23 @@ if TYPE_CHECKING:
 
 
 class BlobCache:
-    def __init__(self, path: Path | None, redactor: Redactor | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        redactor: Redactor | None = None,
+        *,
+        valid: Callable[[Any], bool] = lambda _entry: True,
+    ) -> None:
         self.path = path
         self.redactor = redactor
+        self.valid = valid  # whether a loaded entry has the shape this cache writes
         self._entries: dict[str, Any] | None = None
         self._dirty = False
 
     @property
     def entries(self) -> dict[str, Any]:
         if self._entries is None:
-            self._entries, self._dirty = _load(self.path, self.redactor)
+            self._entries, self._dirty = _load(self.path, self.redactor, self.valid)
         return self._entries
 
     def get(self, blob: str) -> Any:
@@ -64,8 +73,11 @@ class BlobCache:
         self._entries, self._dirty = kept, False
 
 
-def _load(path: Path | None, redactor: Redactor | None) -> tuple[dict[str, Any], bool]:
-    """The entries, and whether some were dropped for holding a known secret."""
+def _load(
+    path: Path | None, redactor: Redactor | None, valid: Callable[[Any], bool]
+) -> tuple[dict[str, Any], bool]:
+    """The entries, and whether some were dropped: for holding a known secret, or for not
+    having the shape `valid` checks."""
     if path is None:
         return {}, False
     try:
@@ -74,10 +86,21 @@ def _load(path: Path | None, redactor: Redactor | None) -> tuple[dict[str, Any],
     except (OSError, ValueError, RecursionError):
         return {}, False
     if not isinstance(data, dict):
-        return {}, False
-    if redactor is None or not redactor.mentions_known(text):
-        return data, False
-    return {k: v for k, v in data.items() if not redactor.mentions_known(f"{k} {v}")}, True
+        return {}, True
+    entries = {k: v for k, v in data.items() if valid(v)}
+    if redactor is not None and redactor.mentions_known(text):
+        entries = {k: v for k, v in entries.items() if not redactor.mentions_known(f"{k} {v}")}
+    return entries, len(entries) != len(data)
+
+
+def typed(item: Any, *types: type) -> bool:
+    """Whether `item` is a list of exactly these types (`int` is no `bool`, nor a float):
+    the shape of a cache entry as JSON gives it back."""
+    return (
+        isinstance(item, list)
+        and len(item) == len(types)
+        and all(type(value) is kind for value, kind in zip(item, types, strict=True))
+    )
 
 
 def write_text(path: Path, text: str) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from coder import nofollow
-from coder.context.blobcache import BlobCache, write_text
+from coder.context.blobcache import BlobCache, typed, write_text
 from coder.context.languages import language_of, vendored
 from coder.context.tags import Definition, FileTags, extract
 
@@ -177,7 +177,8 @@ def file_tags(
     names and first lines redacted by `redactor` before they are cached."""
     from coder.git.trees import blob_data
 
-    cache = BlobCache(cache_dir / f"tags-v{VERSION}.json" if cache_dir else None, redactor)
+    stored = cache_dir / f"tags-v{VERSION}.json" if cache_dir else None
+    cache = BlobCache(stored, redactor, valid=_tags_entry)
     out: dict[str, FileTags] = {}
     keep = []
     for path, blob in blobs:
@@ -195,6 +196,18 @@ def file_tags(
         out[path] = FileTags(tuple(Definition.from_list(d) for d in entry[0]), dict(entry[1]))
     cache.save(keep)
     return out
+
+
+def _tags_entry(entry: Any) -> bool:
+    """Whether a cached entry is one `_redacted_tags` writes: [definitions, references]."""
+    return (
+        isinstance(entry, list)
+        and len(entry) == 2
+        and isinstance(entry[0], list)
+        and all(typed(d, str, str, int, int, str) for d in entry[0])
+        and isinstance(entry[1], dict)
+        and all(type(n) is int for n in entry[1].values())
+    )
 
 
 def _redacted_tags(tags: FileTags, redactor: Redactor) -> list[Any]:

@@ -33,9 +33,10 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from coder import nofollow
-from coder.context.blobcache import BlobCache
+from coder.context.blobcache import BlobCache, typed
 from coder.context.languages import language_of, vendored
 from coder.context.repomap import MAX_TAG_BYTES
 from coder.context.tags import Definition, extract
@@ -258,7 +259,8 @@ def index_for(root: Path, cache_dir: Path | None, redactor: Redactor | None = No
         index = _indexes.get(memo)
     if index is not None:
         return index
-    cache = BlobCache(cache_dir / f"chunks-v{VERSION}.json" if cache_dir else None, scrub)
+    stored = cache_dir / f"chunks-v{VERSION}.json" if cache_dir else None
+    cache = BlobCache(stored, scrub, valid=_chunks_entry)
     chunks: list[Chunk] = []
     tokens: list[list[str]] = []
     keep = []
@@ -281,6 +283,13 @@ def index_for(root: Path, cache_dir: Path | None, redactor: Redactor | None = No
             _indexes.pop(next(iter(_indexes)))
         _indexes[memo] = index
     return index
+
+
+def _chunks_entry(entry: Any) -> bool:
+    """Whether a cached entry is one `chunk_file` gives: [[start, end, name, tokens], ...]."""
+    return isinstance(entry, list) and all(
+        typed(c, int, int, str, list) and all(type(t) is str for t in c[3]) for c in entry
+    )
 
 
 def worktree_files(root: Path) -> list[tuple[str, str, Callable[[], bytes | None]]]:
@@ -383,20 +392,28 @@ def _embeddings(
 
 
 def _load_vectors(path: Path | None) -> dict[str, array[float]]:
+    """The cached vectors; none when the file is missing or not of the shape `_save_vectors`
+    writes (then the vectors are computed again and the file rewritten)."""
     if path is None:
         return {}
     try:
         data = nofollow.read_bytes(path)
         head, _, body = data.partition(b"\n")
         meta = json.loads(head)
-        keys, dim = meta["keys"], int(meta["dim"])
         flat = array("f")
         flat.frombytes(body)
-        if len(flat) != dim * len(keys):
-            return {}
-        return {key: flat[i * dim : (i + 1) * dim] for i, key in enumerate(keys)}
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+    except (OSError, ValueError, RecursionError):
         return {}
+    keys, dim = (meta.get("keys"), meta.get("dim")) if isinstance(meta, dict) else (None, None)
+    if not (
+        isinstance(keys, list)
+        and all(type(key) is str for key in keys)
+        and type(dim) is int
+        and dim > 0
+        and len(flat) == dim * len(keys)
+    ):
+        return {}
+    return {key: flat[i * dim : (i + 1) * dim] for i, key in enumerate(keys)}
 
 
 def _save_vectors(path: Path | None, vectors: dict[str, array[float]]) -> None:

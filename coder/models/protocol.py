@@ -20,6 +20,7 @@ provider, the first endpoint and the model, so it is taken once; delete the file
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from dataclasses import dataclass
@@ -90,8 +91,9 @@ def server_key(cfg: Config, model: str) -> str:
 
 
 class Remembered:
-    """The decisions remembered in one file (thread-safe; a file that does not read is
-    treated as empty: it is a cache)."""
+    """The decisions remembered in one file (thread-safe). It is a cache: a file that does
+    not read is treated as empty, an entry not of the shape `put` writes is ignored (and
+    left out when the file is written again), and a file that cannot be written is left."""
 
     _lock = threading.Lock()
 
@@ -100,10 +102,7 @@ class Remembered:
 
     def get(self, key: str) -> Choice | None:
         entry = self._read().get(key)
-        if not isinstance(entry, dict):
-            return None
-        protocol = FIXED.get(str(entry.get("protocol")))
-        return None if protocol is None else Choice(protocol, str(entry.get("reason", "")))
+        return None if entry is None else Choice(FIXED[entry["protocol"]], entry["reason"])
 
     def put(self, key: str, choice: Choice) -> None:
         if self.path is None or not self.write:
@@ -113,18 +112,29 @@ class Remembered:
         with self._lock:
             data = self._read()
             data[key] = {"protocol": choice.protocol, "reason": choice.reason}
-            make_private_dirs(self.path.parent)
             text = json.dumps(data, indent=1, sort_keys=True) + "\n"
-            write_atomic(self.path, text.encode("utf-8"), crash_point=None)
+            with contextlib.suppress(OSError):
+                make_private_dirs(self.path.parent)
+                write_atomic(self.path, text.encode("utf-8"), crash_point=None)
 
-    def _read(self) -> dict[str, Any]:
+    def _read(self) -> dict[str, dict[str, str]]:
+        """The well-formed entries: {"protocol": "native" | "text", "reason": text}."""
         if self.path is None:
             return {}
         try:
             data = yamldoc.loads_json(nofollow.read_bytes(self.path).decode("utf-8"))
         except (OSError, ValueError):
             return {}
-        return data if isinstance(data, dict) else {}
+        if not isinstance(data, dict):
+            return {}
+        return {
+            key: entry
+            for key, entry in data.items()
+            if isinstance(entry, dict)
+            and entry.keys() == {"protocol", "reason"}
+            and entry["protocol"] in ("native", "text")
+            and isinstance(entry["reason"], str)
+        }
 
 
 def decide(cfg: Config, model: str, facts: ModelFacts, remembered: Remembered) -> Choice:
