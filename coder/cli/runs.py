@@ -457,6 +457,8 @@ def prompt_note(step: Step, run: RunContext) -> None:
         return
     if note is not None:
         click.echo(f"noted for attempt {note['attempt']} of step {step.id}", err=True)
+    elif text:
+        click.echo(f"step {step.id} has that note already", err=True)
 
 
 def _dry_run(path: Path, options: Any, as_json: bool) -> None:

@@ -9,7 +9,8 @@ trailer; `coder show` and `coder report` list them.
 
 Given with `coder resume --note`, `coder revert --note` and `[n]ote` at the prompt before a
 step. A note for a step that does not exist, is done, or has no model to read it is refused,
-naming the steps that can take one, before anything changes.
+naming the steps that can take one, before anything changes. A note is kept once per step:
+the same text given again (a `resume --note` run again after a kill) adds nothing.
 """
 
 from __future__ import annotations
@@ -88,13 +89,20 @@ def checked_text(text: str) -> str:
     return text
 
 
-def give(state: RunState, step_id: str, text: str, *, via: str, redactor: Redactor) -> NoteRecord:
+def give(
+    state: RunState, step_id: str, text: str, *, via: str, redactor: Redactor
+) -> NoteRecord | None:
     """Add a note to the step's record in `state` (redacted; the caller journals or saves
-    it); it reaches the step's next attempt and every later one."""
+    it); it reaches the step's next attempt and every later one. Once by content and step:
+    a note the step has already (the same command run again after a kill) is not added
+    again, and None says so."""
     assert via in VIAS, via
     record = state.steps[step_id]
+    redacted = redactor.redact(checked_text(text))
+    if any(n["text"] == redacted for n in record.notes):
+        return None
     note: NoteRecord = {
-        "text": redactor.redact(checked_text(text)),
+        "text": redacted,
         "via": via,
         "at": now_iso(),
         "attempt": record.attempts + 1,
@@ -103,10 +111,12 @@ def give(state: RunState, step_id: str, text: str, *, via: str, redactor: Redact
     return note
 
 
-def give_now(run: RunContext, step_id: str, text: str) -> NoteRecord:
+def give_now(run: RunContext, step_id: str, text: str) -> NoteRecord | None:
     """A note given while the run goes on (`[n]ote` at the prompt before the step, which
-    runs only after it returns): journaled at once and logged."""
+    runs only after it returns): journaled at once and logged (None: the step had it)."""
     note = give(run.state, step_id, text, via="prompt", redactor=run.redactor)
+    if note is None:
+        return None
     run.store.record(run.state, step_id)
     shown = f"for attempt {note['attempt']}: {trailer(note['text'])}"
     run.log.info("step.noted", step_id=step_id, via="prompt", message=shown)

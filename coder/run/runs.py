@@ -451,7 +451,8 @@ def resume(
         )
         approvals = approvals_of(task, options)
         for step_id, text in given:
-            notes.give(state, step_id, text, via="resume", redactor=redactor)
+            if notes.give(state, step_id, text, via="resume", redactor=redactor) is None:
+                warnings.append(f"step {step_id} has that note already; it is kept once")
         store.save(state)
         policy = policy_for(task, cfg)
         sandbox.require_sandbox(policy)

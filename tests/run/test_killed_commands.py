@@ -1,0 +1,86 @@
+"""kill -9 in the newest commands (issue 34): `resume --note`, `fork --note` and `push`, each
+killed at every durable write with the test-only crash hook (coder/crashpoints.py), then
+carried on as a user would (the same command again, `resume`, or the hint coder gave); and a
+fork whose `.coder/` was deleted, rebuilt from its trailers.
+
+Judged by git (the trailers on the step commits, the remote's refs, `fsck`), the files under
+`.coder/` and what reached the (fake) model, never by coder's own messages: a note is
+recorded before the command acts and exactly once (by content and step), and `push` knows
+what it pushed even when it was killed before it could say so.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import coder as cli
+from tests.fake_ollama import FakeOllama
+from tests.helpers import call, chat_requests, state_of
+from tests.run.test_crash import coder, out
+from tests.run.test_notes import NOTE, edit_calc, failed_run, trailers
+
+KILLED = -signal.SIGKILL
+READS = [call("fs_read", path="README.md"), call("fs_read", path="calc.py")]
+
+
+def fsck(repo: Path) -> None:
+    found = subprocess.run(
+        ["git", "fsck", "--no-dangling"], cwd=repo, capture_output=True, text=True, check=False
+    )
+    assert found.returncode == 0 and not found.stdout.strip(), found.stdout + found.stderr
+
+
+def notes_sent(fake: FakeOllama, since: int = 0) -> list[int]:
+    """How many times the note is in each model request since request `since`."""
+    return [json.dumps(r["messages"]).count(NOTE) for r in chat_requests(fake)[since:]]
+
+
+# --- resume --note ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("at", ["checkpoint", "before_step@s2", "after_commit@s2"])
+def test_resume_note_run_again_after_a_kill_records_the_note_once(
+    fake: FakeOllama, sample: Path, at: str
+) -> None:
+    """Before: the note was recorded twice (two `Coder-Note` trailers on s2's commit, the
+    model told twice). Killed while recording it (`checkpoint`), before s2 ran, or after s2
+    committed, the same command again records and sends it once."""
+    failed_run(fake, sample)
+    asked = len(chat_requests(fake))
+    fake.enqueue(*edit_calc())  # the killed command's, or else the next one's
+    killed = coder(sample, "resume", "-t", "steer", "--note", NOTE, crash=at)
+    assert killed.returncode == KILLED, out(killed)
+    code, stdout, stderr = cli(sample, "resume", "-t", "steer", "--note", NOTE)
+    assert code == 0, stdout + stderr
+    [note] = state_of(sample, "steer")["steps"]["s2"]["notes"]
+    assert (note["text"], note["via"], note["attempt"]) == (NOTE, "resume", 2)
+    assert trailers(sample, "s2") == [f"Coder-Note: {NOTE}"]
+    assert set(notes_sent(fake, asked)) <= {1}
+    if at != "checkpoint":
+        assert "step s2 has that note already; it is kept once" in stderr
+    fsck(sample)
+
+
+def test_the_same_note_after_a_failed_attempt_is_kept_once_and_another_is_added(
+    fake: FakeOllama, sample: Path
+) -> None:
+    """Idempotent by content and step, not by command: the note given again after the
+    attempt it reached failed adds nothing; a different note is added."""
+    failed_run(fake, sample)
+    fake.enqueue(*READS)  # the attempt fails again: max_turns
+    code, out_, err = cli(sample, "resume", "-t", "steer", "--note", NOTE)
+    assert code == 1, out_ + err
+    fake.enqueue(*READS)
+    code, out_, err = cli(sample, "resume", "-t", "steer", "--note", NOTE)
+    assert code == 1 and "step s2 has that note already" in err, out_ + err
+    fake.enqueue(*edit_calc())
+    code, out_, err = cli(sample, "resume", "-t", "steer", "--note", "and keep it short")
+    assert code == 0, out_ + err
+    notes = state_of(sample, "steer")["steps"]["s2"]["notes"]
+    assert [(n["text"], n["attempt"]) for n in notes] == [(NOTE, 2), ("and keep it short", 4)]
+    assert trailers(sample, "s2") == [f"Coder-Note: {NOTE}", "Coder-Note: and keep it short"]
