@@ -708,12 +708,14 @@ def _left_by_revert(repo: Repo, worktree: Path, branch: str, tip: str) -> str:
 
 
 def _branch_gone(repo: Repo, state: RunState, branch: str) -> EnvironmentProblem:
-    """The run's branch was deleted by hand: how to bring it back, or remove the run."""
+    """The run's branch was deleted by hand (or a kill cut a fork short before it made its
+    branch): how to bring it back, at its last step commit or where the run started, or
+    remove the run."""
     last = gitcommits.last_commit(repo, [st.commit for st in state.steps.values() if st.commit])
+    start = gitcommits.last_commit(repo, [state.checkout_commit or state.base_commit])
+    at, what = (last, "its last step commit") if last else (start, "where the run started")
     restore = (
-        f"restore it with `git branch {branch} {last[:12]}` (its last step commit) and resume, or "
-        if last
-        else ""
+        f"restore it with `git branch {branch} {at[:12]}` ({what}) and resume, or " if at else ""
     )
     return EnvironmentProblem(
         f"branch {branch} of run {state.task_id} no longer exists",

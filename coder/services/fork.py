@@ -165,15 +165,14 @@ def fork_run(
             parent=task_id,
             forked_at={"step": at, "commit": plan.cut},
         )
-        state = _state(manifest, parent_state, plan, at)
-        noted = _note(repo, parent, state, note) if note is not None else None
         copies = forks.copy_history(
             repo, base_commit=parent.base_commit, upto=cut, parent_id=task_id, fork_id=new_id
         )
         tip = list(copies.values())[-1] if copies else parent.base_commit
         if parent.checkout_commit:
             manifest = replace(manifest, checkout_commit=copies[parent.checkout_commit])
-            state.checkout_commit = manifest.checkout_commit
+        state = _state(manifest, parent_state, plan, at, copies)
+        noted = _note(repo, parent, state, note) if note is not None else None
         _create(repo, coder_dir, manifest, tip, state)
     return ForkResult(
         task_id=new_id,
@@ -189,10 +188,16 @@ def fork_run(
     )
 
 
-def _state(manifest: manifests.Manifest, parent: RunState, plan: ForkPlan, at: str) -> RunState:
+def _state(
+    manifest: manifests.Manifest,
+    parent: RunState,
+    plan: ForkPlan,
+    at: str,
+    copies: dict[str, str],
+) -> RunState:
     """The fork's first checkpoint: the carried-over steps with the parent's records (a
-    committed one on its copy, once the branch exists: `_create`); every other step pending."""
-    state = manifests.new_run(manifest)  # parent and forked_at: the manifest's
+    committed one on the copy of its commit, in `copies`); every other step pending."""
+    state = manifests.new_run(manifest)  # parent, forked_at, checkout commit: the manifest's
     commits = {c.step_id: c.commit for c in plan.kept}
     for sid in plan.carried:
         record = parent.steps.get(sid)
@@ -202,7 +207,7 @@ def _state(manifest: manifests.Manifest, parent: RunState, plan: ForkPlan, at: s
         state.steps[sid] = replace(
             record,
             status="success" if sid in commits else record.status,
-            commit=None,
+            commit=copies[commits[sid]] if sid in commits else None,
             start_tip=None,
             reasons=[
                 *record.reasons,
@@ -233,25 +238,19 @@ def _create(
     tip: str,
     state: RunState,
 ) -> None:
-    """The manifest, then the branch and worktree at `tip`, then the checkpoint with each
-    carried-over step on its copied commit; anything made is removed again on failure."""
+    """The fork's first checkpoint, whole (its `--note` too: recorded before the fork acts,
+    so a kill at any later point loses nothing of it), then the manifest, then the branch and
+    worktree at `tip`; anything made is removed again on failure. Killed before the branch
+    exists, the fork is a run whose branch is gone: resume says how to restore it at its
+    last copied commit."""
     store = StateStore(coder_dir)
     worktree = Path(manifest.worktree)
     try:
+        store.save(state)
         manifests.write(coder_dir, manifest)
         worktrees.create_worktree(
             repo, name=manifest.task_id, path=worktree, branch=manifest.branch, start=tip
         )
-        for commit in gitcommits.effective_step_commits(
-            repo,
-            branch=manifest.branch,
-            base_commit=manifest.base_commit,
-            task_id=manifest.task_id,
-        ):
-            record = state.steps.get(commit.step_id)
-            if record is not None and record.status == "success":
-                record.commit = commit.commit
-        store.save(state)
     except BaseException:
         undo: list[Callable[[], object]] = [
             lambda: worktrees.remove_worktree(repo, manifest.task_id, worktree),

@@ -12,6 +12,7 @@ what it pushed even when it was killed before it could say so.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -19,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import coder as cli
+from tests.conftest import git
 from tests.fake_ollama import FakeOllama
-from tests.helpers import call, chat_requests, state_of
+from tests.helpers import call, chat_requests, state_of, taskfile
 from tests.run.test_crash import coder, out
-from tests.run.test_notes import NOTE, edit_calc, failed_run, trailers
+from tests.run.test_notes import BRANCH, NOTE, TASK, edit_calc, failed_run, trailers
 
 KILLED = -signal.SIGKILL
 READS = [call("fs_read", path="README.md"), call("fs_read", path="calc.py")]
@@ -84,3 +86,58 @@ def test_the_same_note_after_a_failed_attempt_is_kept_once_and_another_is_added(
     notes = state_of(sample, "steer")["steps"]["s2"]["notes"]
     assert [(n["text"], n["attempt"]) for n in notes] == [(NOTE, 2), ("and keep it short", 4)]
     assert trailers(sample, "s2") == [f"Coder-Note: {NOTE}", "Coder-Note: and keep it short"]
+
+
+# --- fork --note -----------------------------------------------------------------------------
+
+FORK = "steer-fork-1"
+FORK_BRANCH = "agent/steer-fork-1-add-mul"
+
+
+def finished_run(fake: FakeOllama, repo: Path) -> None:
+    """Run `steer` to the end: s2 writes mul.py."""
+    fake.enqueue(*edit_calc())
+    code, out_, err = cli(repo, "run", "--autonomous", "-f", str(taskfile(repo, TASK)))
+    assert code == 0, out_ + err
+
+
+def resume_as_told(repo: Path, *fork_again: str) -> None:
+    """`coder resume -t FORK`, and where it refuses, what it says to do: no such run (the
+    fork was killed before it existed) is forked again; a branch gone is restored with the
+    `git branch` it names."""
+    code, out_, err = cli(repo, "resume", "-t", FORK)
+    if code == 2 and f"no task '{FORK}'" in err:
+        code, out_, err = cli(repo, *fork_again)
+        assert code == 0, out_ + err
+        code, out_, err = cli(repo, "resume", "-t", FORK)
+    elif code == 3 and "git branch" in err:
+        restore = re.search(r"`git branch (\S+) ([0-9a-f]+)`", err)
+        assert restore, err
+        git(repo, "branch", restore[1], restore[2])
+        code, out_, err = cli(repo, "resume", "-t", FORK)
+    assert code == 0, out_ + err
+
+
+@pytest.mark.parametrize("step", ["s1", "s2"])
+@pytest.mark.parametrize("at", ["checkpoint#1", "checkpoint#2"])
+def test_fork_note_survives_a_kill_at_every_write_of_the_fork(
+    fake: FakeOllama, sample: Path, at: str, step: str
+) -> None:
+    """Before: killed after its branch and worktree were made, before its checkpoint, the
+    fork was resumed from a state rebuilt without the note: the model never saw it and the
+    commit had no `Coder-Note` (and nothing said so). The checkpoint, note included, is now
+    the fork's first write: killed at any write, the note reaches s2 of the fork once (a
+    fork at s1 copies no commit: its branch is restored where the run started)."""
+    finished_run(fake, sample)
+    asked = len(chat_requests(fake))
+    fork = ("fork", "-t", "steer", "--at", step, "--note", NOTE)
+    killed = coder(sample, *fork, crash=at)
+    assert killed.returncode == KILLED, out(killed)
+    fake.enqueue(*edit_calc())
+    resume_as_told(sample, *fork)
+    [note] = state_of(sample, FORK)["steps"]["s2"]["notes"]
+    assert (note["text"], note["via"]) == (NOTE, "fork")
+    assert trailers(sample, "s2", FORK_BRANCH) == [f"Coder-Note: {NOTE}"]
+    assert notes_sent(fake, asked) and set(notes_sent(fake, asked)) == {1}
+    assert git(sample, "show", f"{FORK_BRANCH}:mul.py") == git(sample, "show", f"{BRANCH}:mul.py")
+    fsck(sample)
