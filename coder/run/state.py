@@ -211,6 +211,7 @@ class RunState:
     parent: str | None = None  # a fork's parent run (`coder fork`)
     forked_at: ForkPoint | None = None
     pushed: PushRecord | None = None  # `coder push`
+    pushing: PushRecord | None = None  # a push recorded before it was made, not yet seen land
     journal_seq: int = 0  # the last journal line this snapshot contains
     version: int = 1
 
@@ -234,13 +235,15 @@ class RunState:
         "parent",
         "forked_at",
         "pushed",
+        "pushing",
         "journal_seq",
     )
 
     def to_dict(self) -> dict[str, Any]:
         data = {key: getattr(self, key) for key in self._KEYS}
-        if data["checkout_commit"] is None:  # the file of a run without one stays as it was
-            del data["checkout_commit"]
+        for key in ("checkout_commit", "pushing"):  # the file of a run without one: as it was
+            if data[key] is None:
+                del data[key]
         data["steps"] = {sid: record.to_dict() for sid, record in self.steps.items()}
         return data
 

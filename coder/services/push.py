@@ -7,6 +7,11 @@ not exist (`git push --force-with-lease=REF:EXPECTED`). Someone else's push to t
 makes the push refuse (`RemoteBranchMoved`, exit 3) and leaves the remote branch as it is.
 A rewritten branch (after `coder revert --mode reset`) replaces coder's own earlier push.
 
+A push is recorded before it is made (`pushing`) and moved to `pushed` once git says it
+landed. A push cut short (coder killed while git pushed, or git failing after the remote took
+it) leaves its record behind: the next push asks the remote, and a branch at that commit is
+coder's own, so a later push (after a revert, say) replaces it.
+
 Credentials are git's business (coder.git.remotes runs the git program); the remote's URL is
 recorded and shown without its user and password. The report (`coder report`'s Markdown) is
 the pull request's body; the compare URL opens the pull request on GitHub, GitLab,
@@ -22,7 +27,7 @@ from typing import Any
 from coder.errors import EnvironmentProblem, InvalidInput, RemoteBranchMoved
 from coder.git import branches, remotes, repository
 from coder.run.lock import lock_for_command
-from coder.run.state import StateStore, now_iso
+from coder.run.state import PushRecord, RunState, StateStore, now_iso
 from coder.services import history
 
 
@@ -62,8 +67,16 @@ def push_run(cwd: Path, task_id: str, *, remote: str | None = None) -> PushResul
         if tip is None:
             raise InvalidInput(f"branch {state.branch} of run {task_id} no longer exists")
         ref = f"refs/heads/{state.branch}"
-        last = state.pushed
-        ours = last["commit"] if last and last["url"] == url and last["ref"] == ref else None
+        last = state.pushed = _landed(view.root, name, url, ref, state)
+        ours = last["commit"] if last and (last["url"], last["ref"]) == (url, ref) else None
+        state.pushing = {
+            "remote": name,
+            "url": url,
+            "ref": ref,
+            "commit": tip,
+            "pushed_at": now_iso(),
+        }
+        store.save(state)  # before git pushes: killed at any point, the next push knows
         pushed = remotes.push(view.root, name, [f"{tip}:{ref}"], lease=(ref, ours or ""))
         outcome = "up_to_date" if pushed.refs.get(ref, ("",))[0] == "=" else "pushed"
         if not pushed.ok:
@@ -71,13 +84,7 @@ def push_run(cwd: Path, task_id: str, *, remote: str | None = None) -> PushResul
             if now != tip:
                 raise _refusal(pushed, name, ref, now, ours, tip)
             outcome = "up_to_date"  # a push whose record was lost put it there
-        state.pushed = {
-            "remote": name,
-            "url": url,
-            "ref": ref,
-            "commit": tip,
-            "pushed_at": now_iso(),
-        }
+        state.pushed, state.pushing = state.pushing, None
         store.save(state)
     finally:
         lock.release()
@@ -99,6 +106,16 @@ def push_run(cwd: Path, task_id: str, *, remote: str | None = None) -> PushResul
         body=body,
         warnings=tuple(warnings),
     )
+
+
+def _landed(root: Path, remote: str, url: str, ref: str, state: RunState) -> PushRecord | None:
+    """What coder last pushed: `pushed`, or a later push to this remote branch that was cut
+    short (`pushing` left behind) when the remote branch is at its commit now: it landed."""
+    cut = state.pushing
+    if cut and (cut["url"], cut["ref"]) == (url, ref):
+        if remotes.remote_ref(root, remote, ref) == cut["commit"]:
+            return cut
+    return state.pushed
 
 
 def _refusal(

@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,8 @@ from tests.fake_ollama import FakeOllama
 from tests.helpers import call, chat_requests, state_of, taskfile
 from tests.run.test_crash import coder, out
 from tests.run.test_notes import BRANCH, NOTE, TASK, edit_calc, failed_run, trailers
+from tests.services.test_push import BRANCH as PUSH_BRANCH
+from tests.services.test_push import remote_ref, run_with_remote
 
 KILLED = -signal.SIGKILL
 READS = [call("fs_read", path="README.md"), call("fs_read", path="calc.py")]
@@ -141,3 +144,47 @@ def test_fork_note_survives_a_kill_at_every_write_of_the_fork(
     assert notes_sent(fake, asked) and set(notes_sent(fake, asked)) == {1}
     assert git(sample, "show", f"{FORK_BRANCH}:mul.py") == git(sample, "show", f"{BRANCH}:mul.py")
     fsck(sample)
+
+
+# --- push ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def setup(make_repo: Any, tmp_path: Path) -> tuple[Path, Path, Path]:
+    return run_with_remote(make_repo, tmp_path)
+
+
+@pytest.mark.parametrize("later", ["step", "revert"])
+@pytest.mark.parametrize("at", ["checkpoint#1", "checkpoint#2"])
+def test_a_push_killed_at_any_write_is_known_to_the_next_push(
+    setup: tuple[Path, Path, Path], at: str, later: str
+) -> None:
+    """Before: a push killed after git pushed, before the state said so, left the remote
+    branch at a commit coder did not know it had put there; the next push, after a new step
+    or a `revert --mode reset`, was refused as "someone else pushed". A push is now recorded
+    before it is made and checked against the remote after: the next one replaces it."""
+    repo, remote, path = setup
+    if later == "revert":
+        code, out_, err = cli(repo, "push", "-t", "pr")
+        assert code == 0, out_ + err
+        fix_step_two(repo, path)
+    killed = coder(repo, "push", "-t", "pr", crash=at)
+    assert killed.returncode == KILLED, out(killed)
+    if later == "revert":
+        code, out_, err = cli(repo, "revert", "-t", "pr", "--to-step", "s1", "--mode", "reset")
+    else:
+        fix_step_two(repo, path)
+    tip = git(repo, "rev-parse", PUSH_BRANCH).strip()
+    code, out_, err = cli(repo, "push", "-t", "pr", "--json")
+    assert code == 0, out_ + err
+    assert remote_ref(remote, f"refs/heads/{PUSH_BRANCH}") == tip
+    record = state_of(repo, "pr")
+    assert record["pushed"]["commit"] == tip and "pushing" not in record
+    fsck(repo)
+
+
+def fix_step_two(repo: Path, path: Path) -> None:
+    """s2 passes now: resume takes the edited taskfile and commits it (the branch moves on)."""
+    path.write_text(path.read_text().replace("exit 1", "echo two > b.txt"))
+    code, out_, err = cli(repo, "resume", "-t", "pr", "--taskfile")
+    assert code == 0, out_ + err

@@ -37,6 +37,10 @@ def rev(repo: Path, what: str) -> str:
 
 @pytest.fixture
 def setup(make_repo: Any, tmp_path: Path) -> tuple[Path, Path, Path]:
+    return run_with_remote(make_repo, tmp_path)
+
+
+def run_with_remote(make_repo: Any, tmp_path: Path) -> tuple[Path, Path, Path]:
     """A repository whose run `pr` stopped at a failing s2 (s1 committed), and a bare remote
     `origin` known by a GitHub URL that git rewrites to the bare one (`insteadOf`)."""
     repo = make_repo({"README.md": "# p\n"})
