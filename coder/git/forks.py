@@ -5,17 +5,19 @@ so a fork cannot share its parent's commits: they would be foreign to it (resume
 revert refuse foreign commits). Each copy keeps the original's tree, author, committer and
 message; only the trailer names the fork, and `Coder-Forked-From: <sha>` names the original.
 The copies' trees are the originals', so the fork's branch holds exactly the files the parent
-had at the fork point.
+had at the fork point. So the trailers say where a fork came from (`lineage`): its parent is
+the run of the commit its last copy names, the fork point that commit.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import pygit2
 
 from coder.errors import EnvironmentProblem
-from coder.git.commits import TRAILER_TASK, parse_trailers
+from coder.git.commits import TRAILER_STEP, TRAILER_TASK, commits_between, parse_trailers
 from coder.git.repository import Repo
 
 TRAILER_FORKED_FROM = "Coder-Forked-From"
@@ -67,3 +69,57 @@ def renamed(message: str, parent_id: str, fork_id: str, original: str) -> str:
     if not count:  # parse_trailers found it, so it is there; never leave the parent's id
         raise EnvironmentProblem(f"cannot read the trailers of commit {original[:12]}")
     return f"{head}{sep}{replaced}\n"
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Where a fork came from, as the trailers of its copied commits say."""
+
+    cut: str  # the parent's commit its history copies up to (its last copy's original)
+    parent: str | None  # the run of that commit (None: the commit is gone)
+    origin: str | None  # the run at the start of its chain of forks (None: a commit is gone)
+    copied: tuple[str, ...]  # the steps of its copied commits, oldest first
+
+
+def lineage(repo: Repo, branch: str, base_commit: str, fork_id: str) -> Lineage | None:
+    """The lineage of run `fork_id` from the copies at the start of its branch (after
+    `base_commit`): commits of `fork_id` that name an original (`Coder-Forked-From`). None
+    when there is none: no fork, or one made at its first step (it copied nothing)."""
+    copies = []
+    for commit in commits_between(repo, branch, base_commit):
+        trailers = parse_trailers(commit.message)
+        if trailers.get(TRAILER_TASK.lower()) != fork_id or _FROM not in trailers:
+            break
+        copies.append(trailers)
+    cut = copies[-1][_FROM] if copies else ""
+    if not _SHA.fullmatch(cut):
+        return None
+    chain = _originals(repo, cut)
+    return Lineage(
+        cut=cut,
+        parent=chain[0] if chain else None,
+        origin=chain[-1] if chain and chain[-1] is not None else None,
+        copied=tuple(t[TRAILER_STEP.lower()] for t in copies if TRAILER_STEP.lower() in t),
+    )
+
+
+_FROM = TRAILER_FORKED_FROM.lower()
+_SHA = re.compile(r"[0-9a-f]{40}")
+
+
+def _originals(repo: Repo, commit: str) -> list[str | None]:
+    """The runs of `commit` and of each commit it was copied from in turn (a fork of a fork),
+    ending in None where a commit is gone."""
+    runs: list[str | None] = []
+    seen = set()
+    while commit not in seen:
+        seen.add(commit)
+        found = repo.get(commit) if _SHA.fullmatch(commit) else None
+        if not isinstance(found, pygit2.Commit):
+            return [*runs, None]
+        trailers = parse_trailers(found.message)
+        runs.append(trailers.get(TRAILER_TASK.lower()))
+        if _FROM not in trailers:
+            break
+        commit = trailers[_FROM]
+    return runs

@@ -4,7 +4,9 @@ The manifest and the checkpoint (coder.run.state) hold the same facts about a ru
 resolved task, the taskfile it started from, base, base commit, branch and worktree. So either
 can be rebuilt from the other, and when both are gone (`.coder/` deleted by hand) the run is
 found again by its branch: its commits carry `Coder-Task: ID`, the commit below them is the
-base, and the taskfile supplies the task (`coder resume -t ID -f FILE`). A run exists while
+base, and the taskfile supplies the task (`coder resume -t ID -f FILE`); a fork's is the
+taskfile of the run it was first forked from, and its copied commits (`Coder-Forked-From`)
+name its parent and fork point (coder.git.forks.lineage). A run exists while
 its manifest or its checkpoint does; that is what `run`, `status` and every `-t ID` agree on.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +34,7 @@ from coder.schemas import TASK_ID
 if TYPE_CHECKING:
     from coder.git.repository import Repo
     from coder.redact import Redactor
-    from coder.taskfile import TaskDoc
+    from coder.taskfile import Task, TaskDoc
 
 _STRINGS = ("task_id", "base", "base_commit", "branch", "worktree", "created_at")
 
@@ -284,13 +286,11 @@ def rebuild(
     from coder.run.state import now_iso
 
     task = taskfile.load(path)
+    forked: dict[str, Any] = {}
     if not task.source.get("id"):  # an id was generated when the run started: it is this one
         task = taskfile.from_dict({**task.source, "id": task_id})
-    if task.id != task_id:
-        raise InvalidInput(
-            f"{path} is the taskfile of task {task.id}, not of {task_id}",
-            hint=f"pass the taskfile run {task_id} started from",
-        )
+    elif task.id != task_id:  # the taskfile of the run `task_id` is a fork of?
+        task, forked = _as_fork(repo, task, task_id, path)
     found = commits.run_base(repo, task.branch, task_id)
     if found is None:
         raise EnvironmentProblem(
@@ -323,7 +323,36 @@ def rebuild(
         created_at=now_iso(),
         checkout_commit=checkout,
     )
-    return manifest, count
+    return replace(manifest, **forked), count
+
+
+def _as_fork(repo: Repo, task: Task, fork_id: str, path: Path) -> tuple[Task, dict[str, Any]]:
+    """The task of run `task`'s fork `fork_id` (renamed, on the fork's branch) and the
+    manifest's fork fields, read from the fork's branch: its copied commits name the parent
+    and the fork point (coder.git.forks.lineage), and the forked step is the first one they
+    do not hold. InvalidInput when neither they nor its id say `fork_id` is a fork of
+    `task` (or of a fork of it)."""
+    from coder import graph, taskfile
+    from coder.git import commits, forks
+    from coder.run.naming import named_as_fork_of
+
+    named = taskfile.default_branch(fork_id, task.title)
+    holding = commits.task_branches(repo, fork_id)
+    branch = named if named in holding or not holding else holding[0]
+    found = commits.run_base(repo, branch, fork_id)
+    line = forks.lineage(repo, branch, found[0], fork_id) if found else None
+    if not (line.origin == task.id if line and line.origin else named_as_fork_of(fork_id, task.id)):
+        raise InvalidInput(
+            f"{path} is the taskfile of task {task.id}, not of {fork_id}",
+            hint=f"pass the taskfile run {fork_id} started from (for a fork: its first parent's)",
+        )
+    renamed = taskfile.from_dict({**task.source, "id": fork_id, "branch": branch})
+    fields: dict[str, Any] = {"origin": {"id": task.id, "branch": task.branch}}
+    if line is not None:
+        order = graph.order(graph.build(renamed.deps()))
+        at = next((s for s in order if s not in line.copied), order[-1])
+        fields |= {"parent": line.parent, "forked_at": {"step": at, "commit": line.cut}}
+    return renamed, fields
 
 
 def missing_run(repo: Repo, coder_dir: Path, task_id: str) -> CoderError:
@@ -331,12 +360,15 @@ def missing_run(repo: Repo, coder_dir: Path, task_id: str) -> CoderError:
     its commits (`.coder/` was deleted by hand), how to rebuild the run or remove the branch
     (exit 3); when only its worktree's registration is left, how to start again; else no
     such task (exit 2)."""
-    from coder.git import branches, commits
+    from coder.git import branches, commits, forks
 
     taskfile = _taskfile_hint(repo, task_id)
     for branch in commits.task_branches(repo, task_id):
         found = commits.run_base(repo, branch, task_id)
         count = found[1] if found else 0
+        line = forks.lineage(repo, branch, found[0], task_id) if found else None
+        if line is not None and line.origin is not None:  # a fork runs its origin's taskfile
+            taskfile = _taskfile_hint(repo, line.origin)
         return EnvironmentProblem(
             f"run {task_id} has no manifest or checkpoint under .coder/ (deleted?), but its "
             f"branch {branch} holds {count} commit{'s' * (count != 1)} of the run",

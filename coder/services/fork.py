@@ -29,9 +29,8 @@ from coder.git import branches, forks, repository, worktrees
 from coder.git import commits as gitcommits
 from coder.run import manifest as manifests
 from coder.run.lock import TaskLock
-from coder.run.state import DONE, RunState, StateStore, check_task_id, now_iso
-
-SUFFIX = "-fork-"
+from coder.run.naming import fork_id
+from coder.run.state import DONE, RunState, StateStore, now_iso
 
 
 @dataclass(frozen=True)
@@ -49,18 +48,6 @@ class ForkResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
-
-
-def fork_id(parent: str, free: Callable[[str], bool]) -> str:
-    """`PARENT-fork-N`, N the smallest whose id is `free` (the parent's id cut short to fit
-    the 64 characters of an id)."""
-    n = 1
-    while True:
-        suffix = f"{SUFFIX}{n}"
-        candidate = f"{parent[: 64 - len(suffix)]}{suffix}"
-        if free(candidate):
-            return check_task_id(candidate)
-        n += 1
 
 
 def dag(task: dict[str, Any]) -> tuple[list[str], dict[str, list[str]]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -26,6 +27,7 @@ from tests.fake_ollama import FakeOllama
 from tests.helpers import call, chat_requests, state_of, taskfile
 from tests.run.test_crash import coder, out
 from tests.run.test_notes import BRANCH, NOTE, TASK, edit_calc, failed_run, trailers
+from tests.services.test_fork import TASK as FORK_TASK
 from tests.services.test_push import BRANCH as PUSH_BRANCH
 from tests.services.test_push import remote_ref, run_with_remote
 
@@ -188,3 +190,88 @@ def fix_step_two(repo: Path, path: Path) -> None:
     path.write_text(path.read_text().replace("exit 1", "echo two > b.txt"))
     code, out_, err = cli(repo, "resume", "-t", "pr", "--taskfile")
     assert code == 0, out_ + err
+
+
+# --- a fork whose .coder/ is gone ------------------------------------------------------------
+
+
+@pytest.fixture
+def finished(make_repo: Any) -> Path:
+    """Run `rv` (four shell steps, each a commit) run to the end; its taskfile beside it."""
+    repo = make_repo({"README.md": "# r\n"})
+    code, out_, err = cli(repo, "run", "--autonomous", "-f", str(taskfile(repo, FORK_TASK)))
+    assert code == 0, out_ + err
+    return repo
+
+
+@pytest.mark.parametrize(
+    ("forks", "resumed", "at"),
+    [
+        ([("rv", "s3")], False, "s3"),  # two copied commits, nothing of its own
+        ([("rv", "s3")], True, "s3"),  # the copies and its own s3, s4
+        # a fork of a fork at s4 of one that copied s1 only: s2 is the first step it lacks
+        ([("rv", "s2"), ("rv-fork-1", "s4")], False, "s2"),
+        ([("rv", "s1")], True, None),  # no copy: only its id says whose fork it is
+    ],
+)
+def test_a_fork_is_rebuilt_from_its_trailers_after_coder_dir_is_deleted(
+    finished: Path, forks: list[tuple[str, str]], resumed: bool, at: str | None
+) -> None:
+    """Before: `resume -t FORK -f TASKFILE`, as the hint says, refused the taskfile (it names
+    the run the fork was made from), so a fork could not be rebuilt. Its copied commits'
+    trailers say whose fork it is and where it began (`Coder-Task`, `Coder-Forked-From`):
+    resume rebuilds it from the first parent's taskfile and finishes it. The fork point is
+    the first step the copies do not hold (the step it was forked at, or an earlier one
+    its parent had not committed)."""
+    repo, path = finished, finished.parent / "task.yaml"
+    for parent, step in forks:
+        code, out_, err = cli(repo, "fork", "-t", parent, "--at", step)
+        assert code == 0, out_ + err
+    fork = f"{forks[-1][0]}-fork-1"
+    if resumed:
+        code, out_, err = cli(repo, "resume", "-t", fork)
+        assert code == 0, out_ + err
+    before = fork_state(repo, fork)
+    branch = before["branch"]
+    commits_before = git(repo, "rev-list", branch)
+    shutil.rmtree(repo / ".coder")
+
+    code, out_, err = cli(repo, "resume", "-t", fork)
+    assert code == 3 and f"`coder resume -t {fork} -f " in err, out_ + err
+    code, out_, err = cli(repo, "resume", "-t", fork, "-f", str(path))
+    assert code == 0, out_ + err
+    assert f"rebuilt it from {path}" in err
+    after = fork_state(repo, fork)
+    assert after["status"] == "success" and after["branch"] == branch
+    assert git(repo, "rev-list", branch).endswith(commits_before)  # nothing of it lost
+    assert tree(repo, branch) == tree(repo, "agent/rv-fork-demo")  # all of it done
+    steps = [s for _, s in branch_steps(repo, branch)]
+    assert steps == ["s1", "s2", "s3", "s4"]
+    if at is None:  # nothing on the branch names a parent
+        assert after["parent"] is None and after["forked_at"] is None
+    else:
+        assert after["parent"] == forks[-1][0]
+        assert after["forked_at"] == {"step": at, "commit": before["forked_at"]["commit"]}
+        [row] = status_rows(repo)
+        assert (row["id"], row["parent"], row["status"]) == (fork, forks[-1][0], "success")
+    fsck(repo)
+
+
+def fork_state(repo: Path, task_id: str) -> dict[str, Any]:
+    state = state_of(repo, task_id)
+    return {k: state[k] for k in ("status", "branch", "parent", "forked_at")}
+
+
+def tree(repo: Path, rev: str) -> str:
+    return git(repo, "rev-parse", f"{rev}^{{tree}}").strip()
+
+
+def branch_steps(repo: Path, branch: str) -> list[tuple[str, str]]:
+    log = git(repo, "log", "--reverse", "--format=%H %(trailers:key=Coder-Step,valueonly)", branch)
+    return [tuple(line.split()) for line in log.splitlines() if len(line.split()) == 2]  # type: ignore[misc]
+
+
+def status_rows(repo: Path) -> list[dict[str, Any]]:
+    code, out_, err = cli(repo, "status", "--json")
+    assert code == 0, out_ + err
+    return list(json.loads(out_))
