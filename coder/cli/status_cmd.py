@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         skipped: int
         branch: str
         updated_at: str
+        seq: int | None  # its place in the order runs were made (coder.run.manifest)
         error: str | None
         parent: str | None  # a fork's parent run
         runner_gone: bool  # the state says running, but no runner holds the run
@@ -72,6 +73,7 @@ def status(as_json: bool) -> None:
                 "skipped": skipped,
                 "branch": item.branch,
                 "updated_at": item.updated_at,
+                "seq": item.seq,
                 "error": item.error,
                 "parent": item.parent,
                 "runner_gone": gone,
@@ -93,11 +95,16 @@ def _show_status(rows: list[StatusRow], as_json: bool) -> None:
 
 
 def status_table(rows: list[StatusRow]) -> str:
-    """`coder status`'s table: newest first, a header, each column as wide as its widest;
-    a fork right under its parent, indented (coder.services.fork)."""
+    """`coder status`'s table: newest first (the last made first, by coder's count; a run
+    made before there was one after them, the last updated first), a header, each column
+    as wide as its widest; a fork right under its parent, indented (coder.services.fork)."""
     from coder.display import escaped
+    from coder.run.manifest import made_order
 
-    rows = sorted(rows, key=lambda row: row.get("updated_at") or "", reverse=True)
+    def newest(row: StatusRow) -> tuple[bool, int, str]:
+        return made_order(row.get("seq"), row.get("updated_at") or "")
+
+    rows = sorted(rows, key=newest, reverse=True)
     table = [("ID", "STATUS", "STEPS", "UPDATED (UTC)", "TITLE")] + [
         (
             "  " * depth + row["id"],
@@ -176,6 +183,7 @@ def _from_manifest(coder_dir: Path, task_id: str) -> StatusRow | CorruptState:
         "skipped": 0,
         "branch": manifest.branch,
         "updated_at": manifest.created_at,
+        "seq": manifest.seq,
         "error": None,
         "parent": manifest.parent,
     }

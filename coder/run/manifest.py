@@ -8,11 +8,17 @@ base, and the taskfile supplies the task (`coder resume -t ID -f FILE`); a fork'
 taskfile of the run it was first forked from, and its copied commits (`Coder-Forked-From`)
 name its parent and fork point (coder.git.forks.lineage). A run exists while
 its manifest or its checkpoint does; that is what `run`, `status` and every `-t ID` agree on.
+
+Runs are ordered by coder's own count, never by the clock (a clock set back would make a new
+run look older): each run gets the next number of `.coder/sequence` when it is made (`seq`);
+a run made before there was one is older than every run with one, ordered by its time.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -60,6 +66,7 @@ class Manifest:
     # the manifest keeps them, so status, compare and show still know the fork's parent.
     parent: str | None = None
     forked_at: ForkPoint | None = None
+    seq: int | None = None  # its place in the order runs were made (None: made before it)
 
     @property
     def worktree_path(self) -> Path:
@@ -70,7 +77,7 @@ class Manifest:
         data = asdict(self)
         if self.checkout_commit is None:
             del data["checkout_commit"]
-        for key in ("origin", "parent", "forked_at"):  # a run that is no fork: as before forks
+        for key in ("origin", "parent", "forked_at", "seq"):  # unset: the file as before them
             if data[key] is None:
                 del data[key]
         return data
@@ -96,7 +103,54 @@ class Manifest:
             origin=_origin(data.get("origin")),
             parent=data["parent"] if isinstance(data.get("parent"), str) else None,
             forked_at=_fork_point(data.get("forked_at")),
+            seq=data["seq"] if type(data.get("seq")) is int else None,
         )
+
+    @property
+    def order(self) -> tuple[bool, int, str]:
+        """Its place in the order runs were made, to sort by (`made_order`)."""
+        return made_order(self.seq, self.created_at)
+
+
+def made_order(seq: int | None, at: str) -> tuple[bool, int, str]:
+    """A run's place in the order runs were made, to sort by (the newest last): coder's
+    count, and for a run made before there was one, its time `at`, before every counted one."""
+    return (seq is not None, seq or 0, at)
+
+
+SEQUENCE = "sequence"  # .coder/sequence: the number the last run made got
+
+
+def next_seq(coder_dir: Path) -> int:
+    """The number of a run being made: one more than the last given (`.coder/sequence`, read
+    and written under its lock, so two runs made at once get two), or, when that file is
+    missing or unreadable, than any run's. Written through to the disk before the run's
+    manifest is, so no crash gives a number twice."""
+    from coder.durable import make_private_dirs
+
+    make_private_dirs(coder_dir)
+    fd = nofollow.open_file(coder_dir / SEQUENCE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        text = os.pread(fd, 32, 0).strip()
+        last = int(text) if text.isdigit() else _highest_seq(coder_dir)
+        data = f"{last + 1}\n".encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return last + 1
+
+
+def _highest_seq(coder_dir: Path) -> int:
+    found = []
+    for task_id in run_ids(coder_dir):
+        try:
+            found.append(load_manifest(coder_dir, task_id).seq or 0)
+        except CoderError:  # unreadable: it counts for nothing
+            pass
+    return max(found, default=0)
 
 
 def _commit_id(value: Any) -> str | None:
@@ -210,6 +264,7 @@ def build(
     worktree: Path,
     created_at: str,
     checkout_commit: str | None = None,
+    seq: int | None = None,
 ) -> Manifest:
     """A manifest: `task` is the resolved task as stored (secret env values left out)."""
     return Manifest(
@@ -222,6 +277,7 @@ def build(
         worktree=str(worktree),
         created_at=created_at,
         checkout_commit=checkout_commit,
+        seq=seq,
     )
 
 
@@ -247,6 +303,7 @@ def from_state(state: RunState) -> Manifest:
         checkout_commit=state.checkout_commit,
         parent=state.parent,
         forked_at=state.forked_at,
+        seq=state.seq,
     )
 
 
@@ -268,6 +325,7 @@ def new_run(manifest: Manifest) -> RunState:
         checkout_commit=manifest.checkout_commit,
         parent=manifest.parent,
         forked_at=manifest.forked_at,
+        seq=manifest.seq,
         updated_at=now_iso(),
         steps={s["id"]: StepRecord() for s in task["graph"]},
     )
@@ -322,6 +380,7 @@ def rebuild(
         worktree=coder_dir / "worktrees" / task_id,
         created_at=now_iso(),
         checkout_commit=checkout,
+        seq=next_seq(coder_dir),
     )
     return replace(manifest, **forked), count
 

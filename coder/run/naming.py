@@ -9,7 +9,7 @@ from pathlib import Path
 
 from coder.display import listed
 from coder.errors import CoderError, InvalidInput
-from coder.run.manifest import load_manifest, run_ids
+from coder.run.manifest import load_manifest, made_order, run_ids
 from coder.run.state import check_task_id
 
 _LISTED = 5  # ids named in a refusal
@@ -19,19 +19,20 @@ MAX_ID = 64
 
 def which_run(coder_dir: Path, given: str | None, *, last: bool = False, only: bool = True) -> str:
     """The id of the run `given` names (an id, or the start of exactly one; passed on as it
-    is when it starts none), the newest run with `last`, or, with `only`, the only run when
-    neither is given. InvalidInput naming the candidates when that is not one run."""
+    is when it starts none), the newest run with `last` (the last made, by coder's count, not
+    the clock), or, with `only`, the only run when neither is given. InvalidInput naming the
+    candidates when that is not one run."""
     known = run_ids(coder_dir)
     if given is not None and last:
         raise InvalidInput("pass -t ID or --last, not both")
     if given is None and not known:
         raise InvalidInput("no runs in this project yet", hint="start one with `coder run`")
     if last:
-        return max(known, key=lambda task_id: (_created(coder_dir, task_id), task_id))
+        return max(known, key=lambda task_id: (_made(coder_dir, task_id), task_id))
     if given is None:
         if len(known) == 1 and only:
             return known[0]
-        newest = sorted(known, key=lambda i: (_created(coder_dir, i), i), reverse=True)
+        newest = sorted(known, key=lambda i: (_made(coder_dir, i), i), reverse=True)
         raise InvalidInput(
             f"this project has {len(known)} run{'s' * (len(known) != 1)}: say which with -t ID "
             "(the start of an id will do) or --last for the newest",
@@ -50,11 +51,12 @@ def which_run(coder_dir: Path, given: str | None, *, last: bool = False, only: b
     return given  # no such run: the command says so, with what is left of it (a branch...)
 
 
-def _created(coder_dir: Path, task_id: str) -> str:
+def _made(coder_dir: Path, task_id: str) -> tuple[bool, int, str]:
+    """The run's place in the order runs were made (coder.run.manifest.made_order)."""
     try:
-        return load_manifest(coder_dir, task_id).created_at
+        return load_manifest(coder_dir, task_id).order
     except CoderError:  # unreadable: listed, never the newest
-        return ""
+        return made_order(None, "")
 
 
 def _listing(ids: list[str]) -> str:

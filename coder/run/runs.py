@@ -263,6 +263,7 @@ def _create(
         worktree=worktree,
         created_at=now_iso(),
         checkout_commit=checkout_commit,
+        seq=manifests.next_seq(coder_dir),
     )
     manifests.write(coder_dir, manifest)
     worktrees.create_worktree(

@@ -212,6 +212,7 @@ class RunState:
     forked_at: ForkPoint | None = None
     pushed: PushRecord | None = None  # `coder push`
     pushing: PushRecord | None = None  # a push recorded before it was made, not yet seen land
+    seq: int | None = None  # the manifest's: its place in the order runs were made
     journal_seq: int = 0  # the last journal line this snapshot contains
     version: int = 1
 
@@ -231,6 +232,7 @@ class RunState:
         "error",
         "created_at",
         "updated_at",
+        "seq",
         "merge",
         "parent",
         "forked_at",
@@ -241,7 +243,7 @@ class RunState:
 
     def to_dict(self) -> dict[str, Any]:
         data = {key: getattr(self, key) for key in self._KEYS}
-        for key in ("checkout_commit", "pushing"):  # the file of a run without one: as it was
+        for key in ("checkout_commit", "pushing", "seq"):  # unset: the file as it was
             if data[key] is None:
                 del data[key]
         data["steps"] = {sid: record.to_dict() for sid, record in self.steps.items()}

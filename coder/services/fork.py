@@ -148,6 +148,7 @@ def fork_run(
             branch=task["branch"],
             worktree=str(coder_dir / "worktrees" / new_id),
             created_at=now_iso(),
+            seq=manifests.next_seq(coder_dir),
             origin=parent.origin or {"id": task_id, "branch": parent.branch},
             parent=task_id,
             forked_at={"step": at, "commit": plan.cut},

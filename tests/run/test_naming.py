@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 from tests.conftest import coder, git
@@ -75,7 +74,6 @@ def test_last_is_the_newest_run_and_one_run_needs_no_name(make_repo) -> None:
     assert code == 0 and json.loads(out)["task_id"] == "zeta"
     code, out, err = coder(repo, "diff")  # the only run
     assert code == 0 and "+zeta" in out and "Run zeta" in err
-    time.sleep(1.1)  # created_at has whole seconds
     start(repo, add_task(repo, "alpha.yaml"))  # newer, though first by name
     code, out, _ = coder(repo, "show", "--last", "--json")
     assert json.loads(out)["task_id"] == "alpha"
@@ -103,7 +101,6 @@ def test_status_lists_runs_newest_first_under_a_header(make_repo) -> None:
     repo = make_repo()
     long_name = "a-rather-long-task-name-that-is-wider-than-before"
     start(repo, add_task(repo, f"{long_name}.yaml", title="long"))
-    time.sleep(0.01)
     start(repo, add_task(repo, "b.yaml"))
     code, out, _ = coder(repo, "status")
     header, first, second = out.splitlines()
@@ -187,3 +184,107 @@ def test_run_t_takes_the_start_of_one_taskfile_id(make_repo) -> None:
     code, _, err = coder(repo, "run", "--autonomous", "-t", "fix")  # two ids start so
     assert code == 2 and "no taskfile in" in err and "fix-login, fix-logout" in err
     assert "agent/fix-logout-fix-logout" not in branches(repo)
+
+
+# --- coder's own order, not the clock (issue 34) ---------------------------------------------
+
+
+def set_clock_back(repo: Path, task_id: str, hours: float) -> None:
+    """Rewrite run `task_id`'s own times as a clock `hours` behind would have written them:
+    its manifest's and its checkpoint's (snapshot and journal)."""
+    from datetime import datetime, timedelta
+
+    fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+    def back(value: str) -> str:
+        return (datetime.strptime(value, fmt) - timedelta(hours=hours)).strftime(fmt)
+
+    coder_dir = repo / ".coder"
+    manifest = coder_dir / "tasks" / f"{task_id}.json"
+    data = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**data, "created_at": back(data["created_at"])}))
+    snapshot = coder_dir / "state" / f"{task_id}.json"
+    data = json.loads(snapshot.read_text())
+    times = {k: back(data[k]) for k in ("created_at", "updated_at")}
+    snapshot.write_text(json.dumps({**data, **times}))
+    journal = coder_dir / "state" / f"{task_id}.journal"
+    if journal.exists():
+        lines = [json.loads(line) for line in journal.read_text().splitlines() if line]
+        journal.write_text("".join(json.dumps({**e, "at": back(e["at"])}) + "\n" for e in lines))
+
+
+def forget_the_count(repo: Path, task_id: str) -> None:
+    """Run `task_id` as a coder from before the count wrote it: no `seq` anywhere."""
+    for folder in ("tasks", "state"):
+        path = repo / ".coder" / folder / f"{task_id}.json"
+        data = json.loads(path.read_text())
+        data.pop("seq", None)
+        path.write_text(json.dumps(data))
+
+
+def status_ids(repo: Path) -> list[str]:
+    code, out, err = coder(repo, "status")
+    assert code == 0, out + err
+    return [line.split()[0] for line in out.splitlines()[1:]]
+
+
+def test_last_is_the_run_made_last_even_with_the_clock_set_back(make_repo) -> None:
+    """Before: with the clock 2 h behind when `beta` was made, `merge --last` merged `alpha`,
+    the older run, and status listed alpha first."""
+    repo = make_repo()
+    start(repo, add_task(repo, "alpha.yaml"))
+    start(repo, add_task(repo, "beta.yaml"))
+    set_clock_back(repo, "beta", 2)
+    code, out, _ = coder(repo, "show", "--last", "--json")
+    assert code == 0 and json.loads(out)["task_id"] == "beta"
+    assert status_ids(repo) == ["beta", "alpha"]
+    code, out, err = coder(repo, "diff")
+    assert code == 2 and "newest first: beta, alpha" in err
+    code, out, err = coder(repo, "merge", "--last")
+    assert code == 0, out + err
+    assert git(repo, "ls-tree", "--name-only", "main").split() == ["README.md", "beta.txt"]
+
+
+def test_runs_from_before_the_count_come_before_every_counted_run(make_repo) -> None:
+    """Old manifests and checkpoints (no `seq`) keep working: ordered by their time among
+    themselves, older than any run made since, even with `.coder/sequence` gone."""
+    repo = make_repo()
+    for name in ("alpha", "beta"):
+        start(repo, add_task(repo, f"{name}.yaml"))
+        forget_the_count(repo, name)
+    code, out, _ = coder(repo, "show", "--last", "--json")
+    assert json.loads(out)["task_id"] == "beta"
+    (repo / ".coder" / "sequence").unlink()
+    set_clock_back(repo, "alpha", -2)  # alpha seems the newest old run now
+    start(repo, add_task(repo, "gamma.yaml"))
+    code, out, _ = coder(repo, "show", "--last", "--json")
+    assert json.loads(out)["task_id"] == "gamma"
+    assert status_ids(repo) == ["gamma", "alpha", "beta"]
+    start(repo, add_task(repo, "delta.yaml"))
+    assert status_ids(repo)[:2] == ["delta", "gamma"]
+    assert (repo / ".coder" / "sequence").read_text() == "2\n"
+
+
+def test_runs_made_at_once_get_numbers_of_their_own(tmp_path: Path) -> None:
+    from coder.run.manifest import next_seq
+    from tests.helpers import at_once
+
+    coder_dir = tmp_path / ".coder"
+    assert sorted(at_once(lambda _: next_seq(coder_dir), range(16))) == list(range(1, 17))
+    (coder_dir / "sequence").write_text("not a number")
+    assert next_seq(coder_dir) == 1  # no run to count from: it starts again
+
+
+def test_fork_ids_and_whose_fork_they_name() -> None:
+    from coder.run.naming import fork_id, named_as_fork_of
+
+    taken = {"rv-fork-1"}
+    assert fork_id("rv", lambda i: i not in taken) == "rv-fork-2"
+    long = "x" * 60
+    cut = fork_id(long, lambda _: True)
+    assert len(cut) == 64 and cut == "x" * 57 + "-fork-1"
+    assert named_as_fork_of(cut, long) and named_as_fork_of(f"{cut[:57]}-fork-1", long)
+    assert named_as_fork_of("rv-fork-2-fork-1", "rv")
+    assert named_as_fork_of("rv-fork-2-fork-1", "rv-fork-2")
+    assert not named_as_fork_of("rv-fork-1", "rvx")  # not cut short: the id is rv's
+    assert not named_as_fork_of("rv-fork-0", "rv") and not named_as_fork_of("rv", "rv")
