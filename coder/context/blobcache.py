@@ -96,11 +96,7 @@ def _load(
 def typed(item: Any, *types: type) -> bool:
     """Whether `item` is a list of exactly these types (`int` is no `bool`, nor a float):
     the shape of a cache entry as JSON gives it back."""
-    return (
-        isinstance(item, list)
-        and len(item) == len(types)
-        and all(type(value) is kind for value, kind in zip(item, types, strict=True))
-    )
+    return type(item) is list and tuple(map(type, item)) == types  # C loops: 20,000 files
 
 
 def write_text(path: Path, text: str) -> None:

@@ -201,12 +201,9 @@ def file_tags(
 def _tags_entry(entry: Any) -> bool:
     """Whether a cached entry is one `_redacted_tags` writes: [definitions, references]."""
     return (
-        isinstance(entry, list)
-        and len(entry) == 2
-        and isinstance(entry[0], list)
+        typed(entry, list, dict)
         and all(typed(d, str, str, int, int, str) for d in entry[0])
-        and isinstance(entry[1], dict)
-        and all(type(n) is int for n in entry[1].values())
+        and set(map(type, entry[1].values())) <= {int}
     )
 
 

@@ -287,8 +287,8 @@ def index_for(root: Path, cache_dir: Path | None, redactor: Redactor | None = No
 
 def _chunks_entry(entry: Any) -> bool:
     """Whether a cached entry is one `chunk_file` gives: [[start, end, name, tokens], ...]."""
-    return isinstance(entry, list) and all(
-        typed(c, int, int, str, list) and all(type(t) is str for t in c[3]) for c in entry
+    return type(entry) is list and all(
+        typed(c, int, int, str, list) and set(map(type, c[3])) <= {str} for c in entry
     )
 
 
