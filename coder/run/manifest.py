@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
     from coder.redact import Redactor
     from coder.taskfile import Task, TaskDoc
 
+FORK_SUFFIX = "-fork-"  # a fork's id: its parent's, then this and a number
+MAX_ID = 64
 _STRINGS = ("task_id", "base", "base_commit", "branch", "worktree", "created_at")
 
 
@@ -171,6 +174,30 @@ def _fork_point(value: Any) -> ForkPoint | None:
     ):
         return {"step": value["step"], "commit": value["commit"]}
     return None
+
+
+def fork_id(parent: str, free: Callable[[str], bool]) -> str:
+    """`PARENT-fork-N`, N the smallest whose id is `free` (the parent's id cut short to fit
+    the 64 characters of an id)."""
+    n = 1
+    while True:
+        suffix = f"{FORK_SUFFIX}{n}"
+        candidate = f"{parent[: MAX_ID - len(suffix)]}{suffix}"
+        if free(candidate):
+            return check_task_id(candidate)
+        n += 1
+
+
+def named_as_fork_of(task_id: str, run_id: str) -> bool:
+    """Whether `task_id` is an id `fork_id` gives a fork of run `run_id`, or a fork of one
+    of its forks (each level's parent cut short only where it had to be)."""
+    head = task_id
+    while found := re.fullmatch(rf"(.+)({FORK_SUFFIX}[1-9][0-9]*)", head):
+        head, suffix = found[1], found[2]
+        cut = len(head) + len(suffix) == MAX_ID
+        if head == run_id or cut and run_id.startswith(head):
+            return True
+    return False
 
 
 def manifest_path(coder_dir: Path, task_id: str) -> Path:
@@ -393,7 +420,6 @@ def _as_fork(repo: Repo, task: Task, fork_id: str, path: Path) -> tuple[Task, di
     `task` (or of a fork of it)."""
     from coder import graph, taskfile
     from coder.git import commits, forks
-    from coder.run.naming import named_as_fork_of
 
     named = taskfile.default_branch(fork_id, task.title)
     holding = commits.task_branches(repo, fork_id)

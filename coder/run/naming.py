@@ -1,20 +1,15 @@
 """Which run a command means: `-t` with a whole id or a unique prefix of one, `--last`, or
-nothing where the project has exactly one run; and the ids `coder fork` gives."""
+nothing where the project has exactly one run."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from pathlib import Path
 
 from coder.display import listed
 from coder.errors import CoderError, InvalidInput
 from coder.run.manifest import load_manifest, made_order, run_ids
-from coder.run.state import check_task_id
 
 _LISTED = 5  # ids named in a refusal
-FORK_SUFFIX = "-fork-"
-MAX_ID = 64
 
 
 def which_run(coder_dir: Path, given: str | None, *, last: bool = False, only: bool = True) -> str:
@@ -61,27 +56,3 @@ def _made(coder_dir: Path, task_id: str) -> tuple[bool, int, str]:
 
 def _listing(ids: list[str]) -> str:
     return listed(ids, _LISTED)
-
-
-def fork_id(parent: str, free: Callable[[str], bool]) -> str:
-    """`PARENT-fork-N`, N the smallest whose id is `free` (the parent's id cut short to fit
-    the 64 characters of an id)."""
-    n = 1
-    while True:
-        suffix = f"{FORK_SUFFIX}{n}"
-        candidate = f"{parent[: MAX_ID - len(suffix)]}{suffix}"
-        if free(candidate):
-            return check_task_id(candidate)
-        n += 1
-
-
-def named_as_fork_of(task_id: str, run_id: str) -> bool:
-    """Whether `task_id` is an id `fork_id` gives a fork of run `run_id`, or a fork of one
-    of its forks (each level's parent cut short only where it had to be)."""
-    head = task_id
-    while found := re.fullmatch(rf"(.+)({FORK_SUFFIX}[1-9][0-9]*)", head):
-        head, suffix = found[1], found[2]
-        cut = len(head) + len(suffix) == MAX_ID
-        if head == run_id or cut and run_id.startswith(head):
-            return True
-    return False

@@ -29,7 +29,6 @@ from coder.git import branches, forks, repository, worktrees
 from coder.git import commits as gitcommits
 from coder.run import manifest as manifests
 from coder.run.lock import TaskLock
-from coder.run.naming import fork_id
 from coder.run.state import DONE, RunState, StateStore, now_iso
 
 
@@ -129,7 +128,7 @@ def fork_run(
     def free(fork: str) -> bool:  # no run, nor a branch a cleaned one left
         return fork not in taken and branches.branch_tip(repo, branch_of(fork)) is None
 
-    new_id = fork_id(task_id, free)
+    new_id = manifests.fork_id(task_id, free)
     task = dict(parent.task, id=new_id, branch=branch_of(new_id))
     if model:
         task["model"] = model

@@ -276,7 +276,7 @@ def test_runs_made_at_once_get_numbers_of_their_own(tmp_path: Path) -> None:
 
 
 def test_fork_ids_and_whose_fork_they_name() -> None:
-    from coder.run.naming import fork_id, named_as_fork_of
+    from coder.run.manifest import fork_id, named_as_fork_of
 
     taken = {"rv-fork-1"}
     assert fork_id("rv", lambda i: i not in taken) == "rv-fork-2"
