@@ -147,19 +147,23 @@ def fork_run(
             branch=task["branch"],
             worktree=str(coder_dir / "worktrees" / new_id),
             created_at=now_iso(),
-            seq=manifests.next_seq(coder_dir),
             origin=parent.origin or {"id": task_id, "branch": parent.branch},
             parent=task_id,
             forked_at={"step": at, "commit": plan.cut},
         )
+        state = _state(manifest, parent_state, plan, at)
+        noted = _note(repo, parent, state, note) if note is not None else None
         copies = forks.copy_history(
             repo, base_commit=parent.base_commit, upto=cut, parent_id=task_id, fork_id=new_id
         )
         tip = list(copies.values())[-1] if copies else parent.base_commit
-        if parent.checkout_commit:
-            manifest = replace(manifest, checkout_commit=copies[parent.checkout_commit])
-        state = _state(manifest, parent_state, plan, at, copies)
-        noted = _note(repo, parent, state, note) if note is not None else None
+        checkout = copies[parent.checkout_commit] if parent.checkout_commit else None
+        manifest = replace(manifest, seq=manifests.next_seq(coder_dir), checkout_commit=checkout)
+        state.seq, state.checkout_commit = manifest.seq, manifest.checkout_commit
+        for kept in plan.kept:  # each carried-over step on the copy of its commit
+            record = state.steps.get(kept.step_id)
+            if record is not None and record.status == "success":
+                record.commit = copies[kept.commit]
         _create(repo, coder_dir, manifest, tip, state)
     return ForkResult(
         task_id=new_id,
@@ -175,16 +179,11 @@ def fork_run(
     )
 
 
-def _state(
-    manifest: manifests.Manifest,
-    parent: RunState,
-    plan: ForkPlan,
-    at: str,
-    copies: dict[str, str],
-) -> RunState:
+def _state(manifest: manifests.Manifest, parent: RunState, plan: ForkPlan, at: str) -> RunState:
     """The fork's first checkpoint: the carried-over steps with the parent's records (a
-    committed one on the copy of its commit, in `copies`); every other step pending."""
-    state = manifests.new_run(manifest)  # parent, forked_at, checkout commit: the manifest's
+    committed one on the copy of its commit, once the copies are made); every other step
+    pending."""
+    state = manifests.new_run(manifest)  # parent and forked_at: the manifest's
     commits = {c.step_id: c.commit for c in plan.kept}
     for sid in plan.carried:
         record = parent.steps.get(sid)
@@ -194,7 +193,7 @@ def _state(
         state.steps[sid] = replace(
             record,
             status="success" if sid in commits else record.status,
-            commit=copies[commits[sid]] if sid in commits else None,
+            commit=None,
             start_tip=None,
             reasons=[
                 *record.reasons,
