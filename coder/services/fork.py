@@ -153,17 +153,7 @@ def fork_run(
         )
         state = _state(manifest, parent_state, plan, at)
         noted = _note(repo, parent, state, note) if note is not None else None
-        copies = forks.copy_history(
-            repo, base_commit=parent.base_commit, upto=cut, parent_id=task_id, fork_id=new_id
-        )
-        tip = list(copies.values())[-1] if copies else parent.base_commit
-        checkout = copies[parent.checkout_commit] if parent.checkout_commit else None
-        manifest = replace(manifest, seq=manifests.next_seq(coder_dir), checkout_commit=checkout)
-        state.seq, state.checkout_commit = manifest.seq, manifest.checkout_commit
-        for kept in plan.kept:  # each carried-over step on the copy of its commit
-            record = state.steps.get(kept.step_id)
-            if record is not None and record.status == "success":
-                record.commit = copies[kept.commit]
+        manifest, tip = _copied(repo, coder_dir, parent, plan, manifest, state)
         _create(repo, coder_dir, manifest, tip, state)
     return ForkResult(
         task_id=new_id,
@@ -201,6 +191,34 @@ def _state(manifest: manifests.Manifest, parent: RunState, plan: ForkPlan, at: s
             ],
         )
     return state
+
+
+def _copied(
+    repo: repository.Repo,
+    coder_dir: Path,
+    parent: manifests.Manifest,
+    plan: ForkPlan,
+    manifest: manifests.Manifest,
+    state: RunState,
+) -> tuple[manifests.Manifest, str]:
+    """The parent's history up to the fork point copied for the fork (coder.git.forks): the
+    manifest with the fork's number and checkout commit, the checkpoint with them and each
+    carried-over step on the copy of its commit; and the commit the fork's branch starts at."""
+    copies = forks.copy_history(
+        repo,
+        base_commit=parent.base_commit,
+        upto=plan.cut,
+        parent_id=parent.task_id,
+        fork_id=manifest.task_id,
+    )
+    checkout = copies[parent.checkout_commit] if parent.checkout_commit else None
+    manifest = replace(manifest, seq=manifests.next_seq(coder_dir), checkout_commit=checkout)
+    state.seq, state.checkout_commit = manifest.seq, manifest.checkout_commit
+    for kept in plan.kept:
+        record = state.steps.get(kept.step_id)
+        if record is not None and record.status == "success":
+            record.commit = copies[kept.commit]
+    return manifest, list(copies.values())[-1] if copies else parent.base_commit
 
 
 def _note(repo: repository.Repo, parent: manifests.Manifest, state: RunState, text: str) -> str:
