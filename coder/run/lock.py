@@ -14,7 +14,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from types import TracebackType
 from typing import Self, TypedDict, cast
@@ -91,7 +91,92 @@ def _flock(fd: int, operation: int, attempts: int = 5) -> bool:
     return False
 
 
-class TaskLock:
+class _FileLock:
+    """An flock on a file under `.coder/locks/` whose holder keeps it open, with the holder's
+    record in it: what TaskLock and CheckoutLock share. `_take` opens it (never through a
+    link) and locks it, `_keep` writes the record, `release` unlocks, emptying the record
+    when the holder finished (a record left says it did not). Subclasses say how to
+    `acquire`, and whether leaving the `with` block on an exception finished the work."""
+
+    path: Path
+    holder: str
+    _fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def _take(self, busy: Callable[[Owner], CoderError], *, attempts: int = 5) -> Owner:
+        """Lock the file (`busy(its record)` raised when another holds it) and return the
+        record found in it ({} after a clean release); call `_keep` to hold it."""
+        try:
+            make_private_dirs(self.path.parent)
+            # O_CLOEXEC (open_file's): commands the holder starts must not keep the lock.
+            fd = nofollow.open_file(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:  # a link under .coder/ (never followed), a full disk
+            raise write_failed(self.path, exc) from exc
+        try:
+            if not _flock(fd, fcntl.LOCK_EX, attempts=attempts):
+                raise busy(_read_owner(fd))
+            found = _read_owner(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return found
+
+    def _keep(self, **extra: str) -> Owner:
+        """Write this holder's record into the locked file; it is returned."""
+        import socket  # here: `coder status` reads locks, and socket costs a 10th of it
+
+        assert self._fd is not None, "the lock is taken"
+        record = cast(
+            Owner,
+            {
+                "pid": os.getpid(),
+                "started_at": now_iso(),
+                "host": socket.gethostname(),
+                "holder": self.holder,
+                **extra,
+            },
+        )
+        try:
+            _record(self._fd, record)
+        except OSError as exc:  # a full disk
+            self.release(finished=False)
+            raise write_failed(self.path, exc) from exc
+        return record
+
+    def release(self, *, finished: bool = True) -> None:
+        """Unlock; the record is emptied only when the holder `finished` its work."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            if finished:
+                os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)  # closing the fd drops the flock
+
+    def __enter__(self) -> Self:
+        return self.acquire()
+
+    def acquire(self) -> Self:
+        raise NotImplementedError
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release(finished=self._finished_on_exit(exc_type))
+
+    def _finished_on_exit(self, exc_type: type[BaseException] | None) -> bool:
+        return True
+
+
+class TaskLock(_FileLock):
     """One runner per task. `with TaskLock(coder_dir, task_id) as lock: ...`
 
     Raises ConcurrentRun if a live process holds it. If the previous holder died without
@@ -105,42 +190,14 @@ class TaskLock:
         self.took_over_from: int | None = None
         self._fd: int | None = None
 
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
     def acquire(self) -> Self:
         if self._fd is not None:
             raise RuntimeError(f"lock for task {self.task_id} is already held by this object")
-        try:
-            make_private_dirs(self.path.parent)
-            # O_CLOEXEC (open_file's): commands the runner starts must not keep the lock.
-            fd = nofollow.open_file(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:  # a link under .coder/ (never followed), a full disk
-            raise write_failed(self.path, exc) from exc
-        try:
-            if not _flock(fd, fcntl.LOCK_EX):
-                raise self._busy(_read_owner(fd))
-            previous = _read_owner(fd)
-            import socket  # here: `coder status` reads locks, and socket costs a 10th of it
-
-            record: Owner = {
-                "pid": os.getpid(),
-                "started_at": now_iso(),
-                "host": socket.gethostname(),
-                "holder": self.holder,
-            }
-            _record(fd, record)
-        except OSError as exc:  # a full disk
-            os.close(fd)
-            raise write_failed(self.path, exc) from exc
-        except BaseException:
-            os.close(fd)
-            raise
+        previous = self._take(self._busy)
+        self._keep()
         # A record left behind means the holder died without releasing (a clean release
         # empties the file). The flock proved it no longer holds it, whatever its pid is now.
         self.took_over_from = previous.get("pid")
-        self._fd = fd
         return self
 
     def _busy(self, owner: Owner) -> ConcurrentRun:
@@ -160,27 +217,6 @@ class TaskLock:
             f"task {self.task_id} is already being run by {who}{since}{host}",
             hint=f"wait for it to finish, or stop it with `coder stop -t {self.task_id}`",
         )
-
-    def release(self) -> None:
-        """Empty the record (so the next runner sees a clean release) and unlock."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        try:
-            os.ftruncate(fd, 0)
-        finally:
-            os.close(fd)  # closing the fd drops the flock
-
-    def __enter__(self) -> Self:
-        return self.acquire()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
 
 
 def lock_for_command(
@@ -206,7 +242,7 @@ CHECKOUT_LOCK = "the.checkout.lock"  # task ids have no dot: no task's lock is n
 CHECKOUT_WAIT = 30.0  # seconds a command waits for another to be done with the checkout
 
 
-class CheckoutLock:
+class CheckoutLock(_FileLock):
     """The user's checkout, one command at a time: `coder merge` holds this lock from just
     before it moves the base branch until the checkout has followed, and `coder run
     --include-uncommitted` while it reads the checkout into the run's first commit. So a
@@ -228,32 +264,14 @@ class CheckoutLock:
         self._fd: int | None = None
 
     def acquire(self) -> Self:
+        attempts = max(1, int(CHECKOUT_WAIT / 0.02))
+        found = self._take(lambda owner: self._busy(owner, CHECKOUT_WAIT), attempts=attempts)
         try:
-            make_private_dirs(self.path.parent)
-            fd = nofollow.open_file(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise write_failed(self.path, exc) from exc
-        try:
-            if not _flock(fd, fcntl.LOCK_EX, attempts=max(1, int(CHECKOUT_WAIT / 0.02))):
-                raise self._busy(_read_owner(fd), CHECKOUT_WAIT)
-            self._refuse_unfinished(_read_owner(fd))  # its record stays, for the next one
-            import socket
-
-            self._record = {
-                "pid": os.getpid(),
-                "started_at": now_iso(),
-                "host": socket.gethostname(),
-                "holder": self.holder,
-                "task": self.task_id,
-            }
-            _record(fd, self._record)
-        except OSError as exc:
-            os.close(fd)
-            raise write_failed(self.path, exc) from exc
+            self._refuse_unfinished(found)  # its record stays, for the next one
         except BaseException:
-            os.close(fd)
+            self.release(finished=False)
             raise
-        self._fd = fd
+        self._record = self._keep(task=self.task_id)
         return self
 
     def landed(self, commit: str) -> None:
@@ -263,27 +281,8 @@ class CheckoutLock:
         self._record = {**self._record, "landed": commit}
         _record(self._fd, self._record)
 
-    def release(self, *, finished: bool = True) -> None:
-        """Unlock; the record is emptied only when the holder `finished` its work."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        try:
-            if finished:
-                os.ftruncate(fd, 0)
-        finally:
-            os.close(fd)
-
-    def __enter__(self) -> Self:
-        return self.acquire()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release(finished=exc_type is None)
+    def _finished_on_exit(self, exc_type: type[BaseException] | None) -> bool:
+        return exc_type is None  # a merge that did not finish leaves its record
 
     def _busy(self, owner: Owner, waited: float) -> ConcurrentRun:
         pid = owner.get("pid")
