@@ -59,6 +59,26 @@ def coder_argv(*args: str, ignoring: Sequence[int] = ()) -> list[str]:
     return [sys.executable, "-c", _LAUNCH, ",".join(map(str, ignoring)), *args]
 
 
+def coder_cli(
+    repo: Path, *args: str, crash: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`python -m coder ARGS` in `repo`, to its end (the real CLI in a subprocess: a crash
+    hook kills it, not the tests); `crash` names the test-only crash point (coder.crashpoints),
+    none of the suite's own passed on."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODER_CRASH")}
+    if crash:
+        env["CODER_CRASH_AT"] = crash
+    return subprocess.run(
+        [sys.executable, "-m", "coder", *args],
+        cwd=repo,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def level_worktrees(repo: Path, count: int = 2) -> tuple[str, list[Path]]:
     """`count` linked worktrees of `repo` detached at its HEAD, as the steps of a parallel level
     work: (that commit, the worktrees)."""

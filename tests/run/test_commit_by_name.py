@@ -10,9 +10,6 @@ level's commits reads. Judged with the git CLI."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,25 +17,9 @@ import pytest
 from coder.errors import EXIT_ENVIRONMENT
 from coder.policy import confine
 from tests.conftest import git
-from tests.helpers import state_of, taskfile
+from tests.helpers import coder_cli, state_of, taskfile
 
 BRANCH = "agent/flip"
-
-
-def cli(repo: Path, *args: str, crash: str | None = None) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a subprocess (a crash hook kills it, not the tests)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CODER_CRASH")}
-    if crash:
-        env["CODER_CRASH_AT"] = crash
-    return subprocess.run(
-        [sys.executable, "-m", "coder", *args],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def admin_head(repo: Path) -> Path:
@@ -75,11 +56,11 @@ def test_a_head_flipped_while_the_runner_was_down_is_pointed_back_by_resume(make
     repo = make_repo({"README.md": "# r\n"})
     main = git(repo, "rev-parse", "main")
     path = flip_task(repo, "echo one > one.txt")
-    crashed = cli(repo, "run", "--autonomous", "-f", str(path), crash="after_checks@s1")
+    crashed = coder_cli(repo, "run", "--autonomous", "-f", str(path), crash="after_checks@s1")
     assert crashed.returncode < 0, crashed.stderr  # killed by the hook
     admin_head(repo).write_text("ref: refs/heads/main\n")
 
-    resumed = cli(repo, "resume", "-t", "flip")
+    resumed = coder_cli(repo, "resume", "-t", "flip")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "HEAD" in resumed.stdout + resumed.stderr  # resume says it pointed it back
     assert git(repo, "rev-parse", "main") == main
@@ -104,7 +85,9 @@ def test_a_step_that_points_the_runs_head_at_main_lands_nothing(make_repo, tmp_p
         '--git-common-dir)/worktrees/flip/HEAD"; fi'
     )
     path = flip_task(repo, flip)
-    run = cli(repo, "run", "--autonomous", "--no-sandbox", "--max-parallel", "2", "-f", str(path))
+    run = coder_cli(
+        repo, "run", "--autonomous", "--no-sandbox", "--max-parallel", "2", "-f", str(path)
+    )
 
     assert run.returncode == EXIT_ENVIRONMENT, run.stdout + run.stderr
     assert git(repo, "rev-parse", "main") == main
@@ -114,7 +97,7 @@ def test_a_step_that_points_the_runs_head_at_main_lands_nothing(make_repo, tmp_p
     assert f"names refs/heads/main, not the run's branch {BRANCH}" in state["error"]
     assert "refs/heads/main" in run.stderr
 
-    resumed = cli(repo, "resume", "-t", "flip", "--no-sandbox")
+    resumed = coder_cli(repo, "resume", "-t", "flip", "--no-sandbox")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert git(repo, "rev-parse", "main") == main
     assert steps_on_branch(repo) == ["s1", "s2"]
@@ -134,7 +117,9 @@ def test_a_step_that_makes_the_runs_branch_a_symbolic_ref_to_main_lands_nothing(
         'echo one > one.txt && echo "ref: refs/heads/main" > '
         f'"$(git rev-parse --path-format=absolute --git-common-dir)/refs/heads/{BRANCH}"'
     )
-    run = cli(repo, "run", "--autonomous", "--no-sandbox", "-f", str(flip_task(repo, symbolic)))
+    run = coder_cli(
+        repo, "run", "--autonomous", "--no-sandbox", "-f", str(flip_task(repo, symbolic))
+    )
     assert run.returncode == EXIT_ENVIRONMENT, run.stdout + run.stderr
     assert git(repo, "rev-parse", "main") == main
     assert f"branch '{BRANCH}' was made a symbolic ref to refs/heads/main" in run.stderr

@@ -20,19 +20,7 @@ import pytest
 
 from coder.policy.sandbox import OWNER_VAR, owner_token
 from tests.conftest import git
-from tests.helpers import ROOT, state_of, taskfile, visible_to_commands
-
-
-def coder_process(repo: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "coder", *args],
-        cwd=repo,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
+from tests.helpers import ROOT, coder_cli, state_of, taskfile, visible_to_commands
 
 FIFO_ASSERTS = """
     id: fifo
@@ -54,7 +42,7 @@ FIFO_ASSERTS = """
 def test_a_fifo_at_an_asserted_path_fails_the_step(make_repo) -> None:
     repo = make_repo()
     started = time.monotonic()
-    done = coder_process(repo, "run", "--autonomous", "-f", str(taskfile(repo, FIFO_ASSERTS)))
+    done = coder_cli(repo, "run", "--autonomous", "-f", str(taskfile(repo, FIFO_ASSERTS)))
     assert done.returncode == 1, done.stderr
     assert time.monotonic() - started < 30
     assert state_of(repo, "fifo")["steps"]["s1"]["error"] == (
@@ -130,7 +118,7 @@ def test_stop_kills_a_runner_that_does_not_stop(make_repo, tmp_path: Path) -> No
         commands = owned(coder_dir, "stuck")
         os.kill(runner.pid, signal.SIGSTOP)
         started = time.monotonic()
-        done = coder_process(repo, "stop", "-t", "stuck", "--wait", "1", "--json")
+        done = coder_cli(repo, "stop", "-t", "stuck", "--wait", "1", "--json")
         assert done.returncode == 0, done.stderr
         assert time.monotonic() - started < 30
         report = json.loads(done.stdout)
@@ -138,14 +126,14 @@ def test_stop_kills_a_runner_that_does_not_stop(make_repo, tmp_path: Path) -> No
         assert set(commands) <= set(report["killed_commands"])
         assert runner.wait(timeout=10) == -signal.SIGKILL
         assert owned(coder_dir, "stuck") == []
-        text = coder_process(repo, "stop", "-t", "stuck")
+        text = coder_cli(repo, "stop", "-t", "stuck")
         assert text.returncode == 2 and "run stuck is not running" in text.stderr
     finally:
         if runner.poll() is None:
             runner.kill()
             runner.wait()
     flag.touch()
-    resumed = coder_process(repo, "resume", "-t", "stuck")
+    resumed = coder_cli(repo, "resume", "-t", "stuck")
     assert resumed.returncode == 0, resumed.stderr
     assert git(repo, "show", "agent/stuck-t:out.txt") == "done\n"
 
@@ -166,7 +154,7 @@ def test_stop_says_what_it_did_when_forced(make_repo) -> None:
             assert time.monotonic() < deadline and runner.poll() is None, "no command started"
             time.sleep(0.1)
         os.kill(runner.pid, signal.SIGSTOP)
-        done = coder_process(repo, "stop", "-t", "held", "--wait", "0.5")
+        done = coder_cli(repo, "stop", "-t", "held", "--wait", "0.5")
         assert done.returncode == 0, done.stderr
         assert done.stdout.startswith(
             f"Run held (pid {runner.pid}) did not stop within 0.5s (it was blocked in "

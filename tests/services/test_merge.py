@@ -19,6 +19,7 @@ from coder.crashpoints import MERGE_POINTS
 from coder.run.lock import TaskLock
 from coder.schemas import validator
 from tests.conftest import coder, git
+from tests.helpers import coder_cli
 
 # The project's tests (unittest, found by detection) allow at most two items: a run adding
 # one is green, a base adding one is green, the two merged are red.
@@ -54,23 +55,6 @@ RED_TASK = "id: {id}\ntitle: Breaks\ngraph:\n  - {{kind: shell, cmd: 'echo x > x
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def coder_process(
-    repo: Path, *args: str, crash: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CODER_CRASH")}
-    if crash:
-        env["CODER_CRASH_AT"] = crash
-    return subprocess.run(
-        [sys.executable, "-m", "coder", *args],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def finished_run(
@@ -507,7 +491,7 @@ def test_kill_9_inside_merge_leaves_base_old_or_new_and_a_second_merge_finishes(
     repo = finished_run(make_repo)
     (repo / "a.txt").write_text("the user's edit\n")  # must survive the crash and the finish
     old_main, tip = rev(repo, "main"), rev(repo, branch())
-    result = coder_process(repo, "merge", "-t", "t1", "--if-green", "--mode", mode, crash=at)
+    result = coder_cli(repo, "merge", "-t", "t1", "--if-green", "--mode", mode, crash=at)
     assert result.returncode == -9, result.stdout + result.stderr
     now = rev(repo, "main")
     assert now == (old_main if not landed else tip if mode == "ff-only" else now)
@@ -517,7 +501,7 @@ def test_kill_9_inside_merge_leaves_base_old_or_new_and_a_second_merge_finishes(
     if at == "merge_file_write":  # the kill left the temp file: the second merge removes it
         assert (repo / ".README.md.coder-tmp").read_bytes() == b"# r\nmore\n"[:5]
 
-    result = coder_process(repo, "merge", "-t", "t1", "--mode", mode)
+    result = coder_cli(repo, "merge", "-t", "t1", "--mode", mode)
     assert result.returncode == 0, result.stdout + result.stderr
     if landed:
         assert result.stdout.startswith(f"Run t1 already merged at {now[:12]}")
@@ -561,14 +545,14 @@ def test_a_temp_file_a_killed_merge_left_is_swept_though_its_path_is_not_written
     git(repo, "add", "items/.a.coder-tmp")
     git(repo, "commit", "-q", "-m", "a file named like a temp file")
     old_main = rev(repo, "main")
-    result = coder_process(repo, "merge", "-t", "t1", crash="merge_file_write")
+    result = coder_cli(repo, "merge", "-t", "t1", crash="merge_file_write")
     assert result.returncode == -9, result.stdout + result.stderr
     assert untracked(repo) == [".README.md.coder-tmp"]
     (repo / "bin").mkdir()
     (repo / "bin" / ".hi.coder-31337.tmp").write_text("an older coder's half file\n")
     (repo / "README.md").write_text("# r\nthe user's line\n")
 
-    result = coder_process(repo, "merge", "-t", "t1")
+    result = coder_cli(repo, "merge", "-t", "t1")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "left README.md in" in result.stdout
     assert "removed 2 temporary file(s)" in result.stdout
@@ -642,7 +626,7 @@ def test_a_merge_killed_inside_its_index_write_is_finished_by_the_next_one(make_
     assert state_of(repo)["merge"] is None
     assert (repo / ".coder" / "artifacts" / "t1" / "merge-index.json").exists()
 
-    result = coder_process(repo, "merge", "-t", "t1")
+    result = coder_cli(repo, "merge", "-t", "t1")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"removed {repo}/.git/index.lock, left by a `coder merge` of this run" in result.stdout
     assert not (repo / ".git" / "index.lock").exists()
@@ -663,7 +647,7 @@ def test_an_index_lock_not_coders_refuses_the_merge_before_base_moves(make_repo)
     lock.write_bytes(b"")
     old_main = rev(repo, "main")
     before = snapshot(repo)
-    result = coder_process(repo, "merge", "-t", "t1")
+    result = coder_cli(repo, "merge", "-t", "t1")
     assert result.returncode == 3, result.stdout + result.stderr
     assert result.stderr.splitlines() == [
         f"coder: error: {lock} exists: a git process is working in {repo}, or one was killed "
@@ -674,12 +658,12 @@ def test_an_index_lock_not_coders_refuses_the_merge_before_base_moves(make_repo)
     assert_nothing_landed(repo, before)
 
     lock.unlink()  # killed after base moved; then a lock of someone else's appears
-    result = coder_process(repo, "merge", "-t", "t1", crash="merge_after_ref")
+    result = coder_cli(repo, "merge", "-t", "t1", crash="merge_after_ref")
     assert result.returncode == -9
     landed = rev(repo, "main")
     lock.write_bytes(b"")
     before = snapshot(repo)
-    result = coder_process(repo, "merge", "-t", "t1")
+    result = coder_cli(repo, "merge", "-t", "t1")
     assert result.returncode == 3, result.stdout + result.stderr
     assert result.stderr.startswith(
         f"coder: error: run t1 landed on main as {landed[:12]}, but {repo} cannot follow: "
@@ -688,7 +672,7 @@ def test_an_index_lock_not_coders_refuses_the_merge_before_base_moves(make_repo)
     assert snapshot(repo) == before and lock.exists()
 
     lock.unlink()
-    result = coder_process(repo, "merge", "-t", "t1")
+    result = coder_cli(repo, "merge", "-t", "t1")
     assert result.returncode == 0, result.stdout + result.stderr
     assert_squash_of_run(repo, old_main)
     assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""

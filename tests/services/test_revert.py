@@ -5,9 +5,6 @@ repositories, checked with the git CLI."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +15,7 @@ from coder.git import commits, repository
 from coder.run.lock import TaskLock
 from coder.services.revert import RevertPlan, plan_revert
 from tests.conftest import coder, git
-from tests.helpers import snapshot, state_of, taskfile
+from tests.helpers import coder_cli, snapshot, state_of, taskfile
 
 TASK = """
     id: rv
@@ -307,7 +304,7 @@ def test_foreign_changes_and_commits_are_refused(finished: Path) -> None:
 @pytest.mark.parametrize("killed", [False, True], ids=["recorded", "merge-killed-before-record"])
 def test_a_merged_run_is_refused(finished: Path, killed: bool) -> None:
     if killed:  # base and tag moved, the state does not know yet
-        result = coder_process(finished, "merge", "-t", "rv", crash="merge_after_ref")
+        result = coder_cli(finished, "merge", "-t", "rv", crash="merge_after_ref")
         assert result.returncode == -9, result.stdout + result.stderr
     else:
         code, out, err = coder(finished, "merge", "-t", "rv")
@@ -322,23 +319,6 @@ def test_a_merged_run_is_refused(finished: Path, killed: bool) -> None:
     assert unchanged(finished) == before
     if not killed:
         assert state_of(finished, "rv")["merge"]["commit"] == rev(finished, "main")
-
-
-def coder_process(repo: Path, *args: str, crash: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CODER_CRASH")}
-    env["CODER_CRASH_AT"] = crash
-    return subprocess.run(
-        [sys.executable, "-m", "coder", *args],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-# --- kill -9 inside a revert -------------------------------------------------------------------
 
 
 CRASHES = [(point, "revert") for point in REVERT_POINTS] + [
@@ -356,7 +336,7 @@ def test_kill_9_inside_revert_then_a_second_revert_finishes(
     finished: Path, at: str, mode: str
 ) -> None:
     repo, golden, old_tip = finished, effective(finished), rev(finished, BRANCH)
-    result = coder_process(repo, "revert", "-t", "rv", "--to-step", "s2", "--mode", mode, crash=at)
+    result = coder_cli(repo, "revert", "-t", "rv", "--to-step", "s2", "--mode", mode, crash=at)
     assert result.returncode == -9, result.stdout + result.stderr
     moved = at not in ("revert_before_ref",)
     assert (rev(repo, BRANCH) != old_tip) == moved  # one ref move: all of the undo or none
@@ -376,7 +356,7 @@ def test_kill_9_inside_revert_then_a_second_revert_finishes(
 def test_resume_finishes_a_revert_killed_before_the_files_followed(finished: Path) -> None:
     repo, golden = finished, effective(finished)
     assert coder(repo, "revert", "-t", "rv", "--to-step", "s3")[0] == 0  # run now interrupted
-    result = coder_process(repo, "revert", "-t", "rv", "--to-step", "s1", crash="revert_after_ref")
+    result = coder_cli(repo, "revert", "-t", "rv", "--to-step", "s1", crash="revert_after_ref")
     assert result.returncode == -9, result.stdout + result.stderr
     assert git(worktree(repo), "status", "--porcelain") != ""  # files of before the revert
     code, out, err = coder(repo, "resume", "-t", "rv", "--json")
@@ -394,7 +374,7 @@ def test_a_run_killed_mid_step_can_be_reverted(make_repo: Any, finished: Path) -
     golden = effective(finished)
     repo = make_repo({"README.md": "# r\n"}, name="killed")
     path = taskfile(repo, TASK, "killed.yaml")
-    result = coder_process(repo, "run", "--autonomous", "-f", str(path), crash="after_checks@s4")
+    result = coder_cli(repo, "run", "--autonomous", "-f", str(path), crash="after_checks@s4")
     assert result.returncode == -9, result.stdout + result.stderr
     assert state_of(repo, "rv")["steps"]["s4"]["status"] == "running"
     assert git(worktree(repo), "status", "--porcelain") != ""  # s4's uncommitted changes
