@@ -13,6 +13,7 @@ import pygit2
 from pygit2.enums import ReferenceType
 
 from coder.errors import BranchMoved, EnvironmentProblem, InvalidInput
+from coder.git import objects
 from coder.git.repository import (
     Repo,
     admin_text,
@@ -20,6 +21,7 @@ from coder.git.repository import (
     git_failure,
     open_worktree,
     repo_root,
+    retry_on_ref_lock,
 )
 
 
@@ -72,7 +74,7 @@ def delete_branch(repo: Repo, branch: str) -> None:
             f"cannot delete branch '{branch}': it is checked out in {where}",
             hint="remove that worktree or switch it to another branch first",
         )
-    ref.delete()
+    retry_on_ref_lock(ref.delete)
 
 
 def head_of(gitdir: Path) -> str | None:
@@ -178,11 +180,31 @@ def moved(refname: str, expected: str, actual: str | None, worktree: Path) -> Br
 def move_branch_ref(
     w: Repo, refname: str, target: pygit2.Oid, expected: str, worktree: Path, why: str
 ) -> None:
-    """Point ``refname`` at ``target`` if it still points at ``expected`` (lock, check, set)."""
-    with w.transaction() as tx:
-        tx.lock_ref(refname)
-        check_tip(w, refname, expected, worktree)
-        tx.set_target(refname, target, message=f"coder: {why} {str(target)[:12]}")
+    """Point ``refname`` at ``target`` if it still points at ``expected`` (lock, check, set;
+    a lock another git process holds for a moment is waited for); what holds ``target`` from
+    git's prune is released then (coder.git.objects)."""
+
+    def move() -> None:
+        with w.transaction() as tx:
+            tx.lock_ref(refname)
+            check_tip(w, refname, expected, worktree)
+            tx.set_target(refname, target, message=f"coder: {why} {str(target)[:12]}")
+
+    retry_on_ref_lock(move)
+    objects.release(w, target)
+
+
+def move_detached_head(w: Repo, target: pygit2.Oid, expected: str, worktree: Path) -> None:
+    """``move_branch_ref`` for the detached HEAD of a scratch worktree."""
+
+    def move() -> None:
+        with w.transaction() as tx:
+            tx.lock_ref("HEAD")
+            check_detached_head(w, expected, worktree)
+            tx.set_target("HEAD", target, message=f"coder: step {str(target)[:12]}")
+
+    retry_on_ref_lock(move)
+    objects.release(w, target)
 
 
 def move_branch(
@@ -195,13 +217,18 @@ def move_branch(
     worktree = Path(worktree)
     w = open_worktree(worktree)
     refname = run_branch_ref(w, worktree, branch)
-    try:
+
+    def move() -> None:
         with w.transaction() as tx:
             tx.lock_ref(refname)
             check_tip(w, refname, expected_tip, worktree)
             tx.set_target(refname, pygit2.Oid(hex=target), message=message)
+
+    try:
+        retry_on_ref_lock(move)
     except pygit2.GitError as exc:
         raise git_failure(exc, f"move the branch to {target[:12]}", worktree) from None
+    objects.release(w, target)
 
 
 def head_commit(repo: Repo) -> str | None:

@@ -23,17 +23,25 @@ import pygit2
 from pygit2.enums import SortMode
 
 from coder.errors import EnvironmentProblem, InvalidInput, RunFailed
+from coder.git import objects
 from coder.git.branches import (
     branch_tip,
     check_detached_head,
     check_tip,
     move_branch_ref,
+    move_detached_head,
     resolve_commit,
     run_branch_ref,
 )
-from coder.git.repository import Repo, git_failure, identity, open_worktree
+from coder.git.repository import (
+    Repo,
+    git_failure,
+    identity,
+    open_worktree,
+    retry_on_pruned_write,
+)
 from coder.git.restore import restore_files
-from coder.git.staging import Staged, stage
+from coder.git.staging import Staged, brings, stage
 
 TRAILER_TASK = "Coder-Task"
 TRAILER_STEP = "Coder-Step"
@@ -58,14 +66,35 @@ def commit_message(
     return "\n\n".join([*parts, trailers])
 
 
-def _staged_tree(worktree: Path, base: str, staged: Staged | None) -> pygit2.Oid:
-    """The tree of a step's commit: the one the verify stage staged (taken against the same
+def _staged(worktree: Path, base: str, staged: Staged | None, w: Repo) -> Staged:
+    """What a step's commit records: the tree the verify stage staged (taken against the same
     base), or what ``worktree`` holds now."""
     if staged is None:
-        staged = stage(worktree, base)
-    elif staged.base != base:
+        return stage(worktree, base, repo=w)
+    if staged.base != base:
         raise ValueError(f"the changes were staged against {staged.base}, not {base}")
-    return pygit2.Oid(hex=staged.tree)
+    return staged
+
+
+def _step_commit(
+    w: Repo, worktree: Path, staged: Staged, parent: pygit2.Commit, message: str
+) -> pygit2.Oid:
+    """The step's commit, on no ref, held with what it brings (`write_commit`). A blob or tree
+    a prune took since the verify stage staged it is staged again from the files, once: the
+    same tree, or an EnvironmentProblem (the files changed since)."""
+    who = identity(w)
+    tree = pygit2.Oid(hex=staged.tree)
+    try:
+        return write_commit(w, who.author, who.committer, message, tree, [parent.id], staged)
+    except objects.ObjectsMissing:
+        again = stage(worktree, staged.base, repo=w)
+    if again.tree != staged.tree:
+        raise EnvironmentProblem(
+            f"the files of {worktree} changed between the step's checks and its commit; "
+            "nothing was committed",
+            hint="`coder resume` runs the step again",
+        )
+    return write_commit(w, who.author, who.committer, message, tree, [parent.id], again)
 
 
 def commit_step(
@@ -96,16 +125,15 @@ def commit_step(
     w = repo if repo is not None else open_worktree(worktree)
     refname = run_branch_ref(w, worktree, branch)
     check_tip(w, refname, expected_tip, worktree)
-    tree = _staged_tree(worktree, expected_tip, staged)
-    parent = w[expected_tip].peel(pygit2.Commit)
-    if tree == parent.tree_id:
+    staged = _staged(worktree, expected_tip, staged, w)
+    parent = objects.commit_of(w, expected_tip, f"the tip of {branch}")
+    if staged.tree == str(parent.tree_id):
         return None
-    who = identity(w)
     message = commit_message(
         title, body, task_id=task_id, step_id=step_id, attempt=attempt, notes=notes
     )
-    try:  # the commit first, on no ref; then the branch moves to it
-        oid = w.create_commit(None, who.author, who.committer, message, tree, [parent.id])
+    try:  # the commit first, on no ref (held in a kept pack); then the branch moves to it
+        oid = _step_commit(w, worktree, staged, parent, message)
         move_branch_ref(w, refname, oid, expected_tip, worktree, f"step {step_id}")
     except (pygit2.GitError, OSError) as exc:
         raise git_failure(exc, f"commit step {step_id}", worktree) from None
@@ -133,19 +161,17 @@ def commit_detached(
     if not w.head_is_detached:
         raise EnvironmentProblem(f"{workdir} is on a branch, not a scratch worktree")
     check_detached_head(w, parent, workdir)
-    tree = _staged_tree(workdir, parent, staged)
-    base = w[parent].peel(pygit2.Commit)
-    if tree == base.tree_id:
+    staged = _staged(workdir, parent, staged, w)
+    base = objects.commit_of(w, parent, "the tip the step started from")
+    if staged.tree == str(base.tree_id):
         return None
-    who = identity(w)
     message = commit_message(
         title, body, task_id=task_id, step_id=step_id, attempt=attempt, notes=notes
     )
-    try:  # through "HEAD": libgit2 checks the detached HEAD is still at `parent`
-        oid = w.create_commit("HEAD", who.author, who.committer, message, tree, [base.id])
+    try:
+        oid = _step_commit(w, workdir, staged, base, message)
+        move_detached_head(w, oid, parent, workdir)
     except (pygit2.GitError, OSError) as exc:
-        if "current tip is not the first parent" in str(exc):
-            check_detached_head(w, parent, workdir)
         raise git_failure(exc, f"commit step {step_id}", workdir) from None
     return str(oid)
 
@@ -164,7 +190,7 @@ def cherry_pick(worktree: Path, commit: str, *, branch: str, expected_tip: str) 
     refname = run_branch_ref(w, worktree, branch)
     check_tip(w, refname, expected_tip, worktree)
     pick = w[resolve_commit(w, commit)].peel(pygit2.Commit)
-    ours = w[expected_tip].peel(pygit2.Commit)
+    ours = objects.commit_of(w, expected_tip, f"the tip of {branch}")
     if len(pick.parents) != 1:
         raise InvalidInput(f"cannot cherry-pick {str(pick.id)[:12]}: it is a merge or root commit")
     try:
@@ -180,16 +206,44 @@ def cherry_pick(worktree: Path, commit: str, *, branch: str, expected_tip: str) 
                     f"in {', '.join(paths)}",
                     hint="parallel steps edited the same lines; make one depend on the other",
                 )
-            tree = merged.write_tree(w)
+            tree = retry_on_pruned_write(lambda: merged.write_tree(w))
             if tree == ours.tree_id:
                 return None
             committer = identity(w).committer
-            new = w.create_commit(None, pick.author, committer, pick.message, tree, [ours.id])
+            brought = brings(w, ours.tree_id, tree)
+            new = write_commit(w, pick.author, committer, pick.message, tree, [ours.id], brought)
             move_branch_ref(w, refname, new, expected_tip, worktree, "cherry-pick")
     except (pygit2.GitError, OSError) as exc:
         raise git_failure(exc, f"cherry-pick {str(pick.id)[:12]}", worktree) from None
     restore_files(w, worktree, str(new), f"cherry-pick {str(pick.id)[:12]}")
     return str(new)
+
+
+def write_commit(
+    w: Repo,
+    author: pygit2.Signature,
+    committer: pygit2.Signature,
+    message: str,
+    tree: pygit2.Oid,
+    parents: list[pygit2.Oid],
+    brought: Staged | list[str],
+) -> pygit2.Oid:
+    """A commit on no ref yet, held with ``brought`` (the objects its tree has that its first
+    parent's lacks: `Staged.brings`, `staging.brings`) in a kept pack until a ref reaches it
+    (coder.git.objects; whoever moves the ref releases it). Written again, the same bytes, if a
+    prune took it before the pack held it; ObjectsMissing if one of ``brought`` is gone."""
+    wanted = brought.brings if isinstance(brought, Staged) else brought
+    for _ in range(3):
+        oid = retry_on_pruned_write(
+            lambda: w.create_commit(None, author, committer, message, tree, parents)
+        )
+        try:
+            objects.hold(w, oid, [oid, *wanted])
+            return oid
+        except objects.ObjectsMissing as exc:
+            if str(oid) not in exc.oids:
+                raise
+    raise objects.gone("writing a commit", [str(oid)])
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,19 @@ import pygit2
 
 from coder import nofollow
 from coder.errors import BranchMoved, EnvironmentProblem, RunFailed
-from coder.git import filters
+from coder.git import commits, filters, objects
 from coder.git.branches import branch_ref, branch_tip, checked_out_at
 from coder.git.commits import TRAILER_MERGE, TRAILER_TASK, commits_between, parse_trailers
 from coder.git.diffs import changed_files_between
-from coder.git.repository import environment_error, git_failure, identity, open_worktree
+from coder.git.repository import (
+    environment_error,
+    git_failure,
+    identity,
+    open_worktree,
+    retry_on_pruned_write,
+    retry_on_ref_lock,
+)
+from coder.git.staging import brings
 from coder.git.workdir import status
 
 _LINK = int(pygit2.enums.FileMode.LINK)
@@ -42,21 +50,17 @@ def merged_tree(repo: pygit2.Repository, ours: str, theirs: str) -> tuple[str | 
     index = repo.merge_trees(ancestor, o.tree, t.tree)
     if index.conflicts is not None:
         return None, sorted({(a or b or c).path for a, b, c in index.conflicts})
-    return str(index.write_tree(repo)), []
+    return str(retry_on_pruned_write(lambda: index.write_tree(repo))), []
 
 
 def write_commit(repo: pygit2.Repository, *, tree: str, parents: list[str], message: str) -> str:
-    """A commit object on no branch yet: the branch moves later, by compare-and-swap."""
+    """A commit object on no branch yet, held from git's prune with the objects it brings
+    (`commits.write_commit`): the branch moves later, by compare-and-swap (`land`)."""
     who = identity(repo)
-    oid = repo.create_commit(
-        None,
-        who.author,
-        who.committer,
-        message,
-        pygit2.Oid(hex=tree),
-        [pygit2.Oid(hex=p) for p in parents],
-    )
-    return str(oid)
+    oid, first = pygit2.Oid(hex=tree), pygit2.Oid(hex=parents[0])
+    brought = brings(repo, repo[first].peel(pygit2.Tree).id, oid)
+    ids = [pygit2.Oid(hex=p) for p in parents]
+    return str(commits.write_commit(repo, who.author, who.committer, message, oid, ids, brought))
 
 
 def write_revert(repo: pygit2.Repository, commit: str, *, onto: str, message: str) -> str:
@@ -69,7 +73,8 @@ def write_revert(repo: pygit2.Repository, commit: str, *, onto: str, message: st
             f"reverting {commit[:12]} conflicts in {', '.join(paths)}",
             hint="later commits changed the same lines; reset instead (--mode reset)",
         )
-    return write_commit(repo, tree=str(index.write_tree(repo)), parents=[onto], message=message)
+    tree = retry_on_pruned_write(lambda: index.write_tree(repo))
+    return write_commit(repo, tree=str(tree), parents=[onto], message=message)
 
 
 def commit_tree(repo: pygit2.Repository, commit: str) -> str:
@@ -137,7 +142,8 @@ def land(
     still points at ``expected_tip`` and the tag at ``tag_expected`` (None: absent). Either
     check failing raises ``BranchMoved`` and moves nothing."""
     refname, tagref = f"refs/heads/{branch}", f"refs/tags/{tag}"
-    try:
+
+    def move() -> None:
         with repo.transaction() as tx:
             tx.lock_ref(refname)
             tx.lock_ref(tagref)
@@ -147,20 +153,28 @@ def land(
             # `coder merge` finishes, never a tag on a commit that did not land.
             tx.set_target(refname, pygit2.Oid(hex=target), message=message)
             tx.set_target(tagref, pygit2.Oid(hex=target), message=message)
+
+    try:
+        retry_on_ref_lock(move)
     except pygit2.GitError as exc:
         raise EnvironmentProblem(
             f"cannot move {branch} to {target[:12]}: {exc}",
             hint="if no git process is running, delete the stale .lock file it names",
         ) from None
+    objects.release(repo, target)
 
 
 def set_tag(repo: pygit2.Repository, tag: str, target: str, *, expected: str | None) -> None:
     """Point ``tag`` at ``target`` if it still points at ``expected`` (None: absent)."""
     tagref = f"refs/tags/{tag}"
-    with repo.transaction() as tx:
-        tx.lock_ref(tagref)
-        _check_ref(repo, tagref, expected)
-        tx.set_target(tagref, pygit2.Oid(hex=target), message=f"coder: tag {target[:12]}")
+
+    def move() -> None:
+        with repo.transaction() as tx:
+            tx.lock_ref(tagref)
+            _check_ref(repo, tagref, expected)
+            tx.set_target(tagref, pygit2.Oid(hex=target), message=f"coder: tag {target[:12]}")
+
+    retry_on_ref_lock(move)
 
 
 def _check_ref(repo: pygit2.Repository, refname: str, expected: str | None) -> None:

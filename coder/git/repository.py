@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,6 +280,45 @@ def retry_on_index_lock(worktree: Path, action: Callable[[], _T]) -> _T:
         if "index is locked" not in str(exc) or not clear_stale_index_lock(worktree):
             raise
     return action()
+
+
+# How long a ref update waits for a ref another git process holds locked (git waits 100 ms,
+# core.filesRefLockTimeout): `git gc` holds each ref for a moment as it packs them and expires
+# their reflogs, and a step's commit must not fail for that.
+REF_LOCK_WAIT_S = 2.0
+
+
+def retry_on_ref_lock(action: Callable[[], _T]) -> _T:
+    """Run ``action``, a ref update; while a ref it locks is held by another process, try
+    again, for up to ``REF_LOCK_WAIT_S``; then raise what it raised (a lock a crash left
+    behind: `git_failure` names the file to delete)."""
+    deadline = time.monotonic() + REF_LOCK_WAIT_S
+    delay = 0.001
+    while True:
+        try:
+            return action()
+        except pygit2.GitError as exc:
+            held = re.search(r"failed to (lock file|create locked file) '[^']*\.lock'", str(exc))
+            if held is None or "index.lock" in held.group(0) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def retry_on_pruned_write(action: Callable[[], _T]) -> _T:
+    """Run ``action``, which writes objects. libgit2 writes each to `objects/tmp_object_*`
+    first, a name `git prune --expire=now` deletes (as a crashed git's leftover), as it may
+    remove a fan-out directory just made: a write that lost its file that way is made again
+    (a few times; then its error is raised)."""
+    tries = 5
+    while True:
+        try:
+            return action()
+        except pygit2.GitError as exc:
+            tries -= 1
+            lost = "failed to rename lockfile to" in str(exc) and "No such file" in str(exc)
+            if not lost or not tries:
+                raise
 
 
 def libgit2_version() -> str:

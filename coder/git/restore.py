@@ -23,6 +23,7 @@ from coder.git.branches import (
     resolve_commit,
     run_branch_ref,
 )
+from coder.git.objects import commit_of
 from coder.git.repository import Repo, git_failure, open_worktree, retry_on_index_lock
 from coder.git.submodules import reset_submodules
 from coder.git.workdir import remove_untracked
@@ -39,7 +40,7 @@ def restore_files(w: Repo, worktree: Path, commit: str, doing: str) -> None:
     their own directory whatever their config says."""
     from coder.policy.confine import confined
 
-    tree = w[commit].peel(pygit2.Tree)
+    tree = commit_of(w, commit, f"to {doing}").tree
 
     def restore() -> None:
         _remove_planted_links(Path(worktree), tree)

@@ -46,7 +46,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +56,7 @@ import pygit2
 from pygit2.enums import FileStatus
 
 from coder.errors import EnvironmentProblem
+from coder.git import objects
 
 if TYPE_CHECKING:
     from coder.policy.confine import Confinement
@@ -71,9 +72,12 @@ _CONFIG = (
     "core.splitIndex=false",  # libgit2 (the discard, `coder diff`) cannot read a split index
 )
 _TREE = pygit2.enums.FileMode.TREE
+_GITLINK = pygit2.enums.FileMode.COMMIT
 # Trees of fewer index entries are scanned and staged by libgit2 in process, larger ones by the
 # git program: where each costs less (bench/scan.py).
 IN_PROCESS_BELOW = 8_000
+# How many times a step's changes are staged when a prune takes what was staged (`stage`).
+_STAGINGS = 3
 
 Entry = tuple[int, str]  # (file mode, object id) of a tree entry
 
@@ -93,35 +97,75 @@ class Staged:
     tree: str  # the staged tree: what the step's commit records
     changes: tuple[Change, ...]  # sorted by path
     unstaged: tuple[str, ...] = ()  # directories seen but not staged ("nested/")
+    trees: tuple[str, ...] = ()  # the subtrees of `tree` the base's lacks
 
     @property
     def paths(self) -> list[str]:
         """Every changed path (both sides of a rename), and the unstaged directories."""
         return sorted({c.path for c in self.changes} | set(self.unstaged))
 
+    @property
+    def brings(self) -> list[str]:
+        """The objects the staged tree has that the base's lacks: the tree, its new subtrees,
+        the blobs the changes add (what the commit's kept pack holds: coder.git.objects)."""
+        return [self.tree, *self.trees, *_added_blobs(self.changes)]
+
 
 def stage(worktree: Path, base: str, *, repo: pygit2.Repository | None = None) -> Staged:
     """Stage everything that differs from the index in ``worktree`` (like ``git add -A``, less
     ``.coder/``, nested repositories and submodules) and return the staged tree with its
     changes against commit ``base``. ``repo``: the worktree, opened already (`open_worktree`)
-    since the last command there ended."""
+    since the last command there ended.
+
+    An object of the change set that is not in the object database (a `git gc --prune=now`
+    took it before the index that names it was written) is staged again from the files: the
+    index is read afresh from ``base``, so that every file is hashed again and what is gone is
+    written again (up to `_STAGINGS` times; then ObjectsMissing)."""
     from coder.git.repository import open_worktree
 
     worktree = Path(worktree)
     w = repo if repo is not None else open_worktree(worktree)
+    base_tree = objects.commit_of(w, base, "the commit the step started from").tree_id
+    for _ in range(_STAGINGS - 1):
+        try:
+            return _stage(w, worktree, base, base_tree)
+        except objects.ObjectsMissing:
+            _forget_index(w, worktree, base_tree)
+    return _stage(w, worktree, base, base_tree)
+
+
+def _stage(w: pygit2.Repository, worktree: Path, base: str, base_tree: pygit2.Oid) -> Staged:
     git = _Git(w, worktree)
     staged = _stage_in_process(w, worktree) if _index_entries(w) < IN_PROCESS_BELOW else None
     tree, unstaged = staged or _stage_with_git(git, worktree)
-    base_tree = w[base].peel(pygit2.Commit).tree_id
-    found = changes(w, base_tree, pygit2.Oid(hex=tree))
+    trees: list[str] = []
+    found = changes(w, base_tree, pygit2.Oid(hex=tree), trees=trees)
     ours = [c for c in found if _under_coder_dir(c.path)]
     if ours:  # a command staged something under .coder/: the base's entries go back
-        with _quarantine(w, git) as objects:
+        with _quarantine(w, git) as written:
             git("update-index", "-z", "--index-info", stdin=b"".join(map(_index_info, ours)))
-            tree = _write_tree(git, objects)
-        found = [c for c in found if not _under_coder_dir(c.path)]
+            tree = _write_tree(git, written)
+        trees = []
+        found = changes(w, base_tree, pygit2.Oid(hex=tree), trees=trees)
     _check_objects(w, found)
-    return Staged(base, tree, tuple(found), unstaged)
+    return Staged(base, tree, tuple(found), unstaged, tuple(trees))
+
+
+def _forget_index(w: pygit2.Repository, worktree: Path, base_tree: pygit2.Oid) -> None:
+    """The worktree's index read afresh from the base's tree, its stat data gone: the next
+    scan hashes every file, and writes the objects of what differs again."""
+    from coder.git.repository import git_failure, retry_on_index_lock
+
+    def forget() -> None:
+        index = w.index
+        index.read_tree(w[base_tree].peel(pygit2.Tree))
+        index.write()
+
+    _CACHE_WHOLE.discard(str(worktree))
+    try:
+        retry_on_index_lock(worktree, forget)
+    except (pygit2.GitError, OSError, KeyError) as exc:
+        raise git_failure(exc, "read the index again", worktree) from None
 
 
 # Worktrees whose index's untracked cache the last staging left whole: their next `git status`
@@ -292,11 +336,17 @@ def _stage_in_process(w: pygit2.Repository, worktree: Path) -> tuple[str, tuple[
         index.write()
         return tree
 
-    from coder.git.repository import git_failure, retry_on_index_lock
+    from coder.git.repository import git_failure, retry_on_index_lock, retry_on_pruned_write
 
     try:
-        tree = retry_on_index_lock(worktree, write)
-    except (pygit2.GitError, OSError) as exc:
+        tree = retry_on_index_lock(worktree, lambda: retry_on_pruned_write(write))
+    except KeyError as exc:  # libgit2's NotFoundError: a blob it wrote was pruned before
+        raise objects.gone("staging the step's changes", [_named(exc)]) from None
+    except pygit2.GitError as exc:
+        if "invalid object specified" in str(exc):  # write_tree found a blob pruned
+            raise objects.gone("staging the step's changes", []) from None
+        raise git_failure(exc, "stage the step's changes", worktree) from None
+    except OSError as exc:
         raise git_failure(exc, "stage the step's changes", worktree) from None
     return tree, tuple(sorted(unstaged))
 
@@ -419,7 +469,7 @@ def _quarantine(w: pygit2.Repository, git: _Git) -> Iterator[dict[str, str]]:
     id. The directory is new each time (a random name made while no command runs: a path the
     commands could plant a link at would aim coder's cleanup elsewhere), and removed without
     following links."""
-    from coder.git.repository import common_dir
+    from coder.git.repository import common_dir, retry_on_pruned_write
 
     parent = git.spawner.tmp_root if git.spawner is not None else None
     objects = tempfile.mkdtemp(prefix="objects-", dir=parent)
@@ -432,7 +482,8 @@ def _quarantine(w: pygit2.Repository, git: _Git) -> Iterator[dict[str, str]]:
         written = pygit2.Odb(objects)
         for oid in written:
             try:
-                w.odb.write(*written.read(oid))  # the read checks the content against the id
+                kind, data = written.read(oid)  # the read checks the content against the id
+                retry_on_pruned_write(lambda: w.odb.write(kind, data))
             except pygit2.GitError as exc:
                 raise EnvironmentProblem(
                     f"staging the step's changes: git's object quarantine {objects} holds an "
@@ -446,9 +497,17 @@ def _quarantine(w: pygit2.Repository, git: _Git) -> Iterator[dict[str, str]]:
 # --- the change set ---------------------------------------------------------------------------
 
 
-def changes(w: pygit2.Repository, old: pygit2.Oid | None, new: pygit2.Oid | None) -> list[Change]:
+def changes(
+    w: pygit2.Repository,
+    old: pygit2.Oid | None,
+    new: pygit2.Oid | None,
+    *,
+    trees: list[str] | None = None,
+) -> list[Change]:
     """The entries that differ between two trees, sorted by path, walking only subtrees whose
-    ids differ: the cost is what changed, not the size of the trees."""
+    ids differ: the cost is what changed, not the size of the trees. ``trees``, if given,
+    receives the ids of the subtrees of ``new`` that ``old`` lacks. ObjectsMissing if a tree
+    is not in the object database."""
     found: list[Change] = []
 
     def walk(old: bytes | None, new: bytes | None, prefix: str) -> None:
@@ -460,6 +519,8 @@ def changes(w: pygit2.Repository, old: pygit2.Oid | None, new: pygit2.Oid | None
             path = prefix + name
             o_tree = o is not None and o[0] == _TREE
             n_tree = n is not None and n[0] == _TREE
+            if n_tree and trees is not None:
+                trees.append(n[1].hex())  # type: ignore[index]
             if o_tree or n_tree:
                 walk(o[1] if o and o_tree else None, n[1] if n and n_tree else None, path + "/")
             old_entry = None if o is None or o_tree else (o[0], o[1].hex())
@@ -470,11 +531,8 @@ def changes(w: pygit2.Repository, old: pygit2.Oid | None, new: pygit2.Oid | None
     if old != new:
         try:
             walk(old.raw if old else None, new.raw if new else None, "")
-        except KeyError as exc:  # a tree the quarantine did not really hold (_check_objects)
-            raise EnvironmentProblem(
-                f"staging the step's changes left tree {exc} out of the repository "
-                "(something wrote into git's object quarantine)"
-            ) from None
+        except KeyError as exc:
+            raise objects.gone("reading a tree", [_named(exc)]) from None
     return sorted(found, key=lambda c: c.path)
 
 
@@ -497,14 +555,28 @@ def _entries(w: pygit2.Repository, tree: bytes | None) -> dict[str, tuple[int, b
     return entries
 
 
-def _check_objects(w: pygit2.Repository, changes: list[Change]) -> None:
-    """Every blob the staged tree adds is in the object database (see `_quarantine`)."""
+def brings(w: pygit2.Repository, old: pygit2.Oid, new: pygit2.Oid) -> list[str]:
+    """The objects tree ``new`` has that tree ``old`` lacks: itself, its subtrees, its blobs."""
+    trees: list[str] = []
+    found = changes(w, old, new, trees=trees)
+    return [str(new), *trees, *_added_blobs(found)]
+
+
+def _added_blobs(found: Iterable[Change]) -> list[str]:
+    return [c.new[1] for c in found if c.new is not None and c.new[0] != _GITLINK]
+
+
+def _named(exc: KeyError) -> str:
+    """The object id libgit2's NotFoundError names ("... no match for id (HEX)")."""
+    text = str(exc)
+    return text.rpartition("(")[2].rstrip(")'") if "(" in text else text.strip("'")
+
+
+def _check_objects(w: pygit2.Repository, found: list[Change]) -> None:
+    """Every blob the staged tree adds is in the object database: one is not when a prune took
+    it before the index named it, or when git's object quarantine did not really hold it (see
+    `_quarantine`). ObjectsMissing then."""
     odb = w.odb
-    for change in changes:
-        if change.new is None or change.new[0] == pygit2.enums.FileMode.COMMIT:
-            continue
-        if not odb.exists(change.new[1]):
-            raise EnvironmentProblem(
-                f"staging {change.path} left its object {change.new[1][:12]} out of the "
-                "repository (something wrote into git's object quarantine)"
-            )
+    missing = [oid for oid in _added_blobs(found) if not odb.exists(oid)]
+    if missing:
+        raise objects.gone("staging the step's changes", missing)

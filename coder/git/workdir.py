@@ -54,6 +54,15 @@ def changed_paths(worktree: Path) -> list[str]:
     return sorted(status(open_worktree(worktree, writing=False)))
 
 
+def unstaged_paths(worktree: Path) -> list[str]:
+    """Sorted paths whose file differs from the index (untracked ones included, ``.coder/`` and
+    ignored files not): what was changed since the index was last written. Read without HEAD,
+    whose commit may be gone."""
+    w = open_worktree(worktree, writing=False)
+    deltas = w.index.diff_to_workdir(WORKDIR_FLAGS).deltas
+    return sorted({d.new_file.path for d in deltas if not under_coder_dir(d.new_file.path)})
+
+
 def is_clean(worktree: Path) -> bool:
     """True if nothing differs from HEAD besides ignored files and ``.coder/``."""
     return not status(open_worktree(worktree, writing=False))

@@ -16,11 +16,11 @@ of its own once, before it confines itself, so a command costs nothing more. A l
 root may write the hierarchy's files. cgroup v2 is not used: there a thread can be moved alone
 only inside a threaded subtree. `problem()` says why coder makes no cgroups here.
 
-Layout: coder's own pids cgroup / `coder-<pid namespace>-<pid>-<start time>` / `<kind>-<n>`. A
-cgroup is removed once its spawner has stopped and nothing is left in it, and when coder exits
-(what is left in it killed first). Those of a coder killed outright (SIGKILL) are swept, what is
-left in them killed, by the next coder that makes one: its pid is gone or names a process
-started at another time (a pid of another pid namespace means nothing here: never swept).
+Layout: coder's own pids cgroup / `coder-<owner tag>` (coder.owner: pid namespace, pid, start
+time) / `<kind>-<n>`. A cgroup is removed once its spawner has stopped and nothing is left in
+it, and when coder exits (what is left in it killed first). Those of a coder killed outright
+(SIGKILL) are swept, what is left in them killed, by the next coder that makes one
+(`owner.gone`: a pid of another pid namespace means nothing here: never swept).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+from coder import owner
 from coder.errors import EnvironmentProblem
 
 _PREFIX = "coder"
@@ -231,17 +232,6 @@ def _wait_ended(fds: list[int], seconds: float) -> None:
             waiting.discard(fd)
 
 
-def started(pid: int) -> int | None:
-    """When process `pid` started (clock ticks since boot), or None if there is none: with the
-    pid, it names one process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rpartition(b")")[2].split()
-    except OSError:
-        return None
-    return int(fields[19])  # field 22, counted after the command name
-
-
 _lock = threading.Lock()
 _groups: list[Group] = []
 _count = itertools.count(1)
@@ -295,28 +285,19 @@ def _base() -> tuple[str, str]:
     home = _home()
     assert home is not None
     _sweep(*home)
-    name = f"{_PREFIX}-{_pid_namespace()}-{os.getpid()}-{started(os.getpid())}"
+    name = f"{_PREFIX}-{owner.tag()}"
     os.mkdir(os.path.join(home[0], name))
     _made.append((os.path.join(home[0], name), posixpath.join(home[1], name)))
     return _made[0]
-
-
-def _pid_namespace() -> str:
-    return "".join(c for c in os.readlink("/proc/self/ns/pid") if c.isdigit())
 
 
 def _sweep(home: str, shown: str) -> None:
     """Remove the cgroups of coders of this pid namespace that are gone, after ending what is
     left in them (another coder sweeping at the same time is harmless: each end and rmdir
     only finds less)."""
-    namespace = _pid_namespace()
     for entry in os.listdir(home):
-        parts = entry.split("-")
-        if len(parts) != 4 or parts[0] != _PREFIX or parts[1] != namespace:
-            continue
-        if not (parts[2].isdigit() and parts[3].isdigit()):
-            continue
-        if started(int(parts[2])) == int(parts[3]):  # that coder still runs
+        prefix, _, tag = entry.partition("-")
+        if prefix != _PREFIX or not owner.gone(tag):
             continue
         gone = os.path.join(home, entry)
         with contextlib.suppress(OSError, EnvironmentProblem):

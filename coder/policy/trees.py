@@ -29,6 +29,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from coder import owner
 from coder.errors import EnvironmentProblem
 from coder.policy import cgroups, reaper
 from coder.realpath import realpath
@@ -133,7 +134,7 @@ class Tree:
 
 
 def _identity(pid: int) -> Identity:
-    return pid, cgroups.started(pid)
+    return pid, owner.started(pid)
 
 
 def _descendants(top: int) -> set[Identity]:
@@ -150,7 +151,7 @@ def _descendants(top: int) -> set[Identity]:
         if fields[0] != b"Z":
             children.setdefault(int(fields[1]), []).append((int(entry), int(fields[19])))
     found: set[Identity] = set()
-    todo = [_identity(top)] if cgroups.started(top) is not None else []
+    todo = [_identity(top)] if owner.started(top) is not None else []
     while todo:
         identity = todo.pop()
         if identity not in found:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pygit2
+
 from coder import config as config_mod
 from coder import nofollow, project, taskfile
 from coder.crashpoints import crashpoint
@@ -621,6 +623,10 @@ def reconcile(repo: Repo, state: RunState, manifest: Manifest, worktree: Path) -
     tip = branches.branch_tip(repo, branch)
     if tip is None:
         raise _branch_gone(repo, state, branch)
+    rolled_back = _roll_back_past_pruned(repo, state, manifest, worktree, tip)
+    if rolled_back is not None:
+        tip, warning = rolled_back
+        warnings.append(warning)
     refuse_foreign_commits(
         repo,
         branch=branch,
@@ -648,7 +654,7 @@ def reconcile(repo: Repo, state: RunState, manifest: Manifest, worktree: Path) -
             repo, branch=branch, base_commit=manifest.base_commit, task_id=task_id
         )
     }
-    if _align_steps(state, committed):
+    if _align_steps(state, committed) or rolled_back is not None:
         gitrestore.discard_changes(worktree, tip)
     elif not workdir.is_clean(worktree):
         warnings.append(_left_by_revert(repo, worktree, branch, tip))
@@ -657,6 +663,48 @@ def reconcile(repo: Repo, state: RunState, manifest: Manifest, worktree: Path) -
         worktrees.remove_worktree(repo, name, worktree.parent / name)
         branches.delete_branch(repo, f"coder-scratch/{task_id}--{step_id}")
     return warnings
+
+
+def _roll_back_past_pruned(
+    repo: Repo, state: RunState, manifest: Manifest, worktree: Path, tip: str
+) -> tuple[str, str] | None:
+    """When objects of the run's newest commits are gone (a `git gc --prune=now` took them
+    under a coder that did not hold them yet, or a hand did), its branch moves back to its last
+    complete commit, and the steps after it run again: the new tip and the warning. None when
+    every commit of the run is complete. Refused (changing nothing) while the worktree holds
+    changes no step made: the discard that follows would take them."""
+    from coder.git import objects
+
+    task_id, branch = manifest.task_id, manifest.branch
+    bad = objects.first_incomplete(repo, tip, manifest.base_commit, task_id)
+    if bad is None:
+        return None
+    target = objects.last_complete(repo, branch, tip, manifest.base_commit, task_id)
+    running = any(st.status == "running" for st in state.steps.values())
+    if not running and worktrees.worktree_ready(worktree):
+        edited = workdir.unstaged_paths(worktree)
+        if edited:
+            raise EnvironmentProblem(
+                f"the worktree {worktree} has changes coder did not make ({listed(edited, 5)}), "
+                f"and {branch} must move back past commits whose objects are gone; refusing "
+                "to resume so those changes are not lost",
+                hint=f"commit or stash them elsewhere (e.g. `git -C {worktree} stash -u`), "
+                "then resume",
+            )
+    refname = f"refs/heads/{branch}"
+    try:
+        branches.move_branch_ref(
+            repo, refname, pygit2.Oid(hex=target), tip, worktree, "back past pruned objects to"
+        )
+    except pygit2.GitError as exc:
+        raise repository.git_failure(exc, f"move {branch} back", worktree) from None
+    objects.drop_gone_from_reflogs(repo, branch, task_id)
+    lost = "the base" if target == manifest.base_commit else target[:12]
+    return target, (
+        f"objects of the newest commits on {branch} are missing from the repository (from "
+        f"{bad[:12]} on; pruned by a `git gc --prune=now` or `git prune`?); moved {branch} "
+        f"back from {tip[:12]} to {lost}, its last complete commit: the steps after it run again"
+    )
 
 
 def _align_steps(state: RunState, committed: Mapping[str, str]) -> bool:

@@ -1,0 +1,404 @@
+"""The objects coder writes, kept from git's prune until a ref reaches them; and how complete a
+run's commits still are when something pruned them anyway.
+
+git prune deletes every loose object that nothing reaches (refs, reflogs, each worktree's HEAD
+and index) and that is older than its expiry: two weeks for `git gc`, any age for `git gc
+--prune=now` (a user's or an IDE's maintenance: "now" keeps nothing, not even an object dated
+in the future). Whoever writes objects writes them before the ref that reaches them: a commit
+before its branch moves to it. A prune that reads the refs in between and sweeps after takes
+the commit, and the branch then names a commit that is gone (`git fsck` fails on it; the run
+could neither go on nor be resumed).
+
+A ref cannot come first (git refuses a ref to a missing object). So coder does what `git
+receive-pack` and `git fetch` do with the objects they receive: the objects a commit brings
+(the commit, and the trees and blobs of its tree that its first parent's lacks) go into a pack
+of their own with a `.keep` file before any ref moves to it (`hold`); no `git gc`, `repack` or
+`prune` deletes a kept pack or what it holds. Once a ref reaches the commit the `.keep` goes
+(`release`). Packs nothing reached (a kill, a refused compare-and-swap) are released when
+coder exits, or after a SIGKILL by the next coder (`sweep`; the `.keep` names its owner,
+coder.owner); released, what nothing reaches goes with the next prune.
+
+Before the commit is made, a step's blobs and trees are reached by the worktree's index (coder
+writes it as it stages them); one a prune took in the moment between is staged again from the
+files (coder.git.staging). An object libgit2 read before a prune took it stays in its cache,
+and a pack holds it all the same.
+
+Released packs are rolled up as they accumulate, `_FAN_IN` of one size into one, so that a run
+of 10,000 steps leaves a few dozen packs, not 10,000 (git and libgit2 look an object up pack by
+pack). Each pack is written as git writes one: to a temporary file, its `.keep` first, the pack,
+its index last (an index makes a pack visible).
+
+`first_incomplete` is the other side, for `coder resume`: the oldest of a run's commits that
+lacks an object (pruned before this, or by hand), to move the run's branch back to.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import os
+import struct
+import subprocess
+import tempfile
+import threading
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pygit2
+
+from coder import owner
+from coder.errors import EnvironmentProblem
+from coder.git.repository import Repo, common_dir
+
+Oid = pygit2.Oid | str
+_Object = tuple[bytes, int, bytes]  # raw id, type, data
+_Entry = tuple[bytes, int, int]  # raw id, crc32 of its entry in the pack, offset
+_FAN_IN = 8  # released packs of one size rolled up into one
+_KEEP = "coder"  # how a `.keep` of coder's starts: `coder <owner tag>`
+_TEMP = ".coder-"  # how coder's temporary files in objects/pack start (not git's `tmp_`)
+
+
+class ObjectsMissing(EnvironmentProblem):
+    """Objects coder needs are gone from the repository (pruned under it): ``oids``."""
+
+    def __init__(self, message: str, *, hint: str | None = None, oids: Iterable[str] = ()):
+        super().__init__(message, hint=hint)
+        self.oids = frozenset(oids)
+
+
+def gone(what: str, oids: Iterable[str]) -> ObjectsMissing:
+    """The error for objects that are gone (``what``: what they were for)."""
+    found = list(oids)
+    shown = ", ".join(o[:12] for o in found[:3]) + (f" (+{len(found) - 3})" * (len(found) > 3))
+    named = f"git object{'s' * (len(found) != 1)} {shown} {'are' if found[1:] else 'is'}"
+    return ObjectsMissing(
+        f"{what}: {named if found else 'a git object it wrote is'} missing from the "
+        "repository (pruned by a `git gc --prune=now` or `git prune` meanwhile?)",
+        hint="run it again once the prune is done",
+        oids=found,
+    )
+
+
+def commit_of(repo: Repo, rev: str, what: str) -> pygit2.Commit:
+    """The commit ``rev`` (``what``: "the tip of agent/x"), its tree read; ObjectsMissing,
+    with resume's way out, when a prune took either."""
+    try:
+        commit = repo[rev].peel(pygit2.Commit)
+        commit.tree  # noqa: B018 - read here, not halfway through a commit
+    except (KeyError, ValueError, pygit2.GitError):
+        raise ObjectsMissing(
+            f"commit {rev[:12]} ({what}) or its tree is missing from the repository (pruned "
+            "by a `git gc --prune=now` or `git prune`?)",
+            hint="`coder resume` moves the branch back to its last complete commit and runs the "
+            "steps after it again",
+        ) from None
+    return commit
+
+
+# --- holding a commit's objects in a kept pack ----------------------------------------------
+
+
+@dataclass
+class _Pack:
+    stem: Path  # objects/pack/pack-<checksum>
+    oids: list[bytes]  # raw ids, as written
+    level: int = 0  # how many roll-ups made it
+    keeps: bool = False  # its .keep is ours to remove
+
+
+@dataclass
+class _Held:
+    """This process's packs: kept ones by the commit they hold, released ones to roll up."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    kept: dict[str, list[_Pack]] = field(default_factory=dict)
+    released: dict[str, list[_Pack]] = field(default_factory=dict)  # by objects dir
+
+
+_held = _Held()
+
+
+def hold(repo: Repo, commit: Oid, oids: Iterable[Oid]) -> None:
+    """Put ``oids`` (``commit`` and the objects it brings) into a kept pack until a ref reaches
+    ``commit`` (`release`). ObjectsMissing, holding nothing, if one of them is gone."""
+    odb = repo.odb
+    wanted = list(dict.fromkeys(pygit2.Oid(hex=str(o)) for o in oids))
+    found = []
+    for oid in wanted:
+        try:
+            kind, data = odb.read(oid)
+        except (KeyError, pygit2.GitError):
+            continue
+        found.append((oid.raw, int(kind), data))
+    if len(found) != len(wanted):
+        have = {raw for raw, _, _ in found}
+        raise gone("the commit's objects", (str(o) for o in wanted if o.raw not in have))
+    pack = _write(common_dir(repo) / "objects" / "pack", found, keep=True)
+    with _held.lock:
+        _held.kept.setdefault(str(commit), []).append(pack)
+
+
+def release(repo: Repo, commit: Oid) -> None:
+    """A ref reaches ``commit`` now: its kept packs are released, and rolled up as they pile up."""
+    with _held.lock:
+        packs = _held.kept.pop(str(commit), [])
+        for pack in packs:
+            _unkeep(pack)
+        if packs:
+            pack_dir = str(packs[0].stem.parent)
+            released = _held.released.setdefault(pack_dir, [])
+            released.extend(packs)
+            _roll_up(repo, released)
+
+
+def _unkeep(pack: _Pack) -> None:
+    if pack.keeps:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{pack.stem}.keep")
+        pack.keeps = False
+
+
+def _roll_up(repo: Repo, released: list[_Pack]) -> None:
+    """While the newest `_FAN_IN` released packs are of one level, write one pack of their
+    objects (all of them, read back: a ref reached each) and delete them (the index first).
+    A pack a `git repack` deleted meanwhile has its objects in git's new pack."""
+    while len(released) >= _FAN_IN and len({p.level for p in released[-_FAN_IN:]}) == 1:
+        group = released[-_FAN_IN:]
+        oids = list(dict.fromkeys(raw for pack in group for raw in pack.oids))
+        try:
+            objects = [(raw, *_read(repo, raw)) for raw in oids]
+            merged = _write(group[0].stem.parent, objects, keep=False)
+        except (KeyError, pygit2.GitError, OSError):
+            return  # left as they are: git's next repack rolls them up
+        for pack in group:
+            if pack.stem != merged.stem:
+                for suffix in (".idx", ".pack"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(f"{pack.stem}{suffix}")
+        merged.level = group[0].level + 1
+        released[-_FAN_IN:] = [merged]
+
+
+def _read(repo: Repo, raw: bytes) -> tuple[int, bytes]:
+    kind, data = repo.odb.read(pygit2.Oid(raw=raw))
+    return int(kind), data
+
+
+@atexit.register
+def _release_all() -> None:
+    """At exit: nothing of this process stays kept (what no ref reached goes with a prune)."""
+    with _held.lock:
+        for packs in _held.kept.values():
+            for pack in packs:
+                _unkeep(pack)
+        _held.kept.clear()
+
+
+def sweep(repo: Repo) -> None:
+    """Release the packs coders that are gone kept (killed before a ref reached their commit),
+    and remove their temporary files (`owner.gone`)."""
+    pack_dir = common_dir(repo) / "objects" / "pack"
+    try:
+        names = os.listdir(pack_dir)
+    except OSError:
+        return
+    for name in names:
+        path = pack_dir / name
+        if name.startswith(_TEMP):
+            left = name[len(_TEMP) :].partition(".")[0]
+        elif name.endswith(".keep"):
+            try:
+                text = path.read_bytes()[:200].decode("ascii", "replace").split()
+            except OSError:
+                continue
+            left = text[1] if len(text) == 2 and text[0] == _KEEP else ""
+        else:
+            continue
+        if owner.gone(left):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+# --- the pack format (git's pack v2 and index v2; objects whole, no deltas) ----------------
+
+
+def _write(pack_dir: Path, objects: list[_Object], *, keep: bool) -> _Pack:
+    """A pack of ``objects`` ((raw id, type, data) each) in ``pack_dir``: written to temporary
+    files, then (``keep``) its `.keep`, the pack, and its index last."""
+    pack, entries = _pack_bytes(objects)
+    checksum = pack[-20:]
+    stem = pack_dir / f"pack-{checksum.hex()}"
+    written = [_temporary(pack_dir, pack), _temporary(pack_dir, _index_bytes(entries, checksum))]
+    try:
+        kept = keep and _make_keep(stem)
+        os.replace(written[0], f"{stem}.pack")
+        os.replace(written[1], f"{stem}.idx")
+    finally:
+        for path in written:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    return _Pack(stem, [raw for raw, _, _ in objects], keeps=kept)
+
+
+def _pack_bytes(objects: list[_Object]) -> tuple[bytes, list[_Entry]]:
+    """The pack, and the index's entry of each object."""
+    out = bytearray(b"PACK" + struct.pack(">II", 2, len(objects)))
+    entries = []
+    for raw, kind, data in objects:
+        size = len(data)
+        header = bytearray()
+        byte = (kind << 4) | (size & 0x0F)
+        size >>= 4
+        while size:
+            header.append(byte | 0x80)
+            byte, size = size & 0x7F, size >> 7
+        header.append(byte)
+        entry = bytes(header) + zlib.compress(data, 1)
+        entries.append((raw, zlib.crc32(entry), len(out)))
+        out += entry
+    out += hashlib.sha1(out).digest()
+    return bytes(out), entries
+
+
+def _index_bytes(entries: list[_Entry], checksum: bytes) -> bytes:
+    entries = sorted(entries)
+    out = bytearray(b"\377tOc" + struct.pack(">I", 2))
+    fanout = [0] * 256
+    for raw, _, _ in entries:
+        fanout[raw[0]] += 1
+    total = 0
+    for count in fanout:
+        total += count
+        out += struct.pack(">I", total)
+    large: list[int] = []  # offsets past 2 GiB, in a table of their own
+    small = bytearray()
+    for raw, _, offset in entries:
+        out += raw
+        if offset < 0x80000000:
+            small += struct.pack(">I", offset)
+        else:
+            small += struct.pack(">I", 0x80000000 | len(large))
+            large.append(offset)
+    for _, crc, _ in entries:
+        out += struct.pack(">I", crc)
+    out += small + b"".join(struct.pack(">Q", offset) for offset in large) + checksum
+    out += hashlib.sha1(out).digest()
+    return bytes(out)
+
+
+def _temporary(pack_dir: Path, data: bytes) -> str:
+    fd, path = tempfile.mkstemp(prefix=f"{_TEMP}{owner.tag()}.", dir=pack_dir)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, 0o444)
+    finally:
+        os.close(fd)
+    return path
+
+
+def _make_keep(stem: Path) -> bool:
+    """Whether the `.keep` is ours (one already there is another's, which keeps it too)."""
+    try:
+        fd = os.open(f"{stem}.keep", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{_KEEP} {owner.tag()}\n")
+    return True
+
+
+# --- resume: the run's commits, complete? ----------------------------------------------------
+
+
+def first_incomplete(repo: Repo, tip: str, base: str, task_id: str) -> str | None:
+    """The oldest of run ``task_id``'s commits on ``base..tip`` (those carrying its
+    ``Coder-Task`` trailer, following first parents from ``tip``) that lacks an object (itself,
+    its tree, or a tree or blob it brings against its first parent), as hex; None when every
+    one is complete. Read through a fresh repository: libgit2 answers from its cache for an
+    object it read before a prune took it."""
+    from coder.git.commits import TRAILER_TASK, parse_trailers
+    from coder.git.staging import changes
+
+    fresh = pygit2.Repository(str(common_dir(repo)))
+    chain: list[pygit2.Commit] = []
+    at = tip
+    try:
+        while at != base:
+            commit = fresh[at].peel(pygit2.Commit)
+            if parse_trailers(commit.message).get(TRAILER_TASK.lower()) != task_id:
+                break  # not the run's: the run's check of foreign commits says so
+            chain.append(commit)
+            if not commit.parent_ids:
+                break
+            at = str(commit.parent_ids[0])
+    except (KeyError, ValueError, pygit2.GitError):
+        return at
+    for commit in reversed(chain):
+        try:
+            parent = commit.parents[0].tree_id if commit.parent_ids else None
+            found = changes(fresh, parent, commit.tree_id)
+        except (EnvironmentProblem, KeyError, pygit2.GitError):
+            return str(commit.id)
+        blobs = (c.new[1] for c in found if c.new and c.new[0] != pygit2.enums.FileMode.COMMIT)
+        if not all(fresh.odb.exists(b) for b in blobs):
+            return str(commit.id)
+    return None
+
+
+def last_complete(repo: Repo, branch: str, tip: str, base: str, task_id: str) -> str:
+    """Where to move run ``task_id``'s branch back to when ``first_incomplete`` finds an
+    incomplete commit on it: the newest value the branch held (its reflog) that is ``base``
+    or a complete commit of the run descending from it; ``base`` when none is."""
+    ref = repo.references.get(f"refs/heads/{branch}")
+    held = [] if ref is None else [o for e in ref.log() for o in (e.oid_new, e.oid_old)]
+    for oid in dict.fromkeys(str(o) for o in held):  # the newest first
+        if oid == base:
+            return base
+        if oid == tip or repo.get(oid) is None:
+            continue
+        try:
+            descends = bool(repo.descendant_of(oid, base))
+        except (KeyError, pygit2.GitError):
+            continue
+        if descends and first_incomplete(repo, oid, base, task_id) is None:
+            return oid
+    return base
+
+
+def drop_gone_from_reflogs(repo: Repo, branch: str, worktree_name: str) -> None:
+    """Drop from the reflogs of ``branch`` and of its worktree's HEAD the entries that name
+    commits whose objects are gone (`git reflog expire --stale-fix`, expiring nothing else), so
+    that `git fsck` finds the repository whole again. Best effort: an entry left behind only
+    makes fsck complain."""
+    common = common_dir(repo)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    for git_dir, ref in (
+        (common, f"refs/heads/{branch}"),
+        (common / "worktrees" / worktree_name, "HEAD"),
+    ):
+        if not (git_dir / "logs" / ref).is_file():
+            continue
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                [
+                    "git",
+                    f"--git-dir={git_dir}",
+                    "-c",
+                    "core.fsmonitor=false",
+                    "reflog",
+                    "expire",
+                    "--stale-fix",
+                    "--expire=never",
+                    "--expire-unreachable=never",
+                    ref,
+                ],
+                env=env,
+                capture_output=True,
+                timeout=600,
+                check=False,
+            )

@@ -1,0 +1,151 @@
+"""coder.git.objects: the objects of a commit coder writes are held in a kept pack until a ref
+reaches the commit, so a `git gc --prune=now` in between takes none of them; the packs are
+git's format, rolled up as they pile up; a dead coder's `.keep` files are swept. Judged by the
+git CLI (`cat-file`, `verify-pack`, `fsck`) after a real `git gc`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pygit2
+import pytest
+
+from coder import owner
+from coder.git import branches, commits, objects, repository, staging
+from tests.conftest import git
+
+
+def gc(repo: Path) -> None:
+    git(repo, "gc", "-q", "--prune=now", "--aggressive")
+
+
+def exists(repo: Path, oid: str) -> bool:
+    return subprocess.run(["git", "cat-file", "-e", oid], cwd=repo, check=False).returncode == 0
+
+
+def keeps(repo: Path) -> list[str]:
+    return sorted(p.name for p in (repo / ".git" / "objects" / "pack").glob("*.keep"))
+
+
+def new_commit(repo: Path, text: str) -> tuple[pygit2.Repository, pygit2.Oid, list[str]]:
+    """A commit on no ref whose tree adds `new/<text>.txt` to main's, held (write_commit)."""
+    w = repository.open_repo(repo)
+    parent = w.revparse_single("main").peel(pygit2.Commit)
+    blob = w.create_blob(f"{text}\n".encode())
+    sub = w.TreeBuilder()
+    sub.insert(f"{text}.txt", blob, pygit2.enums.FileMode.BLOB)
+    top = w.TreeBuilder(parent.tree)
+    top.insert("new", sub.write(), pygit2.enums.FileMode.TREE)
+    tree = top.write()
+    brought = staging.brings(w, parent.tree_id, tree)
+    who = repository.identity(w)
+    oid = commits.write_commit(w, who.author, who.committer, text, tree, [parent.id], brought)
+    return w, oid, brought
+
+
+def test_a_held_commit_survives_git_gc_prune_now_until_a_ref_reaches_it(make_repo) -> None:
+    repo = make_repo({"a.txt": "a\n"})
+    w, oid, brought = new_commit(repo, "held")
+    assert len(brought) == 3  # the tree, the new subtree, the blob
+    assert keeps(repo) and all(
+        (repo / ".git/objects/pack" / k).read_text() == f"coder {owner.tag()}\n"
+        for k in keeps(repo)
+    )
+    gc(repo)  # nothing reaches them: without the kept pack, all four would go
+    assert all(exists(repo, o) for o in [str(oid), *brought])
+
+    main = branches.branch_tip(w, "main")
+    assert main is not None
+    branches.move_branch_ref(w, "refs/heads/main", oid, main, repo, "test")
+    assert keeps(repo) == []  # released: a ref reaches them now
+    gc(repo)
+    assert all(exists(repo, o) for o in [str(oid), *brought])
+    git(repo, "fsck", "--strict", "--no-dangling")
+
+
+def test_what_no_ref_reached_goes_with_the_next_prune_once_released(make_repo) -> None:
+    repo = make_repo({"a.txt": "a\n"})
+    _, oid, brought = new_commit(repo, "abandoned")
+    objects._release_all()  # what coder does at exit
+    assert keeps(repo) == []
+    gc(repo)
+    assert not any(exists(repo, o) for o in [str(oid), *brought])
+
+
+def test_a_missing_object_is_refused_and_nothing_is_held(make_repo) -> None:
+    repo = make_repo({"a.txt": "a\n"})
+    w = repository.open_repo(repo)
+    parent = w.revparse_single("main").peel(pygit2.Commit)
+    who = repository.identity(w)
+    gone = "1" * 40
+    with pytest.raises(objects.ObjectsMissing, match="1111111111") as caught:
+        commits.write_commit(
+            w, who.author, who.committer, "m", parent.tree_id, [parent.id], [gone]
+        )
+    assert caught.value.oids == {gone}
+    assert keeps(repo) == []
+
+
+def test_the_packs_are_gits_and_are_rolled_up_as_they_pile_up(make_repo) -> None:
+    repo = make_repo({"a.txt": "a\n"})
+    w = repository.open_repo(repo)
+    made = []
+    for n in range(3 * objects._FAN_IN):
+        _, oid, brought = new_commit(repo, f"c{n}")
+        tip = branches.branch_tip(w, "main")
+        assert tip is not None
+        branches.move_branch_ref(w, "refs/heads/main", oid, tip, repo, "test")
+        made += [str(oid), *brought]
+    packs = list((repo / ".git" / "objects" / "pack").glob("*.idx"))
+    assert len(packs) <= 1 + objects._FAN_IN  # the first commit's pack, rolled-up ones
+    for idx in packs:
+        git(repo, "verify-pack", str(idx))
+    git(repo, "prune-packed")  # every loose copy is in a pack of coder's
+    assert all(exists(repo, o) for o in made)
+    git(repo, "fsck", "--strict", "--no-dangling")
+
+
+def test_a_dead_coders_keeps_and_temporary_files_are_swept_a_live_ones_never(
+    make_repo,
+) -> None:
+    repo = make_repo({"a.txt": "a\n"})
+    pack_dir = repo / ".git" / "objects" / "pack"
+    pack_dir.mkdir(parents=True, exist_ok=True)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    dead = f"{owner.pid_namespace()}-{ended.pid}-1"  # its pid with another start: gone
+    live = owner.tag()
+    planted = {
+        "pack-1.keep": f"coder {dead}\n",
+        "pack-2.keep": f"coder {live}\n",
+        "pack-3.keep": "receive-pack 123 on host\n",  # git's own: never coder's to remove
+        f".coder-{dead}.abc": "",
+        f".coder-{live}.def": "",
+    }
+    for name, text in planted.items():
+        (pack_dir / name).write_text(text)
+    objects.sweep(repository.open_repo(repo))
+    left = sorted(p.name for p in pack_dir.iterdir() if p.name in planted)
+    assert left == sorted(["pack-2.keep", "pack-3.keep", f".coder-{live}.def"])
+
+
+def test_staging_stages_again_what_a_prune_took_from_the_index(make_repo, tmp_path) -> None:
+    """The index names a blob a prune took (it was written, then pruned before the index
+    was): the next staging writes it again from the file."""
+    from coder.git import worktrees
+
+    repo = make_repo({"a.txt": "a\n"})
+    r = repository.open_repo(repo)
+    wt = worktrees.create_worktree(
+        r, name="t", path=repo / ".coder" / "worktrees" / "t", branch="agent/t", start="main"
+    )
+    (wt / "b.txt").write_text("bee\n")
+    base = branches.resolve_commit(r, "main")
+    first = staging.stage(wt, base)
+    blob = first.changes[0].new
+    assert blob is not None
+    os.unlink(repo / ".git" / "objects" / blob[1][:2] / blob[1][2:])  # as a prune would
+    again = staging.stage(wt, base)
+    assert again.tree == first.tree and exists(repo, blob[1])
