@@ -81,9 +81,7 @@ def test_a_missing_object_is_refused_and_nothing_is_held(make_repo) -> None:
     who = repository.identity(w)
     gone = "1" * 40
     with pytest.raises(objects.ObjectsMissing, match="1111111111") as caught:
-        commits.write_commit(
-            w, who.author, who.committer, "m", parent.tree_id, [parent.id], [gone]
-        )
+        commits.write_commit(w, who.author, who.committer, "m", parent.tree_id, [parent.id], [gone])
     assert caught.value.oids == {gone}
     assert keeps(repo) == []
 
