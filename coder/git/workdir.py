@@ -190,7 +190,9 @@ def patched(text: str, files: Mapping[str, tuple[bytes, int] | None]) -> dict[st
     import os
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="coder-patch-") as scratch:
+    from coder.policy import tmpdirs
+
+    with tempfile.TemporaryDirectory(prefix=tmpdirs.prefix("patch")) as scratch:
         repo = pygit2.init_repository(scratch)
         for rel, found in files.items():
             if found is not None:

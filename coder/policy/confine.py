@@ -83,7 +83,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from coder.errors import EnvironmentProblem
-from coder.policy import cgroups, reaper
+from coder.policy import cgroups, reaper, tmpdirs
 from coder.realpath import realpath
 
 MIN_ABI = 3  # truncate(2) is only covered from ABI 3 on
@@ -190,7 +190,7 @@ def _netns_mode() -> str:
 def _mounts_problem() -> str | None:
     from coder.policy import mounts
 
-    with tempfile.TemporaryDirectory(prefix="coder-probe-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmpdirs.prefix("probe")) as tmp:
         failed = _in_throwaway_thread(lambda: mounts.wall([tmp]))
     if failed is None:
         return None
@@ -204,7 +204,7 @@ def _view_problem() -> str | None:
 
     if problem := view.problem():
         return problem
-    with tempfile.TemporaryDirectory(prefix="coder-probe-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmpdirs.prefix("probe")) as tmp:
         found = view.plan([tmp])
         failed = _in_throwaway_thread(lambda: view.build(found, tmp))
     if failed is None:
@@ -318,7 +318,7 @@ class Confinement:
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
         self.identity = _identity(profile)
-        self.tmp_root = tempfile.mkdtemp(prefix="coder-sandbox-")
+        self.tmp_root = tmpdirs.make("sandbox")
         self._spare: list[str] = []  # commands' TMPDIRs given back empty (command_tmp)
         self._spare_lock = threading.Lock()
         self._requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None]
@@ -594,7 +594,7 @@ def launcher_argv(
         "writable": list(writable),
         "readonly": list(admin_files(writable)),
         "network": network,
-        "tmp": tempfile.mkdtemp(prefix="coder-sandbox-"),
+        "tmp": tmpdirs.make("sandbox"),
         "netns_done": prefix is not None,
         "visible": [*_toolchain(argv[0], root), *_named(argv[1:]), *visible],
         "tree": tree or {},

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from coder.errors import EnvironmentProblem, InvalidInput, PolicyViolation
+from coder.policy import tmpdirs
 from coder.policy.commands import Limits, Policy, check_command
 from coder.policy.env import scrub_env
 from coder.realpath import realpath
@@ -290,6 +291,7 @@ def kill_owned(owner: str, wait: float = 5.0) -> list[int]:
     while any(_alive(pid) for pid in found) and time.monotonic() < deadline:
         time.sleep(0.01)
     cgroups.sweep()
+    tmpdirs.sweep()  # the temporary directories of coders that are gone, their commands ended
     return found
 
 
@@ -385,7 +387,11 @@ def _results_file(var: str | None, env: dict[str, str], *, private: bool) -> Ite
     if var is None:
         yield None
         return
-    tmp = tempfile.mkdtemp(prefix="coder-results-", dir=env["TMPDIR"] if private else None)
+    tmp = (
+        tempfile.mkdtemp(prefix="coder-results-", dir=env["TMPDIR"])
+        if private
+        else tmpdirs.make("results")
+    )
     path = Path(tmp, "results")
     env[var] = str(path)
     try:
@@ -419,7 +425,7 @@ def _shell_argv(shell: str, script: str, tmp_dir: str | None) -> Iterator[list[s
     if len(script.encode()) <= _MAX_ARG:
         yield [shell, "-c", script]
         return
-    with tempfile.TemporaryDirectory(prefix="coder-cmd-", dir=tmp_dir) as tmp:
+    with tempfile.TemporaryDirectory(prefix=tmpdirs.prefix("cmd"), dir=tmp_dir) as tmp:
         path = Path(tmp, "command.sh")
         path.write_text(script, encoding="utf-8")
         yield [shell, str(path)]

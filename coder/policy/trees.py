@@ -25,13 +25,12 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 
 from coder import owner
 from coder.errors import EnvironmentProblem
-from coder.policy import cgroups, reaper
+from coder.policy import cgroups, reaper, tmpdirs
 from coder.realpath import realpath
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -79,7 +78,7 @@ class Tree:
         if self.group is not None:
             self.spec = {"cgroup": self.group.path}
         else:
-            self._dir = tempfile.mkdtemp(prefix="coder-tree-")
+            self._dir = tmpdirs.make("tree")
             self.spec = {"pidfile": os.path.join(self._dir, "pid")}
         self._own: frozenset[Identity] = frozenset()
         with _lock:

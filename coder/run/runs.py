@@ -41,6 +41,7 @@ from coder.errors import (
 from coder.git import branches, repository, submodules, workdir, worktrees
 from coder.git import commits as gitcommits
 from coder.git import land as gitland
+from coder.git import objects as gitobjects
 from coder.git import restore as gitrestore
 from coder.interrupts import detach_terminal, taken
 from coder.run import amend, notes, uncommitted
@@ -438,6 +439,7 @@ def resume(
     with TaskLock(coder_dir, task_id) as lock:
         manifest = _recover_manifest(repo, coder_dir, store, task_id, options, cwd, warnings)
         warnings += _previous_runner(lock.took_over_from, coder_dir, task_id)
+        gitobjects.sweep(repo)  # what killed coders kept from git's prune, no ref reached
         state = _resumable_state(repo, store, manifest, warnings)
         task = taskfile.from_dict(restore(manifest.task, manifest.taskfile))
         amend.align(state, task)  # after a crash while an edited taskfile was being taken
@@ -673,13 +675,11 @@ def _roll_back_past_pruned(
     complete commit, and the steps after it run again: the new tip and the warning. None when
     every commit of the run is complete. Refused (changing nothing) while the worktree holds
     changes no step made: the discard that follows would take them."""
-    from coder.git import objects
-
     task_id, branch = manifest.task_id, manifest.branch
-    bad = objects.first_incomplete(repo, tip, manifest.base_commit, task_id)
+    bad = gitobjects.first_incomplete(repo, tip, manifest.base_commit, task_id)
     if bad is None:
         return None
-    target = objects.last_complete(repo, branch, tip, manifest.base_commit, task_id)
+    target = gitobjects.last_complete(repo, branch, tip, manifest.base_commit, task_id)
     running = any(st.status == "running" for st in state.steps.values())
     if not running and worktrees.worktree_ready(worktree):
         edited = workdir.unstaged_paths(worktree)
@@ -698,7 +698,7 @@ def _roll_back_past_pruned(
         )
     except pygit2.GitError as exc:
         raise repository.git_failure(exc, f"move {branch} back", worktree) from None
-    objects.drop_gone_from_reflogs(repo, branch, task_id)
+    gitobjects.drop_gone_from_reflogs(repo, branch, task_id)
     lost = "the base" if target == manifest.base_commit else target[:12]
     return target, (
         f"objects of the newest commits on {branch} are missing from the repository (from "

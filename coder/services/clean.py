@@ -20,7 +20,7 @@ from coder.errors import (
     UnknownTask,
 )
 from coder.git import branches as gitbranches
-from coder.git import commits, repository, workdir, worktrees
+from coder.git import commits, objects, repository, workdir, worktrees
 from coder.run import manifest as manifests
 from coder.run.lock import TaskLock, read_lock_owner
 from coder.run.manifest import Manifest, load_manifest, manifest_path
@@ -198,6 +198,7 @@ def _remove(
     # into the worktree while it is judged and removed.
     ended = sandbox.kill_owned(sandbox.owner_token(coder_dir, task_id))
     end_leftovers(worktree)
+    objects.sweep(repo)  # what killed coders kept from git's prune, no ref reached
     changed: list[str] = []
     if worktrees.worktree_ready(worktree):  # not one coder was still checking out or removing
         try:

@@ -17,6 +17,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -485,3 +486,49 @@ def test_clean_ends_the_commands_a_killed_runner_left(make_repo) -> None:
     assert not any(stray_processes(m) for m in marks), "a command outlived clean"
     assert "leftover command process(es)" in cleaned.stdout, out(cleaned)
     assert worktrees(repo) == [str(repo)] and branch_steps(repo) == []
+
+
+def own_tag() -> str:
+    """This process as coder names the owner of what it leaves (pid namespace, pid, start
+    time), read from /proc."""
+    namespace = "".join(c for c in os.readlink("/proc/self/ns/pid") if c.isdigit())
+    started = Path("/proc/self/stat").read_bytes().rpartition(b")")[2].split()[19].decode()
+    return f"{namespace}-{os.getpid()}-{started}"
+
+
+@pytest.mark.parametrize("follow", ["resume", "clean"])
+def test_resume_and_clean_remove_the_temporary_directory_a_killed_runner_left(
+    make_repo, tmp_path: Path, follow: str
+) -> None:
+    """The sandbox's temporary root (`coder-sandbox-*`, the command's TMPDIR in it) of a runner
+    killed mid-command. Before: it stayed in /tmp for good (1,800 of them on a test machine);
+    resume and clean did not know whose it was."""
+    repo = make_repo(BASE_FILES)
+    seen, mark, go = worktree(repo) / "tmpdir.txt", unique_sleep(1000), tmp_path / "go"
+    cmd = (
+        f"if [ -e {go} ]; then echo one > one.txt; "
+        f"else echo $TMPDIR > tmpdir.txt; touch $TMPDIR/left; {' '.join(mark)}; fi"
+    )
+    path = write_taskfile(
+        repo, steps_taskfile(Path("/"), ["true"]).replace('"echo one > one.txt"', json.dumps(cmd))
+    )
+    crashed = coder(
+        repo, "run", "--autonomous", "-f", str(path), crash="during_command@s1", delay=0.3
+    )
+    assert crashed.returncode == -signal.SIGKILL, out(crashed)
+    root = Path(seen.read_text().strip()).parent
+    assert (root / Path(seen.read_text().strip()).name / "left").exists()
+    live = Path(tempfile.gettempdir(), f"coder-sandbox-{own_tag()}-live")  # a live coder's
+    live.mkdir()
+    go.touch()
+    try:
+        args = (
+            ("resume", "-t", TASK_ID) if follow == "resume" else ("clean", "-t", TASK_ID, "--force")
+        )
+        done = coder(repo, *args)
+        assert done.returncode in (0, 1), out(done)  # resume: s2 fails, as the taskfile says
+        assert not root.exists(), "the killed runner's temporary directory is left"
+        assert live.is_dir(), "a live coder's temporary directory was removed"
+        assert stray_processes(mark) == []
+    finally:
+        live.rmdir()
