@@ -38,6 +38,7 @@ def create_worktree(repo: Repo, *, name: str, path: Path, branch: str, start: st
         wt = repo.lookup_worktree(name)
         same_place = Path(wt.path).resolve() == path.resolve()
         if same_place and head_of(common / "worktrees" / name) == refname:
+            link_back(common, name, path)
             return path
         raise EnvironmentProblem(
             f"a worktree named '{name}' already exists at {wt.path}",
@@ -86,6 +87,41 @@ def create_worktree(repo: Repo, *, name: str, path: Path, branch: str, start: st
     init_submodules(repo, path, str(ref.target))
     nofollow.unlink(creating, missing_ok=False)  # complete: from now on its files are the branch's
     return path
+
+
+def dot_git_missing(path: Path) -> bool:
+    """Whether the worktree directory at ``path`` is there but its `.git` file is not (deleted
+    by hand or by a command, or something else put in its place): `link_back` writes it."""
+    try:
+        if not stat.S_ISDIR(nofollow.lstat(Path(path)).st_mode):
+            return False
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        return not stat.S_ISREG(nofollow.lstat(Path(path) / ".git").st_mode)
+    except FileNotFoundError:
+        return True
+
+
+def link_back(common: Path, name: str, path: Path) -> bool:
+    """Write the `.git` file of coder's worktree ``name`` at ``path`` again (as `git worktree
+    repair` does) when it is missing or is not a file: it names the admin dir, whose `gitdir`
+    names it back. Whether it wrote. The worktree's files stay as they are."""
+    if not dot_git_missing(path):
+        return False
+    admin = common / "worktrees" / name
+    try:
+        if stat.S_ISDIR(nofollow.lstat(path / ".git").st_mode):
+            raise EnvironmentProblem(
+                f"{path / '.git'} is a directory, not the file that names the worktree's git "
+                "directory",
+                hint="move it away, then resume (or remove the run with `coder clean`)",
+            )
+    except FileNotFoundError:
+        pass
+    nofollow.write_file(path, ".git", f"gitdir: {admin}\n".encode())
+    nofollow.write_file(admin, "gitdir", f"{path / '.git'}\n".encode())
+    return True
 
 
 def _in_the_way(path: Path) -> str | None:

@@ -435,8 +435,17 @@ class Executor:
     def _verify(self, seen: Verification, outcome: StepOutcome, guard: GitGuard) -> StepOutcome:
         """The one verify stage, between act and commit. .git is put back whatever the step
         did; a step that acted successfully then passes every check in CHECKS (on its changes,
-        staged once: `seen.staged`), or fails with all their problems."""
+        staged once: `seen.staged`), or fails with all their problems. The worktree's `.git`
+        file deleted meanwhile is not the step's failure but the run's environment (as its
+        worktree deleted is, `_files_gone`): it is put back, and the run stops as `error`."""
+        unlinked = not os.path.lexists(seen.workdir / ".git")
         touched = guard.restore()
+        if unlinked:
+            raise EnvironmentProblem(
+                f"the `.git` file of worktree {seen.workdir} was deleted while step "
+                f"{seen.step.id} ran (coder wrote it back)",
+                hint=f"`coder resume -t {self.task.id}` runs the step again",
+            )
         stashed = guard.drop_stashes()
         if touched or stashed:
             changed = [

@@ -639,12 +639,16 @@ def reconcile(repo: Repo, state: RunState, manifest: Manifest, worktree: Path) -
         "commit, then resume",
     )
     if not worktrees.worktree_ready(worktree):
-        cut_short = {
+        pending = worktrees.pending_change(worktree)
+        done = {
             worktrees.CREATING: "the checkout of worktree {} was cut short; checked it out again",
             worktrees.REMOVING: "the removal of worktree {} was cut short; re-created it",
-        }.get(worktrees.pending_change(worktree) or "", "worktree {} was missing; re-created it")
+        }.get(pending or "", "worktree {} was missing; re-created it")
+        done = f"{done.format(worktree)} from {branch}"
+        if pending is None and worktrees.dot_git_missing(worktree):
+            done = f"the `.git` file of worktree {worktree} was missing; wrote it again"
         worktrees.create_worktree(repo, name=task_id, path=worktree, branch=branch, start=tip)
-        warnings.append(f"{cut_short.format(worktree)} from {branch}")
+        warnings.append(done)
     if repository.clear_stale_index_lock(worktree):
         warnings.append("removed a stale index.lock left by the crash")
     named = worktrees.point_head_back(repo, task_id, branch)

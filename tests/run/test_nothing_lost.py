@@ -292,6 +292,67 @@ def test_the_worktree_deleted_mid_step_stops_the_run_as_error_and_resume_finishe
     fsck(repo)
 
 
+@pytest.mark.parametrize("when", ["after_a_failed_run", "after_a_kill"])
+def test_the_worktrees_dot_git_deleted_between_runs_is_written_again_by_resume(
+    make_repo, tmp_path: Path, when: str
+) -> None:
+    """Before: resume took the worktree for healthy (registered, HEAD right), then could not
+    open it: "missing or not a git worktree", with `coder resume` as the hint, for good."""
+    repo = make_repo(BASE_FILES)
+    go, sleep = tmp_path / "go", unique_sleep(1000)
+    waits = ["[", "-e", str(go), "]", "||", *sleep]  # s2 sleeps until `go` is there
+    path = write_taskfile(repo, steps_taskfile(go, waits if when == "after_a_kill" else ["true"]))
+    if when == "after_a_kill":
+        crashed = coder(
+            repo, "run", "--autonomous", "-f", str(path), crash="during_command@s2", delay=0.3
+        )
+        assert crashed.returncode == -signal.SIGKILL, out(crashed)
+    else:
+        assert invoke(repo, "run", "--autonomous", "-f", str(path)).returncode == 1
+    s1 = branch_steps(repo)
+    (worktree(repo) / ".git").unlink()
+
+    go.touch()
+    resumed = coder(repo, "resume", "-t", TASK_ID)
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, out(resumed)
+    assert "`.git` file of worktree" in resumed.stderr
+    assert [sid for sid, _ in branch_steps(repo)] == ["s1", "s2", "s3"]
+    assert branch_steps(repo)[0] == s1[0]
+    assert clean_worktree(repo) and str(worktree(repo)) in worktrees(repo)
+    assert git(worktree(repo), "rev-parse", "--show-toplevel").strip() == str(worktree(repo))
+    assert stray_processes(sleep) == []
+    fsck(repo)
+
+
+def test_the_worktrees_dot_git_deleted_mid_step_stops_the_run_as_error_and_resume_finishes(
+    make_repo, tmp_path: Path
+) -> None:
+    """Before: the git guard put `.git` back and failed the step for it ("the step changed
+    .git"): status failed, exit 1, as if its command were wrong."""
+    repo = make_repo(BASE_FILES)
+    go, sleep = tmp_path / "go", unique_sleep()
+    go.touch()
+    path = write_taskfile(repo, steps_taskfile(go, sleep))
+    runner = spawn(repo, "run", "--autonomous", "-f", str(path))
+    wait_for(lambda: (worktree(repo) / "started.txt").exists(), what="s2 to start")
+    (worktree(repo) / ".git").unlink()
+    _, stderr = runner.communicate(timeout=60)
+
+    assert runner.returncode == EXIT_ENVIRONMENT and "Traceback" not in stderr, stderr
+    state = state_of(repo, TASK_ID)
+    assert state["status"] == "error" and "`.git` file" in state["error"], state["error"]
+    assert state["steps"]["s2"]["status"] != "failed"
+    assert [sid for sid, _ in branch_steps(repo)] == ["s1"]
+    assert (worktree(repo) / ".git").is_file() and clean_worktree(repo)  # written back
+    fsck(repo)
+
+    resumed = invoke(repo, "resume", "-t", TASK_ID)
+    assert resumed.returncode == 0, out(resumed)
+    assert [sid for sid, _ in branch_steps(repo)] == ["s1", "s2", "s3"]
+    assert clean_worktree(repo)
+    fsck(repo)
+
+
 # --- the branch deleted by hand ---------------------------------------------------------------
 
 
