@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "crashpoints",
         "safeio",
         "interrupts",
+        "owner",
     ),
     # the domain: configuration, taskfiles and their graph, test reports
     (

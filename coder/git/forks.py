@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pygit2
 
 from coder.errors import EnvironmentProblem
+from coder.git import objects
 from coder.git.commits import TRAILER_STEP, TRAILER_TASK, commits_between, parse_trailers
 from coder.git.repository import Repo
 
@@ -56,6 +57,8 @@ def copy_history(
             [pygit2.Oid(hex=tip)],
         )
         tip = copies[str(original.id)] = str(oid)
+    if copies:  # held from git's prune until the fork's branch has them (coder.git.objects)
+        objects.hold(repo, tip, copies.values())
     return copies
 
 

@@ -28,8 +28,8 @@ of 10,000 steps leaves a few dozen packs, not 10,000 (git and libgit2 look an ob
 pack). Each pack is written as git writes one: to a temporary file, its `.keep` first, the pack,
 its index last (an index makes a pack visible).
 
-`first_incomplete` is the other side, for `coder resume`: the oldest of a run's commits that
-lacks an object (pruned before this, or by hand), to move the run's branch back to.
+What a run whose commits lost objects all the same (before this, or by hand) needs is in
+coder.git.repair.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import contextlib
 import hashlib
 import os
 import struct
-import subprocess
 import tempfile
 import threading
 import zlib
@@ -310,95 +309,3 @@ def _make_keep(stem: Path) -> bool:
     with os.fdopen(fd, "w") as f:
         f.write(f"{_KEEP} {owner.tag()}\n")
     return True
-
-
-# --- resume: the run's commits, complete? ----------------------------------------------------
-
-
-def first_incomplete(repo: Repo, tip: str, base: str, task_id: str) -> str | None:
-    """The oldest of run ``task_id``'s commits on ``base..tip`` (those carrying its
-    ``Coder-Task`` trailer, following first parents from ``tip``) that lacks an object (itself,
-    its tree, or a tree or blob it brings against its first parent), as hex; None when every
-    one is complete. Read through a fresh repository: libgit2 answers from its cache for an
-    object it read before a prune took it."""
-    from coder.git.commits import TRAILER_TASK, parse_trailers
-    from coder.git.staging import changes
-
-    fresh = pygit2.Repository(str(common_dir(repo)))
-    chain: list[pygit2.Commit] = []
-    at = tip
-    try:
-        while at != base:
-            commit = fresh[at].peel(pygit2.Commit)
-            if parse_trailers(commit.message).get(TRAILER_TASK.lower()) != task_id:
-                break  # not the run's: the run's check of foreign commits says so
-            chain.append(commit)
-            if not commit.parent_ids:
-                break
-            at = str(commit.parent_ids[0])
-    except (KeyError, ValueError, pygit2.GitError):
-        return at
-    for commit in reversed(chain):
-        try:
-            parent = commit.parents[0].tree_id if commit.parent_ids else None
-            found = changes(fresh, parent, commit.tree_id)
-        except (EnvironmentProblem, KeyError, pygit2.GitError):
-            return str(commit.id)
-        blobs = (c.new[1] for c in found if c.new and c.new[0] != pygit2.enums.FileMode.COMMIT)
-        if not all(fresh.odb.exists(b) for b in blobs):
-            return str(commit.id)
-    return None
-
-
-def last_complete(repo: Repo, branch: str, tip: str, base: str, task_id: str) -> str:
-    """Where to move run ``task_id``'s branch back to when ``first_incomplete`` finds an
-    incomplete commit on it: the newest value the branch held (its reflog) that is ``base``
-    or a complete commit of the run descending from it; ``base`` when none is."""
-    ref = repo.references.get(f"refs/heads/{branch}")
-    held = [] if ref is None else [o for e in ref.log() for o in (e.oid_new, e.oid_old)]
-    for oid in dict.fromkeys(str(o) for o in held):  # the newest first
-        if oid == base:
-            return base
-        if oid == tip or repo.get(oid) is None:
-            continue
-        try:
-            descends = bool(repo.descendant_of(oid, base))
-        except (KeyError, pygit2.GitError):
-            continue
-        if descends and first_incomplete(repo, oid, base, task_id) is None:
-            return oid
-    return base
-
-
-def drop_gone_from_reflogs(repo: Repo, branch: str, worktree_name: str) -> None:
-    """Drop from the reflogs of ``branch`` and of its worktree's HEAD the entries that name
-    commits whose objects are gone (`git reflog expire --stale-fix`, expiring nothing else), so
-    that `git fsck` finds the repository whole again. Best effort: an entry left behind only
-    makes fsck complain."""
-    common = common_dir(repo)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    for git_dir, ref in (
-        (common, f"refs/heads/{branch}"),
-        (common / "worktrees" / worktree_name, "HEAD"),
-    ):
-        if not (git_dir / "logs" / ref).is_file():
-            continue
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(
-                [
-                    "git",
-                    f"--git-dir={git_dir}",
-                    "-c",
-                    "core.fsmonitor=false",
-                    "reflog",
-                    "expire",
-                    "--stale-fix",
-                    "--expire=never",
-                    "--expire-unreachable=never",
-                    ref,
-                ],
-                env=env,
-                capture_output=True,
-                timeout=600,
-                check=False,
-            )

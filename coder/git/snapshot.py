@@ -28,8 +28,9 @@ from pygit2.enums import FileMode
 
 from coder import nofollow
 from coder.errors import LinkInTheWay
-from coder.git.commits import TRAILER_TASK, commits_between, parse_trailers
+from coder.git.commits import TRAILER_TASK, commits_between, parse_trailers, write_commit
 from coder.git.repository import Repo, identity
+from coder.git.staging import brings
 
 TRAILER_CHECKOUT = "Coder-Checkout"  # on the run's first commit: the checkout's own changes
 TITLE = "coder: uncommitted changes from the checkout"
@@ -50,7 +51,8 @@ def snapshot(
 ) -> Snapshot | None:
     """The commit of ``paths`` as the working files under ``root`` have them, on top of commit
     ``base``: a path that is gone (or lies beyond a link) is deleted. None when that changes
-    nothing. The commit is referenced by no branch yet; its trailers name the task."""
+    nothing. The commit is referenced by no branch yet (it is held from git's prune until one
+    is: `commits.write_commit`); its trailers name the task."""
     parent = repo[base].peel(pygit2.Commit)
     index = pygit2.Index()
     index.read_tree(parent.tree)
@@ -83,7 +85,8 @@ def snapshot(
     who = identity(repo)
     trailers = f"{TRAILER_TASK}: {task_id}\n{TRAILER_CHECKOUT}: uncommitted\n"
     message = "\n\n".join([TITLE, *([body.strip()] if body.strip() else []), trailers])
-    oid = repo.create_commit(None, who.author, who.committer, message, tree, [parent.id])
+    brought = brings(repo, parent.tree_id, tree)  # held from git's prune until a ref has it
+    oid = write_commit(repo, who.author, who.committer, message, tree, [parent.id], brought)
     return Snapshot(str(oid), changed, tuple(left_out))
 
 

@@ -9,6 +9,7 @@
     confine.py    the kernel sandbox (Landlock) every command runs in, applied by a thread
     reaper.py     coder as child subreaper: whether a sandbox can still hold a process
     cgroups.py    a pids cgroup per sandbox: limits.processes binds root; what it holds, listed
+    tmpdirs.py    temporary directories named by their owner, those of gone coders removed
     trees.py      an MCP server's process tree: what it started during a step ends with it
     escapes.py    options of allowed programs that run other programs, refused
     view.py       what a command sees: a root of its own (worktree, temp dir, toolchain)

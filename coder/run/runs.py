@@ -23,8 +23,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pygit2
-
 from coder import config as config_mod
 from coder import nofollow, project, taskfile
 from coder.crashpoints import crashpoint
@@ -42,6 +40,7 @@ from coder.git import branches, repository, submodules, workdir, worktrees
 from coder.git import commits as gitcommits
 from coder.git import land as gitland
 from coder.git import objects as gitobjects
+from coder.git import repair as gitrepair
 from coder.git import restore as gitrestore
 from coder.interrupts import detach_terminal, taken
 from coder.run import amend, notes, uncommitted
@@ -674,16 +673,15 @@ def reconcile(repo: Repo, state: RunState, manifest: Manifest, worktree: Path) -
 def _roll_back_past_pruned(
     repo: Repo, state: RunState, manifest: Manifest, worktree: Path, tip: str
 ) -> tuple[str, str] | None:
-    """When objects of the run's newest commits are gone (a `git gc --prune=now` took them
-    under a coder that did not hold them yet, or a hand did), its branch moves back to its last
-    complete commit, and the steps after it run again: the new tip and the warning. None when
-    every commit of the run is complete. Refused (changing nothing) while the worktree holds
-    changes no step made: the discard that follows would take them."""
+    """When objects of the run's newest commits are gone (coder.git.repair), its branch moves
+    back to its last complete commit and the steps after it run again: the new tip and the
+    warning. None when every commit of the run is complete. Refused (changing nothing) while
+    the worktree holds changes no step made: the discard that follows would take them."""
     task_id, branch = manifest.task_id, manifest.branch
-    bad = gitobjects.first_incomplete(repo, tip, manifest.base_commit, task_id)
+    bad = gitrepair.first_incomplete(repo, tip, manifest.base_commit, task_id)
     if bad is None:
         return None
-    target = gitobjects.last_complete(repo, branch, tip, manifest.base_commit, task_id)
+    target = gitrepair.last_complete(repo, branch, tip, manifest.base_commit, task_id)
     running = any(st.status == "running" for st in state.steps.values())
     if not running and worktrees.worktree_ready(worktree):
         edited = workdir.unstaged_paths(worktree)
@@ -695,19 +693,12 @@ def _roll_back_past_pruned(
                 hint=f"commit or stash them elsewhere (e.g. `git -C {worktree} stash -u`), "
                 "then resume",
             )
-    refname = f"refs/heads/{branch}"
-    try:
-        branches.move_branch_ref(
-            repo, refname, pygit2.Oid(hex=target), tip, worktree, "back past pruned objects to"
-        )
-    except pygit2.GitError as exc:
-        raise repository.git_failure(exc, f"move {branch} back", worktree) from None
-    gitobjects.drop_gone_from_reflogs(repo, branch, task_id)
-    lost = "the base" if target == manifest.base_commit else target[:12]
+    gitrepair.roll_back(repo, branch, target, tip, worktree)
+    back = "the run's base" if target == manifest.base_commit else target[:12]
     return target, (
         f"objects of the newest commits on {branch} are missing from the repository (from "
         f"{bad[:12]} on; pruned by a `git gc --prune=now` or `git prune`?); moved {branch} "
-        f"back from {tip[:12]} to {lost}, its last complete commit: the steps after it run again"
+        f"back from {tip[:12]} to {back}, its last complete commit: the steps after it run again"
     )
 
 
