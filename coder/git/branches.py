@@ -191,7 +191,7 @@ def move_branch_ref(
             tx.set_target(refname, target, message=f"coder: {why} {str(target)[:12]}")
 
     retry_on_ref_lock(move)
-    objects.release(w, target)
+    objects.release(target)
 
 
 def move_detached_head(w: Repo, target: pygit2.Oid, expected: str, worktree: Path) -> None:
@@ -204,7 +204,7 @@ def move_detached_head(w: Repo, target: pygit2.Oid, expected: str, worktree: Pat
             tx.set_target("HEAD", target, message=f"coder: step {str(target)[:12]}")
 
     retry_on_ref_lock(move)
-    objects.release(w, target)
+    objects.release(target)
 
 
 def move_branch(
@@ -228,7 +228,7 @@ def move_branch(
         retry_on_ref_lock(move)
     except pygit2.GitError as exc:
         raise git_failure(exc, f"move the branch to {target[:12]}", worktree) from None
-    objects.release(w, target)
+    objects.release(target)
 
 
 def head_commit(repo: Repo) -> str | None:

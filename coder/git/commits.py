@@ -6,6 +6,9 @@
   (never found through the worktree's HEAD, which a process may have pointed at ``main``),
   from ``expected_tip`` to the new commit under the ref's lock: ``BranchMoved`` if anyone
   moved it in between.
+* **Held from git's prune.** A commit is written on no ref, so what it brings (itself, its new
+  trees and blobs) goes into a kept pack first (``write_commit``, coder.git.objects): a `git gc
+  --prune=now` running meanwhile takes none of it; the ref move releases it.
 * **One walk of the tree per step.** ``staging.stage`` finds and stages a step's changes in
   one scan; the verify stage checks that change set and ``commit_step`` records its tree, so
   what was checked is what is committed.
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import cast
 
 import pygit2
 from pygit2.enums import SortMode
@@ -43,6 +47,7 @@ from coder.git.repository import (
 from coder.git.restore import restore_files
 from coder.git.staging import Staged, brings, stage
 
+_COMMIT_TRIES = 3  # a step's changes staged and committed, while a prune takes what was staged
 TRAILER_TASK = "Coder-Task"
 TRAILER_STEP = "Coder-Step"
 TRAILER_ATTEMPT = "Coder-Attempt"
@@ -80,21 +85,23 @@ def _step_commit(
     w: Repo, worktree: Path, staged: Staged, parent: pygit2.Commit, message: str
 ) -> pygit2.Oid:
     """The step's commit, on no ref, held with what it brings (`write_commit`). A blob or tree
-    a prune took since the verify stage staged it is staged again from the files, once: the
-    same tree, or an EnvironmentProblem (the files changed since)."""
+    a prune took since the verify stage staged it is staged again from the files (a few
+    times): the same tree, or an EnvironmentProblem (the files changed since)."""
     who = identity(w)
     tree = pygit2.Oid(hex=staged.tree)
-    try:
-        return write_commit(w, who.author, who.committer, message, tree, [parent.id], staged)
-    except objects.ObjectsMissing:
-        again = stage(worktree, staged.base, repo=w)
-    if again.tree != staged.tree:
-        raise EnvironmentProblem(
-            f"the files of {worktree} changed between the step's checks and its commit; "
-            "nothing was committed",
-            hint="`coder resume` runs the step again",
-        )
-    return write_commit(w, who.author, who.committer, message, tree, [parent.id], again)
+    for _ in range(_COMMIT_TRIES - 1):
+        try:
+            return write_commit(w, who.author, who.committer, message, tree, [parent.id], staged)
+        except objects.ObjectsMissing:
+            again = stage(worktree, staged.base, repo=w)
+        if again.tree != staged.tree:
+            raise EnvironmentProblem(
+                f"the files of {worktree} changed between the step's checks and its commit; "
+                "nothing was committed",
+                hint="`coder resume` runs the step again",
+            )
+        staged = again
+    return write_commit(w, who.author, who.committer, message, tree, [parent.id], staged)
 
 
 def commit_step(
@@ -228,22 +235,19 @@ def write_commit(
     parents: list[pygit2.Oid],
     brought: Staged | list[str],
 ) -> pygit2.Oid:
-    """A commit on no ref yet, held with ``brought`` (the objects its tree has that its first
-    parent's lacks: `Staged.brings`, `staging.brings`) in a kept pack until a ref reaches it
-    (coder.git.objects; whoever moves the ref releases it). Written again, the same bytes, if a
-    prune took it before the pack held it; ObjectsMissing if one of ``brought`` is gone."""
+    """A commit on no ref yet, written straight into a kept pack with ``brought`` (the objects
+    its tree has that its first parent's lacks: `Staged.brings`, `staging.brings`) until a ref
+    reaches it (coder.git.objects; whoever moves the ref releases it). ObjectsMissing if one of
+    ``brought`` is gone."""
     wanted = brought.brings if isinstance(brought, Staged) else brought
-    for _ in range(3):
-        oid = retry_on_pruned_write(
-            lambda: w.create_commit(None, author, committer, message, tree, parents)
-        )
-        try:
-            objects.hold(w, oid, [oid, *wanted])
-            return oid
-        except objects.ObjectsMissing as exc:
-            if str(oid) not in exc.oids:
-                raise
-    raise objects.gone("writing a commit", [str(oid)])
+    ids: list[str | pygit2.Oid] = list(parents)
+    try:  # libgit2 checks that the tree and the parents are there
+        content = cast(str, w.create_commit_string(author, committer, message, tree, ids))
+    except pygit2.GitError as exc:
+        if "object not found" not in str(exc):
+            raise
+        raise objects.gone("writing a commit", [str(tree)]) from None  # a prune took it
+    return objects.write_held_commit(w, content.encode(), wanted)
 
 
 @dataclass(frozen=True)

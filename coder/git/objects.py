@@ -37,6 +37,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import itertools
 import os
 import struct
 import tempfile
@@ -53,9 +54,9 @@ from coder.errors import EnvironmentProblem
 from coder.git.repository import Repo, common_dir
 
 Oid = pygit2.Oid | str
-_Object = tuple[bytes, int, bytes]  # raw id, type, data
 _Entry = tuple[bytes, int, int]  # raw id, crc32 of its entry in the pack, offset
 _FAN_IN = 8  # released packs of one size rolled up into one
+_COMMIT = int(pygit2.enums.ObjectType.COMMIT)
 _KEEP = "coder"  # how a `.keep` of coder's starts: `coder <owner tag>`
 _TEMP = ".coder-"  # how coder's temporary files in objects/pack start (not git's `tmp_`)
 
@@ -103,7 +104,7 @@ def commit_of(repo: Repo, rev: str, what: str) -> pygit2.Commit:
 @dataclass
 class _Pack:
     stem: Path  # objects/pack/pack-<checksum>
-    oids: list[bytes]  # raw ids, as written
+    spans: list[tuple[bytes, int, int]]  # each object's raw id, and where its entry lies
     level: int = 0  # how many roll-ups made it
     keeps: bool = False  # its .keep is ours to remove
 
@@ -123,24 +124,36 @@ _held = _Held()
 def hold(repo: Repo, commit: Oid, oids: Iterable[Oid]) -> None:
     """Put ``oids`` (``commit`` and the objects it brings) into a kept pack until a ref reaches
     ``commit`` (`release`). ObjectsMissing, holding nothing, if one of them is gone."""
+    _hold(repo, str(commit), oids, [])
+
+
+def write_held_commit(repo: Repo, content: bytes, brings: Iterable[Oid]) -> pygit2.Oid:
+    """The commit whose raw ``content`` is given (`Repository.create_commit_string`), written
+    straight into a kept pack with what it brings (`hold`), never as a loose object: its id."""
+    oid = pygit2.Oid(hex=hashlib.sha1(b"commit %d\0" % len(content) + content).hexdigest())
+    _hold(repo, str(oid), brings, [(oid.raw, _entry(_COMMIT, content))])
+    return oid
+
+
+def _hold(repo: Repo, commit: str, oids: Iterable[Oid], pieces: list[tuple[bytes, bytes]]) -> None:
+    """A kept pack of ``pieces`` and the objects ``oids``, held for ``commit``."""
     odb = repo.odb
-    wanted = list(dict.fromkeys(pygit2.Oid(hex=str(o)) for o in oids))
-    found = []
-    for oid in wanted:
+    missing = []
+    for oid in dict.fromkeys(pygit2.Oid(hex=str(o)) for o in oids):
         try:
             kind, data = odb.read(oid)
         except (KeyError, pygit2.GitError):
+            missing.append(str(oid))
             continue
-        found.append((oid.raw, int(kind), data))
-    if len(found) != len(wanted):
-        have = {raw for raw, _, _ in found}
-        raise gone("the commit's objects", (str(o) for o in wanted if o.raw not in have))
-    pack = _write(common_dir(repo) / "objects" / "pack", found, keep=True)
+        pieces.append((oid.raw, _entry(int(kind), data)))
+    if missing:
+        raise gone("the commit's objects", missing)
+    pack = _write(common_dir(repo) / "objects" / "pack", pieces, keep=True)
     with _held.lock:
-        _held.kept.setdefault(str(commit), []).append(pack)
+        _held.kept.setdefault(commit, []).append(pack)
 
 
-def release(repo: Repo, commit: Oid) -> None:
+def release(commit: Oid) -> None:
     """A ref reaches ``commit`` now: its kept packs are released, and rolled up as they pile up."""
     with _held.lock:
         packs = _held.kept.pop(str(commit), [])
@@ -150,7 +163,7 @@ def release(repo: Repo, commit: Oid) -> None:
             pack_dir = str(packs[0].stem.parent)
             released = _held.released.setdefault(pack_dir, [])
             released.extend(packs)
-            _roll_up(repo, released)
+            _roll_up(released)
 
 
 def _unkeep(pack: _Pack) -> None:
@@ -160,18 +173,22 @@ def _unkeep(pack: _Pack) -> None:
         pack.keeps = False
 
 
-def _roll_up(repo: Repo, released: list[_Pack]) -> None:
+def _roll_up(released: list[_Pack]) -> None:
     """While the newest `_FAN_IN` released packs are of one level, write one pack of their
-    objects (all of them, read back: a ref reached each) and delete them (the index first).
-    A pack a `git repack` deleted meanwhile has its objects in git's new pack."""
+    entries (copied as they are: an entry of a whole object means the same at any offset)
+    and delete them, the index first. A pack a `git repack` deleted meanwhile (its objects
+    are in git's new pack) leaves the roll-up to git."""
     while len(released) >= _FAN_IN and len({p.level for p in released[-_FAN_IN:]}) == 1:
         group = released[-_FAN_IN:]
-        oids = list(dict.fromkeys(raw for pack in group for raw in pack.oids))
+        pieces: dict[bytes, bytes] = {}
         try:
-            objects = [(raw, *_read(repo, raw)) for raw in oids]
-            merged = _write(group[0].stem.parent, objects, keep=False)
-        except (KeyError, pygit2.GitError, OSError):
-            return  # left as they are: git's next repack rolls them up
+            for pack in group:
+                data = Path(f"{pack.stem}.pack").read_bytes()
+                for raw, start, end in pack.spans:
+                    pieces.setdefault(raw, data[start:end])
+            merged = _write(group[0].stem.parent, list(pieces.items()), keep=False)
+        except OSError:
+            return
         for pack in group:
             if pack.stem != merged.stem:
                 for suffix in (".idx", ".pack"):
@@ -179,11 +196,6 @@ def _roll_up(repo: Repo, released: list[_Pack]) -> None:
                         os.unlink(f"{pack.stem}{suffix}")
         merged.level = group[0].level + 1
         released[-_FAN_IN:] = [merged]
-
-
-def _read(repo: Repo, raw: bytes) -> tuple[int, bytes]:
-    kind, data = repo.odb.read(pygit2.Oid(raw=raw))
-    return int(kind), data
 
 
 @atexit.register
@@ -224,11 +236,31 @@ def sweep(repo: Repo) -> None:
 # --- the pack format (git's pack v2 and index v2; objects whole, no deltas) ----------------
 
 
-def _write(pack_dir: Path, objects: list[_Object], *, keep: bool) -> _Pack:
-    """A pack of ``objects`` ((raw id, type, data) each) in ``pack_dir``: written to temporary
-    files, then (``keep``) its `.keep`, the pack, and its index last."""
-    pack, entries = _pack_bytes(objects)
-    checksum = pack[-20:]
+def _entry(kind: int, data: bytes) -> bytes:
+    """An object's entry in a pack: its type and size, then its data deflated."""
+    size = len(data)
+    header = bytearray()
+    byte = (kind << 4) | (size & 0x0F)
+    size >>= 4
+    while size:
+        header.append(byte | 0x80)
+        byte, size = size & 0x7F, size >> 7
+    header.append(byte)
+    return bytes(header) + zlib.compress(data, 1)
+
+
+def _write(pack_dir: Path, pieces: list[tuple[bytes, bytes]], *, keep: bool) -> _Pack:
+    """A pack of ``pieces`` (each object's raw id and its `_entry`) in ``pack_dir``: written to
+    temporary files, then (``keep``) its `.keep`, the pack, and its index last."""
+    pack = bytearray(b"PACK" + struct.pack(">II", 2, len(pieces)))
+    entries: list[_Entry] = []
+    spans = []
+    for raw, piece in pieces:
+        entries.append((raw, zlib.crc32(piece), len(pack)))
+        spans.append((raw, len(pack), len(pack) + len(piece)))
+        pack += piece
+    checksum = hashlib.sha1(pack).digest()
+    pack += checksum
     stem = pack_dir / f"pack-{checksum.hex()}"
     written = [_temporary(pack_dir, pack), _temporary(pack_dir, _index_bytes(entries, checksum))]
     try:
@@ -239,27 +271,7 @@ def _write(pack_dir: Path, objects: list[_Object], *, keep: bool) -> _Pack:
         for path in written:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-    return _Pack(stem, [raw for raw, _, _ in objects], keeps=kept)
-
-
-def _pack_bytes(objects: list[_Object]) -> tuple[bytes, list[_Entry]]:
-    """The pack, and the index's entry of each object."""
-    out = bytearray(b"PACK" + struct.pack(">II", 2, len(objects)))
-    entries = []
-    for raw, kind, data in objects:
-        size = len(data)
-        header = bytearray()
-        byte = (kind << 4) | (size & 0x0F)
-        size >>= 4
-        while size:
-            header.append(byte | 0x80)
-            byte, size = size & 0x7F, size >> 7
-        header.append(byte)
-        entry = bytes(header) + zlib.compress(data, 1)
-        entries.append((raw, zlib.crc32(entry), len(out)))
-        out += entry
-    out += hashlib.sha1(out).digest()
-    return bytes(out), entries
+    return _Pack(stem, spans, keeps=kept)
 
 
 def _index_bytes(entries: list[_Entry], checksum: bytes) -> bytes:
@@ -268,10 +280,7 @@ def _index_bytes(entries: list[_Entry], checksum: bytes) -> bytes:
     fanout = [0] * 256
     for raw, _, _ in entries:
         fanout[raw[0]] += 1
-    total = 0
-    for count in fanout:
-        total += count
-        out += struct.pack(">I", total)
+    out += struct.pack(">256I", *itertools.accumulate(fanout))
     large: list[int] = []  # offsets past 2 GiB, in a table of their own
     small = bytearray()
     for raw, _, offset in entries:
@@ -288,7 +297,7 @@ def _index_bytes(entries: list[_Entry], checksum: bytes) -> bytes:
     return bytes(out)
 
 
-def _temporary(pack_dir: Path, data: bytes) -> str:
+def _temporary(pack_dir: Path, data: bytes | bytearray) -> str:
     fd, path = tempfile.mkstemp(prefix=f"{_TEMP}{owner.tag()}.", dir=pack_dir)
     try:
         view = memoryview(data)

@@ -36,6 +36,14 @@ its id: nothing a filter planted there can stand in for an object it does not ma
 `.coder/` is never staged (a command's `git add -f` there is undone), nested repositories are
 seen but not staged, submodules are never staged, and a conflicted index (a merge a command
 left half-done) is an error naming the paths.
+
+A `git gc --prune=now` may run meanwhile (a user's or an IDE's maintenance). What staging writes
+is reached by the worktree's index once it is written, but a blob written a moment before is
+not: one the prune took is found missing (by libgit2's tree writer, the walk of the changes or
+`_check_objects`) and everything is staged again from the files, with the index read afresh
+from the base (`stage`); a temporary object file the prune deleted as libgit2 wrote it is
+written again (`repository.retry_on_pruned_write`). `Staged.brings` names what the step's
+commit holds from the prune until its branch reaches it (coder.git.objects).
 """
 
 from __future__ import annotations
