@@ -1,5 +1,4 @@
-"""The objects coder writes, kept from git's prune until a ref reaches them; and how complete a
-run's commits still are when something pruned them anyway.
+"""The objects a commit of coder's brings, held from git's prune until a ref reaches them.
 
 git prune deletes every loose object that nothing reaches (refs, reflogs, each worktree's HEAD
 and index) and that is older than its expiry: two weeks for `git gc`, any age for `git gc
@@ -12,8 +11,9 @@ could neither go on nor be resumed).
 A ref cannot come first (git refuses a ref to a missing object). So coder does what `git
 receive-pack` and `git fetch` do with the objects they receive: the objects a commit brings
 (the commit, and the trees and blobs of its tree that its first parent's lacks) go into a pack
-of their own with a `.keep` file before any ref moves to it (`hold`); no `git gc`, `repack` or
-`prune` deletes a kept pack or what it holds. Once a ref reaches the commit the `.keep` goes
+of their own with a `.keep` file before any ref moves to it (`hold`; a new commit is written
+there and nowhere else, `write_held_commit`); no `git gc`, `repack` or `prune` deletes a kept
+pack or what it holds. Once a ref reaches the commit the `.keep` goes
 (`release`). Packs nothing reached (a kill, a refused compare-and-swap) are released when
 coder exits, or after a SIGKILL by the next coder (`sweep`; the `.keep` names its owner,
 coder.owner); released, what nothing reaches goes with the next prune.
@@ -115,7 +115,7 @@ class _Held:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     kept: dict[str, list[_Pack]] = field(default_factory=dict)
-    released: dict[str, list[_Pack]] = field(default_factory=dict)  # by objects dir
+    released: dict[str, list[_Pack]] = field(default_factory=dict)  # by pack directory
 
 
 _held = _Held()
@@ -177,7 +177,7 @@ def _roll_up(released: list[_Pack]) -> None:
     """While the newest `_FAN_IN` released packs are of one level, write one pack of their
     entries (copied as they are: an entry of a whole object means the same at any offset)
     and delete them, the index first. A pack a `git repack` deleted meanwhile (its objects
-    are in git's new pack) leaves the roll-up to git."""
+    are in git's new pack) is forgotten."""
     while len(released) >= _FAN_IN and len({p.level for p in released[-_FAN_IN:]}) == 1:
         group = released[-_FAN_IN:]
         pieces: dict[bytes, bytes] = {}
@@ -186,6 +186,12 @@ def _roll_up(released: list[_Pack]) -> None:
                 data = Path(f"{pack.stem}.pack").read_bytes()
                 for raw, start, end in pack.spans:
                     pieces.setdefault(raw, data[start:end])
+        except FileNotFoundError:
+            released.remove(pack)
+            continue
+        except OSError:
+            return  # left as they are: git's next repack packs them with the rest
+        try:
             merged = _write(group[0].stem.parent, list(pieces.items()), keep=False)
         except OSError:
             return
