@@ -15,6 +15,7 @@ import pygit2
 from coder import nofollow
 from coder.durable import fsync_dir, make_private_dirs
 from coder.errors import EnvironmentProblem, InvalidInput, LinkInTheWay
+from coder.git import objects
 from coder.git.branches import checked_out_at, delete_branch, head_of, resolve_commit
 from coder.git.repository import Repo, admin_text, common_dir, open_worktree, repo_root
 from coder.git.submodules import init_submodules
@@ -58,6 +59,7 @@ def create_worktree(repo: Repo, *, name: str, path: Path, branch: str, start: st
             ref = repo.branches.local.create(branch, commit)
         except (pygit2.GitError, ValueError) as exc:
             raise InvalidInput(f"cannot create branch '{branch}': {exc}") from None
+        objects.release(commit.id)  # a fork's copies, a checkout's snapshot: reached now
     else:
         where = checked_out_at(repo, refname)
         if where is not None:

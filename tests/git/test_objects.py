@@ -149,3 +149,24 @@ def test_staging_stages_again_what_a_prune_took_from_the_index(make_repo, tmp_pa
     os.unlink(repo / ".git" / "objects" / blob[1][:2] / blob[1][2:])  # as a prune would
     again = staging.stage(wt, base)
     assert again.tree == first.tree and exists(repo, blob[1])
+
+
+def test_a_checkout_snapshot_is_held_until_the_runs_branch_is_made_there(make_repo) -> None:
+    """`run --include-uncommitted`: the snapshot of the user's changes is a commit on no ref
+    until the run's branch starts at it."""
+    from coder.git import snapshot, worktrees
+
+    repo = make_repo({"a.txt": "a\n"})
+    (repo / "a.txt").write_text("changed\n")
+    w = repository.open_repo(repo)
+    base = branches.resolve_commit(w, "main")
+    made = snapshot.snapshot(w, repo, base, ["a.txt"], task_id="t")
+    assert made is not None and keeps(repo)
+    gc(repo)
+    assert exists(repo, made.commit)
+    worktrees.create_worktree(
+        w, name="t", path=repo / ".coder" / "worktrees" / "t", branch="agent/t", start=made.commit
+    )
+    assert keeps(repo) == []
+    gc(repo)
+    git(repo, "fsck", "--strict", "--no-dangling")
