@@ -39,8 +39,8 @@ import contextlib
 import hashlib
 import itertools
 import os
+import secrets
 import struct
-import tempfile
 import threading
 import zlib
 from collections.abc import Iterable
@@ -304,12 +304,13 @@ def _index_bytes(entries: list[_Entry], checksum: bytes) -> bytes:
 
 
 def _temporary(pack_dir: Path, data: bytes | bytearray) -> str:
-    fd, path = tempfile.mkstemp(prefix=f"{_TEMP}{owner.tag()}.", dir=pack_dir)
+    """``data`` in a new read-only file of pack_dir, named as `sweep` finds it."""
+    path = str(pack_dir / f"{_TEMP}{owner.tag()}.{secrets.token_hex(8)}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fchmod(fd, 0o444)
     finally:
         os.close(fd)
     return path
