@@ -14,6 +14,7 @@
     │   ├── ConcurrentRun        3  another runner holds the task lock
     │   ├── CorruptState         3  a run's state file or manifest cannot be read back
     │   ├── RunFilesGone         3  a run's checkpoint, manifest or worktree vanished as it ran
+    │   ├── ObjectsMissing       3  git objects coder needs were pruned (`git gc --prune=now`)
     │   ├── BranchMoved          3  the agent branch is not where coder left it
     │   ├── RemoteBranchMoved    3  `coder push`: the remote branch is not where coder pushed it
     │   ├── ModelUnavailable     3  the model host is unreachable or lacks the model
@@ -40,6 +41,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from pathlib import Path
 
     from coder.yamldoc import Problem
@@ -151,6 +153,15 @@ class ConcurrentRun(EnvironmentProblem):
 class RunFilesGone(EnvironmentProblem):
     """A running run's own files (its checkpoint, manifest or worktree) were deleted under it:
     it stops, and writes nothing back of what was deleted."""
+
+
+class ObjectsMissing(EnvironmentProblem):
+    """Git objects coder needs are gone from the repository (`oids`): pruned under it, as a
+    `git gc --prune=now` can (coder.git.objects), or deleted by hand."""
+
+    def __init__(self, message: str, hint: str | None = None, *, oids: Iterable[str] = ()):
+        super().__init__(message, hint)
+        self.oids = frozenset(oids)
 
 
 class CorruptState(EnvironmentProblem):

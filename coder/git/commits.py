@@ -26,7 +26,7 @@ from typing import cast
 import pygit2
 from pygit2.enums import SortMode
 
-from coder.errors import EnvironmentProblem, InvalidInput, RunFailed
+from coder.errors import EnvironmentProblem, InvalidInput, ObjectsMissing, RunFailed
 from coder.git import objects
 from coder.git.branches import (
     branch_tip,
@@ -92,7 +92,7 @@ def _step_commit(
     for _ in range(_COMMIT_TRIES - 1):
         try:
             return write_commit(w, who.author, who.committer, message, tree, [parent.id], staged)
-        except objects.ObjectsMissing:
+        except ObjectsMissing:
             again = stage(worktree, staged.base, repo=w)
         if again.tree != staged.tree:
             raise EnvironmentProblem(

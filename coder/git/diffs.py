@@ -12,6 +12,7 @@ from typing import Any
 import pygit2
 
 from coder.display import escaped
+from coder.git import objects
 from coder.git.filters import utf8
 from coder.git.repository import Repo, open_worktree, under_coder_dir
 from coder.git.staging import Change, changes
@@ -76,8 +77,12 @@ def step_patch(repo: Repo, old: str, new: str) -> str:
 
 
 def changes_patch(repo: Repo, found: Iterable[Change]) -> str:
-    """Unified diff of ``found`` (``staging.Change``), as ``git diff --no-renames`` prints it."""
-    return "".join(_change_patch(repo, change) for change in found)
+    """Unified diff of ``found`` (``staging.Change``), as ``git diff --no-renames`` prints it.
+    ObjectsMissing when a blob is gone (a prune took a step's blob before its index had it)."""
+    try:
+        return "".join(_change_patch(repo, change) for change in found)
+    except KeyError as exc:
+        raise objects.gone("the diff of the changes", [str(exc.args[0])]) from None
 
 
 # libgit2 takes a path only as UTF-8 text: a name that is not (its raw bytes kept as

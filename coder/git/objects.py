@@ -50,7 +50,7 @@ from pathlib import Path
 import pygit2
 
 from coder import owner
-from coder.errors import EnvironmentProblem
+from coder.errors import ObjectsMissing
 from coder.git.repository import Repo, common_dir
 
 Oid = pygit2.Oid | str
@@ -59,14 +59,6 @@ _FAN_IN = 8  # released packs of one size rolled up into one
 _COMMIT = int(pygit2.enums.ObjectType.COMMIT)
 _KEEP = "coder"  # how a `.keep` of coder's starts: `coder <owner tag>`
 _TEMP = ".coder-"  # how coder's temporary files in objects/pack start (not git's `tmp_`)
-
-
-class ObjectsMissing(EnvironmentProblem):
-    """Objects coder needs are gone from the repository (pruned under it): ``oids``."""
-
-    def __init__(self, message: str, *, hint: str | None = None, oids: Iterable[str] = ()):
-        super().__init__(message, hint=hint)
-        self.oids = frozenset(oids)
 
 
 def gone(what: str, oids: Iterable[str]) -> ObjectsMissing:

@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING
 import pygit2
 from pygit2.enums import FileStatus
 
-from coder.errors import EnvironmentProblem
+from coder.errors import EnvironmentProblem, ObjectsMissing
 from coder.git import objects
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ def stage(worktree: Path, base: str, *, repo: pygit2.Repository | None = None) -
     for _ in range(_STAGINGS - 1):
         try:
             return _stage(w, worktree, base, base_tree)
-        except objects.ObjectsMissing:
+        except ObjectsMissing:
             _forget_index(w, worktree, base_tree)
     return _stage(w, worktree, base, base_tree)
 

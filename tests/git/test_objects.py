@@ -13,6 +13,7 @@ import pygit2
 import pytest
 
 from coder import owner
+from coder.errors import ObjectsMissing
 from coder.git import branches, commits, objects, repository, staging
 from tests.conftest import git
 
@@ -80,7 +81,7 @@ def test_a_missing_object_is_refused_and_nothing_is_held(make_repo) -> None:
     parent = w.revparse_single("main").peel(pygit2.Commit)
     who = repository.identity(w)
     gone = "1" * 40
-    with pytest.raises(objects.ObjectsMissing, match="1111111111") as caught:
+    with pytest.raises(ObjectsMissing, match="1111111111") as caught:
         commits.write_commit(w, who.author, who.committer, "m", parent.tree_id, [parent.id], [gone])
     assert caught.value.oids == {gone}
     assert keeps(repo) == []
