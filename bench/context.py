@@ -137,7 +137,7 @@ def files_of(hits: list[Any]) -> list[str]:
 
 
 def bench_recall(trees: dict[str, Path], embedder: Any, embed_model: str) -> None:
-    from coder.context import search
+    from coder.context import retrieval
 
     print("1. retrieval recall (query: a docstring's first sentence; target: its file)")
     header = f"   {'library':<10} {'queries':>7} {'ranker':<12}" + "".join(
@@ -152,15 +152,15 @@ def bench_recall(trees: dict[str, Path], embedder: Any, embed_model: str) -> Non
             for p in repo.rglob("*.py")
         }
         started = time.perf_counter()
-        search.index_for(repo, None)
+        retrieval.index_for(repo, None)
         index_s = time.perf_counter() - started
         rankers: dict[str, Callable[[str], list[str]]] = {
             "grep words": lambda q: grep_ranking(files, q),
-            "code_search": lambda q: files_of(search.search(repo, q, k=30)),
+            "code_search": lambda q: files_of(retrieval.search(repo, q, k=30)),
         }
         if embedder is not None:
             rankers["hybrid"] = lambda q: files_of(
-                search.search(repo, q, k=30, embedder=embedder, embed_key=embed_model)
+                retrieval.search(repo, q, k=30, embedder=embedder, embed_key=embed_model)
             )
         results = {}
         for label, rank in rankers.items():
@@ -329,7 +329,7 @@ def bench_edit(tmp: Path, repeats: int) -> None:
         )
     )
     print(f"   linter: one `ruff check` of the file through the sandbox {lint_s * 1000:.0f} ms")
-    from coder.lintreport import LINTERS
+    from coder.checks.lintreport import LINTERS
 
     linted = replace(checked, lint_after_edit=True, lint_command=LINTERS["ruff"].command)
     edit(linted)  # the first edit of a file lints it before and after; later ones only after

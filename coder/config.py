@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from coder.errors import DocumentError, EnvironmentProblem, InvalidInput
-from coder.safeio import read_regular
+from coder.files.safeio import read_regular
 
 PROJECT_FILE = "coder.config.json"
 DEFAULT_MODEL = "qwen2.5-coder:7b"
@@ -352,7 +352,7 @@ def edit_file(path: Path, key: str, value: Any = None, *, remove: bool = False) 
     keeping the rest of the file as it is. The result is checked before anything is written:
     an unknown setting or a bad value changes nothing."""
     from coder import yamldoc
-    from coder.durable import write_atomic
+    from coder.files.durable import write_atomic
     from coder.schemas import validator
 
     if key not in DEFAULTS:
@@ -396,7 +396,7 @@ def trusted_hash(root: Path) -> str | None:
 def trust(root: Path, *, revoke: bool = False) -> dict[str, Any]:
     """Record (or with `revoke`, remove) the user's trust in the widening settings of the
     repository at `root`, as they are now; returns those settings."""
-    from coder.durable import write_atomic
+    from coder.files.durable import write_atomic
 
     path = root / PROJECT_FILE
     settings = widening(read_file(path)) if path.is_file() else {}

@@ -38,19 +38,46 @@ ends with status `interrupted` and exit 130.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from pathlib import Path
 
-    from coder.yamldoc import Problem
-
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 3
 EXIT_INTERRUPTED = 130
+MAX_MESSAGE = 400  # a backstop: no problem's message is longer than this
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding, printed as `FILE:LINE:COL: message` (line and column are 1-based)."""
+
+    file: str
+    line: int
+    col: int
+    message: str
+    path: str = ""  # JSON path of the offending field, e.g. $.graph[1].cmd
+
+    def __post_init__(self) -> None:
+        if len(self.message) > MAX_MESSAGE:
+            object.__setattr__(self, "message", self.message[: MAX_MESSAGE - 1] + "…")
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}: {self.message}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "col": self.col,
+            "path": self.path,
+            "message": self.message,
+        }
 
 
 class CoderError(Exception):
@@ -314,7 +341,7 @@ class Abandoned(Exception):  # noqa: N818
 
 
 class LinkInTheWay(OSError):
-    """`coder.nofollow` met a symlink (or a file) where a path needs a directory; callers say
+    """`coder.files.nofollow` met a symlink (or a file) where a path needs a directory; callers say
     what it means for them (the file tools refuse, the merge stops)."""
 
     def __init__(self, root: Path | str, rel: str) -> None:
@@ -333,7 +360,7 @@ class LinkInTheWay(OSError):
         import os
 
         path = os.path.join(self.filename, self.rel)
-        if ".coder" in path.split(os.sep):  # coder.nofollow.CODER_DIR (which imports this)
+        if ".coder" in path.split(os.sep):  # coder.files.nofollow.CODER_DIR (which imports this)
             return not_ours(path, self.target)
         return EnvironmentProblem(
             f"{path} is a symbolic link or not a directory: coder does not follow it",
@@ -361,7 +388,7 @@ def not_ours(path: Path | str, target: str | None = None) -> EnvironmentProblem:
 
 
 class NotRegular(OSError):
-    """coder.safeio: the path is not a regular file; `kind` says what it is ("a named pipe
+    """coder.files.safeio: the path is not a regular file; `kind` says what it is ("a named pipe
     (FIFO)"), and nothing was read (or, for a device, opened)."""
 
     def __init__(self, path: Path | str, kind: str) -> None:

@@ -3,7 +3,7 @@ worktrees, locks and the code index cache live there; `coder init` prepares it, 
 creates it when it is missing) and the taskfiles in `tasks/`, found by their id.
 
 Below run/ and agent/, which both need it (the agent session puts its code index under
-`.coder/cache`); `coder init` itself is coder.services.project."""
+`.coder/cache`); `coder init` itself is coder.services.initialize."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import stat
 from pathlib import Path
 
 from coder import config as config_mod
-from coder import nofollow
 from coder.errors import EnvironmentProblem, LinkInTheWay, not_ours
+from coder.files import nofollow
 
 CODER_DIR = nofollow.CODER_DIR
 TASKS_DIR = "tasks"  # the repository's taskfiles (`coder plan` writes there)
@@ -24,7 +24,7 @@ SUBDIRS = ("tasks", "state", "logs", "artifacts", "worktrees", "locks")
 def coder_dir(root: Path) -> Path:
     """`.coder/` at the repository root; EnvironmentProblem if a link (say, one committed or
     planted by a command: coder would write its state through it) or a file stands where it
-    belongs. What is under it is reached without following a link (coder.nofollow)."""
+    belongs. What is under it is reached without following a link (coder.files.nofollow)."""
     path = root / CODER_DIR
     try:
         mode = os.lstat(path).st_mode

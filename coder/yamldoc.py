@@ -31,43 +31,15 @@ from typing import Any
 
 import yaml
 
-from coder.errors import DocumentError
-from coder.safeio import file_kind
+from coder.errors import DocumentError, Problem
+from coder.files.safeio import file_kind
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_NODES = 200_000  # after alias expansion; a 10,000-step taskfile stays far below
 MAX_TEXT = MAX_BYTES  # characters of scalar text after alias expansion
 MAX_DEPTH = 64  # nested mappings and sequences; a taskfile needs 5
 QUOTE_LIMIT = 60  # characters of a value quoted in a message
-MAX_MESSAGE = 400  # a backstop: no problem's message is longer than this
 MAX_REPORTED = 100  # duplicate keys reported at once
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One finding, printed as `FILE:LINE:COL: message` (line and column are 1-based)."""
-
-    file: str
-    line: int
-    col: int
-    message: str
-    path: str = ""  # JSON path of the offending field, e.g. $.graph[1].cmd
-
-    def __post_init__(self) -> None:
-        if len(self.message) > MAX_MESSAGE:
-            object.__setattr__(self, "message", self.message[: MAX_MESSAGE - 1] + "…")
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}: {self.message}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "line": self.line,
-            "col": self.col,
-            "path": self.path,
-            "message": self.message,
-        }
 
 
 def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:

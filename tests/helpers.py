@@ -266,7 +266,7 @@ def quoting_summaries(pattern: str) -> Callable[[dict[str, Any]], Reply | None]:
     return answer
 
 
-# --- a grammar check of the Mermaid flowchart subset coder writes (coder.diagram) ---------
+# --- a grammar check of the Mermaid flowchart subset coder writes (coder.taskfile.diagram) ---------
 
 MERMAID_KEYWORDS = {
     "end",

@@ -160,7 +160,7 @@ def test_a_full_disk_is_an_environment_error_that_leaves_no_half_file(
     file. A full disk anywhere else (the lock, a log) is exit 3 with the errno's words."""
     import errno
 
-    from coder import durable
+    from coder.files import durable
     from tests.conftest import coder
 
     def full(fd: int, data: bytes) -> None:
@@ -180,7 +180,7 @@ def test_a_full_disk_is_an_environment_error_that_leaves_no_half_file(
     def nowhere(*args: object, **kwargs: object) -> None:
         raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), "/somewhere/x")
 
-    monkeypatch.setattr("coder.services.project.init", nowhere)
+    monkeypatch.setattr("coder.services.initialize.init", nowhere)
     code, out, err = coder(repo, "init")
     assert code == 3 and err.startswith("coder: error: Disk quota exceeded: /somewhere/x\n")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from coder import diagram
-from coder.diagram import Node
+from coder.taskfile import diagram
+from coder.taskfile.diagram import Node
 from tests.conftest import coder, git
 from tests.helpers import ROOT, check_mermaid, taskfile
 

@@ -3,7 +3,7 @@ enum; a new model provider is one module and one line (and the config schema's e
 added here at test time, a throwaway module in a temporary package, and goes through what a
 user runs: validate, preflight, the executor and the live view for the kind; served, `coder
 doctor` and the dry run for the provider. And nothing in coder switches on a kind's or a
-provider's name: behaviour lives on the registry entries (coder.kinds, coder.models.factory)."""
+provider's name: behaviour lives on the registry entries (coder.taskfile.kinds, coder.models.factory)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import pytest
 
 import coder
 from coder import schemas
-from coder.kinds import KINDS, STEP_CMD, Kind, Labels
 from coder.models.factory import PROVIDERS
 from coder.run.steps.runners import RUNNERS
+from coder.taskfile.kinds import KINDS, STEP_CMD, Kind, Labels
 from tests.conftest import coder as run_coder
 from tests.conftest import git
 from tests.helpers import state_of, taskfile
@@ -262,14 +262,14 @@ def test_the_config_schema_lists_the_providers() -> None:
 # --- no switches on names --------------------------------------------------------------------
 
 PACKAGE = Path(coder.__file__).resolve().parent
-REGISTRIES = {PACKAGE / "kinds.py"}  # the one place kind names are written as entries
+REGISTRIES = {PACKAGE / "taskfile" / "kinds.py"}  # the one place kind names are written as entries
 
 
 def name_switches(text: str, where: str, names: set[str]) -> list[str]:
     """Each comparison of a value with one of `names` in the module source `text`
     (`x == "lint"`, `x in ("test", ...)`, `case "shell":`): behaviour chosen by a registry
     entry's name instead of the entry. `where` names the module in what is found. A model
-    role (`role in ("edit", "docs")`, coder.kinds.ModelRole) is not a kind, though one kind
+    role (`role in ("edit", "docs")`, coder.taskfile.kinds.ModelRole) is not a kind, though one kind
     shares its name."""
 
     def role(node: ast.AST) -> bool:

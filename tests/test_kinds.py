@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from coder.kinds import KIND_FIELDS, KINDS, LINTER, STEP_CMD, TESTS, Labels
 from coder.run.steps.runners import RUNNERS, runner_for
 from coder.schemas import load_schema, validator
+from coder.taskfile.kinds import KIND_FIELDS, KINDS, LINTER, STEP_CMD, TESTS, Labels
 from coder.tools.registry import tools_for_kind
 
 STEP = load_schema("step")

@@ -32,26 +32,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "yamldoc",
         "redact",
         "display",
-        "durable",
-        "nofollow",
-        "realpath",
+        "files",
         "crashpoints",
-        "safeio",
         "interrupts",
-        "owner",
     ),
-    # the domain: configuration, taskfiles and their graph, test reports
-    (
-        "config",
-        "kinds",
-        "taskfile",
-        "graph",
-        "diagram",
-        "testreport",
-        "testresults",
-        "testrunner",
-        "lintreport",
-    ),
+    # the domain: configuration, taskfiles and their graph, test and lint reports
+    ("config", "taskfile", "checks"),
     # safety rules and git
     ("policy", "git", "project"),
     # what the model is shown about the code (tree-sitter, the repo map, code search)

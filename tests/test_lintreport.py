@@ -1,4 +1,4 @@
-"""Linter detection, output parsing and the new findings of a change (coder.lintreport)."""
+"""Linter detection, output parsing and the new findings of a change (coder.checks.lintreport)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from coder.lintreport import (
+from coder.checks.lintreport import (
     LINTERS,
     Finding,
     Linter,

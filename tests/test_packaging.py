@@ -65,7 +65,7 @@ def test_the_wheel_ships_the_examples_and_the_unittest_runner(
     site-packages, counts them), and the example's run is green."""
     wheel, site = installed_wheel
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"coder/_examples/hello-shell.yaml", "coder/testrunner.py"} <= names
+    assert {"coder/_examples/hello-shell.yaml", "coder/checks/testrunner.py"} <= names
     repo = tmp_path / "fresh"
     (repo / "tests").mkdir(parents=True)
     (repo / "tests" / "test_old.py").write_text(

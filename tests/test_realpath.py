@@ -1,4 +1,4 @@
-"""`coder.realpath.realpath` gives what `os.path.realpath` gives, for every kind of path a
+"""`coder.files.realpath.realpath` gives what `os.path.realpath` gives, for every kind of path a
 command can leave in a worktree: links (relative, absolute, chained, dangling, looping),
 `..` after a link, a missing tail, a FIFO (never opened for reading: no hang), a trailing
 slash on a file, a relative path."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from coder.realpath import realpath
+from coder.files.realpath import realpath
 
 
 @pytest.fixture

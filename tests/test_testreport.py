@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from coder import config, testreport
+from coder import config
+from coder.checks import testreport
 from coder.errors import InvalidInput
 
 # `testreport.TestReport` / `testreport.test_command` are used through the module so pytest does not

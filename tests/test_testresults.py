@@ -1,4 +1,4 @@
-"""Machine-readable test results (coder.testresults): which commands get the structured
+"""Machine-readable test results (coder.checks.testresults): which commands get the structured
 flags, real pytest and unittest projects run through the sandboxed runner, libtest and
 `go test -json` output as captured from the real tools, and the fall back to the text."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from coder import testresults
+from coder.checks import testresults
+from coder.checks.testresults import RESULTS_VAR, Structured, read, structured
 from coder.policy.commands import Policy
 from coder.policy.sandbox import run_command
-from coder.testresults import RESULTS_VAR, Structured, read, structured
 from tests.conftest import coder
 from tests.helpers import state_of, taskfile
 

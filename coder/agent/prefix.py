@@ -92,7 +92,7 @@ def model_kinds(steps: Iterable[Step], registry: Registry) -> dict[str, list[str
     """The kinds of a task's `steps` (in order) that talk to a model, with the tools they may
     call: a model step's kind its own, a kind with fix cycles (a step with `on_fail:
     fix_and_retry`) the edit tools. What the prefix says about kinds (prompts.kinds_section)."""
-    from coder.kinds import KINDS
+    from coder.taskfile.kinds import KINDS
     from coder.tools.registry import tools_for_kind
 
     kinds: dict[str, list[str]] = {}
@@ -124,12 +124,14 @@ def step_focus(
     """Where a step's work likely is, as lines for its first message: the code_search hits
     for its goal, one line per file (`path: lines (definition), ...`, in line order), the files
     its `changes` name first (the message names those as expected to change already)."""
-    from coder.context import search
+    from coder.context import retrieval
 
     spans: dict[str, list[tuple[int, str]]] = {path: [] for path in changes}
-    if goal.strip() and search.tokenize(goal):
+    if goal.strip() and retrieval.tokenize(goal):
         try:
-            hits = search.search(root, goal, k=FOCUS_HITS, cache_dir=cache_dir, redactor=redactor)
+            hits = retrieval.search(
+                root, goal, k=FOCUS_HITS, cache_dir=cache_dir, redactor=redactor
+            )
         except Exception:  # noqa: BLE001 - a hint only: a broken index must not stop a step
             hits = []
         for hit in hits:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from coder.kinds import KINDS
+from coder.taskfile.kinds import KINDS
 
 RULES = """\
 You are coder, an autonomous coding agent working in a git worktree. You complete one step of
@@ -166,8 +166,8 @@ def fix_message(
     kind_tools: Sequence[str] | None = None,
 ) -> str:
     """A fix cycle of a fixable step (a test step's failing tests, a lint step's new
-    findings), in its kind's words (`coder.kinds.Kind.fix`): only the failing sections or the
-    new findings, not the whole log. `kind_tools`: as for `step_message` (the prefix says the
+    findings), in its kind's words (`coder.taskfile.kinds.Kind.fix`): only the failing sections
+    or the new findings, not the whole log. `kind_tools`: as for `step_message` (the prefix says the
     kind's fix rule and tools, so they are not repeated here)."""
     words = KINDS[step["kind"]].fix
     assert words is not None, f"kind {step['kind']} has no fix cycles"

@@ -85,7 +85,7 @@ class AgentSession:
 
 
 class EventSink(Protocol):
-    """Where an attacher reports (coder.run.events.EventLog is one)."""
+    """Where an attacher reports (coder.run.eventlog.EventLog is one)."""
 
     def info(self, event: str, **fields: Any) -> None: ...
 

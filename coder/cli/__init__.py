@@ -21,13 +21,13 @@ from coder.cli.common import EPILOG, CoderGroup, colour_setting, help_width
 # its own help, so `coder --help` imports none of them; tests/test_cli_basics.py holds each
 # line here equal to the command's own docstring.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "init": ("project", "init", "Prepare this repo: .coder/ and coder.config.json."),
+    "init": ("init_cmd", "init", "Prepare this repo: .coder/ and coder.config.json."),
     "plan": ("plan_cmd", "plan", "Turn a spec or a prompt into a validated taskfile in tasks/."),
-    "validate": ("tasks", "validate", "Check a taskfile; report every problem at once."),
-    "show": ("tasks", "show", "Show a taskfile's DAG (-f) or a run's progress (-t)."),
-    "run": ("runs", "run", "Run a taskfile on its own branch, one commit per step."),
-    "resume": ("runs", "resume", "Continue a run that crashed, was killed or was stopped."),
-    "stop": ("runs", "stop", "Stop a run; a runner that does not stop when asked is killed."),
+    "validate": ("tasks_cmd", "validate", "Check a taskfile; report every problem at once."),
+    "show": ("tasks_cmd", "show", "Show a taskfile's DAG (-f) or a run's progress (-t)."),
+    "run": ("run_cmd", "run", "Run a taskfile on its own branch, one commit per step."),
+    "resume": ("run_cmd", "resume", "Continue a run that crashed, was killed or was stopped."),
+    "stop": ("run_cmd", "stop", "Stop a run; a runner that does not stop when asked is killed."),
     "status": ("status_cmd", "status", "List the runs in this repository."),
     "merge": (
         "merge_cmd",
@@ -51,25 +51,25 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Push a run's branch for review; print the PR body and the compare URL.",
     ),
     "diff": (
-        "history",
+        "history_cmd",
         "diff",
         "Show a run's accumulated diff (base..branch) or one step's diff.",
     ),
     "report": ("report_cmd", "report", "What a reviewer needs to judge a run."),
-    "logs": ("history", "logs", "Print a run's structured event log."),
-    "clean": ("history", "clean", "Remove a run: worktree, state, artifacts, logs."),
+    "logs": ("history_cmd", "logs", "Print a run's structured event log."),
+    "clean": ("history_cmd", "clean", "Remove a run: worktree, state, artifacts, logs."),
     "config": (
-        "project",
+        "init_cmd",
         "config",
         "Show the merged config and where each value comes from.",
     ),
     "trust": (
-        "project",
+        "init_cmd",
         "trust",
         ("Trust the settings of this repository's coder.config.json that widen what runs."),
     ),
     "doctor": (
-        "project",
+        "init_cmd",
         "doctor",
         "Check git, the sandbox, the model server and the model; say how to fix each problem.",
     ),

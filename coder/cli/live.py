@@ -34,8 +34,8 @@ from coder.cli.progress import (
     clock_of,
     line_parts,
 )
-from coder.diagram import GLYPHS
 from coder.display import escaped
+from coder.taskfile.diagram import GLYPHS
 
 TICK = 0.25  # seconds between redraws
 TEXT_LINES = 3  # streamed text shown per running step with -v

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from coder.display import escaped
-from coder.kinds import KINDS, Labels
+from coder.taskfile.kinds import KINDS, Labels
 
 SHOWN = {
     "run.started": "run started",
@@ -97,8 +97,8 @@ def line_parts(event: dict[str, Any], clock: str) -> tuple[str, str, str]:
 
 
 def labels_of(kind: str) -> Labels:
-    """How a step of `kind` is named at work (`coder.kinds.Kind.labels`); an event of a kind
-    this coder does not know (an older log) gets the plain ones."""
+    """How a step of `kind` is named at work (`coder.taskfile.kinds.Kind.labels`); an event of
+    a kind this coder does not know (an older log) gets the plain ones."""
     return KINDS[kind].labels if kind in KINDS else Labels()
 
 

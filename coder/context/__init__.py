@@ -7,7 +7,7 @@ itself with tree-sitter.
     blobcache.py     per-blob results cached under .coder/cache/ (content-addressed)
     repomap.py       the ranked repository map: PageRank over the reference graph, cut to a
                      token budget, built from a commit and cached by its tree
-    search.py        code_search: BM25 over code chunks, optional embeddings fused by
+    retrieval.py     code_search: BM25 over code chunks, optional embeddings fused by
                      reciprocal rank
     instructions.py  AGENTS.md and friends, read from a commit, capped and redacted
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coder import nofollow
-from coder.durable import make_private_dirs, write_atomic
+from coder.files import nofollow
+from coder.files.durable import make_private_dirs, write_atomic
 
 if TYPE_CHECKING:
     from coder.redact import Redactor

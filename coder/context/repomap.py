@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from coder import nofollow
 from coder.context.blobcache import BlobCache, typed, write_text
 from coder.context.languages import language_of, vendored
 from coder.context.tags import Definition, FileTags, extract
+from coder.files import nofollow
 
 if TYPE_CHECKING:
     from coder.git.repository import Repo
@@ -155,7 +155,7 @@ def build(
 
 def _prune(folder: Path, keep: int = KEEP_MAPS) -> None:
     """Only the most recently written maps stay (one per tree, budget and task). The folder
-    is reached, and its entries removed, without following a link (coder.nofollow): a link
+    is reached, and its entries removed, without following a link (coder.files.nofollow): a link
     planted at `.coder/cache/repomap` leaves what it names alone."""
     try:
         with nofollow.open_dir(folder) as fd:

@@ -13,7 +13,7 @@ other layers hold a `repository.Repo` handle and get plain values back).
     trees.py       files and trees at a commit, read-only (repo map, instructions, planner)
     staging.py     a step's changes found and staged in one scan (libgit2 or the git program)
     objects.py     what a commit brings held in a kept pack until a ref reaches it (git gc)
-    repair.py      a run whose newest commits lost objects moved back to its last complete one
+    recovery.py    a run whose newest commits lost objects moved back to its last complete one
     land.py        landing on a base branch: merge trees, compare-and-swap ref moves, updating
                    the user's checkout, recovery of an interrupted revert
     filters.py     git's worktree filters (eol, ident, drivers) for the checkout land.py writes

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from coder.errors import EnvironmentProblem
-from coder.realpath import realpath
+from coder.files.realpath import realpath
 
 _Content = tuple[bytes, int]  # a regular file's bytes and permission bits; a directory's mode
 _NOT_A_FILE: _Content = (b"", -1)  # a symlink, fifo, device, ...: never read through

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pygit2
 
-from coder import nofollow
 from coder.errors import BranchMoved, EnvironmentProblem, RunFailed
+from coder.files import nofollow
 from coder.git import commits, filters, objects
 from coder.git.branches import branch_ref, branch_tip, checked_out_at
 from coder.git.commits import TRAILER_MERGE, TRAILER_TASK, commits_between, parse_trailers

@@ -16,7 +16,7 @@ there and nowhere else, `write_held_commit`); no `git gc`, `repack` or `prune` d
 pack or what it holds. Once a ref reaches the commit the `.keep` goes
 (`release`). Packs nothing reached (a kill, a refused compare-and-swap) are released when
 coder exits, or after a SIGKILL by the next coder (`sweep`; the `.keep` names its owner,
-coder.owner); released, what nothing reaches goes with the next prune.
+coder.files.owner); released, what nothing reaches goes with the next prune.
 
 Before the commit is made, a step's blobs and trees are reached by the worktree's index (coder
 writes it as it stages them); one a prune took in the moment between is staged again from the
@@ -29,7 +29,7 @@ pack). Each pack is written as git writes one: to a temporary file, its `.keep` 
 its index last (an index makes a pack visible).
 
 What a run whose commits lost objects all the same (before this, or by hand) needs is in
-coder.git.repair.
+coder.git.recovery.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from pathlib import Path
 
 import pygit2
 
-from coder import owner
 from coder.errors import ObjectsMissing
+from coder.files import owner
 from coder.git.repository import Repo, common_dir
 
 Oid = pygit2.Oid | str

@@ -25,9 +25,9 @@ from typing import TypeAlias, TypeVar
 
 import pygit2
 
-from coder import safeio
 from coder.errors import EnvironmentProblem
-from coder.realpath import realpath
+from coder.files import safeio
+from coder.files.realpath import realpath
 
 Repo: TypeAlias = pygit2.Repository
 

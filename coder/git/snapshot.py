@@ -6,7 +6,7 @@
 
 Only the repository's object database is written: the checkout's files and its index stay as
 they are (no `git add`, no stash). Each file is read from a descriptor of its directory reached
-without following a link (`coder.nofollow.open_dir`): a symlink is stored as a link (its
+without following a link (`coder.files.nofollow.open_dir`): a symlink is stored as a link (its
 target's text), never read through, and a path below a directory that became a link counts
 as deleted, as git sees it. Other kinds of file (fifos, sockets) and untracked nested
 repositories are left out; so are submodules (their commit is git's business). Files go in as
@@ -26,8 +26,8 @@ from typing import Literal
 import pygit2
 from pygit2.enums import FileMode
 
-from coder import nofollow
 from coder.errors import LinkInTheWay
+from coder.files import nofollow
 from coder.git.commits import TRAILER_TASK, commits_between, parse_trailers, write_commit
 from coder.git.repository import Repo, identity
 from coder.git.staging import brings

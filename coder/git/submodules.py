@@ -21,8 +21,8 @@ from pathlib import Path
 import pygit2
 from pygit2.enums import ResetMode
 
-from coder import nofollow
 from coder.errors import EnvironmentProblem
+from coder.files import nofollow
 from coder.git.repository import Repo, common_dir, git_failure, open_worktree, repo_root
 from coder.git.workdir import remove_untracked
 

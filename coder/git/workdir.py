@@ -10,8 +10,8 @@ from pathlib import Path
 import pygit2
 from pygit2.enums import ApplyLocation, DiffOption, FileStatus, RepositoryOpenFlag
 
-from coder import nofollow
 from coder.errors import EnvironmentProblem, PatchProblem
+from coder.files import nofollow
 from coder.git.repository import Repo, open_worktree, under_coder_dir
 from coder.git.trees import blob_data, tree_blobs
 

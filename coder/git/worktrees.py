@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pygit2
 
-from coder import nofollow
-from coder.durable import fsync_dir, make_private_dirs
 from coder.errors import EnvironmentProblem, InvalidInput, LinkInTheWay
+from coder.files import nofollow
+from coder.files.durable import fsync_dir, make_private_dirs
 from coder.git import objects
 from coder.git.branches import checked_out_at, delete_branch, head_of, resolve_commit
 from coder.git.repository import Repo, admin_text, common_dir, open_worktree, repo_root

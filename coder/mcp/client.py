@@ -37,7 +37,7 @@ from coder.tools.registry import NAME_RE, Registry
 if TYPE_CHECKING:
     from coder.agent.session import AgentSession, EventSink
     from coder.config import Config
-    from coder.policy.trees import Tree
+    from coder.policy.proctrees import Tree
     from coder.redact import Redactor
     from coder.schemas import JsonSchema
 
@@ -102,7 +102,7 @@ class _Connection:
     task: asyncio.Task[None] | None = None
     listed: asyncio.Future[list[Any]] | None = None
     dead: str | None = None  # why it cannot be called any more
-    tree: Tree | None = None  # its process tree, when confined (coder.policy.trees)
+    tree: Tree | None = None  # its process tree, when confined (coder.policy.proctrees)
 
     def stderr_tail(self, lines: int = 3) -> str:
         try:  # pread: the server shares the file offset; do not move it
@@ -247,7 +247,7 @@ class McpBridge:
 
     def close(self) -> None:
         """Stop every server (stdin closed, then SIGTERM/SIGKILL by the SDK) and the loop, and
-        end every process they started (coder.policy.trees)."""
+        end every process they started (coder.policy.proctrees)."""
         if self._closed:
             return
         self._closed = True
@@ -362,7 +362,7 @@ class McpBridge:
         argv = [str(spec["command"]), *(str(a) for a in spec.get("args") or [])]
         if self.sandbox:
             from coder.policy.confine import launcher_argv
-            from coder.policy.trees import Tree
+            from coder.policy.proctrees import Tree
 
             program = str(self.cwd / argv[0]) if "/" in argv[0] else argv[0]
             if shutil.which(program) is None:

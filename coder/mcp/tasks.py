@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import nofollow
 from coder.display import counted
-from coder.durable import write_failed, write_private
 from coder.errors import CoderError, InvalidInput, NotRegular, RunNotStarted
+from coder.files import nofollow
+from coder.files.durable import write_failed, write_private
+from coder.files.safeio import file_kind
 from coder.policy.paths import resolve_in_root
-from coder.safeio import file_kind
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
 
 START_WAIT = 5.0  # seconds task_run waits for the run to be created (or to fail early)
@@ -69,8 +69,8 @@ def _repo(ctx: ToolContext) -> tuple[Any, Path]:
 
 
 def task_validate(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
-    from coder import graph
     from coder.services import validate as validation
+    from coder.taskfile import graph
 
     rel = args["path"]
     problems, task = validation.check(_taskfile(ctx, rel), cwd=Path(ctx.root), name=rel)
@@ -108,7 +108,7 @@ def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     repo, coder_dir = _repo(ctx)
     project.ensure_coder_dir(coder_dir.parent)
     repository.ensure_excluded(repo, f"/{project.CODER_DIR}/")
-    work = coder_dir / "mcp"  # written without following a link (coder.nofollow, durable)
+    work = coder_dir / "mcp"  # written without following a link (coder.files.nofollow, durable)
     claim_path = work / f"{task.id}.lock"
     claim = _claim(claim_path)
     if claim is None:  # another task_run is starting it, or its run is running

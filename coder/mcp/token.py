@@ -71,7 +71,7 @@ def load_token() -> str:
 
 def new_token() -> str:
     """Generate a token, replacing the one there was; returns it."""
-    from coder.durable import write_atomic
+    from coder.files.durable import write_atomic
 
     path = token_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

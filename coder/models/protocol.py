@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from coder import nofollow, yamldoc
+from coder import yamldoc
 from coder.errors import CoderError
+from coder.files import nofollow
 from coder.models.factory import endpoints, provider_of
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class Remembered:
     def put(self, key: str, choice: Choice) -> None:
         if self.path is None or not self.write:
             return
-        from coder.durable import make_private_dirs, write_atomic
+        from coder.files.durable import make_private_dirs, write_atomic
 
         with self._lock:
             data = self._read()

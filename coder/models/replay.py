@@ -124,7 +124,7 @@ class RecordingModels:
             self._save()
 
     def _save(self) -> None:
-        from coder.durable import write_atomic
+        from coder.files.durable import write_atomic
 
         data = {"format": FORMAT, "model": self.model, "calls": self.calls}
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from coder import yamldoc
+from coder.errors import Problem
 from coder.plan.spec import Spec
-from coder.yamldoc import Problem
 
 # Key order of the written file: what a reader wants first.
 TASK_KEYS = ("id", "title", "spec", "base", "policies", "success", "graph")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from coder import taskfile
-from coder.durable import write_atomic
+from coder.files.durable import write_atomic
 from coder.plan.context import ProjectContext
 
 TASKS_DIR = "tasks"

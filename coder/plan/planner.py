@@ -21,16 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
 from coder import taskfile
-from coder.errors import BadSpec, InvalidInput, PlanFailed
+from coder.errors import BadSpec, InvalidInput, PlanFailed, Problem
 from coder.git import repository
-from coder.plan.checks import check_draft
 from coder.plan.context import ProjectContext, gather_context
 from coder.plan.drafts import Draft, normalise, parse_answer
 from coder.plan.output import choose_id, draft_path, shown, target_for, write_text
 from coder.plan.prompts import SPEC_PLACEHOLDER, repair_message, spec_message, system_prompt
 from coder.plan.render import render
 from coder.plan.spec import Spec
-from coder.yamldoc import Problem
+from coder.plan.validation import check_draft
 
 if TYPE_CHECKING:
     from coder.models.provider import ChatEvent, Message, Models, Usage

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from coder.errors import Problem
 from coder.plan.context import ProjectContext, format_tree
 from coder.plan.spec import Spec
 from coder.policy.commands import SHELL_BUILTINS
-from coder.yamldoc import Problem
 
 if TYPE_CHECKING:
     from coder.plan.drafts import Draft

@@ -1,6 +1,6 @@
 """Every safety rule about what a step or the model may do, one module per rule.
 
-    shell.py      which programs a command line would run (a small bash lexer)
+    shellparse.py which programs a command line would run (a small bash lexer)
     commands.py   the command allowlist (`Policy`, `check_command`)
     env.py        the environment a command sees (secrets scrubbed)
     paths.py      model-supplied paths stay in the worktree; protected paths are not written
@@ -10,7 +10,7 @@
     reaper.py     coder as child subreaper: whether a sandbox can still hold a process
     cgroups.py    a pids cgroup per sandbox: limits.processes binds root; what it holds, listed
     tmpdirs.py    temporary directories named by their owner, those of gone coders removed
-    trees.py      an MCP server's process tree: what it started during a step ends with it
+    proctrees.py  an MCP server's process tree: what it started during a step ends with it
     escapes.py    options of allowed programs that run other programs, refused
     view.py       what a command sees: a root of its own (worktree, temp dir, toolchain)
     mounts.py     a read-only mount namespace: metadata outside the worktree stays put
@@ -18,5 +18,5 @@
     seccomp.py    no setuid or setgid file from a command (a seccomp filter)
     launch.py     `python -m coder.policy.launch`: confine this process, then become a program
 
-May import: the base modules (errors, redact, ...). Never git, models, tools, run or CLI.
+May import: the base modules (errors, redact, files, ...). Never git, models, tools, run or CLI.
 """

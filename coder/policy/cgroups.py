@@ -12,11 +12,11 @@ Two things Landlock and rlimits cannot do:
 How. In cgroup v1's pids hierarchy one thread can be moved alone (its tid to `tasks`), and every
 process it forks starts in its cgroup: each spawner thread (coder.policy.confine) joins a cgroup
 of its own once, before it confines itself, so a command costs nothing more. A launched program
-(an MCP server, coder.policy.trees) moves its whole process in before it confines itself. Only
+(an MCP server, coder.policy.proctrees) moves its whole process in before it confines itself. Only
 root may write the hierarchy's files. cgroup v2 is not used: there a thread can be moved alone
 only inside a threaded subtree. `problem()` says why coder makes no cgroups here.
 
-Layout: coder's own pids cgroup / `coder-<owner tag>` (coder.owner: pid namespace, pid, start
+Layout: coder's own pids cgroup / `coder-<owner tag>` (coder.files.owner: pid namespace, pid, start
 time) / `<kind>-<n>`. A cgroup is removed once its spawner has stopped and nothing is left in
 it, and when coder exits (what is left in it killed first). Those of a coder killed outright
 (SIGKILL) are swept, what is left in them killed, by the next coder that makes one
@@ -38,8 +38,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from coder import owner
 from coder.errors import EnvironmentProblem
+from coder.files import owner
 
 _PREFIX = "coder"
 _END_WAIT_S = 30.0  # to end what a cgroup holds, forks included

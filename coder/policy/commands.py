@@ -19,8 +19,8 @@ from typing import Any
 
 from coder.config import DEFAULTS, LIMITS
 from coder.errors import InvalidInput
-from coder.policy.shell import basename, program_words, refuse
-from coder.realpath import realpath
+from coder.files.realpath import realpath
+from coder.policy.shellparse import basename, program_words, refuse
 
 # Shell builtins that appear in everyday command lines (allowed; not programs to tell a
 # planning model about).

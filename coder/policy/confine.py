@@ -56,7 +56,7 @@ process started in the same sandbox sends SIGKILL to all it may signal, which La
 scope limits to the sandbox's own processes. It first checks that it cannot signal coder
 itself, and kills nothing when it can (a kernel before Landlock ABI 6 has no signal scope).
 The external MCP servers confined to the worktree (`launcher_argv`) have sandboxes of their
-own: what they started since they were ready is ended too (coder.policy.trees).
+own: what they started since they were ready is ended too (coder.policy.proctrees).
 
 `landlockpy` is the binding (ctypes, no compiler, follows each new Landlock ABI). ABI 3 or newer
 is required: before it, truncating a file was not covered.
@@ -83,8 +83,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from coder.errors import EnvironmentProblem
+from coder.files.realpath import realpath
 from coder.policy import cgroups, reaper, tmpdirs
-from coder.realpath import realpath
 
 MIN_ABI = 3  # truncate(2) is only covered from ABI 3 on
 _KEEP_THREADS = 16  # idle spawner threads kept (one per profile); older ones are stopped
@@ -265,7 +265,7 @@ def writable_for(root: Path) -> tuple[str, ...]:
     cannot), or a command could aim the next one's sandbox at another run's admin dir."""
     real = realpath(root)
     gitfile = os.path.join(real, ".git")
-    from coder import safeio
+    from coder.files import safeio
 
     def text(path: str) -> str:  # never blocking on a FIFO a command left, nor following
         return safeio.read_regular(path, limit=1 << 16, follow=False).decode(errors="replace")
@@ -581,7 +581,7 @@ def launcher_argv(
     where one Python start per long-lived server costs nothing that matters. The program
     sees, besides the system, the toolchain of coder's PATH and of its own directory, and
     `visible` (the config's `visible_paths`). `tree`: the process tree it joins first
-    (coder.policy.trees)."""
+    (coder.policy.proctrees)."""
     import json
     import sys
 
@@ -814,15 +814,15 @@ def spawner_for(root: Path) -> Confinement | None:
 def end_leftovers(root: Path) -> None:
     """End every process left running in the sandboxes of worktree `root`: its commands' (all
     returned), and what the MCP servers confined to it started since they were ready
-    (coder.policy.trees; none of their calls is running)."""
-    from coder.policy import trees
+    (coder.policy.proctrees; none of their calls is running)."""
+    from coder.policy import proctrees
 
     real = realpath(root)
     with _lock:
         found = [c for p, c in _confinements.items() if p.writable[:1] == (real,)]
     for spawner in found:
         spawner.end_leftovers()
-    trees.end(real)
+    proctrees.end(real)
 
 
 _confinements: OrderedDict[Profile, Confinement] = OrderedDict()

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Iterable, Mapping
 
 from coder.errors import PolicyViolation
-
-if TYPE_CHECKING:
-    from coder.policy.commands import Policy
 
 # --------------------------------------------------------------------------------------------
 # Environment
@@ -117,12 +113,14 @@ _SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|AUTH", r
 
 
 def scrub_env(
-    policy: Policy, extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None
+    passthrough: Collection[str],
+    extra: Mapping[str, str] | None = None,
+    base: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment for a command: basic variables of `base` (default os.environ) minus
-    anything secret-looking, plus `policy.env_passthrough` names, plus `extra` (a step's
-    explicit env from the taskfile, applied last; PolicyViolation for a name that `runs_code`,
-    which `coder validate` refuses first)."""
+    anything secret-looking, plus the `passthrough` names (the policy's `env_passthrough`),
+    plus `extra` (a step's explicit env from the taskfile, applied last; PolicyViolation for a
+    name that `runs_code`, which `coder validate` refuses first)."""
     check_step_env(extra or {})
     base = os.environ if base is None else base
     env = {
@@ -130,7 +128,7 @@ def scrub_env(
         for name, value in base.items()
         if (name in _BASIC_ENV or name.startswith("LC_")) and not _SECRET_NAME.search(name)
     }
-    env.update({name: base[name] for name in policy.env_passthrough if name in base})
+    env.update({name: base[name] for name in passthrough if name in base})
     env["GIT_TERMINAL_PROMPT"] = "0"  # never hang on a credential prompt
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # keep __pycache__ out of the worktree diff
     env.update(extra or {})

@@ -1,5 +1,5 @@
 """`python -m coder.policy.launch PROFILE -- PROGRAM ARGS...`: join the process tree
-PROFILE (JSON) names (coder.policy.trees), confine this process as `confine.launcher_argv`
+PROFILE (JSON) names (coder.policy.proctrees), confine this process as `confine.launcher_argv`
 described it, then become PROGRAM.
 
 It runs single-threaded, so a non-root user gets a user namespace of its own first
@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from coder.policy import confine, trees, userns
+from coder.policy import confine, proctrees, userns
 
 
 def main(argv: list[str]) -> int:
@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
     userns.enter()  # single-threaded here: a user namespace of its own, if it needs one
     spec = json.loads(argv[0])
     try:  # before confining: the cgroup files and the pid file are outside the sandbox
-        trees.enter(spec.get("tree") or {})
+        proctrees.enter(spec.get("tree") or {})
     except OSError as exc:
         print(f"coder: cannot put {argv[2]} in a process tree: {exc}", file=sys.stderr)
         return 1

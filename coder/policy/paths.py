@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coder.errors import PolicyViolation
-from coder.realpath import realpath
+from coder.files.realpath import realpath
 
 if TYPE_CHECKING:
     from coder.policy.commands import Policy

@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from coder.errors import EnvironmentProblem, InvalidInput, PolicyViolation
+from coder.files.realpath import realpath
 from coder.policy import tmpdirs
 from coder.policy.commands import Limits, Policy, check_command
 from coder.policy.env import scrub_env
-from coder.realpath import realpath
 
 if TYPE_CHECKING:
     from coder.policy.confine import ProcessExit
@@ -331,7 +331,7 @@ def run_command(
     InvalidInput for a bad cwd or timeout, EnvironmentProblem if no shell can be started.
     A non-zero exit, a timeout or a cancel is reported in the result, never raised.
     """
-    command_env = scrub_env(policy, env)
+    command_env = scrub_env(policy.env_passthrough, env)
     check_command(cmd, policy, root=Path(root or cwd), cwd=Path(cwd), path=command_env.get("PATH"))
     cwd = Path(cwd)
     if root is not None:
@@ -402,7 +402,7 @@ def _results_file(var: str | None, env: dict[str, str], *, private: bool) -> Ite
 
 def _read_results(path: Path) -> bytes | None:
     """The results file, a regular file not reached through a final link; None if missing."""
-    from coder.safeio import read_regular
+    from coder.files.safeio import read_regular
 
     try:
         return read_regular(path, limit=_RESULTS_CAP, follow=False)

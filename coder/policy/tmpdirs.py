@@ -2,7 +2,7 @@
 so that a coder killed outright (SIGKILL: no atexit runs) leaves nothing a later coder cannot
 find and remove.
 
-    make(kind)    a new private directory `coder-<kind>-<owner tag>-<random>` (coder.owner);
+    make(kind)    a new private directory `coder-<kind>-<owner tag>-<random>` (coder.files.owner);
                   `prefix(kind)` names one `tempfile.TemporaryDirectory` makes
     sweep()       remove those whose owner is gone: `coder resume`, `clean` and `revert` call it
                   once the killed runner's commands are ended (sandbox.kill_owned)
@@ -21,7 +21,7 @@ import shutil
 import stat
 import tempfile
 
-from coder import owner
+from coder.files import owner
 
 _NAME = re.compile(r"coder-([a-z]+)-(\d+-\d+-\d+)-[^/]+")
 

@@ -43,6 +43,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from coder.files.realpath import realpath
 from coder.policy.mounts import (
     _CLONE_NEWNS,
     _MOUNT_ATTR_RDONLY,
@@ -54,7 +55,6 @@ from coder.policy.mounts import (
     _MountAttr,
     _set_attributes,
 )
-from coder.realpath import realpath
 
 _CLONE_NEWIPC = 0x08000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x2, 0x4, 0x8

@@ -4,7 +4,7 @@ What a user does with a run afterwards (merge, revert, show, report) is in coder
     runs.py        start, resume (reconciled with git), stop
     executor.py    the walk and the one step pipeline (start, act, verify, commit, record)
     schedule.py    which steps may start: in-degree counters over the DAG
-    steps/         what each step kind does in a working directory; checks.py: verify
+    steps/         what each step kind does in a working directory; verify.py: the checks
     state.py       typed checkpoints: a snapshot and a journal of step transitions
     manifest.py    what a run is, written before anything else (and rebuilt from trailers)
     preflight.py   the commands a task's steps would run, checked before anything is created
@@ -15,7 +15,7 @@ What a user does with a run afterwards (merge, revert, show, report) is in coder
     foreign.py     commits on a run's branch that coder did not make, refused
     uncommitted.py the checkout's uncommitted edits a run leaves out, named
     naming.py      which run a command means: an id, a prefix of one, `--last`, the only one
-    lock.py        one runner per task; events.py the JSONL event log
+    lock.py        one runner per task; eventlog.py the JSONL event log
     success.py     the task's success criteria (also `merge --if-green`)
 
 May import: agent, tools, models, git, policy and the base modules. Never services, plan, mcp

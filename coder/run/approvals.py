@@ -23,7 +23,7 @@ from coder.errors import InvalidInput
 
 if TYPE_CHECKING:
     from coder.redact import Redactor
-    from coder.run.events import EventLog
+    from coder.run.eventlog import EventLog
     from coder.tools.approval import Proposal, Verdict
 
 Mode = Literal["per-step", "per-edit", "none"]

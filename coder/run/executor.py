@@ -35,16 +35,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 
 from coder.crashpoints import crashpoint
-from coder.durable import write_private
 from coder.errors import CoderError, EnvironmentProblem, RunFilesGone
+from coder.files.durable import write_private
 from coder.git import branches, commits, diffs, repository, restore, worktrees
 from coder.git.guard import GitGuard
-from coder.kinds import KINDS
 from coder.run.schedule import Schedule
 from coder.run.state import RunState, RunStatus, SkipCause, StepRecord, now_iso
 from coder.run.steps import StepContext, StepOutcome
-from coder.run.steps.checks import CHECKS, Verification
 from coder.run.steps.runners import runner_for
+from coder.run.steps.verify import CHECKS, Verification
+from coder.taskfile.kinds import KINDS
 
 if TYPE_CHECKING:
     from coder.agent.session import AgentSession
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.run.approvals import EditApprovals
-    from coder.run.events import EventLog
+    from coder.run.eventlog import EventLog
     from coder.run.state import StateStore
     from coder.taskfile import Step, Task
 

@@ -19,9 +19,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self, TypedDict, cast
 
-from coder import nofollow
-from coder.durable import make_private_dirs, write_failed
 from coder.errors import CoderError, ConcurrentRun, EnvironmentProblem
+from coder.files import nofollow
+from coder.files.durable import make_private_dirs, write_failed
 from coder.run.state import StateStore, check_task_id, now_iso
 
 

@@ -25,8 +25,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coder import nofollow
-from coder.durable import write_atomic
 from coder.errors import (
     CoderError,
     CorruptState,
@@ -35,6 +33,8 @@ from coder.errors import (
     LinkInTheWay,
     UnknownTask,
 )
+from coder.files import nofollow
+from coder.files.durable import write_atomic
 from coder.run.state import ForkPoint, RunState, StateStore, check_task_id
 from coder.schemas import TASK_ID
 
@@ -129,7 +129,7 @@ def next_seq(coder_dir: Path) -> int:
     and written under its lock, so two runs made at once get two), or, when that file is
     missing or unreadable, than any run's. Written through to the disk before the run's
     manifest is, so no crash gives a number twice."""
-    from coder.durable import make_private_dirs
+    from coder.files.durable import make_private_dirs
 
     make_private_dirs(coder_dir)
     fd = nofollow.open_file(coder_dir / SEQUENCE, os.O_RDWR | os.O_CREAT, 0o600)
@@ -261,7 +261,7 @@ def read_manifest(coder_dir: Path, task_id: str) -> Manifest:
 
 def _problem(data: Any, task_id: str) -> str | None:
     """What makes `data` no manifest of `task_id` (the fields every command reads)."""
-    from coder.kinds import KINDS
+    from coder.taskfile.kinds import KINDS
 
     if not isinstance(data, dict):
         return "not a JSON object"
@@ -418,8 +418,9 @@ def _as_fork(repo: Repo, task: Task, fork_id: str, path: Path) -> tuple[Task, di
     and the fork point (coder.git.forks.lineage), and the forked step is the first one they
     do not hold. InvalidInput when neither they nor its id say `fork_id` is a fork of
     `task` (or of a fork of it)."""
-    from coder import graph, taskfile
+    from coder import taskfile
     from coder.git import commits, forks
+    from coder.taskfile import graph
 
     named = taskfile.default_branch(fork_id, task.title)
     holding = commits.task_branches(repo, fork_id)

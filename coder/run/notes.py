@@ -33,7 +33,7 @@ TRAILER_CHARS = 200  # a commit trailer is one line
 
 def will_run(task: Task, state: RunState, also: Collection[str] = ()) -> list[str]:
     """The steps that run again (not done, or in `also`), in DAG order."""
-    from coder import graph
+    from coder.taskfile import graph
 
     order = graph.order(graph.build(task.deps()))
     return [s for s in order if s in also or state.steps[s].status not in DONE]

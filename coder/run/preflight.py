@@ -2,7 +2,7 @@
 
 `refusals` is the one check: `coder run` refuses a task that has any (changing nothing), and
 `coder plan` (and `coder validate`) report them against the taskfile, each at its step. Which
-command a step runs is its kind's business (`coder.kinds.Kind.command`): a shell step its
+command a step runs is its kind's business (`coder.taskfile.kinds.Kind.command`): a shell step its
 `cmd`, a test step the test command (its `cmd`, else its `framework`, else the config's, else
 detected), a lint step its linters.
 Each command is checked as the sandbox will run it: programs resolved against the checkout
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coder.errors import CoderError, InvalidInput, PolicyViolation
-from coder.kinds import KINDS
+from coder.taskfile.kinds import KINDS
 
 if TYPE_CHECKING:
     from coder.config import Config
@@ -40,7 +40,7 @@ class Refusal:
 
 def command_of(step: Step, root: Path, config: Config) -> str | None:
     """The command a step runs (None for a kind that runs none), as its kind finds it
-    (`coder.kinds.Kind.command`); InvalidInput when a test step has no test command to run,
+    (`coder.taskfile.kinds.Kind.command`); InvalidInput when a test step has no test command to run,
     or a lint step no linter."""
     command = KINDS[step.kind].command
     return None if command is None else command.find(step, root, config)
@@ -53,7 +53,7 @@ def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Confi
     from coder.policy.env import scrub_env
 
     found = []
-    base_path = scrub_env(policy).get("PATH")  # once: a step's env only adds to it
+    base_path = scrub_env(policy.env_passthrough).get("PATH")  # once: a step's env only adds to it
     for index, step in enumerate(steps):
         refused_env = env_refusals([step])
         found += refused_env

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
-from coder import nofollow, project, taskfile
+from coder import project, taskfile
 from coder.crashpoints import crashpoint
 from coder.display import counted, listed
 from coder.errors import (
@@ -36,11 +36,12 @@ from coder.errors import (
     UnknownTask,
     display_path,
 )
+from coder.files import nofollow
 from coder.git import branches, repository, submodules, workdir, worktrees
 from coder.git import commits as gitcommits
 from coder.git import land as gitland
 from coder.git import objects as gitobjects
-from coder.git import repair as gitrepair
+from coder.git import recovery as gitrepair
 from coder.git import restore as gitrestore
 from coder.interrupts import detach_terminal, taken
 from coder.run import amend, notes, uncommitted
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.run.approvals import EditPrompt, Mode
-    from coder.run.events import Console, EventLog, LiveView
+    from coder.run.eventlog import Console, EventLog, LiveView
     from coder.run.executor import Approver, RunContext
 
 
@@ -673,7 +674,7 @@ def reconcile(repo: Repo, state: RunState, manifest: Manifest, worktree: Path) -
 def _roll_back_past_pruned(
     repo: Repo, state: RunState, manifest: Manifest, worktree: Path, tip: str
 ) -> tuple[str, str] | None:
-    """When objects of the run's newest commits are gone (coder.git.repair), its branch moves
+    """When objects of the run's newest commits are gone (coder.git.recovery), its branch moves
     back to its last complete commit and the steps after it run again: the new tip and the
     warning. None when every commit of the run is complete. Refused (changing nothing) while
     the worktree holds changes no step made: the discard that follows would take them."""
@@ -819,7 +820,7 @@ class RunSetup:
 
 def _execute(setup: RunSetup, options: RunOptions, console: Console | None) -> RunResult:
     from coder.redact import secrets_from_repo
-    from coder.run.events import EventLog
+    from coder.run.eventlog import EventLog
     from coder.run.executor import Executor
 
     task, agent, redactor = setup.task, setup.agent, setup.redactor

@@ -16,9 +16,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping
 
-from coder import graph
 from coder.run.state import DONE as RESOLVED
-from coder.taskfile import Task
+from coder.taskfile import Task, graph
 
 
 class Schedule:

@@ -35,10 +35,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
-from coder import nofollow
 from coder.crashpoints import armed, crashpoint
 from coder.display import listed
-from coder.durable import fsync_dir, make_private_dirs, write_atomic, write_private
 from coder.errors import (
     CorruptState,
     EnvironmentProblem,
@@ -48,6 +46,8 @@ from coder.errors import (
     UnknownTask,
     display_path,
 )
+from coder.files import nofollow
+from coder.files.durable import fsync_dir, make_private_dirs, write_atomic, write_private
 from coder.schemas import TASK_ID, validator
 
 if TYPE_CHECKING:

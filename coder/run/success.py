@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from coder.checks.lintreport import Finding
     from coder.config import Config
-    from coder.lintreport import Finding
     from coder.policy.commands import Policy
     from coder.policy.sandbox import CommandResult
     from coder.taskfile import Task
@@ -27,8 +27,8 @@ def missing_files(task: Task, worktree: Path) -> list[str]:
 
 def test_command(task: Task, worktree: Path, cfg: Config) -> str:
     """The command that proves the task green (InvalidInput when there is none)."""
-    from coder import testreport
-    from coder.kinds import KINDS, TESTS
+    from coder.checks import testreport
+    from coder.taskfile.kinds import KINDS, TESTS
 
     step = next((s for s in task.steps if KINDS[s.kind].command is TESTS), None)
     return testreport.test_command(
@@ -73,7 +73,7 @@ def lint_findings(
     """The linter's findings (`lint_command`'s, else the project's linters') on the lines
     `worktree` adds or changes since the commit `base` (so what the project had before never
     counts), and why a linter could not say (refused by the policy, crashed, timed out)."""
-    from coder import lintreport
+    from coder.checks import lintreport
     from coder.errors import PolicyViolation
     from coder.git import diffs
     from coder.policy import sandbox
@@ -115,7 +115,7 @@ def lint_problems(
 ) -> list[str]:
     """`success.require_no_lint_errors`: a problem per new finding (the first few) and per
     linter that could not run; none when the run added no finding."""
-    from coder import lintreport
+    from coder.checks import lintreport
     from coder.errors import InvalidInput
 
     try:

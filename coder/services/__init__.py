@@ -13,7 +13,7 @@ these do the work, over the run engine in `coder.run`).
     dryrun.py    `coder run --dry-run`: what a run would do, with nothing done
     doctor.py    `coder doctor`: is this machine ready for a run
     demo.py      `coder demo`: the whole journey on a sample project, offline
-    project.py   `coder init`: a repository prepared for coder; the example taskfiles
+    initialize.py `coder init`: a repository prepared for coder; the example taskfiles
     testprobe.py the test command run once (`init`, `doctor`): does it find tests
 
 May import: run and everything below it. Never plan, mcp or CLI.

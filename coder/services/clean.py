@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from coder import nofollow, project
+from coder import project
 from coder.display import listed
 from coder.errors import (
     CoderError,
@@ -19,6 +19,7 @@ from coder.errors import (
     InvalidInput,
     UnknownTask,
 )
+from coder.files import nofollow
 from coder.git import branches as gitbranches
 from coder.git import commits, objects, repository, workdir, worktrees
 from coder.run import manifest as manifests

@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from coder import config as config_mod
-from coder import graph, project, taskfile
+from coder import project, taskfile
 from coder.errors import CoderError
 from coder.git import branches, repository
-from coder.kinds import KINDS, TESTS
 from coder.policy.sandbox import require_sandbox
 from coder.run.manifest import run_exists
 from coder.run.preflight import command_of, policy_for, refusals
 from coder.run.runs import RunOptions
+from coder.taskfile import graph
+from coder.taskfile.kinds import KINDS, TESTS
 
 
 @dataclass(frozen=True)

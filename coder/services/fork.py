@@ -23,8 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from coder import nofollow, project, taskfile
+from coder import project, taskfile
 from coder.errors import CoderError, InvalidInput
+from coder.files import nofollow
 from coder.git import branches, forks, repository, worktrees
 from coder.git import commits as gitcommits
 from coder.run import manifest as manifests
@@ -51,7 +52,7 @@ class ForkResult:
 
 def dag(task: dict[str, Any]) -> tuple[list[str], dict[str, list[str]]]:
     """The run's steps in DAG order, and what each depends on, as the run's task has them."""
-    from coder import graph
+    from coder.taskfile import graph
 
     deps = {s.id: list(s.depends_on) for s in taskfile.from_dict(task).steps}
     return graph.order(graph.build(deps)), deps

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import nofollow, project
+from coder import project
 from coder.crashpoints import crashpoint
 from coder.display import counted
 from coder.errors import (
@@ -52,6 +52,7 @@ from coder.errors import (
     MergeConflict,
     RunFailed,
 )
+from coder.files import nofollow
 from coder.git import branches, commits, diffs, repository, worktrees
 from coder.git import land as gitland
 from coder.run.foreign import refuse_foreign_commits
@@ -103,7 +104,7 @@ def merge_run(
 ) -> MergeResult:
     """Land run `task_id` on its base branch (see the module docstring). With `report`, the
     commit's body carries the run's report in a few lines (`coder.services.report`)."""
-    from coder.run.events import EventLog
+    from coder.run.eventlog import EventLog
 
     if mode not in MODES:
         raise InvalidInput(f"unknown merge mode {mode!r}", hint=f"use one of: {', '.join(MODES)}")
@@ -390,7 +391,7 @@ class _Merge:
     def _journal_index_write(self, lock: Path) -> None:
         """Just before the index is written: a kill inside the write leaves `lock`, and the
         next merge of this run reads here that it was this merge's."""
-        from coder.durable import write_private
+        from coder.files.durable import write_private
 
         record = {
             "pid": os.getpid(),
@@ -635,7 +636,7 @@ def green_problems(
 ) -> list[str]:
     """The success criteria against `worktree`: required files, and the tests (always: green
     means the tests passed, whether or not the task's own criteria asked for them)."""
-    from coder.durable import write_private
+    from coder.files.durable import write_private
     from coder.redact import Redactor
     from coder.run import success
     from coder.run.secrets import run_secrets

@@ -16,13 +16,14 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from coder import diagram, taskfile
+from coder import taskfile
 from coder.agent.session import model_at
 from coder.display import escaped, quoted_name
 from coder.git import branches, diffs, repository
 from coder.models.usage import cache_share
-from coder.run import events
+from coder.run import eventlog
 from coder.services.history import RunView
+from coder.taskfile import diagram
 
 if TYPE_CHECKING:
     from coder.models.usage import UsageRecord
@@ -228,7 +229,7 @@ def _relative(path: str | None, root: Any) -> str | None:
 def _fix_cycles(view: RunView) -> dict[str, list[FixCycle]]:
     """Per step, the fix cycles of its last attempt (an attempt starts afresh)."""
     found: dict[str, list[FixCycle]] = {}
-    for event in events.read_events(view.coder_dir, view.state.task_id):
+    for event in eventlog.read_events(view.coder_dir, view.state.task_id):
         step = event.get("step_id")
         if not step:
             continue

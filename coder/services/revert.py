@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import graph, project, taskfile
+from coder import project, taskfile
 from coder.crashpoints import crashpoint
 from coder.errors import CoderError, EnvironmentProblem, InvalidInput, MergedRun
 from coder.git import branches, repository, restore, workdir, worktrees
@@ -45,6 +45,7 @@ from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import lock_for_command
 from coder.run.manifest import Manifest, load_manifest
 from coder.run.state import StateStore
+from coder.taskfile import graph
 
 MODES = ("revert", "reset")
 START = "base"  # `--to-step base`: back where the run started, every step to do again
@@ -90,7 +91,7 @@ def revert_run(
     """Bring run `task_id` back to the state right after `to_step` (see the module docstring).
     `note`: guidance for the next attempt of `note_step` (default: the first step a model
     works on that runs again), checked before anything changes (coder.run.notes)."""
-    from coder.run.events import EventLog
+    from coder.run.eventlog import EventLog
 
     if mode not in MODES:
         raise InvalidInput(f"unknown revert mode {mode!r}", hint=f"use one of: {', '.join(MODES)}")

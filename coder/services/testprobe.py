@@ -6,7 +6,7 @@ are cheaper to learn before a run. So `probe` runs the command the way a test st
 where a test step does: in a throwaway worktree of the commit the user's checkout has checked
 out (detached, under `.coder/worktrees/`, removed afterwards), through the sandbox with the
 config's policy, inside a git guard, structured results where the runner offers them
-(coder.testresults), a timeout. Never in the checkout itself: the test command is the
+(coder.checks.testresults), a timeout. Never in the checkout itself: the test command is the
 repository's, and there it could switch the user's branch (a linked worktree's HEAD), aim
 their next `git status` at another repository (its commondir) or, with no mount wall, write
 `.git/hooks` and `.git/config`. So it probes HEAD as committed, and says so when the checkout
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from coder import config as config_mod
-from coder import testreport, testresults
+from coder.checks import testreport, testresults
 from coder.errors import CoderError, EnvironmentProblem, PolicyViolation
 
 if TYPE_CHECKING:
@@ -114,8 +114,9 @@ def _throwaway_worktree(repo: Repo) -> Iterator[Path]:
     """A worktree of the commit `repo`'s checkout has checked out, detached, under the
     repository's `.coder/worktrees/` (made, never through a link), removed afterwards, also
     on an error or a timeout; a probe a kill cut short is removed by the next one."""
-    from coder import nofollow, project
+    from coder import project
     from coder.errors import LinkInTheWay
+    from coder.files import nofollow
     from coder.git import branches, repository, worktrees
 
     commit = branches.head_commit(repo)

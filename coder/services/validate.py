@@ -11,8 +11,7 @@ from pathlib import Path
 
 from coder import config as config_mod
 from coder import taskfile, yamldoc
-from coder.errors import DocumentError
-from coder.yamldoc import Problem
+from coder.errors import DocumentError, Problem
 
 
 def check(

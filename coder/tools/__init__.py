@@ -10,8 +10,9 @@
     envfiles.py  `.env` files: their values registered as secrets before a tool answers
     fs.py        fs_read, fs_write, fs_edit, fs_glob, fs_grep
     git.py       git_status, git_diff, git_log, fs_apply_patch (libgit2 applies it)
-    search.py    code_search (coder.context.search: BM25, optionally with embeddings)
-    shell.py     shell_run, tests_run (through coder.policy.sandbox)
+    search.py    code_search (coder.context.retrieval: BM25, optionally with embeddings)
+    shell.py     shell_run, tests_run (through coder.policy.sandbox); modules here are named
+                 after their tools, so the `shell` step kind's is coder.run.steps.shell
     feedback.py  after every edit: the syntax veto and the linter's new findings
     settings.py  the ToolContext settings a run takes from its config and taskfile
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from coder import nofollow
+from coder.files import nofollow
 from coder.models.provider import Arguments
 from coder.tools import feedback
 from coder.tools.base import Tool, ToolContext, ToolResult

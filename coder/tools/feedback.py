@@ -17,9 +17,7 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from coder.context import syntax
-from coder.errors import PolicyViolation
-from coder.lintreport import (
+from coder.checks.lintreport import (
     Finding,
     Linter,
     linters_for,
@@ -27,6 +25,8 @@ from coder.lintreport import (
     parse_output,
     unread_failure,
 )
+from coder.context import syntax
+from coder.errors import PolicyViolation
 from coder.tools.base import ToolContext, ToolResult
 
 LINT_TIMEOUT_S = 60

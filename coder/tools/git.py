@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coder import nofollow
 from coder.errors import PatchProblem
+from coder.files import nofollow
 from coder.git import branches, commits, workdir
 from coder.git.repository import Repo
 from coder.tools import feedback
@@ -484,7 +484,7 @@ def _data(snapshot: tuple[bytes, int] | None) -> bytes | None:
 
 
 def _restore(root: str, rel: str, snapshot: tuple[bytes, int] | None) -> None:
-    """`rel` back as `_snapshot` found it, never through a link (`coder.nofollow`)."""
+    """`rel` back as `_snapshot` found it, never through a link (`coder.files.nofollow`)."""
     if snapshot is None:
         nofollow.remove(root, rel, prune=False)
     else:

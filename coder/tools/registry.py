@@ -317,7 +317,7 @@ _WRITE_TOOLS = ("fs_write", "fs_edit", "fs_apply_patch", "tests_run")
 def tools_for_kind(kind: str, registry: Registry | None = None) -> list[str]:
     """The tool names a model step of `kind` may call, in registry order: read-only tools for
     a read-only kind, plus the write tools for one that edits, every tool for `all`."""
-    from coder.kinds import KINDS
+    from coder.taskfile.kinds import KINDS
 
     reg = registry or default_registry()
     read_only = [t.name for t in reg if t.read_only]

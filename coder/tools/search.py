@@ -1,4 +1,4 @@
-"""code_search: find code by what it does, not by an exact string (`coder.context.search`).
+"""code_search: find code by what it does, not by an exact string (`coder.context.retrieval`).
 
 The model asks in words ("where is the config file parsed"); it gets the best chunks of the
 working directory as it is now (its own edits included): path, line range, the definition's
@@ -20,10 +20,10 @@ MATCH_LINES = 3  # matching lines shown per hit, besides its first line
 
 
 def code_search(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
-    from coder.context import search
+    from coder.context import retrieval
 
     query = str(args["query"]).strip()
-    if not search.tokenize(query):
+    if not retrieval.tokenize(query):
         return ToolResult.error(
             "the query has no searchable words",
             hint="describe the code in words, e.g. `parse the config file`",
@@ -50,7 +50,7 @@ def code_search(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         )
     blocks: list[str] = []
     used = 0
-    terms = set(search.tokenize(query))
+    terms = set(retrieval.tokenize(query))
     for hit in hits:
         block = _show(root, hit.chunk, terms)
         if used + len(block) > RESULT_CHARS and blocks:
@@ -69,10 +69,10 @@ def code_search(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 def _search(
     ctx: ToolContext, root: Path, query: str, limit: int, wanted: Any, embedder: Any
 ) -> list[Any]:
-    from coder.context import search
+    from coder.context import retrieval
 
     k = limit if wanted is None else limit * 20
-    hits = search.search(
+    hits = retrieval.search(
         root,
         query,
         k=k,
@@ -87,7 +87,7 @@ def _search(
 
 
 def _show(root: Path, chunk: Any, terms: set[str]) -> str:
-    from coder.context.search import tokenize
+    from coder.context.retrieval import tokenize
 
     try:
         text = (root / chunk.path).read_text(encoding="utf-8", errors="replace")

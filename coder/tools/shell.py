@@ -12,10 +12,10 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from coder import testresults
+from coder.checks import testresults
+from coder.checks.testreport import framework_of, test_command
 from coder.errors import PolicyViolation
 from coder.policy.sandbox import CommandResult, run_command
-from coder.testreport import framework_of, test_command
 from coder.tools.approval import Proposal
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
 from coder.tools.worktree import resolve
@@ -169,7 +169,9 @@ def _decision(ctx: ToolContext, cmd: str, cwd_arg: str | None, timeout: int) -> 
 
     cwd = resolve(ctx, cwd_arg, write=False)[0] if cwd_arg else ctx.root
     policy = ctx.policy
-    check_command(cmd, policy, root=ctx.root, cwd=cwd, path=scrub_env(policy).get("PATH"))
+    check_command(
+        cmd, policy, root=ctx.root, cwd=cwd, path=scrub_env(policy.env_passthrough).get("PATH")
+    )
     where = "in the sandbox" if policy.sandbox else "WITHOUT the sandbox (--no-sandbox)"
     network = "on" if policy.allow_network else "off"
     return f"allowed: runs {where}, network {network}, killed after {timeout}s"

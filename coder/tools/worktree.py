@@ -9,8 +9,8 @@ import os
 import re
 from pathlib import Path
 
-from coder import nofollow
 from coder.errors import LinkInTheWay, PolicyViolation
+from coder.files import nofollow
 from coder.policy.paths import resolve_in_root
 from coder.tools.base import ToolContext
 
@@ -44,7 +44,7 @@ def write_in_root(
     """Write `rel` (resolved: inside the worktree, no link on its way when it was checked)
     without following a link: a process the model left running may swap a directory for a
     link between the check and the write, and the write then fails instead of landing
-    outside (`coder.nofollow`)."""
+    outside (`coder.files.nofollow`)."""
     try:
         nofollow.write_file(
             real_root(ctx), rel, data, mode=mode, exact_mode=True, new_only=new_only

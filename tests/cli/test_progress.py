@@ -248,7 +248,7 @@ def test_the_board_follows_the_logged_events() -> None:
 
 def test_a_lint_step_is_shown_in_its_own_words() -> None:
     """A lint step running its linter is not "waiting for the model", and its fix cycle is
-    not "tests red": the live view and the event lines ask the kind (coder.kinds.Kind.labels)."""
+    not "tests red": the live view and the event lines ask the kind (coder.taskfile.kinds.Kind.labels)."""
     board = Board([("l1", "lint", "Lint")])
     board.apply({"event": "step.started", "step_id": "l1", "kind": "lint", "attempt": 1}, 0.0)
     l1 = board.steps["l1"]

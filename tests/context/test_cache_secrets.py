@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pygit2
 
-from coder.context import repomap, search
+from coder.context import repomap, retrieval
 from coder.redact import Redactor
 
 SECRET = "zebra42quux"  # one lower-case word: it would be a search token of its own
@@ -31,7 +31,7 @@ def test_a_cache_written_before_a_secret_was_known_is_cleaned(make_repo, tmp_pat
     opened = pygit2.Repository(str(repo))
 
     def both(redactor: Redactor) -> repomap.RepoMap:
-        search.search(repo, "connect handle", k=3, cache_dir=cache, redactor=redactor)
+        retrieval.search(repo, "connect handle", k=3, cache_dir=cache, redactor=redactor)
         return repomap.build(opened, "HEAD", budget=1000, cache_dir=cache, redactor=redactor)
 
     unaware = both(Redactor())  # a run that did not know the value
@@ -41,6 +41,6 @@ def test_a_cache_written_before_a_secret_was_known_is_cleaned(make_repo, tmp_pat
     assert SECRET not in known.text and "[REDACTED:known_secret]" in known.text
     assert not known.cached  # the cached map held the secret: built again
     assert SECRET not in _cache_text(cache).lower()
-    hits = search.search(repo, "connect handle", k=3, cache_dir=cache, redactor=aware)
+    hits = retrieval.search(repo, "connect handle", k=3, cache_dir=cache, redactor=aware)
     assert [h.chunk.path for h in hits][:1] == ["app.py"]  # still found, by its path and body
     assert both(aware).cached  # and the clean map is reused

@@ -13,7 +13,7 @@ from typing import Any
 import pygit2
 import pytest
 
-from coder.context import repomap, search
+from coder.context import repomap, retrieval
 from coder.context.languages import language_of
 from tests.conftest import coder, git
 from tests.fake_ollama import FakeOllama
@@ -161,7 +161,7 @@ def test_code_search_rechunks_an_entry_of_the_wrong_shape(
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "chunks-v2.json").write_text(json.dumps({chunks_key("calc.py", blob): CHUNKS[shape]}))
-    hits = search.search(repo, "add numbers", k=3, cache_dir=cache)
+    hits = retrieval.search(repo, "add numbers", k=3, cache_dir=cache)
     assert [(h.chunk.path, h.chunk.name) for h in hits] == [("calc.py", "add")]
     [entry] = json.loads((cache / "chunks-v2.json").read_text()).values()
     assert well_shaped_chunks(entry)
@@ -192,7 +192,7 @@ def test_cached_vectors_of_the_wrong_shape_are_computed_again(
         embedded.extend(texts)
         return [[1.0, float(len(t)), 0.0, 1.0] for t in texts]
 
-    hits = search.search(repo, "add", k=3, cache_dir=cache, embedder=embedder, embed_key="m")
+    hits = retrieval.search(repo, "add", k=3, cache_dir=cache, embedder=embedder, embed_key="m")
     assert hits and hits[0].chunk.path == "calc.py"
     head, _, body = path.read_bytes().partition(b"\n")
     meta = json.loads(head)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from coder.context import search
+from coder.context import retrieval
 from tests.conftest import git
 
 LIBRARY = {
@@ -38,21 +38,21 @@ def shop(make_repo) -> Path:
     return make_repo(LIBRARY, name="shop")
 
 
-def names(hits: list[search.Hit]) -> list[str]:
+def names(hits: list[retrieval.Hit]) -> list[str]:
     return [f"{h.chunk.path}:{h.chunk.name}" for h in hits]
 
 
 def test_tokens_split_identifiers_and_stem() -> None:
-    assert search.tokenize("parseConfigFile") == ["pars", "config", "file", "parseconfigfile"]
-    assert search.tokenize("load_user_accounts") == [
+    assert retrieval.tokenize("parseConfigFile") == ["pars", "config", "file", "parseconfigfile"]
+    assert retrieval.tokenize("load_user_accounts") == [
         "load",
         "user",
         "account",
         "load_user_accounts",
     ]
-    assert search.tokenize("the parsed entries") == ["pars", "entry"]
-    assert {search.stem(w) for w in ("parse", "parses", "parsed", "parsing")} == {"pars"}
-    assert [search.stem(w) for w in ("classes", "matches", "is", "status")] == [
+    assert retrieval.tokenize("the parsed entries") == ["pars", "entry"]
+    assert {retrieval.stem(w) for w in ("parse", "parses", "parsed", "parsing")} == {"pars"}
+    assert [retrieval.stem(w) for w in ("classes", "matches", "is", "status")] == [
         "class",
         "match",
         "is",
@@ -61,22 +61,22 @@ def test_tokens_split_identifiers_and_stem() -> None:
 
 
 def test_a_function_is_found_by_its_docstring(shop: Path) -> None:
-    hits = search.search(shop, "reduce a price by a percentage", k=3)
+    hits = retrieval.search(shop, "reduce a price by a percentage", k=3)
     assert names(hits)[0] == "shop/pricing.py:apply_discount"
-    hits = search.search(shop, "add items after a delivery", k=3)
+    hits = retrieval.search(shop, "add items after a delivery", k=3)
     assert names(hits)[0] == "shop/inventory.py:restock"
     assert (hits[0].chunk.start, hits[0].chunk.end) == (4, 6)
-    assert names(search.search(shop, "shipping labels", k=1)) == ["docs/guide.md:"]
+    assert names(retrieval.search(shop, "shipping labels", k=1)) == ["docs/guide.md:"]
 
 
 def test_definitions_are_chunks_and_the_rest_is_windows(shop: Path) -> None:
-    chunks = search.chunk_file("shop/inventory.py", LIBRARY["shop/inventory.py"].encode())
+    chunks = retrieval.chunk_file("shop/inventory.py", LIBRARY["shop/inventory.py"].encode())
     assert [(start, end, name) for start, end, name, _ in chunks] == [
         (1, 3, "Warehouse"),  # the class without its method
         (4, 6, "restock"),
     ]
     text = "\n".join(f"line {i}" for i in range(100)).encode()
-    assert [(s, e) for s, e, _, _ in search.chunk_file("notes.txt", text)] == [
+    assert [(s, e) for s, e, _, _ in retrieval.chunk_file("notes.txt", text)] == [
         (1, 40),
         (41, 80),
         (81, 100),
@@ -86,33 +86,33 @@ def test_definitions_are_chunks_and_the_rest_is_windows(shop: Path) -> None:
 def test_vendored_code_is_not_indexed(shop: Path) -> None:
     assert all(
         not h.chunk.path.startswith("vendor/")
-        for h in search.search(shop, "apply discount vendored", k=10)
+        for h in retrieval.search(shop, "apply discount vendored", k=10)
     )
 
 
 def test_the_index_follows_the_working_directory(shop: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    assert search.search(shop, "compute shipping weight", k=3, cache_dir=cache) == [] or all(
+    assert retrieval.search(shop, "compute shipping weight", k=3, cache_dir=cache) == [] or all(
         "shipping_weight" not in h.chunk.name
-        for h in search.search(shop, "compute shipping weight", k=3)
+        for h in retrieval.search(shop, "compute shipping weight", k=3)
     )
     (shop / "shop" / "shipping.py").write_text(
         "def shipping_weight(parcel):\n    return parcel.grams\n"
     )
     (shop / "shop" / "pricing.py").unlink()
-    hits = search.search(shop, "compute shipping weight", k=3, cache_dir=cache)
+    hits = retrieval.search(shop, "compute shipping weight", k=3, cache_dir=cache)
     assert names(hits)[0] == "shop/shipping.py:shipping_weight"  # an uncommitted new file
     assert not [
         h
-        for h in search.search(shop, "reduce a price", k=5, cache_dir=cache)
+        for h in retrieval.search(shop, "reduce a price", k=5, cache_dir=cache)
         if h.chunk.path == "shop/pricing.py"
     ]
     git(shop, "add", "-A")
     git(shop, "commit", "-qm", "shipping")
-    assert names(search.search(shop, "compute shipping weight", k=1, cache_dir=cache)) == [
+    assert names(retrieval.search(shop, "compute shipping weight", k=1, cache_dir=cache)) == [
         "shop/shipping.py:shipping_weight"
     ]
-    cached = (cache / f"chunks-v{search.VERSION}.json").read_text()
+    cached = (cache / f"chunks-v{retrieval.VERSION}.json").read_text()
     assert "shipping" in cached and "apply" not in cached  # entries of the tree only
 
 
@@ -127,10 +127,10 @@ def test_the_hybrid_ranking_fuses_embeddings_by_reciprocal_rank(shop: Path, tmp_
         return [[similarity(t), 1.0] for t in texts]
 
     query = "price percent cents"
-    plain = search.search(shop, query, k=10)
+    plain = retrieval.search(shop, query, k=10)
     assert names(plain)[0] == "shop/pricing.py:apply_discount"  # BM25: price and percent
     # the embedder's ranking of the same candidates (query vector [1, 1])
-    texts = {h.chunk: search._chunk_text(shop, h.chunk) for h in plain}
+    texts = {h.chunk: retrieval._chunk_text(shop, h.chunk) for h in plain}
     dense = sorted(
         plain,
         key=lambda h: -(similarity(texts[h.chunk]) + 1) / math.hypot(similarity(texts[h.chunk]), 1),
@@ -138,14 +138,19 @@ def test_the_hybrid_ranking_fuses_embeddings_by_reciprocal_rank(shop: Path, tmp_
     expected = sorted(
         plain,
         key=lambda h: (
-            -(1 / (search.RRF_K + plain.index(h) + 1) + 1 / (search.RRF_K + dense.index(h) + 1))
+            -(
+                1 / (retrieval.RRF_K + plain.index(h) + 1)
+                + 1 / (retrieval.RRF_K + dense.index(h) + 1)
+            )
         ),
     )
-    hybrid = search.search(shop, query, k=10, embedder=embedder, cache_dir=tmp_path, embed_key="m")
+    hybrid = retrieval.search(
+        shop, query, k=10, embedder=embedder, cache_dir=tmp_path, embed_key="m"
+    )
     assert names(hybrid) == names(expected)
     assert names(hybrid)[0] == "shop/pricing.py:format_money"  # "cents" won it the first place
     embedded = sum(calls)
-    search.search(shop, query, k=10, embedder=embedder, cache_dir=tmp_path, embed_key="m")
+    retrieval.search(shop, query, k=10, embedder=embedder, cache_dir=tmp_path, embed_key="m")
     assert sum(calls) == embedded + 1  # only the query: the chunks' vectors were cached
 
 

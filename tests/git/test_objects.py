@@ -12,8 +12,8 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from coder import owner
 from coder.errors import ObjectsMissing
+from coder.files import owner
 from coder.git import branches, commits, objects, repository, staging
 from tests.conftest import git
 

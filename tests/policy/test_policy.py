@@ -12,7 +12,7 @@ from coder.errors import InvalidInput, PolicyViolation
 from coder.policy.commands import DEFAULT_ALLOWED_COMMANDS, NETWORK_PROGRAMS, Policy, check_command
 from coder.policy.env import scrub_env
 from coder.policy.paths import is_protected, resolve_in_root
-from coder.policy.shell import programs_in
+from coder.policy.shellparse import programs_in
 
 POLICY = Policy()
 NET_OFF_CURL = "`curl` is a network program and the network is off"
@@ -237,7 +237,7 @@ BASE_ENV = {
 
 
 def test_scrub_env_keeps_basics_and_drops_secrets() -> None:
-    env = scrub_env(POLICY, base=BASE_ENV)
+    env = scrub_env(POLICY.env_passthrough, base=BASE_ENV)
     assert env == {
         "PATH": "/usr/bin:/bin",
         "HOME": "/home/u",
@@ -250,7 +250,7 @@ def test_scrub_env_keeps_basics_and_drops_secrets() -> None:
 
 def test_scrub_env_honours_passthrough_and_extra() -> None:
     policy = Policy(env_passthrough=frozenset({"GITHUB_TOKEN", "NOT_SET"}))
-    env = scrub_env(policy, extra={"MODE": "ci", "PATH": "/opt/bin"}, base=BASE_ENV)
+    env = scrub_env(policy.env_passthrough, extra={"MODE": "ci", "PATH": "/opt/bin"}, base=BASE_ENV)
     assert env["GITHUB_TOKEN"] == "ghp_abc"
     assert env["MODE"] == "ci" and env["PATH"] == "/opt/bin"  # extra applies last
     assert "NOT_SET" not in env and "FAKE_API_KEY" not in env and "DB_PASSWORD" not in env
@@ -258,7 +258,7 @@ def test_scrub_env_honours_passthrough_and_extra() -> None:
 
 def test_scrub_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_API_KEY", "sk-live-123")
-    env = scrub_env(POLICY)
+    env = scrub_env(POLICY.env_passthrough)
     assert "FAKE_API_KEY" not in env and env["PATH"] == os.environ["PATH"]
 
 

@@ -1,4 +1,4 @@
-"""One process tree per step, with real processes (coder.policy.cgroups, coder.policy.trees):
+"""One process tree per step, with real processes (coder.policy.cgroups, coder.policy.proctrees):
 what a step's commands and its MCP servers' tools start is ended with the step, even a process
 that left its session or whose parent exited; `limits.processes` binds root; and the cgroups
 coder makes do not outlive it, nor a coder killed outright. Judged by /proc and the cgroup

@@ -13,7 +13,7 @@ import pytest
 import structlog
 
 from coder.redact import SCAN_FAILED, Redactor
-from coder.run.events import EventLog, follow_events, log_path, read_events
+from coder.run.eventlog import EventLog, follow_events, log_path, read_events
 from coder.schemas import validator
 
 AWS_ID = "AK" + "IA" + "ABCDEFGHIJKLMNOP"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from coder.errors import EXIT_FAILED
-from coder.run.steps.checks import diff_lines
+from coder.run.steps.verify import diff_lines
 from tests.conftest import coder, git
 from tests.helpers import state_of, step_commits, taskfile
 

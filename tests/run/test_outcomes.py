@@ -79,7 +79,7 @@ def test_a_full_disk_under_a_model_tool_stops_the_run_not_the_step(
     import errno
     import os
 
-    from coder import nofollow
+    from coder.files import nofollow
     from coder.run import runs
 
     path = taskfile(
@@ -381,7 +381,7 @@ def test_a_full_disk_under_a_step_log_stops_the_run_without_a_traceback(
     import errno
     import os
 
-    from coder import durable
+    from coder.files import durable
     from coder.run import runs
 
     repo = make_repo()

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from coder.durable import write_atomic
 from coder.errors import (
     EXIT_ENVIRONMENT,
     ConcurrentRun,
@@ -24,6 +23,7 @@ from coder.errors import (
     InvalidInput,
     UnknownTask,
 )
+from coder.files.durable import write_atomic
 from coder.run.lock import TaskLock, pid_alive, read_lock_owner
 from coder.run.state import RunState, StateStore, StepRecord, now_iso
 from coder.schemas import validator

@@ -351,7 +351,7 @@ def test_a_full_disk_while_the_checkout_is_written_leaves_no_temp_file_and_merge
     (one was, per failed write), and once there is room `coder merge` finishes."""
     import errno
 
-    from coder import nofollow
+    from coder.files import nofollow
 
     repo = finished_run(make_repo)
     old_main = rev(repo, "main")

@@ -2,8 +2,9 @@
 
 One module per runner (`shell`, `test`, `lint`, `model`), each with `run(ctx) -> StepOutcome`, a
 `StepRunner`; `runners.RUNNERS` holds them by name, and a kind names its runner
-(`coder.kinds.Kind.runner`). `fix` is the fix cycles test and lint steps share, `checks` the
-checks the executor runs after every step.
+(`coder.taskfile.kinds.Kind.runner`). `fix` is the fix cycles test and lint steps share,
+`verify` the checks the executor runs after every step. The runners' modules are named after
+their kinds: `shell` here runs the `shell` kind (the `shell_run` tool is coder.tools.shell).
 
 A step never commits and never touches the branch: the executor does both. A step reports an
 outcome; failures of the step itself (red checks, non-zero exit) are outcomes, not exceptions.
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from coder.durable import make_private_dirs
+from coder.files.durable import make_private_dirs
 
 if TYPE_CHECKING:
     from coder.agent.session import AgentSession
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.run.approvals import EditApprovals
-    from coder.run.events import EventLog
+    from coder.run.eventlog import EventLog
     from coder.run.state import TestCounts
     from coder.taskfile import Step, Task
 

@@ -2,7 +2,7 @@
 to the model with only its failures, the model edits, the check runs again, up to N times; the
 fix becomes the step's commit. A cycle that changes nothing ends the cycles early. Test steps
 (failing tests) and lint steps (new findings) both use it, in their kind's words
-(`coder.kinds.Kind.fix`)."""
+(`coder.taskfile.kinds.Kind.fix`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from coder.git import diffs, repository
-from coder.kinds import KINDS
 from coder.models.provider import Usage
 from coder.run.steps import StepContext, StepOutcome
+from coder.taskfile.kinds import KINDS
 
 if TYPE_CHECKING:
     from coder.agent.loop import LoopResult
@@ -98,7 +98,7 @@ def _ask(
     allowed: list[str],
 ) -> LoopResult:
     """Fix cycle `cycle`: the model shown only what fails, in the words of the step's kind
-    (`coder.kinds.Kind.fix`), with the edit kind's tools."""
+    (`coder.taskfile.kinds.Kind.fix`), with the edit kind's tools."""
     from coder.agent import prompts
     from coder.run.steps.model import converse
 

@@ -11,7 +11,7 @@ from coder.run.steps.fix import Failing, fix_cycles
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    from coder import lintreport
+    from coder.checks import lintreport
     from coder.run import success
 
     configured = ctx.step.cmd or ctx.config.lint_command

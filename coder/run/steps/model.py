@@ -9,26 +9,26 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coder import nofollow
 from coder.agent import events as ev
 from coder.agent import prompts
 from coder.agent.loop import AgentLoop, Limits, LoopResult
 from coder.agent.prefix import step_focus
 from coder.agent.session import model_at, tool_format, tools_as_text
-from coder.durable import make_private_dirs, write_private
+from coder.files import nofollow
+from coder.files.durable import make_private_dirs, write_private
 from coder.git import workdir
-from coder.kinds import KINDS, ModelRole
 from coder.models import bounds
 from coder.policy.paths import naming
 from coder.run.steps import StepContext, StepOutcome
 from coder.taskfile import Step, is_repo_relative, parse_duration
+from coder.taskfile.kinds import KINDS, ModelRole
 from coder.tools import TERMINAL_TOOL
 
 EXTERNAL_SEPARATOR = "__"  # external MCP tools are <server>__<tool> (coder.mcp.client)
 
 if TYPE_CHECKING:
     from coder.models.provider import Arguments, Message
-    from coder.run.events import EventLog
+    from coder.run.eventlog import EventLog
     from coder.tools.base import ToolContext
 
 
@@ -233,7 +233,7 @@ def verify_claim(
     ctx: StepContext, tool_ctx: ToolContext, claim: Arguments, *, role: ModelRole
 ) -> str | None:
     """Why the model's step_complete claim does not hold, or None when it does. `role` is the
-    one the model plays (coder.kinds; a test step's fix cycle edits)."""
+    one the model plays (coder.taskfile.kinds; a test step's fix cycle edits)."""
     changed = workdir.changed_paths(ctx.workdir)
     summary = str(claim.get("summary") or "").strip()
     if not summary:
@@ -312,7 +312,7 @@ def notes_path(artifacts: Path, step_id: str) -> Path:
 
 def notes_for(ctx: StepContext) -> dict[str, str]:
     """Findings of the analyze steps this step depends on (directly or not), in file order."""
-    from coder import graph
+    from coder.taskfile import graph
 
     ancestors = graph.ancestors(graph.build(ctx.task.deps()), ctx.step.id)
     notes = {}

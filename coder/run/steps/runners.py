@@ -1,4 +1,4 @@
-"""The step runners by name: a kind names its runner (`coder.kinds.Kind.runner`), and the
+"""The step runners by name: a kind names its runner (`coder.taskfile.kinds.Kind.runner`), and the
 executor calls `runner_for(step.kind)(ctx)`. The runners live here, a layer above the kinds
 (they need the sandbox, git and the model); a new runner is its module and one line here."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from coder.kinds import KINDS
 from coder.run.steps import StepRunner, lint, model, shell, test
+from coder.taskfile.kinds import KINDS
 
 RUNNERS: Mapping[str, StepRunner] = {
     "model": model.run,
@@ -18,5 +18,5 @@ RUNNERS: Mapping[str, StepRunner] = {
 
 
 def runner_for(kind: str) -> StepRunner:
-    """The runner of a step of `kind` (coder.kinds.KINDS[kind].runner)."""
+    """The runner of a step of `kind` (coder.taskfile.kinds.KINDS[kind].runner)."""
     return RUNNERS[KINDS[kind].runner]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from coder import taskfile
 from coder.crashpoints import crash_during
-from coder.durable import write_private
+from coder.files.durable import write_private
 from coder.policy import sandbox
 from coder.policy.paths import resolve_in_root
 from coder.run.steps import StepContext, StepOutcome

@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from coder import testreport, testresults
-from coder.kinds import test_command
+from coder.checks import testreport, testresults
 from coder.run.steps import StepContext, StepOutcome
 from coder.run.steps.fix import Failing, fix_cycles
 from coder.run.steps.shell import describe_failure, run_in_step
+from coder.taskfile.kinds import test_command
 
 if TYPE_CHECKING:
     from pathlib import Path

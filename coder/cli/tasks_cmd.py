@@ -30,8 +30,8 @@ def validate(path: Path, as_json: bool) -> None:
 
     Exits 0 when the taskfile is valid, 2 when it is not.
     """
-    from coder import graph
     from coder.services import validate as validation
+    from coder.taskfile import graph
 
     problems, task = validation.check(path, cwd=cwd())
     if as_json:
@@ -84,15 +84,15 @@ def show(path: Path | None, task_id: str | None, graph: bool, fmt: str, as_json:
         draw_graph(path, task_id, fmt)
         return
     if task_id is not None:
-        from coder.cli.history import show_run
+        from coder.cli.history_cmd import show_run
 
         show_run(task_id, as_json)
         return
 
     assert path is not None  # click: -f or -t is required (checked above)
     from coder import config as config_mod
-    from coder import graph as dag_mod
     from coder import taskfile
+    from coder.taskfile import graph as dag_mod
 
     task = taskfile.load(path)
     named = task.source.get("id") or task.id == taskfile.id_from_name(path)
@@ -148,7 +148,7 @@ def show(path: Path | None, task_id: str | None, graph: bool, fmt: str, as_json:
 
 def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
     """`show --graph` / `--format`: the taskfile's or the run's DAG as a picture."""
-    from coder import diagram
+    from coder.taskfile import diagram
 
     if task_id is not None:
         from coder.services import history

@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
 from coder import taskfile, yamldoc
-from coder.errors import DocumentError
+from coder.errors import DocumentError, Problem
 from coder.plan.context import ProjectContext
-from coder.yamldoc import Problem
 
 if TYPE_CHECKING:
     from coder.policy.commands import Policy

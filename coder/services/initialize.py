@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coder import config as config_mod
-from coder import nofollow
-from coder.durable import write_atomic, write_failed
+from coder.files import nofollow
+from coder.files.durable import write_atomic, write_failed
 from coder.project import CODER_DIR, TASKS_DIR, ensure_coder_dir
 from coder.services import testprobe
 from coder.services.testprobe import Probe

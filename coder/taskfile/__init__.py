@@ -3,6 +3,14 @@
 Checks, in order: the file is readable YAML (yamldoc), the document matches
 `schemas/task.schema.json`, then what a schema cannot say: unique step ids, known `depends_on`
 targets, no cycles, options that fit the step's kind, paths that stay in the repository.
+
+This module is the package's face (`Task`, `load`, `from_dict`); beside it:
+
+    kinds.py     step kinds: one frozen description per kind, the one place each kind's rules live
+    graph.py     the task DAG: build it, find cycles, order it, walk it
+    diagram.py   the DAG as a picture: boxes by level, Mermaid and Graphviz DOT
+
+May import: the base modules (errors, yamldoc, schemas, display, files, ...).
 """
 
 from __future__ import annotations
@@ -17,10 +25,10 @@ from typing import Any
 
 from coder import yamldoc
 from coder.display import counted
-from coder.errors import DocumentError, InvalidInput, InvalidTaskfile
-from coder.kinds import KIND_FIELDS, KINDS, kinds_taking
+from coder.errors import DocumentError, InvalidInput, InvalidTaskfile, Problem
 from coder.schemas import TASK_ID
-from coder.yamldoc import Document, Problem, quote
+from coder.taskfile.kinds import KIND_FIELDS, KINDS, kinds_taking
+from coder.yamldoc import Document, quote
 
 MAX_PROBLEMS = 200
 
@@ -471,7 +479,7 @@ def _graph_problems(doc: Document) -> list[Problem]:
     _branch_problems(data, report)
 
     if not sequential and any(deps.values()):
-        from coder import graph as dag
+        from coder.taskfile import graph as dag
 
         for cycle in dag.cycles(dag.build(deps)):
             first = ids[cycle[0]]

@@ -35,12 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from coder import nofollow
 from coder.context.blobcache import BlobCache, typed
 from coder.context.languages import language_of, vendored
 from coder.context.repomap import MAX_TAG_BYTES
 from coder.context.tags import Definition, extract
-from coder.durable import make_private_dirs, write_atomic
+from coder.files import nofollow
+from coder.files.durable import make_private_dirs, write_atomic
 from coder.redact import Redactor
 
 VERSION = 2  # 2: entries keyed by blob and language, path tokens no longer cached

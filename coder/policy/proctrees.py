@@ -28,10 +28,10 @@ import shutil
 import threading
 from pathlib import Path
 
-from coder import owner
 from coder.errors import EnvironmentProblem
+from coder.files import owner
+from coder.files.realpath import realpath
 from coder.policy import cgroups, reaper, tmpdirs
-from coder.realpath import realpath
 
 _PR_SET_CHILD_SUBREAPER = 36
 Identity = tuple[int, "int | None"]  # a pid and when its process started: one process

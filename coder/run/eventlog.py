@@ -26,8 +26,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO, Self
 
-from coder import nofollow
-from coder.durable import make_private_dirs, write_failed
+from coder.files import nofollow
+from coder.files.durable import make_private_dirs, write_failed
 from coder.redact import SCAN_FAILED, Redactor
 from coder.run.state import check_task_id
 
@@ -248,7 +248,7 @@ def read_events(coder_dir: Path, task_id: str) -> Iterator[Event]:
 
 
 def _open_log(path: Path) -> BinaryIO:
-    """The log, for reading, reached without following a link (coder.nofollow)."""
+    """The log, for reading, reached without following a link (coder.files.nofollow)."""
     return os.fdopen(nofollow.open_file(path, os.O_RDONLY | os.O_NONBLOCK), "rb")
 
 

@@ -15,7 +15,7 @@ or as `.coder/cache/repomap`), and a command can plant one. So a path with a `.c
 component is never opened as given: the walk starts at the directory holding its first
 `.coder` and opens `.coder` and each name under it without following a link (`anchor`). Every
 read, write, rename and delete coder makes under `.coder/` goes through the functions below
-(`at`, `open_file`, `read_bytes`, `listdir`, `unlink`, `remove_tree`), `coder.durable`'s
+(`at`, `open_file`, `read_bytes`, `listdir`, `unlink`, `remove_tree`), `coder.files.durable`'s
 writes included.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from coder.crashpoints import armed, crashpoint
 from coder.errors import LinkInTheWay, NotRegular
-from coder.safeio import file_kind
+from coder.files.safeio import file_kind
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 CODER_DIR = ".coder"  # where coder keeps its state (coder.project), walked from its parent

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from coder.files.realpath import realpath
 from coder.policy.paths import naming, protected_changes, resolve_inside
-from coder.realpath import realpath
 from coder.taskfile import Assertion
 
 if TYPE_CHECKING:
@@ -150,8 +150,8 @@ def _assert_problem(a: Assertion, workdir: Path) -> str | None:
     """Why the assertion does not hold, or None. What a command left at the path is looked at,
     never through: a symlink resolves inside the worktree only, and a FIFO, socket or device
     is named, not opened (reading a FIFO would block the run forever)."""
-    from coder import safeio
     from coder.errors import NotRegular
+    from coder.files import safeio
 
     rel = None if os.path.isabs(a.path) else resolve_inside(workdir, a.path)
     if rel is None:

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coder import graph
 from coder.display import escaped
+from coder.taskfile import graph
 
 Style = Callable[[str, str], str]  # (status, text) -> text as the terminal shows it
 

@@ -13,13 +13,13 @@ from coder.display import escaped, quoted_name
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from coder.run.events import Event
+    from coder.run.eventlog import Event
     from coder.run.state import RunState
     from coder.services.clean import CleanedAll
 
 
 def show_run(task_id: str, as_json: bool) -> None:
-    from coder.cli.runs import run_usage, summary_table, usage_line
+    from coder.cli.run_cmd import run_usage, summary_table, usage_line
     from coder.services import history
 
     view = history.open_run(cwd(), task_id)
@@ -97,7 +97,7 @@ def diff(task_id: str, step: str | None, stat: bool) -> None:
 @json_option
 def logs(task_id: str, follow: bool, as_json: bool) -> None:
     """Print a run's structured event log."""
-    from coder.run import events
+    from coder.run import eventlog
     from coder.run.lock import read_lock_owner
     from coder.services import history
 
@@ -113,9 +113,9 @@ def logs(task_id: str, follow: bool, as_json: bool) -> None:
             grace_until = grace_until or time.monotonic() + 0.5
             return time.monotonic() > grace_until
 
-        stream = events.follow_events(view.coder_dir, task_id, stop=finished)
+        stream = eventlog.follow_events(view.coder_dir, task_id, stop=finished)
     else:
-        stream = events.read_events(view.coder_dir, task_id)
+        stream = eventlog.read_events(view.coder_dir, task_id)
     import json
 
     if as_json or follow:

@@ -17,7 +17,7 @@ from coder.cli.common import (
     json_option,
     run_option,
 )
-from coder.cli.project import ask_trust
+from coder.cli.init_cmd import ask_trust
 from coder.cli.steering import given_note, note_options
 from coder.display import escaped
 from coder.errors import (

@@ -6,7 +6,7 @@ output, same exit code) and writes the counts as JSON to the file `$CODER_TEST_R
 Counted by the result object, test by test, not from the "Ran N" line: Python 3.12.0 and
 3.12.1 leave skipped tests out of `testsRun`, so a run of one passing and one skipped test
 printed "Ran 1" there; here it is 1 passed, 1 skipped on every version. Expected failures count
-as skipped and unexpected successes as failed (as coder.testreport counts the text).
+as skipped and unexpected successes as failed (as coder.checks.testreport counts the text).
 
 Standard library only, and no import of coder: the project's interpreter need not have coder
 installed.

@@ -3,13 +3,13 @@
     structured(cmd)   the command to run instead of `cmd` to get results coder can read
                       without guessing: None when `cmd` is not one coder may change
     read(...)         the run's TestReport: the counts from the structured results, the
-                      failing sections from the text as before (coder.testreport); the text's
+                      failing sections from the text as before (coder.checks.testreport); the text's
                       own counts when the structured results are missing or unparsable
 
 What each runner gives:
     pytest     `--junitxml=$CODER_TEST_RESULTS`: a file in the command's private temp dir,
                outside the worktree (coder.policy.sandbox `results_var`)
-    unittest   `python -m unittest ARGS` runs as `python coder/testrunner.py ARGS`: the same
+    unittest   `python -m unittest ARGS` runs as `python coder/checks/testrunner.py ARGS`: the same
                run and output, and a JSON file of counts taken test by test (right on 3.12.0
                and 3.12.1 too, whose "Ran N" leaves skipped tests out)
     go         `go test -json`: JSON events on stdout; their `Output` is the text `go test -v`
@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from coder.testreport import TestReport, parse_output
+from coder.checks.testreport import TestReport, parse_output
 
 RESULTS_VAR = "CODER_TEST_RESULTS"  # the file a run's structured results go to
 RUNNER = Path(__file__).with_name("testrunner.py")  # unittest's counting runner
@@ -202,7 +202,7 @@ def junit_counts(data: bytes) -> tuple[int, int, int, int]:
 
 
 def unittest_counts(data: bytes) -> tuple[int, int, int, int]:
-    """The counts coder's unittest runner (coder/testrunner.py) wrote."""
+    """The counts coder's unittest runner (coder/checks/testrunner.py) wrote."""
     found = json.loads(data)
     values = tuple(found[key] for key in ("passed", "failed", "skipped", "errors"))
     if not all(isinstance(v, int) and v >= 0 for v in values):

@@ -2,7 +2,7 @@
 
 Temp file in the same directory, write, fsync, `os.replace`, fsync the directory: a crash at any
 instant leaves either the old or the new content, never half of either. Each write works in a
-descriptor of its directory, reached as coder.nofollow reaches it: under `.coder/`, never
+descriptor of its directory, reached as coder.files.nofollow reaches it: under `.coder/`, never
 through a link.
 """
 
@@ -14,9 +14,9 @@ import os
 import stat
 from pathlib import Path
 
-from coder import nofollow
 from coder.crashpoints import crashpoint
 from coder.errors import EnvironmentProblem, LinkInTheWay, display_path
+from coder.files import nofollow
 
 
 def write_atomic(
@@ -25,7 +25,7 @@ def write_atomic(
     """Replace `path` with `data` so that a crash at any instant leaves either the old or the
     new content: temp file in the same directory, write, fsync, `os.replace`, fsync the
     directory. On any failure the temp file is removed and the old file is untouched. Under
-    `.coder/` the directory is reached without following a link (coder.nofollow.at); a link
+    `.coder/` the directory is reached without following a link (coder.files.nofollow.at); a link
     at `path` is replaced, never written through.
 
     A new file gets `new_mode` (private by default: coder's state; the file tools pass 0644
@@ -70,7 +70,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def fsync_dir(directory: Path) -> None:
-    """Make a rename in `directory` durable (reached as coder.nofollow.open_dir reaches it)."""
+    """Make a rename in `directory` durable (reached as `nofollow.open_dir` reaches it)."""
     with nofollow.open_dir(directory) as fd:
         _fsync(fd)
 
@@ -126,7 +126,7 @@ def _create_private(path: Path) -> int:
 def make_private_dirs(path: Path) -> None:
     """`path` and each missing directory above it, made 0700 (`Path.mkdir(parents=True)` gives
     the parents the umask's mode: a `.coder/` deleted during a run came back 0755); under
-    `.coder/` without following a link (coder.nofollow.make_dirs)."""
+    `.coder/` without following a link (coder.files.nofollow.make_dirs)."""
     path = Path(path)
     if nofollow.anchor(path)[1]:
         nofollow.make_dirs(path)

@@ -41,17 +41,17 @@ def init(force: bool, example: str | None, no_test_probe: bool, as_json: bool) -
     from dataclasses import asdict
 
     from coder.project import CODER_DIR
-    from coder.services import project
+    from coder.services import initialize
 
     if example == "list":
-        names = project.example_names()
+        names = initialize.example_names()
         if as_json:
             emit_json({"examples": names})
         else:
             click.echo("\n".join(names))
         return
-    result = project.init(cwd(), force=force, probe=not no_test_probe)
-    written = project.write_example(result.root, example, force=force) if example else None
+    result = initialize.init(cwd(), force=force, probe=not no_test_probe)
+    written = initialize.write_example(result.root, example, force=force) if example else None
     if as_json:
         emit_json(
             {

@@ -45,7 +45,7 @@ def _step_cmd(step: Step, root: Path, config: Config) -> str | None:
 
 def test_command(step: Step, root: Path, config: Config) -> str:
     """The test command of a test step (InvalidInput when there is none)."""
-    from coder import testreport
+    from coder.checks import testreport
 
     return testreport.test_command(
         root=root,
@@ -57,7 +57,7 @@ def test_command(step: Step, root: Path, config: Config) -> str:
 
 
 def _lint_command(step: Step, root: Path, config: Config) -> str | None:
-    from coder import lintreport
+    from coder.checks import lintreport
 
     return " && ".join(
         linter.command_for("FILE")

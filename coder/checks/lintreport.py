@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from coder.errors import InvalidInput
-from coder.safeio import read_regular
+from coder.files.safeio import read_regular
 
 PYTHON = (".py", ".pyi")
 JAVASCRIPT = (".js", ".jsx", ".mjs", ".cjs", ".ts", ".tsx", ".mts", ".cts")
