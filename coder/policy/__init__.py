@@ -1,6 +1,7 @@
 """Every safety rule about what a step or the model may do, one module per rule.
 
-    shellparse.py which programs a command line would run (a small bash lexer)
+    shellparse.py which programs a command line would run (walking shelllex.py's tokens)
+    shelllex.py   a small bash lexer: literal words, run-time values, substitutions
     commands.py   the command allowlist (`Policy`, `check_command`)
     env.py        the environment a command sees (secrets scrubbed)
     paths.py      model-supplied paths stay in the worktree; protected paths are not written
