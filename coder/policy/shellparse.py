@@ -2,9 +2,10 @@
 
 A walker over the tokens of coder.policy.shelllex (literal words kept, words whose value is
 only known at run time marked, every substitution and `bash -c` script a command list of its
-own): it splits them into simple commands and unwraps `env`, `xargs`, `find -exec`, `timeout`, ... to the program they run. Anything
-it cannot follow is refused (`PolicyViolation`) rather than guessed. `commands.check_command`
-decides whether the programs found are allowed.
+own): it splits them into simple commands and unwraps `env`, `xargs`, `find -exec`,
+`timeout`, ... to the program they run. Anything it cannot follow is refused
+(`PolicyViolation`) rather than guessed. `commands.check_command` decides whether the programs
+found are allowed.
 """
 
 from __future__ import annotations

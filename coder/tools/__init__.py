@@ -8,7 +8,8 @@
     worktree.py  a model's path resolved in the worktree, writes that follow no link, globs,
                  numbered lines and the closest match (shared by fs, git, search and shell)
     envfiles.py  `.env` files: their values registered as secrets before a tool answers
-    fs.py        fs_read, fs_write, fs_edit, fs_glob, fs_grep
+    fs.py        fs_read, fs_write, fs_edit, fs_glob
+    grep.py      fs_grep (the regex in a child process with a time limit)
     git.py       git_status, git_diff, git_log, fs_apply_patch (libgit2 applies it)
     search.py    code_search (coder.context.retrieval: BM25, optionally with embeddings)
     shell.py     shell_run, tests_run (through coder.policy.sandbox); modules here are named

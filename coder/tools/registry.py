@@ -382,13 +382,13 @@ def default_registry() -> Registry:
     """The standard tool set, built once. Callers must not register into it; build a
     `Registry()` of their own (e.g. with MCP tools) instead."""
     # here, not at the top: they load libgit2 and the sandbox, which a Registry alone never needs
-    from coder.tools import fs, git, search, shell
+    from coder.tools import fs, git, grep, search, shell
 
     reg = Registry()
     for tool in (
         fs.FS_READ,
         fs.FS_GLOB,
-        fs.FS_GREP,
+        grep.FS_GREP,
         search.CODE_SEARCH,
         git.GIT_STATUS,
         git.GIT_DIFF,

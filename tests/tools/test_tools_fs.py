@@ -11,8 +11,7 @@ import pytest
 
 from coder.policy.commands import Policy
 from coder.redact import Redactor
-from coder.tools import ToolContext, ToolResult, default_registry, doc_write_filter
-from coder.tools import fs as fs_module
+from coder.tools import ToolContext, ToolResult, default_registry, doc_write_filter, grep
 from coder.tools.worktree import glob_regex
 
 APP = "".join(f"line {i}\n" for i in range(1, 11))
@@ -444,7 +443,7 @@ def test_fs_grep_regex_error_has_a_hint(ctx: ToolContext) -> None:
 def test_fs_grep_stops_a_catastrophic_regex(
     ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fs_module, "GREP_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(grep, "GREP_TIMEOUT_S", 1.0)
     (ctx.root / "evil.txt").write_text("a" * 40 + "!\n")
     result = call(ctx, "fs_grep", pattern=r"(a+)+$", glob="evil.txt")
     assert not result.ok and "too slow" in result.content
