@@ -48,7 +48,6 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import struct
 import threading
 import time
 from collections import OrderedDict
@@ -58,6 +57,7 @@ from typing import Any
 
 from coder.errors import EnvironmentProblem
 from coder.files.realpath import realpath
+from coder.git.indexfile import index_entries
 
 _Content = tuple[bytes, int]  # a regular file's bytes and permission bits; a directory's mode
 _NOT_A_FILE: _Content = (b"", -1)  # a symlink, fifo, device, ...: never read through
@@ -528,7 +528,7 @@ def _differs(git_dir: Path, path: str, before: _Content | None, after: _Content 
     if before is None or after is None or before[1] != after[1]:
         return True
     if path == str(git_dir / "index"):
-        return _index_entries(before[0]) != _index_entries(after[0])
+        return index_entries(before[0]) != index_entries(after[0])
     if path == str(git_dir / "packed-refs"):
         return _packed_refs(before[0]) != _packed_refs(after[0])
     return True
@@ -589,69 +589,3 @@ def _packed_refs(data: bytes) -> list[bytes]:
         if not dropped:
             kept.append(line)
     return kept
-
-
-_ASSUME_VALID, _EXTENDED, _STAGE = 0x8000, 0x4000, 0x3000
-_SKIP_WORKTREE, _INTENT_TO_ADD = 0x4000, 0x2000
-
-
-def _index_entries(data: bytes) -> list[tuple[bytes, ...]] | bytes:
-    """What an index says about the next commit and what `git status` shows: each entry's path,
-    mode, object id, stage and the assume-unchanged, skip-worktree and intent-to-add flags; not
-    the file times and sizes git refreshes, nor cache extensions. The bytes themselves when
-    the index is not one this reads (another version, a split index)."""
-    try:
-        return _parse_index(data)
-    except (ValueError, struct.error, IndexError):
-        return data
-
-
-def _parse_index(data: bytes) -> list[tuple[bytes, ...]]:
-    signature, version, count = struct.unpack_from(">4sII", data)
-    if signature != b"DIRC" or version not in (2, 3, 4):
-        raise ValueError("not an index")
-    entries: list[tuple[bytes, ...]] = []
-    pos, previous = 12, b""
-    for _ in range(count):
-        start = pos
-        mode = data[pos + 24 : pos + 28]
-        oid = data[pos + 40 : pos + 60]
-        (flags,) = struct.unpack_from(">H", data, pos + 60)
-        pos += 62
-        extended = 0
-        if flags & _EXTENDED:
-            if version < 3:
-                raise ValueError("extended flags before version 3")
-            (extended,) = struct.unpack_from(">H", data, pos)
-            pos += 2
-        if version == 4:
-            strip, pos = _varint(data, pos)
-            end = data.index(b"\0", pos)
-            path = previous[: len(previous) - strip] + data[pos:end]
-            pos = end + 1
-        else:
-            end = data.index(b"\0", pos)
-            path = data[pos:end]
-            pos = start + ((end - start + 8) & ~7)  # 1 to 8 NULs pad the entry
-        previous = path
-        flags &= _ASSUME_VALID | _STAGE
-        extended &= _SKIP_WORKTREE | _INTENT_TO_ADD
-        entries.append((path, mode, oid, bytes([flags >> 8, extended >> 8])))
-    while pos + 8 <= len(data) - 20:  # extensions, then the checksum
-        name, size = struct.unpack_from(">4sI", data, pos)
-        if name == b"link":  # a split index: the entries live in another file too
-            raise ValueError("split index")
-        pos += 8 + size
-    return entries
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    """git's offset encoding (index version 4)."""
-    byte = data[pos]
-    pos += 1
-    value = byte & 0x7F
-    while byte & 0x80:
-        byte = data[pos]
-        pos += 1
-        value = ((value + 1) << 7) | (byte & 0x7F)
-    return value, pos
