@@ -176,7 +176,7 @@ def _failed(exc: Any, as_json: bool) -> NoReturn:
 def _run(result: Any, model: str | None, as_json: bool) -> None:
     """`coder run --autonomous -f PATH`, with the run command's progress and summary."""
     from coder.cli.run_cmd import _finish, _progress
-    from coder.mcp.client import attach_configured
+    from coder.mcp.attach import attach_configured
     from coder.plan.output import shown
     from coder.run import runs
 

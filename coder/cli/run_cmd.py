@@ -177,7 +177,7 @@ def run(
         return
     from dataclasses import replace
 
-    from coder.mcp.client import attach_configured
+    from coder.mcp.attach import attach_configured
 
     if autonomous and approvals not in (None, "none"):
         raise click.UsageError(
@@ -310,7 +310,7 @@ def resume(
     not yet done, --ignore-edits keeps the run's own copy. A --note reaches the next attempt
     of the step (--step, else the next one a model works on).
     """
-    from coder.mcp.client import attach_configured
+    from coder.mcp.attach import attach_configured
     from coder.run import runs
 
     if taskfile is not None and ignore_edits:
