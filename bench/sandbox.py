@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
-from coder.policy import confine
+from coder.policy import confine, kernel, writes
 
 ROUNDS = 200
 
@@ -34,15 +34,15 @@ def main() -> None:
     from coder.policy.commands import Policy
     from coder.policy.sandbox import run_command
 
-    found = confine.support()
+    found = kernel.support()
     if not found.available:
         print(f"sandbox: not available here ({found.problem}); nothing to measure")
         return
-    prefix = confine.unshare_prefix() or ()
+    prefix = kernel.unshare_prefix() or ()
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as tmp2:
         worktree = Path(tmp)
-        spawner = confine.confinement(confine.Profile(confine.writable_for(worktree)))
-        landlock_only = _without_the_wall(confine.Profile((tmp2,)))
+        spawner = confine.confinement(writes.Profile(writes.writable_for(worktree)))
+        landlock_only = _without_the_wall(writes.Profile((tmp2,)))
 
         def process(start: Callable[..., subprocess.Popen[bytes]], argv: list[str]) -> None:
             proc = start(argv, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -81,9 +81,9 @@ def main() -> None:
     _line("run_command", ms["command sandboxed"], "sandbox off", ms["command before"], 1.3)
 
 
-def _without_the_wall(profile: confine.Profile) -> confine.Confinement:
+def _without_the_wall(profile: writes.Profile) -> confine.Confinement:
     """A spawner confined as before the metadata wall: Landlock and the network namespace."""
-    found = confine.support()
+    found = kernel.support()
     before = dataclasses.replace(
         found, mounts_problem="off", setid_problem="off", view_problem="off"
     )

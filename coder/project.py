@@ -58,7 +58,7 @@ def main_root(cwd: Path) -> Path:
 def ensure_coder_dir(root: Path) -> Path:
     """`.coder/` and its folders, readable by their owner only (0700): it holds logs and
     transcripts of what commands printed. Made before any command runs in the checkout, so the
-    sandbox keeps it read-only to them (coder.policy.confine.kept_readonly). Made and chmodded
+    sandbox keeps it read-only to them (coder.policy.writes.kept_readonly). Made and chmodded
     through descriptors that never follow a link: a link at `.coder` or at one of its folders
     is refused (EnvironmentProblem), nothing written."""
     base = coder_dir(root)

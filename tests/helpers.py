@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from coder.policy import kernel
 from coder.schemas import validator
 from tests.conftest import git
 from tests.fake_ollama import FakeOllama, Reply
@@ -104,18 +105,16 @@ def at_once(call: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
 def refused_outside() -> tuple[str, ...]:
     """How a write to a path outside a command's worktree may fail here: denied (`denied`),
     or, in the command's view (coder.policy.view), no such path at all."""
-    from coder.policy import confine
 
-    absent = ("No such file or directory",) if confine.support().view_problem is None else ()
+    absent = ("No such file or directory",) if kernel.support().view_problem is None else ()
     return (denied(), *absent)
 
 
 def denied() -> str:
     """How a write outside a command's sandbox fails here: EROFS where the read-only mount
     namespace refuses it first (coder.policy.mounts, as root), else Landlock's EACCES."""
-    from coder.policy import confine
 
-    found = confine.support()
+    found = kernel.support()
     return "Read-only file system" if found.mounts_problem is None else "Permission denied"
 
 

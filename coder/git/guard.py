@@ -524,7 +524,7 @@ def _differs(git_dir: Path, path: str, before: _Content | None, after: _Content 
     if before == after:
         return False
     if path.endswith("/config.worktree") and _sets_nothing(before) and _sets_nothing(after):
-        return False  # the sandbox makes it empty to keep it read-only (confine.admin_files)
+        return False  # the sandbox makes it empty to keep it read-only (writes.admin_files)
     if before is None or after is None or before[1] != after[1]:
         return True
     if path == str(git_dir / "index"):

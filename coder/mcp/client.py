@@ -358,7 +358,7 @@ class McpBridge:
         spec = conn.spec
         argv = [str(spec["command"]), *(str(a) for a in spec.get("args") or [])]
         if self.sandbox:
-            from coder.policy.confine import launcher_argv
+            from coder.policy.launch import launcher_argv
             from coder.policy.proctrees import Tree
 
             program = str(self.cwd / argv[0]) if "/" in argv[0] else argv[0]

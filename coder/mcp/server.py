@@ -54,7 +54,7 @@ def tool_context(root: Path) -> ToolContext:
 
     cfg = config_mod.load(root)
     # Before any command runs in the checkout, `.coder/` is made (a link there refused): the
-    # sandbox keeps it read-only to commands only if it is there (confine.kept_readonly), and
+    # sandbox keeps it read-only to commands only if it is there (writes.kept_readonly), and
     # one could otherwise plant a link where coder then writes.
     coder_dir = project.ensure_coder_dir(root)
     repository.ensure_excluded(repository.open_repo(root), f"/{project.CODER_DIR}/")

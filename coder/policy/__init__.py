@@ -8,6 +8,8 @@
     sandbox.py    the one way coder runs a command: policy checked, confined, network off,
                   resource limits, timeout, process-group kill, capped output
     confine.py    the kernel sandbox (Landlock) every command runs in, applied by a thread
+    writes.py     a command's Profile: what it may write, what stays read-only, what it sees
+    kernel.py     what this kernel offers for confining (Landlock ABI, namespaces), probed once
     reaper.py     coder as child subreaper: whether a sandbox can still hold a process
     cgroups.py    a pids cgroup per sandbox: limits.processes binds root; what it holds, listed
     tmpdirs.py    temporary directories named by their owner, those of gone coders removed
@@ -18,6 +20,7 @@
     userns.py     a user namespace of coder's own, so ordinary users get the same walls
     seccomp.py    no setuid or setgid file from a command (a seccomp filter)
     launch.py     `python -m coder.policy.launch`: confine this process, then become a program
+                  (`launcher_argv`: how coder starts a program it does not run itself)
 
 May import: the base modules (errors, redact, files, ...). Never git, models, tools, run or CLI.
 """

@@ -4,7 +4,7 @@ What a confined command can do: read and execute what it sees (coder.policy.view
 worktree, its temp dir, the system and its toolchain, where this machine allows a view; else
 anything); write only under its profile's writable directories (a run's worktree, that
 worktree's own git admin directory, less the files naming its branch, repository and config
-where the mount wall is: `admin_files`, a private temporary directory) and to `/dev/null`-like
+where the mount wall is: coder.policy.writes, a private temporary directory) and to `/dev/null`-like
 devices; no TCP at all while the network is off, and no signals or abstract UNIX sockets
 reaching processes outside the sandbox. The user's
 checkout, the repository's refs, objects, hooks and config, `.coder/` and `$HOME` are
@@ -41,7 +41,7 @@ every user, a seccomp filter refuses setuid and setgid modes (coder.policy.secco
 Landlock. Both are made once per thread and inherited by every command, so they cost nothing
 per command. Without CAP_SYS_ADMIN there is no mount namespace (a thread of a process with
 threads cannot make the user namespace it would need): commands then see everything, metadata
-outside the worktree is not contained, and `support().view_problem` and `mounts_problem` say
+outside the worktree is not contained, and `kernel.support().view_problem` and `mounts_problem` say
 why. And coder's process is made not dumpable while it has spawners (`_undumpable`): a
 spawner thread shares its commands' Landlock domain, and would otherwise let them into
 coder's memory through `/proc`.
@@ -55,7 +55,7 @@ root (`ulimit -u` does not). Elsewhere, and for coder's own children that ended 
 process started in the same sandbox sends SIGKILL to all it may signal, which Landlock's signal
 scope limits to the sandbox's own processes. It first checks that it cannot signal coder
 itself, and kills nothing when it can (a kernel before Landlock ABI 6 has no signal scope).
-The external MCP servers confined to the worktree (`launcher_argv`) have sandboxes of their
+The external MCP servers confined to the worktree (`launch.launcher_argv`) have sandboxes of their
 own: what they started since they were ready is ended too (coder.policy.proctrees).
 
 `landlockpy` is the binding (ctypes, no compiler, follows each new Landlock ABI). ABI 3 or newer
@@ -78,207 +78,25 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from coder.errors import EnvironmentProblem
 from coder.files.realpath import realpath
-from coder.policy import cgroups, reaper, tmpdirs
+from coder.policy import cgroups, kernel, reaper, tmpdirs
+from coder.policy.kernel import CLONE_NEWNET, errno_text, libc
+from coder.policy.writes import Profile, admin_files, writable_for
 
-MIN_ABI = 3  # truncate(2) is only covered from ABI 3 on
 _KEEP_THREADS = 16  # idle spawner threads kept (one per profile); older ones are stopped
 # Devices any command may open for writing: the ones a shell and a test suite expect.
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/ptmx")
 _DEVICE_DIRS = ("/dev/pts", "/dev/shm")  # pseudo-terminals; POSIX shared memory (semaphores)
 
-_CLONE_NEWNET = 0x40000000
 _T = TypeVar("_T")
 _PR_CAPBSET_DROP = 24
 _PR_SET_DUMPABLE = 4
 _CAP_VERSION_3 = 0x20080522
 _CAP_SETFCAP = 31
-
-
-@dataclass(frozen=True)
-class Profile:
-    """What a confined command may write, and whether it may use the network."""
-
-    writable: tuple[str, ...]  # real paths of directories
-    network: bool = False
-    # real paths inside `writable` kept read-only (bound over themselves; needs the mount wall)
-    readonly: tuple[str, ...] = ()
-    # paths shown read-only besides the system, in the view (coder.policy.view): the toolchain
-    # the commands' PATH names and the config's `visible_paths`
-    visible: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Support:
-    """What this machine offers, for `coder doctor` and for refusing to run without it."""
-
-    abi: int  # Landlock ABI version; 0 when the kernel has none
-    netns: str  # "thread" (own namespace, capabilities dropped), "per-command", or "none"
-    problem: str | None  # why commands cannot be confined here, or None
-    # The metadata wall: why commands get no read-only mount namespace (coder.policy.mounts),
-    # and why setuid/setgid bits are not refused (coder.policy.seccomp); None when they are.
-    mounts_problem: str | None = "not probed"
-    setid_problem: str | None = "not probed"
-    # The view (coder.policy.view): why commands see the whole filesystem here, or None.
-    view_problem: str | None = "not probed"
-
-    @property
-    def available(self) -> bool:
-        return self.problem is None
-
-
-@functools.lru_cache(maxsize=1)
-def support() -> Support:
-    """Probed once per process: the Landlock ABI and how commands get a network namespace."""
-    try:
-        import landlockpy
-    except ImportError:
-        return Support(0, "none", "the landlockpy package is not installed")
-    try:
-        abi = landlockpy.abi_version()
-    except OSError as exc:
-        return Support(0, "none", f"Landlock is not usable: {exc}")
-    netns = _netns_mode()
-    walls = {
-        "mounts_problem": _mounts_problem(),
-        "setid_problem": _setid_problem(),
-        "view_problem": _view_problem(),
-    }
-    if abi == 0:
-        problem = "this kernel has no Landlock (Linux 5.13+ with lsm=landlock)"
-        return Support(0, netns, problem, **walls)
-    if abi < MIN_ABI:
-        problem = f"this kernel's Landlock ABI {abi} is too old (needs {MIN_ABI}, Linux 6.2+)"
-        return Support(abi, netns, problem, **walls)
-    return Support(abi, netns, None, **walls)
-
-
-def _in_throwaway_thread(probe: Callable[[], object]) -> OSError | None:
-    """Run `probe` on a thread of its own (what it changes there, namespaces, filters, dies
-    with the thread); the OSError it raised, or None."""
-    result: list[OSError | None] = [OSError(errno.EINVAL, "the probe did not finish")]
-
-    def run() -> None:
-        try:
-            probe()
-        except OSError as exc:
-            result[0] = exc
-        else:
-            result[0] = None
-
-    thread = threading.Thread(target=run, name="coder-sandbox-probe")
-    thread.start()
-    thread.join()
-    return result[0]
-
-
-def _netns_mode() -> str:
-    def probe() -> None:
-        if _libc().unshare(_CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), _errno_text())
-
-    if _in_throwaway_thread(probe) is None:
-        return "thread"
-    return "per-command" if unshare_prefix() is not None else "none"
-
-
-def _mounts_problem() -> str | None:
-    from coder.policy import mounts
-
-    with tempfile.TemporaryDirectory(prefix=tmpdirs.prefix("probe")) as tmp:
-        failed = _in_throwaway_thread(lambda: mounts.wall([tmp]))
-    if failed is None:
-        return None
-    if failed.errno == errno.EPERM:
-        return "making a mount namespace in a thread needs CAP_SYS_ADMIN (root, or user namespaces)"
-    return failed.strerror or str(failed)
-
-
-def _view_problem() -> str | None:
-    from coder.policy import view
-
-    if problem := view.problem():
-        return problem
-    with tempfile.TemporaryDirectory(prefix=tmpdirs.prefix("probe")) as tmp:
-        found = view.plan([tmp])
-        failed = _in_throwaway_thread(lambda: view.build(found, tmp))
-    if failed is None:
-        return None
-    if failed.errno == errno.EPERM:
-        return "making a mount namespace in a thread needs CAP_SYS_ADMIN (root, or user namespaces)"
-    return failed.strerror or str(failed)
-
-
-def _setid_problem() -> str | None:
-    from coder.policy import seccomp
-
-    if problem := seccomp.problem():
-        return problem
-    failed = _in_throwaway_thread(seccomp.refuse_setid)
-    return None if failed is None else failed.strerror or str(failed)
-
-
-@functools.lru_cache(maxsize=1)
-def unshare_prefix() -> tuple[str, ...] | None:
-    """argv prefix giving a command a private, empty network (`unshare`), or None if the
-    kernel or a missing `unshare` does not allow it. Probed once per process."""
-    exe = shutil.which("unshare")
-    if exe is None:
-        return None
-    # Prefer keeping our uid (util-linux >= 2.38); `-r` maps us to root inside the namespace.
-    for flags in (("--map-current-user", "--net"), ("-r", "-n")):
-        prefix = (exe, *flags, "--")
-        try:
-            probe = subprocess.run(
-                [*prefix, "true"],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=10,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if probe.returncode == 0:
-            return prefix
-    return None
-
-
-@functools.lru_cache(maxsize=1)
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def writable_for(root: Path) -> tuple[str, ...]:
-    """The directories a command in worktree `root` may write: the worktree and, for a linked
-    worktree, its own admin directory (`.git/worktrees/<id>`: its index; not its HEAD and the
-    other files of `admin_files`), never the repository's shared refs, objects, hooks or
-    config.
-
-    The worktree's `.git` file is writable, so it is not trusted alone: the admin directory
-    it names must name this worktree back (its `gitdir` file, which git wrote and a command
-    cannot), or a command could aim the next one's sandbox at another run's admin dir."""
-    real = realpath(root)
-    gitfile = os.path.join(real, ".git")
-    from coder.files import safeio
-
-    def text(path: str) -> str:  # never blocking on a FIFO a command left, nor following
-        return safeio.read_regular(path, limit=1 << 16, follow=False).decode(errors="replace")
-
-    try:
-        found = text(gitfile).strip()
-        admin = realpath(os.path.join(real, found.removeprefix("gitdir:").strip()))
-        back = text(os.path.join(admin, "gitdir")).strip()
-    except OSError:  # a main checkout (.git is a directory), or no git at all
-        return (real,)
-    if found.startswith("gitdir:") and realpath(os.path.join(admin, back)) == gitfile:
-        return (real, admin)
-    return (real,)
 
 
 class ProcessExit:
@@ -337,7 +155,7 @@ class Confinement:
     def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         """Start `argv` confined (Popen's keyword arguments). Raises what Popen raises."""
         if not self.profile.network and self.per_command_netns:
-            prefix = unshare_prefix()
+            prefix = kernel.unshare_prefix()
             assert prefix is not None
             argv = [*prefix, *argv]
 
@@ -483,14 +301,14 @@ def confine_current_thread(profile: Profile, tmp_root: str, *, netns_done: bool 
     `unshare`)."""
     from landlockpy import AccessFS, AccessNet, Ruleset, Scope
 
-    found = support()
+    found = kernel.support()
     if not found.available:
         raise EnvironmentProblem(f"no command sandbox: {found.problem}")
     per_command_netns = False
     if not profile.network and not netns_done:
         if found.netns == "thread":
-            if _libc().unshare(_CLONE_NEWNET) != 0:
-                raise EnvironmentProblem(f"cannot give commands a private network: {_errno_text()}")
+            if libc().unshare(CLONE_NEWNET) != 0:
+                raise EnvironmentProblem(f"cannot give commands a private network: {errno_text()}")
         else:
             per_command_netns = found.netns == "per-command"
     _metadata_wall(found, profile, tmp_root)
@@ -526,7 +344,7 @@ def confine_current_thread(profile: Profile, tmp_root: str, *, netns_done: bool 
     return per_command_netns
 
 
-def _metadata_wall(found: Support, profile: Profile, tmp_root: str) -> None:
+def _metadata_wall(found: kernel.Support, profile: Profile, tmp_root: str) -> None:
     """The thread's own root showing only what its commands need (coder.policy.view), else
     everything read-only to it but the profile's writable dirs (coder.policy.mounts), where
     this machine allows either; a read-only carve-out needs one of them."""
@@ -568,66 +386,6 @@ def _common_dirs(writable: Iterable[str]) -> list[str]:
     return found
 
 
-def launcher_argv(
-    argv: list[str],
-    root: Path,
-    *,
-    network: bool,
-    visible: Iterable[str] = (),
-    tree: dict[str, str] | None = None,
-) -> list[str]:
-    """`argv` wrapped to run confined to `root` (as `writable_for` says) by a launcher process:
-    for programs coder does not start itself (external MCP servers, started by the MCP SDK),
-    where one Python start per long-lived server costs nothing that matters. The program
-    sees, besides the system, the toolchain of coder's PATH and of its own directory, and
-    `visible` (the config's `visible_paths`). `tree`: the process tree it joins first
-    (coder.policy.proctrees)."""
-    import json
-    import sys
-
-    found = support()
-    if not found.available:
-        raise EnvironmentProblem(f"no command sandbox: {found.problem}")
-    prefix = unshare_prefix() if not network and found.netns == "per-command" else None
-    writable = writable_for(root)
-    profile = {
-        "writable": list(writable),
-        "readonly": list(admin_files(writable)),
-        "network": network,
-        "tmp": tmpdirs.make("sandbox"),
-        "netns_done": prefix is not None,
-        "visible": [*_toolchain(argv[0], root), *_named(argv[1:]), *visible],
-        "tree": tree or {},
-    }
-    _tmp_roots.append(profile["tmp"])  # type: ignore[arg-type]
-    launcher = [sys.executable, "-I", "-m", "coder.policy.launch", json.dumps(profile), "--"]
-    return [*(prefix or ()), *launcher, *argv]
-
-
-def _toolchain(program: str, cwd: Path) -> tuple[str, ...]:
-    """What a program started by name from `cwd` runs from (coder.policy.view.toolchain): the
-    toolchain of PATH, and of the directory the program is found in."""
-    from coder.policy import view
-
-    path_var = os.environ.get("PATH", "")
-    found = shutil.which(os.path.join(cwd, program) if "/" in program else program)
-    where = os.path.dirname(os.path.abspath(found)) if found else ""
-    return view.toolchain(f"{path_var}{os.pathsep}{where}")
-
-
-def _named(args: list[str]) -> list[str]:
-    """The files and directories a server's own command line names by absolute path (its
-    script, `/home/me/tools/server.py`; its config): the server you configured runs from them,
-    so its view shows them read-only (a file's whole directory, for what it imports)."""
-    found = []
-    for arg in args:
-        value = arg.partition("=")[2] if arg.startswith("--") and "=" in arg else arg
-        if not value.startswith("/") or not os.path.exists(value):
-            continue
-        found.append(value if os.path.isdir(value) else os.path.dirname(value))
-    return found
-
-
 def _empty_dir(path: str) -> bool:
     """Whether `path` is a directory itself (not a link to one) with nothing in it."""
     import stat
@@ -647,15 +405,11 @@ def _undumpable() -> None:
     `/proc/CODER/task/SPAWNER/mem` and read or write all of coder (its unconfined threads
     included); a process that is not dumpable can be reached so only with CAP_SYS_PTRACE.
     Programs coder starts are dumpable again (exec resets it)."""
-    _libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def _existing(paths: Iterable[str]) -> list[str]:
     return [p for p in paths if os.path.exists(p)]
-
-
-def _errno_text() -> str:
-    return os.strerror(ctypes.get_errno())
 
 
 class _CapHeader(ctypes.Structure):
@@ -674,9 +428,9 @@ def _drop_capabilities(keep: int | None = None) -> None:
     """Empty this thread's capability bounding set and its capability sets, so what it starts
     has none, even as root (capabilities are per thread); `keep` one capability, if held. A
     no-op for an unprivileged user."""
-    libc = _libc()
+    lib = libc()
     for cap in range(64):
-        if cap != keep and libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+        if cap != keep and lib.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             err = ctypes.get_errno()
             if err == errno.EINVAL:  # past the last capability this kernel knows
                 break
@@ -684,7 +438,7 @@ def _drop_capabilities(keep: int | None = None) -> None:
                 break
     header = _CapHeader(_CAP_VERSION_3, 0)
     data = (_CapData * 2)()
-    if keep is not None and libc.capget(ctypes.byref(header), data) == 0:
+    if keep is not None and lib.capget(ctypes.byref(header), data) == 0:
         word, bit = divmod(keep, 32)
         for i in range(2):
             mask = (1 << bit) if i == word else 0
@@ -693,8 +447,8 @@ def _drop_capabilities(keep: int | None = None) -> None:
             data[i].inheritable &= mask
     else:
         data = (_CapData * 2)()
-    if libc.capset(ctypes.byref(header), data) != 0:
-        raise EnvironmentProblem(f"cannot drop capabilities for commands: {_errno_text()}")
+    if lib.capset(ctypes.byref(header), data) != 0:
+        raise EnvironmentProblem(f"cannot drop capabilities for commands: {errno_text()}")
 
 
 # Run inside a sandbox: kill(-1) reaches only the sandbox's own processes, as long as Landlock
@@ -707,79 +461,6 @@ _LIST_AND_END_LEFTOVERS = (
     '[ "$p" = $$ ] || ! kill -0 "$p" 2>/dev/null || echo "$p"; done; kill -9 -1 2>/dev/null; '
     "exit 0"
 )
-
-
-def profile_for(
-    root: Path, *, network: bool = False, path: str | None = None, visible: Iterable[str] = ()
-) -> Profile:
-    """The profile of the commands that run in worktree (or checkout) `root` with `path` as
-    their PATH (coder's own by default): they see its toolchain (coder.policy.view) and
-    `visible` (the config's `visible_paths`) besides the system."""
-    from coder.policy import view
-
-    writable = writable_for(root)
-    readonly = kept_readonly(root) + admin_files(writable)
-    toolchain = view.toolchain(os.environ.get("PATH", "") if path is None else path)
-    shown = (*toolchain, *visible)
-    return Profile(writable, network=network, readonly=readonly, visible=shown)
-
-
-# What git reads in a linked worktree's admin dir to know the worktree's repository, branch
-# and config: a HEAD pointed at main aims the step commit there, a commondir at another
-# repository (whose config runs a `core.fsmonitor`) the user's next `git status`, a
-# config.worktree's `core.worktree` coder's checkouts. Never written by a command.
-_ADMIN_FILES = ("HEAD", "commondir", "gitdir", "config.worktree")
-
-
-def admin_files(writable: tuple[str, ...]) -> tuple[str, ...]:
-    """`_ADMIN_FILES` of the admin dir among `writable` (`writable_for`'s second path, a
-    linked worktree's), kept read-only inside it: bound over themselves, where this machine
-    has the read-only mount wall (elsewhere the git guard around each step puts them back).
-    config.worktree, absent unless the repository uses it, is made empty first (an empty one
-    sets nothing): a name that does not exist cannot be bound, and a command could create it.
-    A name that is not a regular file (a link a command left) is not bound: never through a
-    link; the git guard replaces it."""
-    import stat
-
-    if len(writable) < 2 or not _mount_wall(support()):
-        return ()
-    admin = writable[1]
-    fd = os.open(admin, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            os.close(os.open("config.worktree", flags, 0o644, dir_fd=fd))
-        except OSError:  # there already; or not ours to make (then not a command's either)
-            pass
-        found = []
-        for name in _ADMIN_FILES:
-            try:
-                if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-                    found.append(os.path.join(admin, name))
-            except FileNotFoundError:
-                continue
-        return tuple(found)
-    finally:
-        os.close(fd)
-
-
-def kept_readonly(root: Path) -> tuple[str, ...]:
-    """What stays read-only to the commands of `root` inside it: a main checkout's `.git` and
-    `.coder` (`coder mcp serve` runs commands in the user's checkout itself; a run's worktree
-    has neither: its `.git` is a file, its repository is outside it). Only where this machine
-    has the read-only mount wall that keeps them so; elsewhere the git guard around each call
-    puts `.git` back (coder.mcp.walls)."""
-    if not _mount_wall(support()):
-        return ()
-    real = realpath(root)
-    inside = (os.path.join(real, name) for name in (".git", ".coder"))
-    return tuple(p for p in inside if os.path.isdir(p) and not os.path.islink(p))
-
-
-def _mount_wall(found: Support) -> bool:
-    """Whether commands get a mount namespace here (the view, or the read-only wall), which
-    keeps a carve-out of their writable dirs read-only."""
-    return found.view_problem is None or found.mounts_problem is None
 
 
 def confined(root: Path, fn: Callable[[], _T]) -> _T:
@@ -795,7 +476,7 @@ def spawner_for(root: Path) -> Confinement | None:
     """The spawner for coder's own work in `root`: it may write only `writable_for(root)` (the
     commands' spawner when their profile is exactly that, whatever its network), or None where
     this machine has no sandbox."""
-    if not support().available:
+    if not kernel.support().available:
         return None
     # Inside `root` coder's own writes go where they mean to (a checkout's `.git` included:
     # libgit2 locks the index even to patch files); a command's carve-outs are not theirs,
@@ -864,6 +545,14 @@ def confinement(profile: Profile) -> Confinement:
 
 
 _tmp_roots: list[str] = []
+
+
+def new_tmp_root() -> str:
+    """A temporary root for a program coder does not start itself (coder.policy.launch), removed
+    when coder exits."""
+    path = tmpdirs.make("sandbox")
+    _tmp_roots.append(path)
+    return path
 
 
 @atexit.register

@@ -68,7 +68,7 @@ def end(root: str) -> None:
 
 class Tree:
     """A launched server and everything it starts: made before the server is started (its
-    launcher joins it: `spec`, for `confine.launcher_argv`), ended at each step's end in
+    launcher joins it: `spec`, for `launch.launcher_argv`), ended at each step's end in
     worktree `root` (`end`) until it is closed."""
 
     def __init__(self, root: Path) -> None:

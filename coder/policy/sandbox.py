@@ -36,7 +36,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from coder.errors import EnvironmentProblem, InvalidInput, PolicyViolation
 from coder.files.realpath import realpath
-from coder.policy import tmpdirs
+from coder.policy import kernel, tmpdirs
 from coder.policy.commands import Limits, Policy, check_command
 from coder.policy.env import scrub_env
 
@@ -94,18 +94,16 @@ _REFUSED_WRITE = ("Read-only file system", "insufficient permission for adding a
 def network_isolation_available() -> bool:
     """Whether commands get a real network namespace while the network is off (otherwise
     only the command allowlist and Landlock's TCP rules keep them off the network)."""
-    from coder.policy import confine
 
-    return confine.support().netns != "none" or confine.unshare_prefix() is not None
+    return kernel.support().netns != "none" or kernel.unshare_prefix() is not None
 
 
 def require_sandbox(policy: Policy) -> None:
     """EnvironmentProblem unless commands can be confined (or the user turned that off)."""
-    from coder.policy import confine
 
     if not policy.sandbox:
         return
-    found = confine.support()
+    found = kernel.support()
     if not found.available:
         raise EnvironmentProblem(
             f"no kernel sandbox for commands: {found.problem}",
@@ -444,10 +442,10 @@ def _spawner(policy: Policy, root: Path, env: dict[str, str]) -> Iterator[Spawn]
 
         yield unconfined
         return
-    from coder.policy import confine
+    from coder.policy import confine, writes
 
     require_sandbox(policy)
-    profile = confine.profile_for(
+    profile = writes.profile_for(
         root, network=policy.allow_network, path=env.get("PATH", ""), visible=policy.visible_paths
     )
     spawner = confine.confinement(profile)
@@ -461,9 +459,8 @@ def _spawner(policy: Policy, root: Path, env: dict[str, str]) -> Iterator[Spawn]
 
 
 def _unshare_prefix() -> tuple[str, ...] | None:
-    from coder.policy import confine
 
-    return confine.unshare_prefix()
+    return kernel.unshare_prefix()
 
 
 def _wait(

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
 from coder.errors import CoderError
+from coder.policy import kernel
 
 if TYPE_CHECKING:
     from coder.models.provider import ModelFacts, ServerProvider
-    from coder.policy.confine import Support
+    from coder.policy.kernel import Support
 
 MIN_USEFUL_CTX = 8192
 
@@ -94,10 +95,9 @@ def _tests_found(cwd: Path, cfg: config_mod.Config) -> list[Check]:
 
 def _sandbox(cfg: config_mod.Config) -> list[Check]:
     """Which protection commands get: the kernel sandbox (Landlock) and the network wall."""
-    from coder.policy import confine
     from coder.policy.sandbox import network_isolation_available
 
-    found = confine.support()
+    found = kernel.support()
     off = cfg.sandbox == "off"
     if off:
         files = Check(

@@ -187,7 +187,7 @@ def test_guards_checked_at_once_put_a_shared_file_back_once(repo: Path) -> None:
 
 def test_an_empty_config_worktree_is_as_none_and_any_other_is_put_back(repo: Path) -> None:
     """The sandbox makes a worktree's config.worktree empty to keep it read-only
-    (confine.admin_files), possibly after the step's guard was taken: that is no change. One
+    (writes.admin_files), possibly after the step's guard was taken: that is no change. One
     that sets something, a link, or a directory is, and the guard removes it."""
     _tip, (worktree,) = level_worktrees(repo, 1)
     admin = repo / ".git" / "worktrees" / worktree.name

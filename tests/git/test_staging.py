@@ -15,7 +15,7 @@ import pytest
 
 from coder.errors import EnvironmentProblem
 from coder.git import branches, commits, diffs, repository, staging, submodules, worktrees
-from coder.policy import confine
+from coder.policy import confine, kernel
 from tests.conftest import git
 
 BRANCH = "agent/t1-demo"
@@ -28,7 +28,7 @@ FILES = {
     ".gitignore": "*.log\n",
 }
 sandboxed = pytest.mark.skipif(
-    not confine.support().available, reason=f"no kernel sandbox: {confine.support().problem}"
+    not kernel.support().available, reason=f"no kernel sandbox: {kernel.support().problem}"
 )
 
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from coder.policy import confine
+from coder.policy import kernel
 from tests.conftest import git
 from tests.mcp.test_mcp_server import call, stdio_session, text
 
 pytestmark = pytest.mark.skipif(
-    not confine.support().available,
-    reason=f"no kernel sandbox here: {confine.support().problem}",
+    not kernel.support().available,
+    reason=f"no kernel sandbox here: {kernel.support().problem}",
 )
 
 
@@ -118,7 +118,7 @@ def test_shell_run_cannot_change_git(
     """Both walls, each on its own: the sandbox keeps .git read-only to the server's commands
     (where the machine has the mount wall), and the git guard puts back what a command
     changed there anyway (here with the sandbox off, as on a machine without one)."""
-    guard_only = wall == "the guard alone" or confine.support().mounts_problem is not None
+    guard_only = wall == "the guard alone" or kernel.support().mounts_problem is not None
     if wall == "the guard alone":
         user_config = tmp_path / "user-config.json"
         user_config.write_text('{"sandbox": "off"}')

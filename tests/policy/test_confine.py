@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from coder.errors import EnvironmentProblem, InvalidInput
-from coder.policy import confine, sandbox
+from coder.policy import confine, kernel, launch, sandbox, writes
 from coder.policy.commands import Limits, Policy
 from coder.policy.sandbox import run_command
 from tests.conftest import coder, git
 from tests.helpers import denied, state_of, taskfile
 
 needs_sandbox = pytest.mark.skipif(
-    not confine.support().available,
-    reason=f"no kernel sandbox here: {confine.support().problem}",
+    not kernel.support().available,
+    reason=f"no kernel sandbox here: {kernel.support().problem}",
 )
 POLICY = Policy(allowed_commands=Policy().allowed_commands | {"kill", "dd", "ulimit"})
 
@@ -77,8 +77,8 @@ def test_limits_from_config() -> None:
 def test_without_a_sandbox_commands_are_refused_unless_turned_off(
     make_repo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    missing = confine.Support(0, "none", "this kernel has no Landlock")
-    monkeypatch.setattr(confine, "support", lambda: missing)
+    missing = kernel.Support(0, "none", "this kernel has no Landlock")
+    monkeypatch.setattr(kernel, "support", lambda: missing)
     with pytest.raises(EnvironmentProblem, match="no kernel sandbox for commands"):
         sandbox.require_sandbox(Policy())
     sandbox.require_sandbox(Policy(sandbox=False))
@@ -101,7 +101,7 @@ def test_the_launcher_confines_a_program_coder_does_not_start_itself(tmp_path: P
     root, outside = tmp_path / "wt", tmp_path / "outside.txt"
     root.mkdir()
     script = f"echo in > in.txt; echo out > {outside}; grep CapEff /proc/self/status"
-    argv = confine.launcher_argv(["bash", "-c", script], root, network=False)
+    argv = launch.launcher_argv(["bash", "-c", script], root, network=False)
     done = subprocess.run(argv, cwd=root, capture_output=True, text=True, check=False)
     assert (root / "in.txt").read_text() == "in\n" and not outside.exists()
     assert denied() in done.stderr and "CapEff:\t0000000000000000" in done.stdout
@@ -165,10 +165,10 @@ def test_a_rewritten_git_file_cannot_widen_the_next_commands_sandbox(make_repo) 
     git(repo, "worktree", "add", "-q", str(repo.parent / "one"), "-b", "one")
     git(repo, "worktree", "add", "-q", str(repo.parent / "two"), "-b", "two")
     one, two_admin = repo.parent / "one", repo / ".git" / "worktrees" / "two"
-    assert confine.writable_for(one) == (str(one), str(one_admin := repo / ".git/worktrees/one"))
+    assert writes.writable_for(one) == (str(one), str(one_admin := repo / ".git/worktrees/one"))
     assert one_admin.is_dir()
     (one / ".git").write_text(f"gitdir: {two_admin}\n")  # what a command in `one` can do
-    assert confine.writable_for(one) == (str(one),)
+    assert writes.writable_for(one) == (str(one),)
 
 
 @needs_sandbox
@@ -186,10 +186,10 @@ def test_without_cap_sys_admin_each_command_gets_its_own_namespace(tmp_path: Pat
     root.mkdir()
     script = f"""
 from pathlib import Path
-from coder.policy import confine
+from coder.policy import confine, kernel
 from coder.policy.commands import Policy
 from coder.policy.sandbox import run_command
-assert confine.support().netns == "per-command", confine.support()
+assert kernel.support().netns == "per-command", kernel.support()
 cmd = "echo a > in.txt; echo b > {tmp_path}/out.txt; python3 -c 'import socket; socket.socket().connect((\\"127.0.0.1\\", 9))'"
 result = run_command(cmd, cwd=Path("{root}"), policy=Policy(), root=Path("{root}"))
 print(result.stderr)

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from coder.errors import EnvironmentProblem
-from coder.policy import confine, seccomp
+from coder.policy import confine, kernel, launch, seccomp, writes
 from coder.policy.commands import Policy
 from coder.policy.sandbox import run_command
 from tests.conftest import git
 from tests.helpers import fingerprint
 
-FOUND = confine.support()
+FOUND = kernel.support()
 needs_mounts = pytest.mark.skipif(
     not FOUND.available or FOUND.mounts_problem is not None,
     reason=f"no read-only mount namespace here: {FOUND.problem or FOUND.mounts_problem}",
@@ -175,7 +175,7 @@ def test_a_linked_worktrees_admin_files_are_read_only_to_commands(
     script = "; ".join(r.format(f=f"{admin}/{n}") for n in ADMIN_FILES for r in REWRITES)
     script += "; git mv a.txt b.txt && git status --short"
     if launcher:  # the profile is made here, and config.worktree with it
-        argv = confine.launcher_argv(["bash", "-c", script], wt, network=False)
+        argv = launch.launcher_argv(["bash", "-c", script], wt, network=False)
     else:
         run(wt, "true")
     assert (admin / "config.worktree").read_bytes() == b""
@@ -261,7 +261,7 @@ def test_a_read_only_carve_out_inside_a_writable_dir(tmp_path: Path) -> None:
     (root / ".git" / "hooks").mkdir(parents=True)
     (root / ".git" / "config").write_text("[core]\n")
     before = fingerprint(root / ".git")
-    profile = confine.Profile((str(root),), readonly=(str(root / ".git"),))
+    profile = writes.Profile((str(root),), readonly=(str(root / ".git"),))
     script = (
         "echo ok > new.txt; echo x >> .git/config; chmod 777 .git/config;"
         " echo hook > .git/hooks/pre-commit; rm .git/config; mv .git moved; rm -r .git"
@@ -285,8 +285,8 @@ def test_a_carve_out_without_the_mount_wall_is_refused(
     if not FOUND.available:
         pytest.skip(FOUND.problem or "")
     walls = dataclasses.replace(FOUND, mounts_problem="no reason", view_problem="no reason")
-    monkeypatch.setattr(confine, "support", lambda: walls)
-    profile = confine.Profile((str(tmp_path),), readonly=(str(tmp_path / ".git"),))
+    monkeypatch.setattr(kernel, "support", lambda: walls)
+    profile = writes.Profile((str(tmp_path),), readonly=(str(tmp_path / ".git"),))
     with pytest.raises(EnvironmentProblem, match=r"cannot keep .*\.git read-only for commands"):
         confine.Confinement(profile)
 
@@ -325,10 +325,10 @@ def test_without_cap_sys_admin_setuid_is_still_refused_but_metadata_outside_is_n
     os.chmod(outside / "f.txt", 0o644)
     script = f"""
 from pathlib import Path
-from coder.policy import confine
+from coder.policy import confine, kernel
 from coder.policy.commands import Policy
 from coder.policy.sandbox import run_command
-found = confine.support()
+found = kernel.support()
 assert found.mounts_problem and found.setid_problem is None, found
 cmd = "chmod 4755 f.txt; chmod 2755 .; chmod 600 {outside / "f.txt"}; " + {CAPS!r}
 print(run_command(cmd, cwd=Path("{root}"), policy=Policy(), root=Path("{root}")).stderr)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from coder.policy import cgroups, confine, sandbox
+from coder.policy import cgroups, confine, kernel, sandbox
 from coder.policy.commands import Limits
 from coder.policy.sandbox import run_command
 from tests.conftest import coder
@@ -33,8 +33,8 @@ from tests.policy.test_confine import DAEMON, POLICY, daemon_pid, gone
 from tests.policy.test_sandbox import sleep_marker
 
 pytestmark = pytest.mark.skipif(
-    not confine.support().available,
-    reason=f"no kernel sandbox here: {confine.support().problem}",
+    not kernel.support().available,
+    reason=f"no kernel sandbox here: {kernel.support().problem}",
 )
 needs_cgroups = pytest.mark.skipif(
     cgroups.problem() is not None, reason=f"no pids cgroup here: {cgroups.problem()}"

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from coder.policy import confine, reaper
+from coder.policy import kernel, reaper
 from tests.policy.test_confine import POLICY
 
 pytestmark = [
     pytest.mark.skipif(
-        not confine.support().available,
-        reason=f"no kernel sandbox here: {confine.support().problem}",
+        not kernel.support().available,
+        reason=f"no kernel sandbox here: {kernel.support().problem}",
     ),
     pytest.mark.skipif(
         not Path("/proc/self/task").is_dir() or reaper.children() is None,
@@ -48,7 +48,7 @@ DOUBLE_FORK = (
 PRELUDE = f"""
 import os, subprocess, time
 from pathlib import Path
-from coder.policy import confine, reaper
+from coder.policy import confine, writes, reaper
 from coder.policy.commands import Policy
 from coder.policy.sandbox import run_command
 POLICY = Policy(allowed_commands=frozenset({sorted(POLICY.allowed_commands)!r}))
@@ -86,7 +86,7 @@ def test_a_daemon_whose_parent_exits_stays_coders_child_until_ended_and_reaped(
         assert reaper.start()
         root = Path("wt"); root.mkdir()
         run_command("echo plain > plain.txt", cwd=root, policy=POLICY, root=root)
-        spawner = confine.confinement(confine.profile_for(root))
+        spawner = confine.confinement(writes.profile_for(root))
         print("quiet-after-a-plain-command", reaper.quiet(spawner))
         run_command(DOUBLE_FORK, cwd=root, policy=POLICY, root=root)
         pid = int((root / "daemon.pid").read_text())
@@ -128,7 +128,7 @@ def test_reaping_leaves_the_exit_status_of_other_children_to_their_waiters(
         assert reaper.start()
         root = Path("wt"); root.mkdir()
         run_command("true", cwd=root, policy=POLICY, root=root)
-        spawner = confine.confinement(confine.profile_for(root))
+        spawner = confine.confinement(writes.profile_for(root))
         other = subprocess.Popen(["sh", "-c", "exit 7"])
         while state(other.pid) != "Z":
             time.sleep(0.005)
@@ -163,7 +163,7 @@ def test_a_sandbox_made_before_the_subreaper_is_always_killed_in(tmp_path: Path)
         run_command(DOUBLE_FORK, cwd=root, policy=POLICY, root=root)
         pid = int((root / "daemon.pid").read_text())
         assert reaper.start()
-        spawner = confine.confinement(confine.profile_for(root))
+        spawner = confine.confinement(writes.profile_for(root))
         print("watched", spawner.watched, "is-our-child", pid in reaper.children())
         confine.end_leftovers(root)
         deadline = time.monotonic() + 5

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from coder.policy import confine
+from coder.policy import confine, kernel, launch, writes
 from coder.policy.commands import Policy
 from coder.policy.sandbox import run_command
 from tests.conftest import git
 from tests.helpers import fingerprint
 from tests.run.test_metadata_containment import run_shell
 
-FOUND = confine.support()
+FOUND = kernel.support()
 pytestmark = pytest.mark.skipif(
     not FOUND.available or FOUND.view_problem is not None,
     reason=f"no view for commands here: {FOUND.problem or FOUND.view_problem}",
@@ -183,7 +183,7 @@ def test_a_command_cannot_read_coders_memory(root: Path) -> None:
     """The spawner thread is in its commands' sandbox and holds no capability: without more,
     `/proc/CODER/task/SPAWNER/mem` would open (and be written) from a command."""
     secret = f"coder-memory-{os.getpid()}-canary".encode()
-    spawner = confine.confinement(confine.profile_for(root))
+    spawner = confine.confinement(writes.profile_for(root))
     tid = spawner.call(threading.get_native_id)
     task = f"/proc/{os.getpid()}/task/{tid}"
     cmd = f"head -c 64 {task}/mem; cat {task}/maps | wc -l; cat {task}/environ; ls /proc/1/root"
@@ -277,10 +277,10 @@ import sys
 from pathlib import Path
 from coder.policy import userns
 assert userns.enter() is None, userns.problem()
-from coder.policy import confine
+from coder.policy import confine, kernel
 from coder.policy.commands import Policy
 from coder.policy.sandbox import run_command
-assert confine.support().view_problem is None, confine.support()
+assert kernel.support().view_problem is None, kernel.support()
 root = Path(sys.argv[1])
 done = run_command(sys.argv[2], cwd=root, policy=Policy(), root=root)
 print(done.stdout, end="")
@@ -327,7 +327,7 @@ def test_the_cli_makes_an_ordinary_user_its_own_namespace(
 def test_the_mcp_launcher_builds_the_same_view(root: Path, isolated_home: Path) -> None:
     (isolated_home / "canary.txt").write_text("a secret of yours\n")
     script = "echo in > in.txt; cat ~/canary.txt; ls -A ~; ls /run"
-    argv = confine.launcher_argv(["bash", "-c", script], root, network=False)
+    argv = launch.launcher_argv(["bash", "-c", script], root, network=False)
     done = subprocess.run(argv, cwd=root, capture_output=True, text=True, check=False)
     assert (root / "in.txt").read_text() == "in\n"
     assert done.stdout.split() == [".gitconfig"]  # the user's git config only

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from coder.errors import EXIT_ENVIRONMENT
-from coder.policy import confine
+from coder.policy import kernel
 from tests.conftest import coder, git
 from tests.helpers import done, fingerprint, taskfile
 
@@ -29,7 +29,7 @@ SHELL = """
     graph:
       - {id: s1, kind: shell, cmd: "echo one > one.txt"}
 """
-FOUND = confine.support()
+FOUND = kernel.support()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from coder.errors import EXIT_ENVIRONMENT
-from coder.policy import confine
+from coder.policy import kernel
 from tests.conftest import git
 from tests.helpers import coder_cli, state_of, taskfile
 
@@ -48,7 +48,7 @@ def flip_task(repo: Path, first: str) -> Path:
     )
 
 
-@pytest.mark.skipif(not confine.support().available, reason="no kernel sandbox here")
+@pytest.mark.skipif(not kernel.support().available, reason="no kernel sandbox here")
 def test_a_head_flipped_while_the_runner_was_down_is_pointed_back_by_resume(make_repo) -> None:
     """The runner dies after s1's checks, before its commit; a process left behind points the
     worktree's HEAD at main. Resume reruns s1 from a guard taken with HEAD already at main:

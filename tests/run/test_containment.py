@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from coder.policy import confine
+from coder.policy import kernel
 from coder.policy.paths import PROTECTED
 from tests.conftest import coder, git
 from tests.helpers import (
@@ -29,8 +29,8 @@ from tests.helpers import (
 from tests.policy.test_protected_table import example
 
 pytestmark = pytest.mark.skipif(
-    not confine.support().available,
-    reason=f"no kernel sandbox here: {confine.support().problem}",
+    not kernel.support().available,
+    reason=f"no kernel sandbox here: {kernel.support().problem}",
 )
 
 
@@ -178,8 +178,8 @@ def test_the_worktree_its_git_admin_dir_and_tmpdir_are_writable(make_repo) -> No
 
 def refused(admin_file: str) -> str:
     """How a step fails that rewrote its worktree's admin file: the read-only mount refuses the
-    write where there is one (confine.admin_files), else the git guard puts it back."""
-    walled = confine.support().mounts_problem is None
+    write where there is one (writes.admin_files), else the git guard puts it back."""
+    walled = kernel.support().mounts_problem is None
     return "Read-only file system" if walled else f"the step changed {admin_file}"
 
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from coder.policy import confine
+from coder.policy import kernel
 from tests.conftest import coder, git
 from tests.helpers import call, done, fingerprint, state_of, taskfile
 from tests.run.test_containment import step_log, user_repo
 
-FOUND = confine.support()
+FOUND = kernel.support()
 needs_mounts = pytest.mark.skipif(
     not FOUND.available or FOUND.mounts_problem is not None,
     reason=f"no read-only mount namespace here: {FOUND.problem or FOUND.mounts_problem}",

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from coder.policy import confine
+from coder.policy import kernel
 from tests.conftest import coder, git
 from tests.helpers import fingerprint, snapshot, state_of, taskfile
 
 confined_here = pytest.mark.skipif(
-    not confine.support().available,
-    reason=f"no kernel sandbox here: {confine.support().problem}",
+    not kernel.support().available,
+    reason=f"no kernel sandbox here: {kernel.support().problem}",
 )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coder.policy import confine
+from coder.policy import kernel
 from tests.conftest import coder
 from tests.fake_ollama import FakeOllama, down_url
 
@@ -33,9 +33,9 @@ def test_all_good(repo_with_tests: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         code, found = checks(repo_with_tests)
         _, out, _ = coder(repo_with_tests, "doctor")  # the plain-text form, same facts
         assert fake.chat_bodies() == []  # doctor does not load the model
-    assert code == (0 if confine.support().available else 3)
+    assert code == (0 if kernel.support().available else 3)
     statuses = {n: c["status"] for n, c in found.items()}
-    assert statuses.pop("command sandbox") == ("ok" if confine.support().available else "fail")
+    assert statuses.pop("command sandbox") == ("ok" if kernel.support().available else "fail")
     assert statuses.pop("command network") in ("ok", "warn")  # depends on the kernel
     assert statuses.pop("command metadata") in ("ok", "warn", "fail")  # see the next test
     assert statuses.pop("command view") in ("ok", "warn", "fail")  # and the one after
@@ -85,7 +85,7 @@ def test_no_tool_calling_and_small_context(
     with FakeOllama(models=models) as fake:
         monkeypatch.setenv("OLLAMA_HOST", fake.url)
         code, found = checks(repo_with_tests, "--model", "tiny:1b")
-    assert code == (0 if confine.support().available else 3)  # no failure of its own
+    assert code == (0 if kernel.support().available else 3)  # no failure of its own
     assert found["tool protocol"] == {  # a model without tool calling works through text
         "name": "tool protocol",
         "status": "ok",
@@ -111,7 +111,7 @@ def test_the_metadata_wall_and_what_is_missing(
     import dataclasses
 
     monkeypatch.setenv("OLLAMA_HOST", down_url())
-    found = confine.support()
+    found = kernel.support()
     metadata = checks(repo_with_tests)[1]["command metadata"]
     if found.available and found.mounts_problem is None and found.setid_problem is None:
         assert metadata["status"] == "ok"
@@ -121,7 +121,7 @@ def test_the_metadata_wall_and_what_is_missing(
     walls = dataclasses.replace(
         found, problem=None, mounts_problem="needs CAP_SYS_ADMIN", setid_problem=None
     )
-    monkeypatch.setattr(confine, "support", lambda: walls)
+    monkeypatch.setattr(kernel, "support", lambda: walls)
     metadata = checks(repo_with_tests)[1]["command metadata"]
     assert metadata["status"] == "warn" and "root" in metadata["fix"]
     assert metadata["detail"] == (
@@ -129,7 +129,7 @@ def test_the_metadata_wall_and_what_is_missing(
         "CAP_SYS_ADMIN); setuid refused (seccomp)"
     )
     none = dataclasses.replace(walls, problem="this kernel has no Landlock")
-    monkeypatch.setattr(confine, "support", lambda: none)
+    monkeypatch.setattr(kernel, "support", lambda: none)
     _, out, _ = coder(repo_with_tests, "doctor")
     assert "FAIL  command metadata  no kernel sandbox: see command sandbox" in out
 
@@ -140,12 +140,12 @@ def test_the_view_and_why_it_is_missing(
     import dataclasses
 
     monkeypatch.setenv("OLLAMA_HOST", down_url())
-    found = confine.support()
+    found = kernel.support()
     view = checks(repo_with_tests)[1]["command view"]
     if found.available and found.view_problem is None:
         assert view["status"] == "ok" and "no $HOME, /run, /tmp, /dev/shm" in view["detail"]
     missing = dataclasses.replace(found, problem=None, view_problem="needs CAP_SYS_ADMIN")
-    monkeypatch.setattr(confine, "support", lambda: missing)
+    monkeypatch.setattr(kernel, "support", lambda: missing)
     view = checks(repo_with_tests)[1]["command view"]
     assert view["status"] == "warn" and "user namespaces" in view["fix"]
     assert view["detail"].startswith("commands can read whatever you can and connect to UNIX")

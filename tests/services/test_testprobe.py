@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from coder import config as config_mod
-from coder.policy import confine
+from coder.policy import kernel
 from coder.services import testprobe
 from tests.conftest import coder, git
 
@@ -208,7 +208,7 @@ def git_files(common: Path, admin: Path) -> dict[str, object]:
     }
 
 
-@pytest.mark.skipif(not confine.support().available, reason="no kernel sandbox here")
+@pytest.mark.skipif(not kernel.support().available, reason="no kernel sandbox here")
 @pytest.mark.parametrize("where", ["main checkout", "linked worktree"])
 @pytest.mark.parametrize("who", ["root", "no CAP_SYS_ADMIN"])
 def test_a_hostile_probe_changes_nothing_of_the_users_git(
