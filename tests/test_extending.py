@@ -2,15 +2,19 @@
 enum; a new model provider is one module and one line (and the config schema's enum). Each is
 added here at test time, a throwaway module in a temporary package, and goes through what a
 user runs: validate, preflight, the executor and the live view for the kind; served, `coder
-doctor` and the dry run for the provider. And nothing in coder switches on a kind's or a
-provider's name: behaviour lives on the registry entries (coder.taskfile.kinds, coder.models.factory)."""
+doctor` and the dry run for the provider, and a run whose model step streams from a server of
+a new protocol through a provider that is the three hooks of coder.models.streaming. And
+nothing in coder switches on a kind's or a provider's name: behaviour lives on the registry
+entries (coder.taskfile.kinds, coder.models.factory)."""
 
 from __future__ import annotations
 
 import ast
 import json
 import textwrap
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +254,172 @@ def test_a_new_provider_is_checked_by_doctor_dry_run_and_run(
     assert "model 'big' is not echoed at http://echo.invalid/v0" in err
     assert "add big to SERVED" in err
     assert not (repo / ".coder" / "state" / "big.json").exists()
+
+
+LINES = '''
+"""A provider for `lines` servers: POST /chat streams the reply as JSON lines."""
+
+import json
+
+from coder.models.provider import ToolCall
+from coder.models.streaming import Figures, Piece, StreamingProvider
+
+
+class LinesProvider(StreamingProvider):
+    name = "lines"
+
+    def request(self, messages, tools, format):
+        return {"model": self.model, "messages": messages, "tools": tools or []}
+
+    def open_stream(self, request):
+        with self.http().stream("POST", f"{self.endpoint}/chat", json=request) as response:
+            if response.is_error:
+                response.read()
+                response.raise_for_status()
+            for line in response.iter_lines():
+                if line:
+                    yield json.loads(line)
+
+    def read(self, chunk):
+        if "call" in chunk:
+            return Piece(calls=(ToolCall(chunk["call"]["name"], chunk["call"]["arguments"]),))
+        if "done" in chunk:
+            said = Figures(prompt_tokens=chunk["prompt_tokens"], eval_tokens=chunk["tokens"])
+            return Piece(end=chunk["done"], figures=said)
+        return Piece(text=chunk["text"])
+'''
+
+
+class LinesServer(ThreadingHTTPServer):
+    """A `lines` server on 127.0.0.1: POST /v0/chat answers with the next scripted reply as
+    JSON lines in a chunked stream (`{"text"}`, `{"call": {"name", "arguments"}}`), then
+    `{"done": "stop", "prompt_tokens", "tokens"}` (a quarter of the request's characters, and
+    of the reply's); a request with no user turn (a warm prefix) gets "ok"; a model it does not
+    serve, a 404 `{"error": "model 'x' not found"}`; a status in the script, that status
+    (`{"error": "busy"}`); nothing left to answer, a 500."""
+
+    daemon_threads = True
+
+    def __init__(self, served: str, script: list[Any]) -> None:
+        super().__init__(("127.0.0.1", 0), LinesHandler)
+        self.served, self.script = served, script
+        self.chats: list[dict[str, Any]] = []
+        self.url = f"http://127.0.0.1:{self.server_address[1]}/v0"
+
+
+class LinesHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: LinesServer
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path != "/v0/chat" or body.get("model") != self.server.served:
+            return self.answer(404, {"error": f"model '{body.get('model')}' not found"})
+        if not any(m["role"] == "user" for m in body["messages"]):
+            reply = [{"text": "ok"}]
+        elif not self.server.script:
+            return self.answer(500, {"error": "no reply left"})
+        elif isinstance(self.server.script[0], int):
+            return self.answer(self.server.script.pop(0), {"error": "busy"})
+        else:
+            self.server.chats.append(body)
+            reply = self.server.script.pop(0)
+        said = len(json.dumps(body)) // 4
+        done = {"done": "stop", "prompt_tokens": said, "tokens": len(json.dumps(reply)) // 4}
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for line in [*reply, done]:
+            data = json.dumps(line).encode() + b"\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.write(b"0\r\n\r\n")
+
+    def answer(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def lines_provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schema_copy: Path) -> Any:
+    """The `lines` provider: its module, its line in PROVIDERS (and the config schema's enum)."""
+    provider = module(tmp_path, monkeypatch, "lines", LINES).LinesProvider
+    monkeypatch.setitem(PROVIDERS, provider.name, provider)
+    extend_enum(schema_copy / "config.schema.json", ["ollama", "openai"], provider.name)
+    return provider
+
+
+def run_with_lines(
+    make_repo: Any, model: str, script: list[Any]
+) -> tuple[Path, LinesServer, int, str]:
+    """`coder run` of a one-step edit task with the `lines` provider, `model` configured,
+    against a server that serves `small` and answers `script`: (repo, server, exit code, the
+    output)."""
+    server = LinesServer("small", script)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = {"provider": "lines", "base_url": server.url, "model": model}
+        repo = make_repo({"README.md": "# r\n", "coder.config.json": json.dumps(config)})
+        task = "id: hi\ntitle: Say hello\ngraph:\n  - {id: s1, kind: edit, goal: Hi}\n"
+        code, out, err = run_coder(repo, "run", "--autonomous", "-f", str(taskfile(repo, task)))
+    finally:
+        server.shutdown()
+        server.server_close()
+    return repo, server, code, out + err
+
+
+def test_a_streaming_provider_is_three_hooks_and_runs_a_model_step(
+    make_repo: Any, lines_provider: Any
+) -> None:
+    """The provider writes its name and the three hooks; the base retries a busy server,
+    streams, puts the reply together, counts the server's figures and answers the rest of the
+    protocols: a real run edits a file through the model's tool calls and commits it."""
+    assert {k for k in vars(lines_provider) if not k.startswith("_")} == {
+        "name",
+        "request",
+        "open_stream",
+        "read",
+    }
+    write = {"name": "fs_write", "arguments": {"path": "hello.txt", "content": "hello\n"}}
+    claim = {"summary": "wrote hello.txt", "files_changed": ["hello.txt"]}
+    script = [
+        503,
+        [{"text": "I will write it."}, {"call": write}],
+        [{"call": {"name": "step_complete", "arguments": claim}}],
+    ]
+    repo, server, code, output = run_with_lines(make_repo, "small", script)
+    assert code == 0, output
+    assert not server.script  # every reply was asked for
+    result = server.chats[1]["messages"][-1]  # the tool's result went back to the model
+    assert result["role"] == "tool" and result["tool_name"] == "fs_write"
+    step = state_of(repo, "hi")["steps"]["s1"]
+    assert step["status"] == "success"
+    assert git(repo, "show", f"{step['commit']}:hello.txt") == "hello\n"
+    assert git(repo, "rev-parse", "agent/hi-say-hello").strip() == step["commit"]
+    said = sum(len(json.dumps(chat)) // 4 for chat in server.chats)
+    assert (step["usage"]["calls"], step["usage"]["prompt_tokens"]) == (2, said)
+    log = (repo / ".coder" / "logs" / "hi.jsonl").read_text(encoding="utf-8").splitlines()
+    retried = [e for e in map(json.loads, log) if e["event"] == "model.retrying"]
+    assert [e["reason"] for e in retried] == ["HTTP 503: busy"]
+
+
+def test_a_streaming_providers_failures_are_named_by_the_base(
+    make_repo: Any, lines_provider: Any
+) -> None:
+    """A model the server does not serve: its 404 is the base's ModelMissing (exit 3), with
+    the base's fix; nothing was committed."""
+    repo, server, code, output = run_with_lines(make_repo, "big", [])
+    assert code == 3, output
+    assert f"model 'big' is not available at {server.url}: model 'big' not found" in output
+    assert "name a model it serves in coder.config.json, or serve big there" in output
+    assert git(repo, "rev-list", "main..agent/hi-say-hello") == ""
 
 
 def test_the_config_schema_lists_the_providers() -> None:

@@ -3,12 +3,14 @@
     provider.py   the provider seam (a small Protocol) and its value types (messages, tool
                   calls, usage, model facts)
     usage.py      what model calls cost (Usage), light enough for reading a run's state
+    streaming.py  the base of the providers: a chat streamed, retried, its failures named,
+                  its usage counted; a provider is three hooks (request, stream, read)
     ollama.py     the Ollama provider (the official `ollama` client)
     openai.py     the OpenAI-compatible provider (llama.cpp, vLLM, SGLang, LM Studio, ...)
     replay.py     record a run's model replies, or answer from a recording
     factory.py    the one place providers are built from the config (one entry per provider)
     router.py     several endpoints behind one model source: affinity, spreading, failover
-    retry.py      bounded retries for model calls, shared by the providers
+    retry.py      bounded retries for model calls (the providers' base runs them)
     bounds.py     a step's time and the run's stop end its model requests (their connections
                   shut down), even one the server never answers
     served.py     before a run: is every model its steps can use on its server

@@ -1,57 +1,37 @@
 """`OllamaProvider`: the model provider backed by a local Ollama server, through the official
 `ollama` client (imported lazily: it costs ~150 ms, and `coder --help` must stay fast).
 
-What it takes care of, so callers don't have to:
+What it takes care of (the chat's streaming, retries, failures, usage and bounds are the
+base's, coder.models.streaming):
 - `num_ctx` is always sent (Ollama's default is small and it truncates prompts silently): the
   configured value, else the model's trained context length capped at `max_num_ctx`.
 - the same `options` and `keep_alive` on every request, so the loaded model (and its KV cache)
   is reused instead of reloaded;
 - `max_output_tokens` is sent as `num_predict`, so a rambling reply ends (done_reason length);
+- the first chat may cold-load the model: it has `first_request_timeout`;
 - `embed` goes to /api/embed with the same error handling as `chat`;
-- failures are classified: host unreachable -> HostUnreachable, model not pulled ->
-  ModelMissing with the exact `ollama pull` (both exit 3); 5xx, mid-stream errors, dropped
-  connections, timeouts, malformed NDJSON -> retried with bounded exponential backoff, then
-  ModelError (ModelStalled, exit 3, when every attempt timed out); other refusals (400) ->
-  ModelError at once;
-- a request made within a step's bound (coder.models.bounds) ends when the step's time runs
-  out or the run is stopped: its connection (one per request) is shut down, and Ollama stops
-  generating when its client goes.
-
-It logs nothing: retries are reported to the caller as `Retrying` events.
+- the client's errors named for the base: a refusal with its status (a model not pulled gets
+  the exact `ollama pull`), an error line inside the stream (status -1).
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-import time
-from collections.abc import Callable, Generator, Sequence
-from contextlib import closing
+from collections.abc import Generator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack, cast
 
-from coder.errors import (
-    CoderError,
-    HostUnreachable,
-    ModelError,
-    ModelMissing,
-    ModelUnavailable,
-    StopReply,
-    Transient,
-)
-from coder.models import bounds, retry
-from coder.models.provider import (
-    ChatEvent,
-    ChatResult,
-    Done,
-    Message,
-    ModelFacts,
-    TextDelta,
-    ToolCall,
-    ToolCallEvent,
-    ToolSchema,
-    Usage,
-    estimate_tokens,
+from coder.errors import HostUnreachable, ModelError
+from coder.models.provider import Message, ModelFacts, ToolCall, ToolSchema
+from coder.models.streaming import (
+    Chunks,
+    Failure,
+    Fault,
+    Figures,
+    Piece,
+    Settings,
+    StreamingProvider,
+    http_timeout,
 )
 
 if TYPE_CHECKING:
@@ -60,10 +40,7 @@ if TYPE_CHECKING:
     from coder.config import Config
     from coder.schemas import JsonSchema
 
-T = TypeVar("T")
-
 DEFAULT_HOST = "http://127.0.0.1:11434"
-CONNECT_TIMEOUT_S = 10.0  # a local server accepts at once; a long connect wait helps no one
 HOST_HINT = "start it with `ollama serve` or set OLLAMA_HOST / ollama_host in coder.config.json"
 
 
@@ -97,7 +74,7 @@ def _seconds(value: int | None) -> float:
     return (value or 0) / 1e9
 
 
-class OllamaProvider:
+class OllamaProvider(StreamingProvider[dict[str, Any], "ollama.ChatResponse"]):
     """A `ModelProvider` for one model on one Ollama host. Close it (or use `with`). The
     class is the `Provider` named "ollama" (coder.models.factory.PROVIDERS)."""
 
@@ -105,7 +82,13 @@ class OllamaProvider:
     host_label: ClassVar[str] = "ollama host"
     server_name: ClassVar[str] = "Ollama"
     caps_context: ClassVar[bool] = True
-    tool_probe: ClassVar[bool] = False
+    host_hint: ClassVar[str] = HOST_HINT
+    server_log: ClassVar[str] = (
+        "the Ollama server log (`journalctl -u ollama`, or ~/.ollama/logs/server.log)"
+    )
+    tools_hint: ClassVar[str | None] = (
+        "use a model with the `tools` capability (see `ollama show {model}`)"
+    )
 
     @classmethod
     def open(cls, cfg: Config, endpoint: str, model: str) -> OllamaProvider:
@@ -121,8 +104,8 @@ class OllamaProvider:
             request_timeout=float(cfg.request_timeout),
         )
 
-    @staticmethod
-    def endpoints(cfg: Config) -> list[str]:
+    @classmethod
+    def endpoints(cls, cfg: Config) -> list[str]:
         """`base_url` (one URL or a list), else `ollama_host`."""
         configured = cfg.base_url
         if configured is None:
@@ -146,50 +129,27 @@ class OllamaProvider:
         model: str,
         host: str,
         *,
-        num_ctx: int | None = None,
         max_num_ctx: int = 32768,
-        temperature: float = 0.2,
-        seed: int | None = None,
         keep_alive: str = "30m",
-        max_output_tokens: int | None = None,
-        request_timeout: float = 600,
         first_request_timeout: float = 900,
-        retries: int = 3,
-        backoff: float = 0.5,
-        sleep: Callable[[float], None] = time.sleep,
+        **settings: Unpack[Settings],
     ) -> None:
-        """`retries` is the number of attempts for a transient failure (at least 1);
-        `first_request_timeout` covers the first chat, which may cold-load the model."""
-        self.model = model
-        self.host = normalize_host(host)
+        """`settings` are the base's; `first_request_timeout` covers the first chat, which
+        may cold-load the model."""
+        super().__init__(model, normalize_host(host), **settings)
         self.max_num_ctx = max_num_ctx
-        self.temperature = temperature
-        self.seed = seed
         self.keep_alive = keep_alive
-        self.max_output_tokens = max_output_tokens
-        self.request_timeout = request_timeout
         self.first_request_timeout = first_request_timeout
-        self.retries = max(1, retries)
-        self.backoff = backoff
-        self._sleep = sleep
-        self._num_ctx = num_ctx
         self._facts: ModelFacts | None = None
         self._warm = False  # has a request loaded the model yet?
         self._clients: dict[float, ollama.Client] = {}
         importlib.import_module("ollama")  # in the thread that makes it (coder.models.router)
 
-    # -- life cycle ---------------------------------------------------------------------------
-
     def close(self) -> None:
         for client in self._clients.values():
             client.close()  # type: ignore[no-untyped-call]
         self._clients.clear()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
     # -- facts --------------------------------------------------------------------------------
 
@@ -203,7 +163,7 @@ class OllamaProvider:
             self._facts = ModelFacts(
                 provider=self.name,
                 model=self.model,
-                endpoint=self.host,
+                endpoint=self.endpoint,
                 arch=arch,
                 context_length=int(length) if length else None,
                 capabilities=tuple(shown.capabilities or ()),
@@ -212,10 +172,10 @@ class OllamaProvider:
 
     def context_length(self) -> int:
         """The num_ctx sent with every request (the configured one, else trained, capped)."""
-        if self._num_ctx is None:
+        if self.num_ctx is None:
             trained = self.show_facts().context_length
-            self._num_ctx = min(trained or self.max_num_ctx, self.max_num_ctx)
-        return self._num_ctx
+            self.num_ctx = min(trained or self.max_num_ctx, self.max_num_ctx)
+        return self.num_ctx
 
     def list_models(self) -> list[str]:
         """Names of the models pulled on the host (GET /api/tags: nothing is loaded)."""
@@ -227,13 +187,13 @@ class OllamaProvider:
         import httpx
 
         def get() -> str:
-            response = httpx.get(f"{self.host}/api/version", timeout=self._timeout(30))
+            response = httpx.get(f"{self.endpoint}/api/version", timeout=http_timeout(30))
             if response.status_code != 200:
                 raise HostUnreachable(
-                    f"{self.host} does not look like Ollama "
+                    f"{self.endpoint} does not look like Ollama "
                     f"(GET /api/version answered {response.status_code})",
                     hint=HOST_HINT,
-                    endpoint=self.host,
+                    endpoint=self.endpoint,
                 )
             return str(response.json().get("version", "unknown"))
 
@@ -269,85 +229,42 @@ class OllamaProvider:
                 return entry.context_length
         return None
 
-    # -- chat ---------------------------------------------------------------------------------
+    # -- chat (the hooks of StreamingProvider) ------------------------------------------------
 
-    def chat(
-        self,
-        messages: list[Message],
-        *,
-        tools: list[ToolSchema] | None = None,
-        format: JsonSchema | str | None = None,
-        on_event: Callable[[ChatEvent], None] | None = None,
-    ) -> ChatResult:
-        """Stream one model turn; see `ModelProvider.chat`. An empty answer (no text, no tool
-        call) is asked again once, since small models do that now and then; the usage of
-        both calls is counted."""
-        emit = on_event or (lambda event: None)
-        self.context_length()  # outside the retry loop below: /api/show has its own
-        usage = Usage()
-        for _ in range(2):
-            result = self._retrying(lambda: self._stream(messages, tools, format, emit), emit)
-            usage = usage + result.usage
-            if result.content.strip() or result.tool_calls:
-                break
-        final = replace(result, usage=usage)
-        emit(Done(final))
-        return final
-
-    def _stream(
+    def request(
         self,
         messages: list[Message],
         tools: list[ToolSchema] | None,
         format: JsonSchema | str | None,
-        emit: Callable[[ChatEvent], None],
-    ) -> ChatResult:
+    ) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "messages": messages,
+            "tools": tools,
+            "format": format,
+            "options": self._options(),  # num_ctx: /api/show is asked here, not in the retries
+            "keep_alive": self.keep_alive,
+        }
+
+    def open_stream(self, request: dict[str, Any]) -> Chunks[ollama.ChatResponse]:
         client = self._client(self.request_timeout if self._warm else self.first_request_timeout)
-        chunks = cast(
-            Generator["ollama.ChatResponse", None, None],
-            client.chat(
-                self.model,
-                messages,
-                tools=tools,
-                format=cast(Any, format),
-                options=self._options(),
-                keep_alive=self.keep_alive,
-                stream=True,
-            ),
+        return cast(
+            Generator["ollama.ChatResponse", None, None], client.chat(**request, stream=True)
         )
-        content: list[str] = []
-        thinking: list[str] = []
-        calls: list[ToolCall] = []
-        final: ollama.ChatResponse | None = None
-        started = time.monotonic()
-        with closing(chunks):  # release the connection even if a callback raises
-            try:
-                for chunk in chunks:  # read to the end: the final chunk has the usage
-                    message = chunk.message
-                    if message.thinking:
-                        thinking.append(message.thinking)
-                    if message.content:
-                        content.append(message.content)
-                        emit(TextDelta(message.content))
-                    for wire in message.tool_calls or ():
-                        # Each call arrives whole, its arguments already a dict; the client
-                        # drops the server's call id (APIS.md §1).
-                        call = ToolCall(wire.function.name, dict(wire.function.arguments))
-                        calls.append(call)
-                        emit(ToolCallEvent(call))
-                    if chunk.done:
-                        final = chunk
-            except StopReply:  # closing the stream makes the server stop generating
-                text = "".join(content)
-                cut = Usage(
-                    eval_tokens=estimate_tokens(text), total_s=time.monotonic() - started, calls=1
-                )
-                return ChatResult(text, tuple(calls), "".join(thinking), cut, "cut")
-        if final is None:
-            raise Transient("the stream ended before its final chunk")
+
+    def read(self, chunk: ollama.ChatResponse) -> Piece:
+        message = chunk.message
+        # Each call arrives whole, its arguments already a dict; the client drops the server's
+        # call id (APIS.md §1).
+        calls = tuple(
+            ToolCall(wire.function.name, dict(wire.function.arguments))
+            for wire in message.tool_calls or ()
+        )
+        piece = Piece(text=message.content or "", thinking=message.thinking or "", calls=calls)
+        if not chunk.done:
+            return piece
         self._warm = True
-        return ChatResult(
-            "".join(content), tuple(calls), "".join(thinking), _usage(final), final.done_reason
-        )
+        return replace(piece, end=chunk.done_reason or "stop", figures=_figures(chunk))
 
     # -- embeddings -------------------------------------------------------------------------
 
@@ -364,7 +281,7 @@ class OllamaProvider:
         vectors = [list(v) for v in response.embeddings]
         if len(vectors) != len(texts):
             raise ModelError(
-                f"{self.host} answered {len(vectors)} embeddings for {len(texts)} texts "
+                f"{self.endpoint} answered {len(vectors)} embeddings for {len(texts)} texts "
                 f"({self.model})"
             )
         return vectors
@@ -388,99 +305,29 @@ class OllamaProvider:
             import ollama
 
             self._clients[timeout] = ollama.Client(
-                host=self.host,
-                timeout=self._timeout(timeout),
-                headers=bounds.ONE_CONNECTION_PER_REQUEST,  # a step's bound can end each one
-                event_hooks={"request": [bounds.trace_requests]},
+                host=self.endpoint, **self.http_settings(timeout)
             )
         return self._clients[timeout]
 
-    @staticmethod
-    def _timeout(seconds: float) -> Any:
-        import httpx
-
-        return httpx.Timeout(seconds, connect=min(seconds, CONNECT_TIMEOUT_S))
-
-    def _retrying(
-        self, action: Callable[[], T], emit: Callable[[ChatEvent], None] | None = None
-    ) -> T:
-        """Run `action`, retrying transient failures with bounded exponential backoff."""
-
-        log = "the Ollama server log (`journalctl -u ollama`, or ~/.ollama/logs/server.log)"
-
-        def failed(reason: str, stalled: bool) -> CoderError:
-            if stalled:
-                return retry.stalled(self.host, self.model, self.retries, reason, log)
-            return ModelError(
-                f"the call to {self.model} at {self.host} failed after {self.retries} "
-                f"attempt(s): {reason}",
-                hint=f"see {log}",
-            )
-
-        policy = retry.RetryPolicy(self.retries, self.backoff, self._sleep)
-        return policy.run(action, self._classify, failed, emit)
-
-    def _classify(self, exc: Exception) -> str | None:
-        """The reason to retry `exc`, or None if it is not ours; raises for fatal failures."""
-        import httpx
+    def failure(self, exc: Exception) -> Failure | None:
+        """The client's ResponseError: an HTTP refusal, or (status -1) an error event inside
+        the stream; the rest are httpx's."""
         import ollama
 
-        if isinstance(exc, Transient):
-            return str(exc)
         if isinstance(exc, ollama.ResponseError):
-            return self._classify_response(exc)
-        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)) or _is_refusal(exc):
-            # The client wraps ConnectError as ConnectionError, except when streaming.
-            cause = exc.__context__ if isinstance(exc.__context__, httpx.HTTPError) else exc
-            raise HostUnreachable(
-                f"cannot reach Ollama at {self.host}: {cause}", hint=HOST_HINT, endpoint=self.host
-            )
-        if isinstance(exc, httpx.TimeoutException):
-            return retry.TimedOut(f"timed out ({type(exc).__name__})")
-        if isinstance(exc, httpx.TransportError):  # dropped connection, read error, ...
-            return f"connection failed: {type(exc).__name__}: {exc}"
-        if isinstance(exc, json.JSONDecodeError):
-            return f"malformed response line: {exc}"
-        return None
-
-    def _classify_response(self, exc: ollama.ResponseError) -> str:
-        status, error = exc.status_code, exc.error
-        if status == -1:
-            return f"error in the stream: {error}"
-        if status == 404 and "model" in error:
-            raise ModelMissing(
-                f"model '{self.model}' is not available on {self.host}: {error}",
-                hint=f"run `{self._pull_command()}`",
-            )
-        if status == 404:
-            raise ModelUnavailable(
-                f"{self.host} answered 404 ({error}); is it an Ollama server?", hint=HOST_HINT
-            )
-        if status >= 500 or status == 429:
-            return f"HTTP {status}: {error}"
-        hint: str | None = None
-        if "does not support tools" in error:
-            hint = f"use a model with the `tools` capability (see `ollama show {self.model}`)"
-        raise ModelError(f"Ollama refused the request for {self.model}: {error}", hint=hint)
-
-    def _pull_command(self) -> str:
-        return pull_command(self.host, self.model)
+            if exc.status_code == -1:
+                return Failure(Fault.IN_STREAM, exc.error)
+            return Failure(Fault.REFUSED, exc.error, exc.status_code)
+        return super().failure(exc)
 
 
-def _is_refusal(exc: Exception) -> bool:
-    """The client's ConnectionError for "nothing listens there" (not a reset mid-response)."""
-    transient = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
-    return isinstance(exc, ConnectionError) and not isinstance(exc, transient)
-
-
-def _usage(final: ollama.ChatResponse) -> Usage:
-    """Usage from the final chunk: durations are nanoseconds, omitted fields None."""
-    return Usage(
+def _figures(final: ollama.ChatResponse) -> Figures:
+    """The final chunk's figures: durations are nanoseconds, omitted fields None."""
+    return Figures(
         prompt_tokens=final.prompt_eval_count or 0,
         eval_tokens=final.eval_count or 0,
         prompt_s=_seconds(final.prompt_eval_duration),
         eval_s=_seconds(final.eval_duration),
         load_s=_seconds(final.load_duration),
         total_s=_seconds(final.total_duration),
-        calls=1,
     )

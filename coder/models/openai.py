@@ -2,10 +2,11 @@
 Studio, a LiteLLM proxy) through the official `openai` SDK, imported only when this provider
 is used (it costs about twice `ollama`'s import time; `coder --help` never pays it).
 
-What it takes care of:
+What it takes care of (the chat's streaming, retries, failures, usage and bounds are the
+base's, coder.models.streaming):
 - messages converted from coder's transcript shape (coder.models.provider) to the wire's:
   tool calls with their ids and JSON-string arguments, tool results naming their call;
-- streaming with usage (`stream_options.include_usage`); tool-call deltas put together by
+- streaming with usage (`stream_options.include_usage`); tool-call deltas sent in parts by
   index; a stream that ends without its final chunk (no `finish_reason`, or no `[DONE]` and
   no usage) is a dropped stream, retried;
 - the server's cache figures: `usage.prompt_tokens_details.cached_tokens`, else llama.cpp's
@@ -18,61 +19,43 @@ What it takes care of:
 - `embed` through /v1/embeddings, with the same error handling;
 - structured output (`format`: a JSON schema -> `response_format` json_schema; "json" ->
   json_object), `max_output_tokens` as `max_tokens`;
-- errors mapped to the same user-facing errors as Ollama's: nothing listening ->
-  HostUnreachable naming the URL; model not served -> ModelMissing naming what the server
-  serves; 429/5xx, timeouts, dropped or malformed streams -> retried, then ModelError
-  (ModelStalled, exit 3, when every attempt timed out); other refusals -> ModelError at once.
-  The SDK's own retries are off: ours report `Retrying`;
-- a request made within a step's bound (coder.models.bounds) ends when the step's time runs
-  out or the run is stopped: its connection (one per request) is shut down, so the server
-  stops generating.
+- the SDK's errors named for the base (its own retries are off: the base's report
+  `Retrying`), and two refusals of its own: a refused API key, a feature not implemented
+  (llama.cpp's embeddings without `--embeddings`);
+- the SDK's HTTP client set up so that a step's bound can end each request.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack, cast
 
-from coder import yamldoc
-from coder.errors import (
-    CoderError,
-    HostUnreachable,
-    InvalidInput,
-    ModelError,
-    ModelMissing,
-    ModelUnavailable,
-    StopReply,
-    Transient,
-)
-from coder.models import bounds, retry
-from coder.models.provider import (
-    ChatEvent,
-    ChatResult,
-    Done,
-    Message,
-    ModelFacts,
-    TextDelta,
-    ToolCall,
-    ToolCallEvent,
-    ToolSchema,
-    Usage,
-    estimate_tokens,
+from coder.errors import ModelError, ModelMissing, ModelUnavailable
+from coder.models import bounds
+from coder.models.provider import Message, ModelFacts, ToolSchema
+from coder.models.streaming import (
+    CONNECT_TIMEOUT_S,
+    DEFAULT_CONTEXT,
+    CallPart,
+    Chunks,
+    Failure,
+    Fault,
+    Figures,
+    Piece,
+    Settings,
+    StreamingProvider,
 )
 
 if TYPE_CHECKING:
     import openai
+    from openai.types import CompletionUsage
+    from openai.types.chat import ChatCompletionChunk
 
     from coder.config import Config
     from coder.schemas import JsonSchema
 
-T = TypeVar("T")
-DEFAULT_CONTEXT = 8192
-CONNECT_TIMEOUT_S = 10.0
 HOST_HINT = (
     "start the server (e.g. `llama-server -m MODEL.gguf --jinja --port 8080`, `vllm serve "
     "MODEL`) or fix base_url in coder.config.json"
@@ -123,25 +106,21 @@ def _answered_call(wire: list[dict[str, Any]], message: Message) -> str:
     return "call_unknown"
 
 
-@dataclass
-class _Partial:
-    """A tool call being put together from its deltas."""
-
-    id: str | None = None
-    name: str = ""
-    arguments: list[str] = field(default_factory=list)
-
-
-class OpenAIProvider:
+class OpenAIProvider(StreamingProvider[dict[str, Any], "ChatCompletionChunk"]):
     """A `ModelProvider` for one model at one OpenAI-compatible endpoint (`base_url` is the
     /v1 URL). Close it (or use `with`). The class is the `Provider` named "openai"
-    (coder.models.factory.PROVIDERS)."""
+    (coder.models.factory.PROVIDERS); its labels, `endpoints`, `serves` and `missing` are
+    the base's."""
 
     name: ClassVar[str] = "openai"
-    host_label: ClassVar[str] = "model server"
-    server_name: ClassVar[str] = ""
-    caps_context: ClassVar[bool] = False
     tool_probe: ClassVar[bool] = True
+    host_hint: ClassVar[str] = HOST_HINT
+    tools_hint: ClassVar[str | None] = (
+        "the server may need tool calling enabled (llama.cpp: --jinja)"
+    )
+    # An empty answer is not asked again (as it never was; Ollama's small models are why
+    # the base does).
+    asks_again_when_empty: ClassVar[bool] = False
 
     @classmethod
     def open(cls, cfg: Config, endpoint: str, model: str) -> OpenAIProvider:
@@ -158,79 +137,33 @@ class OpenAIProvider:
             request_timeout=float(cfg.request_timeout),
         )
 
-    @staticmethod
-    def endpoints(cfg: Config) -> list[str]:
-        """`base_url` (one URL or a list): an OpenAI-compatible server has no default."""
-        configured = cfg.base_url
-        if configured is None:
-            raise InvalidInput(
-                f"provider {cfg.provider!r} needs base_url",
-                hint='set "base_url" in coder.config.json, e.g. "http://127.0.0.1:8080/v1"',
-            )
-        return [
-            u.rstrip("/") for u in ([configured] if isinstance(configured, str) else configured)
-        ]
-
-    @staticmethod
-    def serves(served: Sequence[str], name: str) -> bool:
-        """A server that lists none does not say: given the benefit of the doubt, as at
-        warm-up."""
-        return not served or name in served
-
-    @staticmethod
-    def missing(url: str, name: str, served: Sequence[str], field: str) -> tuple[str, str]:
-        shown = ", ".join(sorted(served)[:10])
-        fix = f"name a model it serves in {field}, or serve {name} there"
-        return f"is not served at {url} (it serves: {shown})", fix
-
     def __init__(
         self,
         model: str,
         base_url: str,
         *,
         api_key: str | None = None,
-        num_ctx: int | None = None,
-        temperature: float = 0.2,
-        seed: int | None = None,
-        max_output_tokens: int | None = None,
-        request_timeout: float = 600,
-        retries: int = 3,
-        backoff: float = 0.5,
-        sleep: Callable[[float], None] = time.sleep,
+        **settings: Unpack[Settings],
     ) -> None:
-        self.model = model
-        self.base_url = base_url.rstrip("/")
+        super().__init__(model, base_url.rstrip("/"), **settings)
         self.api_key = api_key
-        self.temperature = temperature
-        self.seed = seed
-        self.max_output_tokens = max_output_tokens
-        self.request_timeout = request_timeout
-        self.retry = retry.RetryPolicy(retries, backoff, sleep)
-        self._num_ctx = num_ctx
         self._facts: ModelFacts | None = None
         self._timings_per_token = False  # set by probe() when the server is llama.cpp
         importlib.import_module("openai")  # in the thread that makes it (coder.models.router)
         self._client: openai.OpenAI | None = None
 
-    # -- life cycle ---------------------------------------------------------------------------
-
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
     def _sdk(self) -> openai.OpenAI:
         if self._client is None:
             import openai
 
             self._client = openai.OpenAI(
-                base_url=self.base_url,
+                base_url=self.endpoint,
                 api_key=self.api_key or "not-needed",  # local servers take any key
                 max_retries=0,
                 timeout=openai.Timeout(self.request_timeout, connect=CONNECT_TIMEOUT_S),
@@ -251,7 +184,7 @@ class OpenAIProvider:
             served = {m.id: m for m in listed}
             if served and self.model not in served:
                 raise ModelMissing(
-                    f"model '{self.model}' is not served at {self.base_url} (it serves: "
+                    f"model '{self.model}' is not served at {self.endpoint} (it serves: "
                     f"{', '.join(sorted(served)[:10])})",
                     hint="set model in coder.config.json to one of those, or start the "
                     "server with this model",
@@ -266,10 +199,10 @@ class OpenAIProvider:
             self._facts = ModelFacts(
                 provider=self.name,
                 model=self.model,
-                endpoint=self.base_url,
+                endpoint=self.endpoint,
                 version=str(props["build_info"]) if props.get("build_info") else None,
                 context_length=reported,
-                num_ctx=self._num_ctx or reported or DEFAULT_CONTEXT,
+                num_ctx=self.num_ctx or reported or DEFAULT_CONTEXT,
                 max_output_tokens=self.max_output_tokens,
             )
         return self._facts
@@ -278,10 +211,6 @@ class OpenAIProvider:
         """The ids of the models the server serves (GET /v1/models: nothing is loaded)."""
         return [m.id for m in self._retrying(lambda: self._sdk().models.list().data)]
 
-    def warm_up(self) -> ModelFacts:
-        """OpenAI-compatible servers load their model when they start: the probe is enough."""
-        return self.probe()
-
     def context_length(self) -> int:
         return self.probe().num_ctx or DEFAULT_CONTEXT
 
@@ -289,7 +218,7 @@ class OpenAIProvider:
         """llama.cpp's GET /props (at the server's root, beside /v1), or {} elsewhere."""
         import httpx
 
-        root = self.base_url.removesuffix("/v1")
+        root = self.endpoint.removesuffix("/v1")
         try:
             response = httpx.get(f"{root}/props", timeout=CONNECT_TIMEOUT_S)
             data = response.json() if response.status_code == 200 else {}
@@ -297,24 +226,9 @@ class OpenAIProvider:
             return {}
         return data if isinstance(data, dict) else {}
 
-    # -- chat ---------------------------------------------------------------------------------
+    # -- chat (the hooks of StreamingProvider) ------------------------------------------------
 
-    def chat(
-        self,
-        messages: list[Message],
-        *,
-        tools: list[ToolSchema] | None = None,
-        format: JsonSchema | str | None = None,
-        on_event: Callable[[ChatEvent], None] | None = None,
-    ) -> ChatResult:
-        """Stream one model turn; see `ModelProvider.chat`."""
-        emit = on_event or (lambda event: None)
-        request = self._request(messages, tools, format)
-        result = self._retrying(lambda: self._stream(request, emit), emit)
-        emit(Done(result))
-        return result
-
-    def _request(
+    def request(
         self,
         messages: list[Message],
         tools: list[ToolSchema] | None,
@@ -344,57 +258,31 @@ class OpenAIProvider:
             request["response_format"] = {"type": "json_object"}
         return request
 
-    def _stream(self, request: dict[str, Any], emit: Callable[[ChatEvent], None]) -> ChatResult:
-        started = time.monotonic()
-        chunks = cast(Iterator[Any], self._sdk().chat.completions.create(**request))
-        content: list[str] = []
-        partial: dict[int, _Partial] = {}
-        finish: str | None = None
-        usage: Any = None
-        timings: dict[str, Any] = {}
-        first_token: float | None = None
-        with closing(cast(Any, chunks)):  # closing the stream stops the server generating
-            try:
-                for chunk in chunks:
-                    if chunk.usage is not None:
-                        usage = chunk.usage
-                    timings = (chunk.model_extra or {}).get("timings") or timings
-                    for choice in chunk.choices[:1]:
-                        delta = choice.delta
-                        if delta.content:
-                            first_token = first_token or time.monotonic()
-                            content.append(delta.content)
-                            emit(TextDelta(delta.content))
-                        for d in delta.tool_calls or ():
-                            first_token = first_token or time.monotonic()
-                            piece = partial.setdefault(d.index, _Partial())
-                            piece.id = piece.id or d.id
-                            if d.function is not None:
-                                piece.name += d.function.name or ""
-                                piece.arguments.append(d.function.arguments or "")
-                        finish = choice.finish_reason or finish
-            except StopReply:  # what the server said of the prompt so far, else "not reported"
-                text = "".join(content)
-                ended = time.monotonic()
-                cut = (
-                    _usage(None, timings, started, first_token or ended, ended)
-                    if "prompt_n" in timings
-                    else Usage(eval_tokens=estimate_tokens(text), total_s=ended - started, calls=1)
-                )
-                return ChatResult(text, (), "", cut, "cut")
-        if finish is None:
-            raise Transient("the stream ended before its final chunk")
-        calls, unparsed = _assemble(partial)
-        for call in calls:
-            emit(ToolCallEvent(call))
-        text = "".join(content) + unparsed
-        ended = time.monotonic()
-        return ChatResult(
-            text,
-            tuple(calls),
-            "",
-            _usage(usage, timings, started, first_token or ended, ended),
-            "length" if finish == "length" else "stop",
+    def open_stream(self, request: dict[str, Any]) -> Chunks[ChatCompletionChunk]:
+        return cast("Chunks[ChatCompletionChunk]", self._sdk().chat.completions.create(**request))
+
+    def read(self, chunk: ChatCompletionChunk) -> Piece:
+        """A delta of the first choice (tool calls in parts by index), and the server's
+        figures: `usage` (on the last chunk), llama.cpp's `timings` (on the last, or on each)."""
+        figures = _figures(chunk.usage, (chunk.model_extra or {}).get("timings") or {})
+        if not chunk.choices:
+            return Piece(figures=figures)
+        choice = chunk.choices[0]
+        parts = tuple(
+            CallPart(
+                d.index,
+                d.id,
+                (d.function.name or "") if d.function else "",
+                (d.function.arguments or "") if d.function else "",
+            )
+            for d in choice.delta.tool_calls or ()
+        )
+        finish = choice.finish_reason
+        return Piece(
+            text=choice.delta.content or "",
+            parts=parts,
+            end=None if not finish else "length" if finish == "length" else "stop",
+            figures=figures,
         )
 
     # -- embeddings -------------------------------------------------------------------------
@@ -414,67 +302,33 @@ class OpenAIProvider:
         data = sorted(response.data, key=lambda d: d.index)
         if len(data) != len(texts):
             raise ModelError(
-                f"{self.base_url} answered {len(data)} embeddings for {len(texts)} texts "
+                f"{self.endpoint} answered {len(data)} embeddings for {len(texts)} texts "
                 f"({self.model})"
             )
         return [list(d.embedding) for d in data]
 
     # -- errors -------------------------------------------------------------------------------
 
-    def _retrying(
-        self, action: Callable[[], T], emit: Callable[[ChatEvent], None] | None = None
-    ) -> T:
-        def failed(reason: str, stalled: bool) -> CoderError:
-            attempts = self.retry.attempts
-            if stalled:
-                return retry.stalled(self.base_url, self.model, attempts, reason, "its log")
-            return ModelError(
-                f"the call to {self.model} at {self.base_url} failed after {attempts} "
-                f"attempt(s): {reason}",
-                hint="see the model server's log",
-            )
-
-        return self.retry.run(action, self._classify, failed, emit)
-
-    def _classify(self, exc: Exception) -> str | None:
-        """The reason to retry `exc`, or None if it is not ours; raises for fatal failures."""
+    def failure(self, exc: Exception) -> Failure | None:
+        """The SDK's errors (its transport is its own httpx, whose errors it wraps)."""
         import openai
 
-        if isinstance(exc, Transient):
-            return str(exc)
         if isinstance(exc, openai.APITimeoutError):
-            return retry.TimedOut("timed out")
+            return Failure(Fault.TIMED_OUT)
         if isinstance(exc, openai.APIConnectionError):
-            if _refused(exc):
-                raise HostUnreachable(
-                    f"cannot reach the model server at {self.base_url}: {exc.__cause__ or exc}",
-                    hint=HOST_HINT,
-                    endpoint=self.base_url,
-                )
-            return f"connection failed: {exc.__cause__ or exc}"
+            fault = Fault.UNREACHABLE if _refused(exc) else Fault.DROPPED
+            return Failure(fault, str(exc.__cause__ or exc))
         if isinstance(exc, openai.APIStatusError):
-            return self._classify_status(exc)
+            return Failure(Fault.REFUSED, _message(exc), exc.status_code)
         if isinstance(exc, openai.APIError):  # an error event inside the stream
-            return f"error in the stream: {exc.message}"
-        if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
-            return f"malformed stream: {exc}"
+            return Failure(Fault.IN_STREAM, exc.message)
         return None
 
-    def _classify_status(self, exc: openai.APIStatusError) -> str:
-        status, message = exc.status_code, _message(exc)
-        if status == 404 and "model" in message.lower():
-            raise ModelMissing(
-                f"model '{self.model}' is not available at {self.base_url}: {message}",
-                hint=f"check model in coder.config.json against `GET {self.base_url}/models`",
-            )
-        if status == 404:
-            raise ModelUnavailable(
-                f"{self.base_url} answered 404 ({message}); is it an OpenAI-compatible /v1 URL?",
-                hint=HOST_HINT,
-            )
+    def refused(self, status: int, message: str) -> str:
+        """The base's rules, and a refused key, and a feature not implemented."""
         if status in (401, 403):
             raise ModelUnavailable(
-                f"{self.base_url} refused the API key (HTTP {status}: {message})",
+                f"{self.endpoint} refused the API key (HTTP {status}: {message})",
                 hint="set api_key_env in coder.config.json to the name of the variable that "
                 "holds the key, and export it",
             )
@@ -484,13 +338,8 @@ class OpenAIProvider:
                 if "embedding" in message.lower()
                 else None
             )
-            raise ModelError(f"{self.base_url} does not support this: {message}", hint=hint)
-        if status == 429 or status >= 500:
-            return f"HTTP {status}: {message}"
-        hint = None
-        if "tool" in message.lower():
-            hint = "the server may need tool calling enabled (llama.cpp: --jinja)"
-        raise ModelError(f"the server refused the request for {self.model}: {message}", hint=hint)
+            raise ModelError(f"{self.endpoint} does not support this: {message}", hint=hint)
+        return super().refused(status, message)
 
 
 def _refused(exc: Exception) -> bool:
@@ -512,49 +361,32 @@ def _message(exc: openai.APIStatusError) -> str:
     return str(exc.message)
 
 
-def _assemble(partial: dict[int, _Partial]) -> tuple[list[ToolCall], str]:
-    """Finished tool calls, in index order; a call whose arguments are not JSON goes back as
-    text (the loop treats it as an attempt at the tool format and asks again)."""
-    calls, unparsed = [], ""
-    for _, p in sorted(partial.items()):
-        raw = "".join(p.arguments).strip() or "{}"
-        try:
-            arguments = yamldoc.loads_json(raw)
-        except ValueError:
-            arguments = None
-        if isinstance(arguments, dict) and p.name:
-            calls.append(ToolCall(p.name, arguments, p.id))
-        else:
-            unparsed += f'\n{{"name": {json.dumps(p.name)}, "arguments": {raw}}}'
-    return calls, unparsed
-
-
-def _usage(
-    usage: Any, timings: dict[str, Any], started: float, first: float, ended: float
-) -> Usage:
-    """Usage from the server's figures; times from llama.cpp's timings, else the wall clock
-    (time to the first token is the prompt's)."""
-    prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
-    generated = int(getattr(usage, "completion_tokens", 0) or 0)
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = getattr(details, "cached_tokens", None)
-    if cached is None and "cache_n" in timings:
-        cached = timings["cache_n"]
-    if not prompt and timings:
-        prompt = int(timings.get("prompt_n", 0)) + int(timings.get("cache_n", 0))
-    if not generated and timings:
-        generated = int(timings.get("predicted_n", 0))
-    prompt_s = timings["prompt_ms"] / 1000 if "prompt_ms" in timings else first - started
-    eval_s = timings["predicted_ms"] / 1000 if "predicted_ms" in timings else ended - first
-    return Usage(
-        prompt_tokens=prompt,
-        eval_tokens=generated,
-        prompt_s=max(0.0, prompt_s),
-        eval_s=max(0.0, eval_s),
-        total_s=ended - started,
-        calls=1,
-        cached_tokens=int(cached or 0),
-        cache_reports=int(cached is not None),
+def _figures(usage: CompletionUsage | None, timings: dict[str, Any]) -> Figures | None:
+    """What a chunk says of the call's cost: `usage`, where it says, before llama.cpp's
+    `timings`."""
+    if usage is None and not timings:
+        return None
+    found = Figures(
+        prompt_tokens=(
+            int(timings["prompt_n"]) + int(timings.get("cache_n", 0))
+            if "prompt_n" in timings
+            else None
+        ),
+        eval_tokens=int(timings["predicted_n"]) if "predicted_n" in timings else None,
+        cached_tokens=int(timings["cache_n"]) if "cache_n" in timings else None,
+        prompt_s=timings["prompt_ms"] / 1000 if "prompt_ms" in timings else None,
+        eval_s=timings["predicted_ms"] / 1000 if "predicted_ms" in timings else None,
+    )
+    if usage is None:
+        return found
+    details = usage.prompt_tokens_details
+    cached = details.cached_tokens if details is not None else None
+    return found.updated(
+        Figures(
+            prompt_tokens=usage.prompt_tokens or None,
+            eval_tokens=usage.completion_tokens or None,
+            cached_tokens=cached,
+        )
     )
 
 

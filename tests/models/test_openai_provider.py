@@ -307,7 +307,7 @@ def test_arguments_that_are_not_json_come_back_as_text(
     fake: FakeOpenAI, make: MakeProvider
 ) -> None:
     # The fake sends valid JSON; a server's broken arguments are simulated at the assembler.
-    from coder.models.openai import _assemble, _Partial
+    from coder.models.streaming import _assemble, _Partial
 
     calls, text = _assemble(
         {0: _Partial("id1", "read_file", ['{"path": "a"']), 1: _Partial("id2", "f", ["{}"])}
