@@ -25,6 +25,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from coder.agent import events as ev
 from coder.display import escaped
 from coder.taskfile.kinds import KINDS, Labels
 
@@ -209,8 +210,6 @@ class Board:
         """A typed event of the model loop (`coder.agent.events`), with the step's log fields
         (`step_id`, and `fix_cycle` in a fixable step's fix). Once a step has them, they say
         which tool runs (with its target), not the logged turn's list of calls."""
-        from coder.agent import events as ev
-
         sid = fields.get("step_id")
         if not sid:
             return
@@ -218,16 +217,39 @@ class Board:
         step.typed = True
         if fields.get("fix_cycle") is not None:
             step.cycle, step.commanding = int(fields["fix_cycle"]), False
-        if isinstance(event, ev.TurnStarted):
-            step.turn, step.tool, step.streaming = event.turn, "", 0
-        elif isinstance(event, ev.ModelText):
-            step.streaming = event.tokens
-            step.tokens_per_s = event.tokens_per_s or step.tokens_per_s
-            step.text = (step.text + event.text)[-TEXT_TAIL:]
-        elif isinstance(event, ev.ToolStarted):
-            step.tool = event.label
-        elif isinstance(event, (ev.ToolFinished, ev.LoopFinished)):
-            step.tool = ""
+        shown = LOOP_SHOWN.get(type(event))
+        if shown is not None:
+            shown(step, event)
+
+
+# What the loop's events change on a step's row; the other events it does not show.
+
+
+def _turn_started(step: StepActivity, event: ev.TurnStarted) -> None:
+    step.turn, step.tool, step.streaming = event.turn, "", 0
+
+
+def _model_text(step: StepActivity, event: ev.ModelText) -> None:
+    step.streaming = event.tokens
+    step.tokens_per_s = event.tokens_per_s or step.tokens_per_s
+    step.text = (step.text + event.text)[-TEXT_TAIL:]
+
+
+def _tool_started(step: StepActivity, event: ev.ToolStarted) -> None:
+    step.tool = event.label
+
+
+def _tool_ended(step: StepActivity, event: ev.ToolFinished | ev.LoopFinished) -> None:
+    step.tool = ""
+
+
+LOOP_SHOWN: dict[type, Callable[[StepActivity, Any], None]] = {
+    ev.TurnStarted: _turn_started,
+    ev.ModelText: _model_text,
+    ev.ToolStarted: _tool_started,
+    ev.ToolFinished: _tool_ended,
+    ev.LoopFinished: _tool_ended,
+}
 
 
 @contextmanager

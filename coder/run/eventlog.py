@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, BinaryIO, Self
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Self
 
 from coder.files import nofollow
 from coder.files.durable import make_private_dirs, write_failed
@@ -42,6 +42,7 @@ Console = Callable[[Event], None]
 # A live view: receives the bound context (task_id, step_id, ...) and a typed event that is
 # not written to the file (coder.agent.events: streamed text, the tool in progress, ...).
 LiveView = Callable[[Event, object], None]
+Level = Literal["debug", "info", "warning", "error"]
 
 EVENT_NAME = re.compile(r"[a-z_]+(?:\.[a-z_]+)*")
 _FIRST_KEYS = ("timestamp", "level", "event", "task_id", "step_id")
@@ -192,6 +193,10 @@ class EventLog:
         """Hand a typed event to the live view, if there is one (nothing is written)."""
         if self._sink.live is not None:
             self._sink.live(self._fields, event)
+
+    def log(self, level: Level, event: str, **fields: Any) -> None:
+        """An event at `level`, named by the caller (`info(...)` is `log("info", ...)`)."""
+        getattr(self._logger, level)(event, **fields)
 
     def debug(self, event: str, **fields: Any) -> None:
         self._logger.debug(event, **fields)

@@ -180,53 +180,17 @@ def report(
     log: EventLog, event: ev.LoopEvent, learn: tuple[StepContext, str | None] | None = None
 ) -> None:
     """Every loop event to the live view; to the event log, what is worth keeping (a line
-    per model turn, nudge, warning, retry, endpoint or protocol switch; never per token).
-    `learn`: the step and model whose protocol switch the session remembers."""
+    per model turn, nudge, warning, retry, endpoint or protocol switch; never per token: each
+    event says, `logged()`). `learn`: the step and model whose protocol switch the session
+    remembers."""
     log.live(event)
     if isinstance(event, ev.ProtocolSwitched):
         ctx, model = learn or (None, None)
         if ctx is not None and ctx.agent is not None:  # for the model's next steps
             tools_as_text(ctx.agent, ctx.config, model, f"{event.reason} (step {ctx.step.id})")
-        log.warning("model.protocol", turn=event.turn, protocol=event.protocol, reason=event.reason)
-    if isinstance(event, ev.TurnFinished):
-        log.info(
-            "model.turn",
-            turn=event.turn,
-            calls=list(event.calls),
-            usage=event.usage.as_dict(),
-            done_reason=event.done_reason,
-            duration_s=round(event.duration_s, 3),
-        )
-    elif isinstance(event, ev.Nudged):
-        log.info("model.nudged", turn=event.turn, reason=event.reason, detail=event.detail)
-    elif isinstance(event, ev.ContextCompacted):
-        log.warning(
-            "context.compacted", turn=event.turn, folded=event.folded, estimate=event.estimate
-        )
-    elif isinstance(event, ev.ContextSummarized):
-        said = {"turn": event.turn, "replaced": event.replaced, "chars": event.chars}
-        if event.replaced:
-            log.info("context.summarized", **said, estimate=event.estimate)
-        else:  # folding goes on as before
-            log.warning("context.summary_failed", **said, reason=event.reason)
-    elif isinstance(event, ev.ContextWarning):
-        log.warning("context.warning", turn=event.turn, warning=event.message)
-    elif isinstance(event, ev.ModelRetrying):
-        log.warning(
-            "model.retrying",
-            turn=event.turn,
-            attempt=event.attempt,
-            reason=event.reason,
-            delay_s=event.delay_s,
-        )
-    elif isinstance(event, ev.EndpointSwitched):
-        log.warning(
-            "model.endpoint_down",
-            turn=event.turn,
-            endpoint=event.endpoint,
-            next_endpoint=event.next_endpoint,
-            reason=event.reason,
-        )
+    line = event.logged()
+    if line is not None:
+        log.log(line.level, line.event, **line.fields)
 
 
 def verify_claim(
