@@ -15,7 +15,8 @@
 
 Adding a provider is one module plus one line: a class in coder/models/ that is both a
 `ModelProvider` (its instances) and a `Provider` (the class: `open`, `endpoints`, `serves`,
-`missing` and its labels), and its name in PROVIDERS below (the `provider` enum of
+`missing` and its labels), for a streaming server a `StreamingProvider` with its three hooks
+(coder.models.streaming), and its name in PROVIDERS below (the `provider` enum of
 schemas/config.schema.json lists it too; a test holds the two equal).
 """
 
