@@ -263,7 +263,7 @@ class OllamaProvider(StreamingProvider[dict[str, Any], "ollama.ChatResponse"]):
         piece = Piece(text=message.content or "", thinking=message.thinking or "", calls=calls)
         if not chunk.done:
             return piece
-        self._warm = True
+        self._warm = True  # the model is loaded: later requests have request_timeout
         return replace(piece, end=chunk.done_reason or "stop", figures=_figures(chunk))
 
     # -- embeddings -------------------------------------------------------------------------
