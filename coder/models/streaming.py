@@ -278,9 +278,12 @@ class StreamingProvider(ABC, Generic[RequestT, ChunkT]):
 
     @staticmethod
     def missing(url: str, name: str, served: Sequence[str], field: str) -> tuple[str, str]:
-        shown = ", ".join(sorted(served)[:10])
+        """What is wrong (after "model 'x' ") and the fix; `served` is empty when the server
+        refused a request for the model (`refused`)."""
         fix = f"name a model it serves in {field}, or serve {name} there"
-        return f"is not served at {url} (it serves: {shown})", fix
+        if not served:
+            return f"is not available at {url}", fix
+        return f"is not served at {url} (it serves: {', '.join(sorted(served)[:10])})", fix
 
     # -- the server ---------------------------------------------------------------------------
 
@@ -402,10 +405,8 @@ class StreamingProvider(ABC, Generic[RequestT, ChunkT]):
         """The reason to retry a request the server refused with HTTP `status` (429, 5xx);
         raises the error for the others. A provider adds its server's own statuses."""
         if status == 404 and "model" in message.lower():
-            raise ModelMissing(
-                f"model '{self.model}' is not available at {self.endpoint}: {message}",
-                hint=self.missing(self.endpoint, self.model, (), CONFIG_FIELD)[1],
-            )
+            what, fix = self.missing(self.endpoint, self.model, (), CONFIG_FIELD)
+            raise ModelMissing(f"model '{self.model}' {what}: {message}", hint=fix)
         if status == 404:
             raise ModelUnavailable(
                 f"{self.endpoint} answered 404 ({message}); is it {self._server}'s API URL?",
