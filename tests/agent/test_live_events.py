@@ -10,7 +10,7 @@ from typing import Any, get_args
 
 from coder.agent import events as ev
 from coder.models.provider import Usage
-from coder.run.events import EventLog
+from coder.run.eventlog import EventLog
 from coder.run.runs import RunOptions, start
 from coder.run.steps.model import report
 from tests.fake_ollama import FakeOllama, Reply
