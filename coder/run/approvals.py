@@ -36,9 +36,9 @@ ALIASES: Mapping[str, Mode] = {"manual": "per-step"}  # the name before per-edit
 EditPrompt = Callable[[str, "Proposal", Callable[[str], str], threading.Event], "Verdict"]
 
 
-def mode_of(chosen: str | None, policies: Mapping[str, Any], default: Mode) -> Mode:
+def mode_of(chosen: str | None, taskfile: str | None, default: Mode) -> Mode:
     """The run's mode: the command line's choice, else the taskfile's, else `default`."""
-    value = chosen if chosen is not None else policies.get("approvals", default)
+    value = chosen if chosen is not None else taskfile if taskfile is not None else default
     value = ALIASES.get(value, value)
     if value not in MODES:  # the schema allows no other; a caller of the API might
         raise InvalidInput(

@@ -272,15 +272,13 @@ class Executor:
 
     def _run_budget_exhausted(self) -> str | None:
         """The run-wide budgets (taskfile policies, else config), checked between steps."""
-        from coder.taskfile import parse_duration
-
         policies, cfg = self.task.policies, self.run.config
-        max_tokens = policies.get("run_max_tokens", cfg.run_max_tokens)
-        timeout = policies.get("run_timeout", cfg.run_timeout)
-        if max_tokens is not None and self._tokens >= int(max_tokens):
+        max_tokens = policies.run_max_tokens or cfg.run_max_tokens
+        timeout = policies.run_timeout or cfg.run_timeout
+        if max_tokens is not None and self._tokens >= max_tokens:
             return f"run token budget exhausted ({self._tokens} of {max_tokens} tokens)"
-        if timeout is not None and self._seconds >= parse_duration(timeout):
-            return f"run time budget exhausted ({self._seconds:.0f}s of {parse_duration(timeout)}s)"
+        if timeout is not None and self._seconds >= timeout:
+            return f"run time budget exhausted ({self._seconds:.0f}s of {timeout}s)"
         return None
 
     def _run_level(self, steps: list[Step]) -> None:

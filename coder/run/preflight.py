@@ -105,6 +105,6 @@ def policy_for(task: Task, cfg: Config) -> Policy:
     from coder.policy.commands import Policy
 
     policy = Policy.from_config(cfg.values)
-    if task.policies.get("allow_network") is False:
+    if task.policies.allow_network is False:
         policy = replace(policy, allow_network=False)
     return policy

@@ -171,7 +171,7 @@ def approvals_of(task: taskfile.Task, options: RunOptions) -> Mode:
     be asked (no terminal)."""
     from coder.run import approvals
 
-    mode = approvals.mode_of(options.approvals, task.policies, options.default_approvals)
+    mode = approvals.mode_of(options.approvals, task.policies.approvals, options.default_approvals)
     prompt = options.approve if mode == "per-step" else options.approve_edit
     approvals.require_prompt(mode, can_ask=prompt is not None)
     return mode
@@ -807,8 +807,8 @@ class RunSetup:
             config=self.cfg,
             redactor=self.redactor,
             max_parallel=options.max_parallel
-            or int(self.task.policies.get("max_parallel", 0))
-            or int(self.cfg.max_parallel),
+            or self.task.policies.max_parallel
+            or self.cfg.max_parallel,
             fail_fast=options.fail_fast,
             agent=self.agent,
             approve=options.approve if self.approvals == "per-step" else None,

@@ -26,6 +26,7 @@ from typing import Any
 from coder import yamldoc
 from coder.display import counted
 from coder.errors import DocumentError, InvalidInput, InvalidTaskfile, Problem
+from coder.policies import Policies, parse_duration
 from coder.schemas import TASK_ID
 from coder.taskfile.kinds import KIND_FIELDS, KINDS, kinds_taking
 from coder.yamldoc import Document, quote
@@ -83,7 +84,7 @@ class Task:
     fallback_model: str | None = None  # from the third attempt of a step that failed twice
     spec: str | None = None
     created_at: str | None = None
-    policies: Mapping[str, Any] = field(default_factory=dict)
+    policies: Policies = field(default_factory=Policies)
     success: Mapping[str, Any] = field(default_factory=dict)
     # No step declares depends_on: each step follows the one before it, in order only (a
     # skipped step does not stop the next). With depends_on, a dependency is a requirement.
@@ -103,9 +104,7 @@ class Task:
     def retries(self, step: Step) -> int:
         """How often a failed attempt of `step` is tried again: its own `retries`, else the
         task's `policies.retries` (0)."""
-        if step.retries is not None:
-            return step.retries
-        return int(self.policies.get("retries", 0))
+        return self.policies.retries if step.retries is None else step.retries
 
     def resolved(self, *, base: str, model: str) -> Task:
         from dataclasses import replace
@@ -118,8 +117,9 @@ class Task:
         for key in ("base", "model", "fallback_model", "spec", "created_at"):
             if getattr(self, key) is not None:
                 doc[key] = getattr(self, key)
-        if self.policies:
-            doc["policies"] = dict(self.policies)
+        policies = self.policies.to_dict()
+        if policies:
+            doc["policies"] = policies
         if self.success:
             doc["success"] = dict(self.success)
         doc["graph"] = [_step_dict(s, self.sequential) for s in self.steps]
@@ -238,7 +238,7 @@ def from_dict(data: Mapping[str, Any], default_id: str | None = None) -> Task:
         fallback_model=data.get("fallback_model"),
         spec=data.get("spec"),
         created_at=data.get("created_at"),
-        policies=dict(data.get("policies", {})),
+        policies=Policies.from_dict(data.get("policies", {})),
         success=dict(data.get("success", {})),
         sequential=sequential,
         source=data,
@@ -307,19 +307,6 @@ def default_branch(task_id: str, title: str) -> str:
 def slugify(title: str, limit: int = 40) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
     return slug[:limit].rstrip("-") or "task"
-
-
-_DURATION = re.compile(r"^([1-9][0-9]*)(s|m|h)$")
-
-
-def parse_duration(value: int | str) -> int:
-    """Seconds from 90, "90s", "5m" or "1h" (already checked by the schema)."""
-    if isinstance(value, int):
-        return value
-    match = _DURATION.match(value)
-    if not match:
-        raise InvalidInput(f"not a duration: {value!r} (use seconds, or 90s, 5m, 1h)")
-    return int(match[1]) * {"s": 1, "m": 60, "h": 3600}[match[2]]
 
 
 # --- schema problems -----------------------------------------------------------------------

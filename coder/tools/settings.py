@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from coder.policies import Policies
     from coder.redact import Redactor
 
 
 def code_settings(
     config: Mapping[str, Any] | Any,
-    policies: Mapping[str, Any],
+    policies: Policies,
     cache_dir: Path | None,
     redactor: Redactor,
 ) -> dict[str, Any]:
@@ -27,8 +28,8 @@ def code_settings(
     model = config.embedding_model
     return {
         "cache_dir": cache_dir,
-        "veto_syntax_errors": bool(policies.get("veto_syntax_errors", True)),
-        "lint_after_edit": bool(policies.get("lint_after_edit", True)),
+        "veto_syntax_errors": policies.veto_syntax_errors,
+        "lint_after_edit": policies.lint_after_edit,
         "lint_command": config.lint_command,
         "embedder": open_embedder(config, redactor=redactor),
         # names the vector cache: the same model name on another kind of server may differ

@@ -89,6 +89,40 @@ def test_time_budget_from_config(fake: FakeOllama, sample: Path) -> None:
     assert state_of(sample, "slow")["error"].startswith("run time budget exhausted (1s of 1s)")
 
 
+def test_policy_durations_apply_as_written(fake: FakeOllama, sample: Path) -> None:
+    """`policies.timeout` and `policies.run_timeout` as durations ("1s"): a shell step over
+    the first is ended, a run over the second stops before its next step."""
+    path = taskfile(
+        sample,
+        """
+        id: stepslow
+        title: t
+        policies: {timeout: 1s}
+        graph:
+          - {kind: shell, cmd: "sleep 5 && echo a > a.txt"}
+    """,
+    )
+    assert coder(sample, "run", "--autonomous", "-f", str(path))[0] == 1
+    assert "timed out" in state_of(sample, "stepslow")["steps"]["s1"]["error"]
+    assert not (sample / ".coder" / "worktrees" / "stepslow" / "a.txt").exists()
+    path = taskfile(
+        sample,
+        """
+        id: runslow
+        title: t
+        policies: {run_timeout: 1s}
+        graph:
+          - {kind: shell, cmd: "sleep 1.2 && echo a > a.txt"}
+          - {kind: shell, cmd: "echo b > b.txt"}
+    """,
+        name="runslow.yaml",
+    )
+    assert coder(sample, "run", "--autonomous", "-f", str(path))[0] == 1
+    state = state_of(sample, "runslow")
+    assert state["error"].startswith("run time budget exhausted (1s of 1s)")
+    assert state["steps"]["s2"]["status"] == "pending"
+
+
 @pytest.fixture
 def small_context(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOllama]:
     models = {

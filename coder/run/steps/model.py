@@ -20,7 +20,7 @@ from coder.git import workdir
 from coder.models import bounds
 from coder.policy.paths import naming
 from coder.run.steps import StepContext, StepOutcome
-from coder.taskfile import Step, is_repo_relative, parse_duration
+from coder.taskfile import Step, is_repo_relative
 from coder.taskfile.kinds import KINDS, ModelRole
 from coder.tools import TERMINAL_TOOL
 
@@ -223,7 +223,7 @@ def verify_claim(
             "no file was changed; make the edit with fs_edit/fs_write, or, if no change is "
             "needed, call step_complete again with no_change_reason saying why"
         )
-    if changed and role == "edit" and ctx.task.policies.get("run_tests_after_each_edit"):
+    if changed and role == "edit" and ctx.task.policies.run_tests_after_each_edit:
         return _tests_after_edit(ctx, tool_ctx)
     return None
 
@@ -250,14 +250,12 @@ def _tests_after_edit(ctx: StepContext, tool_ctx: ToolContext) -> str | None:
 def limits_for(ctx: StepContext) -> Limits:
     """The step's budgets: the step's own timeout, else the taskfile's policies, else config."""
     policies, cfg = ctx.task.policies, ctx.config
-    seconds = ctx.step.timeout_s or (
-        parse_duration(policies["timeout"]) if "timeout" in policies else int(cfg.step_timeout)
-    )
+    seconds = ctx.step.timeout_s or policies.timeout or cfg.step_timeout
     num_ctx = ctx.agent.facts.num_ctx if ctx.agent is not None else None
     return Limits(
-        max_turns=int(policies.get("max_turns", cfg.max_turns)),
+        max_turns=policies.max_turns or cfg.max_turns,
         max_seconds=float(seconds),
-        max_tokens=policies.get("max_tokens", cfg.max_step_tokens),
+        max_tokens=policies.max_tokens or cfg.max_step_tokens,
         max_prose_chars=cfg.max_prose_chars,
         context_tokens=num_ctx,
         summaries=bool(cfg.fold_summaries),

@@ -28,7 +28,7 @@ def run_in_step(
     (redacted) output is kept as an artifact. `results_var`: see `sandbox.run_command`."""
     step = ctx.step
     cwd = resolve_in_root(ctx.workdir, step.cwd or ".", write=False, policy=ctx.policy)
-    timeout = step.timeout_s or _policy_timeout(ctx) or ctx.policy.command_timeout
+    timeout = step.timeout_s or ctx.task.policies.timeout or ctx.policy.command_timeout
     timer = crash_during("during_command", step.id)
     try:
         result = sandbox.run_command(
@@ -72,10 +72,3 @@ def describe_failure(result: sandbox.CommandResult) -> str:
     detail = ("; output ends: " + " | ".join(tail)) if tail else ""
     why = f"; {result.refused_write}" if result.refused_write else ""
     return f"`{cmd}` exited with {result.exit_code}{detail}{why}"
-
-
-def _policy_timeout(ctx: StepContext) -> int | None:
-    from coder.taskfile import parse_duration
-
-    value = ctx.task.policies.get("timeout")
-    return parse_duration(value) if value is not None else None

@@ -82,8 +82,7 @@ def protected_paths_untouched(seen: Verification) -> list[str]:
 def diff_within_caps(seen: Verification) -> list[str]:
     """`policies.max_diff_lines` (lines added plus removed) and `policies.max_files_changed`:
     a step over either fails with the figures, before its commit."""
-    policies = seen.task.policies
-    max_lines, max_files = policies.get("max_diff_lines"), policies.get("max_files_changed")
+    max_lines, max_files = seen.task.policies.max_diff_lines, seen.task.policies.max_files_changed
     problems = []
     if max_files is not None and len(seen.changed) > max_files:
         problems.append(
