@@ -271,6 +271,8 @@ def bench_map(trees: dict[str, Path], tmp: Path) -> None:
 def bench_edit(tmp: Path, repeats: int) -> None:
     from dataclasses import replace
 
+    from coder.config import as_config
+    from coder.policies import Policies
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.tools import ToolContext, default_registry
@@ -286,8 +288,11 @@ def bench_edit(tmp: Path, repeats: int) -> None:
     git_repo(root)
     lines = body.count("\n")
     registry = default_registry()
-    base = ToolContext(root=root, policy=Policy(), redactor=Redactor(), lint_after_edit=False)
-    checked, unchecked = base, replace(base, veto_syntax_errors=False)
+    base = ToolContext(
+        root=root, policy=Policy(), redactor=Redactor(), policies=Policies(lint_after_edit=False)
+    )
+    unchecked = replace(base, policies=Policies(veto_syntax_errors=False, lint_after_edit=False))
+    checked = base
     current = [7]
 
     def edit(ctx: ToolContext) -> Any:  # every edit makes new content (no lint memo hit)
@@ -331,7 +336,8 @@ def bench_edit(tmp: Path, repeats: int) -> None:
     print(f"   linter: one `ruff check` of the file through the sandbox {lint_s * 1000:.0f} ms")
     from coder.checks.lintreport import LINTERS
 
-    linted = replace(checked, lint_after_edit=True, lint_command=LINTERS["ruff"].command)
+    ruff = as_config({"lint_command": LINTERS["ruff"].command})
+    linted = replace(checked, policies=Policies(), config=ruff)
     edit(linted)  # the first edit of a file lints it before and after; later ones only after
     samples = []
     for _ in range(repeats):

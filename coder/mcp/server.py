@@ -47,7 +47,6 @@ def tool_context(root: Path) -> ToolContext:
     from coder import config as config_mod
     from coder import project
     from coder.git import repository
-    from coder.policies import Policies
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.run.secrets import known_secrets
@@ -65,8 +64,8 @@ def tool_context(root: Path) -> ToolContext:
         root=root,
         policy=Policy.from_config(cfg.values),
         redactor=redactor,
-        test_command=cfg.test_command,
-        **code_settings(cfg, Policies(), coder_dir / "cache", redactor),
+        config=cfg,
+        **code_settings(cfg, coder_dir / "cache", redactor),
     )
 
 

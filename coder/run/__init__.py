@@ -2,6 +2,7 @@
 What a user does with a run afterwards (merge, revert, show, report) is in coder.services.
 
     runs.py        start, resume (reconciled with git), stop
+    settings.py    a run's settings, resolved once from its taskfile, config and options
     executor.py    the walk and the one step pipeline (start, act, verify, commit, record)
     schedule.py    which steps may start: in-degree counters over the DAG
     steps/         what each step kind does in a working directory; verify.py: the checks

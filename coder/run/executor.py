@@ -48,13 +48,12 @@ from coder.taskfile.kinds import KINDS
 
 if TYPE_CHECKING:
     from coder.agent.session import AgentSession
-    from coder.config import Config
     from coder.git.staging import Change
     from coder.models.provider import Usage
-    from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.run.approvals import EditApprovals
     from coder.run.eventlog import EventLog
+    from coder.run.settings import RunSettings
     from coder.run.state import StateStore
     from coder.taskfile import Step, Task
 
@@ -73,17 +72,14 @@ class RunContext:
     """Everything one run needs; built by `coder.run.runs` for `run` and `resume`."""
 
     task: Task
+    settings: RunSettings
     repo_root: Path
     coder_dir: Path
     worktree: Path
     state: RunState
     store: StateStore
     log: EventLog
-    policy: Policy
-    config: Config
     redactor: Redactor
-    max_parallel: int = 1
-    fail_fast: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
     agent: AgentSession | None = None  # when the task has model steps
     approve: Approver | None = None  # approvals per-step: asked before each step
@@ -235,7 +231,9 @@ class Executor:
     def _walk(self) -> None:
         while not self.halted and not self.run.stop.is_set():
             asks = self.run.approve is not None or self.run.approve_edit is not None
-            batch = self.schedule.take(1 if asks else self.run.max_parallel)  # one at a time
+            batch = self.schedule.take(
+                1 if asks else self.run.settings.max_parallel
+            )  # one at a time
             if not batch:
                 return
             exhausted = self._run_budget_exhausted()
@@ -272,9 +270,7 @@ class Executor:
 
     def _run_budget_exhausted(self) -> str | None:
         """The run-wide budgets (taskfile policies, else config), checked between steps."""
-        policies, cfg = self.task.policies, self.run.config
-        max_tokens = policies.run_max_tokens or cfg.run_max_tokens
-        timeout = policies.run_timeout or cfg.run_timeout
+        max_tokens, timeout = self.run.settings.run_max_tokens, self.run.settings.run_timeout
         if max_tokens is not None and self._tokens >= max_tokens:
             return f"run token budget exhausted ({self._tokens} of {max_tokens} tokens)"
         if timeout is not None and self._seconds >= timeout:
@@ -380,7 +376,7 @@ class Executor:
         gone = self._files_gone(place.workdir)
         if gone is not None:  # deleted while the step ran: nothing left to check or commit
             raise gone
-        seen = Verification(self.task, step, place.workdir, self.run.policy, self.run.config, tip)
+        seen = Verification(step, place.workdir, self.run.settings, tip)
         outcome = self._verify(seen, acted, guard)
         self.run.log.debug(
             "step.acted",
@@ -403,8 +399,7 @@ class Executor:
             step=step,
             workdir=workdir,
             attempt=attempt,
-            policy=self.run.policy,
-            config=self.run.config,
+            settings=self.run.settings,
             artifacts=self.run.artifacts,
             cancel=self.run.stop,
             log=self.run.log.bind(step_id=step.id),
@@ -528,7 +523,7 @@ class Executor:
 
     def _fail(self, step: Step, outcome: StepOutcome) -> None:
         error = outcome.error or "failed"
-        if step.strategy == "skip" and not self.run.fail_fast:
+        if step.strategy == "skip" and not self.run.settings.fail_fast:
             self._skip(
                 step.id,
                 "failed",
@@ -788,13 +783,13 @@ def success_problems(ex: Executor) -> list[str]:
     problems = success.missing_files(ex.task, worktree)
     if ex.task.success.get("require_green_tests"):
         try:
-            cmd = success.test_command(ex.task, worktree, ex.run.config)
+            cmd = success.test_command(ex.task, worktree, ex.run.settings.config)
         except EnvironmentProblem:
             raise
         except CoderError as exc:
             return [*problems, f"require_green_tests: {exc.message}"]
         problem, result = success.run_tests(
-            cmd, worktree, ex.run.policy, cancel=ex.run.stop, owner=ex.run.owner
+            cmd, worktree, ex.run.settings.policy, cancel=ex.run.stop, owner=ex.run.owner
         )
         ex.run.log.info("success.tests", exit_code=result.exit_code)
         if problem:
@@ -802,7 +797,12 @@ def success_problems(ex: Executor) -> list[str]:
     if ex.task.success.get("require_no_lint_errors"):
         base = ex.run.state.base_commit
         problems += success.lint_problems(
-            worktree, base, ex.run.policy, ex.run.config, cancel=ex.run.stop, owner=ex.run.owner
+            worktree,
+            base,
+            ex.run.settings.policy,
+            ex.run.settings.config,
+            cancel=ex.run.stop,
+            owner=ex.run.owner,
         )
     return problems
 

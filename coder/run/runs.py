@@ -51,6 +51,7 @@ from coder.run.lock import TaskLock
 from coder.run.manifest import Manifest, load_manifest, manifest_path, new_run
 from coder.run.preflight import policy_for
 from coder.run.secrets import restore, run_secrets, stored_task
+from coder.run.settings import RunSettings, resolve
 from coder.run.state import DONE, RunState, StateStore, now_iso
 
 if TYPE_CHECKING:
@@ -108,8 +109,9 @@ def start(
     path: Path, *, cwd: Path, options: RunOptions, console: Console | None = None
 ) -> RunResult:
     """Validate, prepare the branch and worktree, and run the whole DAG."""
-    task, cfg, repo, policy, base_commit = _checked(path, cwd, options)
-    approvals = approvals_of(task, options)  # refused before anything of the run exists
+    task, settings, repo, base_commit = _checked(path, cwd, options)
+    refuse_unasked(settings.approvals, options)  # before anything of the run exists
+    cfg, policy = settings.config, settings.policy
     root = repository.repo_root(repo)
     coder_dir = project.ensure_coder_dir(root)
     repository.ensure_excluded(repo, f"/{project.CODER_DIR}/")
@@ -134,22 +136,19 @@ def start(
             checkout_commit = included.commit if included else None
             state = _create(repo, coder_dir, task, path, base_commit, redactor, checkout_commit)
             store.save(state)
-            worktree = Path(state.worktree)
-            setup = RunSetup(
+            return _execute(
                 task,
-                root,
-                coder_dir,
-                worktree,
-                state,
-                store,
-                cfg,
-                policy,
-                agent,
-                redactor,
-                _start_warnings(repo, task, path, included),
-                approvals,
+                settings,
+                root=root,
+                worktree=Path(state.worktree),
+                state=state,
+                store=store,
+                agent=agent,
+                redactor=redactor,
+                warnings=_start_warnings(repo, task, path, included),
+                options=options,
+                console=console,
             )
-            return _execute(setup, options, console)
         except BaseException as exc:
             if agent is not None:  # _execute closes it too; closing twice is harmless
                 agent.stop_priming()
@@ -166,15 +165,12 @@ def start(
             raise
 
 
-def approvals_of(task: taskfile.Task, options: RunOptions) -> Mode:
-    """The run's approvals mode (coder.run.approvals), refused when it asks and nobody can
-    be asked (no terminal)."""
+def refuse_unasked(mode: Mode, options: RunOptions) -> None:
+    """Refuse an approvals mode that asks when nobody can be asked (no terminal)."""
     from coder.run import approvals
 
-    mode = approvals.mode_of(options.approvals, task.policies.approvals, options.default_approvals)
     prompt = options.approve if mode == "per-step" else options.approve_edit
     approvals.require_prompt(mode, can_ask=prompt is not None)
-    return mode
 
 
 def _run_exists(store: StateStore, task_id: str) -> InvalidInput:
@@ -199,16 +195,16 @@ def _run_exists(store: StateStore, task_id: str) -> InvalidInput:
 
 def _checked(
     path: Path, cwd: Path, options: RunOptions
-) -> tuple[taskfile.Task, config_mod.Config, Repo, Policy, str]:
-    """The taskfile, resolved against its base branch, with the config, repository, policy
-    and base commit of its run: refused (creating nothing) when the policy forbids its
-    commands, the base is missing or a submodule cannot be copied."""
+) -> tuple[taskfile.Task, RunSettings, Repo, str]:
+    """The taskfile, resolved against its base branch, with the settings, repository and
+    base commit of its run: refused (creating nothing) when the policy forbids its commands,
+    the base is missing or a submodule cannot be copied."""
     task = taskfile.load(path)
     cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
     config_mod.require_trusted(cfg)
     repo = repository.open_repo(cwd)
-    policy = policy_for(task, cfg)
-    preflight(task, policy, repository.repo_root(repo), cfg)
+    settings = resolve(task, cfg, options)
+    preflight(task, settings.policy, repository.repo_root(repo), cfg)
     base = task.base or branches.current_branch(repo)
     base_commit = (
         branches.resolve_commit(repo, f"refs/heads/{base}")
@@ -218,7 +214,7 @@ def _checked(
     if options.include_uncommitted:
         uncommitted.check_includable(repo, base)
     submodules.submodules(repo, base_commit)  # each must be copyable into the worktree, or refuse
-    return task.resolved(base=base, model=str(cfg.model)), cfg, repo, policy, base_commit
+    return task.resolved(base=base, model=str(cfg.model)), settings, repo, base_commit
 
 
 def _claim(
@@ -454,31 +450,29 @@ def resume(
         task, manifest, redactor = _take_edit(
             coder_dir, root, state, manifest, task, edit, cfg, warnings
         )
-        approvals = approvals_of(task, options)
+        settings = resolve(task, cfg, options)
+        refuse_unasked(settings.approvals, options)
         for step_id, text in given:
             if notes.give(state, step_id, text, via="resume", redactor=redactor) is None:
                 warnings.append(f"step {step_id} has that note already; it is kept once")
         store.save(state)
-        policy = policy_for(task, cfg)
-        sandbox.require_sandbox(policy)
+        sandbox.require_sandbox(settings.policy)
         done = {sid for sid, st in state.steps.items() if st.status in DONE}
         made = {sid: st.attempts for sid, st in state.steps.items()}
         agent = _open_agent(task, cfg, repo, manifest.base_commit, options, redactor, done, made)
-        setup = RunSetup(
+        return _execute(
             task,
-            root,
-            coder_dir,
-            manifest.worktree_path,
-            state,
-            store,
-            cfg,
-            policy,
-            agent,
-            redactor,
-            tuple(warnings),
-            approvals,
+            settings,
+            root=root,
+            worktree=manifest.worktree_path,
+            state=state,
+            store=store,
+            agent=agent,
+            redactor=redactor,
+            warnings=tuple(warnings),
+            options=options,
+            console=console,
         )
-        return _execute(setup, options, console)
 
 
 def _notes_for(
@@ -771,92 +765,86 @@ def _branch_gone(repo: Repo, state: RunState, branch: str) -> EnvironmentProblem
 # --- running and stopping ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RunSetup:
-    """A run ready to execute, as start and resume hand it over; `context` is the one place
-    its executor's RunContext is built."""
-
-    task: taskfile.Task
-    root: Path
-    coder_dir: Path
-    worktree: Path
-    state: RunState
-    store: StateStore
-    cfg: config_mod.Config
-    policy: Policy
-    agent: AgentSession | None
-    redactor: Redactor
-    warnings: tuple[str, ...] = ()
-    approvals: Mode = "none"
-
-    def context(self, log: EventLog, options: RunOptions) -> RunContext:
-        from coder.run.approvals import EditApprovals
-        from coder.run.executor import RunContext
-
-        stop = threading.Event()  # the run's, which its questions watch too
-        return RunContext(
-            stop=stop,
-            task=self.task,
-            repo_root=self.root,
-            coder_dir=self.coder_dir,
-            worktree=self.worktree,
-            state=self.state,
-            store=self.store,
-            log=log,
-            policy=self.policy,
-            config=self.cfg,
-            redactor=self.redactor,
-            max_parallel=options.max_parallel
-            or self.task.policies.max_parallel
-            or self.cfg.max_parallel,
-            fail_fast=options.fail_fast,
-            agent=self.agent,
-            approve=options.approve if self.approvals == "per-step" else None,
-            approve_edit=EditApprovals(options.approve_edit, self.redactor, stop)
-            if self.approvals == "per-edit" and options.approve_edit is not None
-            else None,
-        )
-
-
-def _execute(setup: RunSetup, options: RunOptions, console: Console | None) -> RunResult:
+def _execute(
+    task: taskfile.Task,
+    settings: RunSettings,
+    *,
+    root: Path,
+    worktree: Path,
+    state: RunState,
+    store: StateStore,
+    agent: AgentSession | None,
+    redactor: Redactor,
+    warnings: tuple[str, ...],
+    options: RunOptions,
+    console: Console | None,
+) -> RunResult:
+    """Run a started or resumed run to its end: the one place its RunContext is built."""
     from coder.redact import secrets_from_repo
+    from coder.run.approvals import EditApprovals
     from coder.run.eventlog import EventLog
-    from coder.run.executor import Executor
+    from coder.run.executor import RunContext
 
-    task, agent, redactor = setup.task, setup.agent, setup.redactor
+    coder_dir = store.coder_dir
     # the worktree's `.env*` files too, before anything is logged or any command runs
-    redactor.add(*secrets_from_repo(setup.worktree))
+    redactor.add(*secrets_from_repo(worktree))
     if agent is not None and options.replay is None:  # the server's API key stays secret
         from coder.config import api_key
 
-        redactor.add(*filter(None, [api_key(setup.cfg)]))
+        redactor.add(*filter(None, [api_key(settings.config)]))
     live = options.live
-    with EventLog(setup.coder_dir, task.id, redactor=redactor, console=console, live=live) as log:
-        for warning in setup.warnings:
+    with EventLog(coder_dir, task.id, redactor=redactor, console=console, live=live) as log:
+        for warning in warnings:
             log.warning("run.warning", message=warning)
-        run = setup.context(log, options)
-        if agent is not None:
-            log.info("model.ready", **agent.facts.as_dict())
-        attached = None
-        try:
-            if agent is not None and options.attach_tools is not None:  # they join the prefix
-                attached = options.attach_tools(
-                    agent, setup.cfg, cwd=setup.worktree, log=log, redactor=redactor
-                )
-            if agent is not None:
-                agent.prime(setup.cfg)  # unless it is already being sent
-            with _stop_on_signals(run.stop, log):
-                status = Executor(run).execute()
-        finally:
-            if attached is not None:
-                attached.close()
-            if agent is not None:
-                agent.stop_priming()  # a warm prefix still being sent is ended first
-                agent.models.close()
+        stop = threading.Event()  # the run's, which its questions watch too
+        run = RunContext(
+            task=task,
+            settings=settings,
+            repo_root=root,
+            coder_dir=coder_dir,
+            worktree=worktree,
+            state=state,
+            store=store,
+            log=log,
+            redactor=redactor,
+            stop=stop,
+            agent=agent,
+            approve=options.approve if settings.approvals == "per-step" else None,
+            approve_edit=EditApprovals(options.approve_edit, redactor, stop)
+            if settings.approvals == "per-edit" and options.approve_edit is not None
+            else None,
+        )
+        status = _drive(run, options)
     resume = f"coder resume -t {task.id}"
-    if not manifests.run_exists(setup.coder_dir, task.id):  # deleted under the run
-        resume += f" -f {setup.state.taskfile or 'TASKFILE'}"
-    return RunResult(task.id, status, setup.state, setup.warnings, resume)
+    if not manifests.run_exists(coder_dir, task.id):  # deleted under the run
+        resume += f" -f {state.taskfile or 'TASKFILE'}"
+    return RunResult(task.id, status, state, warnings, resume)
+
+
+def _drive(run: RunContext, options: RunOptions) -> str:
+    """The executor's walk, with the model's extra tools attached and its prefix sent ahead;
+    the model side closed whatever happens."""
+    from coder.run.executor import Executor
+
+    agent, config = run.agent, run.settings.config
+    if agent is not None:
+        run.log.info("model.ready", **agent.facts.as_dict())
+    attached = None
+    try:
+        if agent is not None and options.attach_tools is not None:  # they join the prefix
+            attached = options.attach_tools(
+                agent, config, cwd=run.worktree, log=run.log, redactor=run.redactor
+            )
+        if agent is not None:
+            agent.prime(config)  # unless it is already being sent
+        with _stop_on_signals(run.stop, run.log):
+            return Executor(run).execute()
+    finally:
+        if attached is not None:
+            attached.close()
+        if agent is not None:
+            agent.stop_priming()  # a warm prefix still being sent is ended first
+            agent.models.close()
 
 
 @contextmanager

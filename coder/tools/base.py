@@ -2,7 +2,7 @@
 
     ToolResult   what a call answers (errors are data: `ToolResult.error(message, hint)`)
     ToolContext  where and under which rules a call runs (the worktree, the policy, the
-                 redactor, the edit checks, who approves each change)
+                 redactor, the run's config and policies, who approves each change)
     Tool         a name, a description, the parameters and a handler `(ctx, args) -> result`;
                  a tool that changes something also a `preview` (coder.tools.approval)
     params, prop the flat object schema of a tool's parameters (see coder.tools.registry)
@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coder.config import Config, as_config
 from coder.models.provider import Arguments
+from coder.policies import Policies
 from coder.policy.commands import Policy
 from coder.redact import Redactor
 
@@ -55,15 +57,15 @@ class ToolContext:
     policy: Policy
     redactor: Redactor
     cancel: threading.Event | None = None
-    test_command: str | None = None  # configured; None means detect
+    # the settings the tools go by: the config's test_command and lint_command (None: detect),
+    # the taskfile's policies (veto_syntax_errors, lint_after_edit)
+    config: Config = field(default_factory=lambda: as_config({}))
+    policies: Policies = field(default_factory=Policies)
     write_filter: Callable[[str], str | None] | None = None  # repo-relative path -> refusal
     command_timeout: int | None = None  # cap for shell_run/tests_run; None: the policy's
     read_limit: int = 400  # lines per fs_read page
     owner: str | None = None  # sandbox owner token, so `coder resume` can kill leftovers
     cache_dir: Path | None = None  # .coder/cache: code_search's index (None: in memory only)
-    veto_syntax_errors: bool = True  # refuse an edit that leaves a new syntax error
-    lint_after_edit: bool = True  # lint each edited file (configured or detected linter)
-    lint_command: str | None = None  # configured, with {file}; None means detect
     embedder: Callable[[Sequence[str]], list[list[float]]] | None = None  # hybrid code_search
     embed_key: str = ""  # the embedding model (names its vector cache)
     # in a run: an EnvironmentProblem or a full disk stops the run instead of being an

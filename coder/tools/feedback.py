@@ -8,7 +8,7 @@
   is a command like any other: it runs through the sandbox under the run's policy, and a
   linter the policy does not allow is reported once, not run.
 
-`ctx.veto_syntax_errors` and `ctx.lint_after_edit` (the taskfile's `policies`) turn them off.
+The taskfile's `policies.veto_syntax_errors` and `policies.lint_after_edit` turn them off.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ MAX_FINDINGS = 10  # shown per edit
 
 def veto(ctx: ToolContext, rel: str, old: bytes | None, new: bytes) -> ToolResult | None:
     """The refusal of an edit that breaks `rel`'s syntax, or None to let it through."""
-    if not ctx.veto_syntax_errors:
+    if not ctx.policies.veto_syntax_errors:
         return None
     problem = syntax.check(rel, new)
     if problem is None or (old is not None and syntax.check(rel, old) is not None):
@@ -59,7 +59,7 @@ class Lint:
     findings_before: dict[str, tuple[str, list[Finding]]] = field(default_factory=dict)
 
     def before(self, rels: Iterable[str]) -> None:
-        if not self.ctx.lint_after_edit:
+        if not self.ctx.policies.lint_after_edit:
             return
         for rel in rels:
             text = _read(self.ctx, rel)
@@ -69,7 +69,7 @@ class Lint:
     def after(self, rels: Iterable[str]) -> str:
         """The new findings of the edited files (and notes on linters that could not run),
         as text to append to the tool's result; "" when there is nothing to say."""
-        if not self.ctx.lint_after_edit:
+        if not self.ctx.policies.lint_after_edit:
             return ""
         lines: list[str] = []
         fresh: list[Finding] = []
@@ -101,7 +101,7 @@ class Lint:
     def _lint(self, rel: str, text: str) -> list[Finding] | None:
         """The findings of every linter for `rel` as it reads now (memoised by content);
         None when no linter checks it."""
-        linters = linters_for(self.ctx.root, rel, self.ctx.lint_command)
+        linters = linters_for(self.ctx.root, rel, self.ctx.config.lint_command)
         if not linters:
             return None
         digest = hashlib.sha256(text.encode("utf-8", errors="surrogateescape")).hexdigest()

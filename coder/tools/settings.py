@@ -1,7 +1,6 @@
-"""The ToolContext settings a run takes from its config and taskfile: the edit checks
-(`policies.veto_syntax_errors`, `policies.lint_after_edit`, `lint_command`), the code index's
-cache directory and, when `embedding_model` is set, the embedder for hybrid code_search (the
-configured provider's `embed`, coder.models.factory.open_embedder)."""
+"""The code index's ToolContext settings: its cache directory and, when `embedding_model` is
+set, the embedder for hybrid code_search (the configured provider's `embed`,
+coder.models.factory.open_embedder)."""
 
 from __future__ import annotations
 
@@ -10,15 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from coder.policies import Policies
     from coder.redact import Redactor
 
 
 def code_settings(
-    config: Mapping[str, Any] | Any,
-    policies: Policies,
-    cache_dir: Path | None,
-    redactor: Redactor,
+    config: Mapping[str, Any] | Any, cache_dir: Path | None, redactor: Redactor
 ) -> dict[str, Any]:
     """Keyword arguments for ToolContext (what the embedder is sent passes `redactor`)."""
     from coder.config import as_config
@@ -28,9 +23,6 @@ def code_settings(
     model = config.embedding_model
     return {
         "cache_dir": cache_dir,
-        "veto_syntax_errors": policies.veto_syntax_errors,
-        "lint_after_edit": policies.lint_after_edit,
-        "lint_command": config.lint_command,
         "embedder": open_embedder(config, redactor=redactor),
         # names the vector cache: the same model name on another kind of server may differ
         "embed_key": embed_key(config) if model else "",

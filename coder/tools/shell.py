@@ -129,7 +129,7 @@ def tests_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             f"cannot split args: {exc}",
             hint="args is a command-line fragment such as `-k name tests/x.py`",
         )
-    cmd = test_command(root=ctx.root, configured=ctx.test_command, args=extra)
+    cmd = test_command(root=ctx.root, configured=ctx.config.test_command, args=extra)
     # the structured results that leave the output as it is (pytest, unittest: a results
     # file); the model reads the output when no failing section is found
     plan = testresults.structured(cmd)
@@ -198,7 +198,7 @@ def preview_tests(ctx: ToolContext, args: dict[str, Any]) -> Proposal | ToolResu
         extra = shlex.split(args.get("args") or "")
     except ValueError:
         return tests_run(ctx, args)  # the handler's own error, before anything runs
-    cmd = test_command(root=ctx.root, configured=ctx.test_command, args=extra)
+    cmd = test_command(root=ctx.root, configured=ctx.config.test_command, args=extra)
     return _preview(ctx, "tests_run", cmd, {})
 
 

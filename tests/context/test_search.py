@@ -155,7 +155,6 @@ def test_the_hybrid_ranking_fuses_embeddings_by_reciprocal_rank(shop: Path, tmp_
 
 
 def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> None:
-    from coder.policies import Policies
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.tools import ToolContext, default_registry
@@ -165,7 +164,7 @@ def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> 
     models = {**DEFAULT_MODELS, "nomic-embed-text:latest": {"capabilities": ["embedding"]}}
     with FakeOllama(models=models) as server:
         config = {"ollama_host": server.url, "embedding_model": "nomic-embed-text"}
-        settings = code_settings(config, Policies(), tmp_path / "cache", Redactor())
+        settings = code_settings(config, tmp_path / "cache", Redactor())
         vectors = settings["embedder"](["parse the config", "parse the config file"])
         assert len(vectors) == 2 and len(vectors[0]) == 16
         ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **settings)
@@ -177,9 +176,7 @@ def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> 
         assert embeds and embeds[-1].body["model"] == "nomic-embed-text"
         assert list((tmp_path / "cache").glob("embeddings-ollama-nomic-embed-text.bin"))
         # an embedding model the server does not have: BM25 alone, and the model is told
-        missing = code_settings(
-            {**config, "embedding_model": "no-such-model"}, Policies(), None, Redactor()
-        )
+        missing = code_settings({**config, "embedding_model": "no-such-model"}, None, Redactor())
         ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **missing)
         result = default_registry().call(
             "code_search", {"query": "reduce a price by a percentage"}, ctx
@@ -195,7 +192,6 @@ def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> 
 def test_hybrid_code_search_through_an_openai_compatible_server(shop: Path, tmp_path: Path) -> None:
     """The same through the OpenAI provider (the real SDK, /v1/embeddings), at the second of
     two endpoints: the first refuses connections."""
-    from coder.policies import Policies
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.tools import ToolContext, default_registry
@@ -212,7 +208,7 @@ def test_hybrid_code_search_through_an_openai_compatible_server(shop: Path, tmp_
             "base_url": [down_url() + "/v1", server.url],
             "embedding_model": embedder,
         }
-        settings = code_settings(config, Policies(), tmp_path / "cache", Redactor())
+        settings = code_settings(config, tmp_path / "cache", Redactor())
         ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **settings)
         result = default_registry().call("code_search", query, ctx)
         assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
@@ -224,9 +220,7 @@ def test_hybrid_code_search_through_an_openai_compatible_server(shop: Path, tmp_
         assert list((tmp_path / "cache").glob("embeddings-openai-nomic-embed-text-v1.5.bin"))
         assert settings["embedder"](["again"]) == [embedding("again")]
         # a chat model (a server started without --embeddings): BM25 alone, and why
-        chat_only = code_settings(
-            {**config, "embedding_model": MODEL}, Policies(), None, Redactor()
-        )
+        chat_only = code_settings({**config, "embedding_model": MODEL}, None, Redactor())
         ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **chat_only)
         result = default_registry().call("code_search", query, ctx)
         assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
@@ -238,7 +232,6 @@ def test_the_embedding_model_may_be_a_named_model_on_another_server(
     shop: Path, tmp_path: Path
 ) -> None:
     """Chats at an OpenAI-compatible server, embeddings from a local Ollama (config `models`)."""
-    from coder.policies import Policies
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.tools import ToolContext, default_registry
@@ -259,7 +252,7 @@ def test_the_embedding_model_may_be_a_named_model_on_another_server(
             },
             "embedding_model": "embedder",
         }
-        settings = code_settings(config, Policies(), tmp_path / "cache", Redactor())
+        settings = code_settings(config, tmp_path / "cache", Redactor())
         ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **settings)
         result = default_registry().call(
             "code_search", {"query": "reduce a price by a percentage"}, ctx

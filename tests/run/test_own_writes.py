@@ -340,6 +340,7 @@ def test_the_file_tools_never_write_through_a_link_swapped_in_under_them(
     """A process the model left running swaps the directory `d` for a link to a directory
     outside, over and over, while the model writes, edits and patches files in `d`: for
     several seconds, every write lands in the worktree or is refused, never outside."""
+    from coder.policies import Policies
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.tools.base import ToolContext
@@ -356,8 +357,7 @@ def test_the_file_tools_never_write_through_a_link_swapped_in_under_them(
         root=root,
         policy=Policy(),
         redactor=Redactor(),
-        veto_syntax_errors=False,
-        lint_after_edit=False,
+        policies=Policies(veto_syntax_errors=False, lint_after_edit=False),
     )
     registry = default_registry()
     before = fingerprint(out)
@@ -389,6 +389,7 @@ def test_the_file_tools_never_write_through_a_link_swapped_in_under_them(
 
 
 def test_fs_edit_keeps_the_files_mode(tmp_path: Path) -> None:
+    from coder.policies import Policies
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.tools.base import ToolContext
@@ -396,7 +397,12 @@ def test_fs_edit_keeps_the_files_mode(tmp_path: Path) -> None:
 
     (tmp_path / "run.sh").write_text("echo a\n")
     (tmp_path / "run.sh").chmod(0o750)
-    ctx = ToolContext(root=tmp_path, policy=Policy(), redactor=Redactor(), lint_after_edit=False)
+    ctx = ToolContext(
+        root=tmp_path,
+        policy=Policy(),
+        redactor=Redactor(),
+        policies=Policies(lint_after_edit=False),
+    )
     args = {"path": "run.sh", "search": "echo a", "replace": "echo b"}
     assert default_registry().call("fs_edit", args, ctx).ok
     assert (tmp_path / "run.sh").stat().st_mode & 0o7777 == 0o750

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from coder.config import as_config
+from coder.policies import Policies
 from coder.policy.commands import Policy
 from coder.redact import Redactor
 from coder.tools import ToolContext, ToolResult, default_registry
@@ -35,7 +37,9 @@ LINTER = textwrap.dedent(
 @pytest.fixture
 def ctx(make_repo) -> ToolContext:
     root = make_repo({"calc.py": CALC, "lint.py": LINTER, "notes.md": "# notes\n"})
-    return ToolContext(root=root, policy=Policy(), redactor=Redactor(), lint_after_edit=False)
+    return ToolContext(
+        root=root, policy=Policy(), redactor=Redactor(), policies=Policies(lint_after_edit=False)
+    )
 
 
 def call(ctx: ToolContext, name: str, **args: Any) -> ToolResult:
@@ -106,14 +110,13 @@ def test_a_file_that_was_broken_before_can_still_be_edited(ctx: ToolContext) -> 
 
 
 def test_the_veto_can_be_turned_off(ctx: ToolContext) -> None:
-    off = replace(ctx, veto_syntax_errors=False)
+    off = replace(ctx, policies=Policies(veto_syntax_errors=False, lint_after_edit=False))
     assert call(off, "fs_edit", path="calc.py", search="a + b", replace="(a + b").ok
 
 
 def linted(ctx: ToolContext) -> ToolContext:
-    return replace(
-        ctx, lint_after_edit=True, lint_command=f"{Path(sys.executable).name} lint.py {{file}}"
-    )
+    command = f"{Path(sys.executable).name} lint.py {{file}}"
+    return replace(ctx, policies=Policies(), config=as_config({"lint_command": command}))
 
 
 def test_new_lint_findings_come_back_with_the_edit(ctx: ToolContext) -> None:
@@ -139,7 +142,8 @@ def test_new_lint_findings_come_back_with_the_edit(ctx: ToolContext) -> None:
 
 
 def test_a_linter_the_policy_refuses_is_reported_once_and_not_run(ctx: ToolContext) -> None:
-    ctx = replace(ctx, lint_after_edit=True, lint_command="curl -s http://127.0.0.1/ {file}")
+    command = "curl -s http://127.0.0.1/ {file}"
+    ctx = replace(ctx, policies=Policies(), config=as_config({"lint_command": command}))
     first = call(ctx, "fs_edit", path="calc.py", search="a + b", replace="b + a")
     assert first.ok and "lint: lint_command was not run: " in first.content
     second = call(ctx, "fs_edit", path="calc.py", search="a - b", replace="b - a")

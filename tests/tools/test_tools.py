@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from ollama._types import Tool as OllamaTool
 
+from coder.config import as_config
 from coder.errors import InvalidInput, PolicyViolation
 from coder.policy.commands import Policy
 from coder.redact import Redactor
@@ -350,7 +351,7 @@ def test_repo(make_repo) -> ToolContext:
         root=root,
         policy=Policy(),
         redactor=Redactor(),
-        test_command=f"{PYTHON} -m pytest -q -p no:cacheprovider",
+        config=as_config({"test_command": f"{PYTHON} -m pytest -q -p no:cacheprovider"}),
     )
 
 
@@ -436,7 +437,7 @@ def test_tests_run_counts_from_the_junit_report_not_from_text(make_repo) -> None
         root=root,
         policy=Policy(),
         redactor=Redactor(),
-        test_command=f"{PYTHON} -m pytest -q -p no:cacheprovider",
+        config=as_config({"test_command": f"{PYTHON} -m pytest -q -p no:cacheprovider"}),
     )
     result = call(ctx, "tests_run")
     assert result.ok and result.data["passed"] == 1, result.content

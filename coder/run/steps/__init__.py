@@ -23,12 +23,11 @@ from coder.files.durable import make_private_dirs
 
 if TYPE_CHECKING:
     from coder.agent.session import AgentSession
-    from coder.config import Config
     from coder.models.provider import Usage
-    from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.run.approvals import EditApprovals
     from coder.run.eventlog import EventLog
+    from coder.run.settings import RunSettings
     from coder.run.state import TestCounts
     from coder.taskfile import Step, Task
 
@@ -39,8 +38,7 @@ class StepContext:
     step: Step
     workdir: Path  # the worktree (or a scratch worktree for a parallel step)
     attempt: int
-    policy: Policy
-    config: Config
+    settings: RunSettings
     artifacts: Path  # .coder/artifacts/<task id>/
     cancel: threading.Event
     log: EventLog

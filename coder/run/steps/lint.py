@@ -14,7 +14,7 @@ def run(ctx: StepContext) -> StepOutcome:
     from coder.checks import lintreport
     from coder.run import success
 
-    configured = ctx.step.cmd or ctx.config.lint_command
+    configured = ctx.step.cmd or ctx.settings.config.lint_command
     linters = lintreport.lint_commands(ctx.workdir, configured)  # InvalidInput: none
     base = success.fork_point(ctx.workdir, str(ctx.task.base))
     names = ", ".join(linter.name for linter in linters)
@@ -23,7 +23,7 @@ def run(ctx: StepContext) -> StepOutcome:
         findings, notes = success.lint_findings(
             ctx.workdir,
             base,
-            ctx.policy,
+            ctx.settings.policy,
             configured,
             cancel=ctx.cancel,
             owner=ctx.owner,

@@ -111,15 +111,17 @@ def converse(
     assert session is not None, "model steps run only with a session"
     tool_ctx = ToolContext(
         root=ctx.workdir,
-        policy=naming(ctx.policy, ctx.step.changes),  # its named protected paths are writable
+        # the step's named protected paths are writable
+        policy=naming(ctx.settings.policy, ctx.step.changes),
         redactor=ctx.redactor,
         cancel=ctx.cancel,
-        test_command=ctx.config.test_command,
+        config=ctx.settings.config,
+        policies=ctx.settings.policies,
         write_filter=doc_write_filter if role == "docs" else None,
         command_timeout=ctx.step.timeout_s,
         owner=ctx.owner,
         stop_on_environment=True,
-        **code_settings(ctx.config, ctx.task.policies, cache_dir(ctx), ctx.redactor),
+        **code_settings(ctx.settings.config, cache_dir(ctx), ctx.redactor),
     )
     approvals = ctx.approve_edit.for_step(ctx.step.id, ctx.log) if ctx.approve_edit else None
     tool_ctx.approve = approvals
@@ -129,7 +131,7 @@ def converse(
         first_message = f"{first_message}\n\n{notes}"
     log = ctx.log.bind(fix_cycle=cycle) if cycle is not None else ctx.log
     model, escalation = model_for(ctx)
-    tools, choice = tool_format(session, ctx.config, model)
+    tools, choice = tool_format(session, ctx.settings.config, model)
     log.info("model.protocol", protocol=choice.protocol, reason=choice.reason)
     messages: list[Message] = [
         {"role": "system", "content": tools.system(session.system)},
@@ -187,7 +189,9 @@ def report(
     if isinstance(event, ev.ProtocolSwitched):
         ctx, model = learn or (None, None)
         if ctx is not None and ctx.agent is not None:  # for the model's next steps
-            tools_as_text(ctx.agent, ctx.config, model, f"{event.reason} (step {ctx.step.id})")
+            tools_as_text(
+                ctx.agent, ctx.settings.config, model, f"{event.reason} (step {ctx.step.id})"
+            )
     line = event.logged()
     if line is not None:
         log.log(line.level, line.event, **line.fields)
@@ -223,7 +227,7 @@ def verify_claim(
             "no file was changed; make the edit with fs_edit/fs_write, or, if no change is "
             "needed, call step_complete again with no_change_reason saying why"
         )
-    if changed and role == "edit" and ctx.task.policies.run_tests_after_each_edit:
+    if changed and role == "edit" and ctx.settings.policies.run_tests_after_each_edit:
         return _tests_after_edit(ctx, tool_ctx)
     return None
 
@@ -248,14 +252,13 @@ def _tests_after_edit(ctx: StepContext, tool_ctx: ToolContext) -> str | None:
 
 
 def limits_for(ctx: StepContext) -> Limits:
-    """The step's budgets: the step's own timeout, else the taskfile's policies, else config."""
-    policies, cfg = ctx.task.policies, ctx.config
-    seconds = ctx.step.timeout_s or policies.timeout or cfg.step_timeout
+    """The step's budgets: its own timeout, else the run's settings (coder.run.settings)."""
+    settings, cfg = ctx.settings, ctx.settings.config
     num_ctx = ctx.agent.facts.num_ctx if ctx.agent is not None else None
     return Limits(
-        max_turns=policies.max_turns or cfg.max_turns,
-        max_seconds=float(seconds),
-        max_tokens=policies.max_tokens or cfg.max_step_tokens,
+        max_turns=settings.max_turns,
+        max_seconds=float(ctx.step.timeout_s or settings.model_timeout),
+        max_tokens=settings.max_step_tokens,
         max_prose_chars=cfg.max_prose_chars,
         context_tokens=num_ctx,
         summaries=bool(cfg.fold_summaries),

@@ -27,14 +27,14 @@ def run_in_step(
     """Run a command for a step: policy-checked, in its cwd, with its timeout and env; the
     (redacted) output is kept as an artifact. `results_var`: see `sandbox.run_command`."""
     step = ctx.step
-    cwd = resolve_in_root(ctx.workdir, step.cwd or ".", write=False, policy=ctx.policy)
-    timeout = step.timeout_s or ctx.task.policies.timeout or ctx.policy.command_timeout
+    cwd = resolve_in_root(ctx.workdir, step.cwd or ".", write=False, policy=ctx.settings.policy)
+    timeout = step.timeout_s or ctx.settings.command_timeout
     timer = crash_during("during_command", step.id)
     try:
         result = sandbox.run_command(
             cmd,
             cwd=cwd,
-            policy=ctx.policy,
+            policy=ctx.settings.policy,
             timeout=timeout,
             env=dict(step.env),
             cancel=ctx.cancel,

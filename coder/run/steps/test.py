@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    cmd = test_command(ctx.step, ctx.workdir, ctx.config)
+    cmd = test_command(ctx.step, ctx.workdir, ctx.settings.config)
     outcome, report = _run_tests(ctx, cmd)
     if outcome.ok or outcome.cancelled or ctx.step.strategy != "fix_and_retry" or report is None:
         return outcome
@@ -43,7 +43,9 @@ def run(ctx: StepContext) -> StepOutcome:
 
 
 def _run_tests(ctx: StepContext, cmd: str) -> tuple[StepOutcome, testreport.TestReport | None]:
-    plan = testresults.structured(cmd, nightly=lambda: rust_nightly(ctx.workdir, ctx.policy))
+    plan = testresults.structured(
+        cmd, nightly=lambda: rust_nightly(ctx.workdir, ctx.settings.policy)
+    )
     result = run_in_step(
         ctx,
         plan.command if plan else cmd,

@@ -22,22 +22,18 @@ from coder.policy.paths import naming, protected_changes, resolve_inside
 from coder.taskfile import Assertion
 
 if TYPE_CHECKING:
-    from coder.config import Config
     from coder.git.repository import Repo
     from coder.git.staging import Staged
-    from coder.policy.commands import Policy
-    from coder.taskfile import Step, Task
+    from coder.run.settings import RunSettings
+    from coder.taskfile import Step
 
 
 class Verification:
     """What a check sees: the step, its working directory (where it started from commit
-    `base`), the run's policy and config."""
+    `base`) and the run's settings."""
 
-    def __init__(
-        self, task: Task, step: Step, workdir: Path, policy: Policy, config: Config, base: str
-    ) -> None:
-        self.task, self.step, self.workdir, self.base = task, step, workdir, base
-        self.policy, self.config = policy, config
+    def __init__(self, step: Step, workdir: Path, settings: RunSettings, base: str) -> None:
+        self.step, self.workdir, self.settings, self.base = step, workdir, settings, base
 
     @functools.cached_property
     def repo(self) -> Repo:
@@ -75,14 +71,15 @@ def protected_paths_untouched(seen: Verification) -> list[str]:
         rel for rel in changed if os.path.islink(seen.workdir / rel)
     }
     return protected_changes(
-        seen.changed, naming(seen.policy, seen.step.changes), seen.workdir, sorted(links)
+        seen.changed, naming(seen.settings.policy, seen.step.changes), seen.workdir, sorted(links)
     )
 
 
 def diff_within_caps(seen: Verification) -> list[str]:
     """`policies.max_diff_lines` (lines added plus removed) and `policies.max_files_changed`:
     a step over either fails with the figures, before its commit."""
-    max_lines, max_files = seen.task.policies.max_diff_lines, seen.task.policies.max_files_changed
+    policies = seen.settings.policies
+    max_lines, max_files = policies.max_diff_lines, policies.max_files_changed
     problems = []
     if max_files is not None and len(seen.changed) > max_files:
         problems.append(

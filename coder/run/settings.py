@@ -1,0 +1,76 @@
+"""A run's settings, decided once: `resolve(task, config, options)` at the start and at each
+resume gives the `RunSettings` the executor, the steps and the tools go by.
+
+Which one wins, the one rule for every setting: the command line (`RunOptions`), else the
+taskfile's `policies` (coder.policies), else the config (coder.config). A taskfile can narrow
+what commands may do, never widen it (coder.run.preflight.policy_for). Nothing after this
+reads a setting from two places or parses one again.
+
+Adding a per-run setting: its field here and the line of `resolve` that decides it (with its
+source: a `Policies` field, a config key, or the command line's option).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from coder.run.approvals import mode_of
+from coder.run.preflight import policy_for
+
+if TYPE_CHECKING:
+    from coder.config import Config
+    from coder.policies import Policies
+    from coder.policy.commands import Policy
+    from coder.run.approvals import Mode
+    from coder.taskfile import Task
+
+
+class Chosen(Protocol):
+    """What the command line chose for a run (coder.run.runs.RunOptions)."""
+
+    @property
+    def max_parallel(self) -> int | None: ...
+    @property
+    def fail_fast(self) -> bool: ...
+    @property
+    def approvals(self) -> str | None: ...
+    @property
+    def default_approvals(self) -> Mode: ...
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    config: Config
+    policies: Policies  # the taskfile's, for what only a taskfile sets
+    policy: Policy  # what the run's commands may do
+    approvals: Mode  # per-step, per-edit or none (coder.run.approvals)
+    max_parallel: int  # steps of a level at once
+    fail_fast: bool  # a failed step stops the run, even where on_fail says skip
+    run_max_tokens: int | None  # model tokens for the whole run; None: no limit
+    run_timeout: int | None  # seconds of step time for the whole run; None: no limit
+    max_turns: int  # model turns per step
+    max_step_tokens: int | None  # model tokens per step; None: no limit
+    model_timeout: int  # seconds of a model step that sets no `timeout` of its own
+    command_timeout: int  # seconds of a step's command when the step sets no `timeout`
+
+
+def resolve(task: Task, config: Config, options: Chosen) -> RunSettings:
+    """The settings of a run of `task` (InvalidInput for an approvals mode that is none)."""
+    policies = task.policies
+    policy = policy_for(task, config)
+    return RunSettings(
+        config=config,
+        policies=policies,
+        policy=policy,
+        approvals=mode_of(options.approvals, policies.approvals, options.default_approvals),
+        max_parallel=options.max_parallel or policies.max_parallel or config.max_parallel,
+        fail_fast=options.fail_fast,
+        # a policy is never 0 (the schema's minimum is 1): `or` falls back only when unset
+        run_max_tokens=policies.run_max_tokens or config.run_max_tokens,
+        run_timeout=policies.run_timeout or config.run_timeout,
+        max_turns=policies.max_turns or config.max_turns,
+        max_step_tokens=policies.max_tokens or config.max_step_tokens,
+        model_timeout=policies.timeout or config.step_timeout,
+        command_timeout=policies.timeout or policy.command_timeout,
+    )
