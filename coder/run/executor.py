@@ -231,9 +231,8 @@ class Executor:
     def _walk(self) -> None:
         while not self.halted and not self.run.stop.is_set():
             asks = self.run.approve is not None or self.run.approve_edit is not None
-            batch = self.schedule.take(
-                1 if asks else self.run.settings.max_parallel
-            )  # one at a time
+            # one at a time while someone is asked
+            batch = self.schedule.take(1 if asks else self.run.settings.max_parallel)
             if not batch:
                 return
             exhausted = self._run_budget_exhausted()
