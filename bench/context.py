@@ -272,9 +272,9 @@ def bench_edit(tmp: Path, repeats: int) -> None:
     from dataclasses import replace
 
     from coder.config import as_config
-    from coder.policies import Policies
     from coder.policy.commands import Policy
     from coder.redact import Redactor
+    from coder.taskfile.policies import Policies
     from coder.tools import ToolContext, default_registry
 
     root = tmp / "edit"

@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "interrupts",
     ),
     # the domain: configuration, taskfiles and their graph, test and lint reports
-    ("config", "taskfile", "checks", "policies"),
+    ("config", "taskfile", "checks"),
     # safety rules and git
     ("policy", "git", "project"),
     # what the model is shown about the code (tree-sitter, the repo map, code search)

@@ -1,4 +1,4 @@
-"""A taskfile's `policies` are read once (coder.policies): typed, durations in seconds, defaults
+"""A taskfile's `policies` are read once (coder.taskfile.policies): typed, durations in seconds, defaults
 filled in, stored and read back the same; a bad value is named at its line; and nothing else
 in the package reads the raw mapping or parses a duration while a run goes."""
 
@@ -13,8 +13,8 @@ import pytest
 import coder
 from coder import taskfile
 from coder.errors import InvalidTaskfile
-from coder.policies import Policies
 from coder.schemas import validator
+from coder.taskfile.policies import Policies
 
 PACKAGE = Path(coder.__file__).resolve().parent
 
@@ -71,7 +71,7 @@ def test_a_bad_policy_is_named_at_its_line(tmp_path: Path) -> None:
 
 
 # Where a document is read: the only places that parse a duration.
-PARSING = {PACKAGE / "policies.py", PACKAGE / "taskfile.py"}
+PARSING = {PACKAGE / "taskfile" / "policies.py", PACKAGE / "taskfile" / "__init__.py"}
 
 
 def raw_policy_reads(path: Path) -> list[str]:
@@ -104,7 +104,8 @@ def test_policies_are_applied_as_read() -> None:
         for where in raw_policy_reads(path)
     ]
     assert not found, (
-        "read the typed task.policies (coder.policies.Policies) instead:\n" + "\n".join(found)
+        "read the typed task.policies (coder.taskfile.policies.Policies) instead:\n"
+        + "\n".join(found)
     )
 
 

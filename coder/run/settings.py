@@ -2,9 +2,9 @@
 resume gives the `RunSettings` the executor, the steps and the tools go by.
 
 Which one wins, the one rule for every setting: the command line (`RunOptions`), else the
-taskfile's `policies` (coder.policies), else the config (coder.config). A taskfile can narrow
-what commands may do, never widen it (coder.run.preflight.policy_for). Nothing after this
-reads a setting from two places or parses one again.
+taskfile's `policies` (coder.taskfile.policies), else the config (coder.config). A taskfile
+can narrow what commands may do, never widen it (coder.run.preflight.policy_for). Nothing
+after this reads a setting from two places or parses one again.
 
 Adding a per-run setting: its field here and the line of `resolve` that decides it (with its
 source: a `Policies` field, a config key, or the command line's option).
@@ -20,10 +20,10 @@ from coder.run.preflight import policy_for
 
 if TYPE_CHECKING:
     from coder.config import Config
-    from coder.policies import Policies
     from coder.policy.commands import Policy
     from coder.run.approvals import Mode
     from coder.taskfile import Task
+    from coder.taskfile.policies import Policies
 
 
 class Chosen(Protocol):

@@ -9,6 +9,7 @@ This module is the package's face (`Task`, `load`, `from_dict`); beside it:
     kinds.py     step kinds: one frozen description per kind, the one place each kind's rules live
     graph.py     the task DAG: build it, find cycles, order it, walk it
     diagram.py   the DAG as a picture: boxes by level, Mermaid and Graphviz DOT
+    policies.py  a taskfile's `policies`, read once into a frozen, typed `Policies`
 
 May import: the base modules (errors, yamldoc, schemas, display, files, ...).
 """
@@ -26,9 +27,9 @@ from typing import Any
 from coder import yamldoc
 from coder.display import counted
 from coder.errors import DocumentError, InvalidInput, InvalidTaskfile, Problem
-from coder.policies import Policies, parse_duration
 from coder.schemas import TASK_ID
 from coder.taskfile.kinds import KIND_FIELDS, KINDS, kinds_taking
+from coder.taskfile.policies import Policies, parse_duration
 from coder.yamldoc import Document, quote
 
 MAX_PROBLEMS = 200

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from coder.config import Config, as_config
 from coder.models.provider import Arguments
-from coder.policies import Policies
 from coder.policy.commands import Policy
 from coder.redact import Redactor
+from coder.taskfile.policies import Policies
 
 if TYPE_CHECKING:
     from coder.models.provider import ToolSchema

@@ -340,9 +340,9 @@ def test_the_file_tools_never_write_through_a_link_swapped_in_under_them(
     """A process the model left running swaps the directory `d` for a link to a directory
     outside, over and over, while the model writes, edits and patches files in `d`: for
     several seconds, every write lands in the worktree or is refused, never outside."""
-    from coder.policies import Policies
     from coder.policy.commands import Policy
     from coder.redact import Redactor
+    from coder.taskfile.policies import Policies
     from coder.tools.base import ToolContext
     from coder.tools.registry import default_registry
 
@@ -389,9 +389,9 @@ def test_the_file_tools_never_write_through_a_link_swapped_in_under_them(
 
 
 def test_fs_edit_keeps_the_files_mode(tmp_path: Path) -> None:
-    from coder.policies import Policies
     from coder.policy.commands import Policy
     from coder.redact import Redactor
+    from coder.taskfile.policies import Policies
     from coder.tools.base import ToolContext
     from coder.tools.registry import default_registry
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from coder.config import as_config
-from coder.policies import Policies
 from coder.policy.commands import Policy
 from coder.redact import Redactor
+from coder.taskfile.policies import Policies
 from coder.tools import ToolContext, ToolResult, default_registry
 
 CALC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
