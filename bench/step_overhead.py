@@ -331,7 +331,9 @@ def profile_steps(repo: Path, tmp: Path, paths: list[str], top: int = 30) -> Non
     import cProfile
     import pstats
 
-    from coder.run import executor, runs
+    from coder.run import executor
+    from coder.run.drive import RunOptions
+    from coder.run.start import start_run
 
     profiler = cProfile.Profile()
     stages = ("_attempts", "_record")  # the step pipeline: start ... commit, then record
@@ -355,7 +357,7 @@ def profile_steps(repo: Path, tmp: Path, paths: list[str], top: int = 30) -> Non
     for name, original in originals.items():
         setattr(executor.Executor, name, profiled(original))
     try:
-        result = runs.start(taskfile, cwd=repo, options=runs.RunOptions())
+        result = start_run(taskfile, cwd=repo, options=RunOptions())
     finally:
         for name, original in originals.items():
             setattr(executor.Executor, name, original)

@@ -4,7 +4,7 @@ Left at their defaults, SIGTERM and SIGHUP (the terminal closed, an ssh connecti
 end coder at once, with no `finally` run: a step's commands, which run in sessions of their
 own, would go on writing the worktree after the runner is gone. So every command takes the
 three alike (`taken`): outside a run's steps they raise `KeyboardInterrupt` (`interrupting`),
-during a run they ask it to stop (`coder.run.runs`); either way the command ends with exit 130.
+during a run they ask it to stop (`coder.run.drive`); either way the command ends with exit 130.
 
 Each handler is coder's own, never Python's default: Python sets its SIGINT handler only when
 SIGINT was not ignored as it started, and a shell without job control starts its background

@@ -157,7 +157,7 @@ def open_agent(
         tool_format(session, cfg, name, warmed[name])
     if cfg.warm_prefix and replay is None:
         session.warm_model = first[0]
-        if not cfg.mcp_servers:  # else once their tools joined it (coder.run.runs)
+        if not cfg.mcp_servers:  # else once their tools joined it (coder.run.drive)
             # While the run prepares, the servers take in the shared prefix (`primed`).
             session.prime(cfg)
     return session

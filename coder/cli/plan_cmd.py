@@ -178,17 +178,18 @@ def _run(result: Any, model: str | None, as_json: bool) -> None:
     from coder.cli.run_cmd import _finish, _progress
     from coder.mcp.attach import attach_configured
     from coder.plan.output import shown
-    from coder.run import runs
+    from coder.run.drive import RunOptions
+    from coder.run.start import start_run
 
     click.echo(_summary(result, cwd()), err=as_json)  # stdout stays one JSON document
     click.echo(f"Running it: coder run --autonomous -f {shown(result.path, cwd())}", err=True)
     progress = _progress(as_json)
     try:
-        run = runs.start(
+        run = start_run(
             result.path,
             cwd=cwd(),
             console=progress,
-            options=runs.RunOptions(
+            options=RunOptions(
                 model=model,
                 attach_tools=attach_configured,
                 live=progress.loop_event,

@@ -160,10 +160,11 @@ def run(
     was stopped (Ctrl-C, SIGTERM, the terminal closed); resume the last two with
     `coder resume -t ID`.
     """
-    from coder.run import runs
+    from coder.run.drive import RunOptions
+    from coder.run.start import start_run
 
     path = _taskfile_given(given, path, task_id, as_json)
-    options = runs.RunOptions(
+    options = RunOptions(
         max_parallel,
         fail_fast,
         model,
@@ -186,7 +187,7 @@ def run(
     ask_trust(as_json)
     progress = _progress(as_json, quiet, verbose, steps=lambda: dag_steps(path=path))
     try:
-        result = runs.start(
+        result = start_run(
             path,
             cwd=cwd(),
             console=progress,
@@ -311,7 +312,8 @@ def resume(
     of the step (--step, else the next one a model works on).
     """
     from coder.mcp.attach import attach_configured
-    from coder.run import runs
+    from coder.run.drive import RunOptions, RunResult
+    from coder.run.resume import resume_run
 
     if taskfile is not None and ignore_edits:
         raise click.UsageError("pass one of --taskfile or --ignore-edits, not both")
@@ -319,12 +321,12 @@ def resume(
     ask_trust(as_json)
     progress = _progress(as_json, quiet, verbose, steps=lambda: dag_steps(task_id=task_id))
 
-    def resumed(taskfile: str | None, ignore_edits: bool) -> runs.RunResult:
-        return runs.resume(
+    def resumed(taskfile: str | None, ignore_edits: bool) -> RunResult:
+        return resume_run(
             task_id,
             cwd=cwd(),
             console=progress,
-            options=runs.RunOptions(
+            options=RunOptions(
                 max_parallel,
                 fail_fast,
                 model,
@@ -385,9 +387,9 @@ def stop(task_id: str, wait: float, as_json: bool) -> None:
 
     The current step is interrupted and checkpointed; a runner stuck past --wait (a read that
     blocks, ...) is killed with its commands, as a crash would end it: resume recovers."""
-    from coder.run import runs
+    from coder.run.stop import stop_run
 
-    stopped = runs.stop(task_id, cwd=cwd(), wait=wait)
+    stopped = stop_run(task_id, cwd=cwd(), wait=wait)
     if as_json:
         emit_json(
             {

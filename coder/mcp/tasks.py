@@ -337,11 +337,11 @@ def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 
 def task_stop(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
-    from coder.run import runs
+    from coder.run.stop import stop_run
 
     task_id = args["id"]
     _repo_obj, coder_dir = _repo(ctx)
-    stopped = runs.stop(task_id, cwd=coder_dir.parent)
+    stopped = stop_run(task_id, cwd=coder_dir.parent)
     pid = stopped.pid
     with _lock:
         launch = _launched.get(task_id)

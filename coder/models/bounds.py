@@ -2,7 +2,7 @@
 
 A model request blocks in a socket read for as long as the server takes: minutes for a long
 prompt, for ever for a server that accepted the connection and hung. A Python signal handler
-runs only between bytecodes of the main thread, and the run's (coder.run.runs) only sets the
+runs only between bytecodes of the main thread, and the run's (coder.run.drive) only sets the
 run's `stop` event: the read goes on after it, and a step's `timeout` is only looked at
 between two requests. So a step's requests run within a `Bound` (`within(deadline, cancel)`):
 a watcher thread that, once `cancel` is set or the deadline passes, shuts down the connection

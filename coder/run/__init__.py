@@ -1,7 +1,10 @@
 """The run engine: a taskfile executed on its branch, step by step, recoverable after a crash.
 What a user does with a run afterwards (merge, revert, show, report) is in coder.services.
 
-    runs.py        start, resume (reconciled with git), stop
+    start.py       `coder run`: a new run (manifest first, then branch and worktree)
+    resume.py      `coder resume`: reconciled with git, then driven on
+    stop.py        `coder stop`: ask the runner, wait, kill one that does not stop
+    drive.py       a started or resumed run driven to its end (RunOptions, RunResult)
     settings.py    a run's settings, resolved once from its taskfile, config and options
     executor.py    the walk and the one step pipeline (start, act, verify, commit, record)
     schedule.py    which steps may start: in-degree counters over the DAG

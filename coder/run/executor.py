@@ -20,7 +20,7 @@ the run as its `on_fail` says), `cancelled` (a stop: the step runs again on resu
 `errored` (an EnvironmentProblem: the model host gone, the branch moved, the disk full; the
 run stops as `error` and the step runs again on resume). The partial changes of an attempt
 that did not succeed are always discarded. The commit is the durable proof that a step is
-done: `runs.reconcile` relies on it after a crash.
+done: `resume.reconcile` relies on it after a crash.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Approver(Protocol):
 
 @dataclass
 class RunContext:
-    """Everything one run needs; built by `coder.run.runs` for `run` and `resume`."""
+    """Everything one run needs; built by `coder.run.drive.execute` for `run` and `resume`."""
 
     task: Task
     settings: RunSettings

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class Chosen(Protocol):
-    """What the command line chose for a run (coder.run.runs.RunOptions)."""
+    """What the command line chose for a run (coder.run.drive.RunOptions)."""
 
     @property
     def max_parallel(self) -> int | None: ...

@@ -420,7 +420,7 @@ class StateStore:
         manifest) each step record the run's files still hold whole, so its notes, attempts
         and usage are not lost with the file: the snapshot's steps if it parses, then the
         journal's lines up to the first unreadable one, newer over older. Each record must
-        match the schema on its own; git has the last word after (`runs.reconcile`). Returns
+        match the schema on its own; git has the last word after (`resume.reconcile`). Returns
         the steps taken."""
         found: dict[str, Any] = {}
         seq = 0

@@ -28,7 +28,7 @@ class DemoAssets:
 @dataclass(frozen=True)
 class DemoResult:
     repo: Path
-    run: Any  # runs.RunResult
+    run: Any  # RunResult
     merge: Any  # merge.MergeResult | None
     commits: list[str]  # the run's step commits, oldest first ("sha subject")
     stat: str  # the merged diff stat
@@ -70,13 +70,14 @@ def run(
 ) -> DemoResult:
     """The demo run, then its merge. `console` and `loop_events` are the run's progress
     (`RunOptions.live`)."""
-    from coder.run import runs
+    from coder.run.drive import RunOptions
+    from coder.run.start import start_run
     from coder.services import merge
 
     demo = assets()
     repo_dir = prepare(target)
-    options = runs.RunOptions(replay=None if live else demo.recording, live=loop_events)
-    result = runs.start(demo.taskfile, cwd=repo_dir, options=options, console=console)
+    options = RunOptions(replay=None if live else demo.recording, live=loop_events)
+    result = start_run(demo.taskfile, cwd=repo_dir, options=options, console=console)
     landed = None
     if result.status == "success":
         landed = merge.merge_run(result.task_id, cwd=repo_dir, if_green=True, notify=notify)

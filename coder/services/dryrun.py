@@ -17,9 +17,9 @@ from coder import project, taskfile
 from coder.errors import CoderError
 from coder.git import branches, repository
 from coder.policy.sandbox import require_sandbox
+from coder.run.drive import RunOptions
 from coder.run.manifest import run_exists
 from coder.run.preflight import command_of, policy_for, refusals
-from coder.run.runs import RunOptions
 from coder.taskfile import graph
 from coder.taskfile.kinds import KINDS, TESTS
 

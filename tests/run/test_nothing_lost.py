@@ -183,7 +183,8 @@ def test_run_files_deleted_mid_run_keep_the_branch_and_resume_rebuilds_them(
 def test_a_start_cut_short_after_a_commit_keeps_the_branch(make_repo, tmp_path: Path) -> None:
     """The failed-start cleanup itself: an exception after s1 committed, with the state file
     deleted, removes nothing (the branch has moved off the run's base)."""
-    from coder.run import runs
+    from coder.run.drive import RunOptions
+    from coder.run.start import start_run
 
     repo = make_repo(BASE_FILES)
     go = tmp_path / "go"
@@ -197,7 +198,7 @@ def test_a_start_cut_short_after_a_commit_keeps_the_branch(make_repo, tmp_path: 
         return "run"
 
     with pytest.raises(KeyboardInterrupt):
-        runs.start(path, cwd=repo, options=runs.RunOptions(approvals="per-step", approve=approve))
+        start_run(path, cwd=repo, options=RunOptions(approvals="per-step", approve=approve))
     assert [sid for sid, _ in branch_steps(repo)] == ["s1"]
     assert str(worktree(repo)) in worktrees(repo)
     assert dangling_commits(repo) == []

@@ -80,7 +80,8 @@ def test_a_full_disk_under_a_model_tool_stops_the_run_not_the_step(
     import os
 
     from coder.files import nofollow
-    from coder.run import runs
+    from coder.run.drive import RunOptions
+    from coder.run.start import start_run
 
     path = taskfile(
         sample,
@@ -107,7 +108,7 @@ def test_a_full_disk_under_a_model_tool_stops_the_run_not_the_step(
 
     monkeypatch.setattr(nofollow, "os", FullDisk())
     fake.enqueue(call("fs_write", path="mul.py", content="def mul(a, b):\n    return a * b\n"))
-    result = runs.start(path, cwd=sample, options=runs.RunOptions())
+    result = start_run(path, cwd=sample, options=RunOptions())
     assert result.status == "error"
     assert result.state.error == "fs_write: No space left on device; free some disk space"
     s1 = result.state.steps["s1"]
@@ -128,7 +129,8 @@ def test_a_full_disk_under_a_model_tool_stops_the_run_not_the_step(
 def test_a_branch_moved_under_the_run_is_an_error_not_a_failure(make_repo) -> None:
     """Someone commits to the agent branch while s2 runs: the commit's compare-and-swap
     refuses, the run stops as `error` and nothing of theirs is lost."""
-    from coder.run import runs
+    from coder.run.drive import RunOptions
+    from coder.run.start import start_run
 
     repo = make_repo()
     path = taskfile(
@@ -148,7 +150,7 @@ def test_a_branch_moved_under_the_run_is_an_error_not_a_failure(make_repo) -> No
             theirs = git(repo, "commit-tree", "-m", "theirs", f"{branch}^{{tree}}", "-p", branch)
             git(repo, "update-ref", f"refs/heads/{branch}", theirs.strip())
 
-    result = runs.start(path, cwd=repo, options=runs.RunOptions(), console=someone_commits)
+    result = start_run(path, cwd=repo, options=RunOptions(), console=someone_commits)
     assert result.status == "error"
     assert "moved" in (result.state.error or "")
     assert result.state.steps["s2"].status in ("interrupted", "running")
@@ -284,7 +286,8 @@ def test_a_full_disk_mid_run_stops_it_as_an_environment_problem(
     import errno
     import os
 
-    from coder.run import runs
+    from coder.run.drive import RunOptions
+    from coder.run.start import start_run
 
     repo = make_repo()
     path = taskfile(
@@ -312,7 +315,7 @@ def test_a_full_disk_mid_run_stops_it_as_an_environment_problem(
 
     monkeypatch.setattr(os, "fsync", fsync)
     with pytest.raises(EnvironmentProblem, match="No space left on device") as info:
-        runs.start(path, cwd=repo, options=runs.RunOptions(), console=fill_the_disk)
+        start_run(path, cwd=repo, options=RunOptions(), console=fill_the_disk)
     assert info.value.exit_code == EXIT_ENVIRONMENT
     full = False
     state = state_of(repo, "full")
@@ -334,7 +337,8 @@ def test_a_committed_step_costs_one_journal_fsync_and_its_record_stays_whole(
     nothing keeps both fsyncs. Every line still reaches the journal."""
     import os
 
-    from coder.run import runs
+    from coder.run.drive import RunOptions
+    from coder.run.start import start_run
 
     repo = make_repo()
     path = taskfile(
@@ -359,7 +363,7 @@ def test_a_committed_step_costs_one_journal_fsync_and_its_record_stays_whole(
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    result = runs.start(path, cwd=repo, options=runs.RunOptions())
+    result = start_run(path, cwd=repo, options=RunOptions())
     assert result.status == "success"
     assert synced == [
         "running",  # s1 starts (the journal is new)
@@ -382,7 +386,8 @@ def test_a_full_disk_under_a_step_log_stops_the_run_without_a_traceback(
     import os
 
     from coder.files import durable
-    from coder.run import runs
+    from coder.run.drive import RunOptions
+    from coder.run.start import start_run
 
     repo = make_repo()
     path = taskfile(
@@ -409,7 +414,7 @@ def test_a_full_disk_under_a_step_log_stops_the_run_without_a_traceback(
 
     monkeypatch.setattr(durable, "_write_all", write_all)
     with pytest.raises(EnvironmentProblem, match="No space left on device"):
-        runs.start(path, cwd=repo, options=runs.RunOptions(), console=fill_the_disk)
+        start_run(path, cwd=repo, options=RunOptions(), console=fill_the_disk)
     full = False
     events = (repo / ".coder" / "logs" / "full2.jsonl").read_text()
     assert "/.coder/artifacts/full2/s2-attempt1.log: No space left on device" in events

@@ -54,7 +54,8 @@ def test_a_start_failing_after_its_branch_exists_removes_the_branch_too(
 ) -> None:
     """The extra tools (external MCP servers) fail to start: manifest, checkpoint, branch,
     worktree, log and lock are all gone, and the same run can be started again."""
-    from coder.run import runs
+    from coder.run.drive import RunOptions
+    from coder.run.start import start_run
 
     path = taskfile(
         sample,
@@ -71,7 +72,7 @@ def test_a_start_failing_after_its_branch_exists_removes_the_branch_too(
         raise EnvironmentProblem("MCP server `github` exited before it answered")
 
     with pytest.raises(EnvironmentProblem, match="github"):
-        runs.start(path, cwd=sample, options=runs.RunOptions(attach_tools=attach))
+        start_run(path, cwd=sample, options=RunOptions(attach_tools=attach))
     assert leftovers(sample, "mcpfail") == []
     assert not (sample / ".coder" / "tasks" / "mcpfail.json").exists()
 
