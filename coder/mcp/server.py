@@ -50,7 +50,7 @@ def tool_context(root: Path) -> ToolContext:
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.run.secrets import known_secrets
-    from coder.tools.settings import code_settings
+    from coder.tools.codeindex import code_settings
 
     cfg = config_mod.load(root)
     # Before any command runs in the checkout, `.coder/` is made (a link there refused): the

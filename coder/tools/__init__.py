@@ -15,7 +15,7 @@
     shell.py     shell_run, tests_run (through coder.policy.sandbox); modules here are named
                  after their tools, so the `shell` step kind's is coder.run.steps.shell
     feedback.py  after every edit: the syntax veto and the linter's new findings
-    settings.py  the ToolContext settings a run takes from its config and taskfile
+    codeindex.py the code index's ToolContext settings: its cache directory and embedder
 
 Typical use::
 

@@ -158,7 +158,7 @@ def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> 
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.tools import ToolContext, default_registry
-    from coder.tools.settings import code_settings
+    from coder.tools.codeindex import code_settings
     from tests.fake_ollama import DEFAULT_MODELS, FakeOllama
 
     models = {**DEFAULT_MODELS, "nomic-embed-text:latest": {"capabilities": ["embedding"]}}
@@ -195,7 +195,7 @@ def test_hybrid_code_search_through_an_openai_compatible_server(shop: Path, tmp_
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.tools import ToolContext, default_registry
-    from coder.tools.settings import code_settings
+    from coder.tools.codeindex import code_settings
     from tests.fake_ollama import down_url, embedding
     from tests.fake_openai import MODEL, FakeOpenAI
 
@@ -235,7 +235,7 @@ def test_the_embedding_model_may_be_a_named_model_on_another_server(
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.tools import ToolContext, default_registry
-    from coder.tools.settings import code_settings
+    from coder.tools.codeindex import code_settings
     from tests.fake_ollama import DEFAULT_MODELS, FakeOllama, down_url
 
     models = {**DEFAULT_MODELS, "nomic-embed-text:latest": {"capabilities": ["embedding"]}}

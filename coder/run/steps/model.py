@@ -104,8 +104,8 @@ def converse(
     kept as an artifact. The loop's events go to the event log and the live view, with the
     fix `cycle` (of a test step) attached."""
     from coder.tools.base import ToolContext
+    from coder.tools.codeindex import code_settings
     from coder.tools.registry import doc_write_filter
-    from coder.tools.settings import code_settings
 
     session = ctx.agent
     assert session is not None, "model steps run only with a session"
