@@ -48,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "protected_paths": [],
     "command_timeout": 600,
     "output_cap": 65536,
-    "max_parallel": 1,
+    "max_parallel": None,
     "max_turns": 30,
     "max_step_tokens": None,
     "step_timeout": 900,
@@ -63,6 +63,7 @@ DEFAULTS: dict[str, Any] = {
     "repo_map_tokens": None,
     "lint_command": None,
     "embedding_model": None,
+    "slots": None,
 }
 
 # Resource limits of each command (`limits`; 0: none). The defaults stop a runaway command
@@ -110,7 +111,7 @@ class Config:
     protected_paths: list[str]
     command_timeout: int
     output_cap: int
-    max_parallel: int
+    max_parallel: int | None  # None: as many as the model server serves at once (`slots`)
     max_turns: int
     max_step_tokens: int | None
     step_timeout: int
@@ -125,6 +126,7 @@ class Config:
     repo_map_tokens: int | None
     lint_command: str | None
     embedding_model: str | None
+    slots: int | None  # requests the model server serves at once; None: as it says, else 1
 
     values: Mapping[str, Any]
     sources: Mapping[str, str]

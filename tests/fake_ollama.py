@@ -155,7 +155,8 @@ def _pieces(text: str) -> list[str]:
 
 class FakeServer:
     """What the fake servers share: a threaded HTTP server on 127.0.0.1, scripted replies
-    (`enqueue`), recorded requests, a prefix cache (what a one-slot KV cache would reuse)."""
+    (`enqueue`), recorded requests, the server's slots (tests/prefix_cache.py: one request at a
+    time on each, and what its KV cache reuses)."""
 
     name = "fake"
 
@@ -254,6 +255,28 @@ class FakeServer:
                     self.hangups.append(time.monotonic())
                 return
 
+    def pause(self, handler: BaseHTTPRequestHandler, seconds: float) -> bool:
+        """Wait `seconds` while answering `handler`'s request; True when the answer is to end
+        instead: the server is stopping, or the client went (a server stops generating for a
+        client that closed its connection, and its slot is free again)."""
+        conn, stopping = handler.connection, handler.server.stopping  # type: ignore[attr-defined]
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            if stopping.is_set():
+                return True
+            if select.select([conn], [], [], min(left, 0.02))[0]:
+                try:
+                    gone = not conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    gone = False
+                except OSError:
+                    gone = True
+                if gone:
+                    handler.close_connection = True
+                    return True
+                time.sleep(min(left, 0.02))  # bytes of a next request: not ours to read
+        return stopping.is_set()
+
     def next_id(self, prefix: str) -> str:
         with self._lock:
             self._ids += 1
@@ -268,10 +291,12 @@ class FakeOllama(FakeServer):
         models: dict[str, dict[str, Any]] | None = None,
         replies: list[Reply | dict[str, Any] | str] | None = None,
         port: int = 0,
+        slots: int = 1,
     ) -> None:
+        """`slots`: OLLAMA_NUM_PARALLEL (which Ollama does not tell its clients)."""
         self.models = dict(DEFAULT_MODELS if models is None else models)
         self.loaded: dict[str, int] = {}  # model name -> allocated context (for /api/ps)
-        super().__init__(_Handler, replies, port)
+        super().__init__(_Handler, replies, port, slots)
 
     @property
     def url(self) -> str:
@@ -485,16 +510,23 @@ class _Handler(BaseHTTPRequestHandler):
                 self._stream_head([self._chunk(body, False, content="Let me ")])
             self.fake.hold(self)
             return
+        try:  # on a slot of the runner's: Ollama gives it the idle one that shares the most
+            with self.fake.cache.serve(body, None, self.server.stopping) as read:
+                self._answer(body, read, was_loaded)
+        except ConnectionAbortedError:
+            self.close_connection = True
+
+    def _answer(self, body: dict[str, Any], read: Callable[[], int], was_loaded: bool) -> None:
         reply = Reply(content="ok") if is_priming(body) else self.fake.reply_for(body)
         if reply is None:
             self._error(500, NO_REPLY_LEFT)
             return
-        if reply.delay_s and self.server.stopping.wait(reply.delay_s):
+        if reply.delay_s and self.fake.pause(self, reply.delay_s):
             return
         if reply.http_status is not None:
             self._error(reply.http_status, reply.error)
             return
-        self.fake.cache.use(body)
+        read()
         lines = list(self._reply_lines(body, reply, was_loaded))
         if body.get("stream", True):
             self._stream(lines, reply)

@@ -8,9 +8,13 @@ What it speaks, as those servers do:
   over several deltas, a last chunk with `finish_reason` (stop | tool_calls | length), a usage
   chunk (`choices: []`) when `stream_options.include_usage` is set, then `data: [DONE]`;
   without streaming, one `chat.completion` object;
-- usage with `prompt_tokens_details.cached_tokens` from its own prefix cache (the longest
-  common prefix, in characters / 4, of the rendered request with what its `slots` hold, as a
-  server's KV cache would reuse), and llama.cpp's `timings` (cache_n, prompt_n, prompt_ms,
+- `slots` (tests/prefix_cache.py): as many chat requests served at once, each on a slot (the
+  one its `id_slot` names, as llama.cpp's, else an idle one), the rest queued; every request
+  recorded with its times and slot (`cache.spans`); with `pace`, an answer takes the time its
+  timings report, on each slot at once (a fixed rate per slot);
+- usage with `prompt_tokens_details.cached_tokens` from its slot's prefix cache (the longest
+  common prefix, in characters / 4, of the rendered request with the prompt its slot holds, as
+  a server's KV cache would reuse), and llama.cpp's `timings` (cache_n, prompt_n, prompt_ms,
   predicted_n, predicted_ms) on the last chunk, and with `timings_per_token` on every chunk
   (as llama.cpp does on request: a client that stops reading early still has them);
 - `POST /v1/embeddings`: one vector per input (`input` a string or a list of them), as
@@ -18,7 +22,7 @@ What it speaks, as those servers do:
   base64, with `usage`; a model without the `embedding` capability gets llama.cpp's 501 for a
   server started without `--embeddings`;
 - `GET /v1/models` (vLLM's `max_model_len` on each model), llama.cpp's `GET /props`
-  (`default_generation_settings.n_ctx`), `GET /health`;
+  (`default_generation_settings.n_ctx`, `total_slots`), `GET /health`;
 - llama.cpp's `POST /apply-template` (`{"prompt"}`: the request as the fake renders it; off
   with `templates=False`, as on vLLM). A model with `"template_tools": False` is served as
   llama.cpp serves a GGUF whose chat template drops `tools`: they are accepted and never
@@ -51,7 +55,7 @@ import socket
 import struct
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -92,8 +96,12 @@ class FakeOpenAI(FakeServer):
         slots: int = 1,
         llama_cpp: bool = True,
         templates: bool = True,
+        pace: float = 0.0,
     ) -> None:
         self.models = dict(DEFAULT_MODELS if models is None else models)
+        # An answer takes the time its timings report (the uncached prompt, then each token),
+        # times `pace`, on each slot at once (0: no time)
+        self.pace = pace
         self.llama_cpp = llama_cpp  # False: no /props (vLLM and others): a 404 there
         self.templates = templates  # llama.cpp's /apply-template is served
         self.priming = Reply(content="ok")  # the answer to a warm prefix (a `delay_s`: slow)
@@ -144,7 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
                 200,
                 {
                     "default_generation_settings": {"n_ctx": ctx},
-                    "total_slots": self.fake.cache.slots.maxlen,
+                    "total_slots": self.fake.cache.size,
                     "build_info": "b9999-fake",
                 },
             )
@@ -256,17 +264,28 @@ class _Handler(BaseHTTPRequestHandler):
                 self._event(json.dumps(self._chunk(body, "chatcmpl-stalled", first, None)))
             self.fake.hold(self)
             return
+        slot = body.get("id_slot")  # llama.cpp: the slot the client names, else an idle one
+        prompted = _as_prompted(body, self.fake.models[body["model"]])
+        try:
+            with self.fake.cache.serve(prompted, slot, self.server.stopping) as read:
+                self._answer(body, prompted, read)
+        except ConnectionAbortedError:
+            self.close_connection = True
+
+    def _answer(
+        self, body: dict[str, Any], prompted: dict[str, Any], read: Callable[[], int]
+    ) -> None:
         reply = self.fake.priming if is_priming(body) else self.fake.reply_for(body)
         if reply is None:
             self._error(500, NO_REPLY_LEFT, "server_error")
             return
-        if reply.delay_s and self.server.stopping.wait(reply.delay_s):
+        if reply.delay_s and self.fake.pause(self, reply.delay_s):
             return
         if reply.http_status is not None:
             self._error(reply.http_status, reply.error, "server_error")
             return
-        cached = self.fake.cache.use(_as_prompted(body, self.fake.models[body["model"]]))
-        usage = self._usage(body, reply, self.fake.cache.prompt[-1], cached)
+        cached = read()
+        usage = self._usage(body, reply, len(render(prompted)) // 4, cached)
         completion_id = self.fake.next_id("chatcmpl-")
         self._body = body
         if body.get("stream"):
@@ -367,9 +386,15 @@ class _Handler(BaseHTTPRequestHandler):
             or reply.end_early
         )
         events = chunks[:2] if faulty else chunks + tail
+        prompt_s = usage[1]["prompt_ms"] / 1000 * self.fake.pace  # before the first token
+        per_chunk = reply.chunk_delay_s or usage[1]["predicted_ms"] / 1000 * self.fake.pace / len(
+            events
+        )
         try:
+            if prompt_s and self.fake.pause(self, prompt_s):
+                raise ConnectionAbortedError
             for event in events:
-                if reply.chunk_delay_s and self.server.stopping.wait(reply.chunk_delay_s):
+                if per_chunk and self.fake.pause(self, per_chunk):
                     raise ConnectionAbortedError
                 self._event(json.dumps(event))
             if reply.drop_connection_mid_stream:

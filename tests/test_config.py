@@ -210,11 +210,11 @@ def test_config_set_get_unset_edit_one_setting_and_keep_the_rest(
     code, _, err = coder(repo, "config", "set", "modle", "x")
     assert code == 2 and "unknown setting 'modle' (did you mean 'model'?)" in err
     code, _, err = coder(repo, "config", "set", "max_parallel", "two")
-    assert code == 2 and "max_parallel: must be a whole number, got the string 'two'" in err
+    assert code == 2 and "max_parallel: must be a whole number or null, got the string 'two'" in err
     assert path.read_bytes() == before
     code, out, _ = coder(repo, "config", "unset", "max_parallel")
     assert code == 0 and "max_parallel" not in json.loads(path.read_text())
-    assert coder(repo, "config", "get", "max_parallel")[1] == "1  (default)\n"
+    assert coder(repo, "config", "get", "max_parallel")[1] == "null  (default)\n"
     # --user: the user's file, which a project setting still outranks
     code, out, _ = coder(repo, "config", "set", "model", "m-user", "--user")
     user = tmp_path / "xdg" / "coder" / "config.json"

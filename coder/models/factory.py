@@ -66,15 +66,16 @@ def model_config(cfg: Config, name: str) -> tuple[Config, str]:
     """What a model name stands for: a named model is the config of its own server and the
     name that server knows the model by; any other name is that model on the config's server.
     A named model that names its own `provider` or `base_url` takes nothing of the config's
-    server (neither its base_url nor its API key); one that names neither is another model on
-    the config's server (with its own num_ctx, max_output_tokens, ... where it sets them)."""
+    server (neither its base_url, its API key nor its slots); one that names neither is
+    another model on the config's server (with its own num_ctx, max_output_tokens, ... where
+    it sets them)."""
 
     entry = named_models(cfg).get(name)
     if entry is None:
         return cfg, name
     values = dict(cfg.values)
     if "provider" in entry or "base_url" in entry:
-        values.update(base_url=None, api_key_env=None)
+        values.update(base_url=None, api_key_env=None, slots=None)
     values.update(entry)
     origin = f"{cfg.sources.get('models', 'config')}, models.{name}"
     sources = {**cfg.sources, **dict.fromkeys(entry, origin)}

@@ -102,6 +102,7 @@ class OllamaProvider(StreamingProvider[dict[str, Any], "ollama.ChatResponse"]):
             keep_alive=str(cfg.keep_alive),
             max_output_tokens=cfg.max_output_tokens,
             request_timeout=float(cfg.request_timeout),
+            slots=cfg.slots,
         )
 
     @classmethod
@@ -208,6 +209,7 @@ class OllamaProvider(StreamingProvider[dict[str, Any], "ollama.ChatResponse"]):
             version=version,
             num_ctx=self.context_length(),
             max_output_tokens=self.max_output_tokens,
+            slots=self.slots,  # OLLAMA_NUM_PARALLEL, which the server does not tell
         )
 
     def warm_up(self) -> ModelFacts:

@@ -16,6 +16,10 @@ base's, coder.models.streaming):
   counts as not reported (no prompt tokens, no cache report), never as 0 cached tokens;
 - the context size where the server reports it (vLLM `max_model_len` in /v1/models,
   llama.cpp `/props`), else `num_ctx` from the config, else DEFAULT_CONTEXT;
+- the requests it serves at once: the config's `slots`, else llama.cpp's `total_slots` in
+  `/props` (coder.models.slots); to llama.cpp each request names the slot the router gave its
+  step (`id_slot`, a slot the server has) and asks for its prompt cache (`cache_prompt`, off by
+  default in older servers), so a step's prefix stays in its own slot's cache;
 - `embed` through /v1/embeddings, with the same error handling;
 - structured output (`format`: a JSON schema -> `response_format` json_schema; "json" ->
   json_object), `max_output_tokens` as `max_tokens`;
@@ -33,7 +37,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Unpack, cast
 
 from coder.errors import ModelError, ModelMissing, ModelUnavailable
-from coder.models import bounds
+from coder.models import bounds, slots
 from coder.models.provider import Message, ModelFacts, ToolSchema
 from coder.models.streaming import (
     CONNECT_TIMEOUT_S,
@@ -135,6 +139,7 @@ class OpenAIProvider(StreamingProvider[dict[str, Any], "ChatCompletionChunk"]):
             seed=cfg.seed,
             max_output_tokens=cfg.max_output_tokens,
             request_timeout=float(cfg.request_timeout),
+            slots=cfg.slots,
         )
 
     def __init__(
@@ -149,6 +154,7 @@ class OpenAIProvider(StreamingProvider[dict[str, Any], "ChatCompletionChunk"]):
         self.api_key = api_key
         self._facts: ModelFacts | None = None
         self._timings_per_token = False  # set by probe() when the server is llama.cpp
+        self._server_slots = 0  # llama.cpp's slots: a request may name one (`id_slot`)
         importlib.import_module("openai")  # in the thread that makes it (coder.models.router)
         self._client: openai.OpenAI | None = None
 
@@ -193,6 +199,7 @@ class OpenAIProvider(StreamingProvider[dict[str, Any], "ChatCompletionChunk"]):
             reported = _int((entry.model_extra or {}).get("max_model_len")) if entry else None
             props = self._llama_cpp_props()
             self._timings_per_token = bool(props)  # llama.cpp: the prompt's figures on each chunk
+            self._server_slots = _int(props.get("total_slots")) or 0
             reported = reported or _int(
                 (props.get("default_generation_settings") or {}).get("n_ctx") or props.get("n_ctx")
             )
@@ -204,6 +211,7 @@ class OpenAIProvider(StreamingProvider[dict[str, Any], "ChatCompletionChunk"]):
                 context_length=reported,
                 num_ctx=self.num_ctx or reported or DEFAULT_CONTEXT,
                 max_output_tokens=self.max_output_tokens,
+                slots=self.slots or self._server_slots or None,
             )
         return self._facts
 
@@ -248,7 +256,10 @@ class OpenAIProvider(StreamingProvider[dict[str, Any], "ChatCompletionChunk"]):
         if self.max_output_tokens is not None:
             request["max_tokens"] = self.max_output_tokens
         if self._timings_per_token:  # llama.cpp only: other servers may refuse unknown fields
-            request["extra_body"] = {"timings_per_token": True}
+            request["extra_body"] = {"timings_per_token": True, "cache_prompt": True}
+            slot = slots.current()
+            if slot is not None and slot < self._server_slots:  # the step's own slot
+                request["extra_body"]["id_slot"] = slot
         if isinstance(format, dict):
             request["response_format"] = {
                 "type": "json_schema",

@@ -95,6 +95,9 @@ class ModelFacts:
     allocated_ctx: int | None = None  # what the server allocated, where it says
     capabilities: tuple[str, ...] = ()
     max_output_tokens: int | None = None
+    # requests served at once (the server's slots, or the config's `slots`; a router's facts:
+    # over its endpoints), where known (coder.models.slots)
+    slots: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # provider-specific (recording, ...)
 
     def as_dict(self) -> dict[str, Any]:

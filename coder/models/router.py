@@ -4,9 +4,11 @@ The distributed part is the inference engine's job (vLLM, SGLang, llama.cpp, sev
 hosts); coder's is to route so each server's prompt cache stays warm:
 
 - a step keeps to one endpoint for all its calls (`for_step` pins it), so its growing prefix
-  stays in that server's KV cache;
+  stays in that server's KV cache, and to one of that endpoint's slots (coder.models.slots);
+- an endpoint takes as many requests at once as it has slots (its server's `total_slots`, the
+  config's `slots`, else 1): the rest wait for their step's slot;
 - parallel steps spread: a new step goes to the endpoint with the fewest steps pinned to it and
-  requests in flight (ties: the order of the config);
+  requests in flight for each of its slots (ties: the order of the config);
 - an endpoint that refuses connections (HostUnreachable) is left out for `cooldown_s`, and the
   step's call goes on at another endpoint, reported to the caller as an `EndpointDown` event;
   only when every endpoint refused does the call fail (HostUnreachable naming them all).
@@ -38,6 +40,7 @@ from coder.models.provider import (
     ToolSchema,
     cut_at_first_token,
 )
+from coder.models.slots import Slots
 from coder.schemas import JsonSchema
 
 T = TypeVar("T")
@@ -69,6 +72,7 @@ class Router:
         self._down_until: dict[str, float] = {}
         self._pinned: Counter[str] = Counter()
         self._in_flight: Counter[str] = Counter()
+        self._slots: dict[str, Slots] = {}
 
     # -- the Models seam -------------------------------------------------------------------
 
@@ -87,7 +91,7 @@ class Router:
         # several threads at once can meet a module another thread has half initialised.
         providers = [self.provider(endpoint, name) for endpoint in self.endpoints]
         if len(providers) == 1:
-            return providers[0].warm_up()
+            return self.learn(self.endpoints[0], providers[0].warm_up())
 
         def warm(provider: ModelProvider) -> ModelFacts | HostUnreachable:
             try:
@@ -97,7 +101,9 @@ class Router:
 
         with ThreadPoolExecutor(len(providers)) as pool:
             results = list(pool.map(warm, providers))
-        facts = [r for r in results if isinstance(r, ModelFacts)]
+        facts = [
+            self.learn(e, r) for e, r in zip(self.endpoints, results) if isinstance(r, ModelFacts)
+        ]
         down = [e for e, r in zip(self.endpoints, results) if isinstance(r, HostUnreachable)]
         for endpoint in down:
             self.mark_down(endpoint)
@@ -106,7 +112,14 @@ class Router:
         extra = {**facts[0].extra, "endpoints": self.endpoints}
         if down:
             extra["endpoints_down"] = down
-        return replace(facts[0], extra=extra)
+        total = sum(f.slots or 1 for f in facts)  # what the endpoints that answered serve
+        return replace(facts[0], slots=total, extra=extra)
+
+    def learn(self, endpoint: str, facts: ModelFacts) -> ModelFacts:
+        """The endpoint's slots, as its warm-up found them (the server's, or the config's)."""
+        if facts.slots:
+            self.slots(endpoint, facts.slots)
+        return facts
 
     def prime(
         self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
@@ -117,15 +130,20 @@ class Router:
         real calls to report, and a bound the caller is in (coder.models.bounds) ends it."""
         from coder.errors import Abandoned, CoderError
 
-        def send(provider: ModelProvider) -> None:
-            with contextlib.suppress(CoderError, Abandoned):
+        def send(provider: ModelProvider, slots: Slots, slot: int) -> None:
+            with contextlib.suppress(CoderError, Abandoned), slots.use(slot):
                 provider.chat(messages, tools=tools, on_event=cut_at_first_token)
 
         now = self._clock()
         up = [e for e in self.endpoints if self._down_until.get(e, 0.0) <= now]
-        providers = [self.provider(endpoint, model or self.model) for endpoint in up]
-        with ThreadPoolExecutor(max(1, len(providers))) as pool:  # within the caller's bound
-            for future in [pool.submit(bounds.in_context(send), p) for p in providers]:
+        # each slot of each endpoint: a step starts on a slot of its own (coder.models.slots)
+        sends = [
+            (self.provider(endpoint, model or self.model), self.slots(endpoint), slot)
+            for endpoint in up
+            for slot in range(self.slots(endpoint).size)
+        ]
+        with ThreadPoolExecutor(max(1, len(sends))) as pool:  # within the caller's bound
+            for future in [pool.submit(bounds.in_context(send), *s) for s in sends]:
                 future.result()
 
     def close(self) -> None:
@@ -143,10 +161,19 @@ class Router:
                 self._providers[key] = self.make(endpoint, model)
             return self._providers[key]
 
+    def slots(self, endpoint: str, size: int = 1) -> Slots:
+        """The endpoint's slots (made on first use; `size`: it serves at least that many)."""
+        with self._lock:
+            if endpoint not in self._slots:
+                self._slots[endpoint] = Slots(size)
+            found = self._slots[endpoint]
+        found.grow(size)
+        return found
+
     def pick(self, exclude: Collection[str] = (), *, even_down: bool = False) -> str | None:
-        """The least busy endpoint that is up and not excluded (None: there is none); it
-        counts as pinned until `release`. `even_down`: when every endpoint is cooling down,
-        take one anyway (it may be back)."""
+        """The least busy endpoint for its slots that is up and not excluded (None: there is
+        none); it counts as pinned until `release`. `even_down`: when every endpoint is
+        cooling down, take one anyway (it may be back)."""
         with self._lock:
             now = self._clock()
             left = [e for e in self.endpoints if e not in exclude]
@@ -154,7 +181,8 @@ class Router:
             up = up or (left if even_down else [])
             if not up:
                 return None
-            chosen = min(up, key=lambda e: self._pinned[e] + self._in_flight[e])
+            size = {e: self._slots[e].size if e in self._slots else 1 for e in up}
+            chosen = min(up, key=lambda e: (self._pinned[e] + self._in_flight[e]) / size[e])
             self._pinned[chosen] += 1
             return chosen
 
@@ -189,21 +217,32 @@ class Router:
 
 
 class StepProvider:
-    """A `ModelProvider` for one step: every call goes to the step's endpoint, and moves to
-    another only when that one refuses connections."""
+    """A `ModelProvider` for one step: every call goes to the step's endpoint, on the step's
+    slot there, and moves to another endpoint only when that one refuses connections."""
 
     def __init__(self, router: Router, step_id: str, model: str) -> None:
         self.router = router
         self.step_id = step_id
         self.model = model
         self._endpoint: str | None = None
+        self._slot = 0
 
     @property
     def endpoint(self) -> str:
         if self._endpoint is None:
-            self._endpoint = self.router.pick(even_down=True)
+            self._settle(self.router.pick(even_down=True))
             assert self._endpoint is not None  # a router has at least one endpoint
         return self._endpoint
+
+    def _settle(self, endpoint: str | None) -> None:
+        """Leave the endpoint and slot the step had; take `endpoint` (as `pick` pinned it;
+        None: none) and a slot of its own there."""
+        if self._endpoint is not None:
+            self.router.slots(self._endpoint).release(self._slot)
+            self.router.release(self._endpoint)
+        self._endpoint = endpoint
+        if endpoint is not None:
+            self._slot = self.router.slots(endpoint).assign()
 
     def chat(
         self,
@@ -230,27 +269,25 @@ class StepProvider:
             endpoint = self.endpoint
             provider = self.router.provider(endpoint, self.model)
             try:
-                with self.router.in_flight(endpoint):
+                with self.router.slots(endpoint).use(self._slot), self.router.in_flight(endpoint):
                     return action(provider)
             except HostUnreachable as exc:
                 failures.append(exc)
                 self.router.mark_down(endpoint)
-                self.router.release(endpoint)
-                self._endpoint = None
+                self._settle(None)
                 tried = {f.endpoint for f in failures} | {endpoint}
                 following = self.router.pick(exclude=tried)
                 if following is None:
                     raise self.router.all_down(failures) from None
-                self._endpoint = following
+                self._settle(following)
                 emit(EndpointDown(endpoint, exc.message, following, self.router.cooldown_s))
 
     def warm_up(self) -> ModelFacts:
-        return self.router.provider(self.endpoint, self.model).warm_up()
+        endpoint = self.endpoint
+        return self.router.learn(endpoint, self.router.provider(endpoint, self.model).warm_up())
 
     def close(self) -> None:
-        if self._endpoint is not None:
-            self.router.release(self._endpoint)
-            self._endpoint = None
+        self._settle(None)
 
 
 class ModelSet:

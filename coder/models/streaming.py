@@ -167,6 +167,7 @@ class Settings(TypedDict, total=False):
     seed: int | None
     max_output_tokens: int | None
     request_timeout: float
+    slots: int | None  # requests the server serves at once, as the config declares it
     retries: int  # attempts for a transient failure (at least 1)
     backoff: float
     sleep: Callable[[float], None]
@@ -209,11 +210,14 @@ class StreamingProvider(ABC, Generic[RequestT, ChunkT]):
         seed: int | None = None,
         max_output_tokens: int | None = None,
         request_timeout: float = 600,
+        slots: int | None = None,
         retries: int = 3,
         backoff: float = 0.5,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        """`retries` is the number of attempts for a transient failure (at least 1)."""
+        """`retries` is the number of attempts for a transient failure (at least 1); `slots`:
+        the requests the server serves at once, as the config declares it (coder.models.slots;
+        None: as the server says, where it says)."""
         self.model = model
         self.endpoint = endpoint
         self.num_ctx = num_ctx  # None: the server's (or DEFAULT_CONTEXT)
@@ -221,6 +225,7 @@ class StreamingProvider(ABC, Generic[RequestT, ChunkT]):
         self.seed = seed
         self.max_output_tokens = max_output_tokens
         self.request_timeout = request_timeout
+        self.slots = slots
         self.retry = retry.RetryPolicy(max(1, retries), backoff, sleep)
         self._http: httpx.Client | None = None
 
@@ -256,6 +261,7 @@ class StreamingProvider(ABC, Generic[RequestT, ChunkT]):
             seed=cfg.seed,
             max_output_tokens=cfg.max_output_tokens,
             request_timeout=float(cfg.request_timeout),
+            slots=cfg.slots,
         )
 
     @classmethod

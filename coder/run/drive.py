@@ -32,7 +32,7 @@ from coder.errors import (
 from coder.interrupts import detach_terminal, taken
 from coder.run import manifest as manifests
 from coder.run.secrets import run_secrets, stored_task
-from coder.run.settings import RunSettings
+from coder.run.settings import RunSettings, serving
 from coder.run.state import RunState, StateStore
 
 if TYPE_CHECKING:
@@ -168,6 +168,7 @@ def execute(
     from coder.run.executor import RunContext
 
     coder_dir = store.coder_dir
+    settings = serving(settings, agent.facts.slots if agent is not None else None)
     # the worktree's `.env*` files too, before anything is logged or any command runs
     redactor.add(*secrets_from_repo(worktree))
     if agent is not None and options.replay is None:  # the server's API key stays secret

@@ -218,6 +218,7 @@ class Executor:
         self.run.log.info(
             "run.started",
             steps=len(self.steps),
+            max_parallel=self.run.settings.max_parallel,
             branch=self.run.branch,
             worktree=str(self.run.worktree),
         )

@@ -12,7 +12,7 @@ source: a `Policies` field, a config key, or the command line's option).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from coder.run.approvals import mode_of
@@ -45,7 +45,7 @@ class RunSettings:
     policies: Policies  # the taskfile's, for what only a taskfile sets
     policy: Policy  # what the run's commands may do
     approvals: Mode  # per-step, per-edit or none (coder.run.approvals)
-    max_parallel: int  # steps of a level at once
+    max_parallel: int  # steps of a level at once; 0 until `serving` decides it by the server
     fail_fast: bool  # a failed step stops the run, even where on_fail says skip
     run_max_tokens: int | None  # model tokens for the whole run; None: no limit
     run_timeout: int | None  # seconds of step time for the whole run; None: no limit
@@ -64,7 +64,7 @@ def resolve(task: Task, config: Config, options: Chosen) -> RunSettings:
         policies=policies,
         policy=policy,
         approvals=mode_of(options.approvals, policies.approvals, options.default_approvals),
-        max_parallel=options.max_parallel or policies.max_parallel or config.max_parallel,
+        max_parallel=options.max_parallel or policies.max_parallel or config.max_parallel or 0,
         fail_fast=options.fail_fast,
         # a policy is never 0 (the schema's minimum is 1): `or` falls back only when unset
         run_max_tokens=policies.run_max_tokens or config.run_max_tokens,
@@ -74,3 +74,13 @@ def resolve(task: Task, config: Config, options: Chosen) -> RunSettings:
         model_timeout=policies.timeout or config.step_timeout,
         command_timeout=policies.timeout or policy.command_timeout,
     )
+
+
+def serving(settings: RunSettings, slots: int | None) -> RunSettings:
+    """`settings` with `max_parallel` decided by the model server where neither the command
+    line, the taskfile nor the config decided it: as many steps of a level at once as the
+    server serves (`slots`, over its endpoints: coder.models.slots), one for a task without
+    model steps (no server)."""
+    if settings.max_parallel:
+        return settings
+    return replace(settings, max_parallel=slots or 1)
