@@ -359,3 +359,28 @@ def test_embed_errors_read_as_chats_do(fake: FakeOpenAI, make: MakeProvider) -> 
     with OpenAIProvider(EMBEDDER, url) as provider, pytest.raises(HostUnreachable) as down:
         provider.embed(["x"])
     assert url in down.value.message
+
+
+@pytest.mark.parametrize("llama_cpp", [True, False], ids=["llama.cpp", "elsewhere"])
+def test_the_slots_the_server_has_and_the_slot_each_request_names(llama_cpp: bool) -> None:
+    """llama.cpp says how many requests it serves at once (`total_slots`) and lets a request
+    name its slot (`id_slot`, with `cache_prompt`); elsewhere neither is sent, and the
+    config's `slots` is what there is."""
+    from coder.models.router import Router
+
+    with FakeOpenAI(llama_cpp=llama_cpp, slots=3) as fake:
+        fake.enqueue("one", "two", "three")
+        router = Router(lambda e, m: OpenAIProvider(m, e, api_key="x"), [fake.url], MODEL)
+        assert router.warm_up().slots == (3 if llama_cpp else None)
+        first, second = router.for_step("s1"), router.for_step("s2")
+        first.chat(USER), second.chat(USER), first.chat(USER)  # each keeps to its own slot
+        router.close()
+        bodies = fake.chat_bodies()
+        declared = OpenAIProvider(MODEL, fake.url, api_key="x", slots=2)
+        assert declared.warm_up().slots == 2  # the config's word wins
+        declared.close()
+    if llama_cpp:
+        assert [(b["id_slot"], b["cache_prompt"]) for b in bodies] == [(0, True), (1, True), (0, True)]
+        assert [s.slot for s in fake.cache.spans] == [0, 1, 0]  # where the server served them
+    else:
+        assert not any("id_slot" in b or "cache_prompt" in b for b in bodies)

@@ -3,12 +3,18 @@ failover of a run against two HTTP fakes is in test_openai_run.py)."""
 
 from __future__ import annotations
 
+import threading
+import time
+from dataclasses import replace
+
 import pytest
 
-from coder.errors import HostUnreachable, ModelMissing
+from coder.errors import Abandoned, HostUnreachable, ModelMissing
+from coder.models import bounds, slots
 from coder.models.fake import FakeProvider
-from coder.models.provider import ChatEvent, EndpointDown
+from coder.models.provider import ChatEvent, EndpointDown, ModelFacts
 from coder.models.router import Router
+from coder.models.slots import Slots
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -148,3 +154,65 @@ def test_providers_are_made_before_the_pool_so_no_two_threads_import_an_sdk_at_o
     router.warm_up()
     router.prime([{"role": "system", "content": "x"}], [], model="other")
     assert makers == [threading.current_thread().name] * 6
+
+
+class Slotted(FakeProvider):
+    """A fake at an endpoint with `slots`, noting the slot each chat was made on."""
+
+    def __init__(self, model: str, slots: int) -> None:
+        super().__init__(model=model)
+        self.slots = slots
+        self.on_slots: list[int | None] = []
+
+    def warm_up(self, model: str | None = None) -> ModelFacts:
+        return replace(super().warm_up(model), slots=self.slots)
+
+    def chat(self, messages, **kwargs):  # type: ignore[no-untyped-def]
+        self.on_slots.append(slots.current())
+        return super().chat(messages, **kwargs)
+
+
+def test_each_step_gets_a_slot_of_its_own_and_steps_spread_by_the_slots() -> None:
+    made: dict[str, Slotted] = {}
+
+    def make(endpoint: str, model: str) -> Slotted:
+        made[endpoint] = Slotted(model, {"a": 3, "b": 1}[endpoint])
+        return made[endpoint]
+
+    router = Router(make, ["a", "b"], "m")
+    assert router.warm_up().slots == 4  # over the endpoints
+    steps = [router.for_step(f"s{i}") for i in range(1, 5)]
+    assert [s.endpoint for s in steps] == ["a", "b", "a", "a"]  # a has three times b's room
+    for step in steps:
+        router.provider(step.endpoint, "m").enqueue("one", "two")
+        step.chat(USER), step.chat(USER)
+    assert made["a"].on_slots == [0, 0, 1, 1, 2, 2] and made["b"].on_slots == [0, 0]
+    steps[2].close()
+    late = router.for_step("s5")
+    assert late.endpoint == "a"
+    router.provider("a", "m").enqueue("three")
+    late.chat(USER)
+    assert made["a"].on_slots[-1] == 1  # the slot s3 left
+
+
+def test_a_request_waits_for_its_slot_within_its_bound() -> None:
+    pool = Slots(1)
+    stop = threading.Event()
+    waited: list[BaseException] = []
+
+    def second() -> None:
+        with bounds.within(cancel=stop):
+            try:
+                with pool.use(0):
+                    pass
+            except Abandoned as exc:
+                waited.append(exc)
+
+    with pool.use(0):  # a first request holds the one slot
+        waiting = threading.Thread(target=second)
+        waiting.start()
+        time.sleep(0.3)
+        assert waiting.is_alive()  # it waits for the slot
+        stop.set()  # the run's stop
+        waiting.join(2)
+    assert not waiting.is_alive() and isinstance(waited[0], Abandoned) and waited[0].stopped
