@@ -14,9 +14,12 @@ unset: coder runs as many steps of a level at once as the server has slots, so t
 is the sequential one (today's behaviour on a one-slot server). Interleaved, best of
 `--repeats` each.
 
-    level wall             from the first step's start to the last step's success, from the
-                           run's event log; the ratio 4 slots / 1 slot has the goal <= 0.35x
-    run wall               the whole `coder run`, for information
+    level wall             the executor's walk of the DAG, this one level, from the run's event
+                           log (`run.started` to `run.finished`): the steps' worktrees, the
+                           wait for the warm prefix, the steps, their landing; the ratio 4
+                           slots / 1 slot has the goal <= 0.35x
+    run wall               the whole `coder run` (start-up, the server's checks, the prompt
+                           prefix), for information
     cache reuse            the prompt tokens the server reported cached over those it was sent,
                            over the steps' requests, as coder recorded them (the run's state):
                            goal, the same as the sequential run's (within a point)
@@ -86,7 +89,9 @@ def answer(body: dict[str, Any]) -> Reply:
     name = found.group(1)
     if not any(m["role"] == "assistant" for m in body["messages"]):
         path, text = f"ops_{name}.py", module(name)
-        return Reply(tool_calls=[{"name": "fs_write", "arguments": {"path": path, "content": text}}])
+        return Reply(
+            tool_calls=[{"name": "fs_write", "arguments": {"path": path, "content": text}}]
+        )
     summary = {"summary": f"wrote ops_{name}.py", "files_changed": [f"ops_{name}.py"]}
     return Reply(tool_calls=[{"name": "step_complete", "arguments": summary}])
 
@@ -134,20 +139,21 @@ def run_once(tmp: Path, k: int, slots: int, pace: float) -> dict[str, Any]:
         wall = time.perf_counter() - start
         spans = fake.cache.step_spans()
     if proc.returncode != 0:
-        raise SystemExit(f"coder run failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise SystemExit(
+            f"coder run failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
     events = [
         json.loads(line)
         for line in (repo / ".coder" / "logs" / f"{TASK_ID}.jsonl").read_text().splitlines()
         if line
     ]
-    started = [at(e) for e in events if e["event"] == "step.started"]
-    ended = [at(e) for e in events if e["event"] == "step.succeeded"]
+    walked = {e["event"]: at(e) for e in events if e["event"] in ("run.started", "run.finished")}
     state = json.loads((repo / ".coder" / "state" / f"{TASK_ID}.json").read_text())
     usage = [s["usage"] for s in state["steps"].values()]
     branch = state["branch"]
     landed = git(repo, env, "log", "--reverse", "--format=%(trailers:key=Coder-Step,valueonly)")
     return {
-        "level": max(ended) - min(started),
+        "level": walked["run.finished"] - walked["run.started"],
         "wall": wall,
         "cached": sum(u["cached_tokens"] for u in usage),
         "prompt": sum(u["prompt_tokens"] for u in usage),
@@ -198,8 +204,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{'cache reuse, 4 slots vs 1':<44} {gap * 100:+.1f} points  (goal: the same, within "
         f"{SHARE_GOAL * 100:.0f}: {'ok' if abs(gap) <= SHARE_GOAL else 'NOT THE SAME'})"
     )
-    print(f"(steps landed in file order on both, same tree; benchmark took "
-          f"{time.perf_counter() - began:.0f}s)")
+    print(
+        f"(steps landed in file order on both, same tree; benchmark took "
+        f"{time.perf_counter() - began:.0f}s)"
+    )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,7 @@ def level(repo: Path, timeout: int | None = None) -> Path:
     """Four independent steps (one level), each writing its own file through the model."""
     limit = f", timeout: {timeout}" if timeout else ""
     steps = "".join(
-        f"  - {{id: {s}, kind: edit, goal: Write {s}.txt, depends_on: []{limit}}}\n"
-        for s in STEPS
+        f"  - {{id: {s}, kind: edit, goal: Write {s}.txt, depends_on: []{limit}}}\n" for s in STEPS
     )
     return taskfile(repo, f"id: {TASK_ID}\nbranch: {BRANCH}\ntitle: A level\ngraph:\n{steps}")
 
