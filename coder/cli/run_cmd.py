@@ -56,7 +56,8 @@ def run_options(func: Any) -> Any:
             click.option(
                 "--max-parallel",
                 type=click.IntRange(1, 32),
-                help="Run up to N independent steps of a level at once (default 1).",
+                help="Run up to N independent steps of a level at once (default: as many as "
+                "the model server serves at once, its slots; 1 without model steps).",
             ),
             click.option(
                 "--fail-fast",
