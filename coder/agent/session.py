@@ -41,6 +41,7 @@ class AgentSession:
     priming: threading.Thread | None = None  # the warm prefix being sent (warm_prefix)
     priming_stop: threading.Event = field(default_factory=threading.Event)
     warm_model: str | None = None  # the model the warm prefix goes to (None: none is sent)
+    width: int = 1  # the most model steps in one level: the slots the warm prefix goes to
     # model name -> its tool protocol (coder.models.protocol), decided once per run
     protocols: dict[str, Choice] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -56,7 +57,8 @@ class AgentSession:
 
         def send() -> None:  # within a bound of its own: `stop_priming` ends it
             with bounds.within(cancel=self.priming_stop):
-                self.models.prime(prefix, fmt.request_tools(self.tools) or [], model)
+                tools = fmt.request_tools(self.tools) or []
+                self.models.prime(prefix, tools, model, self.width)
 
         self.priming = threading.Thread(target=send, name="warm-prefix", daemon=True)
         self.priming.start()
@@ -157,10 +159,20 @@ def open_agent(
         tool_format(session, cfg, name, warmed[name])
     if cfg.warm_prefix and replay is None:
         session.warm_model = first[0]
+        session.width = widest_level(task, pending)
         if not cfg.mcp_servers:  # else once their tools joined it (coder.run.drive)
             # While the run prepares, the servers take in the shared prefix (`primed`).
             session.prime(cfg)
     return session
+
+
+def widest_level(task: Task, steps: Sequence[Step]) -> int:
+    """The most of `steps` in one level of the task's DAG: the most that can run at once."""
+    from coder.taskfile import graph
+
+    wanted = {s.id for s in steps}
+    levels = graph.levels(graph.build(task.deps()))
+    return max((sum(s in wanted for s in level) for level in levels), default=1) or 1
 
 
 def _session(

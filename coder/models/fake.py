@@ -164,7 +164,11 @@ class FakeProvider:
         return ModelFacts(provider="fake", model=model or self.model, num_ctx=self.num_ctx)
 
     def prime(
-        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
+        self,
+        messages: list[Message],
+        tools: list[ToolSchema],
+        model: str | None = None,
+        width: int = 1,
     ) -> None:
         self.primed.append(copy.deepcopy(messages))
 

@@ -258,10 +258,15 @@ class Models(Protocol):
         ...
 
     def prime(
-        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
+        self,
+        messages: list[Message],
+        tools: list[ToolSchema],
+        model: str | None = None,
+        width: int = 1,
     ) -> None:
         """Put the run's shared prefix into the prompt caches of the servers of `model` (else
-        the default one), best effort."""
+        the default one), best effort: into as many slots of each server (`width`: the most
+        steps that can ask at once; coder.models.slots) as it has."""
         ...
 
     def close(self) -> None: ...

@@ -124,9 +124,14 @@ class RedactedModels:
         return self.inner.warm_up(model)
 
     def prime(
-        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
+        self,
+        messages: list[Message],
+        tools: list[ToolSchema],
+        model: str | None = None,
+        width: int = 1,
     ) -> None:
-        self.inner.prime(self.scrub.messages(messages), self.scrub.tools(tools) or [], model)
+        scrub = self.scrub
+        self.inner.prime(scrub.messages(messages), scrub.tools(tools) or [], model, width)
 
     def close(self) -> None:
         self.inner.close()

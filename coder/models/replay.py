@@ -134,9 +134,13 @@ class RecordingModels:
         return self.inner.warm_up(model)
 
     def prime(
-        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
+        self,
+        messages: list[Message],
+        tools: list[ToolSchema],
+        model: str | None = None,
+        width: int = 1,
     ) -> None:
-        self.inner.prime(messages, tools, model)  # not a reply of any step: not recorded
+        self.inner.prime(messages, tools, model, width)  # not a reply of any step: not recorded
 
     def close(self) -> None:
         self.inner.close()
@@ -207,7 +211,11 @@ class ReplayModels:
         )
 
     def prime(
-        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
+        self,
+        messages: list[Message],
+        tools: list[ToolSchema],
+        model: str | None = None,
+        width: int = 1,
     ) -> None:
         pass  # no server
 

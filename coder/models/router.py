@@ -122,12 +122,18 @@ class Router:
         return facts
 
     def prime(
-        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
+        self,
+        messages: list[Message],
+        tools: list[ToolSchema],
+        model: str | None = None,
+        width: int = 1,
     ) -> None:
         """Send the run's shared prefix (system message and tools) for `model` (else the
         default one) to every endpoint that is up, cut at the first token, so the first
-        step's first call finds it in the server's cache; a failure here is left for the
-        real calls to report, and a bound the caller is in (coder.models.bounds) ends it."""
+        step's first call finds it in the server's cache: to `width` slots of each (as many
+        as it has, at most: each step starts on a slot of its own); a failure here is left
+        for the real calls to report, and a bound the caller is in (coder.models.bounds)
+        ends it."""
         from coder.errors import Abandoned, CoderError
 
         def send(provider: ModelProvider, slots: Slots, slot: int) -> None:
@@ -136,11 +142,10 @@ class Router:
 
         now = self._clock()
         up = [e for e in self.endpoints if self._down_until.get(e, 0.0) <= now]
-        # each slot of each endpoint: a step starts on a slot of its own (coder.models.slots)
         sends = [
             (self.provider(endpoint, model or self.model), self.slots(endpoint), slot)
             for endpoint in up
-            for slot in range(self.slots(endpoint).size)
+            for slot in range(min(max(1, width), self.slots(endpoint).size))
         ]
         with ThreadPoolExecutor(max(1, len(sends))) as pool:  # within the caller's bound
             for future in [pool.submit(bounds.in_context(send), *s) for s in sends]:
@@ -323,10 +328,14 @@ class ModelSet:
         return self.router(place).warm_up(name)
 
     def prime(
-        self, messages: list[Message], tools: list[ToolSchema], model: str | None = None
+        self,
+        messages: list[Message],
+        tools: list[ToolSchema],
+        model: str | None = None,
+        width: int = 1,
     ) -> None:
         place, name = self._resolve(model or self.model)
-        self.router(place).prime(messages, tools, name)
+        self.router(place).prime(messages, tools, name, width)
 
     def close(self) -> None:
         with self._lock:

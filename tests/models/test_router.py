@@ -181,6 +181,9 @@ def test_each_step_gets_a_slot_of_its_own_and_steps_spread_by_the_slots() -> Non
 
     router = Router(make, ["a", "b"], "m")
     assert router.warm_up().slots == 4  # over the endpoints
+    router.prime([{"role": "system", "content": "x"}], [], width=2)  # two steps at once at most
+    assert sorted(made["a"].on_slots) == [0, 1] and made["b"].on_slots == [0]
+    made["a"].on_slots.clear(), made["b"].on_slots.clear()
     steps = [router.for_step(f"s{i}") for i in range(1, 5)]
     assert [s.endpoint for s in steps] == ["a", "b", "a", "a"]  # a has three times b's room
     for step in steps:
