@@ -210,7 +210,7 @@ def test_bad_config_file_is_exit_2_with_position(
     assert code == 2
     assert err.splitlines()[0] == (
         f"coder: error: {repo / 'coder.config.json'}:1:18: max_parallel:"
-        " must be a whole number, got the string 'two'"
+        " must be a whole number or null, got the string 'two'"
     )
 
 

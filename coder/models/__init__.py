@@ -10,6 +10,7 @@
     replay.py     record a run's model replies, or answer from a recording
     factory.py    the one place providers are built from the config (one entry per provider)
     router.py     several endpoints behind one model source: affinity, spreading, failover
+    slots.py      an endpoint's slots: how many requests at once, and a step's own slot
     retry.py      bounded retries for model calls (the providers' base runs them)
     bounds.py     a step's time and the run's stop end its model requests (their connections
                   shut down), even one the server never answers

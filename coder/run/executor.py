@@ -218,9 +218,9 @@ class Executor:
         self.run.log.info(
             "run.started",
             steps=len(self.steps),
-            max_parallel=self.run.settings.max_parallel,
             branch=self.run.branch,
             worktree=str(self.run.worktree),
+            max_parallel=self.run.settings.max_parallel,  # steps of a level at once (coder.models.slots)
         )
         try:
             self._skip_required(self.schedule.blocked)

@@ -151,19 +151,20 @@ def test_a_one_slot_server_gets_one_request_at_a_time_whatever_max_parallel(
 
 
 def test_ollama_takes_its_slots_from_the_config(
-    fake: FakeOllama, make_repo, isolated_home: Path
+    make_repo, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ollama does not say how many requests it serves at once (OLLAMA_NUM_PARALLEL): the
     config's `slots` does."""
-    fake.cache = type(fake.cache)(slots=4)
     together = threading.Barrier(len(STEPS), timeout=10)
-    fake.answer = answers(together)
     path = isolated_home / ".config" / "coder" / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"slots": 4}))
-    repo = make_repo()
-    run_level(repo)
-    assert not together.broken and peak(fake.cache.step_spans()) == 4
+    with FakeOllama(slots=4) as server:
+        server.answer = answers(together)
+        monkeypatch.setenv("OLLAMA_HOST", server.url)
+        repo = make_repo()
+        run_level(repo)
+    assert not together.broken and peak(server.cache.step_spans()) == 4
     assert landed(repo)[0] == list(STEPS)
 
 
