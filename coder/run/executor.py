@@ -220,7 +220,7 @@ class Executor:
             steps=len(self.steps),
             branch=self.run.branch,
             worktree=str(self.run.worktree),
-            max_parallel=self.run.settings.max_parallel,  # steps of a level at once (coder.models.slots)
+            max_parallel=self.run.settings.max_parallel,  # a level at once (coder.models.slots)
         )
         try:
             self._skip_required(self.schedule.blocked)
