@@ -1,6 +1,6 @@
 """The executor: walks the task DAG and runs each step through the one step pipeline.
 
-    start    checkpoint `running`, with the branch tip the attempt starts from
+    start    checkpoint `running` (not fsync'd), with the branch tip the attempt starts from
     act      the step kind's runner, in the step's working directory
     verify   no process the step started still running (one that left its command's
              group would change the worktree behind the checks), .git untouched, then every
@@ -349,6 +349,10 @@ class Executor:
             attempt = self.record(step.id).attempts + 1
             self._update(
                 step.id,
+                # not fsync'd: a kill keeps it (the page cache outlives coder), and a power
+                # loss that drops it drops the step's unsynced files too; resume finds them
+                # against git (runs.reconcile) and reruns the step
+                sync=False,
                 status="running",
                 attempts=attempt,
                 start_tip=tip,

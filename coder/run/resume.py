@@ -290,7 +290,7 @@ def reconcile(repo: Repo, state: RunState, manifest: Manifest, worktree: Path) -
     if _align_steps(state, committed) or rolled_back is not None:
         gitrestore.discard_changes(worktree, tip)
     elif not workdir.is_clean(worktree):
-        warnings.append(_left_by_revert(repo, worktree, branch, tip))
+        warnings.append(_left_behind(repo, state, worktree, branch, tip))
     for step_id in state.steps:  # scratch worktrees of a parallel level the crash cut short
         name = f"{task_id}--{step_id}"
         worktrees.remove_worktree(repo, name, worktree.parent / name)
@@ -361,22 +361,40 @@ def _align_steps(state: RunState, committed: Mapping[str, str]) -> bool:
     return was_running
 
 
-def _left_by_revert(repo: Repo, worktree: Path, branch: str, tip: str) -> str:
-    """Changes in the worktree no runner left: those of a `coder revert` killed after moving
-    the branch, before the files followed it, are updated to the branch (the warning says
-    so); anyone else's refuse the resume."""
-    if not gitland.left_behind_at(repo, worktree, reflog_prefix=gitcommits.REFLOG_REVERT):
-        changed = workdir.changed_paths(worktree)
-        raise EnvironmentProblem(
-            f"the worktree {worktree} has changes coder did not make "
-            f"({', '.join(changed[:5])}); refusing to resume so they are not lost",
-            hint=f"commit or stash them elsewhere (e.g. `git -C {worktree} stash -u`), then resume",
+def _left_behind(repo: Repo, state: RunState, worktree: Path, branch: str, tip: str) -> str:
+    """Changes in the worktree while no step is checkpointed as running. Those of a
+    `coder revert` killed after moving the branch, before the files followed it, are updated
+    to the branch; those of a step whose `running` line was lost (it is not fsync'd: a power
+    loss can drop it) are discarded and the step runs again, as after any crash; the warning
+    says which. Anyone else's refuse the resume."""
+    if gitland.left_behind_at(repo, worktree, reflog_prefix=gitcommits.REFLOG_REVERT):
+        gitrestore.discard_changes(worktree, tip)
+        return (
+            "the worktree still had files from before an interrupted "
+            f"`coder revert`; updated them to {branch}"
         )
-    gitrestore.discard_changes(worktree, tip)
-    return (
-        "the worktree still had files from before an interrupted "
-        f"`coder revert`; updated them to {branch}"
+    changed = workdir.changed_paths(worktree)
+    if _died_mid_run(state):
+        gitrestore.discard_changes(worktree, tip)
+        return (
+            f"the worktree had changes ({', '.join(changed[:5])}) though no step was "
+            "checkpointed as running: taken as a step's half-done work whose `running` line "
+            "was lost (it is not fsync'd: a power loss can drop it); discarded them, and the "
+            "step runs again"
+        )
+    raise EnvironmentProblem(
+        f"the worktree {worktree} has changes coder did not make "
+        f"({', '.join(changed[:5])}); refusing to resume so they are not lost",
+        hint=f"commit or stash them elsewhere (e.g. `git -C {worktree} stash -u`), then resume",
     )
+
+
+def _died_mid_run(state: RunState) -> bool:
+    """Whether the runner stopped with steps to go and without checkpointing how the run
+    ended (a crash, a kill, a power loss): one of those steps may have started since its last
+    durable checkpoint. A runner that stopped cleanly wrote its end (fsync'd), after
+    discarding what a step left."""
+    return state.status == "running" and any(st.status not in DONE for st in state.steps.values())
 
 
 def _branch_gone(repo: Repo, state: RunState, branch: str) -> EnvironmentProblem:

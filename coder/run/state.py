@@ -2,7 +2,8 @@
 
     .coder/state/ID.json       the snapshot: the whole `RunState`, replaced atomically
     .coder/state/ID.journal    one line per step transition since the snapshot: the step's
-                               whole `StepRecord`, appended and fsync'd
+                               whole `StepRecord`, appended (and fsync'd, but for the
+                               lines git can stand in for: see `StateStore.record`)
 
 A step transition costs one journal line (O(changed step)), not a rewrite of every step. The
 journal is compacted into the snapshot when a run starts and ends, and whenever it holds more
@@ -500,8 +501,11 @@ class StateStore:
         """Append one step's record to the journal (durable when this returns); compact into
         the snapshot when the journal has grown past the run's size. `sync=False` leaves the
         fsync to the next durable write (the next line's, or the snapshot's): only for a record
-        that git can stand in for if a crash loses it (a step's success with its commit on
-        the branch: resume finds the commit by its trailers and marks the step done)."""
+        that git can stand in for if a power loss drops it (a kill of coder cannot: the page
+        cache outlives the process). A step's success with its commit on the branch: resume
+        finds the commit by its trailers and marks the step done. A step's `running`: resume
+        finds the step's half-done files in the worktree, against the branch's tip, discards
+        them and reruns the step (runs.reconcile)."""
         journal = self._journals.get(state.task_id)
         if journal is None:  # a writer starts from a snapshot it wrote or read
             self.save(state, validate=False)

@@ -483,6 +483,32 @@ def test_truncated_state_is_rebuilt_from_the_branch(
         assert any(COMMITTED in r for r in reasons) != said, (journaled, state["steps"][sid])
 
 
+def test_a_lost_running_line_with_a_dirty_worktree_is_rerun(make_repo, golden: Golden) -> None:
+    """RELIABILITY.md row 34: a step's `running` line is not fsync'd, so a power loss can drop
+    it while the step's half-done edits sit in the worktree. Resume restores the worktree and
+    reruns the step, as for an interrupted one: the same tree and commits as the golden run."""
+    repo, taskfile, before = user_repo(make_repo)
+    crash(repo, taskfile, "before_step@s2")  # s1 committed, s2 journaled as running
+    journal = repo / ".coder" / "state" / f"{TASK_ID}.journal"
+    *kept, last = journal.read_text().splitlines(keepends=True)
+    entry = json.loads(last)
+    assert (entry["step"], entry["record"]["status"]) == ("s2", "running"), last
+    journal.write_text("".join(kept))  # the line the page cache lost
+    wt = worktree(repo)
+    with (wt / "a.txt").open("a") as half_done:  # what s2 had done when the power went
+        half_done.write("more\n")
+    (wt / "half.txt").write_text("a file s2 was writing\n")
+    (wt / "README.md").unlink()
+    assert state_of(repo)["steps"]["s2"]["status"] == "pending"
+
+    result = coder(repo, "resume", "-t", TASK_ID)
+    assert result.returncode == 0, out(result)
+    assert "its `running` checkpoint line was lost" in result.stderr, out(result)
+    state = assert_golden(repo, golden, before)  # no commit lost, none duplicated
+    assert git(repo, "rev-list", "--count", f"main..{BRANCH}").strip() == "4"
+    assert state["steps"]["s1"]["attempts"] == 1
+
+
 # --- 4. one runner per task ------------------------------------------------------------------
 
 
