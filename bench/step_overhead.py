@@ -115,7 +115,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -178,6 +180,7 @@ def make_repo(root: Path, files: int) -> Path:
         git(root, "config", key, value)
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", f"{files} files")
+    git(root, "gc", "-q")  # packed, as a clone is: what users' repositories look like
     return root
 
 
@@ -297,20 +300,23 @@ def _branch_of(repo: Path, task_id: str) -> str:
 
 
 class GitLoop:
-    """The same changes by the git CLI, in one fresh linked worktree of the repository."""
+    """The same changes by the git CLI, in one fresh linked worktree of the repository: each
+    step's command inside the loop's own shell (`inline`), or through `bash -c` in a child
+    process (`spawned`), as any harness that runs a step's command must start one."""
 
     def __init__(self, repo: Path, worktree: Path, paths: list[str]) -> None:
         self.repo, self.worktree, self.paths = repo, worktree, paths
         git(repo, "worktree", "add", "-q", "-b", "baseline", str(worktree), "main")
         self.runs = 0
 
-    def run(self) -> float:
+    def run(self, spawned: bool) -> float:
         """Seconds per step of one pass over the N changes."""
         self.runs += 1
-        script = "set -e\n" + "".join(
-            f"echo baseline {self.runs} step {i} > {rel}\ngit add -A && git commit -q -m x\n"
-            for i, rel in enumerate(self.paths, 1)
-        )
+        script = "set -e\n"
+        for i, rel in enumerate(self.paths, 1):
+            command = f"echo baseline {self.runs} step {i} > {rel}"
+            script += f"bash -c {shlex.quote(command)}\n" if spawned else f"{command}\n"
+            script += "git add -A && git commit -q -m x\n"
         os.sync()
         start = time.perf_counter()
         subprocess.run(["bash", "-c", script], cwd=self.worktree, env=GIT_ENV, check=True)
@@ -397,8 +403,6 @@ def harness_gaps(events: list[dict[str, Any]]) -> list[float]:
 
 
 def run_noop(repo: Path, tmp: Path, task_id: str, steps: int) -> dict[str, float]:
-    import statistics
-
     taskfile = tmp / f"{task_id}.yaml"
     write_noop_taskfile(taskfile, task_id, steps)
     wall, events = coder_run(repo, taskfile, task_id)
@@ -411,56 +415,99 @@ def run_noop(repo: Path, tmp: Path, task_id: str, steps: int) -> dict[str, float
         "median": statistics.median(gaps),
         "first": statistics.fmean(gaps[:tenth]),  # the run's first and last tenth: a cost
         "last": statistics.fmean(gaps[-tenth:]),  # growing with the steps done shows here
+        "max": max(gaps),
     }
 
 
-def steps_axis(counts: list[int], repeats: int) -> None:
+def steps_axis(counts: list[int], rounds: int) -> None:
+    """Rounds of one run of each count, in turn; the median over the rounds of each count's
+    per-run mean, so a busy spell slows a round's runs alike rather than one count's best."""
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="coder-steps-bench-") as tmp_name:
         tmp = Path(tmp_name)
         repo = make_repo(tmp / "repo", 10)
-        results: dict[int, dict[str, float]] = {}
+        runs: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
+        for k in range(rounds):
+            for n in counts:
+                runs[n].append(run_noop(repo, tmp, f"steps-{n}-{k}", n))
         for n in counts:
-            tries = repeats if n <= 1000 else 1
-            runs = [run_noop(repo, tmp, f"steps-{n}-{k}", n) for k in range(tries)]
-            best = min(runs, key=lambda r: r["mean"])
-            results[n] = best
+            means = [r["mean"] for r in runs[n]]
+            growth = [r["last"] / r["first"] for r in runs[n]]
             print(
-                f"{n:,} no-op steps (best of {tries}): coder total {best['wall']:.1f}s; harness "
-                f"per step mean {best['mean'] * 1000:.1f} ms, median {best['median'] * 1000:.1f} "
-                f"ms; last tenth vs first tenth of the run {best['last'] / best['first']:.2f}x"
+                f"{n:,} no-op steps, {rounds} interleaved runs: coder total "
+                f"{statistics.median(r['wall'] for r in runs[n]):.1f}s; harness per step mean "
+                f"{_spread(means)} ms; median step "
+                f"{_spread([r['median'] for r in runs[n]])} ms; slowest step "
+                f"{_spread([r['max'] for r in runs[n]])} ms; last tenth vs first "
+                f"{statistics.median(growth):.2f}x"
             )
         smallest = counts[0]
+        base = statistics.median(r["mean"] for r in runs[smallest])
         for n in counts[1:]:
-            name = f"harness per step, {n:,} vs {smallest:,} steps"
-            base_name = f"{smallest:,} steps"
-            report(name, results[n]["mean"], results[smallest]["mean"], 1.3, base_name=base_name)
+            ours = statistics.median(r["mean"] for r in runs[n])
+            pairs = [a["mean"] / b["mean"] for a, b in zip(runs[n], runs[smallest], strict=True)]
             report(
-                f"  (median, {n:,} vs {smallest:,})",
-                results[n]["median"],
-                results[smallest]["median"],
-                None,
-                base_name=base_name,
+                f"harness per step, {n:,} vs {smallest:,} steps",
+                ours,
+                base,
+                1.3,
+                base_name=f"{smallest:,} steps",
+                rounds=pairs,
             )
     print(f"(benchmark took {time.perf_counter() - began:.0f}s)")
+
+
+def _spread(values: list[float]) -> str:
+    """`median (min-max)`, in ms."""
+    ms = [v * 1000 for v in values]
+    return f"{statistics.median(ms):.1f} ({min(ms):.1f}-{max(ms):.1f})"
 
 
 # --- main ----------------------------------------------------------------------------------------
 
 
 def report(
-    name: str, ours: float, base: float, goal: float | None, base_name: str = "git CLI"
+    name: str,
+    ours: float,
+    base: float,
+    goal: float | None,
+    base_name: str = "git CLI",
+    rounds: list[float] | None = None,
 ) -> None:
+    """One figure: the ratio of the medians, with each round's own ratio's range."""
     ratio = ours / base
     verdict = (
         "for information"
         if goal is None
         else f"goal <= {goal}x: {'ok' if ratio <= goal else 'OVER GOAL'}"
     )
+    spread = f", rounds {min(rounds):.2f}-{max(rounds):.2f}x" if rounds else ""
     print(
-        f"{name:<36} {ours * 1000:8.1f} ms  {base_name:>12} {base * 1000:8.1f} ms  "
-        f"ratio {ratio:5.2f}x  ({verdict})"
+        f"{name:<44} {ours * 1000:8.1f} ms  {base_name:>16} {base * 1000:8.1f} ms  "
+        f"ratio {ratio:5.2f}x  ({verdict}{spread})"
     )
+
+
+def measure_size(tmp: Path, size: int, paths: list[str], rounds: int) -> dict[str, Any]:
+    """`rounds` rounds of the inline loop, the spawned loop and a coder run, in turn, in a
+    packed repository of `size` files: each one's per-step times, and coder's phases in its
+    median run."""
+    t0 = time.perf_counter()
+    repo = make_repo(tmp / f"repo{size}", size)
+    made = time.perf_counter() - t0
+    loop = GitLoop(repo, tmp / f"baseline{size}", paths)
+    inline: list[float] = []
+    spawned: list[float] = []
+    coder: list[dict[str, Any]] = []
+    try:
+        for k in range(rounds):
+            inline.append(loop.run(spawned=False))
+            spawned.append(loop.run(spawned=True))
+            coder.append(run_coder(repo, tmp, f"bench-{size}-{k}", paths))
+    finally:
+        loop.close()
+    middle = sorted(coder, key=lambda r: r["step"])[len(coder) // 2]
+    return {"made": made, "inline": inline, "spawned": spawned, "coder": coder, "middle": middle}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -476,8 +523,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--repeats",
         type=int,
-        default=3,
-        help="runs of coder and of the git loop per size, best kept (default 3)",
+        help="interleaved rounds, medians kept (default 5; 3 for --step-counts)",
     )
     parser.add_argument(
         "--profile",
@@ -492,56 +538,65 @@ def main(argv: list[str] | None = None) -> None:
         help="run the steps axis instead: runs of N no-op steps (e.g. 10 1000 10000)",
     )
     args = parser.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        parser.error("--repeats must be positive")
     if args.step_counts:
-        if min(args.step_counts) < 2 or args.repeats < 1:
-            parser.error("--step-counts must be at least 2 and --repeats positive")
-        steps_axis(sorted(set(args.step_counts)), args.repeats)
+        if min(args.step_counts) < 2:
+            parser.error("--step-counts must be at least 2")
+        steps_axis(sorted(set(args.step_counts)), args.repeats or 3)
         return
-    if args.steps < 1 or args.repeats < 1 or min(args.sizes) < 1:
-        parser.error("--steps, --repeats and --sizes must be positive")
+    if args.steps < 1 or min(args.sizes) < 1:
+        parser.error("--steps and --sizes must be positive")
+    rounds = args.repeats or 5
     sizes = sorted(set(args.sizes))
     paths_for = {size: targets(size, args.steps) for size in sizes}
 
     began = time.perf_counter()
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="coder-step-bench-") as tmp_name:
         tmp = Path(tmp_name)
         for size in sizes:
-            t0 = time.perf_counter()
-            repo = make_repo(tmp / f"repo{size}", size)
-            made = time.perf_counter() - t0
-            paths = paths_for[size]
-            loop = GitLoop(repo, tmp / f"baseline{size}", paths)
-            best: dict[str, Any] = {}
-            git_best = float("inf")
-            try:
-                for k in range(args.repeats):
-                    git_best = min(git_best, loop.run())
-                    one = run_coder(repo, tmp, f"bench-{size}-{k}", paths)
-                    if not best or one["step"] < best["step"]:
-                        best = one
-            finally:
-                loop.close()
-            results[size] = {**best, "git": git_best}
+            got = measure_size(tmp, size, paths_for[size], rounds)
+            steps = [r["step"] for r in got["coder"]]
+            ours = statistics.median(steps)
+            spawned, inline = statistics.median(got["spawned"]), statistics.median(got["inline"])
+            results[size] = {"coder": ours, "spawned": spawned}
+            middle = got["middle"]
             print(
-                f"{size:,} files (made in {made:.1f}s), {args.steps} steps, best of "
-                f"{args.repeats}: coder total {best['wall']:.2f}s, fixed cost "
-                f"{best['fixed']:.2f}s (start-up, worktree checkout)"
+                f"{size:,} files, packed (made in {got['made']:.1f}s), {args.steps} steps, "
+                f"{rounds} interleaved rounds, medians: coder total {middle['wall']:.2f}s, "
+                f"fixed cost {middle['fixed']:.2f}s (start-up, worktree checkout)"
             )
-            report(f"coder per step ({size:,} files)", best["step"], git_best, 1.0)
+            report(
+                f"coder per step vs bash -c loop ({size:,} files)",
+                ours,
+                spawned,
+                1.0,
+                base_name="git, bash -c",
+                rounds=[c / g for c, g in zip(steps, got["spawned"], strict=True)],
+            )
+            report(
+                f"  vs the inline loop ({size:,} files)",
+                ours,
+                inline,
+                None,
+                base_name="git, inline",
+                rounds=[c / g for c, g in zip(steps, got["inline"], strict=True)],
+            )
             print(
-                f"{'':<4}where it goes: "
-                + ", ".join(f"{k} {v * 1000:.1f}" for k, v in best["phases"].items())
+                f"{'':<4}where it goes (median run): "
+                + ", ".join(f"{k} {v * 1000:.1f}" for k, v in middle["phases"].items())
                 + " (ms)"
             )
         if len(sizes) > 1:
             small, large = results[sizes[0]], results[sizes[-1]]
-            ours, theirs = large["step"] / small["step"], large["git"] / small["git"]
+            ours = large["coder"] / small["coder"]
+            theirs = large["spawned"] / small["spawned"]
             growth = ours / theirs
             verdict = "ok" if growth <= 1.0 else "OVER GOAL"
             print(
-                f"{f'growth, {sizes[-1]:,} vs {sizes[0]:,} files':<36} coder {ours:5.2f}x  "
-                f"git CLI {theirs:5.2f}x  ratio {growth:5.2f}x  (goal <= 1.0x: {verdict})"
+                f"{f'growth, {sizes[-1]:,} vs {sizes[0]:,} files':<44} coder {ours:5.2f}x  "
+                f"git, bash -c {theirs:5.2f}x  ratio {growth:5.2f}x  (goal <= 1.0x: {verdict})"
             )
         print(f"(benchmark took {time.perf_counter() - began:.0f}s)")
         if args.profile:
