@@ -2,38 +2,49 @@
 repositories grow (the size axis), and against a short run as runs grow (the steps axis).
 
     python bench/step_overhead.py                 # N=20 steps, repos of 100 and 20,000 files
-    python bench/step_overhead.py --steps 50 --sizes 100 5000 --repeats 5
+    python bench/step_overhead.py --steps 50 --sizes 100 5000 --repeats 7
     python bench/step_overhead.py --profile       # also cProfile coder's steps (largest repo)
     python bench/step_overhead.py --step-counts 10 1000 10000   # the steps axis instead
+
+Every figure is a ratio of medians over interleaved rounds (--repeats: 5 for the size axis, 3
+for the steps axis), each round running every side once, so a busy spell of the shared machine
+slows a round's sides alike; the range of the rounds' own ratios is printed beside it.
 
 The steps axis: runs of N no-op shell steps (`true`) in a small repository, the first (w0)
 and the last not measured. A step's harness overhead is the time from its start to the next
 step's start, less its command's own duration (`command.finished` duration_s): scheduling,
 checkpoints (one journal line per transition, the occasional compaction), the event log,
-verify and the commit check. The mean over a run's steps (so the compactions count) is
-compared with the smallest run's:
+verify and the commit check. The mean over a run's steps (so the compactions count), median
+over the rounds, is compared with the smallest run's:
 
     harness per step, N steps vs the smallest N                goal <= 1.3x
 
 A run that rescanned every step or rewrote the whole state per transition would be quadratic
 and fail this by far (10,000 steps took 0.25-0.8 s a step that way, against ~23 ms at 200).
-The median, and the last tenth of each run against its first tenth (a per-step cost that grows
-with the steps done shows there, whatever else the machine does between runs), are printed
-for information. Runs of up to 1,000 steps are repeated --repeats times (best kept); longer
-ones run once.
+Each count's median step, slowest step (a compaction) and last tenth against first tenth (a
+per-step cost that grows with the steps done shows there, whatever the machine does between
+runs) are printed for information.
 
 For each size a repository of small text files in nested directories (50 files a directory,
-20 directories a level) is generated and committed once with the git CLI. A taskfile of N
-`shell` steps then overwrites N different existing files spread over the tree
-(`echo step 3 > d0/e2/f100.txt`): every step is one commit of one changed file.
+20 directories a level) is generated, committed once with the git CLI and packed (`git gc`,
+as a clone is). A taskfile of N `shell` steps then overwrites N different existing files
+spread over the tree (`echo step 3 > d0/e2/f100.txt`): every step is one commit of one
+changed file.
 
     coder per step     (run.finished - step.started of s1) / N, from .coder/logs/<id>.jsonl:
                        everything coder does per step, the sandboxed command included
-    git CLI per step   the same N changes in a fresh linked worktree of the same repository,
-                       by one bash loop: `echo ... > FILE; git add -A && git commit -q -m x`
+    git, bash -c       the baseline that counts: the same N changes in a fresh linked worktree
+                       of the same repository, by one bash loop that runs each step's command
+                       as its own process, as any harness must:
+                       `bash -c 'echo ... > FILE'; git add -A && git commit -q -m x`
+    git, inline        the same loop with `echo` inside the loop's own shell (no process per
+                       command; for information)
 
-    coder per step vs git CLI per step                        goal <= 1.0x (each size)
+    coder per step vs git, bash -c per step                   goal <= 1.0x (each size)
     coder's growth (largest repo vs smallest) vs git's own    goal <= 1.0x
+
+The sandbox's own cost (a confined spawn against an unconfined one) is bench/sandbox.py's
+figure, apart.
 
 Measured on quiet moments of the shared 2-core machine (best of 3, 20 steps; three runs),
 before and after one scan per step (coder/git/staging.py):
@@ -65,12 +76,14 @@ and this code interleaved in pairs of runs, 13 pairs; ms):
     ratio      1.14-3.41x          1.08-1.82x over the pairs (the machine's noise, load 2-6,
                                    is larger than the gap left; the best runs 1.75x, 1.19x)
 
-What stays per step at 100 files, and why:
+What stayed per step at 100 files, and why (the third cut):
     the command's own process   git's loop runs `echo` inside its shell; coder starts every
                                 command as a new confined process (its sandbox, its group)
-    the `running` fsync         resume must know a step ran, to discard what it left
-                                (RELIABILITY.md's crash matrix); the `success` line of a step
-                                that committed is not fsync'd (its commit is the proof)
+    (no fsync)                  since the fourth cut neither the `running` line nor the
+                                `success` line of a step that committed is fsync'd: a kill
+                                keeps them, and after a power loss resume reconciles the
+                                worktree against git (docs/safety.md); a step that committed
+                                nothing still fsyncs its `success` line
     libgit2's writes            the blob, the changed trees, the index, the commit object, the
                                 ref and its reflogs: what git's loop writes too (each file
                                 created or renamed costs 0.3-0.5 ms on this disk). Turning
@@ -91,9 +104,8 @@ Both start measuring in a settled worktree: a 20,000-file checkout leaves second
 writeback behind, which would slow whatever runs first. The taskfile's step w0 (not measured,
 makes no commit) calls os.sync(); the git loop is preceded by os.sync() too.
 
-The best of --repeats runs is kept (coder and git interleaved): the figure least disturbed by a
-noisy, shared machine. Each coder run checks out its own worktree (as `coder run` does); the
-git loop checks out one worktree per size and repeats there, committing new content each time.
+Each coder run checks out its own worktree (as `coder run` does); the git loops check out one
+worktree per size and repeat there, committing new content each time.
 Also printed, for information: coder's total wall time and fixed cost (start-up, validation,
 worktree checkout: the time before step w0 starts), the git CLI's own growth with repository
 size, and where a coder step's time goes, from the gaps between its events:
@@ -104,7 +116,7 @@ size, and where a coder step's time goes, from the gaps between its events:
                the step's changes and gives the change set; asserts and checks on it)
     commit     step.acted -> step.succeeded (the commit object for the staged tree, the diff
                artifact, checkpoint "success")
-    next       step.succeeded -> next step.started (scheduling, checkpoint "running")
+    next       step.succeeded -> next step.started (scheduling, the `running` line)
 The git CLI runs with global and system config ignored, the identity set in the repository's
 config (never globally) and gc.auto=0. Everything lives in one temporary directory, removed at
 the end.
