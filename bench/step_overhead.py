@@ -5,10 +5,11 @@ repositories grow (the size axis), and against a short run as runs grow (the ste
     python bench/step_overhead.py --steps 50 --sizes 100 5000 --repeats 7
     python bench/step_overhead.py --profile       # also cProfile coder's steps (largest repo)
     python bench/step_overhead.py --step-counts 10 1000 10000   # the steps axis instead
+    python bench/step_overhead.py --step-counts 20 2020 --profile  # and what grew per step
 
-Every figure is a ratio of medians over interleaved rounds (--repeats: 5 for the size axis, 3
-for the steps axis), each round running every side once, so a busy spell of the shared machine
-slows a round's sides alike; the range of the rounds' own ratios is printed beside it.
+Every figure is a ratio of medians over interleaved rounds (--repeats, default 5), each round
+running every side once, so a busy spell of the shared machine slows a round's sides alike; the
+range of the rounds' own ratios is printed beside it.
 
 The steps axis: runs of N no-op shell steps (`true`) in a small repository, the first (w0)
 and the last not measured. A step's harness overhead is the time from its start to the next
@@ -392,6 +393,43 @@ def profile_steps(repo: Path, tmp: Path, paths: list[str], top: int = 30) -> Non
     stats.sort_stats("tottime").print_stats(top)
 
 
+def profile_growth(counts: list[int], top: int = 20) -> None:
+    """cProfile a whole run of each count of no-op steps (in this process) and print the
+    functions whose own time per step grew most from the smallest count to the largest: a
+    per-step cost that grows with the run's size is at the top of this list."""
+    import cProfile
+    import pstats
+
+    from coder.run import runs
+
+    per_step: dict[int, dict[str, tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="coder-steps-profile-") as tmp_name:
+        tmp = Path(tmp_name)
+        repo = make_repo(tmp / "repo", 10)
+        for n in (counts[0], counts[-1]):
+            taskfile = tmp / f"profile-{n}.yaml"
+            write_noop_taskfile(taskfile, f"profile-{n}", n)
+            profiler = cProfile.Profile()
+            profiler.enable()
+            result = runs.start(taskfile, cwd=repo, options=runs.RunOptions())
+            profiler.disable()
+            if result.status != "success":
+                raise SystemExit(f"profiled run ended {result.status}: {result.state.error}")
+            stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+            per_step[n] = {
+                f"{Path(where).name}:{line}:{name}": (own / n, calls / n)
+                for (where, line, name), (_, calls, own, _, _) in stats.items()
+            }
+    small, large = per_step[counts[0]], per_step[counts[-1]]
+    grown = sorted(large, key=lambda f: large[f][0] - small.get(f, (0.0, 0.0))[0], reverse=True)[
+        :top
+    ]
+    print(f"\nown time per step, {counts[-1]:,} vs {counts[0]:,} steps (ms; calls per step):")
+    for f in grown:
+        (t1, c1), (t0, c0) = large[f], small.get(f, (0.0, 0.0))
+        print(f"  {t1 * 1000:7.3f} vs {t0 * 1000:7.3f}  calls {c1:7.1f} vs {c0:7.1f}  {f}")
+
+
 # --- the steps axis -----------------------------------------------------------------------------
 
 
@@ -535,12 +573,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--repeats",
         type=int,
-        help="interleaved rounds, medians kept (default 5; 3 for --step-counts)",
+        help="interleaved rounds, medians kept (default 5)",
     )
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="then cProfile coder's steps in the largest repository",
+        help="then cProfile coder's steps in the largest repository (with --step-counts: "
+        "what grew per step from the shortest run to the longest)",
     )
     parser.add_argument(
         "--step-counts",
@@ -555,7 +594,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.step_counts:
         if min(args.step_counts) < 2:
             parser.error("--step-counts must be at least 2")
-        steps_axis(sorted(set(args.step_counts)), args.repeats or 3)
+        counts = sorted(set(args.step_counts))
+        steps_axis(counts, args.repeats or 5)
+        if args.profile:
+            profile_growth(counts)
         return
     if args.steps < 1 or min(args.sizes) < 1:
         parser.error("--steps and --sizes must be positive")
