@@ -5,6 +5,7 @@ resume; skips say why, and only an explicit depends_on makes a skip spread."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -282,7 +283,8 @@ def test_a_full_disk_mid_run_stops_it_as_an_environment_problem(
 ) -> None:
     """The disk fills while s2 runs: the next checkpoint cannot be written, so the run stops with
     the reason (exit 3 at the CLI), nothing recorded failed; once there is room, resume
-    finishes it with one commit per step."""
+    finishes it with one commit per step. (A full disk fails writes and fsyncs alike; the
+    commit, libgit2's own write, is let through.)"""
     import errno
     import os
 
@@ -301,40 +303,44 @@ def test_a_full_disk_mid_run_stops_it_as_an_environment_problem(
           - {id: s3, kind: shell, cmd: "echo three > three.txt"}
         """,
     )
-    real_fsync = os.fsync
     full = False
 
-    def fsync(fd: int) -> None:
-        if full:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_fsync(fd)
+    def unless_full(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            if full:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real(*args)
+
+        return call
 
     def fill_the_disk(event: dict[str, Any]) -> None:
         nonlocal full
         full = full or (event["event"] == "step.started" and event.get("step_id") == "s2")
 
-    monkeypatch.setattr(os, "fsync", fsync)
+    for name in ("fsync", "pwrite"):
+        monkeypatch.setattr(os, name, unless_full(getattr(os, name)))
     with pytest.raises(EnvironmentProblem, match="No space left on device") as info:
         start_run(path, cwd=repo, options=RunOptions(), console=fill_the_disk)
     assert info.value.exit_code == EXIT_ENVIRONMENT
     full = False
     state = state_of(repo, "full")
-    # s2's success line needs no fsync (its commit stands in for it): the first fsync that
-    # fails is s3's `running` line, so s3 never started
-    assert [r["status"] for r in state["steps"].values()] == ["success", "success", "pending"]
+    # s2 committed, but its `success` line could not be written: the checkpoint still says
+    # running (resume finds the commit), and s3 never started
+    assert [r["status"] for r in state["steps"].values()] == ["success", "running", "pending"]
 
     code, out, err = coder(repo, "resume", "-t", "full")
     assert code == 0, out + err
     assert [c[0] for c in step_commits(repo, "agent/full-disk-full")] == ["s1", "s2", "s3"]
 
 
-def test_a_committed_step_costs_one_journal_fsync_and_its_record_stays_whole(
+def test_a_committed_step_costs_no_journal_fsync_and_its_records_stay_whole(
     make_repo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A step's `running` line is fsync'd before it acts (resume must know it ran); its
-    `success` line is not when it made a commit (the commit, found by its trailers, stands
-    in for it), and the next fsync of the journal makes it durable. A step that committed
-    nothing keeps both fsyncs. Every line still reaches the journal."""
+    """A step's `running` line is not fsync'd (a kill keeps it; after a power loss resume
+    finds the step's files against git), nor its `success` line when it made a commit (the
+    commit, found by its trailers, stands in for it): the next fsync of the journal makes
+    them durable. A step that committed nothing fsyncs its `success` line. Every line still
+    reaches the journal."""
     import os
 
     from coder.run.drive import RunOptions
@@ -366,11 +372,9 @@ def test_a_committed_step_costs_one_journal_fsync_and_its_record_stays_whole(
     result = start_run(path, cwd=repo, options=RunOptions())
     assert result.status == "success"
     assert synced == [
-        "running",  # s1 starts (the journal is new)
-        "running success running",  # s2 starts: s1's success becomes durable with it
-        "running success running success",  # s2 committed nothing: its success is fsync'd
-        "running success running success running",  # s3 starts
-    ]  # s3's success: the final snapshot (fsync'd) holds it
+        "running",  # s1 starts (the journal is new: made durable, its directory entry too)
+        "running success running success",  # s2 committed nothing: its success is fsync'd,
+    ]  # and s1's lines and its own `running` with it; s3's: the final snapshot holds them
     state = state_of(repo, "sync")
     assert [r["status"] for r in state["steps"].values()] == ["success"] * 3
     assert [c[0] for c in step_commits(repo, "agent/sync-journal-fsyncs")] == ["s1", "s3"]
