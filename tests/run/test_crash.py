@@ -503,7 +503,7 @@ def test_a_lost_running_line_with_a_dirty_worktree_is_rerun(make_repo, golden: G
 
     result = coder(repo, "resume", "-t", TASK_ID)
     assert result.returncode == 0, out(result)
-    assert "its `running` checkpoint line was lost" in result.stderr, out(result)
+    assert "half-done work whose `running` line was lost" in result.stderr, out(result)
     state = assert_golden(repo, golden, before)  # no commit lost, none duplicated
     assert git(repo, "rev-list", "--count", f"main..{BRANCH}").strip() == "4"
     assert state["steps"]["s1"]["attempts"] == 1
