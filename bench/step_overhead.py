@@ -400,7 +400,8 @@ def profile_growth(counts: list[int], top: int = 20) -> None:
     import cProfile
     import pstats
 
-    from coder.run import runs
+    from coder.run.drive import RunOptions
+    from coder.run.start import start_run
 
     per_step: dict[int, dict[str, tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="coder-steps-profile-") as tmp_name:
@@ -411,7 +412,7 @@ def profile_growth(counts: list[int], top: int = 20) -> None:
             write_noop_taskfile(taskfile, f"profile-{n}", n)
             profiler = cProfile.Profile()
             profiler.enable()
-            result = runs.start(taskfile, cwd=repo, options=runs.RunOptions())
+            result = start_run(taskfile, cwd=repo, options=RunOptions())
             profiler.disable()
             if result.status != "success":
                 raise SystemExit(f"profiled run ended {result.status}: {result.state.error}")
