@@ -275,7 +275,8 @@ def bench_edit(tmp: Path, repeats: int) -> None:
     from coder.policy.commands import Policy
     from coder.redact import Redactor
     from coder.taskfile.policies import Policies
-    from coder.tools import ToolContext, default_registry
+    from coder.tools.base import ToolContext
+    from coder.tools.registry import default_registry
 
     root = tmp / "edit"
     root.mkdir()

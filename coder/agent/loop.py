@@ -72,7 +72,7 @@ from coder.models.provider import (
     Usage,
 )
 from coder.models.provider import estimate_tokens as estimate_text_tokens
-from coder.tools import TERMINAL_TOOL
+from coder.tools.registry import TERMINAL_TOOL
 
 CHARS_PER_TOKEN = 4  # a conservative estimate for code and English
 FILL = 0.85  # fold older tool results beyond this share of the context window

@@ -20,7 +20,7 @@ from coder.display import escaped
 
 if TYPE_CHECKING:
     from coder.run.approvals import EditPrompt
-    from coder.tools.approval import Proposal, Verdict
+    from coder.tools.proposal import Proposal, Verdict
 
 
 class Pausable(Protocol):
@@ -48,7 +48,7 @@ def ask_edit(
     """Show the proposal (redacted, control characters escaped) and take the answer; a stop
     while it waits (Ctrl-C, SIGTERM, a hang-up) refuses the change and the step is
     interrupted by that stop."""
-    from coder.tools.approval import Verdict
+    from coder.tools.proposal import Verdict
 
     click.echo(f"\n{escaped(shown(step_id, proposal, redact), lines=True)}", err=True)
     if proposal.files:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from coder.models.usage import UsageRecord
-    from coder.run.executor import Approval, RunContext
+    from coder.run.context import Approval, RunContext
     from coder.run.state import RunState
     from coder.taskfile import Step
 

@@ -7,6 +7,7 @@ What a user does with a run afterwards (merge, revert, show, report) is in coder
     drive.py       a started or resumed run driven to its end (RunOptions, RunResult)
     settings.py    a run's settings, resolved once from its taskfile, config and options
     executor.py    the walk and the one step pipeline (start, act, verify, commit, record)
+    context.py     RunContext: what one run carries through the executor, its steps, its questions
     schedule.py    which steps may start: in-degree counters over the DAG
     steps/         what each step kind does in a working directory; verify.py: the checks
     state.py       typed checkpoints: a snapshot and a journal of step transitions

@@ -24,7 +24,7 @@ from coder.errors import InvalidInput
 if TYPE_CHECKING:
     from coder.redact import Redactor
     from coder.run.eventlog import EventLog
-    from coder.tools.approval import Proposal, Verdict
+    from coder.tools.proposal import Proposal, Verdict
 
 Mode = Literal["per-step", "per-edit", "none"]
 MODES: tuple[Mode, ...] = ("per-step", "per-edit", "none")
@@ -76,7 +76,7 @@ class EditApprovals:
 
 @dataclass
 class StepApprovals:
-    """One attempt's approver (`coder.tools.approval.Approver`): asks, logs each answer
+    """One attempt's approver (`coder.tools.proposal.Approver`): asks, logs each answer
     (`approval.answered`: the tool, what it would change, the answer and the reason; the log
     redacts), and keeps the refusals for the step's reasons."""
 
@@ -86,7 +86,7 @@ class StepApprovals:
     refusals: list[str] = field(default_factory=list)
 
     def __call__(self, proposal: Proposal) -> Verdict:
-        from coder.tools.approval import Verdict
+        from coder.tools.proposal import Verdict
 
         with self.run.lock:
             if self.step_id in self.run._all:  # not asked again; logged as what `all` let by

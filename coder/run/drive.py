@@ -31,6 +31,7 @@ from coder.errors import (
 )
 from coder.interrupts import detach_terminal, taken
 from coder.run import manifest as manifests
+from coder.run.context import Approver, RunContext
 from coder.run.secrets import run_secrets, stored_task
 from coder.run.settings import RunSettings, serving
 from coder.run.state import RunState, StateStore
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from coder.redact import Redactor
     from coder.run.approvals import EditPrompt, Mode
     from coder.run.eventlog import Console, EventLog, LiveView
-    from coder.run.executor import Approver, RunContext
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,6 @@ def execute(
     from coder.redact import secrets_from_repo
     from coder.run.approvals import EditApprovals
     from coder.run.eventlog import EventLog
-    from coder.run.executor import RunContext
 
     coder_dir = store.coder_dir
     settings = serving(settings, agent.facts.slots if agent is not None else None)

@@ -30,75 +30,27 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from coder.crashpoints import crashpoint
 from coder.errors import CoderError, EnvironmentProblem, RunFilesGone
 from coder.files.durable import write_private
 from coder.git import branches, commits, diffs, repository, restore, worktrees
 from coder.git.guard import GitGuard
+from coder.run.context import RunContext
 from coder.run.schedule import Schedule
-from coder.run.state import RunState, RunStatus, SkipCause, StepRecord, now_iso
+from coder.run.state import RunStatus, SkipCause, StepRecord, now_iso
 from coder.run.steps import StepContext, StepOutcome
 from coder.run.steps.runners import runner_for
 from coder.run.steps.verify import CHECKS, Verification
 from coder.taskfile.kinds import KINDS
 
 if TYPE_CHECKING:
-    from coder.agent.session import AgentSession
     from coder.git.staging import Change
     from coder.models.provider import Usage
-    from coder.redact import Redactor
-    from coder.run.approvals import EditApprovals
-    from coder.run.eventlog import EventLog
-    from coder.run.settings import RunSettings
-    from coder.run.state import StateStore
     from coder.taskfile import Step, Task
-
-
-Approval = Literal["run", "skip", "quit"]
-
-
-class Approver(Protocol):
-    """Interactive mode: asked before each step that writes or runs something."""
-
-    def __call__(self, step: Step, run: RunContext) -> Approval: ...
-
-
-@dataclass
-class RunContext:
-    """Everything one run needs; built by `coder.run.drive.execute` for `run` and `resume`."""
-
-    task: Task
-    settings: RunSettings
-    repo_root: Path
-    coder_dir: Path
-    worktree: Path
-    state: RunState
-    store: StateStore
-    log: EventLog
-    redactor: Redactor
-    stop: threading.Event = field(default_factory=threading.Event)
-    agent: AgentSession | None = None  # when the task has model steps
-    approve: Approver | None = None  # approvals per-step: asked before each step
-    approve_edit: EditApprovals | None = None  # per-edit: before each edit and command
-
-    @property
-    def branch(self) -> str:
-        return self.state.branch
-
-    @property
-    def artifacts(self) -> Path:
-        return self.coder_dir / "artifacts" / self.task.id
-
-    @property
-    def owner(self) -> str:
-        """Carried by every command of the run, so a resume can end those a crash left."""
-        from coder.policy.sandbox import owner_token
-
-        return owner_token(self.coder_dir, self.task.id)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from coder.run.state import DONE, NoteRecord, RunState, now_iso
 
 if TYPE_CHECKING:
     from coder.redact import Redactor
-    from coder.run.executor import RunContext
+    from coder.run.context import RunContext
     from coder.taskfile import Task
 
 VIAS = ("resume", "revert", "prompt", "fork")

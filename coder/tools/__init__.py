@@ -3,6 +3,7 @@
     base.py      Tool, ToolResult, ToolContext, params, prop: what every tool module takes
     registry.py  Registry (validation, errors as data, redaction, approvals), tools_for_kind,
                  doc_write_filter, step_complete, default_registry()
+    proposal.py  what a call would change (files, a command) and the answer to it
     approval.py  per-edit approvals: a call's change (a diff, a command) shown before it
                  happens, and the answer (yes, no with a reason, the user's edit, all)
     worktree.py  a model's path resolved in the worktree, writes that follow no link, globs,
@@ -26,27 +27,3 @@ Typical use::
 
 May import: context, policy, git, models' value types and the base modules. Never agent, run or CLI.
 """
-
-from __future__ import annotations
-
-from coder.tools.base import Tool, ToolContext, ToolResult
-from coder.tools.registry import (
-    DOC_PATTERNS,
-    TERMINAL_TOOL,
-    Registry,
-    default_registry,
-    doc_write_filter,
-    tools_for_kind,
-)
-
-__all__ = [
-    "DOC_PATTERNS",
-    "TERMINAL_TOOL",
-    "Registry",
-    "Tool",
-    "ToolContext",
-    "ToolResult",
-    "default_registry",
-    "doc_write_filter",
-    "tools_for_kind",
-]

@@ -1,12 +1,7 @@
 """Per-edit approvals: each write, patch and command the model asks for is shown before it
-happens, and the answer decides what happens.
+happens, and the answer decides what happens (what a call would change and the answer's types
+are coder.tools.proposal).
 
-    FileChange, Proposal  what a call would do: files before and after (shown as a unified
-                          diff), or a command with the policy's decision on it
-    Verdict               the answer: yes; no, with a reason (the model gets it as the tool's
-                          result, nothing is changed); edit (the user's content, or command,
-                          instead of the model's); all (yes, and no more questions this step)
-    Approver              who answers, `(proposal) -> Verdict` (a run's: coder.run.approvals)
     gated                 how `Registry.call` runs a tool that is not read-only when
                           `ctx.approve` is set: after validation, in place of the handler
 
@@ -19,90 +14,16 @@ change); None means there is nothing to approve (a patch's dry run). A tool with
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Mapping
 
 from coder.files import nofollow
 from coder.models.provider import Arguments
 from coder.tools import feedback
 from coder.tools.base import Tool, ToolContext, ToolResult
+from coder.tools.proposal import Proposal, unified
 from coder.tools.worktree import real_root, write_in_root
 
-Answer = Literal["yes", "no", "edit", "all"]
 MAX_DIFF_LINES = 80  # of the user's edit, shown to the model
-
-
-@dataclass(frozen=True)
-class FileChange:
-    path: str  # repo-relative, resolved by the tool's own checks
-    before: bytes | None  # None: the call creates the file
-    after: bytes | None  # None: the call deletes it
-    mode: int = 0o644
-
-
-@dataclass(frozen=True)
-class Proposal:
-    tool: str
-    files: tuple[FileChange, ...] = ()
-    command: str | None = None  # a command tool's command line, as it would run
-    decision: str | None = None  # the policy's decision on the command
-    arguments: Arguments = field(default_factory=dict)
-
-    @property
-    def editable(self) -> bool:
-        """Whether `edit` applies: a file it writes, or a command given in full (shell_run;
-        tests_run's command is the configured one)."""
-        if self.command is not None:
-            return "cmd" in self.arguments
-        return any(f.after is not None and b"\0" not in f.after for f in self.files)
-
-    @property
-    def target(self) -> str:
-        """The files, the command or the arguments, in a few words (for the log)."""
-        if self.command is not None:
-            return self.command
-        if self.files:
-            return ", ".join(f.path for f in self.files)
-        return json.dumps(self.arguments, sort_keys=True)[:300]
-
-    def diff(self) -> str:
-        """The files' change as a unified diff (`git diff`'s headers)."""
-        return "".join(unified(f.path, f.before, f.after) for f in self.files)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    answer: Answer
-    reason: str = ""  # no: why (goes to the model)
-    files: Mapping[str, bytes] = field(default_factory=dict)  # edit: path -> what to write
-    command: str | None = None  # edit: the command to run instead
-
-
-Approver = Callable[[Proposal], Verdict]
-Preview = Callable[[ToolContext, Arguments], "Proposal | ToolResult | None"]
-
-
-def unified(path: str, before: bytes | None, after: bytes | None) -> str:
-    """One file's unified diff, as git writes it (`/dev/null` for a side that is absent)."""
-    old = "/dev/null" if before is None else f"a/{path}"
-    new = "/dev/null" if after is None else f"b/{path}"
-    head = f"diff --git a/{path} b/{path}\n"
-    if b"\0" in (before or b"") or b"\0" in (after or b""):
-        return f"{head}Binary files {old} and {new} differ\n"
-    lines = difflib.unified_diff(_lines(before), _lines(after), old, new)
-    body = "".join(
-        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines
-    )
-    return head + body
-
-
-def _lines(data: bytes | None) -> list[str]:
-    if data is None:
-        return []
-    return data.decode("utf-8", errors="replace").splitlines(keepends=True)
 
 
 def gated(tool: Tool, args: Arguments, ctx: ToolContext) -> ToolResult:

@@ -29,7 +29,11 @@ from coder.taskfile.policies import Policies
 if TYPE_CHECKING:
     from coder.models.provider import ToolSchema
     from coder.schemas import JsonSchema
-    from coder.tools.approval import Approver, Preview
+    from coder.tools.proposal import Approver, Proposal
+
+
+# A tool's preview of a call (coder.tools.approval): what it would change, its own error, or None
+Preview = Callable[["ToolContext", Arguments], "Proposal | ToolResult | None"]
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from coder.files import nofollow
 from coder.git import branches, commits, workdir
 from coder.git.repository import Repo
 from coder.tools import feedback
-from coder.tools.approval import FileChange, Proposal
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
+from coder.tools.proposal import FileChange, Proposal
 from coder.tools.worktree import closest_match, numbered, real_root, resolve
 
 DIFF_CAP = 30_000  # chars of git_diff output

@@ -16,8 +16,8 @@ from coder.checks import testresults
 from coder.checks.testreport import framework_of, test_command
 from coder.errors import PolicyViolation
 from coder.policy.sandbox import CommandResult, run_command
-from coder.tools.approval import Proposal
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
+from coder.tools.proposal import Proposal
 from coder.tools.worktree import resolve
 
 TAIL_CHARS = 8000  # per stream shown to the model

@@ -157,8 +157,9 @@ def test_the_hybrid_ranking_fuses_embeddings_by_reciprocal_rank(shop: Path, tmp_
 def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> None:
     from coder.policy.commands import Policy
     from coder.redact import Redactor
-    from coder.tools import ToolContext, default_registry
+    from coder.tools.base import ToolContext
     from coder.tools.codeindex import code_settings
+    from coder.tools.registry import default_registry
     from tests.fake_ollama import DEFAULT_MODELS, FakeOllama
 
     models = {**DEFAULT_MODELS, "nomic-embed-text:latest": {"capabilities": ["embedding"]}}
@@ -194,8 +195,9 @@ def test_hybrid_code_search_through_an_openai_compatible_server(shop: Path, tmp_
     two endpoints: the first refuses connections."""
     from coder.policy.commands import Policy
     from coder.redact import Redactor
-    from coder.tools import ToolContext, default_registry
+    from coder.tools.base import ToolContext
     from coder.tools.codeindex import code_settings
+    from coder.tools.registry import default_registry
     from tests.fake_ollama import down_url, embedding
     from tests.fake_openai import MODEL, FakeOpenAI
 
@@ -234,8 +236,9 @@ def test_the_embedding_model_may_be_a_named_model_on_another_server(
     """Chats at an OpenAI-compatible server, embeddings from a local Ollama (config `models`)."""
     from coder.policy.commands import Policy
     from coder.redact import Redactor
-    from coder.tools import ToolContext, default_registry
+    from coder.tools.base import ToolContext
     from coder.tools.codeindex import code_settings
+    from coder.tools.registry import default_registry
     from tests.fake_ollama import DEFAULT_MODELS, FakeOllama, down_url
 
     models = {**DEFAULT_MODELS, "nomic-embed-text:latest": {"capabilities": ["embedding"]}}

@@ -13,8 +13,8 @@ import pytest
 from coder import taskfile
 from coder.config import DEFAULTS, as_config
 from coder.errors import InvalidInput
+from coder.run.context import RunContext
 from coder.run.drive import RunOptions
-from coder.run.executor import RunContext
 from coder.run.settings import RunSettings, resolve
 from coder.run.steps import StepContext
 from coder.taskfile.policies import Policies

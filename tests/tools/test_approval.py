@@ -12,8 +12,9 @@ import pytest
 
 from coder.policy.commands import Policy
 from coder.redact import Redactor
-from coder.tools import ToolContext, ToolResult, default_registry
-from coder.tools.approval import Proposal, Verdict
+from coder.tools.base import ToolContext, ToolResult
+from coder.tools.proposal import Proposal, Verdict
+from coder.tools.registry import default_registry
 
 
 class Asked:

@@ -16,7 +16,8 @@ from coder.config import as_config
 from coder.policy.commands import Policy
 from coder.redact import Redactor
 from coder.taskfile.policies import Policies
-from coder.tools import ToolContext, ToolResult, default_registry
+from coder.tools.base import ToolContext, ToolResult
+from coder.tools.registry import default_registry
 
 CALC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
 

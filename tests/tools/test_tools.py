@@ -16,16 +16,8 @@ from coder.config import as_config
 from coder.errors import InvalidInput, PolicyViolation
 from coder.policy.commands import Policy
 from coder.redact import Redactor
-from coder.tools import (
-    Registry,
-    Tool,
-    ToolContext,
-    ToolResult,
-    default_registry,
-    doc_write_filter,
-    tools_for_kind,
-)
-from coder.tools.base import params, prop
+from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
+from coder.tools.registry import Registry, default_registry, doc_write_filter, tools_for_kind
 from tests.conftest import git
 
 PYTHON = shlex.quote(sys.executable)

@@ -11,7 +11,9 @@ import pytest
 
 from coder.policy.commands import Policy
 from coder.redact import Redactor
-from coder.tools import ToolContext, ToolResult, default_registry, doc_write_filter, grep
+from coder.tools import grep
+from coder.tools.base import ToolContext, ToolResult
+from coder.tools.registry import default_registry, doc_write_filter
 from coder.tools.worktree import glob_regex
 
 APP = "".join(f"line {i}\n" for i in range(1, 11))

@@ -22,7 +22,7 @@ from coder.policy.paths import naming
 from coder.run.steps import StepContext, StepOutcome
 from coder.taskfile import Step, is_repo_relative
 from coder.taskfile.kinds import KINDS, ModelRole
-from coder.tools import TERMINAL_TOOL
+from coder.tools.registry import TERMINAL_TOOL
 
 EXTERNAL_SEPARATOR = "__"  # external MCP tools are <server>__<tool> (coder.mcp.client)
 
