@@ -7,7 +7,7 @@ line and both layers named.
 
 Inside the layers, modules import without circles: the module-level import graph (a node per
 module, not per layer) is searched for one, and a circle fails naming its modules in order
-(imports under TYPE_CHECKING are left out of that graph: see test_no_import_circle).
+(imports under TYPE_CHECKING count too: see test_no_import_circle).
 """
 
 from __future__ import annotations
@@ -195,30 +195,16 @@ def test_the_checker_sees_pygit2(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- import circles
 
 
-def _type_checking_only(tree: ast.Module) -> set[int]:
-    """The ids of the nodes under `if TYPE_CHECKING:` (they never run)."""
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        test = node.test if isinstance(node, ast.If) else None
-        name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
-        if name == "TYPE_CHECKING":
-            assert isinstance(node, ast.If)
-            skipped |= {id(n) for sub in node.body for n in ast.walk(sub)}
-    return skipped
-
-
 def module_imports(path: Path, modules: set[str]) -> set[str]:
-    """The modules of `modules` that `path` imports, at module level or inside a function
-    (a lazy import only puts off the circle). `from coder.x import y` is an edge to the
-    module `coder.x.y` when there is one, else to `coder.x`. A package's `__init__` is not
+    """The modules of `modules` that `path` imports, at module level, inside a function (a
+    lazy import only puts off the circle) or under TYPE_CHECKING (a type in the wrong
+    module). `from coder.x import y` is an edge to the module `coder.x.y` when there is one,
+    else to `coder.x`. A package's `__init__` is not
     counted as imported by its submodules' imports (Python runs it first, but it is the
     package's index, not a dependency)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    skipped = _type_checking_only(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -284,15 +270,15 @@ def _round(graph: dict[str, set[str]], part: set[str]) -> list[str]:
 def test_no_import_circle() -> None:
     """No module of coder imports itself back through others: a circle means neither module
     can be read, tested or moved without the other. Imports inside functions count (a lazy
-    import only puts the circle off); imports under `if TYPE_CHECKING:` do not (they never
-    run, and annotations may name a type from anywhere)."""
+    import only puts the circle off), and so do imports under `if TYPE_CHECKING:` (they never
+    run, but a circle through one is a type in the wrong module)."""
     found = circles(import_graph(PACKAGE))
     assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
 def test_the_circle_check_sees_a_circle(tmp_path: Path) -> None:
-    """The test above can fail: a lazy import that closes a circle is found; one under
-    TYPE_CHECKING is not."""
+    """The test above can fail: a lazy import that closes a circle is found, and so is one
+    under TYPE_CHECKING."""
     pkg = tmp_path / "coder"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("", encoding="utf-8")
@@ -304,7 +290,10 @@ def test_the_circle_check_sees_a_circle(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     (pkg / "e.py").write_text("from coder import d\n", encoding="utf-8")
-    assert circles(import_graph(pkg)) == [["coder.a", "coder.b", "coder.c", "coder.a"]]
+    assert circles(import_graph(pkg)) == [
+        ["coder.a", "coder.b", "coder.c", "coder.a"],
+        ["coder.d", "coder.e", "coder.d"],
+    ]
 
 
 def test_package_indexes_name_every_module() -> None:

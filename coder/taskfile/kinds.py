@@ -18,15 +18,25 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     from coder.config import Config
-    from coder.taskfile import Step
 
 # What a model step may do: read only (its findings become notes for the steps after it),
 # edit files, edit documentation only, or use every tool.
 ModelRole = Literal["read", "edit", "docs", "all"]
+
+
+class Step(Protocol):
+    """What a kind reads of a step to find its command (a `coder.taskfile.Step` is one)."""
+
+    @property
+    def cmd(self) -> str | None: ...
+    @property
+    def framework(self) -> str | None: ...
+    @property
+    def args(self) -> tuple[str, ...]: ...
 
 
 @dataclass(frozen=True)
