@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from coder.run.eventlog import Event
-    from coder.run.state import RunState
+    from coder.run.records import RunState
     from coder.services.clean import CleanedAll
 
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from coder.models.usage import UsageRecord
     from coder.run.context import Approval, RunContext
-    from coder.run.state import RunState
+    from coder.run.records import RunState
     from coder.taskfile import Step
 
 EXIT_FOR = {

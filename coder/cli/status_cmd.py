@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from typing import TypedDict
 
     from coder.errors import CorruptState
-    from coder.run.state import PushRecord
+    from coder.run.records import PushRecord
 
     class StatusRow(TypedDict, total=False):
         """A run as `coder status` lists it (`--json`: the same keys)."""
@@ -47,7 +47,8 @@ def status(as_json: bool) -> None:
     from coder.errors import CorruptState
     from coder.run import manifest as manifests
     from coder.run.lock import read_lock_owner
-    from coder.run.state import DONE, StateStore
+    from coder.run.records import DONE
+    from coder.run.state import StateStore
 
     coder_dir = runs_dir()
     rows: list[StatusRow] = []

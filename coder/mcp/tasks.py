@@ -169,7 +169,7 @@ def _run_file(ctx: ToolContext, rel: str, task: Any, work: Path) -> Path:
 def _launch(task_id: str, run_file: Path, coder_dir: Path, claim: int, merge: bool) -> _Launch:
     """`coder run --autonomous` in the background, its output appended to the run's log, the
     claim handed to it (and its pid written in the claim's file)."""
-    from coder.run.state import now_iso
+    from coder.run.records import now_iso
 
     # -P: never import a `coder` or `mcp` package from the repository being worked on.
     cmd = [sys.executable, "-P", "-m", "coder", "run", "--autonomous", "-f", str(run_file)]
@@ -248,7 +248,7 @@ def _starting_elsewhere(coder_dir: Path, task_id: str) -> bool:
     """Whether the `coder run` another server's task_run started holds the task's claim (it
     has not made its state yet)."""
     from coder.run.lock import processes_holding
-    from coder.run.state import check_task_id
+    from coder.run.records import check_task_id
 
     claim = coder_dir / "mcp" / f"{check_task_id(task_id)}.lock"
     pid = _claimant(claim, timeout=0)
@@ -267,7 +267,8 @@ def _already_running(task_id: str, pid: int | None) -> ToolResult:
 def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     from coder.errors import UnknownTask
     from coder.run.lock import read_lock_owner
-    from coder.run.state import DONE, StateStore
+    from coder.run.records import DONE
+    from coder.run.state import StateStore
 
     task_id = args["id"]
     _repo_obj, coder_dir = _repo(ctx)

@@ -10,7 +10,8 @@ What a user does with a run afterwards (merge, revert, show, report) is in coder
     context.py     RunContext: what one run carries through the executor, its steps, its questions
     schedule.py    which steps may start: in-degree counters over the DAG
     steps/         what each step kind does in a working directory; verify.py: the checks
-    state.py       typed checkpoints: a snapshot and a journal of step transitions
+    records.py     a run's checkpoint as typed records (RunState, StepRecord)
+    state.py       the checkpoint on disk: a snapshot and a journal of step transitions
     manifest.py    what a run is, written before anything else (and rebuilt from trailers)
     preflight.py   the commands a task's steps would run, checked before anything is created
     approvals.py   per-step, per-edit or none: the mode, and each per-edit answer logged

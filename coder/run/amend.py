@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 from coder import taskfile
 from coder.errors import CoderError, InvalidInput, TaskfileEdited
 from coder.run.manifest import Manifest, write_path
+from coder.run.records import DONE, RunState, StepRecord
 from coder.run.secrets import stored_task
-from coder.run.state import DONE, RunState, StepRecord
 
 if TYPE_CHECKING:
     from coder.redact import Redactor

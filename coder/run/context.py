@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from coder.redact import Redactor
     from coder.run.approvals import EditApprovals
     from coder.run.eventlog import EventLog
+    from coder.run.records import RunState
     from coder.run.settings import RunSettings
-    from coder.run.state import RunState, StateStore
+    from coder.run.state import StateStore
     from coder.taskfile import Step, Task
 
 

@@ -32,9 +32,10 @@ from coder.errors import (
 from coder.interrupts import detach_terminal, taken
 from coder.run import manifest as manifests
 from coder.run.context import Approver, RunContext
+from coder.run.records import RunState
 from coder.run.secrets import run_secrets, stored_task
 from coder.run.settings import RunSettings, serving
-from coder.run.state import RunState, StateStore
+from coder.run.state import StateStore
 
 if TYPE_CHECKING:
     from coder.agent.session import AgentSession, ToolAttacher

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Self
 from coder.files import nofollow
 from coder.files.durable import make_private_dirs, write_failed
 from coder.redact import SCAN_FAILED, Redactor
-from coder.run.state import check_task_id
+from coder.run.records import check_task_id
 
 if TYPE_CHECKING:
     from structlog.typing import EventDict, Processor, WrappedLogger

@@ -40,8 +40,8 @@ from coder.files.durable import write_private
 from coder.git import branches, commits, diffs, repository, restore, worktrees
 from coder.git.guard import GitGuard
 from coder.run.context import RunContext
+from coder.run.records import RunStatus, SkipCause, StepRecord, now_iso
 from coder.run.schedule import Schedule
-from coder.run.state import RunStatus, SkipCause, StepRecord, now_iso
 from coder.run.steps import StepContext, StepOutcome
 from coder.run.steps.runners import runner_for
 from coder.run.steps.verify import CHECKS, Verification

@@ -22,7 +22,8 @@ from typing import Self, TypedDict, cast
 from coder.errors import CoderError, ConcurrentRun, EnvironmentProblem
 from coder.files import nofollow
 from coder.files.durable import make_private_dirs, write_failed
-from coder.run.state import StateStore, check_task_id, now_iso
+from coder.run.records import check_task_id, now_iso
+from coder.run.state import StateStore
 
 
 def pid_alive(pid: int) -> bool:

@@ -35,7 +35,8 @@ from coder.errors import (
 )
 from coder.files import nofollow
 from coder.files.durable import write_atomic
-from coder.run.state import ForkPoint, RunState, StateStore, check_task_id
+from coder.run.records import ForkPoint, RunState, check_task_id
+from coder.run.state import StateStore
 from coder.schemas import TASK_ID
 
 if TYPE_CHECKING:
@@ -336,7 +337,7 @@ def from_state(state: RunState) -> Manifest:
 
 def new_run(manifest: Manifest) -> RunState:
     """The first checkpoint of a run: every step pending."""
-    from coder.run.state import StepRecord, now_iso
+    from coder.run.records import StepRecord, now_iso
 
     task = manifest.task
     return RunState(
@@ -367,8 +368,8 @@ def rebuild(
     of the run was committed and it can simply start again."""
     from coder import taskfile
     from coder.git import branches, commits
+    from coder.run.records import now_iso
     from coder.run.secrets import stored_task
-    from coder.run.state import now_iso
 
     task = taskfile.load(path)
     forked: dict[str, Any] = {}

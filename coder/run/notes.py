@@ -19,7 +19,7 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from coder.errors import InvalidInput
-from coder.run.state import DONE, NoteRecord, RunState, now_iso
+from coder.run.records import DONE, NoteRecord, RunState, now_iso
 
 if TYPE_CHECKING:
     from coder.redact import Redactor

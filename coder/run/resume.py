@@ -33,9 +33,10 @@ from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import TaskLock
 from coder.run.manifest import Manifest, manifest_path, new_run
 from coder.run.preflight import policy_for
+from coder.run.records import DONE, RunState
 from coder.run.secrets import restore
 from coder.run.settings import resolve
-from coder.run.state import DONE, RunState, StateStore
+from coder.run.state import StateStore
 
 if TYPE_CHECKING:
     from coder.git.repository import Repo

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping
 
-from coder.run.state import DONE as RESOLVED
+from coder.run.records import DONE as RESOLVED
 from coder.taskfile import Task, graph
 
 

@@ -28,9 +28,10 @@ from coder.run import manifest as manifests
 from coder.run import uncommitted
 from coder.run.lock import TaskLock
 from coder.run.manifest import manifest_path, new_run
+from coder.run.records import RunState, now_iso
 from coder.run.secrets import stored_task
 from coder.run.settings import RunSettings, resolve
-from coder.run.state import RunState, StateStore, now_iso
+from coder.run.state import StateStore
 
 if TYPE_CHECKING:
     from coder.agent.session import AgentSession

@@ -1,4 +1,5 @@
-"""A run's checkpoint: typed records, kept in a snapshot and an append-only journal.
+"""A run's checkpoint on disk: its typed records (coder.run.records) kept in a snapshot and an
+append-only journal.
 
     .coder/state/ID.json       the snapshot: the whole `RunState`, replaced atomically
     .coder/state/ID.journal    one line per step transition since the snapshot: the step's
@@ -30,18 +31,14 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from coder.crashpoints import armed, crashpoint
-from coder.display import listed
 from coder.errors import (
     CorruptState,
     EnvironmentProblem,
-    InvalidInput,
     LinkInTheWay,
     RunFilesGone,
     UnknownTask,
@@ -52,237 +49,10 @@ from coder.files.durable import fsync_dir, make_private_dirs, write_atomic, writ
 from coder.schemas import TASK_ID, validator
 
 if TYPE_CHECKING:
-    from coder.models.usage import Usage, UsageRecord
-    from coder.taskfile import TaskDoc
+    pass
 
 
-StepStatus = Literal["pending", "running", "success", "failed", "skipped", "interrupted"]
-RunStatus = Literal["pending", "running", "success", "failed", "error", "interrupted"]
-SkipCause = Literal["failed", "user", "requirement"]
-DONE: tuple[StepStatus, ...] = ("success", "skipped")  # a step that will not run again
-
-# Why a step was skipped, as said in a run's summary ("1 step skipped after failing: s2").
-SKIP_PHRASES: dict[SkipCause, str] = {
-    "failed": "after failing",  # its own on_fail: skip
-    "user": "by the user",  # at the approval prompt
-    "requirement": "because a step they require was skipped",  # explicit depends_on
-}
-
-
-def now_iso() -> str:
-    """The current time, UTC, ISO-8601 with a "Z" (e.g. 2026-11-22T03:57:43.897528Z)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def check_task_id(task_id: str) -> str:
-    """A task id is used as a file name: refuse anything that could leave the directory."""
-    if not isinstance(task_id, str) or not TASK_ID.fullmatch(task_id):
-        raise InvalidInput(
-            f"invalid task id {task_id!r}",
-            hint="task ids are 1-64 letters, digits, '-' or '_', starting with a letter or digit",
-        )
-    return task_id
-
-
-# --- the records ----------------------------------------------------------------------------
-
-
-@dataclass
-class StepRecord:
-    """One step of a run, as checkpointed."""
-
-    status: StepStatus = "pending"
-    attempts: int = 0
-    commit: str | None = None
-    start_tip: str | None = None  # the branch tip the current attempt started from
-    started_at: str | None = None
-    ended_at: str | None = None
-    duration_s: float | None = None
-    error: str | None = None
-    skip_cause: SkipCause | None = None
-    reasons: list[str] = field(default_factory=list)  # why rerun, skipped, reset, oldest first
-    summary: str | None = None
-    tool_protocol: str | None = None  # native | text: how its model got its tools (last attempt)
-    tests: TestCounts | None = None
-    usage: Usage | None = None  # model usage over all attempts
-    notes: list[NoteRecord] = field(default_factory=list)  # the user's guidance (run/notes.py)
-
-    @property
-    def tokens(self) -> int:
-        return self.usage.prompt_tokens + self.usage.eval_tokens if self.usage else 0
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data["reasons"] = list(self.reasons)
-        data["notes"] = [dict(n) for n in self.notes]
-        data["usage"] = _usage_dict(self.usage) if self.usage else None
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        values["reasons"] = list(data.get("reasons") or [])
-        values["notes"] = [cast(NoteRecord, dict(n)) for n in data.get("notes") or []]
-        usage = data.get("usage")
-        if usage:
-            from coder.models.usage import Usage  # not at import: a run of no model needs none
-
-            values["usage"] = Usage(**usage)
-        return cls(**values)
-
-
-def _usage_dict(usage: Usage) -> UsageRecord:
-    """As the state schema has it (durations rounded to the microsecond)."""
-    record = {
-        f.name: round(v, 6) if isinstance(v := getattr(usage, f.name), float) else v
-        for f in fields(usage)
-    }
-    return cast("UsageRecord", record)
-
-
-class NoteRecord(TypedDict):
-    """A guidance note the user gave a step (coder.run.notes), stored redacted."""
-
-    text: str
-    via: str  # resume | revert | prompt
-    at: str  # when it was given (ISO-8601, UTC)
-    attempt: int  # the attempt it was given before (it reaches that one and every later one)
-
-
-class TestCounts(TypedDict):
-    """What a test step's last run counted (None: its output did not say)."""
-
-    passed: int | None
-    failed: int | None  # failures and errors
-    skipped: int | None
-    exit_code: int | None  # None: timed out or cancelled
-
-
-class MergeRecord(TypedDict, total=False):
-    """How the run was merged (`coder merge`), as the state schema has it."""
-
-    commit: str
-    base: str
-    mode: str  # "squash" | "ff-only" | "no-ff"
-    tag: str | None
-    merged_at: str
-
-
-class ForkPoint(TypedDict):
-    """Where a fork (`coder fork`) left its parent run: the step it reruns from, and the
-    parent's commit its branch's history copies up to (the parent's base: none)."""
-
-    step: str
-    commit: str
-
-
-class PushRecord(TypedDict):
-    """What `coder push` last pushed: the remote (its URL without user or password), the
-    remote branch and the commit, so the next push replaces only what coder put there."""
-
-    remote: str
-    url: str
-    ref: str
-    commit: str
-    pushed_at: str
-
-
-@dataclass
-class RunState:
-    """One run, as checkpointed: `.coder/state/ID.json` (schemas/state.schema.json)."""
-
-    task_id: str
-    title: str
-    branch: str
-    base: str
-    base_commit: str
-    worktree: str
-    task: TaskDoc  # the taskfile as resolved at the start (coder.taskfile.Task.to_dict)
-    created_at: str
-    updated_at: str
-    steps: dict[str, StepRecord]
-    status: RunStatus = "pending"
-    taskfile: str | None = None  # the path the run started from
-    pid: int | None = None
-    error: str | None = None
-    merge: MergeRecord | None = None
-    # --include-uncommitted: the run's first commit, the checkout's changes (coder.run.uncommitted)
-    checkout_commit: str | None = None
-    parent: str | None = None  # a fork's parent run (`coder fork`)
-    forked_at: ForkPoint | None = None
-    pushed: PushRecord | None = None  # `coder push`
-    pushing: PushRecord | None = None  # a push recorded before it was made, not yet seen land
-    seq: int | None = None  # the manifest's: its place in the order runs were made
-    journal_seq: int = 0  # the last journal line this snapshot contains
-    version: int = 1
-
-    _KEYS = (  # the file's key order
-        "version",
-        "task_id",
-        "title",
-        "taskfile",
-        "status",
-        "branch",
-        "base",
-        "base_commit",
-        "checkout_commit",
-        "worktree",
-        "pid",
-        "task",
-        "error",
-        "created_at",
-        "updated_at",
-        "seq",
-        "merge",
-        "parent",
-        "forked_at",
-        "pushed",
-        "pushing",
-        "journal_seq",
-    )
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {key: getattr(self, key) for key in self._KEYS}
-        for key in ("checkout_commit", "pushing", "seq"):  # unset: the file as it was
-            if data[key] is None:
-                del data[key]
-        data["steps"] = {sid: record.to_dict() for sid, record in self.steps.items()}
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunState:
-        values = {key: data[key] for key in cls._KEYS if key in data}
-        steps = {sid: StepRecord.from_dict(r) for sid, r in data["steps"].items()}
-        return cls(**values, steps=steps)
-
-    def skipped(self) -> list[tuple[str, StepRecord]]:
-        return [(sid, r) for sid, r in self.steps.items() if r.status == "skipped"]
-
-    def skipped_note(self) -> str | None:
-        """What the run skipped and why, in one line (None when nothing was skipped):
-        `1 step skipped after failing: s2; 2 steps skipped because ...: s3, s4`."""
-        by_cause: dict[str, list[str]] = {}
-        for step_id, record in self.skipped():
-            by_cause.setdefault(record.skip_cause or "failed", []).append(step_id)
-        parts = []
-        for cause, phrase in SKIP_PHRASES.items():
-            ids = by_cause.get(cause, [])
-            if ids:
-                shown = listed(ids, 10)
-                parts.append(f"{len(ids)} step{'s' * (len(ids) != 1)} skipped {phrase}: {shown}")
-        return "; ".join(parts) or None
-
-    def usage(self) -> Usage:
-        """Model usage of the whole run."""
-        from coder.models.usage import Usage
-
-        total = Usage()
-        for record in self.steps.values():
-            if record.usage:
-                total += record.usage
-        return total
-
+from coder.run.records import RunState, StepRecord, check_task_id, now_iso
 
 # --- the files ------------------------------------------------------------------------------
 

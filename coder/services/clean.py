@@ -25,7 +25,8 @@ from coder.git import commits, objects, repository, workdir, worktrees
 from coder.run import manifest as manifests
 from coder.run.lock import TaskLock, read_lock_owner
 from coder.run.manifest import Manifest, load_manifest, manifest_path
-from coder.run.state import StateStore, check_task_id
+from coder.run.records import check_task_id
+from coder.run.state import StateStore
 
 if TYPE_CHECKING:
     from coder.git.repository import Repo

@@ -11,7 +11,7 @@ from typing import Any
 from coder.display import escaped
 from coder.errors import InvalidInput
 from coder.git import branches, diffs, repository
-from coder.run.state import DONE, StepRecord
+from coder.run.records import DONE, StepRecord
 from coder.services import history
 
 

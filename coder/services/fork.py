@@ -30,7 +30,8 @@ from coder.git import branches, forks, repository, worktrees
 from coder.git import commits as gitcommits
 from coder.run import manifest as manifests
 from coder.run.lock import TaskLock
-from coder.run.state import DONE, RunState, StateStore, now_iso
+from coder.run.records import DONE, RunState, now_iso
+from coder.run.state import StateStore
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from coder import project
 from coder.errors import EnvironmentProblem, InvalidInput, UnknownTask
 from coder.run.lock import read_lock_owner
 from coder.run.manifest import Manifest, load_manifest
-from coder.run.state import RunState, StateStore
+from coder.run.records import RunState
+from coder.run.state import StateStore
 
 if TYPE_CHECKING:
     from coder.redact import Redactor

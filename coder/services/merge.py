@@ -58,7 +58,8 @@ from coder.git import land as gitland
 from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import CheckoutLock, lock_for_command, pid_alive, processes_holding
 from coder.run.manifest import Manifest, load_manifest
-from coder.run.state import RunState, StateStore, StepRecord, now_iso
+from coder.run.records import RunState, StepRecord, now_iso
+from coder.run.state import StateStore
 
 MODES = ("squash", "no-ff", "ff-only")
 Notify = Callable[[str], None]

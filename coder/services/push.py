@@ -27,7 +27,8 @@ from typing import Any
 from coder.errors import EnvironmentProblem, InvalidInput, RemoteBranchMoved
 from coder.git import branches, remotes, repository
 from coder.run.lock import lock_for_command
-from coder.run.state import PushRecord, RunState, StateStore, now_iso
+from coder.run.records import PushRecord, RunState, now_iso
+from coder.run.state import StateStore
 from coder.services import history
 
 

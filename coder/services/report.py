@@ -28,7 +28,7 @@ from coder.taskfile import diagram
 if TYPE_CHECKING:
     from coder.models.usage import UsageRecord
     from coder.redact import Redactor
-    from coder.run.state import MergeRecord, NoteRecord, TestCounts
+    from coder.run.records import MergeRecord, NoteRecord, TestCounts
     from coder.taskfile import Task
 
 EMOJI = {

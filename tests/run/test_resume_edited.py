@@ -14,7 +14,8 @@ from coder.errors import EXIT_FAILED, EXIT_USAGE
 from coder.redact import Redactor
 from coder.run import amend
 from coder.run.manifest import read_manifest
-from coder.run.state import RunState, StateStore
+from coder.run.records import RunState
+from coder.run.state import StateStore
 from tests.conftest import coder
 from tests.helpers import state_of, step_commits, taskfile
 

@@ -25,7 +25,8 @@ from coder.errors import (
 )
 from coder.files.durable import write_atomic
 from coder.run.lock import TaskLock, pid_alive, read_lock_owner
-from coder.run.state import RunState, StateStore, StepRecord, now_iso
+from coder.run.records import RunState, StepRecord, now_iso
+from coder.run.state import StateStore
 from coder.schemas import validator
 
 SHA = "0123456789abcdef0123456789abcdef01234567"

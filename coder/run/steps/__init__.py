@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from coder.redact import Redactor
     from coder.run.approvals import EditApprovals
     from coder.run.eventlog import EventLog
+    from coder.run.records import TestCounts
     from coder.run.settings import RunSettings
-    from coder.run.state import TestCounts
     from coder.taskfile import Step, Task
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from coder.policy.commands import Policy
-    from coder.run.state import TestCounts
+    from coder.run.records import TestCounts
 
 
 def run(ctx: StepContext) -> StepOutcome:
