@@ -30,7 +30,7 @@ import functools
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -392,30 +392,61 @@ def secrets_from_environ(environ: Mapping[str, str] | None = None) -> list[str]:
     return list(dict.fromkeys(values))
 
 
+# Folders no `.env` finder looks in: coder's and git's own, dependencies, virtualenvs.
 _ENV_FILE_SKIP = frozenset({".git", ".coder", "node_modules", ".venv", "venv", "__pycache__"})
-_ENV_FILE_MAX = 1 << 20
+ENV_FILE_MAX_BYTES = 1 << 20
 
 
-def secrets_from_repo(root: Path, *, max_files: int = 50_000) -> list[str]:
-    """The secret values of every `.env*` file under `root` (tracked or not; `.git`,
-    `.coder`, `node_modules` and virtualenvs skipped), to register before a command can print
-    one."""
-    found: list[str] = []
+def is_env_file(name: str) -> bool:
+    """Whether a file named `name` holds `KEY=VALUE` secrets: `.env`, `.env.*` (`.env.local`)
+    and direnv's `.envrc` (`export KEY=VALUE`), in any case. The one name rule of every `.env`
+    finder; not `.environment` or `.envoy.yaml`, which only start the same."""
+    lowered = name.lower()
+    return lowered in (".env", ".envrc") or lowered.startswith(".env.")
+
+
+def is_env_path(rel_posix: str, depth: int | None = None) -> bool:
+    """Whether the root-relative `rel_posix` is an env file a finder registers: its name by
+    `is_env_file`, at most `depth` folders down (None: any), none of them skipped."""
+    *folders, name = rel_posix.split("/")
+    if depth is not None and len(folders) > depth:
+        return False
+    return is_env_file(name) and not _ENV_FILE_SKIP.intersection(folders)
+
+
+def find_env_files(
+    root: Path, *, depth: int | None = None, max_files: int = 50_000
+) -> Iterator[Path]:
+    """The env files under `root` (`is_env_path`), tracked or not, in walk order; folder
+    symlinks are not followed, a symlinked file is (its values are as secret). Stops after
+    `max_files` files looked at, so that a huge tree cannot stall a run's start."""
     seen = 0
     for folder, dirs, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        level = 0 if rel == "." else rel.count(os.sep) + 1
+        dirs[:] = [] if depth is not None and level >= depth else dirs
         dirs[:] = [d for d in dirs if d not in _ENV_FILE_SKIP]
         seen += len(files)
         if seen > max_files:
-            break
-        for name in files:
-            if not name.lower().startswith(".env"):
-                continue
-            path = Path(folder, name)
-            try:
-                if path.is_file() and path.stat().st_size <= _ENV_FILE_MAX:
-                    found += secrets_from_env_file(path.read_text("utf-8", errors="replace"))
-            except OSError:
-                continue
+            return
+        yield from (Path(folder, name) for name in sorted(files) if is_env_file(name))
+
+
+def read_env_file(path: Path) -> list[str]:
+    """The secret values of the env file at `path` ([] when unreadable, not a regular file or
+    over ENV_FILE_MAX_BYTES)."""
+    try:
+        if path.is_file() and path.stat().st_size <= ENV_FILE_MAX_BYTES:
+            return secrets_from_env_file(path.read_text("utf-8", errors="replace"))
+    except OSError:
+        pass
+    return []
+
+
+def secrets_from_repo(root: Path, *, max_files: int = 50_000) -> list[str]:
+    """The secret values of every env file under `root` (`find_env_files`), to register
+    before a command can print one."""
+    found = [v for path in find_env_files(root, max_files=max_files) for v in read_env_file(path)]
     return list(dict.fromkeys(found))
 
 

@@ -110,10 +110,11 @@ def register_env_files(repo: Repo, commit: str, redactor: Redactor) -> None:
     """The values of the commit's `.env*` files (at the root and one level down, as the tools
     register them in a worktree) join `redactor`'s known secrets."""
     from coder.git import trees
-    from coder.tools.envfiles import is_env_file
+    from coder.redact import is_env_path
+    from coder.tools.envfiles import SCAN_DEPTH
 
     for path, blob in trees.tree_blobs(repo, trees.tree_id(repo, commit)):
-        if path.count("/") <= 1 and is_env_file(path.rsplit("/", 1)[-1]):
+        if is_env_path(path, SCAN_DEPTH):
             text = trees.blob_data(repo, blob).decode("utf-8", errors="replace")
             redactor.add_env_file(text)
 

@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from coder.redact import is_env_file
 from coder.tools import feedback
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
-from coder.tools.envfiles import is_env_file, register_env_file
+from coder.tools.envfiles import register_env_file
 from coder.tools.proposal import FileChange, Proposal
 from coder.tools.worktree import (
     closest_match,

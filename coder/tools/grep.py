@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from coder.redact import is_env_file
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
-from coder.tools.envfiles import is_env_file, register_env_file
+from coder.tools.envfiles import register_env_file
 from coder.tools.fs import walk_files
 from coder.tools.worktree import glob_regex, normalize_glob, real_root
 
