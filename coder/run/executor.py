@@ -732,35 +732,32 @@ def environment_error(exc: EnvironmentProblem) -> str:
 
 
 def success_problems(ex: Executor) -> list[str]:
-    """The task's `success` criteria, checked against the finished worktree."""
+    """The task's `success` criteria, checked against the finished worktree
+    (`coder.run.success.problems`); a test command that cannot be found is a problem."""
     from coder.run import success
 
-    worktree = ex.run.worktree
-    problems = success.missing_files(ex.task, worktree)
+    worktree, cfg = ex.run.worktree, ex.run.settings.config
+    tests = None
     if ex.task.success.get("require_green_tests"):
         try:
-            cmd = success.test_command(ex.task, worktree, ex.run.settings.config)
+            tests = success.test_command(ex.task, worktree, cfg)
         except EnvironmentProblem:
             raise
         except CoderError as exc:
-            return [*problems, f"require_green_tests: {exc.message}"]
-        problem, result = success.run_tests(
-            cmd, worktree, ex.run.settings.policy, cancel=ex.run.stop, owner=ex.run.owner
-        )
-        ex.run.log.info("success.tests", exit_code=result.exit_code)
-        if problem:
-            problems.append(f"require_green_tests: {problem}")
-    if ex.task.success.get("require_no_lint_errors"):
-        base = ex.run.state.base_commit
-        problems += success.lint_problems(
-            worktree,
-            base,
-            ex.run.settings.policy,
-            ex.run.settings.config,
-            cancel=ex.run.stop,
-            owner=ex.run.owner,
-        )
-    return problems
+            missing = success.missing_files(ex.task, worktree)
+            return [*missing, f"require_green_tests: {exc.message}"]
+    return success.problems(
+        ex.task,
+        worktree,
+        cfg,
+        ex.run.settings.policy,
+        tests=tests,
+        label="require_green_tests: ",
+        tested=lambda _, result: ex.run.log.info("success.tests", exit_code=result.exit_code),
+        base=lambda: ex.run.state.base_commit,
+        cancel=ex.run.stop,
+        owner=ex.run.owner,
+    )
 
 
 class CommitParts(TypedDict):

@@ -6,6 +6,7 @@ a run and by `merge --if-green` on the exact tree that would land."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,35 @@ if TYPE_CHECKING:
     from coder.policy.commands import Policy
     from coder.policy.sandbox import CommandResult
     from coder.taskfile import Task
+
+
+def problems(
+    task: Task,
+    worktree: Path,
+    cfg: Config,
+    policy: Policy,
+    *,
+    tests: str | None,
+    label: str = "",
+    base: Callable[[], str],
+    tested: Callable[[str, CommandResult], None] | None = None,
+    cancel: threading.Event | None = None,
+    owner: str | None = None,
+) -> list[str]:
+    """The one success check, against `worktree`: the required files, the `tests` command
+    (None: not run; its problem is prefixed by `label`, and `tested` sees its result), then
+    with `require_no_lint_errors` the linter on what changed since the commit `base()` (asked
+    only then). The problems; none when the task is green."""
+    found = missing_files(task, worktree)
+    if tests is not None:
+        problem, result = run_tests(tests, worktree, policy, cancel=cancel, owner=owner)
+        if tested is not None:
+            tested(tests, result)
+        if problem:
+            found.append(label + problem)
+    if task.success.get("require_no_lint_errors"):
+        found += lint_problems(worktree, base(), policy, cfg, cancel=cancel, owner=owner)
+    return found
 
 
 def missing_files(task: Task, worktree: Path) -> list[str]:

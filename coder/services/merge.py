@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coder import project
 from coder.crashpoints import crashpoint
@@ -60,6 +60,9 @@ from coder.run.lock import CheckoutLock, lock_for_command, pid_alive, processes_
 from coder.run.manifest import Manifest, load_manifest
 from coder.run.records import RunState, StepRecord, now_iso
 from coder.run.state import StateStore
+
+if TYPE_CHECKING:
+    from coder.policy.sandbox import CommandResult
 
 MODES = ("squash", "no-ff", "ff-only")
 Notify = Callable[[str], None]
@@ -635,14 +638,14 @@ def merge_message(
 def green_problems(
     task: Any, worktree: Path, cfg: Any, policy: Any, log: Path, notify: Notify
 ) -> list[str]:
-    """The success criteria against `worktree`: required files, and the tests (always: green
-    means the tests passed, whether or not the task's own criteria asked for them)."""
+    """The success criteria against `worktree` (`coder.run.success.problems`), the tests
+    always: green means the tests passed, whether or not the task's own criteria asked for
+    them. Their output goes to `log`, redacted."""
     from coder.files.durable import write_private
     from coder.redact import Redactor
     from coder.run import success
     from coder.run.secrets import run_secrets
 
-    problems = success.missing_files(task, worktree)
     try:
         cmd = success.test_command(task, worktree, cfg)
     except InvalidInput:  # it names the throwaway worktree; say what it means instead
@@ -652,14 +655,14 @@ def green_problems(
             hint="set `test_command` in coder.config.json, or add a test step to the taskfile; "
             "or merge without --if-green",
         ) from None
+
+    def tested(cmd: str, result: CommandResult) -> None:
+        roots = [r for r in (cfg.project_root, worktree) if r is not None]
+        redactor = Redactor(run_secrets(roots, task, policy, cfg.values))
+        write_private(log, redactor.redact(f"$ {cmd}\n{result.stdout}{result.stderr}"))
+
+    def base() -> str:  # where the run left the base branch: what its lint compares with
+        return success.fork_point(worktree, task.base)
+
     notify(f"checking the merge result: {cmd}")
-    problem, result = success.run_tests(cmd, worktree, policy)
-    roots = [r for r in (cfg.project_root, worktree) if r is not None]
-    redactor = Redactor(run_secrets(roots, task, policy, cfg.values))
-    write_private(log, redactor.redact(f"$ {cmd}\n{result.stdout}{result.stderr}"))
-    if problem:
-        problems.append(problem)
-    if task.success.get("require_no_lint_errors"):
-        base = success.fork_point(worktree, task.base)
-        problems += success.lint_problems(worktree, base, policy, cfg)
-    return problems
+    return success.problems(task, worktree, cfg, policy, tests=cmd, base=base, tested=tested)
