@@ -91,6 +91,27 @@ _CODERS = (
 )
 
 
+_HINT_EXAMPLES = 3  # patterns named per reason in the hint (the error names the one matched)
+
+
+def protected_hint() -> str:
+    """The path rule in one hint for the model's file tools, made from the tables: a few
+    patterns of each reason PROTECTED gives, so that the hint cannot drift from the rule."""
+    groups: dict[str, list[str]] = {}
+    for pattern, why in PROTECTED:
+        groups.setdefault(why, []).append(pattern)
+    named = "; ".join(
+        ", ".join(patterns[:_HINT_EXAMPLES]) + (", ..." if len(patterns) > _HINT_EXAMPLES else "")
+        for patterns in groups.values()
+    )
+    coders = " and ".join(f"{name}/" for name, _ in _CODERS)
+    return (
+        f"paths must stay inside the repository (symlinks included); {coders} are never "
+        f"written; files that run code elsewhere, steer git or coder, or hold secrets ({named}) "
+        "only when the step's `changes` names them"
+    )
+
+
 def _compile(pattern: str) -> re.Pattern[str]:
     """A PROTECTED pattern as a regex over a lowered root-relative path: its components as a
     run of whole components (`*` and `?` within one), anywhere unless anchored with `/`."""

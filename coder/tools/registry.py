@@ -38,6 +38,7 @@ from jsonschema.exceptions import ValidationError
 from coder import yamldoc
 from coder.errors import CoderError, EnvironmentProblem, InvalidInput, PolicyViolation
 from coder.models.provider import Arguments
+from coder.policy.paths import protected_hint
 from coder.redact import Redactor
 from coder.tools import approval
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
@@ -128,13 +129,7 @@ class Registry:
         except PolicyViolation as exc:
             return ToolResult.error(
                 exc.message,
-                hint=exc.hint
-                or (
-                    "paths must stay inside the repository (symlinks included); .git/ and .coder/ "
-                    "are never written, secret-looking files (.env*, *.pem, *.key, *secret*) and "
-                    "files that run code elsewhere (CI, git hooks, editor and agent settings) "
-                    "only when the step's `changes` names them"
-                ),
+                hint=exc.hint or protected_hint(),
             )
         except EnvironmentProblem as exc:
             if ctx.stop_on_environment:

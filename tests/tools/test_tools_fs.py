@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from coder.policy.commands import Policy
+from coder.policy.paths import PROTECTED as TABLE
 from coder.redact import Redactor
 from coder.tools import grep
 from coder.tools.base import ToolContext, ToolResult
@@ -540,3 +541,12 @@ def test_fs_apply_patch_to_a_file_without_a_final_newline(
     result = call(ctx, "fs_apply_patch", patch="--- a/dos.txt\n+++ b/dos.txt\n" + patch)
     assert result.ok, result.as_text()
     assert (ctx.root / "dos.txt").read_bytes() == expected.replace(b"\r\n", newline.encode())
+
+
+def test_the_protected_path_hint_is_made_from_the_table(ctx: ToolContext) -> None:
+    result = call(ctx, "fs_write", path=".gitmodules", content="x\n")
+    first: dict[str, str] = {}
+    for pattern, why in TABLE:  # one pattern of each reason the table gives
+        first.setdefault(why, pattern)
+    assert not result.ok and not (ctx.root / ".gitmodules").exists()
+    assert [p for p in first.values() if p not in (result.hint or "")] == []
