@@ -28,8 +28,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
@@ -120,9 +121,7 @@ class Executor:
             write()
         except RunFilesGone:
             self.gone = True
-            gone = self._files_gone(assume_state=True)  # the checkpoint at least
-            assert gone is not None
-            raise gone from None
+            self._check_files(assume_state=True)  # the checkpoint at least
 
     def _update(self, step_id: str, *, sync: bool = True, **changes: Any) -> None:
         """Change a step's record and journal it (one line, fsync'd unless not `sync`: see
@@ -271,14 +270,10 @@ class Executor:
             tip = place.start()
             attempt = self._start(step, tip)
             try:
-                outcome, commit, changes = self._attempt(step, place, attempt, tip)
+                with self._files_kept(place.workdir):
+                    outcome, commit, changes = self._attempt(step, place, attempt, tip)
             except EnvironmentProblem as exc:
                 return Attempted(StepOutcome(False, environment_error(exc), errored=True), tip)
-            except OSError:  # a file of the run's vanished mid-way through the pipeline
-                gone = self._files_gone(place.workdir)
-                if gone is None:
-                    raise
-                return Attempted(StepOutcome(False, environment_error(gone), errored=True), tip)
             if outcome.result != "failed" or self.run.stop.is_set():
                 return Attempted(outcome, tip, commit, changes)
             failures += 1
@@ -294,9 +289,7 @@ class Executor:
             )
 
     def _start(self, step: Step, tip: str) -> int:
-        gone = self._files_gone()
-        if gone is not None:  # no step starts on a run whose files were deleted
-            raise gone
+        self._check_files()  # no step starts on a run whose files were deleted
         with self._lock:
             attempt = self.record(step.id).attempts + 1
             self._update(
@@ -329,9 +322,7 @@ class Executor:
         started = time.monotonic()
         acted = self._act(step, place.workdir, attempt)
         end_leftovers(place.workdir)
-        gone = self._files_gone(place.workdir)
-        if gone is not None:  # deleted while the step ran: nothing left to check or commit
-            raise gone
+        self._check_files(place.workdir)  # deleted while it ran: nothing to check or commit
         seen = Verification(step, place.workdir, self.run.settings, tip)
         outcome = self._verify(seen, acted, guard)
         self.run.log.debug(
@@ -386,7 +377,7 @@ class Executor:
         did; a step that acted successfully then passes every check in CHECKS (on its changes,
         staged once: `seen.staged`), or fails with all their problems. The worktree's `.git`
         file deleted meanwhile is not the step's failure but the run's environment (as its
-        worktree deleted is, `_files_gone`): it is put back, and the run stops as `error`."""
+        worktree deleted is, `_check_files`): it is put back, and the run stops as `error`."""
         unlinked = not os.path.lexists(seen.workdir / ".git")
         touched = guard.restore()
         if unlinked:
@@ -564,12 +555,21 @@ class Executor:
         self.run.log.error("step.errored", step_id=step.id, error=error)
         self._stop_for(error)
 
-    def _files_gone(
-        self, workdir: Path | None = None, *, assume_state: bool = False
-    ) -> RunFilesGone | None:
-        """The run's own files deleted under it (by hand): `.coder/`, the manifest, the
-        checkpoint, the worktree (or the scratch worktree `workdir`), named in one error with
-        the way back; None when all are there."""
+    @contextmanager
+    def _files_kept(self, workdir: Path) -> Iterator[None]:
+        """An OSError of what it wraps is RunFilesGone when the run's files were deleted (a
+        file of the run's vanished mid-way through an attempt's pipeline)."""
+        try:
+            yield
+        except OSError:
+            self._check_files(workdir)
+            raise
+
+    def _check_files(self, workdir: Path | None = None, *, assume_state: bool = False) -> None:
+        """The attempt's one "files gone" check: RunFilesGone when the run's own files were
+        deleted under it (by hand): `.coder/`, the manifest, the checkpoint (assumed gone with
+        `assume_state`), the worktree (or the scratch worktree `workdir`), named in one error
+        with the way back."""
         from coder.errors import display_path
         from coder.run.manifest import manifest_path
 
@@ -584,7 +584,7 @@ class Executor:
             if assume_state and state not in gone:
                 gone.append(state)
         if not gone:
-            return None
+            return
         if run.coder_dir in gone or {manifest, state} <= set(gone):
             taskfile = self.run.state.taskfile or "TASKFILE"
             hint = (
@@ -596,7 +596,7 @@ class Executor:
         else:
             hint = f"`coder resume -t {task_id}` checks the worktree out again from the branch"
         named = ", ".join(display_path(p) for p in gone)
-        return RunFilesGone(f"deleted while run {task_id} was running: {named}", hint=hint)
+        raise RunFilesGone(f"deleted while run {task_id} was running: {named}", hint=hint) from None
 
     def _stop_for(self, error: str) -> None:
         self.halted = True
