@@ -226,6 +226,7 @@ def test_help_does_not_import_heavy_modules() -> None:
     code = (
         "import sys, coder.cli; coder.cli.main(['--help'], standalone_mode=False);"
         "heavy = {'networkx', 'pygit2', 'ollama', 'mcp', 'jsonschema', 'yaml', 'structlog'};"
+        "heavy |= {'coder.errors', 'dataclasses'};"
         "heavy |= {'coder.cli.' + m for m, _f, _h in coder.cli.COMMANDS.values()};"
         "print(sorted(heavy & set(sys.modules)))"
     )
@@ -260,12 +261,14 @@ def cli_probe(cwd: Path, modules: tuple[str, ...], *args: str) -> tuple[str, lis
 def status_probe(cwd: Path, *args: str) -> tuple[str, list[str]]:
     """`coder status` in `cwd`: what it printed, and which of the modules the no-runs answer
     does without it imported."""
-    return cli_probe(cwd, ("pathlib", "json", "coder.run.state"), "status", *args)
+    return cli_probe(
+        cwd, ("pathlib", "json", "coder.run.state", "coder.errors", "dataclasses"), "status", *args
+    )
 
 
 def test_status_with_no_runs_answers_without_loading_the_state(repo: Path) -> None:
-    """The first command a new user types: no pathlib, json or state classes (a quarter of
-    its time), from the root or a subdirectory, with `.coder/` there or not; once a run is
+    """The first command a new user types: no pathlib, json, state or error classes (a quarter
+    of its time), from the root or a subdirectory, with `.coder/` there or not; once a run is
     recorded the full path lists it."""
     (repo / "src").mkdir()
     assert status_probe(repo / "src") == (

@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
-from coder.errors import EXIT_INTERRUPTED, CoderError, LinkInTheWay
+if TYPE_CHECKING:
+    from coder.errors import CoderError
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -180,18 +181,15 @@ class CoderGroup(click.Group):
         try:
             with interrupting():  # SIGTERM and a hang-up end a command as Ctrl-C does
                 return super().invoke(ctx)
-        except CoderError as exc:
-            report_error(ctx, exc)
-            ctx.exit(exc.exit_code)
         except click.ClickException as exc:  # usage errors: Click prints them on stderr
             if ctx.meta.get("coder.json_wanted") or ctx.ensure_object(dict).get("json"):
                 _echo_json_error(exc.format_message(), _usage_hint(exc), exc.exit_code)
             raise
         except (KeyboardInterrupt, click.Abort):  # click.prompt's Ctrl-C is Abort: the same
             click.echo("coder: interrupted", err=True)
-            ctx.exit(EXIT_INTERRUPTED)
-        except OSError as exc:  # a full disk, a link under .coder/: not a bug
-            problem = exc.problem() if isinstance(exc, LinkInTheWay) else disk_full(exc)
+            ctx.exit(_exit_interrupted())
+        except Exception as exc:
+            problem = expected_problem(exc)
             if problem is None:
                 raise
             report_error(ctx, problem)
@@ -231,6 +229,28 @@ def colour_setting(choice: str) -> bool | None:
     return None
 
 
+def expected_problem(exc: Exception) -> CoderError | None:
+    """What `exc` is to the user when it is not a bug: coder's own error, a link in the way
+    under `.coder/`, a full disk; None for anything else (a bug: its traceback is shown).
+
+    coder.errors is imported here, when a command fails, not with this module: it and the
+    dataclasses it loads were a fifth of what `coder --help` and a first `coder status` add
+    to importing click (bench/startup.py). A CoderError raised has loaded it already."""
+    from coder.errors import CoderError, LinkInTheWay
+
+    if isinstance(exc, CoderError):
+        return exc
+    if isinstance(exc, LinkInTheWay):
+        return exc.problem()
+    return disk_full(exc) if isinstance(exc, OSError) else None
+
+
+def _exit_interrupted() -> int:
+    from coder.errors import EXIT_INTERRUPTED  # as in expected_problem: only when it is needed
+
+    return EXIT_INTERRUPTED
+
+
 def disk_full(exc: OSError) -> CoderError | None:
     """The environment problem a full disk (or quota) is, naming the file; None otherwise."""
     import errno
@@ -265,7 +285,7 @@ def report_error(ctx: click.Context, exc: CoderError) -> None:
 
     if obj.get("json"):
         _echo_json_error(exc.message, exc.hint, exc.exit_code)
-    what = "interrupted" if exc.exit_code == EXIT_INTERRUPTED else "error"
+    what = "interrupted" if exc.exit_code == _exit_interrupted() else "error"
     click.echo(f"coder: {what}: {escaped(exc.message)}", err=True)
     if exc.hint:
         click.echo(f"  hint: {escaped(exc.hint)}", err=True)
