@@ -188,7 +188,7 @@ class CoderGroup(click.Group):
         except (KeyboardInterrupt, click.Abort):  # click.prompt's Ctrl-C is Abort: the same
             click.echo("coder: interrupted", err=True)
             ctx.exit(_exit_interrupted())
-        except Exception as exc:
+        except Exception as exc:  # coder's own errors, a full disk, a link under .coder/: not bugs
             problem = expected_problem(exc)
             if problem is None:
                 raise
