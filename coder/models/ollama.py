@@ -32,6 +32,7 @@ from coder.models.streaming import (
     Settings,
     StreamingProvider,
     http_timeout,
+    settings_of,
 )
 
 if TYPE_CHECKING:
@@ -95,14 +96,9 @@ class OllamaProvider(StreamingProvider[dict[str, Any], "ollama.ChatResponse"]):
         return cls(
             model,
             endpoint,
-            num_ctx=cfg.num_ctx,
             max_num_ctx=int(cfg.max_num_ctx),
-            temperature=float(cfg.temperature),
-            seed=cfg.seed,
             keep_alive=str(cfg.keep_alive),
-            max_output_tokens=cfg.max_output_tokens,
-            request_timeout=float(cfg.request_timeout),
-            slots=cfg.slots,
+            **settings_of(cfg),
         )
 
     @classmethod

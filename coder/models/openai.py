@@ -50,6 +50,7 @@ from coder.models.streaming import (
     Piece,
     Settings,
     StreamingProvider,
+    settings_of,
 )
 
 if TYPE_CHECKING:
@@ -130,17 +131,7 @@ class OpenAIProvider(StreamingProvider[dict[str, Any], "ChatCompletionChunk"]):
     def open(cls, cfg: Config, endpoint: str, model: str) -> OpenAIProvider:
         from coder.config import api_key
 
-        return cls(
-            model,
-            endpoint,
-            api_key=api_key(cfg),
-            num_ctx=cfg.num_ctx,
-            temperature=float(cfg.temperature),
-            seed=cfg.seed,
-            max_output_tokens=cfg.max_output_tokens,
-            request_timeout=float(cfg.request_timeout),
-            slots=cfg.slots,
-        )
+        return cls(model, endpoint, api_key=api_key(cfg), **settings_of(cfg))
 
     def __init__(
         self,

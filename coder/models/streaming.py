@@ -173,6 +173,18 @@ class Settings(TypedDict, total=False):
     sleep: Callable[[float], None]
 
 
+def settings_of(cfg: Config) -> Settings:
+    """The `Settings` the config gives every provider (a provider's `open` adds its own)."""
+    return Settings(
+        num_ctx=cfg.num_ctx,
+        temperature=float(cfg.temperature),
+        seed=cfg.seed,
+        max_output_tokens=cfg.max_output_tokens,
+        request_timeout=float(cfg.request_timeout),
+        slots=cfg.slots,
+    )
+
+
 def http_timeout(seconds: float) -> httpx.Timeout:
     """`seconds` for a request, and at most CONNECT_TIMEOUT_S of it to connect."""
     import httpx
@@ -253,16 +265,7 @@ class StreamingProvider(ABC, Generic[RequestT, ChunkT]):
 
     @classmethod
     def open(cls, cfg: Config, endpoint: str, model: str) -> Self:
-        return cls(
-            model,
-            endpoint,
-            num_ctx=cfg.num_ctx,
-            temperature=float(cfg.temperature),
-            seed=cfg.seed,
-            max_output_tokens=cfg.max_output_tokens,
-            request_timeout=float(cfg.request_timeout),
-            slots=cfg.slots,
-        )
+        return cls(model, endpoint, **settings_of(cfg))
 
     @classmethod
     def endpoints(cls, cfg: Config) -> list[str]:
