@@ -1,7 +1,9 @@
-"""The terminal's per-edit question (approvals per-edit, coder.run.approvals): each write,
-patch and command of the model, shown before it happens (a unified diff, coloured where colour
-is on; the command with the policy's decision), answered [y]es, [n]o with a reason, [e]dit in
-$EDITOR, or [a]ll for the rest of the step. The live view is paused while it asks."""
+"""The terminal's approval questions (coder.run.approvals). Per-step (`approval_prompt`):
+before each step, [r]un, [s]kip, [d]iff so far, [n]ote, [q]uit. Per-edit (`edit_prompt`):
+each write, patch and command of the model, shown before it happens (a unified diff, coloured
+where colour is on; the command with the policy's decision), answered [y]es, [n]o with a
+reason, [e]dit in $EDITOR, or [a]ll for the rest of the step. The live view is paused while
+they ask."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from coder.display import escaped
 
 if TYPE_CHECKING:
     from coder.run.approvals import EditPrompt
+    from coder.run.context import Approval, RunContext
+    from coder.taskfile import Step
     from coder.tools.proposal import Proposal, Verdict
 
 
@@ -120,3 +124,52 @@ def _coloured(diff: str) -> str:
     from coder.cli.pager import coloured_diff
 
     return coloured_diff(diff) if _colour() else diff
+
+
+def approval_prompt(step: Step, run: RunContext) -> Approval:
+    """Ask before a step: [r]un, [s]kip, [d]iff so far, [n]ote (for a step a model works
+    on), [q]uit."""
+    from coder.git import diffs, repository
+    from coder.taskfile import shown_command
+
+    redact = run.redactor.redact
+    what = escaped(redact(f"`{shown_command(step.cmd)}`" if step.cmd else step.goal))
+    keys = ["r", "s", "d", "n", "q"] if step.uses_model else ["r", "s", "d", "q"]
+    note = "  [n]ote" if step.uses_model else ""
+    while True:
+        answer = ask.choose(
+            f"\nstep {step.id} ({step.kind}): {what}\n  [r]un  [s]kip  [d]iff so far{note}  [q]uit",
+            keys,
+            run.stop,
+            default="r",
+        )
+        if answer is None:  # Ctrl-C, SIGTERM or a hang-up while asking: as [q]uit
+            return "quit"
+        if answer == "n":
+            prompt_note(step, run)
+            continue
+        if answer == "d":
+            repo = repository.open_repo(run.worktree)
+            text = diffs.diff_patch(repo, run.state.base_commit, worktree=run.worktree)
+            click.echo(escaped(redact(text), lines=True) or "(no changes yet)", err=True)
+            continue
+        choice: dict[str, Approval] = {"r": "run", "s": "skip", "q": "quit"}
+        return choice[answer]
+
+
+def prompt_note(step: Step, run: RunContext) -> None:
+    """`[n]ote` at the prompt: a line of guidance for the step's next attempt, kept in the
+    run's state at once (coder.run.notes.give_now)."""
+    from coder.errors import InvalidInput
+    from coder.run.notes import give_now
+
+    text = ask.line(f"note for step {step.id} (empty: none)", run.stop)
+    try:
+        note = give_now(run, step.id, text) if text else None
+    except InvalidInput as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        return
+    if note is not None:
+        click.echo(f"noted for attempt {note['attempt']} of step {step.id}", err=True)
+    elif text:
+        click.echo(f"step {step.id} has that note already", err=True)

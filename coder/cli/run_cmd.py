@@ -175,7 +175,9 @@ def run(
         include_uncommitted=include_uncommitted,
     )
     if dry_run:
-        _dry_run(path, options, as_json)
+        from coder.cli.dry_run import show_dry_run
+
+        show_dry_run(path, options, as_json)
         return
     from dataclasses import replace
 
@@ -210,7 +212,7 @@ def _asking(progress: Any, approvals: str | None, default: str) -> dict[str, Any
     """RunOptions' approvals (coder.run.approvals): the mode chosen on the command line and
     the questions at this terminal; none without one (stdin and stdout a terminal), so a run
     that would ask is refused."""
-    from coder.cli.approve import edit_prompt
+    from coder.cli.approve import approval_prompt, edit_prompt
 
     def approve(step: Step, run: RunContext) -> Approval:
         with progress.paused():  # never draw over the question
@@ -413,142 +415,6 @@ def stop(task_id: str, wait: float, as_json: bool) -> None:
         + (f" and {commands} command process(es) it left" if commands else "")
         + f"; {resume}"
     )
-
-
-def approval_prompt(step: Step, run: RunContext) -> Approval:
-    """Ask before a step: [r]un, [s]kip, [d]iff so far, [n]ote (for a step a model works
-    on), [q]uit."""
-    from coder.git import diffs, repository
-    from coder.taskfile import shown_command
-
-    redact = run.redactor.redact
-    what = escaped(redact(f"`{shown_command(step.cmd)}`" if step.cmd else step.goal))
-    keys = ["r", "s", "d", "n", "q"] if step.uses_model else ["r", "s", "d", "q"]
-    note = "  [n]ote" if step.uses_model else ""
-    while True:
-        answer = ask.choose(
-            f"\nstep {step.id} ({step.kind}): {what}\n  [r]un  [s]kip  [d]iff so far{note}  [q]uit",
-            keys,
-            run.stop,
-            default="r",
-        )
-        if answer is None:  # Ctrl-C, SIGTERM or a hang-up while asking: as [q]uit
-            return "quit"
-        if answer == "n":
-            prompt_note(step, run)
-            continue
-        if answer == "d":
-            repo = repository.open_repo(run.worktree)
-            text = diffs.diff_patch(repo, run.state.base_commit, worktree=run.worktree)
-            click.echo(escaped(redact(text), lines=True) or "(no changes yet)", err=True)
-            continue
-        choice: dict[str, Approval] = {"r": "run", "s": "skip", "q": "quit"}
-        return choice[answer]
-
-
-def prompt_note(step: Step, run: RunContext) -> None:
-    """`[n]ote` at the prompt: a line of guidance for the step's next attempt, kept in the
-    run's state at once (coder.run.notes.give_now)."""
-    from coder.errors import InvalidInput
-    from coder.run.notes import give_now
-
-    text = ask.line(f"note for step {step.id} (empty: none)", run.stop)
-    try:
-        note = give_now(run, step.id, text) if text else None
-    except InvalidInput as exc:
-        click.echo(f"error: {exc.message}", err=True)
-        return
-    if note is not None:
-        click.echo(f"noted for attempt {note['attempt']} of step {step.id}", err=True)
-    elif text:
-        click.echo(f"step {step.id} has that note already", err=True)
-
-
-def _dry_run(path: Path, options: Any, as_json: bool) -> None:
-    """`run --dry-run`: the plan and every check a run makes before it starts; exit 0 when it
-    would start, 2 when it would be refused (the problems say why)."""
-    from coder.errors import EXIT_USAGE
-    from coder.run.secrets import view_redactor_at
-    from coder.services.dryrun import dry_run
-
-    plan = dry_run(path, cwd=cwd(), options=options)
-    redactor = view_redactor_at(cwd())  # the taskfile's literal secrets, as `show -f`
-    if as_json:
-        emit_json(redactor.redact_obj(plan.as_dict()))
-    else:
-        click.echo(escaped(redactor.redact(render_dry_run(plan)), lines=True))
-    raise SystemExit(EXIT_OK if plan.would_start else EXIT_USAGE)
-
-
-def render_dry_run(plan: Any) -> str:
-    from coder.services.dryrun import step_models
-    from coder.taskfile import shown_command
-
-    task = plan.task
-    steps = {s.id: s for s in task.steps}
-    width = max(len(s.id) for s in task.steps)
-    lines = [
-        f"Dry run of {task.id}: {task.title} (nothing is run, nothing is written)",
-        f"  branch    {task.branch} (from {task.base})",
-        f"  worktree  {plan.worktree}",
-    ]
-    model = plan.model
-    if model is None:
-        lines.append("  model     none (no step asks a model)")
-    else:
-        where = f"replayed from {model['replay']}" if model["replay"] else f"at {model['host']}"
-        if model["num_ctx"]:
-            window = f"{model['num_ctx']} tokens (num_ctx from {model['num_ctx_source']})"
-        elif model["max_num_ctx"]:
-            window = (
-                f"the model's own, capped at {model['max_num_ctx']} tokens (max_num_ctx); "
-                "`coder doctor` reads it from Ollama"
-            )
-        else:
-            window = "the server's (`coder doctor` reads it)"
-        lines.append(f"  model     {model['name']} {where}")
-        lines.append(f"  context   {window}")
-        lines.append(f"  tools     {model['tool_protocol']}: {model['tool_protocol_reason']}")
-        if task.fallback_model:
-            lines.append(f"  fallback  {task.fallback_model} (from a step's third attempt)")
-    lines.append(f"  network   {'on' if plan.network else 'off'} for commands")
-    lines.append(
-        "  sandbox   "
-        + (
-            "on: commands run in the kernel sandbox"
-            if plan.sandbox
-            else "off: commands run unconfined"
-        )
-    )
-    lines.append("")
-    for number, level in enumerate(plan.levels, 1):
-        lines.append(f"level {number}" + ("  (may run in parallel)" if len(level) > 1 else ""))
-        for sid in level:
-            step = steps[sid]
-            needs = f"  <- {', '.join(step.depends_on)}" if step.depends_on else ""
-            own = ", ".join(
-                f"{field} {name}"
-                for field, name in zip(("model", "fallback_model"), step_models(task, step))
-                if name and name != getattr(task, field)
-            )
-            own = f"  [{own}]" if own else ""
-            lines.append(f"  {sid:<{width}}  {step.kind:<7}  {step.goal}{needs}{own}")
-    if plan.commands:
-        lines += ["", "commands (the policy's decision):"]
-        labels = [check.step_id for check in plan.commands]
-        pad = max(len(label) for label in labels)
-        for label, check in zip(labels, plan.commands):
-            verdict = "allowed" if check.allowed else "REFUSED"
-            lines.append(f"  {label:<{pad}}  {verdict}  {shown_command(check.cmd)}")
-            if not check.allowed:
-                lines.append(f"  {'':<{pad}}  {'':<7}  {check.reason}")
-    lines.append("")
-    if plan.would_start:
-        lines.append("The run would start. Nothing was changed.")
-    else:
-        lines.append("The run would be refused. Nothing was changed:")
-        lines += [f"  {problem}" for problem in plan.problems]
-    return "\n".join(lines)
 
 
 def _progress(as_json: bool, quiet: bool = False, verbose: bool = False, steps: Any = None) -> Any:
