@@ -103,12 +103,17 @@ def test_a_rewrite_within_the_timestamp_granularity_is_caught(
     monkeypatch.setattr(guard, "_stamp", whole_seconds)
     hook = repo / ".git" / HOOK
     original = digest(hook)
-    while time.time() % 1 > 0.5:  # the rewrite below lands in the same second as the last
-        time.sleep(0.05)
-    os.utime(hook)  # its last change: now
-    taken = GitGuard.take(repo / ".git")
-    rewrite_keeping_size_and_times(hook)
-    assert whole_seconds(hook) == taken.stamps[str(hook)]  # the stamp cannot tell
+    for _ in range(20):  # a loaded machine may cross a second in between: set it up again
+        while time.time() % 1 > 0.2:  # the rewrite below lands in the same second as the last
+            time.sleep(0.01)
+        os.utime(hook)  # its last change: now
+        taken = GitGuard.take(repo / ".git")
+        rewrite_keeping_size_and_times(hook)
+        if whole_seconds(hook) == taken.stamps[str(hook)]:  # the stamp cannot tell
+            break
+        taken.restore()
+    else:
+        pytest.fail("could not rewrite the hook within one second of its last change")
     assert taken.changes() == [hook]
     taken.restore()
     assert digest(hook) == original
