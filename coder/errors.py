@@ -168,6 +168,12 @@ class PatchProblem(InvalidInput):
 class EnvironmentProblem(CoderError):
     exit_code = EXIT_ENVIRONMENT
 
+    @property
+    def stopped_with(self) -> str:
+        """What stopped a run, with the fix when there is one ("run `ollama pull M`"): a run's
+        error is all a user sees of it in the summary, `coder show` and `--json`."""
+        return f"{self.message}; {self.hint}" if self.hint else self.message
+
 
 class ConcurrentRun(EnvironmentProblem):
     """`holder` names the command holding the task lock: run (also resume), merge, revert."""

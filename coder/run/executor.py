@@ -9,11 +9,9 @@
     commit   one commit of the tree verify staged, or none when it changed nothing
     record   land the commit, checkpoint the outcome, tell the schedule
 
-A step works in the run's worktree when it runs alone (its commit moves the branch by
-compare-and-swap), or in a scratch worktree when it runs beside others of its level (its commit
-is cherry-picked onto the branch, by compare-and-swap, once the level is done, in file order).
-The landing is the only difference: both go through `_attempts` and `_record`, with the same
-events.
+A step works in the run's worktree when it runs alone, or in a scratch worktree when it runs
+beside others of its level (coder.run.places says how each commit lands). The landing is the
+only difference: both go through `_attempts` and `_record`, with the same events.
 
 An attempt ends `ok`, `failed` (its own command, tests or checks: retried, skipped or stopping
 the run as its `on_fail` says), `cancelled` (a stop: the step runs again on resume) or
@@ -28,20 +26,23 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from coder.crashpoints import crashpoint
 from coder.errors import CoderError, EnvironmentProblem, RunFilesGone
 from coder.files.durable import write_private
-from coder.git import branches, commits, diffs, repository, restore, worktrees
+from coder.git import branches, diffs, repository, restore
 from coder.git.guard import GitGuard
+from coder.run import filesgone, success
+from coder.run.commitmsg import CommitParts, commit_parts
 from coder.run.context import RunContext
-from coder.run.records import RunStatus, SkipCause, StepRecord, now_iso
+from coder.run.places import InPlace, Place, Scratch
+from coder.run.records import RunStatus, SkipCause, StepRecord, now_iso, seconds_since
 from coder.run.schedule import Schedule
 from coder.run.steps import StepContext, StepOutcome
 from coder.run.steps.runners import runner_for
@@ -51,7 +52,7 @@ from coder.taskfile.kinds import KINDS
 if TYPE_CHECKING:
     from coder.git.staging import Change
     from coder.models.provider import Usage
-    from coder.taskfile import Step, Task
+    from coder.taskfile import Step
 
 
 @dataclass(frozen=True)
@@ -62,28 +63,6 @@ class Attempted:
     tip: str  # the tip the attempt started from
     commit: str | None = None  # the step's commit, not landed yet for a scratch worktree
     changes: tuple[Change, ...] = ()  # what the commit changes against `tip`, as verify saw it
-
-
-class Place(Protocol):
-    """Where a step works, and how its commit reaches the branch."""
-
-    workdir: Path
-
-    def start(self) -> str:
-        """The commit an attempt starts from."""
-
-    def head(self, tip: str) -> tuple[str, str]:
-        """What the worktree's HEAD is when an attempt starts from `tip` (the branch, or
-        "(no branch)", and the commit), as `git stash` names it (the git guard)."""
-
-    def commit(
-        self, step: Step, attempt: int, outcome: StepOutcome, seen: Verification
-    ) -> str | None:
-        """Commit the attempt's changes, as verify staged them (`seen.staged`, in the
-        repository it opened: `seen.repo`); None when it changed nothing."""
-
-    def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
-        """Put the commit on the branch: (the commit now on it, the commit before it)."""
 
 
 class Executor:
@@ -145,6 +124,12 @@ class Executor:
             record.usage = record.usage + usage if record.usage else usage
             self._tokens += record.tokens
 
+    def message(self, step: Step, attempt: int, outcome: StepOutcome) -> CommitParts:
+        """What the step's commit says (coder.run.commitmsg), the user's notes included."""
+        return commit_parts(
+            self.task, step, attempt, outcome, self.run.redactor.redact, self.notes(step)
+        )
+
     def notes(self, step: Step) -> tuple[str, ...]:
         """The guidance notes the user gave the step so far (coder.run.notes)."""
         from coder.run.notes import texts
@@ -177,7 +162,7 @@ class Executor:
             self._skip_required(self.schedule.blocked)
             self._walk()
         except EnvironmentProblem as exc:
-            self._stop_for(environment_error(exc))
+            self._stop_for(exc.stopped_with)
         return self._finish()
 
     def _walk(self) -> None:
@@ -197,7 +182,7 @@ class Executor:
                 continue
             if len(batch) == 1:
                 step = self.steps[batch[0]]
-                place = InPlace(self)
+                place = InPlace(self.run, self._tip, self.message)
                 self._record(step, self._attempts(step, place), place)
             else:
                 self._run_level([self.steps[s] for s in batch])
@@ -238,7 +223,7 @@ class Executor:
         places: dict[str, Scratch] = {}
         try:
             for step in steps:
-                places[step.id] = Scratch(self, step, tip)
+                places[step.id] = Scratch(self.run, self.repo, step, tip, self._tip, self.message)
             try:
                 with ThreadPoolExecutor(max_workers=len(steps)) as pool:
                     futures = {s.id: pool.submit(self._attempts, s, places[s.id]) for s in steps}
@@ -257,9 +242,8 @@ class Executor:
                     continue
                 self._record(step, done, places[step.id])
         finally:
-            for step in steps:
-                name = f"{self.task.id}--{step.id}"
-                worktrees.remove_worktree(self.repo, name, self.run.coder_dir / "worktrees" / name)
+            for place in places.values():
+                place.remove()
 
     # --- the step pipeline --------------------------------------------------------------
 
@@ -273,16 +257,16 @@ class Executor:
                 with self._files_kept(place.workdir):
                     outcome, commit, changes = self._attempt(step, place, attempt, tip)
             except EnvironmentProblem as exc:
-                return Attempted(StepOutcome(False, environment_error(exc), errored=True), tip)
+                return Attempted(StepOutcome(False, exc.stopped_with, errored=True), tip)
             if outcome.result != "failed" or self.run.stop.is_set():
                 return Attempted(outcome, tip, commit, changes)
             failures += 1
-            if failures > self._retries(step):
+            if failures > self.task.retries(step):
                 return Attempted(outcome, tip)
             self._reason(
                 step.id,
                 f"attempt {attempt} failed: {outcome.error}; retrying "
-                f"({failures} of {self._retries(step)} retries)",
+                f"({failures} of {self.task.retries(step)} retries)",
             )
             self.run.log.warning(
                 "step.retry", step_id=step.id, attempt=attempt, error=outcome.error or ""
@@ -415,7 +399,7 @@ class Executor:
         try:
             landed, parent = place.land(done.commit, done.tip)
         except EnvironmentProblem as exc:
-            self._errored(step, environment_error(exc), None, done.tip)
+            self._errored(step, exc.stopped_with, None, done.tip)
             return
         except CoderError as exc:  # parallel steps edited the same lines
             self._fail(step, StepOutcome(False, exc.message))
@@ -431,9 +415,6 @@ class Executor:
         if tip is None:
             raise EnvironmentProblem(f"branch {self.run.branch} disappeared during the run")
         return tip
-
-    def _retries(self, step: Step) -> int:
-        return self.task.retries(step)
 
     # --- how a step ended ---------------------------------------------------------------
 
@@ -555,6 +536,9 @@ class Executor:
         self.run.log.error("step.errored", step_id=step.id, error=error)
         self._stop_for(error)
 
+    def _check_files(self, workdir: Path | None = None, *, assume_state: bool = False) -> None:
+        filesgone.check(self.run, workdir, assume_state=assume_state)
+
     @contextmanager
     def _files_kept(self, workdir: Path) -> Iterator[None]:
         """An OSError of what it wraps is RunFilesGone when the run's files were deleted (a
@@ -565,52 +549,14 @@ class Executor:
             self._check_files(workdir)
             raise
 
-    def _check_files(self, workdir: Path | None = None, *, assume_state: bool = False) -> None:
-        """The attempt's one "files gone" check: RunFilesGone when the run's own files were
-        deleted under it (by hand): `.coder/`, the manifest, the checkpoint (assumed gone with
-        `assume_state`), the worktree (or the scratch worktree `workdir`), named in one error
-        with the way back."""
-        from coder.errors import display_path
-        from coder.run.manifest import manifest_path
-
-        run, task_id = self.run, self.task.id
-        manifest, state = manifest_path(run.coder_dir, task_id), run.store.path(task_id)
-        if not run.coder_dir.is_dir():
-            gone = [run.coder_dir]
-        else:
-            places = dict.fromkeys([run.worktree, workdir or run.worktree])
-            gone = [p for p in (manifest, state) if not p.is_file()]
-            gone += [w for w in places if not w.is_dir()]
-            if assume_state and state not in gone:
-                gone.append(state)
-        if not gone:
-            return
-        if run.coder_dir in gone or {manifest, state} <= set(gone):
-            taskfile = self.run.state.taskfile or "TASKFILE"
-            hint = (
-                f"`coder resume -t {task_id} -f {taskfile}` rebuilds the run from the taskfile "
-                "and the commits on its branch"
-            )
-        elif manifest in gone or state in gone:
-            hint = f"`coder resume -t {task_id}` rebuilds what is missing"
-        else:
-            hint = f"`coder resume -t {task_id}` checks the worktree out again from the branch"
-        named = ", ".join(display_path(p) for p in gone)
-        raise RunFilesGone(f"deleted while run {task_id} was running: {named}", hint=hint) from None
-
     def _stop_for(self, error: str) -> None:
         self.halted = True
         if self.error is None:
             self.error = error
 
     def _duration(self, step_id: str) -> float | None:
-        from datetime import datetime
-
         started = self.record(step_id).started_at
-        if not started:
-            return None
-        begin = datetime.fromisoformat(started.replace("Z", "+00:00"))
-        return round(max(0.0, time.time() - begin.timestamp()), 3)
+        return seconds_since(started) if started else None
 
     # --- the end of the run ---------------------------------------------------------------
 
@@ -623,7 +569,7 @@ class Executor:
         try:
             self.checkpoint()
         except RunFilesGone as exc:  # deleted after the last step: the run ends on that
-            self._stop_for(environment_error(exc))
+            self._stop_for(exc.stopped_with)
             status, error = "error", self.error
             state.status, state.error = status, self.run.redactor.redact(self.error or "")
         note = state.skipped_note()
@@ -646,165 +592,7 @@ class Executor:
         if not any(r.status == "success" for r in records.values()):
             return "failed", f"no step did its work ({self.run.state.skipped_note()})"
         try:
-            problems = success_problems(self)
+            problems = success.run_problems(self.run)
         except EnvironmentProblem as exc:
-            return "error", environment_error(exc)
+            return "error", exc.stopped_with
         return ("failed", "; ".join(problems)) if problems else ("success", None)
-
-
-class InPlace:
-    """A step running alone: it works in the run's worktree, and its commit moves the branch
-    from the tip the attempt started at (compare-and-swap: BranchMoved if it moved)."""
-
-    def __init__(self, ex: Executor) -> None:
-        self.ex = ex
-        self.workdir = ex.run.worktree
-
-    def start(self) -> str:
-        return self.ex._tip()
-
-    def head(self, tip: str) -> tuple[str, str]:
-        return self.ex.run.branch, tip
-
-    def commit(
-        self, step: Step, attempt: int, outcome: StepOutcome, seen: Verification
-    ) -> str | None:
-        message = commit_parts(
-            self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact, self.ex.notes(step)
-        )
-        staged = seen.staged
-        return commits.commit_step(
-            self.workdir,
-            **message,
-            branch=self.ex.run.branch,
-            expected_tip=staged.base,
-            staged=staged,
-            repo=seen.repo,
-        )
-
-    def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
-        return commit, tip  # the commit moved the branch already
-
-
-class Scratch:
-    """A step running beside others of its level: it works in a scratch worktree (detached at
-    the level's tip); its commit is cherry-picked onto the branch once the level is done."""
-
-    def __init__(self, ex: Executor, step: Step, tip: str) -> None:
-        self.ex = ex
-        self.tip = tip
-        name = f"{ex.task.id}--{step.id}"
-        self.workdir = worktrees.add_scratch_worktree(
-            ex.repo, name=name, path=ex.run.coder_dir / "worktrees" / name, commit=tip
-        )
-
-    def start(self) -> str:
-        return self.tip
-
-    def head(self, tip: str) -> tuple[str, str]:
-        return "(no branch)", tip
-
-    def commit(
-        self, step: Step, attempt: int, outcome: StepOutcome, seen: Verification
-    ) -> str | None:
-        message = commit_parts(
-            self.ex.task, step, attempt, outcome, self.ex.run.redactor.redact, self.ex.notes(step)
-        )
-        staged = seen.staged
-        return commits.commit_detached(
-            self.workdir, **message, parent=staged.base, staged=staged, repo=seen.repo
-        )
-
-    def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
-        current = self.ex._tip()
-        if commit is None:
-            return None, current
-        landed = commits.cherry_pick(
-            self.ex.run.worktree, commit, branch=self.ex.run.branch, expected_tip=current
-        )
-        return landed, current
-
-
-def environment_error(exc: EnvironmentProblem) -> str:
-    """What stopped the run, with the fix when there is one ("run `ollama pull M`"): the
-    run's error is all a user sees of it in the summary, `coder show` and `--json`."""
-    return f"{exc.message}; {exc.hint}" if exc.hint else exc.message
-
-
-def success_problems(ex: Executor) -> list[str]:
-    """The task's `success` criteria, checked against the finished worktree
-    (`coder.run.success.problems`); a test command that cannot be found is a problem."""
-    from coder.run import success
-
-    worktree, cfg = ex.run.worktree, ex.run.settings.config
-    tests = None
-    if ex.task.success.get("require_green_tests"):
-        try:
-            tests = success.test_command(ex.task, worktree, cfg)
-        except EnvironmentProblem:
-            raise
-        except CoderError as exc:
-            missing = success.missing_files(ex.task, worktree)
-            return [*missing, f"require_green_tests: {exc.message}"]
-    return success.problems(
-        ex.task,
-        worktree,
-        cfg,
-        ex.run.settings.policy,
-        tests=tests,
-        label="require_green_tests: ",
-        tested=lambda _, result: ex.run.log.info("success.tests", exit_code=result.exit_code),
-        base=lambda: ex.run.state.base_commit,
-        cancel=ex.run.stop,
-        owner=ex.run.owner,
-    )
-
-
-class CommitParts(TypedDict):
-    """A step commit's message (title, body) and the values of its trailers."""
-
-    task_id: str
-    step_id: str
-    attempt: int
-    title: str
-    body: str
-    notes: list[str]  # the user's guidance notes (coder.run.notes), as Coder-Note trailers
-
-
-def commit_parts(
-    task: Task,
-    step: Step,
-    attempt: int,
-    outcome: StepOutcome,
-    redact: Callable[[str], str],
-    notes: Sequence[str] = (),
-) -> CommitParts:
-    """What a step commit says: title, body and the trailers' values; what the taskfile and
-    the model wrote, and the user's `notes`, pass `redact` (the run's redactor)."""
-    from coder.run.notes import trailer
-
-    return {
-        "task_id": task.id,
-        "step_id": step.id,
-        "attempt": attempt,
-        "title": commit_title(step, redact),
-        "body": commit_body(step, outcome, redact),
-        "notes": [trailer(redact(note)) for note in notes],
-    }
-
-
-def commit_title(step: Step, redact: Callable[[str], str]) -> str:
-    goal = redact(" ".join(step.goal.split()))
-    title = f"{step.id}: {goal}"
-    return title if len(title) <= 72 else title[:71] + "…"
-
-
-def commit_body(step: Step, outcome: StepOutcome, redact: Callable[[str], str]) -> str:
-    from coder.taskfile import shown_command
-
-    lines = [f"Step {step.id} ({step.kind})."]
-    if step.cmd:
-        lines.append(f"Command: {shown_command(step.cmd)}")
-    if outcome.summary:
-        lines.append(outcome.summary)
-    return redact("\n".join(lines))

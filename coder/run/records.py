@@ -39,6 +39,12 @@ def now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def seconds_since(started_at: str) -> float:
+    """The seconds from an `now_iso` time until now (0 for a clock set back)."""
+    begin = datetime.fromisoformat(started_at.replace("Z", "+00:00"))
+    return round(max(0.0, datetime.now(UTC).timestamp() - begin.timestamp()), 3)
+
+
 def check_task_id(task_id: str) -> str:
     """A task id is used as a file name: refuse anything that could leave the directory."""
     if not isinstance(task_id, str) or not TASK_ID.fullmatch(task_id):

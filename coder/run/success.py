@@ -10,12 +10,41 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from coder.errors import CoderError, EnvironmentProblem
+
 if TYPE_CHECKING:
     from coder.checks.lintreport import Finding
     from coder.config import Config
     from coder.policy.commands import Policy
     from coder.policy.sandbox import CommandResult
+    from coder.run.context import RunContext
     from coder.taskfile import Task
+
+
+def run_problems(run: RunContext) -> list[str]:
+    """The task's `success` criteria, checked against a finished run's worktree (`problems`);
+    a test command that cannot be found is a problem."""
+    task, worktree, cfg = run.task, run.worktree, run.settings.config
+    tests = None
+    if task.success.get("require_green_tests"):
+        try:
+            tests = test_command(task, worktree, cfg)
+        except EnvironmentProblem:
+            raise
+        except CoderError as exc:
+            return [*missing_files(task, worktree), f"require_green_tests: {exc.message}"]
+    return problems(
+        task,
+        worktree,
+        cfg,
+        run.settings.policy,
+        tests=tests,
+        label="require_green_tests: ",
+        tested=lambda _, result: run.log.info("success.tests", exit_code=result.exit_code),
+        base=lambda: run.state.base_commit,
+        cancel=run.stop,
+        owner=run.owner,
+    )
 
 
 def problems(

@@ -615,7 +615,7 @@ def merge_message(
     `summary` instead), then the trailers."""
     from coder import taskfile
     from coder.redact import redact
-    from coder.run.executor import commit_title
+    from coder.run.commitmsg import commit_title
 
     task = taskfile.from_dict(manifest.task)
     lines = []
