@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coder.files import safeio
+
 SCAN_FAILED = "[REDACTED: text could not be scanned]"
 MIN_SECRET_LEN = 6
 _MAX_DEPTH = 64
@@ -434,13 +436,18 @@ def find_env_files(
 
 def read_env_file(path: Path) -> list[str]:
     """The secret values of the env file at `path` ([] when unreadable, not a regular file or
-    over ENV_FILE_MAX_BYTES)."""
+    over ENV_FILE_MAX_BYTES). A command may have left the file: it is read through
+    coder.files.safeio (one non-blocking open, checked on the descriptor: a FIFO swapped in
+    after a check never blocks), and at most the cap is read (a /proc file reports 0 bytes
+    whatever it holds). A link is followed: the user's `.env -> ../shared/.env` holds secrets too, and what is read
+    only ever takes text out of what coder shows."""
     try:
-        if path.is_file() and path.stat().st_size <= ENV_FILE_MAX_BYTES:
-            return secrets_from_env_file(path.read_text("utf-8", errors="replace"))
-    except OSError:
-        pass
-    return []
+        data = safeio.read_regular(path, limit=ENV_FILE_MAX_BYTES + 1)
+    except OSError:  # NotRegular too
+        return []
+    if len(data) > ENV_FILE_MAX_BYTES:
+        return []
+    return secrets_from_env_file(data.decode("utf-8", errors="replace"))
 
 
 def secrets_from_repo(root: Path, *, max_files: int = 50_000) -> list[str]:

@@ -5,6 +5,7 @@ piece (secret scanners, and our own redactor reading this file, stay quiet)."""
 
 from __future__ import annotations
 
+import os
 import random
 import string
 import threading
@@ -20,6 +21,7 @@ from coder.redact import (
     redact,
     secrets_from_env_file,
     secrets_from_environ,
+    secrets_from_repo,
 )
 
 
@@ -364,3 +366,24 @@ def test_megabyte_inputs_complete(name: str) -> None:
     because every pattern is linear; a catastrophic one would hang here (no timing asserted)."""
     out = Redactor(["known-secret-value"]).redact(ADVERSARIAL[name]())
     assert out != SCAN_FAILED
+
+
+def test_an_env_file_a_command_left_never_blocks_and_a_linked_one_is_read(tmp_path: Path) -> None:
+    """A worktree a command touched is hostile: its `.env` may be a FIFO, or a link to one (an
+    open blocks until a writer comes). Reading the repository's secrets opens neither (one
+    non-blocking open, checked on the descriptor: no window between a check and the read for
+    a FIFO to be swapped in), and still reads the user's own linked env file."""
+    os.mkfifo(tmp_path / ".env")
+    os.mkfifo(tmp_path / "elsewhere")
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / ".env").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "values").write_text("TOKEN=s3cr3t-linked-value\n")
+    (tmp_path / "svc").mkdir()
+    (tmp_path / "svc" / ".env").symlink_to(tmp_path / "shared" / "values")
+    found: list[list[str]] = []
+    worker = threading.Thread(target=lambda: found.append(secrets_from_repo(tmp_path)), daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "reading the repository's env files did not finish"
+    assert found == [["s3cr3t-linked-value"]]
