@@ -391,6 +391,8 @@ def profile_steps(repo: Path, tmp: Path, paths: list[str], top: int = 30) -> Non
     stats.sort_stats("cumulative").print_stats(top)
     print("by own time:")
     stats.sort_stats("tottime").print_stats(top)
+    if os.environ.get("BENCH_CALLERS"):  # who calls what: e.g. BENCH_CALLERS=rmdir
+        stats.print_callers(os.environ["BENCH_CALLERS"])
 
 
 def profile_growth(counts: list[int], top: int = 20) -> None:

@@ -439,8 +439,8 @@ def read_env_file(path: Path) -> list[str]:
     over ENV_FILE_MAX_BYTES). A command may have left the file: it is read through
     coder.files.safeio (one non-blocking open, checked on the descriptor: a FIFO swapped in
     after a check never blocks), and at most the cap is read (a /proc file reports 0 bytes
-    whatever it holds). A link is followed: the user's `.env -> ../shared/.env` holds secrets too, and what is read
-    only ever takes text out of what coder shows."""
+    whatever it holds). A link is followed: the user's `.env -> ../shared/.env` holds
+    secrets too, and what is read only ever takes text out of what coder shows."""
     try:
         data = safeio.read_regular(path, limit=ENV_FILE_MAX_BYTES + 1)
     except OSError:  # NotRegular too

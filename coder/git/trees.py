@@ -34,10 +34,8 @@ def committed_links(worktree: Path, *, repo: Repo | None = None) -> frozenset[st
     before = _LINKS.get(str(parent.tree_id)) if parent is not None else None
     if parent is not None and before is not None:
         links = set(before)
-        for delta in parent.tree.diff_to_tree(commit.tree).deltas:
-            links.discard(delta.old_file.path)
-            if delta.new_file.mode == pygit2.enums.FileMode.LINK:
-                links.add(delta.new_file.path)
+        for path, link in _changed_entries(parent.tree, commit.tree, ""):
+            (links.add if link else links.discard)(path)
         found = frozenset(links)
     else:
         found = frozenset(_tree_links(commit.tree, ""))
@@ -45,6 +43,34 @@ def committed_links(worktree: Path, *, repo: Repo | None = None) -> frozenset[st
         _LINKS.pop(next(iter(_LINKS)))
     _LINKS[str(commit.tree_id)] = found
     return found
+
+
+def _changed_entries(old: pygit2.Tree, new: pygit2.Tree, prefix: str) -> Iterator[tuple[str, bool]]:
+    """(path, whether it is a symlink now) of every file that differs between two trees,
+    descending only into subtrees whose ids differ: a step's commit changes a few files, and
+    libgit2's tree diff walked all of a 20,000-file tree to find them (30 ms a step)."""
+    before = {entry.name: entry for entry in old}
+    for entry in new:
+        was = before.pop(entry.name, None)
+        if was is not None and was.id == entry.id and was.filemode == entry.filemode:
+            continue
+        path = f"{prefix}{entry.name}"
+        if isinstance(entry, pygit2.Tree):
+            if isinstance(was, pygit2.Tree):
+                yield from _changed_entries(was, entry, f"{path}/")
+                continue
+            yield from ((p, True) for p in _tree_links(entry, f"{path}/"))
+        else:
+            yield path, entry.filemode == pygit2.enums.FileMode.LINK
+        if isinstance(was, pygit2.Tree):  # a folder replaced by a file: its links are gone
+            yield from ((p, False) for p in _tree_links(was, f"{path}/"))
+        elif was is not None and isinstance(entry, pygit2.Tree):  # a file replaced by a folder
+            yield path, False
+    for name, was in before.items():  # removed
+        if isinstance(was, pygit2.Tree):
+            yield from ((p, False) for p in _tree_links(was, f"{prefix}{name}/"))
+        else:
+            yield f"{prefix}{name}", False
 
 
 def _tree_links(tree: pygit2.Tree, prefix: str) -> Iterator[str]:
