@@ -2,6 +2,7 @@
 these do the work, over the run engine in `coder.run`).
 
     merge.py     `coder merge` (and `run --merge-on-success`): landing a run on its base
+    indexlock.py the checkout's index.lock during a merge: whose it is, and the refusal
     revert.py    `coder revert`: the branch back to a step, later steps pending again
     fork.py      `coder fork`: a new run from a step of another, that run untouched
     compare.py   `coder compare`: two runs side by side, and their branches' diff

@@ -23,17 +23,13 @@ and running the merge again finishes the job:
 
 What a kill in step 6 leaves in the user's checkout, the next merge removes: temporary files
 next to the merged paths (`gitland.sweep_temp_files`), and the index's `index.lock` when the
-merge journal (`.coder/artifacts/ID/merge-index.json`, written just before the index is)
-shows that a merge of this run, now dead, was writing it. Any other `index.lock` refuses the
-merge in step 3, before base moves: the checkout's files could not be recorded there.
+merge journal shows that a merge of this run, now dead, was writing it
+(coder.services.indexlock). Any other `index.lock` refuses the merge in step 3, before base
+moves: the checkout's files could not be recorded there.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -52,14 +48,14 @@ from coder.errors import (
     MergeConflict,
     RunFailed,
 )
-from coder.files import nofollow
 from coder.git import branches, commits, diffs, repository, worktrees
 from coder.git import land as gitland
 from coder.run.foreign import refuse_foreign_commits
-from coder.run.lock import CheckoutLock, lock_for_command, pid_alive, processes_holding
+from coder.run.lock import CheckoutLock, lock_for_command
 from coder.run.manifest import Manifest, load_manifest
 from coder.run.records import RunState, StepRecord, now_iso
 from coder.run.state import StateStore
+from coder.services.indexlock import IndexJournal, free_index
 
 if TYPE_CHECKING:
     from coder.policy.sandbox import CommandResult
@@ -182,6 +178,7 @@ class _Merge:
         self.tag = tag_name(self.task_id)
         self.warnings: list[str] = []
         self.target: str | None = None  # the commit base is to point at, once known
+        self.journal = IndexJournal(coder_dir, self.task_id)
 
     def run(self) -> MergeResult:
         self._drop_leftover_check()
@@ -358,70 +355,12 @@ class _Merge:
             self._check_index_lock(checkout)
 
     def _check_index_lock(self, checkout: Path, *, landed: str | None = None) -> None:
-        """The checkout's index must be free to record the merged files in: an `index.lock`
-        left by a merge of this run that was killed writing it goes; any other refuses, before
-        this call changes anything (``landed``: an earlier, interrupted merge moved base)."""
-        lock = gitland.index_lock(checkout)
-        if not lock.exists():
-            return
-        killed = self._killed_index_writer(lock)
-        if killed is not None:
-            lock.unlink(missing_ok=True)
-            self.warnings.append(
-                f"removed {lock}, left by a `coder merge` of this run (pid {killed}) killed "
-                "while it wrote the index"
-            )
-            return
-        what = f"{lock} exists: a git process is working in {checkout}, or one was killed there"
-        if landed is None:
-            message = f"{what}; nothing was changed"
-        else:
-            message = (
-                f"run {self.task_id} landed on {self.base} as {landed[:12]}, but {checkout} "
-                f"cannot follow: {what}"
-            )
-        raise EnvironmentProblem(
-            message,
-            hint=f"if no git process is running there, delete {lock}; then run "
-            f"`coder merge -t {self.task_id}` again",
+        """The checkout's index must be free (coder.services.indexlock.free_index)."""
+        warning = free_index(
+            checkout, self.journal, task_id=self.task_id, base=self.base, landed=landed
         )
-
-    # --- the merge journal: which index a merge is writing ---------------------------------
-
-    @property
-    def _journal(self) -> Path:
-        return self.coder_dir / "artifacts" / self.task_id / "merge-index.json"
-
-    def _journal_index_write(self, lock: Path) -> None:
-        """Just before the index is written: a kill inside the write leaves `lock`, and the
-        next merge of this run reads here that it was this merge's."""
-        from coder.files.durable import write_private
-
-        record = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "lock": str(lock),
-            "since": time.time(),
-        }
-        write_private(self._journal, json.dumps(record) + "\n")
-
-    def _killed_index_writer(self, lock: Path) -> int | None:
-        """The pid of the merge of this run that was writing the index when it was killed, if
-        `lock` is the one it left: the journal names this lock, its pid is dead (this merge
-        holds the task lock), the lock was last written within a minute of the journal, and
-        no process has it open."""
-        try:
-            record = json.loads(nofollow.read_bytes(self._journal))
-            pid, since = record["pid"], float(record["since"])
-            mine = record["lock"] == str(lock) and record["host"] == socket.gethostname()
-            written = lock.stat().st_mtime
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        if not mine or not isinstance(pid, int) or pid == os.getpid() or pid_alive(pid):
-            return None
-        if not since - 1 <= written <= since + 60 or processes_holding(lock):
-            return None
-        return pid
+        if warning:
+            self.warnings.append(warning)
 
     @contextmanager
     def _holding(self, checkout: Path | None) -> Iterator[CheckoutLock | None]:
@@ -452,12 +391,12 @@ class _Merge:
             self._check_index_lock(checkout, landed=new)
             try:
                 gitland.apply_checkout_update(
-                    checkout, new, plan.pending, before_index=self._journal_index_write
+                    checkout, new, plan.pending, before_index=self.journal.write
                 )
             except CoderError as exc:
                 raise self._unfinished(checkout, new, exc) from None
-            finally:  # the index is written, or its write failed and removed its lock
-                nofollow.unlink(self._journal)
+            finally:
+                self.journal.clear()
         if plan.blocked:
             self.warnings.append(
                 f"left {', '.join(plan.blocked[:10])} in {checkout} as they are (changed "
