@@ -441,8 +441,7 @@ def complete_steps(ctx: click.Context, param: click.Parameter, incomplete: str) 
 
     try:
         coder_dir = runs_dir()
-        task = load_manifest(coder_dir, which_run(coder_dir, ctx.params.get("task_id"))).task
-        steps = [str(step["id"]) for step in task["graph"]]
+        steps = load_manifest(coder_dir, which_run(coder_dir, ctx.params.get("task_id"))).step_ids
     except Exception:  # noqa: BLE001 - as above
         return []
     return [CompletionItem(step) for step in steps if step.startswith(incomplete)]

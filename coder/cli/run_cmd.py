@@ -438,7 +438,7 @@ def dag_steps(*, path: Path | None = None, task_id: str | None = None) -> list[t
             from coder.services import history
 
             assert task_id is not None
-            task = taskfile.from_dict(history.open_run(cwd(), task_id).manifest.task)
+            task = history.open_run(cwd(), task_id).manifest.task
     except CoderError:
         return []
     return [(s.id, s.kind, s.goal) for s in task.steps]

@@ -178,9 +178,9 @@ def _from_manifest(coder_dir: Path, task_id: str) -> StatusRow | CorruptState:
     running = read_lock_owner(coder_dir, task_id) is not None
     return {
         "id": task_id,
-        "title": manifest.task["title"],
+        "title": manifest.doc["title"],
         "status": "running" if running else "interrupted (no state; coder resume)",
-        "progress": f"0/{len(manifest.task['graph'])}",
+        "progress": f"0/{len(manifest.step_ids)}",
         "skipped": 0,
         "branch": manifest.branch,
         "updated_at": manifest.created_at,

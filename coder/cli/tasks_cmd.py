@@ -153,8 +153,12 @@ def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
     if task_id is not None:
         from coder.services import history
 
-        state = history.open_run(cwd(), task_id).state
-        nodes, title = diagram.nodes_of_run(state.to_dict()), state.title
+        view = history.open_run(cwd(), task_id)
+        state = view.state
+        nodes, title = (
+            diagram.nodes_of_run(view.manifest.task, state.to_dict()["steps"]),
+            state.title,
+        )
         header = f"{title}\n  run {task_id}: {state.status} on {state.branch}\n"
     else:
         from coder import taskfile
@@ -177,10 +181,10 @@ def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
 def shown_task(task: Any) -> Any:
     """A taskfile as `show` shows it: as a run stores it, the literal secrets it holds redacted
     (coder.run.secrets.stored_task, with what this repository and process know)."""
-    from coder import taskfile
+    from coder.run.manifest import parse_task
     from coder.run.secrets import stored_task, view_redactor_at
 
-    return taskfile.from_dict(stored_task(task.to_dict(), view_redactor_at(cwd())))
+    return parse_task(stored_task(task.to_dict(), view_redactor_at(cwd())))
 
 
 def status_style(status: str, text: str) -> str:

@@ -133,7 +133,7 @@ def take(
     steps (the caller saves it), both with the secrets `redactor` knows left out. Returns the
     new manifest."""
     stored = stored_task(edit.task.to_dict(), redactor)
-    manifest = replace(manifest, task=stored, taskfile=str(edit.path.resolve()))
+    manifest = replace(manifest, doc=stored, taskfile=str(edit.path.resolve()))
     write_path(manifest_path, manifest)
     state.task, state.title, state.taskfile = stored, stored["title"], manifest.taskfile
     align(state, edit.task)

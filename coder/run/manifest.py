@@ -22,6 +22,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,10 +53,11 @@ _STRINGS = ("task_id", "base", "base_commit", "branch", "worktree", "created_at"
 @dataclass(frozen=True)
 class Manifest:
     """What a run is, fixed when it starts (only `coder resume --taskfile` replaces its task
-    and taskfile, by writing a new manifest)."""
+    and taskfile, by writing a new manifest). Its task is kept as the file stores it (`doc`)
+    and read typed (`task`, `restored_task()`): every reader parses it the same way."""
 
     task_id: str
-    task: TaskDoc  # the resolved task as stored, secrets left out
+    doc: TaskDoc  # the resolved task as stored, secrets left out (the file's "task")
     taskfile: str | None  # the taskfile the run started from (absolute), if any
     base: str
     base_commit: str
@@ -76,9 +78,28 @@ class Manifest:
     def worktree_path(self) -> Path:
         return Path(self.worktree)
 
+    @cached_property
+    def task(self) -> Task:
+        """The run's task as stored (secrets left out), parsed once, when first asked for:
+        `coder status` reads manifests and never needs it (nor the taskfile parser's import)."""
+        return parse_task(self.doc)
+
+    def restored_task(self) -> Task:
+        """The run's task with the secrets the manifest leaves out read back from its taskfile
+        (coder.run.secrets.restore): what runs commands (`resume`, `merge --if-green`)."""
+        from coder.run.secrets import restore
+
+        return parse_task(restore(self.doc, self.taskfile))
+
+    @property
+    def step_ids(self) -> list[str]:
+        """The task's step ids, from the checked document (no parse: `clean` reads them)."""
+        return [step["id"] for step in self.doc["graph"]]
+
     def as_dict(self) -> dict[str, Any]:
         """The manifest file's JSON object (its keys in the file's order)."""
         data = asdict(self)
+        data = {"task_id": data.pop("task_id"), "task": data.pop("doc"), **data}  # the file's
         if self.checkout_commit is None:
             del data["checkout_commit"]
         for key in ("origin", "parent", "forked_at", "seq"):  # unset: the file as before them
@@ -96,7 +117,7 @@ class Manifest:
         """From a checked manifest object (`_problem` found nothing)."""
         return cls(
             task_id=data["task_id"],
-            task=data["task"],
+            doc=data["task"],
             taskfile=data.get("taskfile"),
             base=data["base"],
             base_commit=data["base_commit"],
@@ -114,6 +135,14 @@ class Manifest:
     def order(self) -> tuple[bool, int, str]:
         """Its place in the order runs were made, to sort by (`made_order`)."""
         return made_order(self.seq, self.created_at)
+
+
+def parse_task(doc: TaskDoc) -> Task:
+    """A task as a run stores it (the manifest's and the checkpoint's `task`), typed: the one
+    place a stored task is parsed, so every reader sees it the same way."""
+    from coder import taskfile  # here: it imports the YAML parser, which `status` never needs
+
+    return taskfile.from_dict(doc)
 
 
 def made_order(seq: int | None, at: str) -> tuple[bool, int, str]:
@@ -297,7 +326,7 @@ def build(
     """A manifest: `task` is the resolved task as stored (secret env values left out)."""
     return Manifest(
         task_id=task["id"],
-        task=task,
+        doc=task,
         taskfile=str(taskfile.resolve()) if taskfile else None,
         base=base,
         base_commit=base_commit,
@@ -321,7 +350,7 @@ def from_state(state: RunState) -> Manifest:
     """The manifest a checkpoint holds."""
     return Manifest(
         task_id=state.task_id,
-        task=state.task,
+        doc=state.task,
         taskfile=state.taskfile,
         base=state.base,
         base_commit=state.base_commit,
@@ -339,7 +368,7 @@ def new_run(manifest: Manifest) -> RunState:
     """The first checkpoint of a run: every step pending."""
     from coder.run.records import StepRecord, now_iso
 
-    task = manifest.task
+    task = manifest.doc
     return RunState(
         task_id=manifest.task_id,
         title=task["title"],
@@ -374,7 +403,7 @@ def rebuild(
     task = taskfile.load(path)
     forked: dict[str, Any] = {}
     if not task.source.get("id"):  # an id was generated when the run started: it is this one
-        task = taskfile.from_dict({**task.source, "id": task_id})
+        task = task.renamed(task_id)
     elif task.id != task_id:  # the taskfile of the run `task_id` is a fork of?
         task, forked = _as_fork(repo, task, task_id, path)
     found = commits.run_base(repo, task.branch, task_id)
@@ -433,7 +462,7 @@ def _as_fork(repo: Repo, task: Task, fork_id: str, path: Path) -> tuple[Task, di
             f"{path} is the taskfile of task {task.id}, not of {fork_id}",
             hint=f"pass the taskfile run {fork_id} started from (for a fork: its first parent's)",
         )
-    renamed = taskfile.from_dict({**task.source, "id": fork_id, "branch": branch})
+    renamed = task.renamed(fork_id, branch)
     fields: dict[str, Any] = {"origin": {"id": task.id, "branch": task.branch}}
     if line is not None:
         order = graph.order(graph.build(renamed.deps()))

@@ -34,7 +34,6 @@ from coder.run.lock import TaskLock
 from coder.run.manifest import Manifest, manifest_path, new_run
 from coder.run.preflight import policy_for
 from coder.run.records import DONE, RunState
-from coder.run.secrets import restore
 from coder.run.settings import resolve
 from coder.run.state import StateStore
 
@@ -71,7 +70,7 @@ def resume_run(
         warnings += _previous_runner(lock.took_over_from, coder_dir, task_id)
         gitobjects.sweep(repo)  # what killed coders kept from git's prune, no ref reached
         state = _resumable_state(repo, store, manifest, warnings)
-        task = taskfile.from_dict(restore(manifest.task, manifest.taskfile))
+        task = manifest.restored_task()
         amend.align(state, task)  # after a crash while an edited taskfile was being taken
         given = _notes_for(task, state, options.notes)  # checked before anything changes
         edit, warning = amend.load_or_warn(  # so is an edited taskfile

@@ -72,8 +72,7 @@ class _Remains:
 
     @classmethod
     def of(cls, manifest: Manifest) -> _Remains:
-        graph = manifest.task["graph"]
-        steps = tuple(s["id"] for s in graph)
+        steps = tuple(manifest.step_ids)
         return cls(manifest.worktree_path, manifest.branch, steps, manifest.start_commit)
 
 

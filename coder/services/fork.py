@@ -51,11 +51,11 @@ class ForkResult:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
 
 
-def dag(task: dict[str, Any]) -> tuple[list[str], dict[str, list[str]]]:
+def dag(task: taskfile.Task) -> tuple[list[str], dict[str, list[str]]]:
     """The run's steps in DAG order, and what each depends on, as the run's task has them."""
     from coder.taskfile import graph
 
-    deps = {s.id: list(s.depends_on) for s in taskfile.from_dict(task).steps}
+    deps = {s.id: list(s.depends_on) for s in task.steps}
     return graph.order(graph.build(deps)), deps
 
 
@@ -131,7 +131,7 @@ def fork_run(
         return fork not in taken and branches.branch_tip(repo, branch_of(fork)) is None
 
     new_id = manifests.fork_id(task_id, free)
-    task = dict(parent.task, id=new_id, branch=branch_of(new_id))
+    task = dict(parent.doc, id=new_id, branch=branch_of(new_id))
     if model:
         task["model"] = model
     with TaskLock(coder_dir, new_id):
@@ -142,7 +142,7 @@ def fork_run(
             )
         manifest = manifests.Manifest(
             task_id=new_id,
-            task=task,  # the parent's stored task, renamed
+            doc=task,  # the parent's stored task, renamed
             taskfile=parent.taskfile,
             base=parent.base,
             base_commit=parent.base_commit,
@@ -154,7 +154,7 @@ def fork_run(
             forked_at={"step": at, "commit": plan.cut},
         )
         state = _state(manifest, parent_state, plan, at)
-        noted = _note(repo, parent, state, note) if note is not None else None
+        noted = _note(repo, parent, manifest, state, note) if note is not None else None
         manifest, tip = _copied(repo, coder_dir, parent, plan, manifest, state)
         _create(repo, coder_dir, manifest, tip, state)
     return ForkResult(
@@ -223,14 +223,20 @@ def _copied(
     return manifest, list(copies.values())[-1] if copies else parent.base_commit
 
 
-def _note(repo: repository.Repo, parent: manifests.Manifest, state: RunState, text: str) -> str:
+def _note(
+    repo: repository.Repo,
+    parent: manifests.Manifest,
+    manifest: manifests.Manifest,
+    state: RunState,
+    text: str,
+) -> str:
     """`--note`: a guidance note (coder.run.notes) for the fork's first pending step a model
     works on, redacted into its record; the step it went to. Refused (exit 2), before
     anything of the fork exists, when no pending step has a model to read it."""
     from coder.run import notes
     from coder.run.secrets import view_redactor
 
-    task = taskfile.from_dict(state.task)
+    task = manifest.task
     step = notes.target(task, notes.will_run(task, state), None)
     redactor = view_redactor(repository.repo_root(repo), [parent.worktree])
     notes.give(state, step, text, via="fork", redactor=redactor)

@@ -421,12 +421,10 @@ class _Merge:
 
     def _verify(self, commit: str) -> None:
         from coder import config as config_mod
-        from coder import taskfile
         from coder.run.preflight import policy_for
-        from coder.run.secrets import restore
 
         # the tests run as the taskfile wrote them (the manifest keeps them redacted)
-        task = taskfile.from_dict(restore(self.manifest.task, self.manifest.taskfile))
+        task = self.manifest.restored_task()
         cfg = config_mod.load(self.root)
         config_mod.require_trusted(cfg)  # its settings would widen what the check runs
         name = check_worktree_name(self.task_id)
@@ -552,11 +550,10 @@ def merge_message(
 ) -> str:
     """Title, the steps (one line each, as their commits are titled; or the run's report
     `summary` instead), then the trailers."""
-    from coder import taskfile
     from coder.redact import redact
     from coder.run.commitmsg import commit_title
 
-    task = taskfile.from_dict(manifest.task)
+    task = manifest.task
     lines = []
     for step in task.steps:
         st = state.steps.get(step.id) or StepRecord()

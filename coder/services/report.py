@@ -16,7 +16,6 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from coder import taskfile
 from coder.agent.session import model_at
 from coder.display import escaped, quoted_name
 from coder.git import branches, diffs, repository
@@ -198,10 +197,8 @@ def build(view: RunView) -> RunReport:
         merge=state.get("merge"),
         steps=steps,
         files=diffs.diff_files(repo, state["base_commit"], tip) if tip else [],
-        mermaid=diagram.mermaid(diagram.nodes_of_run(state)),
-        models=models_used(
-            taskfile.from_dict(state["task"]), {s.id: s.attempts for s in steps if s.usage}
-        ),
+        mermaid=diagram.mermaid(diagram.nodes_of_run(view.manifest.task, state["steps"])),
+        models=models_used(view.manifest.task, {s.id: s.attempts for s in steps if s.usage}),
         checkout_commit=view.state.checkout_commit,
         checkout_files=(
             diffs.diff_files(repo, state["base_commit"], view.state.checkout_commit)

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import project, taskfile
+from coder import project
 from coder.crashpoints import crashpoint
 from coder.errors import CoderError, EnvironmentProblem, InvalidInput, MergedRun
 from coder.git import branches, repository, restore, workdir, worktrees
@@ -132,8 +132,7 @@ def revert_run(
 
 def step_order(manifest: Manifest) -> list[str]:
     """The run's steps in DAG order (the executor's order)."""
-    task = taskfile.from_dict(manifest.task)
-    return graph.order(graph.build(task.deps()))
+    return graph.order(graph.build(manifest.task.deps()))
 
 
 def plan_revert(
@@ -232,7 +231,7 @@ class _Revert:
         """The step the note goes to: of those that run again once the revert is done."""
         if self.note is None:
             return None
-        task = taskfile.from_dict(self.manifest.task)
+        task = self.manifest.task
         later = notes.will_run(task, self.state, also=plan.pending)
         notes.checked_text(self.note[1])
         return notes.target(task, later, self.note[0])

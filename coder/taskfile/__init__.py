@@ -112,6 +112,11 @@ class Task:
 
         return replace(self, base=self.base or base, model=self.model or model)
 
+    def renamed(self, task_id: str, branch: str | None = None) -> Task:
+        """This task as its document would read with `id: task_id` (and `branch`, if given;
+        else the document's, or the one the new id gives)."""
+        return from_dict({**self.source, "id": task_id, **({"branch": branch} if branch else {})})
+
     def to_dict(self) -> TaskDoc:
         """The task as a taskfile document with every default filled in (what runs)."""
         doc: TaskDoc = {"id": self.id, "title": self.title, "branch": self.branch}

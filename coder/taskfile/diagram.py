@@ -74,15 +74,13 @@ def nodes_of_task(task: Any) -> list[Node]:
     return [Node(s.id, s.kind, s.goal, tuple(s.depends_on)) for s in task.steps]
 
 
-def nodes_of_run(state: Mapping[str, Any]) -> list[Node]:
-    """Nodes of a run, from the state `coder show -t --json` prints (its task's graph and its
-    steps' status, attempts and commit), in file order."""
-    from coder import taskfile
-
+def nodes_of_run(task: Any, steps: Mapping[str, Mapping[str, Any]]) -> list[Node]:
+    """Nodes of a run: its task's steps (`coder.taskfile.Task`: a file without depends_on runs
+    in file order, no edges written down) with their records' status, attempts and commit as
+    `coder show -t --json` prints them, in file order."""
     nodes = []
-    # through the Task: a file without depends_on runs in file order (no edges written down)
-    for step in taskfile.from_dict(state["task"]).steps:
-        st = state["steps"].get(step.id, {})
+    for step in task.steps:
+        st = steps.get(step.id, {})
         nodes.append(
             Node(
                 step.id,

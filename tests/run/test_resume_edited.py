@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from coder import taskfile as taskfile_mod
 from coder.errors import EXIT_FAILED, EXIT_USAGE
 from coder.redact import Redactor
 from coder.run import amend
@@ -146,7 +145,7 @@ def test_a_crash_between_the_manifest_and_the_checkpoint_is_mended(make_repo) ->
     state = store.load("ed")
     manifest_file = repo / ".coder" / "tasks" / "ed.json"
     manifest = read_manifest(repo / ".coder", "ed")
-    current = taskfile_mod.from_dict(manifest.task)
+    current = manifest.task
     edit = amend.compare(manifest, current, path)
     assert edit is not None
     not_saved = RunState.from_dict(state.to_dict())
