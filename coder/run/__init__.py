@@ -16,6 +16,7 @@ What a user does with a run afterwards (merge, revert, show, report) is in coder
     records.py     a run's checkpoint as typed records (RunState, StepRecord)
     state.py       the checkpoint on disk: a snapshot and a journal of step transitions
     manifest.py    what a run is, written before anything else (and rebuilt from trailers)
+    opened.py      a run opened through one door: manifest, lock, checkpoint, repository
     preflight.py   the commands a task's steps would run, checked before anything is created
     approvals.py   per-step, per-edit or none: the mode, and each per-edit answer logged
     amend.py       resuming with an edited taskfile: what changed, and taking it

@@ -178,16 +178,24 @@ class _FileLock:
 
 
 class TaskLock(_FileLock):
-    """One runner per task. `with TaskLock(coder_dir, task_id) as lock: ...`
+    """One runner per task, and no run, resume or other command of the task while a command
+    such as `merge` or `revert` (the `holder`) works on it. `with TaskLock(coder_dir, task_id)
+    as lock: ...`, or `acquire()` and `release()`; a command opening a run takes it through
+    `coder.run.opened.open_run`.
 
-    Raises ConcurrentRun if a live process holds it. If the previous holder died without
-    releasing it, the lock is taken over and `took_over_from` holds its pid (log a warning).
-    Keep the object alive for as long as the run lasts: the lock lives in its open fd."""
+    Raises ConcurrentRun if a live process holds it: held by a run, a command says it cannot
+    go on while it runs (`hint`, else how to stop it); held by another merge or revert, that
+    one's own refusal. If the previous holder died without releasing it, the lock is taken
+    over and `took_over_from` holds its pid (log a warning). Keep the object alive for as long
+    as the work lasts: the lock lives in its open fd."""
 
-    def __init__(self, coder_dir: Path, task_id: str, *, holder: str = "run") -> None:
+    def __init__(
+        self, coder_dir: Path, task_id: str, *, holder: str = "run", hint: str | None = None
+    ) -> None:
         self.task_id = check_task_id(task_id)
         self.path = _lock_path(coder_dir, task_id)
         self.holder = holder  # the command taking it (run, merge, revert), for the refusals
+        self.hint = hint  # what a command refused by a running run says to do
         self.took_over_from: int | None = None
         self._fd: int | None = None
 
@@ -214,27 +222,14 @@ class TaskLock(_FileLock):
                 hint="run the command again once it has finished",
                 holder=holder,
             )
+        running = f"task {self.task_id} is already being run by {who}{since}{host}"
+        stop = f"wait for it to finish, or stop it with `coder stop -t {self.task_id}`"
+        if self.holder == "run":
+            return ConcurrentRun(running, hint=stop)
         return ConcurrentRun(
-            f"task {self.task_id} is already being run by {who}{since}{host}",
-            hint=f"wait for it to finish, or stop it with `coder stop -t {self.task_id}`",
+            f"cannot {self.holder} run {self.task_id} while it runs: {running}",
+            hint=self.hint or stop,
         )
-
-
-def lock_for_command(
-    coder_dir: Path, task_id: str, holder: str, *, hint: str | None = None
-) -> TaskLock:
-    """The task's lock, taken for `holder` (`merge`, `revert`): no run, resume or other such
-    command meanwhile. Held by a run, ConcurrentRun says `holder` cannot go on while it runs
-    (`hint`, else the lock's own); held by another merge or revert, its own refusal stands."""
-    lock = TaskLock(coder_dir, task_id, holder=holder)
-    try:
-        return lock.acquire()
-    except ConcurrentRun as exc:
-        if exc.holder != "run":  # another merge or revert: it says so itself
-            raise
-        raise ConcurrentRun(
-            f"cannot {holder} run {task_id} while it runs: {exc.message}", hint=hint or exc.hint
-        ) from None
 
 
 # --- the user's checkout ---------------------------------------------------------------------

@@ -32,6 +32,7 @@ from coder.run import manifest as manifests
 from coder.run.foreign import refuse_foreign_commits
 from coder.run.lock import TaskLock
 from coder.run.manifest import Manifest, manifest_path, new_run
+from coder.run.opened import repair_worktree
 from coder.run.preflight import policy_for
 from coder.run.records import DONE, RunState
 from coder.run.settings import resolve
@@ -77,7 +78,7 @@ def resume_run(
             manifest, task, root, options.taskfile, keep=options.ignore_edits
         )
         warnings += [warning] if warning else []
-        warnings += reconcile(repo, state, manifest, manifest.worktree_path)
+        warnings += reconcile(repo, coder_dir, state, manifest)
         cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
         config_mod.require_trusted(cfg)
         task, manifest, redactor = _take_edit(
@@ -244,11 +245,11 @@ def _recover_manifest(
     return manifest
 
 
-def reconcile(repo: Repo, state: RunState, manifest: Manifest, worktree: Path) -> list[str]:
+def reconcile(repo: Repo, coder_dir: Path, state: RunState, manifest: Manifest) -> list[str]:
     """Bring the checkpoint in line with git, the source of truth. Refuses (changing nothing)
     when someone else moved the branch or edited the worktree while no runner was there."""
     warnings = []
-    task_id, branch = manifest.task_id, manifest.branch
+    task_id, branch, worktree = manifest.task_id, manifest.branch, manifest.worktree_path
     tip = branches.branch_tip(repo, branch)
     if tip is None:
         raise _branch_gone(repo, state, branch)
@@ -265,22 +266,7 @@ def reconcile(repo: Repo, state: RunState, manifest: Manifest, worktree: Path) -
         hint=f"move those commits to another branch and reset {branch} to its last coder "
         "commit, then resume",
     )
-    if not worktrees.worktree_ready(worktree):
-        pending = worktrees.pending_change(worktree)
-        done = {
-            worktrees.CREATING: "the checkout of worktree {} was cut short; checked it out again",
-            worktrees.REMOVING: "the removal of worktree {} was cut short; re-created it",
-        }.get(pending or "", "worktree {} was missing; re-created it")
-        done = f"{done.format(worktree)} from {branch}"
-        if pending is None and worktrees.dot_git_missing(worktree):
-            done = f"the `.git` file of worktree {worktree} was missing; wrote it again"
-        worktrees.create_worktree(repo, name=task_id, path=worktree, branch=branch, start=tip)
-        warnings.append(done)
-    if repository.clear_stale_index_lock(worktree):
-        warnings.append("removed a stale index.lock left by the crash")
-    named = worktrees.point_head_back(repo, task_id, branch)
-    if named is not None:
-        warnings.append(f"the worktree's HEAD named {named}, not {branch}; pointed it back")
+    warnings += repair_worktree(repo, coder_dir, manifest, tip)
     committed = {
         c.step_id: c.commit
         for c in gitcommits.effective_step_commits(

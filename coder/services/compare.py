@@ -10,7 +10,8 @@ from typing import Any
 
 from coder.display import escaped
 from coder.errors import InvalidInput
-from coder.git import branches, diffs, repository
+from coder.git import branches, diffs
+from coder.run.opened import OpenRun, open_run
 from coder.run.records import DONE, StepRecord
 from coder.services import history
 
@@ -64,8 +65,8 @@ class Comparison:
 def compare_runs(cwd: Path, first: str, second: str, *, patch: bool = False) -> Comparison:
     if first == second:
         raise InvalidInput(f"both sides are run {first}", hint="name two runs: -t A -t B")
-    views = history.open_run(cwd, first), history.open_run(cwd, second)
-    repo = repository.open_repo(views[0].root)
+    views = open_run(cwd, first), open_run(cwd, second)
+    repo = views[0].repo
     tips = [branches.branch_tip(repo, v.state.branch) for v in views]
     order = list(views[0].state.steps)
     order += [s for s in views[1].state.steps if s not in order]
@@ -99,7 +100,7 @@ def _side(record: StepRecord | None) -> Side:
     )
 
 
-def _totals(view: history.RunView, tip: str | None) -> Totals:
+def _totals(view: OpenRun, tip: str | None) -> Totals:
     state = view.state
     records = state.steps.values()
     return Totals(
@@ -112,5 +113,5 @@ def _totals(view: history.RunView, tip: str | None) -> Totals:
         steps=len(state.steps),
         tokens=sum(r.tokens for r in records),
         duration_s=round(sum(r.duration_s or 0.0 for r in records), 3),
-        model=state.task.get("model"),
+        model=view.task.model,
     )

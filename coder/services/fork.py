@@ -23,13 +23,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from coder import project, taskfile
+from coder import taskfile
 from coder.errors import CoderError, InvalidInput
 from coder.files import nofollow
 from coder.git import branches, forks, repository, worktrees
 from coder.git import commits as gitcommits
 from coder.run import manifest as manifests
 from coder.run.lock import TaskLock
+from coder.run.opened import open_run
 from coder.run.records import DONE, RunState, now_iso
 from coder.run.state import StateStore
 
@@ -104,10 +105,8 @@ def fork_run(
     note: str | None = None,
 ) -> ForkResult:
     """Fork run `task_id` at step `at` (see the module docstring)."""
-    repo = repository.open_repo(cwd)
-    coder_dir = project.coder_dir(repository.repo_root(repo))
-    parent = manifests.load_manifest(coder_dir, task_id)
-    parent_state = StateStore(coder_dir).load(task_id)
+    run = open_run(cwd, task_id)  # not locked: the parent is only read, and stays untouched
+    repo, coder_dir, parent, parent_state = run.repo, run.coder_dir, run.manifest, run.state
     order, deps = dag(parent.task)
     if at not in order:
         raise InvalidInput(

@@ -1,48 +1,22 @@
 """Reading a run back: its state, its diffs, its events (`coder show`, `diff`, `logs`, `report`).
-Finding the run needs no libgit2 (`project.main_root`): only `diff` loads it."""
+Opening the run (`open_run`, coder.run.opened) needs no libgit2: only `diff` loads it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from coder import project
-from coder.errors import EnvironmentProblem, InvalidInput, UnknownTask
-from coder.run.lock import read_lock_owner
-from coder.run.manifest import Manifest, load_manifest
-from coder.run.records import RunState
-from coder.run.state import StateStore
+from coder.errors import InvalidInput
+
+# The door every command opens a run through (coder.run.opened), named here for the commands
+# that read a run back.
+from coder.run.opened import OpenRun
+from coder.run.opened import open_run as open_run
 
 if TYPE_CHECKING:
     from coder.redact import Redactor
 
 
-@dataclass(frozen=True)
-class RunView:
-    root: Path
-    coder_dir: Path
-    manifest: Manifest
-    state: RunState
-    running_pid: int | None
-
-
-def open_run(cwd: Path, task_id: str) -> RunView:
-    root = project.main_root(cwd)
-    coder_dir = project.coder_dir(root)
-    manifest = load_manifest(coder_dir, task_id)
-    try:
-        state = StateStore(coder_dir).load(task_id)
-    except UnknownTask:  # a manifest alone: `status` lists the run, so this must not deny it
-        raise EnvironmentProblem(
-            f"run {task_id} has no state file (its runner was killed before writing the "
-            "first one, or the file was deleted)",
-            hint=f"`coder resume -t {task_id}` rebuilds it from the commits on the run's branch",
-        ) from None
-    return RunView(root, coder_dir, manifest, state, read_lock_owner(coder_dir, task_id))
-
-
-def redactor_of(view: RunView) -> Redactor:
+def redactor_of(view: OpenRun) -> Redactor:
     """What showing the run redacts (coder.run.secrets.view_redactor)."""
     from coder.run.secrets import view_redactor
 
@@ -56,15 +30,15 @@ def shown_name(name: str, redactor: Redactor) -> str:
     return quoted_name(redactor.redact(name))
 
 
-def diff(view: RunView, *, step: str | None = None, stat: bool = False) -> str:
+def diff(view: OpenRun, *, step: str | None = None, stat: bool = False) -> str:
     """The run's accumulated diff (base..branch), or one step's own commit: file names
     redacted and quoted when unusual, the text redacted, control characters escaped (it goes
     to a terminal; `git diff BASE..BRANCH` gives the patch as it is)."""
     from coder.display import escaped
     from coder.git import branches as gitbranches
-    from coder.git import diffs, repository
+    from coder.git import diffs
 
-    repo = repository.open_repo(view.root)
+    repo = view.repo
     state = view.state
     tip = gitbranches.branch_tip(repo, state.branch)
     if tip is None:

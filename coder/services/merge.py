@@ -36,7 +36,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coder import project
 from coder.crashpoints import crashpoint
 from coder.display import counted
 from coder.errors import (
@@ -48,13 +47,12 @@ from coder.errors import (
     MergeConflict,
     RunFailed,
 )
-from coder.git import branches, commits, diffs, repository, worktrees
+from coder.git import branches, commits, diffs, worktrees
 from coder.git import land as gitland
-from coder.run.foreign import refuse_foreign_commits
-from coder.run.lock import CheckoutLock, lock_for_command
-from coder.run.manifest import Manifest, load_manifest
+from coder.run.lock import CheckoutLock
+from coder.run.manifest import Manifest
+from coder.run.opened import OpenRun, open_run
 from coder.run.records import RunState, StepRecord, now_iso
-from coder.run.state import StateStore
 from coder.services.indexlock import IndexJournal, free_index
 
 if TYPE_CHECKING:
@@ -113,72 +111,44 @@ def merge_run(
             "--report writes the run's summary into the merge commit, and ff-only makes none",
             hint="use --mode squash (the default) or --mode no-ff",
         )
-    repo = repository.open_repo(cwd)
-    root = repository.repo_root(repo)
-    coder_dir = project.coder_dir(root)
-    manifest = load_manifest(coder_dir, task_id)
-    lock = lock_for_command(coder_dir, task_id, "merge")
-    try:
-        with EventLog(coder_dir, task_id) as log:
-            job = _Merge(
-                repo,
-                root,
-                coder_dir,
-                manifest,
-                StateStore(coder_dir),
-                mode,
-                if_green,
-                notify or (lambda _message: None),
-                report,
-            )
-            try:
-                result = job.run()
-            except CoderError as exc:
-                log.warning("merge.refused", mode=mode, error=exc.message)
-                raise
-            except KeyboardInterrupt:  # Ctrl-C, SIGTERM, a hang-up: say where it stopped
-                interrupted = job.interrupted()
-                log.warning("merge.interrupted", mode=mode, error=interrupted.message)
-                raise interrupted from None
-            log.info(
-                f"merge.{result.outcome}",
-                mode=result.mode,
-                base=result.base,
-                commit=result.commit or "",
-                tag=result.tag or "",
-                finished=",".join(result.finished),
-            )
-            return result
-    finally:
-        lock.release()
+    with open_run(cwd, task_id, holder="merge") as run, EventLog(run.coder_dir, task_id) as log:
+        job = _Merge(run, mode, if_green, notify or (lambda _message: None), report)
+        try:
+            result = job.run()
+        except CoderError as exc:
+            log.warning("merge.refused", mode=mode, error=exc.message)
+            raise
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM, a hang-up: say where it stopped
+            interrupted = job.interrupted()
+            log.warning("merge.interrupted", mode=mode, error=interrupted.message)
+            raise interrupted from None
+        log.info(
+            f"merge.{result.outcome}",
+            mode=result.mode,
+            base=result.base,
+            commit=result.commit or "",
+            tag=result.tag or "",
+            finished=",".join(result.finished),
+        )
+        return result
 
 
 class _Merge:
     """One `merge_run` call: the run's facts and the steps of the protocol."""
 
     def __init__(
-        self,
-        repo: Any,
-        root: Path,
-        coder_dir: Path,
-        manifest: Manifest,
-        store: StateStore,
-        mode: str,
-        if_green: bool,
-        notify: Notify,
-        report: bool = False,
+        self, run: OpenRun, mode: str, if_green: bool, notify: Notify, report: bool = False
     ) -> None:
-        self.repo, self.root, self.coder_dir, self.manifest = repo, root, coder_dir, manifest
-        self.store, self.mode, self.if_green, self.notify = store, mode, if_green, notify
-        self.report = report
-        self.task_id: str = manifest.task_id
-        self.state = store.load(self.task_id)
+        self.opened, self.repo, self.root, self.coder_dir = run, run.repo, run.root, run.coder_dir
+        self.manifest, self.store, self.state = run.manifest, run.store, run.state
+        self.mode, self.if_green, self.notify, self.report = mode, if_green, notify, report
+        self.task_id: str = run.task_id
         self.base: str = self.state.base
         self.branch: str = self.state.branch
         self.tag = tag_name(self.task_id)
         self.warnings: list[str] = []
         self.target: str | None = None  # the commit base is to point at, once known
-        self.journal = IndexJournal(coder_dir, self.task_id)
+        self.journal = IndexJournal(self.coder_dir, self.task_id)
 
     def run(self) -> MergeResult:
         self._drop_leftover_check()
@@ -266,11 +236,7 @@ class _Merge:
                 f"run {self.task_id} is {status}; only a successful run can be merged",
                 hint=f"finish it with `coder resume -t {self.task_id}`, then merge",
             )
-        refuse_foreign_commits(
-            self.repo,
-            branch=self.branch,
-            base_commit=self.manifest.base_commit,
-            task_id=self.task_id,
+        self.opened.refuse_foreign_commits(
             refusing="refusing to land work no run checked",
             hint=f"merge it with git yourself, or move those commits elsewhere and reset "
             f"{self.branch} to its last coder commit",
@@ -314,10 +280,8 @@ class _Merge:
         if not self.report:
             return None
         from coder.services import report
-        from coder.services.history import RunView
 
-        view = RunView(self.root, self.coder_dir, self.manifest, self.state, None)
-        return report.commit_summary(report.build(view))
+        return report.commit_summary(report.build(self.opened))
 
     # --- the user's checkout ---------------------------------------------------------------
 

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from coder.errors import EnvironmentProblem, InvalidInput, RemoteBranchMoved
-from coder.git import branches, remotes, repository
-from coder.run.lock import lock_for_command
+from coder.git import branches, remotes
+from coder.run.opened import open_run
 from coder.run.records import PushRecord, RunState, now_iso
-from coder.run.state import StateStore
 from coder.services import history
 
 
@@ -55,15 +54,10 @@ def push_run(cwd: Path, task_id: str, *, remote: str | None = None) -> PushResul
     """Push run `task_id`'s branch (see the module docstring)."""
     from coder.services import report as report_service
 
-    view = history.open_run(cwd, task_id)
-    repo = repository.open_repo(view.root)
-    state = view.state
-    name = remote or remotes.default_remote(repo, state.base)
-    url = remotes.shown_url(remotes.remote_url(repo, name))
-    lock = lock_for_command(view.coder_dir, task_id, "push")
-    try:
-        store = StateStore(view.coder_dir)
-        state = store.load(task_id)  # under the lock: what no runner changes now
+    with open_run(cwd, task_id, holder="push") as view:  # the state read under the lock
+        repo, store, state = view.repo, view.store, view.state
+        name = remote or remotes.default_remote(repo, state.base)
+        url = remotes.shown_url(remotes.remote_url(repo, name))
         tip = branches.branch_tip(repo, state.branch)
         if tip is None:
             raise InvalidInput(f"branch {state.branch} of run {task_id} no longer exists")
@@ -87,8 +81,6 @@ def push_run(cwd: Path, task_id: str, *, remote: str | None = None) -> PushResul
             outcome = "up_to_date"  # a push whose record was lost put it there
         state.pushed, state.pushing = state.pushing, None
         store.save(state)
-    finally:
-        lock.release()
     body = report_service.render(report_service.build(view), history.redactor_of(view), "md")
     warnings = []
     if state.status != "success":
@@ -155,13 +147,9 @@ class MergePushResult:
 
 def merge_remote(cwd: Path, task_id: str, remote: str | None) -> str:
     """The remote `coder merge --push` will push to, checked before anything is merged."""
-    from coder import project
-    from coder.run.manifest import load_manifest
-
-    repo = repository.open_repo(cwd)
-    manifest = load_manifest(project.coder_dir(repository.repo_root(repo)), task_id)
-    name = remote or remotes.default_remote(repo, manifest.base)
-    remotes.remote_url(repo, name)
+    run = open_run(cwd, task_id)
+    name = remote or remotes.default_remote(run.repo, run.manifest.base)
+    remotes.remote_url(run.repo, name)
     return name
 
 
@@ -169,11 +157,11 @@ def push_merge(cwd: Path, task_id: str, *, remote: str | None = None) -> MergePu
     """After `coder merge`: the base branch and the run's tag to the remote, both or neither
     (`--atomic`). An ordinary push: a remote base with commits this repository lacks refuses
     it (pull them, then `coder merge -t ID --push` again)."""
-    view = history.open_run(cwd, task_id)
+    view = open_run(cwd, task_id)
     merged = view.state.merge
     if not merged or "commit" not in merged:
         raise InvalidInput(f"run {task_id} has not been merged", hint=f"coder merge -t {task_id}")
-    repo = repository.open_repo(view.root)
+    repo = view.repo
     base = merged.get("base") or view.state.base
     name = remote or remotes.default_remote(repo, base)
     url = remotes.shown_url(remotes.remote_url(repo, name))

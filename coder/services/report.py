@@ -3,7 +3,7 @@ JSON): the task and its spec, the DAG with statuses, per step its goal, outcome,
 changed, tests before and after, fix cycles and why, tokens, time and cache reuse; the whole
 diff's stat; how to merge or revert.
 
-Built on what `coder show -t` reads (`coder.services.history.open_run`), so its figures are show's;
+Built on what `coder show -t` reads (`coder.run.opened.open_run`), so its figures are show's;
 the event log adds what the state does not keep (the failing tests each fix cycle started
 from), git the files each commit changed. Everything that leaves is redacted, as logs are (file
 names first, each on its own); a file name is quoted as git quotes an unusual one, and what
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from coder.agent.session import model_at
 from coder.display import escaped, quoted_name
-from coder.git import branches, diffs, repository
+from coder.git import branches, diffs
 from coder.models.usage import cache_share
 from coder.run import eventlog
-from coder.services.history import RunView
+from coder.run.opened import OpenRun
 from coder.taskfile import diagram
 
 if TYPE_CHECKING:
@@ -151,10 +151,10 @@ class RunReport:
         }
 
 
-def build(view: RunView) -> RunReport:
+def build(view: OpenRun) -> RunReport:
     state = view.state.to_dict()  # as `coder show -t --json` prints it
     task_id = state["task_id"]
-    repo = repository.open_repo(view.root)
+    repo = view.repo
     tip = branches.branch_tip(repo, state["branch"])
     cycles = _fix_cycles(view)
     steps = []
@@ -223,7 +223,7 @@ def _relative(path: str | None, root: Any) -> str | None:
         return path
 
 
-def _fix_cycles(view: RunView) -> dict[str, list[FixCycle]]:
+def _fix_cycles(view: OpenRun) -> dict[str, list[FixCycle]]:
     """Per step, the fix cycles of its last attempt (an attempt starts afresh)."""
     found: dict[str, list[FixCycle]] = {}
     for event in eventlog.read_events(view.coder_dir, view.state.task_id):

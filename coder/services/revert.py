@@ -34,17 +34,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coder import project
 from coder.crashpoints import crashpoint
 from coder.errors import CoderError, EnvironmentProblem, InvalidInput, MergedRun
-from coder.git import branches, repository, restore, workdir, worktrees
+from coder.git import branches, repository, restore, workdir
 from coder.git import commits as gitcommits
 from coder.git import land as gitland
 from coder.run import notes
-from coder.run.foreign import refuse_foreign_commits
-from coder.run.lock import lock_for_command
-from coder.run.manifest import Manifest, load_manifest
-from coder.run.state import StateStore
+from coder.run.manifest import Manifest
+from coder.run.opened import OpenRun, open_run
 from coder.taskfile import graph
 
 MODES = ("revert", "reset")
@@ -95,21 +92,16 @@ def revert_run(
 
     if mode not in MODES:
         raise InvalidInput(f"unknown revert mode {mode!r}", hint=f"use one of: {', '.join(MODES)}")
-    repo = repository.open_repo(cwd)
-    coder_dir = project.coder_dir(repository.repo_root(repo))
-    manifest = load_manifest(coder_dir, task_id)
-    order = step_order(manifest)
-    if to_step not in order and to_step != START:
-        raise InvalidInput(
-            f"run {task_id} has no step {to_step!r} (its steps: {', '.join(order)}; "
-            f"`{START}`: before the first)"
-        )
-    lock = lock_for_command(
-        coder_dir, task_id, "revert", hint=f"stop it first with `coder stop -t {task_id}`"
-    )
-    try:
-        with EventLog(coder_dir, task_id) as log:
-            job = _Revert(repo, coder_dir, manifest, order, to_step, mode)
+    stop = f"stop it first with `coder stop -t {task_id}`"
+    with open_run(cwd, task_id, holder="revert", hint=stop) as run:
+        order = step_order(run.manifest)
+        if to_step not in order and to_step != START:
+            raise InvalidInput(
+                f"run {task_id} has no step {to_step!r} (its steps: {', '.join(order)}; "
+                f"`{START}`: before the first)"
+            )
+        with EventLog(run.coder_dir, task_id) as log:
+            job = _Revert(run, order, to_step, mode)
             job.note = (note_step, note) if note is not None else None
             try:
                 result = job.run()
@@ -126,8 +118,6 @@ def revert_run(
                 pending=",".join(result.pending),
             )
             return result
-    finally:
-        lock.release()
 
 
 def step_order(manifest: Manifest) -> list[str]:
@@ -165,22 +155,13 @@ def revert_message(task_id: str, to_step: str, undone: gitcommits.StepCommit) ->
 class _Revert:
     """One `revert_run` call: the run's facts and the steps of the protocol."""
 
-    def __init__(
-        self,
-        repo: Any,
-        coder_dir: Path,
-        manifest: Manifest,
-        order: list[str],
-        to_step: str,
-        mode: str,
-    ) -> None:
-        self.repo, self.coder_dir, self.manifest, self.order = repo, coder_dir, manifest, order
-        self.to_step, self.mode = to_step, mode
-        self.task_id: str = manifest.task_id
-        self.branch: str = manifest.branch
-        self.worktree = manifest.worktree_path
-        self.store = StateStore(coder_dir)
-        self.state = self.store.load(self.task_id)
+    def __init__(self, run: OpenRun, order: list[str], to_step: str, mode: str) -> None:
+        self.opened, self.repo, self.coder_dir = run, run.repo, run.coder_dir
+        self.manifest, self.store, self.state = run.manifest, run.store, run.state
+        self.order, self.to_step, self.mode = order, to_step, mode
+        self.task_id: str = run.task_id
+        self.branch: str = run.manifest.branch
+        self.worktree = run.manifest.worktree_path
         self.warnings: list[str] = []
         self.finished: list[str] = []
         self.note: tuple[str | None, str] | None = None  # (its step or None, its text)
@@ -197,7 +178,7 @@ class _Revert:
         )
         plan = plan_revert(self.order, self.to_step, commits, self.manifest.start_commit)
         note_step = self._note_target(plan)  # a bad note changes nothing
-        self._repair_worktree(tip)
+        self.warnings += self.opened.repair_worktree(tip)  # what resume repairs too
         self._settle_worktree(tip)
         moves = plan.cut != tip if self.mode == "reset" else bool(plan.undo)
         new_tip, made = self._move(plan, tip) if moves else (tip, ())
@@ -278,43 +259,13 @@ class _Revert:
         return tip
 
     def _refuse_foreign(self) -> None:
-        refuse_foreign_commits(
-            self.repo,
-            branch=self.branch,
-            base_commit=self.manifest.base_commit,
-            task_id=self.task_id,
+        self.opened.refuse_foreign_commits(
             refusing="refusing to revert so none of that work is lost",
             hint=f"move those commits to another branch and reset {self.branch} to its last "
             "coder commit, then revert again",
         )
 
     # --- the worktree ------------------------------------------------------------------------
-
-    def _repair_worktree(self, tip: str) -> None:
-        """What resume repairs too: a deleted worktree, a crash's index.lock, commands a
-        killed runner left running (they would write into the worktree behind our back), and
-        a HEAD one of them pointed at another branch."""
-        from coder.policy import sandbox
-
-        if not worktrees.worktree_ready(self.worktree):  # missing, or its checkout cut short
-            worktrees.create_worktree(
-                self.repo, name=self.task_id, path=self.worktree, branch=self.branch, start=tip
-            )
-            self.warnings.append(
-                f"worktree {self.worktree} was missing; re-created it from {self.branch}"
-            )
-        if repository.clear_stale_index_lock(self.worktree):
-            self.warnings.append("removed a stale index.lock left by a crash")
-        leftovers = sandbox.kill_owned(sandbox.owner_token(self.coder_dir, self.task_id))
-        if leftovers:
-            self.warnings.append(
-                f"killed {len(leftovers)} leftover command process(es) of a killed runner"
-            )
-        named = worktrees.point_head_back(self.repo, self.task_id, self.branch)  # after them
-        if named is not None:
-            self.warnings.append(
-                f"the worktree's HEAD named {named}, not {self.branch}; pointed it back"
-            )
 
     def _settle_worktree(self, tip: str) -> None:
         """Uncommitted changes are refused unless they are coder's own to throw away."""
