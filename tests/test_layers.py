@@ -313,6 +313,53 @@ def test_package_indexes_name_every_module() -> None:
     assert not stale, "package docstrings that leave out modules:\n" + "\n".join(stale)
 
 
+def unexplained_namesakes(package: Path) -> list[str]:
+    """Modules that share a name with a module of another package, where neither package's
+    docstring names the other module (`coder.tools.shell` in coder.run.steps' docstring says
+    its `shell` is the step kind's, not the tool's)."""
+    by_name: dict[str, list[Path]] = {}
+    for path in sorted(package.rglob("*.py")):
+        if path.name != "__init__.py":
+            by_name.setdefault(path.stem, []).append(path)
+    found = []
+    for name, paths in sorted(by_name.items()):
+        for i, one in enumerate(paths):
+            for other in paths[i + 1 :]:
+                docs = [_package_doc(one.parent), _package_doc(other.parent)]
+                said = [module_name(other, package), module_name(one, package)]
+                if not any(m in doc for doc, m in zip(docs, said, strict=True)):
+                    rel = sorted(str(p.relative_to(package.parent)) for p in (one, other))
+                    found.append(" and ".join(rel))
+    return found
+
+
+def _package_doc(directory: Path) -> str:
+    init = directory / "__init__.py"
+    if not init.is_file():
+        return ""
+    return ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+
+
+def test_no_namesakes_unless_the_package_says_why() -> None:
+    """Two modules of one name in different packages make a reader guess which one is meant:
+    rename one, or have its package's docstring name the other and say why both."""
+    found = unexplained_namesakes(PACKAGE)
+    assert not found, "modules of one name, unexplained:\n" + "\n".join(found)
+
+
+def test_the_namesake_check_sees_one(tmp_path: Path) -> None:
+    pkg = tmp_path / "coder"
+    for sub, doc in (("a", ""), ("b", '"""b.py"""'), ("c", '"""unlike coder.a.x"""')):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text(doc, encoding="utf-8")
+        (pkg / sub / "x.py").write_text("", encoding="utf-8")
+    (pkg / "__init__.py").write_text("", encoding="utf-8")
+    assert unexplained_namesakes(pkg) == [
+        "coder/a/x.py and coder/b/x.py",
+        "coder/b/x.py and coder/c/x.py",
+    ]
+
+
 # --------------------------------------------------------------------------- function length
 
 LONGEST = 80  # lines of a function from its `def`, its docstring included

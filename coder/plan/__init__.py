@@ -2,7 +2,7 @@
 
     planner.py   the service: ask the model for drafts until one is valid, write it
     spec.py      the spec, from a file or the prompt
-    context.py   what the model is told about the repository at HEAD
+    overview.py  what the model is told about the repository at HEAD
     prompts.py   the planner's system message (rules + project context), the spec, the repair
                  message (the agent's own prompts are coder.agent.prompts: each package its own)
     drafts.py    the JSON object in an answer, and the document coder writes from it

@@ -10,7 +10,7 @@ from typing import Any
 
 from coder import taskfile
 from coder.files.durable import write_atomic
-from coder.plan.context import ProjectContext
+from coder.plan.overview import ProjectContext
 
 TASKS_DIR = "tasks"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")

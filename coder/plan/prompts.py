@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from coder.errors import Problem
-from coder.plan.context import ProjectContext, format_tree
+from coder.plan.overview import ProjectContext, format_tree
 from coder.plan.spec import Spec
 from coder.policy.commands import SHELL_BUILTINS
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from coder import config as config_mod
 from coder import taskfile, yamldoc
 from coder.errors import DocumentError, Problem
-from coder.plan.context import ProjectContext
+from coder.plan.overview import ProjectContext
 
 if TYPE_CHECKING:
     from coder.policy.commands import Policy

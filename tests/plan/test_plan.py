@@ -391,7 +391,7 @@ def test_an_existing_out_file_is_kept_unless_forced(fake: FakeOllama, sample: Pa
 def test_the_context_leaves_out_vendored_and_binary_files(make_repo) -> None:
     from coder import config
     from coder.git import repository
-    from coder.plan import context as plan
+    from coder.plan import overview as plan
 
     repo = make_repo(
         {
