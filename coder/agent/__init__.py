@@ -10,6 +10,8 @@
                  written as text (tool_protocol)
     session.py   the run's model side: the shared session, opening it (models checked,
                  warmed up, the prefix built and primed), which model each attempt uses
+    modelstep.py a model step's attempt: its tools, its first message, the conversation,
+                 its claim checked against the real changes (coder.run.steps.model runs it)
 
 May import: tools, models, policy and the base modules. Never run, plan, mcp or CLI.
 """

@@ -1,6 +1,7 @@
 """The model side of a run: the session every model step shares, how it is opened (models
 checked on their servers, warmed up, the prefix built and primed), and which model each
-attempt of a step uses."""
+attempt of a step uses. What can be decided once per run is decided here, not by each step:
+the config the models are read from, code_search's embedder, each model's tool protocol."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from coder.models.provider import Message, ModelFacts, Models, ToolSchema
     from coder.redact import Redactor
     from coder.taskfile import Step, Task, TaskDoc
+    from coder.tools.base import CodeSearch
     from coder.tools.registry import Registry
 
 FALLBACK_AFTER = 2  # failed attempts with a step's model before its fallback_model takes over
@@ -28,13 +30,17 @@ FALLBACK_AFTER = 2  # failed attempts with a step's model before its fallback_mo
 @dataclass
 class AgentSession:
     """What every model step of a run shares: the models, the tool registry and the
-    byte-stable prefix (system prompt and tool definitions, fixed for the whole run)."""
+    byte-stable prefix (system prompt and tool definitions, fixed for the whole run), and
+    what the run's config decides for every step (its models' places, code_search's
+    embedder)."""
 
     models: Models
     registry: Registry
     system: str
     tools: list[ToolSchema]
     facts: ModelFacts
+    config: Config
+    code: CodeSearch  # code_search's cache and embedder, opened once for every step
     # kind -> the tools the prefix lists for it (prefix.model_kinds): a step's first message
     # names its tools only where they differ
     kind_tools: Mapping[str, list[str]] = field(default_factory=dict)
@@ -46,13 +52,13 @@ class AgentSession:
     protocols: dict[str, Choice] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def prime(self, cfg: Config) -> None:
+    def prime(self) -> None:
         """Start sending the warm prefix to `warm_model`, as it will see it: call once the
         tools are final (external ones join the prefix first). Once per run; see `primed`."""
         model = self.warm_model
         if self.priming is not None or model is None:
             return
-        fmt = tool_format(self, cfg, model)[0]
+        fmt = tool_format(self, model)[0]
         prefix: list[Message] = [{"role": "system", "content": fmt.system(self.system)}]
 
         def send() -> None:  # within a bound of its own: `stop_priming` ends it
@@ -156,13 +162,13 @@ def open_agent(
         raise
     session = _session(models, facts, cfg, repo, base_commit, stored, redactor, task.steps)
     for name in first:  # known before the first step: the prefix primed is the model's own
-        tool_format(session, cfg, name, warmed[name])
+        tool_format(session, name, warmed[name])
     if cfg.warm_prefix and replay is None:
         session.warm_model = first[0]
         session.width = widest_level(task, pending)
         if not cfg.mcp_servers:  # else once their tools joined it (coder.run.drive)
             # While the run prepares, the servers take in the shared prefix (`primed`).
-            session.prime(cfg)
+            session.prime()
     return session
 
 
@@ -190,22 +196,31 @@ def _session(
     from coder import project
     from coder.agent import prefix
     from coder.git import repository
+    from coder.tools.codeindex import code_settings
     from coder.tools.registry import default_registry
 
     registry = default_registry()
     kind_tools = prefix.model_kinds(steps, registry)
+    cache = project.coder_dir(repository.repo_root(repo)) / "cache"
     built = prefix.build(
         repo,
         base_commit,
         stored,
         cfg,
         num_ctx=facts.num_ctx,
-        cache_dir=project.coder_dir(repository.repo_root(repo)) / "cache",
+        cache_dir=cache,
         redactor=redactor,
         kinds=kind_tools,
     )
     return AgentSession(
-        models, registry, built.system, registry.definitions(), facts, kind_tools=kind_tools
+        models,
+        registry,
+        built.system,
+        registry.definitions(),
+        facts,
+        config=cfg,
+        code=code_settings(cfg, cache, redactor),
+        kind_tools=kind_tools,
     )
 
 
@@ -224,7 +239,7 @@ def warm_up(models: Models, names: Sequence[str]) -> tuple[ModelFacts, dict[str,
 
 
 def tool_format(
-    session: AgentSession, cfg: Config, model: str | None, facts: ModelFacts | None = None
+    session: AgentSession, model: str | None, facts: ModelFacts | None = None
 ) -> tuple[ToolFormat, Choice]:
     """How `model` (None: the run's) is given its tools, and why: decided at its first use
     in the run (coder.models.protocol; `facts` from its warm-up, else it is warmed up now
@@ -237,8 +252,8 @@ def tool_format(
     with session.lock:
         choice = session.protocols.get(name)
         if choice is None:
-            place, served = model_config(cfg, name)
-            remembered = protocol.Remembered(protocol.cache_path(cfg.project_root))
+            place, served = model_config(session.config, name)
+            remembered = protocol.Remembered(protocol.cache_path(session.config.project_root))
             if facts is None and place.tool_protocol == "auto":
                 facts = session.models.warm_up(name)
             choice = protocol.decide(place, served, facts or session.facts, remembered)
@@ -246,15 +261,15 @@ def tool_format(
     return format_for(choice, session.tools), choice
 
 
-def tools_as_text(session: AgentSession, cfg: Config, model: str | None, reason: str) -> Choice:
+def tools_as_text(session: AgentSession, model: str | None, reason: str) -> Choice:
     """`model` answered in prose naming a tool under an unproven native choice: it uses text
     tools from now on (remembered for its server)."""
     from coder.models import protocol
     from coder.models.factory import model_config
 
     name = model or session.models.model
-    place, served = model_config(cfg, name)
-    remembered = protocol.Remembered(protocol.cache_path(cfg.project_root))
+    place, served = model_config(session.config, name)
+    remembered = protocol.Remembered(protocol.cache_path(session.config.project_root))
     choice = protocol.learned(place, served, reason, remembered)
     with session.lock:
         session.protocols[name] = choice

@@ -65,7 +65,7 @@ def tool_context(root: Path) -> ToolContext:
         policy=Policy.from_config(cfg.values),
         redactor=redactor,
         config=cfg,
-        **code_settings(cfg, coder_dir / "cache", redactor),
+        code=code_settings(cfg, coder_dir / "cache", redactor),
     )
 
 

@@ -23,9 +23,9 @@ from coder import config as config_mod
 from coder import taskfile
 from coder.errors import BadSpec, InvalidInput, PlanFailed, Problem
 from coder.git import repository
-from coder.plan.overview import ProjectContext, gather_context
 from coder.plan.drafts import Draft, normalise, parse_answer
 from coder.plan.output import choose_id, draft_path, shown, target_for, write_text
+from coder.plan.overview import ProjectContext, gather_context
 from coder.plan.prompts import SPEC_PLACEHOLDER, repair_message, spec_message, system_prompt
 from coder.plan.render import render
 from coder.plan.spec import Spec

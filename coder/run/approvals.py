@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from coder.errors import InvalidInput
 
 if TYPE_CHECKING:
+    from coder.agent.session import EventSink
     from coder.redact import Redactor
-    from coder.run.eventlog import EventLog
     from coder.tools.proposal import Proposal, Verdict
 
 Mode = Literal["per-step", "per-edit", "none"]
@@ -70,7 +70,7 @@ class EditApprovals:
     lock: threading.Lock = field(default_factory=threading.Lock)  # one question at a time
     _all: set[str] = field(default_factory=set)
 
-    def for_step(self, step_id: str, log: EventLog) -> StepApprovals:
+    def for_step(self, step_id: str, log: EventSink) -> StepApprovals:
         return StepApprovals(self, step_id, log)
 
 
@@ -82,7 +82,7 @@ class StepApprovals:
 
     run: EditApprovals
     step_id: str
-    log: EventLog
+    log: EventSink  # the step's event log
     refusals: list[str] = field(default_factory=list)
 
     def __call__(self, proposal: Proposal) -> Verdict:

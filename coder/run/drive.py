@@ -219,7 +219,7 @@ def _drive(run: RunContext, options: RunOptions) -> str:
                 agent, config, cwd=run.worktree, log=run.log, redactor=run.redactor
             )
         if agent is not None:
-            agent.prime(config)  # unless it is already being sent
+            agent.prime()  # unless it is already being sent
         with _stop_on_signals(run.stop, run.log):
             return Executor(run).execute()
     finally:

@@ -3,6 +3,7 @@
     ToolResult   what a call answers (errors are data: `ToolResult.error(message, hint)`)
     ToolContext  where and under which rules a call runs (the worktree, the policy, the
                  redactor, the run's config and policies, who approves each change)
+    CodeSearch   what code_search keeps and asks besides BM25 (coder.tools.codeindex)
     Tool         a name, a description, the parameters and a handler `(ctx, args) -> result`;
                  a tool that changes something also a `preview` (coder.tools.approval)
     params, prop the flat object schema of a tool's parameters (see coder.tools.registry)
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from coder.redact import Redactor
 from coder.taskfile.policies import Policies
 
 if TYPE_CHECKING:
+    from coder.models.factory import Embedder
     from coder.models.provider import ToolSchema
     from coder.schemas import JsonSchema
     from coder.tools.proposal import Approver, Proposal
@@ -55,6 +57,15 @@ class ToolResult:
         return f"error: {self.content}" + (f"\nhint: {self.hint}" if self.hint else "")
 
 
+@dataclass(frozen=True)
+class CodeSearch:
+    """code_search's settings, decided once per run (coder.tools.codeindex.code_settings)."""
+
+    cache_dir: Path | None = None  # .coder/cache: the index (None: in memory only)
+    embedder: Embedder | None = None  # hybrid ranking (None: BM25 alone)
+    embed_key: str = ""  # the embedding model (names its vector cache)
+
+
 @dataclass
 class ToolContext:
     root: Path  # the worktree
@@ -69,9 +80,7 @@ class ToolContext:
     command_timeout: int | None = None  # cap for shell_run/tests_run; None: the policy's
     read_limit: int = 400  # lines per fs_read page
     owner: str | None = None  # sandbox owner token, so `coder resume` can kill leftovers
-    cache_dir: Path | None = None  # .coder/cache: code_search's index (None: in memory only)
-    embedder: Callable[[Sequence[str]], list[list[float]]] | None = None  # hybrid code_search
-    embed_key: str = ""  # the embedding model (names its vector cache)
+    code: CodeSearch = field(default_factory=CodeSearch)
     # in a run: an EnvironmentProblem or a full disk stops the run instead of being an
     # answer to the model (the MCP server keeps answering: its client decides)
     stop_on_environment: bool = False

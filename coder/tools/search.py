@@ -32,7 +32,7 @@ def code_search(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     root = Path(real_root(ctx))
     wanted = glob_regex(normalize_glob(ctx, args["glob"])) if args.get("glob") else None
     notes: list[str] = []
-    embedder = ctx.embedder
+    embedder = ctx.code.embedder
     try:
         hits = _search(ctx, root, query, limit, wanted, embedder)
     except Exception as exc:  # noqa: BLE001 - the embedding server failed: BM25 alone
@@ -76,9 +76,9 @@ def _search(
         root,
         query,
         k=k,
-        cache_dir=ctx.cache_dir,
+        cache_dir=ctx.code.cache_dir,
         embedder=embedder,
-        embed_key=ctx.embed_key,
+        embed_key=ctx.code.embed_key,
         redactor=ctx.redactor,
     )
     if wanted is not None:

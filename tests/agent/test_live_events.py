@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any, get_args
 
 from coder.agent import events as ev
+from coder.agent.modelstep import report
 from coder.models.provider import Usage
 from coder.run.drive import RunOptions
 from coder.run.eventlog import EventLog
 from coder.run.start import start_run as start
-from coder.run.steps.model import report
 from tests.fake_ollama import FakeOllama, Reply
 from tests.helpers import call, done, taskfile
 

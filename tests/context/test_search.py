@@ -166,9 +166,10 @@ def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> 
     with FakeOllama(models=models) as server:
         config = {"ollama_host": server.url, "embedding_model": "nomic-embed-text"}
         settings = code_settings(config, tmp_path / "cache", Redactor())
-        vectors = settings["embedder"](["parse the config", "parse the config file"])
+        assert settings.embedder is not None
+        vectors = settings.embedder(["parse the config", "parse the config file"])
         assert len(vectors) == 2 and len(vectors[0]) == 16
-        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **settings)
+        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), code=settings)
         result = default_registry().call(
             "code_search", {"query": "reduce a price by a percentage"}, ctx
         )
@@ -178,7 +179,7 @@ def test_hybrid_code_search_through_ollama_embed(shop: Path, tmp_path: Path) -> 
         assert list((tmp_path / "cache").glob("embeddings-ollama-nomic-embed-text.bin"))
         # an embedding model the server does not have: BM25 alone, and the model is told
         missing = code_settings({**config, "embedding_model": "no-such-model"}, None, Redactor())
-        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **missing)
+        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), code=missing)
         result = default_registry().call(
             "code_search", {"query": "reduce a price by a percentage"}, ctx
         )
@@ -211,7 +212,7 @@ def test_hybrid_code_search_through_an_openai_compatible_server(shop: Path, tmp_
             "embedding_model": embedder,
         }
         settings = code_settings(config, tmp_path / "cache", Redactor())
-        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **settings)
+        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), code=settings)
         result = default_registry().call("code_search", query, ctx)
         assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
         assert "embeddings unavailable" not in result.content
@@ -220,10 +221,11 @@ def test_hybrid_code_search_through_an_openai_compatible_server(shop: Path, tmp_
         assert bodies[0]["model"] == embedder and len(bodies[0]["input"]) > 1
         assert bodies[1]["input"] == [query["query"]]
         assert list((tmp_path / "cache").glob("embeddings-openai-nomic-embed-text-v1.5.bin"))
-        assert settings["embedder"](["again"]) == [embedding("again")]
+        assert settings.embedder is not None
+        assert settings.embedder(["again"]) == [embedding("again")]
         # a chat model (a server started without --embeddings): BM25 alone, and why
         chat_only = code_settings({**config, "embedding_model": MODEL}, None, Redactor())
-        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **chat_only)
+        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), code=chat_only)
         result = default_registry().call("code_search", query, ctx)
         assert result.ok and result.content.startswith("shop/pricing.py:3-5 (apply_discount)")
         assert "does not support embeddings. Start it with `--embeddings`" in result.content
@@ -256,7 +258,7 @@ def test_the_embedding_model_may_be_a_named_model_on_another_server(
             "embedding_model": "embedder",
         }
         settings = code_settings(config, tmp_path / "cache", Redactor())
-        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), **settings)
+        ctx = ToolContext(root=shop, policy=Policy(), redactor=Redactor(), code=settings)
         result = default_registry().call(
             "code_search", {"query": "reduce a price by a percentage"}, ctx
         )

@@ -306,7 +306,7 @@ def test_flatten_keeps_what_the_ollama_client_drops_in_descriptions() -> None:
     ],
 )
 def test_allowed_tools(kind: str, tools: tuple[str, ...] | None, expected: list[str]) -> None:
-    from coder.run.steps.model import allowed_tools
+    from coder.agent.modelstep import allowed_tools
 
     names = ["fs_read", "fs_write", "echo__echo", "step_complete"]
     kinds = {

@@ -100,7 +100,7 @@ def _ask(
     """Fix cycle `cycle`: the model shown only what fails, in the words of the step's kind
     (`coder.taskfile.kinds.Kind.fix`), with the edit kind's tools."""
     from coder.agent import prompts
-    from coder.run.steps.model import converse
+    from coder.agent.modelstep import converse
 
     message = prompts.fix_message(
         step={"id": ctx.step.id, "kind": ctx.step.kind, "goal": ctx.step.goal},
