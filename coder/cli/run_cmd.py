@@ -166,11 +166,11 @@ def run(
 
     path = _taskfile_given(given, path, task_id, as_json)
     options = RunOptions(
-        max_parallel,
-        fail_fast,
-        model,
-        record,
-        replay,
+        max_parallel=max_parallel,
+        fail_fast=fail_fast,
+        model=model,
+        record=record,
+        replay=replay,
         sandbox="off" if no_sandbox else None,
         include_uncommitted=include_uncommitted,
     )
@@ -330,11 +330,11 @@ def resume(
             cwd=cwd(),
             console=progress,
             options=RunOptions(
-                max_parallel,
-                fail_fast,
-                model,
-                record,
-                replay,
+                max_parallel=max_parallel,
+                fail_fast=fail_fast,
+                model=model,
+                record=record,
+                replay=replay,
                 attach_tools=attach_configured,
                 sandbox="off" if no_sandbox else None,
                 live=progress.loop_event,

@@ -34,7 +34,7 @@ from coder.run import manifest as manifests
 from coder.run.context import Approver, RunContext
 from coder.run.records import RunState
 from coder.run.secrets import run_secrets, stored_task
-from coder.run.settings import RunSettings, serving
+from coder.run.settings import Chosen, RunSettings, serving
 from coder.run.state import StateStore
 
 if TYPE_CHECKING:
@@ -47,16 +47,13 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class RunOptions:
-    max_parallel: int | None = None
-    fail_fast: bool = False
+class RunOptions(Chosen):
+    """What a run is given: the command line's choice of its settings (`Chosen`, resolved by
+    coder.run.settings.resolve), and the rest."""
+
     model: str | None = None
     record: Path | None = None  # write the model's replies here
     replay: Path | None = None  # answer model calls from this recording instead of Ollama
-    # approvals (coder.run.approvals): the command line's mode (--approvals; --autonomous is
-    # "none"), else the taskfile's policies.approvals, else `default_approvals`
-    approvals: str | None = None
-    default_approvals: Mode = "none"
     approve: Approver | None = None  # the terminal's question before a step (per-step)
     approve_edit: EditPrompt | None = None  # and before an edit or a command (per-edit)
     attach_tools: ToolAttacher | None = None  # extra tools for the model (the MCP servers')

@@ -6,14 +6,16 @@ taskfile's `policies` (coder.taskfile.policies), else the config (coder.config).
 can narrow what commands may do, never widen it (coder.run.preflight.policy_for). Nothing
 after this reads a setting from two places or parses one again.
 
-Adding a per-run setting: its field here and the line of `resolve` that decides it (with its
-source: a `Policies` field, a config key, or the command line's option).
+Adding a per-run setting: its field in `RunSettings` and the line of `resolve` that decides
+it, from its sources: a `Policies` field, a config key, and the command line's option (a field
+of `Chosen`, which coder.run.drive.RunOptions carries as it is). docs/extending.md says where
+else.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from coder.run.approvals import mode_of
 from coder.run.preflight import policy_for
@@ -26,17 +28,16 @@ if TYPE_CHECKING:
     from coder.taskfile.policies import Policies
 
 
-class Chosen(Protocol):
-    """What the command line chose for a run (coder.run.drive.RunOptions)."""
+@dataclass(frozen=True, kw_only=True)
+class Chosen:
+    """What the command line chose of a run's settings (`coder run`, `coder resume`; None:
+    nothing, the taskfile's or the config's applies). coder.run.drive.RunOptions is one, with
+    the rest a run is given: a new option is a field here, not copied there."""
 
-    @property
-    def max_parallel(self) -> int | None: ...
-    @property
-    def fail_fast(self) -> bool: ...
-    @property
-    def approvals(self) -> str | None: ...
-    @property
-    def default_approvals(self) -> Mode: ...
+    max_parallel: int | None = None
+    fail_fast: bool = False
+    approvals: str | None = None  # --approvals (--autonomous is "none")
+    default_approvals: Mode = "none"  # the command's own: `coder run` per-step
 
 
 @dataclass(frozen=True)
