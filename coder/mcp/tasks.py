@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from coder.display import counted
 from coder.errors import CoderError, InvalidInput, NotRegular, RunNotStarted
@@ -52,6 +52,19 @@ _launched: dict[str, _Launch] = {}
 _lock = threading.Lock()
 
 
+class PathArgs(TypedDict):
+    path: str
+
+
+class RunArgs(TypedDict, total=False):
+    path: Required[str]
+    merge_on_success: bool
+
+
+class IdArgs(TypedDict):
+    id: str
+
+
 def _taskfile(ctx: ToolContext, rel: str) -> Path:
     return resolve_in_root(Path(ctx.root), rel, write=False, policy=ctx.policy)
 
@@ -68,7 +81,7 @@ def _repo(ctx: ToolContext) -> tuple[Any, Path]:
 # --------------------------------------------------------------------------- handlers
 
 
-def task_validate(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def task_validate(ctx: ToolContext, args: PathArgs) -> ToolResult:
     from coder.services import validate as validation
     from coder.taskfile import graph
 
@@ -97,7 +110,7 @@ def task_validate(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     )
 
 
-def task_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def task_run(ctx: ToolContext, args: RunArgs) -> ToolResult:
     from coder import project, taskfile
     from coder.git import repository
     from coder.run import manifest as manifests
@@ -264,7 +277,7 @@ def _already_running(task_id: str, pid: int | None) -> ToolResult:
     )
 
 
-def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def task_status(ctx: ToolContext, args: IdArgs) -> ToolResult:
     from coder.errors import UnknownTask
     from coder.run.lock import read_lock_owner
     from coder.run.records import DONE
@@ -337,7 +350,7 @@ def task_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     )
 
 
-def task_stop(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def task_stop(ctx: ToolContext, args: IdArgs) -> ToolResult:
     from coder.run.stop import stop_run
 
     task_id = args["id"]

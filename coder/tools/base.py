@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coder.config import Config, as_config
-from coder.models.provider import Arguments
 from coder.policy.commands import Policy
 from coder.redact import Redactor
 from coder.taskfile.policies import Policies
@@ -34,8 +33,11 @@ if TYPE_CHECKING:
     from coder.tools.proposal import Approver, Proposal
 
 
-# A tool's preview of a call (coder.tools.approval): what it would change, its own error, or None
-Preview = Callable[["ToolContext", Arguments], "Proposal | ToolResult | None"]
+# A tool's preview of a call (coder.tools.approval): what it would change, its own error, or None.
+# A handler and its preview take the tool's own TypedDict of its arguments (`Any` here: the
+# registry holds every tool), which the registry checked against `parameters` first
+# (tests/tools/test_tool_arguments.py holds each TypedDict to its schema).
+Preview = Callable[["ToolContext", Any], "Proposal | ToolResult | None"]
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class ToolContext:
     _edits: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)  # lint memo
 
 
-Handler = Callable[[ToolContext, Arguments], ToolResult]
+Handler = Callable[[ToolContext, Any], ToolResult]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Required, TypedDict
 
 from coder.redact import is_env_file
 from coder.tools import feedback
@@ -60,6 +60,29 @@ SKIP_DIRS = frozenset(
 # --------------------------------------------------------------------------- shared helpers
 
 
+class ReadArgs(TypedDict, total=False):
+    path: Required[str]
+    offset: int
+    limit: int
+
+
+class WriteArgs(TypedDict):
+    path: str
+    content: str
+
+
+class EditArgs(TypedDict, total=False):
+    path: Required[str]
+    search: Required[str]
+    replace: Required[str]
+    replace_all: bool
+
+
+class GlobArgs(TypedDict, total=False):
+    pattern: Required[str]
+    limit: int
+
+
 def is_binary(head: bytes) -> bool:
     return b"\0" in head[:8192]
 
@@ -77,7 +100,7 @@ def _cut(line: str) -> str:
     return line[:MAX_LINE_CHARS] + f" [... line cut: {len(line) - MAX_LINE_CHARS} more chars]"
 
 
-def fs_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def fs_read(ctx: ToolContext, args: ReadArgs) -> ToolResult:
     real, rel = resolve(ctx, args["path"], write=False)
     if real.is_dir():
         return ToolResult.error(
@@ -129,7 +152,7 @@ def fs_read(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 # --------------------------------------------------------------------------- fs_write
 
 
-def _planned_write(ctx: ToolContext, args: dict[str, Any]) -> tuple[str, bytes] | ToolResult:
+def _planned_write(ctx: ToolContext, args: WriteArgs) -> tuple[str, bytes] | ToolResult:
     """fs_write up to the write: (the file, its content), or why it would be refused."""
     path, content = args["path"], args["content"]
     if path.endswith(("/", os.sep)):
@@ -150,7 +173,7 @@ def _planned_write(ctx: ToolContext, args: dict[str, Any]) -> tuple[str, bytes] 
     return refused if refused is not None else (rel, data)
 
 
-def fs_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def fs_write(ctx: ToolContext, args: WriteArgs) -> ToolResult:
     planned = _planned_write(ctx, args)
     if isinstance(planned, ToolResult):
         return planned
@@ -166,7 +189,7 @@ def fs_write(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     )
 
 
-def preview_write(ctx: ToolContext, args: dict[str, Any]) -> Proposal | ToolResult:
+def preview_write(ctx: ToolContext, args: WriteArgs) -> Proposal | ToolResult:
     planned = _planned_write(ctx, args)
     if isinstance(planned, ToolResult):
         return planned
@@ -265,7 +288,7 @@ class _Edit:
     count: int
 
 
-def _planned_edit(ctx: ToolContext, args: dict[str, Any]) -> _Edit | ToolResult:
+def _planned_edit(ctx: ToolContext, args: EditArgs) -> _Edit | ToolResult:
     """fs_edit up to the write: the edit, or why it would be refused."""
     search, replace = args["search"], args["replace"]
     replace_all = bool(args.get("replace_all", False))
@@ -315,7 +338,7 @@ def _planned_edit(ctx: ToolContext, args: dict[str, Any]) -> _Edit | ToolResult:
     return _Edit(rel, raw, out, mode, new, _line_of(new, starts[0]), replace, count)
 
 
-def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def fs_edit(ctx: ToolContext, args: EditArgs) -> ToolResult:
     edit = _planned_edit(ctx, args)
     if isinstance(edit, ToolResult):
         return edit
@@ -339,7 +362,7 @@ def fs_edit(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     )
 
 
-def preview_edit(ctx: ToolContext, args: dict[str, Any]) -> Proposal | ToolResult:
+def preview_edit(ctx: ToolContext, args: EditArgs) -> Proposal | ToolResult:
     edit = _planned_edit(ctx, args)
     if isinstance(edit, ToolResult):
         return edit
@@ -395,7 +418,7 @@ def walk_files(root: str, *, links: bool = True) -> Iterator[str]:
         stack.extend(reversed(subdirs))
 
 
-def fs_glob(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def fs_glob(ctx: ToolContext, args: GlobArgs) -> ToolResult:
     pattern = normalize_glob(ctx, args["pattern"])
     limit = min(max(1, int(args.get("limit", 200))), 2000)
     rx = glob_regex(pattern)

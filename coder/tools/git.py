@@ -17,7 +17,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Required, TypedDict
 
 from coder.errors import PatchProblem
 from coder.files import nofollow
@@ -31,6 +31,24 @@ from coder.tools.worktree import closest_match, numbered, real_root, resolve
 DIFF_CAP = 30_000  # chars of git_diff output
 
 
+class StatusArgs(TypedDict):
+    pass
+
+
+class DiffArgs(TypedDict, total=False):
+    path: str
+    staged: bool
+
+
+class LogArgs(TypedDict, total=False):
+    limit: int
+
+
+class PatchArgs(TypedDict, total=False):
+    patch: Required[str]
+    dry_run: bool
+
+
 def _repo(ctx: ToolContext) -> Repo:
     return workdir.open_files(real_root(ctx))
 
@@ -38,7 +56,7 @@ def _repo(ctx: ToolContext) -> Repo:
 # --------------------------------------------------------------------------- git_status
 
 
-def git_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def git_status(ctx: ToolContext, args: StatusArgs) -> ToolResult:
     repo = _repo(ctx)
     status = workdir.porcelain_status(repo)
     head = branches.head_commit(repo)
@@ -56,7 +74,7 @@ def git_status(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 # --------------------------------------------------------------------------- git_diff
 
 
-def git_diff(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def git_diff(ctx: ToolContext, args: DiffArgs) -> ToolResult:
     repo = _repo(ctx)
     only = None
     if args.get("path"):
@@ -96,7 +114,7 @@ def git_diff(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 # --------------------------------------------------------------------------- git_log
 
 
-def git_log(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def git_log(ctx: ToolContext, args: LogArgs) -> ToolResult:
     repo = _repo(ctx)
     limit = min(max(1, int(args.get("limit", 10))), 100)
     found = commits.log(repo, limit)
@@ -411,7 +429,7 @@ def _prepare(ctx: ToolContext, files: list[_FilePatch]) -> tuple[str, list[str],
     return "".join(texts), summary, paths
 
 
-def fs_apply_patch(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def fs_apply_patch(ctx: ToolContext, args: PatchArgs) -> ToolResult:
     files = parse_patch(args["patch"])
     text, summary, paths = _prepare(ctx, files)
     repo = _repo(ctx)
@@ -451,7 +469,7 @@ def fs_apply_patch(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     )
 
 
-def preview_patch(ctx: ToolContext, args: dict[str, Any]) -> Proposal | ToolResult | None:
+def preview_patch(ctx: ToolContext, args: PatchArgs) -> Proposal | ToolResult | None:
     """fs_apply_patch's change, worked out without writing (None: a dry run writes nothing)."""
     if args.get("dry_run"):
         return None

@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from coder.redact import is_env_file
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
@@ -63,7 +63,15 @@ sys.stdout.write(json.dumps(stats) + "\n")
 """
 
 
-def fs_grep(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+class GrepArgs(TypedDict, total=False):
+    pattern: Required[str]
+    glob: str
+    limit: int
+    ignore_case: bool
+    literal: bool
+
+
+def fs_grep(ctx: ToolContext, args: GrepArgs) -> ToolResult:
     pattern = args["pattern"]
     limit = min(max(1, int(args.get("limit", 100))), 1000)
     flags = re.IGNORECASE if args.get("ignore_case") else 0

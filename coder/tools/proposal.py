@@ -15,8 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from coder.models.provider import Arguments
-
 Answer = Literal["yes", "no", "edit", "all"]
 
 
@@ -34,7 +32,7 @@ class Proposal:
     files: tuple[FileChange, ...] = ()
     command: str | None = None  # a command tool's command line, as it would run
     decision: str | None = None  # the policy's decision on the command
-    arguments: Arguments = field(default_factory=dict)
+    arguments: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def editable(self) -> bool:

@@ -30,7 +30,7 @@ import re
 import traceback
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Required, TypedDict, cast
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
@@ -332,7 +332,13 @@ def tools_for_kind(kind: str, registry: Registry | None = None) -> list[str]:
     return [n for n in reg.names() if n in names]
 
 
-def _step_complete(ctx: ToolContext, args: Arguments) -> ToolResult:
+class StepCompleteArgs(TypedDict, total=False):
+    summary: Required[str]
+    files_changed: list[str]
+    no_change_reason: str
+
+
+def _step_complete(ctx: ToolContext, args: StepCompleteArgs) -> ToolResult:
     # The agent loop intercepts this call and checks the claim against the real diff; this
     # handler only serves other callers (MCP) and records the claim as data.
     files = list(args.get("files_changed") or [])

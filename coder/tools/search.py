@@ -8,7 +8,7 @@ name, its first line and the lines that match, capped.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from coder.errors import CoderError
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
@@ -19,7 +19,13 @@ RESULT_CHARS = 6000
 MATCH_LINES = 3  # matching lines shown per hit, besides its first line
 
 
-def code_search(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+class SearchArgs(TypedDict, total=False):
+    query: Required[str]
+    limit: int
+    glob: str
+
+
+def code_search(ctx: ToolContext, args: SearchArgs) -> ToolResult:
     from coder.context import retrieval
 
     query = str(args["query"]).strip()

@@ -10,7 +10,8 @@ and for tests only the counts and the failing sections, not the whole log.
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Required, TypedDict
 
 from coder.checks import testresults
 from coder.checks.testreport import framework_of, test_command
@@ -21,6 +22,16 @@ from coder.tools.proposal import Proposal
 from coder.tools.worktree import resolve
 
 TAIL_CHARS = 8000  # per stream shown to the model
+
+
+class ShellArgs(TypedDict, total=False):
+    cmd: Required[str]
+    cwd: str
+    timeout: int
+
+
+class TestsArgs(TypedDict, total=False):
+    args: str
 
 
 def _tail(text: str, cap: int = TAIL_CHARS) -> tuple[str, bool]:
@@ -94,7 +105,7 @@ def _refused(exc: PolicyViolation) -> ToolResult:
     )
 
 
-def shell_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def shell_run(ctx: ToolContext, args: ShellArgs) -> ToolResult:
     cmd = args["cmd"]
     if not cmd.strip():
         return ToolResult.error("cmd is empty", hint="give a shell command line")
@@ -121,7 +132,7 @@ def shell_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     return ToolResult(True, text, data=data)
 
 
-def tests_run(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
+def tests_run(ctx: ToolContext, args: TestsArgs) -> ToolResult:
     try:
         extra = shlex.split(args.get("args") or "")
     except ValueError as exc:
@@ -177,9 +188,16 @@ def _decision(ctx: ToolContext, cmd: str, cwd_arg: str | None, timeout: int) -> 
     return f"allowed: runs {where}, network {network}, killed after {timeout}s"
 
 
-def _preview(ctx: ToolContext, tool: str, cmd: str, args: dict[str, Any]) -> Proposal | ToolResult:
+def _preview(
+    ctx: ToolContext,
+    tool: str,
+    cmd: str,
+    args: Mapping[str, object],
+    cwd: str | None = None,
+    timeout: int | None = None,
+) -> Proposal | ToolResult:
     try:
-        decision = _decision(ctx, cmd, args.get("cwd"), _limit(ctx, args.get("timeout")))
+        decision = _decision(ctx, cmd, cwd, _limit(ctx, timeout))
     except PolicyViolation as exc:
         if str(exc.message).startswith("command refused"):
             return _refused(exc)  # nothing would run: nothing to ask
@@ -187,13 +205,13 @@ def _preview(ctx: ToolContext, tool: str, cmd: str, args: dict[str, Any]) -> Pro
     return Proposal(tool, command=cmd, decision=decision, arguments=args)
 
 
-def preview_shell(ctx: ToolContext, args: dict[str, Any]) -> Proposal | ToolResult:
+def preview_shell(ctx: ToolContext, args: ShellArgs) -> Proposal | ToolResult:
     if not args["cmd"].strip():
         return ToolResult.error("cmd is empty", hint="give a shell command line")
-    return _preview(ctx, "shell_run", args["cmd"], args)
+    return _preview(ctx, "shell_run", args["cmd"], args, args.get("cwd"), args.get("timeout"))
 
 
-def preview_tests(ctx: ToolContext, args: dict[str, Any]) -> Proposal | ToolResult:
+def preview_tests(ctx: ToolContext, args: TestsArgs) -> Proposal | ToolResult:
     try:
         extra = shlex.split(args.get("args") or "")
     except ValueError:
