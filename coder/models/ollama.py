@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Generator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ClassVar, Unpack, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, Unpack, cast
 
 from coder.errors import HostUnreachable, ModelError
 from coder.models.provider import Message, ModelFacts, ToolCall, ToolSchema
@@ -75,7 +75,27 @@ def _seconds(value: int | None) -> float:
     return (value or 0) / 1e9
 
 
-class OllamaProvider(StreamingProvider[dict[str, Any], "ollama.ChatResponse"]):
+class Options(TypedDict, total=False):
+    """The model options of a chat request (Ollama's `options`)."""
+
+    num_ctx: int
+    temperature: float
+    seed: int
+    num_predict: int
+
+
+class ChatRequest(TypedDict):
+    """The keyword arguments of `Client.chat` coder sends (`stream` added when sent)."""
+
+    model: str
+    messages: list[Message]
+    tools: list[ToolSchema] | None
+    format: JsonSchema | str | None
+    options: Options
+    keep_alive: str | float | None
+
+
+class OllamaProvider(StreamingProvider[ChatRequest, "ollama.ChatResponse"]):
     """A `ModelProvider` for one model on one Ollama host. Close it (or use `with`). The
     class is the `Provider` named "ollama" (coder.models.factory.PROVIDERS)."""
 
@@ -234,7 +254,7 @@ class OllamaProvider(StreamingProvider[dict[str, Any], "ollama.ChatResponse"]):
         messages: list[Message],
         tools: list[ToolSchema] | None,
         format: JsonSchema | str | None,
-    ) -> dict[str, Any]:
+    ) -> ChatRequest:
         return {
             "model": self.model,
             "messages": messages,
@@ -244,11 +264,11 @@ class OllamaProvider(StreamingProvider[dict[str, Any], "ollama.ChatResponse"]):
             "keep_alive": self.keep_alive,
         }
 
-    def open_stream(self, request: dict[str, Any]) -> Chunks[ollama.ChatResponse]:
+    def open_stream(self, request: ChatRequest) -> Chunks[ollama.ChatResponse]:
         client = self._client(self.request_timeout if self._warm else self.first_request_timeout)
-        return cast(
-            Generator["ollama.ChatResponse", None, None], client.chat(**request, stream=True)
-        )
+        # `format` is any string coder's callers pass; the client's type allows "" and "json"
+        sent = client.chat(**cast(Any, request), stream=True)
+        return cast(Generator["ollama.ChatResponse", None, None], sent)
 
     def read(self, chunk: ollama.ChatResponse) -> Piece:
         message = chunk.message
@@ -284,8 +304,8 @@ class OllamaProvider(StreamingProvider[dict[str, Any], "ollama.ChatResponse"]):
             )
         return vectors
 
-    def _options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {
+    def _options(self) -> Options:
+        options: Options = {
             "num_ctx": self.context_length(),
             "temperature": self.temperature,
         }

@@ -34,7 +34,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Unpack, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Required, TypedDict, Unpack, cast
 
 from coder.errors import ModelError, ModelMissing, ModelUnavailable
 from coder.models import bounds, slots
@@ -67,13 +67,67 @@ HOST_HINT = (
 )
 
 
-def to_wire(messages: list[Message]) -> list[dict[str, Any]]:
+class WireFunction(TypedDict):
+    name: str
+    arguments: str  # JSON text
+
+
+class WireCall(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: WireFunction
+
+
+class WireMessage(TypedDict, total=False):
+    """A chat message as an OpenAI-compatible server takes it."""
+
+    role: Required[str]
+    content: str
+    tool_calls: list[WireCall]
+    tool_call_id: str
+
+
+class ChatRequest(TypedDict, total=False):
+    """The keyword arguments of `chat.completions.create` coder sends."""
+
+    model: Required[str]
+    messages: Required[list[WireMessage]]
+    stream: Required[bool]
+    stream_options: dict[str, bool]
+    temperature: float
+    tools: list[ToolSchema]
+    seed: int
+    max_tokens: int
+    extra_body: dict[str, bool | int]  # llama.cpp's own fields
+    response_format: dict[str, object]
+
+
+class Timings(TypedDict, total=False):
+    """llama.cpp's `timings` of a chunk (tokens, milliseconds)."""
+
+    prompt_n: int
+    cache_n: int
+    predicted_n: int
+    prompt_ms: float
+    predicted_ms: float
+
+
+class Props(TypedDict, total=False):
+    """What coder reads of llama.cpp's GET /props."""
+
+    total_slots: int
+    n_ctx: int
+    default_generation_settings: dict[str, object]
+    build_info: str
+
+
+def to_wire(messages: list[Message]) -> list[WireMessage]:
     """coder's transcript messages as OpenAI chat messages."""
-    wire: list[dict[str, Any]] = []
+    wire: list[WireMessage] = []
     for m in messages:
         role = m["role"]
         if role == "assistant":
-            out: dict[str, Any] = {"role": "assistant", "content": m.get("content") or ""}
+            out: WireMessage = {"role": "assistant", "content": m.get("content") or ""}
             calls = m.get("tool_calls") or []
             if calls:
                 out["tool_calls"] = [
@@ -101,7 +155,7 @@ def to_wire(messages: list[Message]) -> list[dict[str, Any]]:
     return wire
 
 
-def _answered_call(wire: list[dict[str, Any]], message: Message) -> str:
+def _answered_call(wire: list[WireMessage], message: Message) -> str:
     """The id of the latest call to the tool a result without an id answers (transcripts
     written before ids were kept)."""
     for m in reversed(wire):
@@ -111,7 +165,7 @@ def _answered_call(wire: list[dict[str, Any]], message: Message) -> str:
     return "call_unknown"
 
 
-class OpenAIProvider(StreamingProvider[dict[str, Any], "ChatCompletionChunk"]):
+class OpenAIProvider(StreamingProvider[ChatRequest, "ChatCompletionChunk"]):
     """A `ModelProvider` for one model at one OpenAI-compatible endpoint (`base_url` is the
     /v1 URL). Close it (or use `with`). The class is the `Provider` named "openai"
     (coder.models.factory.PROVIDERS); its labels, `endpoints`, `serves` and `missing` are
@@ -213,7 +267,7 @@ class OpenAIProvider(StreamingProvider[dict[str, Any], "ChatCompletionChunk"]):
     def context_length(self) -> int:
         return self.probe().num_ctx or DEFAULT_CONTEXT
 
-    def _llama_cpp_props(self) -> dict[str, Any]:
+    def _llama_cpp_props(self) -> Props:
         """llama.cpp's GET /props (at the server's root, beside /v1), or {} elsewhere."""
         import httpx
 
@@ -223,7 +277,7 @@ class OpenAIProvider(StreamingProvider[dict[str, Any], "ChatCompletionChunk"]):
             data = response.json() if response.status_code == 200 else {}
         except (httpx.HTTPError, ValueError):
             return {}
-        return data if isinstance(data, dict) else {}
+        return cast(Props, data) if isinstance(data, dict) else {}
 
     # -- chat (the hooks of StreamingProvider) ------------------------------------------------
 
@@ -232,8 +286,8 @@ class OpenAIProvider(StreamingProvider[dict[str, Any], "ChatCompletionChunk"]):
         messages: list[Message],
         tools: list[ToolSchema] | None,
         format: JsonSchema | str | None,
-    ) -> dict[str, Any]:
-        request: dict[str, Any] = {
+    ) -> ChatRequest:
+        request: ChatRequest = {
             "model": self.model,
             "messages": to_wire(messages),
             "stream": True,
@@ -260,13 +314,17 @@ class OpenAIProvider(StreamingProvider[dict[str, Any], "ChatCompletionChunk"]):
             request["response_format"] = {"type": "json_object"}
         return request
 
-    def open_stream(self, request: dict[str, Any]) -> Chunks[ChatCompletionChunk]:
-        return cast("Chunks[ChatCompletionChunk]", self._sdk().chat.completions.create(**request))
+    def open_stream(self, request: ChatRequest) -> Chunks[ChatCompletionChunk]:
+        # our wire shape, not the SDK's narrower per-role message types (a compatible server
+        # takes any content as a string): the SDK sends the mapping as it is
+        sent = self._sdk().chat.completions.create(**cast(Any, request))
+        return cast("Chunks[ChatCompletionChunk]", sent)
 
     def read(self, chunk: ChatCompletionChunk) -> Piece:
         """A delta of the first choice (tool calls in parts by index), and the server's
         figures: `usage` (on the last chunk), llama.cpp's `timings` (on the last, or on each)."""
-        figures = _figures(chunk.usage, (chunk.model_extra or {}).get("timings") or {})
+        timings = cast(Timings, (chunk.model_extra or {}).get("timings") or {})
+        figures = _figures(chunk.usage, timings)
         if not chunk.choices:
             return Piece(figures=figures)
         choice = chunk.choices[0]
@@ -363,7 +421,7 @@ def _message(exc: openai.APIStatusError) -> str:
     return str(exc.message)
 
 
-def _figures(usage: CompletionUsage | None, timings: dict[str, Any]) -> Figures | None:
+def _figures(usage: CompletionUsage | None, timings: Timings) -> Figures | None:
     """What a chunk says of the call's cost: `usage`, where it says, before llama.cpp's
     `timings`."""
     if usage is None and not timings:

@@ -25,7 +25,7 @@ import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from coder import yamldoc
 from coder.errors import CoderError
@@ -34,13 +34,25 @@ from coder.models.factory import endpoints, provider_of
 
 if TYPE_CHECKING:
     from coder.config import Config
-    from coder.models.provider import ModelFacts
+    from coder.models.provider import Message, ModelFacts, ToolSchema
 
 ToolProtocol = Literal["native", "text"]
 FIXED: dict[str, ToolProtocol] = {"native": "native", "text": "text"}  # the settings not auto
 CACHE_FILE = "tool-protocols.json"
 TIMEOUT_S = 15.0
-PROBE_TOOL = {
+
+
+class Probe(TypedDict, total=False):
+    """A probe's request body (the rest is the endpoint's business)."""
+
+    model: str
+    messages: list[Message]
+    tools: list[ToolSchema]
+    max_tokens: int
+    stream: bool
+
+
+PROBE_TOOL: ToolSchema = {
     "type": "function",
     "function": {
         "name": "coder_probe_weather",
@@ -52,7 +64,7 @@ PROBE_TOOL = {
         },
     },
 }
-PROBE_MESSAGES = [
+PROBE_MESSAGES: list[Message] = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "What is the weather in Paris?"},
 ]
@@ -67,9 +79,6 @@ class Choice:
     protocol: ToolProtocol
     reason: str
     proven: bool = True
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"protocol": self.protocol, "reason": self.reason, "proven": self.proven}
 
 
 def cache_path(project_root: Path | None) -> Path | None:
@@ -221,7 +230,7 @@ def probe_evidence(base_url: str, model: str, key: str | None) -> Choice | None:
     """One-token requests with and without a tool: the prompt tokens the server counts say
     whether the tools reached the prompt; None when it does not count them."""
     url = f"{base_url.rstrip('/')}/chat/completions"
-    request = {"model": model, "messages": PROBE_MESSAGES, "max_tokens": 1, "stream": False}
+    request: Probe = {"model": model, "messages": PROBE_MESSAGES, "max_tokens": 1, "stream": False}
     plain = _post(url, request, key)
     if plain is None or plain[0] != 200:
         return None
@@ -245,7 +254,9 @@ def probe_evidence(base_url: str, model: str, key: str | None) -> Choice | None:
     )
 
 
-def _post(url: str, body: dict[str, Any], key: str | None) -> tuple[int, dict[str, Any]] | None:
+def _post(url: str, body: Probe, key: str | None) -> tuple[int, dict[str, object]] | None:
+    """The status and the JSON object a server answered (any JSON: each reader checks what
+    it reads), None when it did not answer JSON."""
     import httpx
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -257,13 +268,13 @@ def _post(url: str, body: dict[str, Any], key: str | None) -> tuple[int, dict[st
     return response.status_code, data if isinstance(data, dict) else {}
 
 
-def _error(body: dict[str, Any]) -> str:
+def _error(body: dict[str, object]) -> str:
     inner = body.get("error", body)
     message = inner.get("message") if isinstance(inner, dict) else inner
     return str(message or "an error")[:200]
 
 
-def _prompt_tokens(body: dict[str, Any]) -> int | None:
+def _prompt_tokens(body: dict[str, object]) -> int | None:
     usage = body.get("usage")
     value = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     return value if isinstance(value, int) and value > 0 else None
