@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import click
 
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from coder.models.usage import UsageRecord
-    from coder.run.context import Approval, RunContext
+    from coder.run.approvals import EditPrompt, Mode
+    from coder.run.context import Approval, Approver, RunContext
     from coder.run.records import RunState
     from coder.taskfile import Step
 
@@ -208,7 +209,16 @@ def run(
     )
 
 
-def _asking(progress: Any, approvals: str | None, default: str) -> dict[str, Any]:
+class Asking(TypedDict):
+    """RunOptions' approvals: the mode chosen, the command's default, who is asked."""
+
+    approvals: str | None
+    default_approvals: Mode
+    approve: Approver | None
+    approve_edit: EditPrompt | None
+
+
+def _asking(progress: Any, approvals: str | None, default: Mode) -> Asking:
     """RunOptions' approvals (coder.run.approvals): the mode chosen on the command line and
     the questions at this terminal; none without one (stdin and stdout a terminal), so a run
     that would ask is refused."""
@@ -506,7 +516,13 @@ def _finish(
     raise SystemExit(merged[2] if merged else EXIT_FOR.get(result.status, EXIT_FAILED))
 
 
-def skipped_steps(state: RunState) -> list[dict[str, Any]]:
+class Skipped(TypedDict):
+    step_id: str
+    cause: str  # failed, user or requirement
+    error: str | None
+
+
+def skipped_steps(state: RunState) -> list[Skipped]:
     """Each skipped step with why (`cause`: failed, user or requirement) and its error."""
     return [
         {"step_id": sid, "cause": r.skip_cause or "failed", "error": r.error}

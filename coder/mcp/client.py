@@ -546,7 +546,7 @@ def _to_result(tool: ExternalTool, result: Any) -> ToolResult:
     if not parts and structured is not None:
         parts.append(json.dumps(structured, default=str))
     text = _clip("\n".join(parts), MAX_RESULT_CHARS)
-    data: dict[str, Any] = {"server": tool.server, "tool": tool.tool}
+    data: dict[str, object] = {"server": tool.server, "tool": tool.tool}
     if structured is not None:
         data["structured"] = structured
     if result.is_error:

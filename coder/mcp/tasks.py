@@ -327,7 +327,7 @@ def task_status(ctx: ToolContext, args: IdArgs) -> ToolResult:
         for sid, st in state.steps.items()
     ]
     merge = state.merge
-    extra: dict[str, Any] = {}
+    extra: dict[str, str] = {}
     if merge and merge.get("commit"):
         lines.append(f"merged into {merge.get('base')} as {str(merge['commit'])[:8]}")
     elif launch is not None and launch.merge and not alive and status == "success":

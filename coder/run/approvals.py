@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from coder.errors import InvalidInput
 
@@ -96,7 +96,7 @@ class StepApprovals:
                 verdict = self.run.prompt(self.step_id, proposal, redact, self.run.stop)
             if verdict.answer == "all":
                 self.run._all.add(self.step_id)
-        fields: dict[str, Any] = {"tool": proposal.tool, "target": proposal.target[:300]}
+        fields = {"tool": proposal.tool, "target": proposal.target[:300]}
         if verdict.answer == "no":
             self.log.warning("approval.refused", **fields, reason=verdict.reason)
             self.refusals.append(
