@@ -115,6 +115,21 @@ def estimate_prompt_tokens(body: dict[str, Any]) -> int:
     return len(text) // 4
 
 
+def seed_of(body: dict[str, Any]) -> int | None:
+    """The sampling seed a chat request asks for (Ollama's `options.seed`, else the OpenAI
+    API's `seed`): a scripted model can answer by it (`solves`)."""
+    options = body.get("options") or {}
+    seed = options.get("seed", body.get("seed"))
+    return seed if isinstance(seed, int) else None
+
+
+def solves(seed: int | None, one_in: int) -> bool:
+    """Whether a scripted model solves its step with `seed`: one seed in `one_in`, as by
+    chance, the same for a seed every time (a hash of it)."""
+    digest = hashlib.sha256(str(seed).encode()).digest()
+    return int.from_bytes(digest[:4], "big") % one_in == 0
+
+
 def full_name(model: str) -> str:
     """The registry name Ollama uses in some errors: registry.ollama.ai/library/x:latest."""
     name = model if ":" in model.rsplit("/", 1)[-1] else f"{model}:latest"

@@ -63,7 +63,19 @@ def show_run(task_id: str, as_json: bool) -> None:
         click.echo("\nwhy steps were rerun, skipped or reconciled:")
         for sid, reason in reasons:
             echo(f"  {sid}: {reason}")
+    _show_candidates(state, echo)
     _show_notes(state, echo)
+
+
+def _show_candidates(state: RunState, echo: Callable[[str], None]) -> None:
+    """The candidates of the steps tried several ways (coder.run.candidates), with verdicts."""
+    from coder.run.candidates import shown, summary
+
+    for sid, record in state.steps.items():
+        if record.candidates:
+            click.echo(f"\n{sid}: {summary(record.candidates)}")
+            for candidate in record.candidates:
+                echo(f"  {shown(candidate)}")
 
 
 def _show_notes(state: RunState, echo: Callable[[str], None]) -> None:

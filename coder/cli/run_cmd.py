@@ -134,6 +134,12 @@ def run_options(func: Any) -> Any:
     help="Start from your checkout's uncommitted changes (new files included): they become "
     "the run's first commit on its branch; your checkout is left as it is.",
 )
+@click.option(
+    "--candidates",
+    type=click.IntRange(1, 8),
+    help="Try every edit, doc and custom step N ways at once, each with its own seed; the one "
+    "whose checks pass with the smallest diff lands (the taskfile's `candidates`, for all).",
+)
 @run_options
 @json_option
 def run(
@@ -144,6 +150,7 @@ def run(
     merge_on_success: bool,
     dry_run: bool,
     include_uncommitted: bool,
+    candidates: int | None,
     max_parallel: int | None,
     fail_fast: bool,
     model: str | None,
@@ -174,6 +181,7 @@ def run(
         replay=replay,
         sandbox="off" if no_sandbox else None,
         include_uncommitted=include_uncommitted,
+        candidates=candidates,
     )
     if dry_run:
         from coder.cli.dry_run import show_dry_run

@@ -63,6 +63,13 @@ def resolve_commit(repo: Repo, rev: str) -> str:
         ) from None
 
 
+def point_branch(repo: Repo, branch: str, commit: str) -> None:
+    """Create local `branch` at `commit`, or move it there (a branch coder alone writes, such
+    as a candidate's kept try: coder.run.candidates)."""
+    target = repo[resolve_commit(repo, commit)].peel(pygit2.Commit)
+    retry_on_ref_lock(lambda: repo.branches.local.create(branch, target, force=True))
+
+
 def delete_branch(repo: Repo, branch: str) -> None:
     """Delete a local branch; a missing one is fine (idempotent)."""
     ref = repo.branches.local.get(branch)

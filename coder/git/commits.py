@@ -183,14 +183,17 @@ def commit_detached(
     return str(oid)
 
 
-def cherry_pick(worktree: Path, commit: str, *, branch: str, expected_tip: str) -> str | None:
+def cherry_pick(
+    worktree: Path, commit: str, *, branch: str, expected_tip: str, trailers: Sequence[str] = ()
+) -> str | None:
     """Land a scratch step commit on ``branch``, checked out in ``worktree`` (at
     ``expected_tip``, CAS on the branch by name, as ``commit_step``).
 
     If the commit's parent is the tip it lands as is (fast-forward); otherwise its change is
     three-way merged in memory onto the tip and committed with the same message (trailers
-    included) and author. Returns the commit now at the tip, None if the change was already
-    there; conflicting edits raise ``RunFailed`` naming the paths, changing nothing.
+    included) and author. ``trailers`` ("Key: value" lines) join the message's own: the commit
+    is then always written anew. Returns the commit now at the tip, None if the change was
+    already there; conflicting edits raise ``RunFailed`` naming the paths, changing nothing.
     """
     worktree = Path(worktree)
     w = open_worktree(worktree)
@@ -201,7 +204,7 @@ def cherry_pick(worktree: Path, commit: str, *, branch: str, expected_tip: str) 
     if len(pick.parents) != 1:
         raise InvalidInput(f"cannot cherry-pick {str(pick.id)[:12]}: it is a merge or root commit")
     try:
-        if pick.parents[0].id == ours.id:
+        if pick.parents[0].id == ours.id and not trailers:
             new = pick.id
             move_branch_ref(w, refname, new, expected_tip, worktree, "fast-forward to")
         else:
@@ -218,7 +221,8 @@ def cherry_pick(worktree: Path, commit: str, *, branch: str, expected_tip: str) 
                 return None
             committer = identity(w).committer
             brought = brings(w, ours.tree_id, tree)
-            new = write_commit(w, pick.author, committer, pick.message, tree, [ours.id], brought)
+            message = pick.message.rstrip("\n") + "".join(f"\n{t}" for t in trailers) + "\n"
+            new = write_commit(w, pick.author, committer, message, tree, [ours.id], brought)
             move_branch_ref(w, refname, new, expected_tip, worktree, "cherry-pick")
     except (pygit2.GitError, OSError) as exc:
         raise git_failure(exc, f"cherry-pick {str(pick.id)[:12]}", worktree) from None

@@ -14,6 +14,7 @@
     retry.py      bounded retries for model calls (the providers' base runs them)
     bounds.py     a step's time and the run's stop end its model requests (their connections
                   shut down), even one the server never answers
+    sampling.py   a request's seed: a step's candidates each ask with their own
     served.py     before a run: is every model its steps can use on its server
     protocol.py   which tool protocol a model uses (native or text), decided from the config
                   or the server's evidence, and remembered

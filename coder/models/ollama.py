@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, Unpack, cast
 
 from coder.errors import HostUnreachable, ModelError
+from coder.models import sampling
 from coder.models.provider import Message, ModelFacts, ToolCall, ToolSchema
 from coder.models.streaming import (
     Chunks,
@@ -309,8 +310,9 @@ class OllamaProvider(StreamingProvider[ChatRequest, "ollama.ChatResponse"]):
             "num_ctx": self.context_length(),
             "temperature": self.temperature,
         }
-        if self.seed is not None:
-            options["seed"] = self.seed
+        seed = sampling.seed(self.seed)  # a candidate's own (coder.run.candidates)
+        if seed is not None:
+            options["seed"] = seed
         if self.max_output_tokens is not None:
             options["num_predict"] = self.max_output_tokens
         return options

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Required, TypedDict, Unpack, cast
 
 from coder.errors import ModelError, ModelMissing, ModelUnavailable
-from coder.models import bounds, slots
+from coder.models import bounds, sampling, slots
 from coder.models.provider import Message, ModelFacts, ToolSchema
 from coder.models.streaming import (
     CONNECT_TIMEOUT_S,
@@ -296,8 +296,9 @@ class OpenAIProvider(StreamingProvider[ChatRequest, "ChatCompletionChunk"]):
         }
         if tools:
             request["tools"] = tools
-        if self.seed is not None:
-            request["seed"] = self.seed
+        seed = sampling.seed(self.seed)  # a candidate's own (coder.run.candidates)
+        if seed is not None:
+            request["seed"] = seed
         if self.max_output_tokens is not None:
             request["max_tokens"] = self.max_output_tokens
         if self._timings_per_token:  # llama.cpp only: other servers may refuse unknown fields

@@ -7,9 +7,10 @@ What a user does with a run afterwards (merge, revert, show, report) is in coder
     drive.py       a started or resumed run driven to its end (RunOptions, RunResult)
     settings.py    a run's settings, resolved once from its taskfile, config and options
     executor.py    the walk and the one step pipeline (start, act, verify, commit, record)
-    places.py      where a step works (the run's worktree, a scratch one) and how it lands
-    commitmsg.py   what a step commit says (title, body, trailers' values)
-    filesgone.py   the attempt's one "files gone" check (the run's files deleted by hand)
+    places.py      where a step works (its run's worktree, a scratch one) and how it lands
+    commitmsg.py   what a step commit says; filesgone.py: the run's files deleted under it
+    candidates.py  best of N: a step tried several ways at once, the best one landing
+    judge.py       which candidate wins: the evidence, in a fixed order
     context.py     RunContext: what one run carries through the executor, its steps, its questions
     schedule.py    which steps may start: in-degree counters over the DAG
     steps/         what each step kind does in a working directory; verify.py: the checks

@@ -70,6 +70,8 @@ class RunOptions(Chosen):
     notes: tuple[tuple[str | None, str], ...] = ()
     # start: the checkout's uncommitted changes become the run's first commit
     include_uncommitted: bool = False
+    # start: every step that takes candidates is tried this many ways (coder.run.candidates)
+    candidates: int | None = None
 
 
 @dataclass(frozen=True)

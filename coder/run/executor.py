@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ from coder.files.durable import write_private
 from coder.git import branches, diffs, repository, restore
 from coder.git.guard import GitGuard
 from coder.run import filesgone, success
+from coder.run.candidates import Candidates
 from coder.run.commitmsg import CommitParts, commit_parts
 from coder.run.context import RunContext
 from coder.run.places import InPlace, Place, Scratch
@@ -182,7 +183,9 @@ class Executor:
                 continue
             if len(batch) == 1:
                 step = self.steps[batch[0]]
-                place = InPlace(self.run, self._tip, self.message)
+                place: Place = InPlace(self.run, self._tip, self.message)
+                if step.candidates > 1:
+                    place = Candidates(self.run, self.repo, self._tip, self._tip, self.message)
                 self._record(step, self._attempts(step, place), place)
             else:
                 self._run_level([self.steps[s] for s in batch])
@@ -220,10 +223,14 @@ class Executor:
         from coder.policy.confine import end_leftovers
 
         tip = self._tip()
-        places: dict[str, Scratch] = {}
+        places: dict[str, Place] = {}
         try:
             for step in steps:
-                places[step.id] = Scratch(self.run, self.repo, step, tip, self._tip, self.message)
+                places[step.id] = (
+                    Candidates(self.run, self.repo, lambda: tip, self._tip, self.message)
+                    if step.candidates > 1
+                    else Scratch(self.run, self.repo, step, tip, self._tip, self.message)
+                )
             try:
                 with ThreadPoolExecutor(max_workers=len(steps)) as pool:
                     futures = {s.id: pool.submit(self._attempts, s, places[s.id]) for s in steps}
@@ -243,7 +250,8 @@ class Executor:
                 self._record(step, done, places[step.id])
         finally:
             for place in places.values():
-                place.remove()
+                if isinstance(place, Scratch):  # a round removes its candidates' own
+                    place.remove()
 
     # --- the step pipeline --------------------------------------------------------------
 
@@ -255,7 +263,7 @@ class Executor:
             attempt = self._start(step, tip)
             try:
                 with self._files_kept(place.workdir):
-                    outcome, commit, changes = self._attempt(step, place, attempt, tip)
+                    outcome, commit, changes = self._try(step, place, attempt, tip)
             except EnvironmentProblem as exc:
                 return Attempted(StepOutcome(False, exc.stopped_with, errored=True), tip)
             if outcome.result != "failed" or self.run.stop.is_set():
@@ -271,6 +279,28 @@ class Executor:
             self.run.log.warning(
                 "step.retry", step_id=step.id, attempt=attempt, error=outcome.error or ""
             )
+
+    def _try(
+        self, step: Step, place: Place, attempt: int, tip: str
+    ) -> tuple[StepOutcome, str | None, tuple[Change, ...]]:
+        """One attempt in its place, or a round of candidates at once, judged
+        (coder.run.candidates): the winner's outcome, commit and changes."""
+        if not isinstance(place, Candidates):
+            return self._attempt(step, place, attempt, tip)
+        done = place.run_round(step, tip, lambda p: self._attempt(step, p, attempt, tip))
+        self._update(step.id, candidates=done.records)
+        passed = sum(r["verdict"] != "failed" for r in done.records)
+        won = next((r for r in done.records if r["verdict"] == "won"), None)
+        self.run.log.info(
+            "step.judged",
+            step_id=step.id,
+            attempt=attempt,
+            candidates=len(done.records),
+            passed=passed,
+            winner=won["number"] if won else 0,
+            reason=(won or {}).get("why") or done.outcome.error or "",
+        )
+        return done.outcome, done.commit, done.changes
 
     def _start(self, step: Step, tip: str) -> int:
         self._check_files()  # no step starts on a run whose files were deleted
@@ -304,11 +334,12 @@ class Executor:
 
         guard = GitGuard.take(self.common_dir, place.workdir, head=place.head(tip))
         started = time.monotonic()
-        acted = self._act(step, place.workdir, attempt)
+        acted = self._act(step, place.workdir, attempt, place.candidate)
         end_leftovers(place.workdir)
         self._check_files(place.workdir)  # deleted while it ran: nothing to check or commit
         seen = Verification(step, place.workdir, self.run.settings, tip)
-        outcome = self._verify(seen, acted, guard)
+        # what it cost stays with the outcome whatever verify found (a round's judge weighs it)
+        outcome = replace(self._verify(seen, acted, guard), usage=acted.usage)
         self.run.log.debug(
             "step.acted",
             step_id=step.id,
@@ -322,7 +353,9 @@ class Executor:
         commit = place.commit(step, attempt, outcome, seen)
         return outcome, commit, seen.staged.changes if commit else ()
 
-    def _act(self, step: Step, workdir: Path, attempt: int) -> StepOutcome:
+    def _act(
+        self, step: Step, workdir: Path, attempt: int, candidate: int | None = None
+    ) -> StepOutcome:
         """The step kind's runner. A CoderError it raises is the step's own failure (its
         command refused, no test command, ...), except an EnvironmentProblem: that errors."""
         ctx = StepContext(
@@ -340,6 +373,7 @@ class Executor:
             previous_error=self.record(step.id).error,
             approve_edit=self.run.approve_edit,
             notes=self.notes(step),
+            candidate=candidate,
         )
         try:
             outcome = runner_for(step.kind)(ctx)

@@ -31,6 +31,7 @@ class Place(Protocol):
     """Where a step works, and how its commit reaches the branch."""
 
     workdir: Path
+    candidate: int | None  # which try of a step tried several ways (coder.run.candidates)
 
     def start(self) -> str:
         """The commit an attempt starts from."""
@@ -52,6 +53,8 @@ class Place(Protocol):
 class InPlace:
     """A step running alone: it works in the run's worktree, and its commit moves the branch
     from the tip the attempt started at (compare-and-swap: BranchMoved if it moved)."""
+
+    candidate: int | None = None
 
     def __init__(self, run: RunContext, tip: Callable[[], str], message: Message) -> None:
         self.run, self.tip, self.message = run, tip, message
@@ -82,7 +85,8 @@ class InPlace:
 
 class Scratch:
     """A step running beside others of its level: it works in a scratch worktree (detached at
-    the level's tip); its commit is cherry-picked onto the branch once the level is done."""
+    the level's tip); its commit is cherry-picked onto the branch once the level is done. A
+    `candidate` of a step tried several ways works in one of its own (`ID--STEP--cK`)."""
 
     def __init__(
         self,
@@ -92,10 +96,11 @@ class Scratch:
         start: str,
         tip: Callable[[], str],
         message: Message,
+        candidate: int | None = None,
     ) -> None:
         self.run, self.repo, self.tip, self.message = run, repo, tip, message
-        self.begin = start
-        self.name = f"{run.task.id}--{step.id}"
+        self.begin, self.candidate = start, candidate
+        self.name = f"{run.task.id}--{step.id}" + (f"--c{candidate}" if candidate else "")
         self.path = run.coder_dir / "worktrees" / self.name
         self.workdir = worktrees.add_scratch_worktree(
             repo, name=self.name, path=self.path, commit=start

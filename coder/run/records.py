@@ -77,6 +77,8 @@ class StepRecord:
     tests: TestCounts | None = None
     usage: Usage | None = None  # model usage over all attempts
     notes: list[NoteRecord] = field(default_factory=list)  # the user's guidance (run/notes.py)
+    # a step tried several ways at once: each try of its last round (coder.run.candidates)
+    candidates: list[CandidateRecord] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -86,6 +88,7 @@ class StepRecord:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["reasons"] = list(self.reasons)
         data["notes"] = [dict(n) for n in self.notes]
+        data["candidates"] = [dict(c) for c in self.candidates]
         data["usage"] = _usage_dict(self.usage) if self.usage else None
         return data
 
@@ -95,6 +98,9 @@ class StepRecord:
         values = {k: v for k, v in data.items() if k in known}
         values["reasons"] = list(data.get("reasons") or [])
         values["notes"] = [cast(NoteRecord, dict(n)) for n in data.get("notes") or []]
+        values["candidates"] = [
+            cast(CandidateRecord, dict(c)) for c in data.get("candidates") or []
+        ]
         usage = data.get("usage")
         if usage:
             from coder.models.usage import Usage  # not at import: a run of no model needs none
@@ -110,6 +116,21 @@ def _usage_dict(usage: Usage) -> UsageRecord:
         for f in fields(usage)
     }
     return cast("UsageRecord", record)
+
+
+class CandidateRecord(TypedDict, total=False):
+    """One try of a step tried several ways at once (coder.run.candidates), as judged."""
+
+    number: int  # 1..N
+    seed: int  # its sampling: the base seed + number - 1
+    verdict: Literal["won", "passed", "failed"]
+    error: str | None  # why it failed
+    commit: str | None  # its own commit (on no branch but `branch`)
+    branch: str | None  # where it is kept for a person to look at
+    failing_tests: int | None
+    diff_lines: int
+    tokens: int
+    why: str | None  # the winner's: what set it above the others
 
 
 class NoteRecord(TypedDict):

@@ -26,6 +26,7 @@ from coder.git import branches, repository, submodules, worktrees
 from coder.git import commits as gitcommits
 from coder.run import manifest as manifests
 from coder.run import uncommitted
+from coder.run.candidates import with_candidates
 from coder.run.lock import TaskLock
 from coder.run.manifest import manifest_path, new_run
 from coder.run.records import RunState, now_iso
@@ -135,7 +136,7 @@ def _checked(
     """The taskfile, resolved against its base branch, with the settings, repository and
     base commit of its run: refused (creating nothing) when the policy forbids its commands,
     the base is missing or a submodule cannot be copied."""
-    task = taskfile.load(path)
+    task = with_candidates(taskfile.load(path), options.candidates)
     cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
     config_mod.require_trusted(cfg)
     repo = repository.open_repo(cwd)

@@ -22,6 +22,7 @@ from coder.errors import (
 from coder.files import nofollow
 from coder.git import branches as gitbranches
 from coder.git import commits, objects, repository, workdir, worktrees
+from coder.run import candidates
 from coder.run import manifest as manifests
 from coder.run.lock import TaskLock, read_lock_owner
 from coder.run.manifest import Manifest, load_manifest, manifest_path
@@ -220,6 +221,9 @@ def _remove(
     for name in _worktree_names(task_id, remains):
         worktrees.remove_worktree(repo, name, coder_dir / "worktrees" / name)
     branch = remains.branch
+    if branch is not None:  # the tries of its steps tried several ways go with the run
+        for kept in candidates.kept_branches(repo, branch, remains.step_ids):
+            gitbranches.delete_branch(repo, kept)
     if branch is not None and gitbranches.branch_tip(repo, branch) is None:
         branch = None  # deleted by hand already
     # A branch still where the run started holds nothing of it: kept, it would only stop the
@@ -246,7 +250,8 @@ def _remove(
 
 def _worktree_names(task_id: str, remains: _Remains) -> list[str]:
     scratch = [f"{task_id}--{step_id}" for step_id in remains.step_ids]
-    return [task_id, *scratch, f"{task_id}--merge.check"]
+    tries = candidates.worktree_names(task_id, remains.step_ids)
+    return [task_id, *scratch, *tries, f"{task_id}--merge.check"]
 
 
 def _files(coder_dir: Path, task_id: str) -> list[Path]:

@@ -20,14 +20,14 @@ from coder.agent.session import model_at
 from coder.display import escaped, quoted_name
 from coder.git import branches, diffs
 from coder.models.usage import cache_share
-from coder.run import eventlog
+from coder.run import candidates, eventlog
 from coder.run.opened import OpenRun
 from coder.taskfile import diagram
 
 if TYPE_CHECKING:
     from coder.models.usage import UsageRecord
     from coder.redact import Redactor
-    from coder.run.records import MergeRecord, NoteRecord, TestCounts
+    from coder.run.records import CandidateRecord, MergeRecord, NoteRecord, TestCounts
     from coder.taskfile import Task
 
 EMOJI = {
@@ -65,6 +65,7 @@ class StepReport:
     duration_s: float | None
     reasons: list[str]
     notes: list[NoteRecord] = field(default_factory=list)  # the user's guidance (run/notes.py)
+    candidates: list[CandidateRecord] = field(default_factory=list)  # run/candidates.py
 
     @property
     def tokens(self) -> int:
@@ -142,6 +143,7 @@ class RunReport:
                     "duration_s": s.duration_s,
                     "reasons": s.reasons,
                     "notes": s.notes,
+                    "candidates": s.candidates,
                 }
                 for s in self.steps
             ],
@@ -180,6 +182,7 @@ def build(view: OpenRun) -> RunReport:
                 duration_s=st.get("duration_s"),
                 reasons=list(st.get("reasons") or []),
                 notes=list(st.get("notes") or []),
+                candidates=list(st.get("candidates") or []),
             )
         )
     report = RunReport(
@@ -468,6 +471,9 @@ def _step_section(s: StepReport) -> list[str]:
         )
     if s.duration_s is not None:
         out.append(f"- **Time:** {s.duration_s:.1f} s")
+    if s.candidates:
+        out.append(f"- **Candidates:** {_inline(candidates.summary(s.candidates))}")
+        out += [f"  - {_inline(candidates.shown(c))}" for c in s.candidates]
     for reason in s.reasons:
         out.append(f"- **Note:** {_inline(reason)}")
     for note in s.notes:

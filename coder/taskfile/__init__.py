@@ -67,6 +67,7 @@ class Step:
     tools: tuple[str, ...] | None = None
     model: str | None = None  # None: the task's model
     fallback_model: str | None = None  # None: the task's fallback_model
+    candidates: int = 1  # attempts at once, the best one landing (coder.run.candidates)
 
     @property
     def uses_model(self) -> bool:
@@ -149,6 +150,7 @@ def _step_dict(s: Step, sequential: bool) -> dict[str, Any]:
         "tools": list(s.tools) if s.tools is not None else None,
         "model": s.model,
         "fallback_model": s.fallback_model,
+        "candidates": s.candidates if s.candidates != 1 else None,
     }
     d.update({k: v for k, v in optional.items() if v is not None})
     if s.strategy != "revert_and_stop" or s.max_cycles != 1:
@@ -276,6 +278,7 @@ def build_step(raw: Mapping[str, Any], sid: str, depends_on: Sequence[str] = ())
         tools=tuple(raw["tools"]) if "tools" in raw else None,
         model=raw.get("model"),
         fallback_model=raw.get("fallback_model"),
+        candidates=raw.get("candidates", 1),
     )
 
 

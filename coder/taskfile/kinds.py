@@ -144,6 +144,8 @@ class Kind:
 _COMMAND_FIELDS = frozenset({"cmd", "cwd", "env"})
 _MODEL_FIELDS = frozenset({"model", "fallback_model"})  # which model answers the step
 _MODEL = ("goal",)
+# a step that changes files, tried several ways at once, the evidence picking the winner
+_CANDIDATES = frozenset({"candidates"})
 
 KINDS: Mapping[str, Kind] = {
     k.name: k
@@ -164,7 +166,7 @@ KINDS: Mapping[str, Kind] = {
             "edit",
             "model step that edits files",
             runner="model",
-            fields=_MODEL_FIELDS | {"changes"},
+            fields=_MODEL_FIELDS | _CANDIDATES | {"changes"},
             required=_MODEL,
             model="edit",
         ),
@@ -172,7 +174,7 @@ KINDS: Mapping[str, Kind] = {
             "doc",
             "model step that edits documentation files only",
             runner="model",
-            fields=_MODEL_FIELDS | {"changes"},
+            fields=_MODEL_FIELDS | _CANDIDATES | {"changes"},
             required=_MODEL,
             model="docs",
             instructions="Only documentation files may be changed.",
@@ -228,7 +230,7 @@ KINDS: Mapping[str, Kind] = {
             "custom",
             "model step with every tool, including shell_run",
             runner="model",
-            fields=_MODEL_FIELDS | {"changes"},
+            fields=_MODEL_FIELDS | _CANDIDATES | {"changes"},
             required=_MODEL,
             model="all",
         ),

@@ -48,10 +48,12 @@ class StepContext:
     previous_error: str | None = None  # why the previous attempt failed, for the model
     approve_edit: EditApprovals | None = None  # approvals per-edit (coder.run.approvals)
     notes: tuple[str, ...] = ()  # the user's guidance for this step so far (run/notes.py)
+    candidate: int | None = None  # which try of a step tried several ways (run/candidates.py)
 
     def artifact(self, suffix: str) -> Path:
         make_private_dirs(self.artifacts)
-        return self.artifacts / f"{self.step.id}-attempt{self.attempt}{suffix}"
+        tried = f"-c{self.candidate}" if self.candidate else ""
+        return self.artifacts / f"{self.step.id}-attempt{self.attempt}{tried}{suffix}"
 
 
 Result = Literal["ok", "failed", "errored", "cancelled"]

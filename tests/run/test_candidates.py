@@ -1,0 +1,183 @@
+"""Best of N (coder.run.candidates): a step tried several ways at once, against real git, the
+real CLI and the fake Ollama server, whose scripted model solves the step only for some seeds
+(`solves`, by the request's `options.seed`). What landed is read with the git CLI.
+
+- N=4: each candidate asks with its own seed (the config's seed + K - 1); only the candidates
+  that solved keep a branch; the best one lands as the step's one commit, with the trailers of
+  how it won; the step's record lists every candidate and its verdict; every candidate's tokens
+  count; `coder show` and `coder report` say it; `coder clean` removes the kept branches;
+- none solving: the step fails, nothing lands, the run's branch is where it was;
+- `coder run --candidates N` sets it for every edit step, and `resume` keeps it;
+- a `kill -9` mid-round, then `coder resume`: only the winner's commit is on the branch, the
+  step done once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import coder, git
+from tests.fake_ollama import FakeOllama, Reply, seed_of, solves
+from tests.helpers import call, done, state_of, taskfile
+
+TASK_ID = "best"
+BRANCH = "agent/best"
+ONE_IN = 3  # the scripted model solves one seed in three
+
+
+def task(repo: Path, candidates: int | None = 4) -> Path:
+    field = f"\n            candidates: {candidates}" if candidates else ""
+    return taskfile(
+        repo,
+        f"""
+        id: {TASK_ID}
+        branch: {BRANCH}
+        title: Best of N
+        graph:
+          - id: s1
+            kind: edit
+            goal: Write the answer to answer.txt
+            assert: [{{type: text_in_file, path: answer.txt, contains: right}}]{field}
+        """,
+    )
+
+
+def answer(body: dict[str, Any]) -> Reply:
+    """The scripted model: writes the right answer for a seed it solves (a longer one for an
+    even seed, so diffs differ), a wrong one otherwise; then claims it is done."""
+    if any(m["role"] == "assistant" for m in body["messages"]):
+        return done("wrote the answer", "answer.txt")
+    seed = seed_of(body)
+    right = "right\n" + "because\n" * (seed is not None and seed % 2 == 0)
+    return call("fs_write", path="answer.txt", content=right if solves(seed, ONE_IN) else "wrong\n")
+
+
+def base_where(pattern: list[bool]) -> int:
+    """A config seed whose candidates 1..N solve the step as `pattern` says."""
+    return next(
+        b for b in range(10_000) if [solves(b + k, ONE_IN) for k in range(len(pattern))] == pattern
+    )
+
+
+def configure(home: Path, seed: int) -> None:
+    path = home / ".config" / "coder" / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"seed": seed}))
+
+
+def step_messages(repo: Path) -> list[str]:
+    """The messages of the run's commits after main, oldest first (git CLI)."""
+    log = git(repo, "log", "--reverse", "--format=%B%x00", f"main..{BRANCH}")
+    return [m.strip() for m in log.split("\0") if m.strip()]
+
+
+def candidate_branches(repo: Path) -> list[str]:
+    return git(repo, "branch", "--list", f"{BRANCH}--*", "--format=%(refname:short)").split()
+
+
+@pytest.fixture
+def seeded(fake: FakeOllama, isolated_home: Path) -> FakeOllama:
+    fake.answer = answer
+    return fake
+
+
+def test_the_best_candidate_lands_as_the_steps_one_commit_and_the_others_are_kept(
+    seeded: FakeOllama, sample: Path, isolated_home: Path
+) -> None:
+    base = base_where([False, True, True, False])
+    configure(isolated_home, base)
+    code, out, err = coder(sample, "run", "--autonomous", "-f", str(task(sample)))
+    assert code == 0, out + err
+
+    asked = {seed_of(b) for b in seeded.chat_bodies() if b.get("messages")}
+    assert {base, base + 1, base + 2, base + 3} <= asked
+
+    # one commit for the step, the winner's, with the answer and how it won
+    messages = step_messages(sample)
+    assert len(messages) == 1, messages
+    assert git(sample, "show", f"{BRANCH}:answer.txt").startswith("right")
+    winner = 2 if (base + 1) % 2 else 3  # the smaller diff: the odd seed's one-line answer
+    other = 5 - winner
+    assert f"Coder-Candidate: {winner} of 4 (seed {base + winner - 1})" in messages[0]
+    assert f"Coder-Judged: 2 of 4 passed; the smaller diff (1 line against 2" in messages[0]
+    assert f"for candidate {other})" in messages[0]
+
+    # the candidates that passed are kept as branches; the failed ones left no commit
+    assert candidate_branches(sample) == [f"{BRANCH}--s1--c2", f"{BRANCH}--s1--c3"]
+    kept = git(sample, "show", f"{BRANCH}--s1--c{other}:answer.txt")
+    assert kept.startswith("right")
+    assert git(sample, "rev-parse", f"{BRANCH}--s1--c{winner}^{{tree}}") == git(
+        sample, "rev-parse", f"{BRANCH}^{{tree}}"
+    )
+
+    record = state_of(sample, TASK_ID)["steps"]["s1"]
+    verdicts = [(c["number"], c["verdict"]) for c in record["candidates"]]
+    assert verdicts == [(1, "failed"), (2, "won" if winner == 2 else "passed"),
+                        (3, "won" if winner == 3 else "passed"), (4, "failed")]  # fmt: skip
+    assert record["attempts"] == 1
+    # every candidate's tokens count toward the step's
+    assert record["usage"]["prompt_tokens"] + record["usage"]["eval_tokens"] == sum(
+        c["tokens"] for c in record["candidates"]
+    )
+
+    code, shown, err = coder(sample, "show", "-t", TASK_ID)
+    assert code == 0, shown + err
+    assert f"candidate {winner}: won" in shown and "candidate 1: failed" in shown
+    code, report, err = coder(sample, "report", "-t", TASK_ID)
+    assert code == 0, report + err
+    assert "2 of 4 candidates passed" in report and "the smaller diff" in report
+
+    code, out, err = coder(sample, "clean", "-t", TASK_ID, "--delete-branch")
+    assert code == 0, out + err
+    assert candidate_branches(sample) == []
+
+
+def test_no_candidate_passing_fails_the_step_and_lands_nothing(
+    seeded: FakeOllama, sample: Path, isolated_home: Path
+) -> None:
+    configure(isolated_home, base_where([False, False]))
+    code, out, err = coder(sample, "run", "--autonomous", "-f", str(task(sample, 2)))
+    assert code == 1, out + err
+    assert step_messages(sample) == []
+    assert candidate_branches(sample) == []
+    record = state_of(sample, TASK_ID)["steps"]["s1"]
+    assert record["status"] == "failed"
+    assert record["error"].startswith("none of 2 candidates passed (candidate 1: ")
+    assert not (sample / ".coder" / "worktrees" / f"{TASK_ID}--s1--c1").exists()
+
+
+def test_run_candidates_sets_every_edit_step_and_resume_keeps_it(
+    seeded: FakeOllama, sample: Path, isolated_home: Path
+) -> None:
+    configure(isolated_home, base_where([False, False, True]))
+    path = task(sample, None)
+    code, out, err = coder(sample, "run", "--autonomous", "--candidates", "3", "-f", str(path))
+    assert code == 0, out + err
+    record = state_of(sample, TASK_ID)["steps"]["s1"]
+    assert [c["verdict"] for c in record["candidates"]] == ["failed", "failed", "won"]
+    assert "Coder-Candidate: 3 of 3" in step_messages(sample)[0]
+
+
+def test_candidates_are_refused_on_a_step_that_takes_none_and_out_of_range(
+    sample: Path,
+) -> None:
+    bad = taskfile(
+        sample,
+        """
+        title: t
+        graph:
+          - {id: a, kind: shell, cmd: "true", candidates: 2}
+          - {id: b, kind: edit, goal: x, candidates: 9}
+        """,
+    )
+    code, out, err = coder(sample, "validate", "-f", str(bad))
+    assert code == 2
+    assert "step 'a': `candidates` is only used by edit, doc and custom steps" in out + err
+    assert "graph[1].candidates (step b): 9 is greater than the maximum of 8" in out + err
+    code, out, err = coder(sample, "run", "--autonomous", "--candidates", "9", "-f", str(bad))
+    assert code == 2, out + err
+    assert "--candidates" in out + err
