@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from coder import taskfile
 from coder.errors import CoderError, InvalidInput, TaskfileEdited
+from coder.run.candidates import chosen_kept
 from coder.run.manifest import Manifest, write_path
 from coder.run.records import DONE, RunState, StepRecord
 from coder.run.secrets import stored_task
@@ -82,6 +83,7 @@ def compare(manifest: Manifest, current: taskfile.Task, path: Path) -> Edit | No
         model=new.model or current.model,
         created_at=current.created_at,
     )
+    new = chosen_kept(new, current)  # `coder run --candidates N` stays the run's
     old_steps = {s.id: s for s in current.steps}
     new_steps = {s.id: s for s in new.steps}
     differences = []

@@ -70,6 +70,24 @@ def with_candidates(task: Task, count: int | None) -> Task:
     return replace(task, steps=steps)
 
 
+def chosen_kept(new: Task, run: Task) -> Task:
+    """The taskfile's `new` version with the run's candidates where a step of it sets none: a
+    run started with `--candidates N` keeps them when it resumes from its taskfile."""
+    declared = {
+        raw.get("id") or f"s{i}"
+        for i, raw in enumerate(new.source.get("graph") or [], 1)
+        if isinstance(raw, dict) and "candidates" in raw
+    }
+    ran = {s.id: s.candidates for s in run.steps}
+    steps = tuple(
+        s
+        if s.id in declared or s.id not in ran or not takes_candidates(s)
+        else replace(s, candidates=ran[s.id])
+        for s in new.steps
+    )
+    return replace(new, steps=steps)
+
+
 def branch_of(run_branch: str, step_id: str, number: int) -> str:
     """Where candidate `number` of a step is kept."""
     return f"{run_branch}--{step_id}--c{number}"

@@ -103,7 +103,7 @@ def test_the_best_candidate_lands_as_the_steps_one_commit_and_the_others_are_kep
     winner = 2 if (base + 1) % 2 else 3  # the smaller diff: the odd seed's one-line answer
     other = 5 - winner
     assert f"Coder-Candidate: {winner} of 4 (seed {base + winner - 1})" in messages[0]
-    assert f"Coder-Judged: 2 of 4 passed; the smaller diff (1 line against 2" in messages[0]
+    assert "Coder-Judged: 2 of 4 passed; the smaller diff (1 line against 2" in messages[0]
     assert f"for candidate {other})" in messages[0]
 
     # the candidates that passed are kept as branches; the failed ones left no commit
@@ -153,13 +153,19 @@ def test_no_candidate_passing_fails_the_step_and_lands_nothing(
 def test_run_candidates_sets_every_edit_step_and_resume_keeps_it(
     seeded: FakeOllama, sample: Path, isolated_home: Path
 ) -> None:
-    configure(isolated_home, base_where([False, False, True]))
+    # the first round (seeds b, b+1) solves nothing; resumed, the config's seed moved on: the
+    # second round (b+2, b+3) has its winner, so resume ran two candidates again
+    base = base_where([False, False, False, True])
+    configure(isolated_home, base)
     path = task(sample, None)
-    code, out, err = coder(sample, "run", "--autonomous", "--candidates", "3", "-f", str(path))
+    code, out, err = coder(sample, "run", "--autonomous", "--candidates", "2", "-f", str(path))
+    assert code == 1, out + err
+    configure(isolated_home, base + 2)
+    code, out, err = coder(sample, "resume", "-t", TASK_ID)
     assert code == 0, out + err
     record = state_of(sample, TASK_ID)["steps"]["s1"]
-    assert [c["verdict"] for c in record["candidates"]] == ["failed", "failed", "won"]
-    assert "Coder-Candidate: 3 of 3" in step_messages(sample)[0]
+    assert [c["verdict"] for c in record["candidates"]] == ["failed", "won"]
+    assert f"Coder-Candidate: 2 of 2 (seed {base + 3})" in step_messages(sample)[0]
 
 
 def test_candidates_are_refused_on_a_step_that_takes_none_and_out_of_range(
@@ -181,3 +187,35 @@ def test_candidates_are_refused_on_a_step_that_takes_none_and_out_of_range(
     code, out, err = coder(sample, "run", "--autonomous", "--candidates", "9", "-f", str(bad))
     assert code == 2, out + err
     assert "--candidates" in out + err
+
+
+@pytest.mark.parametrize("point", ["after_checks", "after_commit"])
+def test_a_kill_mid_round_then_resume_lands_the_winner_once(
+    seeded: FakeOllama, sample: Path, isolated_home: Path, point: str
+) -> None:
+    """SIGKILL as the first candidate passed its checks (the others still going, nothing
+    landed), or right after the winner landed (before the checkpoint says so); `coder resume`
+    then leaves the winner's one commit on the branch and the step done once."""
+    from tests.run.test_crash import coder as killed_coder
+    from tests.run.test_crash import out
+
+    configure(isolated_home, base_where([False, True, True, False]))
+    path = task(sample)
+    ran = killed_coder(sample, "run", "--autonomous", "-f", str(path), crash=f"{point}@s1")
+    assert ran.returncode == -9, out(ran)
+    landed_before = step_messages(sample)
+    assert len(landed_before) == (point == "after_commit")
+
+    resumed = killed_coder(sample, "resume", "-t", TASK_ID)
+    assert resumed.returncode == 0, out(resumed)
+    messages = step_messages(sample)
+    assert len(messages) == 1 and "Coder-Candidate: " in messages[0], messages
+    assert messages == landed_before or not landed_before  # a landed winner is kept as it was
+    assert git(sample, "show", f"{BRANCH}:answer.txt").startswith("right")
+    record = state_of(sample, TASK_ID)["steps"]["s1"]
+    assert record["status"] == "success"
+    assert record["attempts"] == (2 if point == "after_checks" else 1)
+    # no candidate's worktree is left; the run's worktree holds the branch's tree, clean
+    worktrees = sample / ".coder" / "worktrees"
+    assert sorted(p.name for p in worktrees.iterdir()) == [TASK_ID]
+    assert git(worktrees / TASK_ID, "status", "--porcelain") == ""
