@@ -219,3 +219,49 @@ def test_a_kill_mid_round_then_resume_lands_the_winner_once(
     worktrees = sample / ".coder" / "worktrees"
     assert sorted(p.name for p in worktrees.iterdir()) == [TASK_ID]
     assert git(worktrees / TASK_ID, "status", "--porcelain") == ""
+
+
+def chatty(body: dict[str, Any]) -> Reply:
+    """A scripted model that solves the step for a seed it solves, and for the others looks
+    for one file after another (each turn a longer prompt: the tokens pile up)."""
+    if not solves(seed_of(body), ONE_IN):
+        turn = sum(m["role"] == "assistant" for m in body["messages"])
+        return call("fs_read", path=f"notes{turn}.txt")
+    return answer(body)
+
+
+def test_each_candidate_is_held_to_the_steps_budget_and_the_run_counts_them_all(
+    fake: FakeOllama, sample: Path, isolated_home: Path
+) -> None:
+    """policies.max_tokens stops the chatty candidates alone (the step passes with the one that
+    solved it); the run's budget counts all four: it is spent before s2, which stays pending."""
+    fake.answer = chatty
+    configure(isolated_home, base_where([False, True, False, False]))
+    path = taskfile(
+        sample,
+        f"""
+        id: {TASK_ID}
+        branch: {BRANCH}
+        title: Best of N, on a budget
+        policies: {{max_tokens: 12000, run_max_tokens: 20000}}
+        graph:
+          - id: s1
+            kind: edit
+            goal: Write the answer to answer.txt
+            assert: [{{type: text_in_file, path: answer.txt, contains: right}}]
+            candidates: 4
+          - {{id: s2, kind: edit, goal: Write more}}
+        """,
+    )
+    code, out, err = coder(sample, "run", "--autonomous", "-f", str(path))
+    assert code == 1, out + err
+    state = state_of(sample, TASK_ID)
+    s1 = state["steps"]["s1"]
+    assert s1["status"] == "success"
+    verdicts = [(c["verdict"], "token budget" in (c["error"] or "")) for c in s1["candidates"]]
+    assert verdicts == [("failed", True), ("won", False), ("failed", True), ("failed", True)]
+    one = next(c["tokens"] for c in s1["candidates"] if c["verdict"] == "won")
+    assert one < 20000 < s1["usage"]["prompt_tokens"] + s1["usage"]["eval_tokens"]
+    assert state["steps"]["s2"]["status"] == "pending"
+    assert "run token budget exhausted" in state["error"]
+    assert len(step_messages(sample)) == 1
