@@ -69,7 +69,7 @@ def show_run(task_id: str, as_json: bool) -> None:
 
 def _show_candidates(state: RunState, echo: Callable[[str], None]) -> None:
     """The candidates of the steps tried several ways (coder.run.candidates), with verdicts."""
-    from coder.run.candidates import shown, summary
+    from coder.run.judge import shown, summary
 
     for sid, record in state.steps.items():
         if record.candidates:

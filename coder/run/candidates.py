@@ -237,30 +237,6 @@ class Candidates:
         )
 
 
-def summary(records: Sequence[CandidateRecord]) -> str:
-    """How a round went, in a line: "2 of 4 candidates passed; candidate 3 won: <why>"."""
-    passed = sum(r.get("verdict") != "failed" for r in records)
-    won = next((r for r in records if r.get("verdict") == "won"), None)
-    line = f"{passed} of {len(records)} candidates passed"
-    if won is None:
-        return line
-    why = won.get("why")
-    return line + f"; candidate {won['number']} won" + (f": {why}" if why else "")
-
-
-def shown(record: CandidateRecord) -> str:
-    """One candidate, as `coder show` and `coder report` list it."""
-    facts = [f"seed {record.get('seed')}"]
-    if record.get("verdict") != "failed":
-        facts += [f"{record.get('diff_lines', 0)} lines changed"]
-    facts += [f"{record.get('tokens', 0):,} tokens"]
-    if record.get("branch"):
-        facts.append(f"kept as {record.get('branch')}")
-    line = f"candidate {record.get('number')}: {record.get('verdict')} ({', '.join(facts)})"
-    error = record.get("error") if record.get("verdict") == "failed" else None
-    return line + (f": {' '.join(str(error).split())[:200]}" if error else "")
-
-
 def _try(place: Scratch, seed: int, attempt: Attempt) -> Tried:
     """One candidate, with its own seed for every model request it makes."""
     assert place.candidate is not None

@@ -4,12 +4,18 @@ A pure function of what each candidate left (coder.run.candidates gathers it): f
 whose checks and tests passed; then fewer failing tests; then the smaller diff; then fewer
 tokens; a tie goes to the lower candidate number, so the same evidence always picks the same
 winner. No model is asked: what the step's own checks and the tests say is the verdict.
+How a round's verdicts are shown (`summary`, `shown`) is here too: `coder show` reads a run's
+records without loading git.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from coder.run.records import CandidateRecord
 
 
 @dataclass(frozen=True)
@@ -67,3 +73,27 @@ def judge(candidates: Sequence[Evidence]) -> Verdict:
 
 def _count(n: int, unit: str) -> str:
     return f"{n} {unit}" + "s" * (n != 1)
+
+
+def summary(records: Sequence[CandidateRecord]) -> str:
+    """How a round went, in a line: "2 of 4 candidates passed; candidate 3 won: <why>"."""
+    passed = sum(r.get("verdict") != "failed" for r in records)
+    won = next((r for r in records if r.get("verdict") == "won"), None)
+    line = f"{passed} of {len(records)} candidates passed"
+    if won is None:
+        return line
+    why = won.get("why")
+    return line + f"; candidate {won['number']} won" + (f": {why}" if why else "")
+
+
+def shown(record: CandidateRecord) -> str:
+    """One candidate, as `coder show` and `coder report` list it."""
+    facts = [f"seed {record.get('seed')}"]
+    if record.get("verdict") != "failed":
+        facts += [f"{record.get('diff_lines', 0)} lines changed"]
+    facts += [f"{record.get('tokens', 0):,} tokens"]
+    if record.get("branch"):
+        facts.append(f"kept as {record.get('branch')}")
+    line = f"candidate {record.get('number')}: {record.get('verdict')} ({', '.join(facts)})"
+    error = record.get("error") if record.get("verdict") == "failed" else None
+    return line + (f": {' '.join(str(error).split())[:200]}" if error else "")

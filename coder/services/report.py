@@ -20,7 +20,7 @@ from coder.agent.session import model_at
 from coder.display import escaped, quoted_name
 from coder.git import branches, diffs
 from coder.models.usage import cache_share
-from coder.run import candidates, eventlog
+from coder.run import eventlog, judge
 from coder.run.opened import OpenRun
 from coder.taskfile import diagram
 
@@ -472,8 +472,8 @@ def _step_section(s: StepReport) -> list[str]:
     if s.duration_s is not None:
         out.append(f"- **Time:** {s.duration_s:.1f} s")
     if s.candidates:
-        out.append(f"- **Candidates:** {_inline(candidates.summary(s.candidates))}")
-        out += [f"  - {_inline(candidates.shown(c))}" for c in s.candidates]
+        out.append(f"- **Candidates:** {_inline(judge.summary(s.candidates))}")
+        out += [f"  - {_inline(judge.shown(c))}" for c in s.candidates]
     for reason in s.reasons:
         out.append(f"- **Note:** {_inline(reason)}")
     for note in s.notes:
