@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from coder.git.repository import Repo
     from coder.git.staging import Change
     from coder.run.context import RunContext
+    from coder.run.eventlog import EventLog
     from coder.run.places import Message, Place
     from coder.run.records import CandidateRecord
     from coder.taskfile import Step, Task
@@ -127,6 +128,19 @@ class Round:
     commit: str | None  # the winner's, on no branch of the run yet
     changes: tuple[Change, ...]
     records: list[CandidateRecord]
+
+    def log(self, log: EventLog, step_id: str, attempt: int) -> None:
+        """The round's line in the event log: how many passed, who won and why."""
+        won = next((r for r in self.records if r["verdict"] == "won"), None)
+        log.info(
+            "step.judged",
+            step_id=step_id,
+            attempt=attempt,
+            candidates=len(self.records),
+            passed=sum(r["verdict"] != "failed" for r in self.records),
+            winner=won["number"] if won else 0,
+            reason=(won or {}).get("why") or self.outcome.error or "",
+        )
 
 
 class Candidates:

@@ -47,7 +47,7 @@ from coder.run.records import RunStatus, SkipCause, StepRecord, now_iso, seconds
 from coder.run.schedule import Schedule
 from coder.run.steps import StepContext, StepOutcome
 from coder.run.steps.runners import runner_for
-from coder.run.steps.verify import CHECKS, Verification
+from coder.run.steps.verify import Verification, verify
 from coder.taskfile.kinds import KINDS
 
 if TYPE_CHECKING:
@@ -289,17 +289,7 @@ class Executor:
             return self._attempt(step, place, attempt, tip)
         done = place.run_round(step, tip, lambda p: self._attempt(step, p, attempt, tip))
         self._update(step.id, candidates=done.records)
-        passed = sum(r["verdict"] != "failed" for r in done.records)
-        won = next((r for r in done.records if r["verdict"] == "won"), None)
-        self.run.log.info(
-            "step.judged",
-            step_id=step.id,
-            attempt=attempt,
-            candidates=len(done.records),
-            passed=passed,
-            winner=won["number"] if won else 0,
-            reason=(won or {}).get("why") or done.outcome.error or "",
-        )
+        done.log(self.run.log, step.id, attempt)
         return done.outcome, done.commit, done.changes
 
     def _start(self, step: Step, tip: str) -> int:
@@ -339,7 +329,7 @@ class Executor:
         self._check_files(place.workdir)  # deleted while it ran: nothing to check or commit
         seen = Verification(step, place.workdir, self.run.settings, tip)
         # what it cost stays with the outcome whatever verify found (a round's judge weighs it)
-        outcome = replace(self._verify(seen, acted, guard), usage=acted.usage)
+        outcome = replace(verify(seen, acted, guard, self.task.id), usage=acted.usage)
         self.run.log.debug(
             "step.acted",
             step_id=step.id,
@@ -388,34 +378,6 @@ class Executor:
                 self.record(step.id).tool_protocol = outcome.protocol
         for note in outcome.notes:
             self._reason(step.id, note)
-        return outcome
-
-    def _verify(self, seen: Verification, outcome: StepOutcome, guard: GitGuard) -> StepOutcome:
-        """The one verify stage, between act and commit. .git is put back whatever the step
-        did; a step that acted successfully then passes every check in CHECKS (on its changes,
-        staged once: `seen.staged`), or fails with all their problems. The worktree's `.git`
-        file deleted meanwhile is not the step's failure but the run's environment (as its
-        worktree deleted is, `_check_files`): it is put back, and the run stops as `error`."""
-        unlinked = not os.path.lexists(seen.workdir / ".git")
-        touched = guard.restore()
-        if unlinked:
-            raise EnvironmentProblem(
-                f"the `.git` file of worktree {seen.workdir} was deleted while step "
-                f"{seen.step.id} ran (coder wrote it back)",
-                hint=f"`coder resume -t {self.task.id}` runs the step again",
-            )
-        stashed = guard.drop_stashes()
-        if touched or stashed:
-            changed = [
-                f"the step changed {', '.join(guard.describe(touched))}; .git "
-                "belongs to coder's executor (the original was restored)"
-            ]
-            return StepOutcome(False, "; ".join(changed * bool(touched) + stashed))
-        if not outcome.ok:
-            return outcome
-        problems = [problem for check in CHECKS for problem in check(seen)]
-        if problems:
-            return StepOutcome(False, "; ".join(problems), tests=outcome.tests)
         return outcome
 
     def _record(self, step: Step, done: Attempted, place: Place) -> None:

@@ -17,15 +17,47 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from coder.errors import EnvironmentProblem
 from coder.files.realpath import realpath
 from coder.policy.paths import naming, protected_changes, resolve_inside
+from coder.run.steps import StepOutcome
 from coder.taskfile import Assertion
 
 if TYPE_CHECKING:
+    from coder.git.guard import GitGuard
     from coder.git.repository import Repo
     from coder.git.staging import Staged
     from coder.run.settings import RunSettings
     from coder.taskfile import Step
+
+
+def verify(seen: Verification, outcome: StepOutcome, guard: GitGuard, task_id: str) -> StepOutcome:
+    """The one verify stage, between act and commit. .git is put back whatever the step did; a
+    step that acted successfully then passes every check in CHECKS (on its changes, staged
+    once: `seen.staged`), or fails with all their problems. The worktree's `.git` file deleted
+    meanwhile is not the step's failure but the run's environment (as its worktree deleted is,
+    coder.run.filesgone): it is put back, and the run stops as `error`."""
+    unlinked = not os.path.lexists(seen.workdir / ".git")
+    touched = guard.restore()
+    if unlinked:
+        raise EnvironmentProblem(
+            f"the `.git` file of worktree {seen.workdir} was deleted while step "
+            f"{seen.step.id} ran (coder wrote it back)",
+            hint=f"`coder resume -t {task_id}` runs the step again",
+        )
+    stashed = guard.drop_stashes()
+    if touched or stashed:
+        changed = [
+            f"the step changed {', '.join(guard.describe(touched))}; .git "
+            "belongs to coder's executor (the original was restored)"
+        ]
+        return StepOutcome(False, "; ".join(changed * bool(touched) + stashed))
+    if not outcome.ok:
+        return outcome
+    problems = [problem for check in CHECKS for problem in check(seen)]
+    if problems:
+        return StepOutcome(False, "; ".join(problems), tests=outcome.tests)
+    return outcome
 
 
 class Verification:
