@@ -9,7 +9,8 @@
     texttools.py how tool calls travel: natively, or described in the system prompt and
                  written as text (tool_protocol)
     session.py   the run's model side: the shared session, opening it (models checked,
-                 warmed up, the prefix built and primed), which model each attempt uses
+                 warmed up, the prefix built and primed)
+    fallback.py  which model each attempt of a step uses (its fallback_model after two)
     modelstep.py a model step's attempt: its tools, its first message, the conversation,
                  its claim checked against the real changes (coder.run.steps.model runs it)
 

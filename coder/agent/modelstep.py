@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from coder.agent import events as ev
 from coder.agent import prompts
+from coder.agent.fallback import model_at
 from coder.agent.loop import AgentLoop, Limits, LoopResult
 from coder.agent.prefix import step_focus
-from coder.agent.session import AgentSession, EventSink, model_at, tool_format, tools_as_text
+from coder.agent.session import AgentSession, EventSink, tool_format, tools_as_text
 from coder.files import nofollow
 from coder.files.durable import make_private_dirs, write_private
 from coder.git import workdir

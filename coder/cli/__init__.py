@@ -23,8 +23,8 @@ from coder.cli.common import EPILOG, CoderGroup, colour_setting, help_width
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "init": ("init_cmd", "init", "Prepare this repo: .coder/ and coder.config.json."),
     "plan": ("plan_cmd", "plan", "Turn a spec or a prompt into a validated taskfile in tasks/."),
-    "validate": ("tasks_cmd", "validate", "Check a taskfile; report every problem at once."),
-    "show": ("tasks_cmd", "show", "Show a taskfile's DAG (-f) or a run's progress (-t)."),
+    "validate": ("validate_cmd", "validate", "Check a taskfile; report every problem at once."),
+    "show": ("show_cmd", "show", "Show a taskfile's DAG (-f) or a run's progress (-t)."),
     "run": ("run_cmd", "run", "Run a taskfile on its own branch, one commit per step."),
     "resume": ("run_cmd", "resume", "Continue a run that crashed, was killed or was stopped."),
     "stop": ("run_cmd", "stop", "Stop a run; a runner that does not stop when asked is killed."),

@@ -33,7 +33,7 @@ def demo(keep: Path | None, live: bool, as_json: bool) -> None:
     Offline by default: a recorded model transcript is replayed, the tools, tests and git
     work happen for real in a fresh repository.
     """
-    from coder.cli.run_cmd import summary_table
+    from coder.cli.summary import summary_table
     from coder.cli.views import progress_for
     from coder.services import demo as demo_mod
 

@@ -1,4 +1,5 @@
-"""`coder show -t`, `diff`, `logs` and `clean`: looking at a run, and removing it."""
+"""`coder diff`, `logs` and `clean`: a run's changes and log, and removing it (`coder show -t`,
+a run's progress, is in show_cmd.py)."""
 
 from __future__ import annotations
 
@@ -11,82 +12,8 @@ from coder.cli.common import complete_steps, cwd, emit_json, json_option, resolv
 from coder.display import escaped, quoted_name
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from coder.run.eventlog import Event
-    from coder.run.records import RunState
     from coder.services.clean import CleanedAll
-
-
-def show_run(task_id: str, as_json: bool) -> None:
-    from coder.cli.run_cmd import run_usage, summary_table, usage_line
-    from coder.services import history
-
-    view = history.open_run(cwd(), task_id)
-    state = view.state
-    redactor = history.redactor_of(view)  # the state is stored redacted; older runs' too
-    if as_json:
-        data = {**state.to_dict(), "running_pid": view.running_pid, "usage": run_usage(state)}
-        emit_json(redactor.redact_obj(data))
-        return
-    status: str = f"running (pid {view.running_pid})" if view.running_pid else state.status
-    if status == "running":  # the state says so, but no runner holds the lock
-        status = f"interrupted (the runner is gone; continue with `coder resume -t {task_id}`)"
-
-    def echo(line: str) -> None:
-        click.echo(escaped(redactor.redact(line)))
-
-    echo(f"{state.title}")
-    echo(f"  id        {state.task_id}")
-    echo(f"  status    {status}" + (f": {state.error}" if state.error else ""))
-    note = state.skipped_note()
-    if note:
-        echo(f"  skipped   {note}")
-    echo(f"  branch    {state.branch} (from {state.base} at {state.base_commit[:8]})")
-    if state.parent and state.forked_at:
-        at = state.forked_at
-        echo(f"  fork of   {state.parent} at step {at['step']} (its commit {at['commit'][:8]})")
-    echo(f"  worktree  {state.worktree}")
-    if state.merge:
-        merge = state.merge
-        echo(
-            f"  merged    {merge.get('mode')} into {merge.get('base')} as "
-            f"{str(merge.get('commit'))[:8]} (tag {merge.get('tag')})"
-        )
-    usage = usage_line(state)
-    if usage:
-        echo(f"  model     {usage}")
-    click.echo("")
-    click.echo(redactor.redact(summary_table(state)))  # each cell escaped there
-    reasons = [(sid, reason) for sid, r in state.steps.items() for reason in r.reasons]
-    if reasons:
-        click.echo("\nwhy steps were rerun, skipped or reconciled:")
-        for sid, reason in reasons:
-            echo(f"  {sid}: {reason}")
-    _show_candidates(state, echo)
-    _show_notes(state, echo)
-
-
-def _show_candidates(state: RunState, echo: Callable[[str], None]) -> None:
-    """The candidates of the steps tried several ways (coder.run.candidates), with verdicts."""
-    from coder.run.judge import shown, summary
-
-    for sid, record in state.steps.items():
-        if record.candidates:
-            click.echo(f"\n{sid}: {summary(record.candidates)}")
-            for candidate in record.candidates:
-                echo(f"  {shown(candidate)}")
-
-
-def _show_notes(state: RunState, echo: Callable[[str], None]) -> None:
-    """The guidance notes the user gave the steps (coder.run.notes), oldest first."""
-    from coder.run.notes import shown
-
-    given = [(sid, note) for sid, r in state.steps.items() for note in r.notes]
-    if given:
-        click.echo("\nguidance notes:")
-        for sid, note in given:
-            echo(f"  {sid}: {shown(note)}")
 
 
 @click.command(epilog="\b\nExamples:\n  coder diff -t T-1 --stat\n  coder diff -t T-1 --step s2")

@@ -1,7 +1,8 @@
 """`coder status`: the runs in this repository, one line each.
 
 Its own module, apart from `coder run`'s: the first thing a new user types should cost little
-more than importing click (bench/startup.py), and with no runs yet it imports nothing else.
+more than importing click (bench/startup.py): with no runs yet it loads none of the run engine,
+and with runs only what reads them (coder.services.listing).
 """
 
 from __future__ import annotations
@@ -13,28 +14,7 @@ import click
 from coder.cli.common import emit_json, fitted, json_option, no_runs_yet, runs_dir
 
 if TYPE_CHECKING:
-    from pathlib import Path
-    from typing import TypedDict
-
-    from coder.errors import CorruptState
-    from coder.run.records import PushRecord
-
-    class StatusRow(TypedDict, total=False):
-        """A run as `coder status` lists it (`--json`: the same keys)."""
-
-        id: str
-        title: str
-        status: str
-        progress: str
-        skipped: int
-        branch: str
-        updated_at: str
-        seq: int | None  # its place in the order runs were made (coder.run.manifest)
-        error: str | None
-        parent: str | None  # a fork's parent run
-        runner_gone: bool  # the state says running, but no runner holds the run
-        merged: str | None  # the commit `coder merge` landed on the base branch
-        pushed: str | None  # the remote branch `coder push` last pushed to
+    from coder.services.listing import StatusRow
 
 
 @click.command(epilog="\b\nExamples:\n  coder status\n  coder status --json")
@@ -44,45 +24,9 @@ def status(as_json: bool) -> None:
     if no_runs_yet():  # the first thing a new user types: answered without loading the state
         _show_status([], as_json)
         return
-    from coder.errors import CorruptState
-    from coder.run import manifest as manifests
-    from coder.run.lock import read_lock_owner
-    from coder.run.records import DONE
-    from coder.run.state import StateStore
+    from coder.services import listing
 
-    coder_dir = runs_dir()
-    rows: list[StatusRow] = []
-    states = {item.task_id: item for item in StateStore(coder_dir).load_all()}
-    for task_id in manifests.run_ids(coder_dir):  # a run: a manifest or a checkpoint
-        item = states.get(task_id) or _from_manifest(coder_dir, task_id)
-        if isinstance(item, CorruptState):
-            rows.append({"id": item.task_id, "status": "corrupt", "error": item.message})
-            continue
-        if isinstance(item, dict):
-            rows.append(item)
-            continue
-        done = sum(1 for r in item.steps.values() if r.status in DONE)
-        skipped = sum(1 for r in item.steps.values() if r.status == "skipped")
-        running = read_lock_owner(coder_dir, item.task_id) is not None
-        gone = item.status == "running" and not running  # the state says so; nobody runs it
-        rows.append(
-            {
-                "id": item.task_id,
-                "title": item.title,
-                "status": "running" if running else item.status,
-                "progress": f"{done}/{len(item.steps)}",
-                "skipped": skipped,
-                "branch": item.branch,
-                "updated_at": item.updated_at,
-                "seq": item.seq,
-                "error": item.error,
-                "parent": item.parent,
-                "runner_gone": gone,
-                "merged": item.merge.get("commit") if item.merge else None,
-                "pushed": _remote_branch(item.pushed) if item.pushed else None,
-            }
-        )
-    _show_status(rows, as_json)
+    _show_status(listing.rows(runs_dir()), as_json)
 
 
 def _show_status(rows: list[StatusRow], as_json: bool) -> None:
@@ -117,11 +61,6 @@ def status_table(rows: list[StatusRow]) -> str:
         for depth, row in under_parents(rows)
     ]
     return fitted(table).rstrip()
-
-
-def _remote_branch(pushed: PushRecord) -> str:
-    """`origin/agent/x`, as git names a remote-tracking branch."""
-    return f"{pushed['remote']}/{pushed['ref'].removeprefix('refs/heads/')}"
 
 
 def shown_status(row: StatusRow) -> str:
@@ -162,29 +101,3 @@ def under_parents(rows: list[StatusRow]) -> list[tuple[int, StatusRow]]:
     for row in rows:  # what a loop left unplaced
         place(row, 0)
     return placed
-
-
-def _from_manifest(coder_dir: Path, task_id: str) -> StatusRow | CorruptState:
-    """`status`'s row of a run with a manifest and no checkpoint: its runner was killed
-    before writing the first one (during its checkout), or the file was deleted."""
-    from coder.errors import CorruptState
-    from coder.run.lock import read_lock_owner
-    from coder.run.manifest import read_manifest
-
-    try:
-        manifest = read_manifest(coder_dir, task_id)
-    except CorruptState as exc:
-        return exc
-    running = read_lock_owner(coder_dir, task_id) is not None
-    return {
-        "id": task_id,
-        "title": manifest.doc["title"],
-        "status": "running" if running else "interrupted (no state; coder resume)",
-        "progress": f"0/{len(manifest.step_ids)}",
-        "skipped": 0,
-        "branch": manifest.branch,
-        "updated_at": manifest.created_at,
-        "seq": manifest.seq,
-        "error": None,
-        "parent": manifest.parent,
-    }

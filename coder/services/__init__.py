@@ -8,6 +8,7 @@ these do the work, over the run engine in `coder.run`).
     compare.py   `coder compare`: two runs side by side, and their branches' diff
     push.py      `coder push` and `merge --push`: a run's branch to a remote, compare-and-swap
     history.py   `coder show`, `diff`, `logs`: reading a run back (no libgit2 but for `diff`)
+    listing.py   `coder status`: the runs of a repository, one row each
     clean.py     `coder clean`: removing a run, or every (merged) run
     report.py    `coder report`: a run as Markdown (or JSON) for a reviewer
     validate.py  `coder validate` (and MCP's `task_validate`): a taskfile, and preflight

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from coder.agent.session import model_at
+from coder.agent.fallback import model_at
 from coder.display import escaped, quoted_name
 from coder.git import branches, diffs
 from coder.models.usage import cache_share

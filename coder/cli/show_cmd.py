@@ -1,4 +1,9 @@
-"""`coder validate` and `coder show`: what a taskfile says and how the run will see it."""
+"""`coder show`: a taskfile's DAG (-f) or a run's progress (-t), as text, JSON or a picture.
+
+Its own module, apart from `coder validate`'s and from `diff`/`logs`/`clean`'s, so that each
+loads only what it shows (bench/startup.py times `coder show -t`): what `-f` and `--graph` need
+beyond a run's view is imported when they run.
+"""
 
 from __future__ import annotations
 
@@ -6,56 +11,22 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from coder import config as config_mod
+from coder import taskfile
 from coder.cli.common import PathType, cwd, emit_json, json_option, run_option
+from coder.cli.summary import run_usage, summary_table, usage_line
 from coder.display import escaped
-from coder.errors import EXIT_USAGE
+from coder.run import judge
+from coder.run.manifest import parse_task
+from coder.run.notes import shown
+from coder.run.secrets import stored_task, view_redactor_at
+from coder.services import history
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
-taskfile_option = click.option(
-    "-f", "--file", "path", required=True, type=PathType(dir_okay=True), help="The taskfile (YAML)."
-)
-
-
-@click.command(epilog="\b\nExample:\n  coder validate -f tasks/hello-shell.yaml")
-@taskfile_option
-@json_option
-def validate(path: Path, as_json: bool) -> None:
-    """Check a taskfile; report every problem at once.
-
-    Each problem is printed as FILE:LINE:COL: message. Commands are checked against the
-    policy as `coder run` checks them (with this directory's config), so a taskfile that
-    validates can start.
-
-    Exits 0 when the taskfile is valid, 2 when it is not.
-    """
-    from coder.services import validate as validation
-    from coder.taskfile import graph
-
-    problems, task = validation.check(path, cwd=cwd())
-    if as_json:
-        result: dict[str, object] = {
-            "file": str(path),
-            "valid": not problems,
-            "problems": [p.as_dict() for p in problems],
-        }
-        if task:
-            result.update(id=task.id, steps=len(task.steps))
-        emit_json(result)
-    elif problems:
-        for problem in problems:
-            click.echo(str(problem))
-        click.echo(f"{path}: {len(problems)} problem{'s' * (len(problems) != 1)}", err=True)
-    else:
-        assert task is not None
-        levels = graph.levels(graph.build(task.deps()))
-        steps, count = len(task.steps), len(levels)
-        click.echo(
-            f"{path}: valid ({steps} step{'s' * (steps != 1)} in {count} level{'s' * (count != 1)})"
-        )
-    if problems:
-        raise SystemExit(EXIT_USAGE)
+    from coder.run.records import RunState
 
 
 @click.command(
@@ -84,14 +55,10 @@ def show(path: Path | None, task_id: str | None, graph: bool, fmt: str, as_json:
         draw_graph(path, task_id, fmt)
         return
     if task_id is not None:
-        from coder.cli.history_cmd import show_run
-
         show_run(task_id, as_json)
         return
 
     assert path is not None  # click: -f or -t is required (checked above)
-    from coder import config as config_mod
-    from coder import taskfile
     from coder.taskfile import graph as dag_mod
 
     task = taskfile.load(path)
@@ -151,8 +118,6 @@ def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
     from coder.taskfile import diagram
 
     if task_id is not None:
-        from coder.services import history
-
         view = history.open_run(cwd(), task_id)
         state = view.state
         nodes, title = (
@@ -161,8 +126,6 @@ def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
         )
         header = f"{title}\n  run {task_id}: {state.status} on {state.branch}\n"
     else:
-        from coder import taskfile
-
         assert path is not None
         task = shown_task(taskfile.load(path))
         nodes, title, header = diagram.nodes_of_task(task), task.title, f"{task.title}\n"
@@ -181,9 +144,6 @@ def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
 def shown_task(task: Any) -> Any:
     """A taskfile as `show` shows it: as a run stores it, the literal secrets it holds redacted
     (coder.run.secrets.stored_task, with what this repository and process know)."""
-    from coder.run.manifest import parse_task
-    from coder.run.secrets import stored_task, view_redactor_at
-
     return parse_task(stored_task(task.to_dict(), view_redactor_at(cwd())))
 
 
@@ -202,3 +162,69 @@ def _level_of(step_id: str, levels: list[list[str]]) -> int:
 def _one_line(text: str, limit: int = 70) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def show_run(task_id: str, as_json: bool) -> None:
+
+    view = history.open_run(cwd(), task_id)
+    state = view.state
+    redactor = history.redactor_of(view)  # the state is stored redacted; older runs' too
+    if as_json:
+        data = {**state.to_dict(), "running_pid": view.running_pid, "usage": run_usage(state)}
+        emit_json(redactor.redact_obj(data))
+        return
+    status: str = f"running (pid {view.running_pid})" if view.running_pid else state.status
+    if status == "running":  # the state says so, but no runner holds the lock
+        status = f"interrupted (the runner is gone; continue with `coder resume -t {task_id}`)"
+
+    def echo(line: str) -> None:
+        click.echo(escaped(redactor.redact(line)))
+
+    echo(f"{state.title}")
+    echo(f"  id        {state.task_id}")
+    echo(f"  status    {status}" + (f": {state.error}" if state.error else ""))
+    note = state.skipped_note()
+    if note:
+        echo(f"  skipped   {note}")
+    echo(f"  branch    {state.branch} (from {state.base} at {state.base_commit[:8]})")
+    if state.parent and state.forked_at:
+        at = state.forked_at
+        echo(f"  fork of   {state.parent} at step {at['step']} (its commit {at['commit'][:8]})")
+    echo(f"  worktree  {state.worktree}")
+    if state.merge:
+        merge = state.merge
+        echo(
+            f"  merged    {merge.get('mode')} into {merge.get('base')} as "
+            f"{str(merge.get('commit'))[:8]} (tag {merge.get('tag')})"
+        )
+    usage = usage_line(state)
+    if usage:
+        echo(f"  model     {usage}")
+    click.echo("")
+    click.echo(redactor.redact(summary_table(state)))  # each cell escaped there
+    reasons = [(sid, reason) for sid, r in state.steps.items() for reason in r.reasons]
+    if reasons:
+        click.echo("\nwhy steps were rerun, skipped or reconciled:")
+        for sid, reason in reasons:
+            echo(f"  {sid}: {reason}")
+    _show_candidates(state, echo)
+    _show_notes(state, echo)
+
+
+def _show_candidates(state: RunState, echo: Callable[[str], None]) -> None:
+    """The candidates of the steps tried several ways (coder.run.candidates), with verdicts."""
+    for sid, record in state.steps.items():
+        if record.candidates:
+            click.echo(f"\n{sid}: {judge.summary(record.candidates)}")
+            for candidate in record.candidates:
+                echo(f"  {judge.shown(candidate)}")
+
+
+def _show_notes(state: RunState, echo: Callable[[str], None]) -> None:
+    """The guidance notes the user gave the steps (coder.run.notes), oldest first."""
+
+    given = [(sid, note) for sid, r in state.steps.items() for note in r.notes]
+    if given:
+        click.echo("\nguidance notes:")
+        for sid, note in given:
+            echo(f"  {sid}: {shown(note)}")
