@@ -17,6 +17,7 @@ from typing import Any
 
 from coder.errors import DocumentError, EnvironmentProblem, InvalidInput
 from coder.files.safeio import read_regular
+from coder.schemas import validator
 
 PROJECT_FILE = "coder.config.json"
 DEFAULT_MODEL = "qwen2.5-coder:7b"
@@ -355,7 +356,6 @@ def edit_file(path: Path, key: str, value: Any = None, *, remove: bool = False) 
     an unknown setting or a bad value changes nothing."""
     from coder import yamldoc
     from coder.files.durable import write_atomic
-    from coder.schemas import validator
 
     if key not in DEFAULTS:
         raise InvalidInput(
@@ -454,7 +454,6 @@ def read_file(path: Path, *, keep_schema: bool = False) -> dict[str, Any]:
     data = doc.data
     if not isinstance(data, dict):
         raise InvalidInput(f"{path}:1:1: a config file must be a JSON object")
-    from coder.schemas import validator
 
     errors = validator("config").iter_errors(data)
     problems = sorted(problem for error in errors for problem in _config_problems(doc, error))

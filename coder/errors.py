@@ -41,6 +41,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from coder.display import counted
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from pathlib import Path
@@ -119,8 +121,6 @@ class DocumentError(InvalidInput):
     e.g. every duplicate key)."""
 
     def __init__(self, problem: Problem, *more: Problem) -> None:
-        from coder.display import counted  # not at import: `coder --help` needs none
-
         also = f" (and {counted(len(more), 'more problem')})" if more else ""
         super().__init__(f"{problem}{also}")
         self.problems = [problem, *more]
@@ -132,8 +132,6 @@ class DocumentError(InvalidInput):
 
 class InvalidTaskfile(InvalidInput):
     def __init__(self, problems: list[Problem]) -> None:
-        from coder.display import counted
-
         first = problems[0]
         more = f" (and {counted(len(problems) - 1, 'more problem')})" if len(problems) > 1 else ""
         super().__init__(f"{first}{more}", hint="run `coder validate -f FILE` to see every problem")

@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 
 from coder import config as config_mod
-from coder.errors import EnvironmentProblem, LinkInTheWay, not_ours
+from coder.errors import DocumentError, EnvironmentProblem, InvalidInput, LinkInTheWay, not_ours
 from coder.files import nofollow
 
 CODER_DIR = nofollow.CODER_DIR
@@ -80,7 +80,6 @@ def find_taskfile(root: Path, task_id: str) -> Path:
     file without an `id` matches by its name, `tasks/ID.yaml`). Drafts that `coder plan` left
     (`*.draft.yaml`) are not taskfiles; files that do not parse are passed over."""
     from coder import yamldoc
-    from coder.errors import DocumentError, InvalidInput
 
     folder = root / TASKS_DIR
     files = sorted(

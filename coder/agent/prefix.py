@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coder.agent import prompts
-from coder.redact import Redactor
+from coder.context import instructions, repomap, retrieval
+from coder.git import trees
+from coder.redact import Redactor, is_env_path
+from coder.taskfile.kinds import KINDS
+from coder.tools.envfiles import SCAN_DEPTH
+from coder.tools.registry import tools_for_kind
 
 if TYPE_CHECKING:
     from coder.config import Config
@@ -53,8 +58,6 @@ def build(
     """The system prompt every request of the run starts with (see the module docstring),
     redacted by the run's `redactor`, which learns the values of the commit's `.env*` files
     first. `kinds`: the task's model step kinds and their tools (`model_kinds`)."""
-    from coder.context import instructions, repomap
-
     focus = repomap.Focus.of_task(task)
     register_env_files(repo, base_commit, redactor)
     found = instructions.read(
@@ -92,9 +95,6 @@ def model_kinds(steps: Iterable[Step], registry: Registry) -> dict[str, list[str
     """The kinds of a task's `steps` (in order) that talk to a model, with the tools they may
     call: a model step's kind its own, a kind with fix cycles (a step with `on_fail:
     fix_and_retry`) the edit tools. What the prefix says about kinds (prompts.kinds_section)."""
-    from coder.taskfile.kinds import KINDS
-    from coder.tools.registry import tools_for_kind
-
     kinds: dict[str, list[str]] = {}
     for step in steps:
         if step.kind in kinds:
@@ -109,10 +109,6 @@ def model_kinds(steps: Iterable[Step], registry: Registry) -> dict[str, list[str
 def register_env_files(repo: Repo, commit: str, redactor: Redactor) -> None:
     """The values of the commit's `.env*` files (at the root and one level down, as the tools
     register them in a worktree) join `redactor`'s known secrets."""
-    from coder.git import trees
-    from coder.redact import is_env_path
-    from coder.tools.envfiles import SCAN_DEPTH
-
     for path, blob in trees.tree_blobs(repo, trees.tree_id(repo, commit)):
         if is_env_path(path, SCAN_DEPTH):
             text = trees.blob_data(repo, blob).decode("utf-8", errors="replace")
@@ -125,8 +121,6 @@ def step_focus(
     """Where a step's work likely is, as lines for its first message: the code_search hits
     for its goal, one line per file (`path: lines (definition), ...`, in line order), the files
     its `changes` name first (the message names those as expected to change already)."""
-    from coder.context import retrieval
-
     spans: dict[str, list[tuple[int, str]]] = {path: [] for path in changes}
     if goal.strip() and retrieval.tokenize(goal):
         try:

@@ -11,8 +11,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from coder import project
+from coder.agent import prefix
 from coder.agent.fallback import model_uses, next_model
-from coder.models import bounds
+from coder.agent.texttools import format_for
+from coder.git import repository
+from coder.models import bounds, protocol
+from coder.models.factory import model_config, open_models
+from coder.models.served import require_served
+from coder.taskfile import graph
+from coder.tools.codeindex import code_settings
+from coder.tools.registry import default_registry
 
 if TYPE_CHECKING:
     from coder.agent.texttools import ToolFormat
@@ -144,8 +153,6 @@ def open_agent(
     pending = [s for s in task.steps if s.uses_model and s.id not in done]
     if not pending:
         return None
-    from coder.models.factory import open_models
-    from coder.models.served import require_served
 
     made = attempts or {}
     if replay is None:  # a replay asks no server
@@ -173,8 +180,6 @@ def open_agent(
 
 def widest_level(task: Task, steps: Sequence[Step]) -> int:
     """The most of `steps` in one level of the task's DAG: the most that can run at once."""
-    from coder.taskfile import graph
-
     wanted = {s.id for s in steps}
     levels = graph.levels(graph.build(task.deps()))
     return max((sum(s in wanted for s in level) for level in levels), default=1) or 1
@@ -192,12 +197,6 @@ def _session(
 ) -> AgentSession:
     """The session over warmed-up `models`: the tool registry and the prefix built for the
     smallest context among them, saying what each kind of the task's `steps` may do."""
-    from coder import project
-    from coder.agent import prefix
-    from coder.git import repository
-    from coder.tools.codeindex import code_settings
-    from coder.tools.registry import default_registry
-
     registry = default_registry()
     kind_tools = prefix.model_kinds(steps, registry)
     cache = project.coder_dir(repository.repo_root(repo)) / "cache"
@@ -243,10 +242,6 @@ def tool_format(
     """How `model` (None: the run's) is given its tools, and why: decided at its first use
     in the run (coder.models.protocol; `facts` from its warm-up, else it is warmed up now
     when the decision needs them), the format over the session's tools as they are now."""
-    from coder.agent.texttools import format_for
-    from coder.models import protocol
-    from coder.models.factory import model_config
-
     name = model or session.models.model
     with session.lock:
         choice = session.protocols.get(name)
@@ -263,9 +258,6 @@ def tool_format(
 def tools_as_text(session: AgentSession, model: str | None, reason: str) -> Choice:
     """`model` answered in prose naming a tool under an unproven native choice: it uses text
     tools from now on (remembered for its server)."""
-    from coder.models import protocol
-    from coder.models.factory import model_config
-
     name = model or session.models.model
     place, served = model_config(session.config, name)
     remembered = protocol.Remembered(protocol.cache_path(session.config.project_root))

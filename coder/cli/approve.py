@@ -18,13 +18,19 @@ from typing import TYPE_CHECKING, Protocol
 import click
 
 from coder.cli import ask
+from coder.cli.pager import coloured_diff
 from coder.display import escaped
+from coder.errors import InvalidInput
+from coder.git import diffs, repository
+from coder.run.notes import give_now
+from coder.taskfile import shown_command
+from coder.tools.proposal import Verdict
 
 if TYPE_CHECKING:
     from coder.run.approvals import EditPrompt
     from coder.run.context import Approval, RunContext
     from coder.taskfile import Step
-    from coder.tools.proposal import Proposal, Verdict
+    from coder.tools.proposal import Proposal
 
 
 class Pausable(Protocol):
@@ -52,8 +58,6 @@ def ask_edit(
     """Show the proposal (redacted, control characters escaped) and take the answer; a stop
     while it waits (Ctrl-C, SIGTERM, a hang-up) refuses the change and the step is
     interrupted by that stop."""
-    from coder.tools.proposal import Verdict
-
     click.echo(f"\n{escaped(shown(step_id, proposal, redact), lines=True)}", err=True)
     if proposal.files:
         diff = escaped(redact(proposal.diff()), lines=True)
@@ -121,17 +125,12 @@ def _colour() -> bool:
 
 
 def _coloured(diff: str) -> str:
-    from coder.cli.pager import coloured_diff
-
     return coloured_diff(diff) if _colour() else diff
 
 
 def approval_prompt(step: Step, run: RunContext) -> Approval:
     """Ask before a step: [r]un, [s]kip, [d]iff so far, [n]ote (for a step a model works
     on), [q]uit."""
-    from coder.git import diffs, repository
-    from coder.taskfile import shown_command
-
     redact = run.redactor.redact
     what = escaped(redact(f"`{shown_command(step.cmd)}`" if step.cmd else step.goal))
     keys = ["r", "s", "d", "n", "q"] if step.uses_model else ["r", "s", "d", "q"]
@@ -160,9 +159,6 @@ def approval_prompt(step: Step, run: RunContext) -> Approval:
 def prompt_note(step: Step, run: RunContext) -> None:
     """`[n]ote` at the prompt: a line of guidance for the step's next attempt, kept in the
     run's state at once (coder.run.notes.give_now)."""
-    from coder.errors import InvalidInput
-    from coder.run.notes import give_now
-
     text = ask.line(f"note for step {step.id} (empty: none)", run.stop)
     try:
         note = give_now(run, step.id, text) if text else None

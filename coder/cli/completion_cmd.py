@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import click
 
+from coder.cli import main
+
 PROG, VARIABLE = "coder", "_CODER_COMPLETE"
 INSTALL = {
     "bash": 'eval "$(coder completion bash)"     # in ~/.bashrc',
@@ -22,8 +24,6 @@ INSTALL = {
 def completion(shell: str) -> None:
     """Print the shell completion script for bash, zsh or fish."""
     from click.shell_completion import get_completion_class
-
-    from coder.cli import main
 
     cls = get_completion_class(shell)
     assert cls is not None  # every choice is one click knows

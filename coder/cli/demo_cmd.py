@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING
 import click
 
 from coder.cli.common import PathType, emit_json, json_option
+from coder.cli.summary import summary_table
+from coder.cli.views import progress_for
+from coder.services import demo as demo_mod
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,10 +36,6 @@ def demo(keep: Path | None, live: bool, as_json: bool) -> None:
     Offline by default: a recorded model transcript is replayed, the tools, tests and git
     work happen for real in a fresh repository.
     """
-    from coder.cli.summary import summary_table
-    from coder.cli.views import progress_for
-    from coder.services import demo as demo_mod
-
     progress = progress_for(silent=as_json)
     if not as_json:
         mode = "your model" if live else "a recorded model (no model server needed)"

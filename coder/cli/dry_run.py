@@ -10,16 +10,15 @@ import click
 
 from coder.cli.common import cwd, emit_json
 from coder.display import escaped
-from coder.errors import EXIT_OK
+from coder.errors import EXIT_OK, EXIT_USAGE
+from coder.run.secrets import view_redactor_at
+from coder.services.dryrun import dry_run, step_models
+from coder.taskfile import shown_command
 
 
 def show_dry_run(path: Path, options: Any, as_json: bool) -> None:
     """`run --dry-run`: the plan and every check a run makes before it starts; exit 0 when it
     would start, 2 when it would be refused (the problems say why)."""
-    from coder.errors import EXIT_USAGE
-    from coder.run.secrets import view_redactor_at
-    from coder.services.dryrun import dry_run
-
     plan = dry_run(path, cwd=cwd(), options=options)
     redactor = view_redactor_at(cwd())  # the taskfile's literal secrets, as `show -f`
     if as_json:
@@ -30,9 +29,6 @@ def show_dry_run(path: Path, options: Any, as_json: bool) -> None:
 
 
 def render_dry_run(plan: Any) -> str:
-    from coder.services.dryrun import step_models
-    from coder.taskfile import shown_command
-
     task = plan.task
     steps = {s.id: s for s in task.steps}
     width = max(len(s.id) for s in task.steps)

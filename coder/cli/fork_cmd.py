@@ -7,8 +7,20 @@ from typing import Any
 
 import click
 
-from coder.cli.common import complete_steps, cwd, emit_json, json_option, resolve_run, run_option
+from coder.cli.common import (
+    complete_steps,
+    cwd,
+    emit_json,
+    fitted,
+    json_option,
+    resolve_run,
+    run_option,
+)
+from coder.cli.pager import page
 from coder.display import escaped
+from coder.errors import InvalidInput
+from coder.services.compare import compare_runs
+from coder.services.fork import fork_run
 
 FORK_EPILOG = """\b
 The fork's branch begins where STEP began in the parent: at the parent's commit right before
@@ -42,8 +54,6 @@ Examples:
 @json_option
 def fork(task_id: str, step: str, model: str | None, note: str | None, as_json: bool) -> None:
     """Start a new run from a step of run ID: its own branch, worktree and state."""
-    from coder.services.fork import fork_run
-
     result = fork_run(task_id, cwd=cwd(), at=step, model=model, note=note)
     if as_json:
         emit_json(result.to_dict())
@@ -80,9 +90,6 @@ Examples:
 @json_option
 def compare(tasks: tuple[str, ...], patch: bool, as_json: bool) -> None:
     """Show two runs side by side: steps, outcomes, tokens, time, and their branches' diff."""
-    from coder.errors import InvalidInput
-    from coder.services.compare import compare_runs
-
     if len(tasks) != 2:
         raise InvalidInput(
             f"compare needs two runs, got {len(tasks)}", hint="coder compare -t A -t B"
@@ -92,15 +99,12 @@ def compare(tasks: tuple[str, ...], patch: bool, as_json: bool) -> None:
     if as_json:
         emit_json(result.to_dict())
         return
-    from coder.cli.pager import page
 
     page(comparison_text(result, patch), diff=patch)  # as `coder diff`: paged on a terminal
 
 
 def comparison_text(result: Any, patch: bool) -> str:
     """The comparison as a table fitted to its columns, the totals, then the diff."""
-    from coder.cli.common import fitted
-
     a, b = result.a, result.b
     rows: list[tuple[str, ...]] = [
         ("STEP", a.task_id, "TRIES", "TOKENS", "TIME", b.task_id, "TRIES", "TOKENS", "TIME")

@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING
 import click
 
 from coder.cli.common import complete_steps, cwd, emit_json, json_option, resolve_run, run_option
+from coder.cli.pager import page
 from coder.display import escaped, quoted_name
+from coder.errors import EXIT_ENVIRONMENT, EnvironmentProblem
+from coder.run import eventlog
+from coder.run.lock import read_lock_owner
+from coder.services import history
 
 if TYPE_CHECKING:
     from coder.run.eventlog import Event
@@ -22,9 +27,6 @@ if TYPE_CHECKING:
 @click.option("--stat", is_flag=True, help="Files changed and line counts instead of the patch.")
 def diff(task_id: str, step: str | None, stat: bool) -> None:
     """Show a run's accumulated diff (base..branch) or one step's diff."""
-    from coder.cli.pager import page
-    from coder.services import history
-
     page(history.diff(history.open_run(cwd(), task_id), step=step, stat=stat), diff=not stat)
 
 
@@ -36,10 +38,6 @@ def diff(task_id: str, step: str | None, stat: bool) -> None:
 @json_option
 def logs(task_id: str, follow: bool, as_json: bool) -> None:
     """Print a run's structured event log."""
-    from coder.run import eventlog
-    from coder.run.lock import read_lock_owner
-    from coder.services import history
-
     view = history.open_run(cwd(), task_id)
     if follow:
         grace_until: float | None = None
@@ -61,14 +59,11 @@ def logs(task_id: str, follow: bool, as_json: bool) -> None:
         for event in stream:
             click.echo(json.dumps(event) if as_json else format_event(event))
         return
-    from coder.cli.pager import page
 
     page("".join(format_event(event) + "\n" for event in stream))
 
 
 def _clean_all(result: CleanedAll, as_json: bool) -> None:
-    from coder.errors import EXIT_ENVIRONMENT, EnvironmentProblem
-
     if as_json:
         emit_json(result)  # `refused` says why; the exit code says that some were
         if result["refused"]:

@@ -6,8 +6,13 @@ from typing import TYPE_CHECKING
 
 import click
 
+from coder import config as config_mod
+from coder import yamldoc
 from coder.cli.common import cwd, emit_json, json_option
-from coder.errors import InvalidInput
+from coder.errors import EXIT_ENVIRONMENT, EnvironmentProblem, InvalidInput
+from coder.project import CODER_DIR
+from coder.services import doctor as doctor_mod
+from coder.services import initialize
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -39,9 +44,6 @@ def init(force: bool, example: str | None, no_test_probe: bool, as_json: bool) -
     tests or cannot run; --no-test-probe skips that.
     """
     from dataclasses import asdict
-
-    from coder.project import CODER_DIR
-    from coder.services import initialize
 
     if example == "list":
         names = initialize.example_names()
@@ -105,9 +107,6 @@ def trust(revoke: bool, as_json: bool) -> None:
     ignored, and runs refuse, until you trust them here. Trust is kept in your user config with
     a hash of exactly these values: when they change, coder asks again.
     """
-    from coder import config as config_mod
-    from coder.errors import EnvironmentProblem
-
     root = config_mod.find_project_root(cwd())
     if root is None:
         raise EnvironmentProblem(
@@ -138,8 +137,6 @@ def ask_trust(as_json: bool) -> None:
     """Before a run at a terminal: offer to trust the repository's untrusted settings (the run
     itself refuses them otherwise, naming them)."""
     import sys
-
-    from coder import config as config_mod
 
     if as_json or not (sys.stdin.isatty() and sys.stdout.isatty()):
         return
@@ -172,8 +169,6 @@ def config(ctx: click.Context, as_json: bool) -> None:
         return
     import json
 
-    from coder import config as config_mod
-
     cfg = config_mod.load()
     if as_json:
         emit_json(
@@ -197,9 +192,6 @@ def config(ctx: click.Context, as_json: bool) -> None:
 
 def _config_file(user: bool) -> Path:
     """The file `config set/unset` edit: the user's with --user, else this repository's."""
-    from coder import config as config_mod
-    from coder.errors import EnvironmentProblem
-
     if user:
         return config_mod.user_config_path()
     root = config_mod.find_project_root(cwd())
@@ -224,8 +216,6 @@ def config_set(key: str, value: str, user: bool) -> None:
     """Set KEY to VALUE (JSON where it parses: 2, true, ["make"]; else a string)."""
     import json
 
-    from coder import config as config_mod
-
     try:
         parsed = json.loads(value)
     except ValueError:
@@ -242,8 +232,6 @@ def config_set(key: str, value: str, user: bool) -> None:
 @_user_option
 def config_unset(key: str, user: bool) -> None:
     """Take KEY out of the file: the next layer's value applies again."""
-    from coder import config as config_mod
-
     path = _config_file(user)
     config_mod.edit_file(path, key, remove=True)
     click.echo(f"Removed {key} from {path}.")
@@ -255,9 +243,6 @@ def config_unset(key: str, user: bool) -> None:
 def config_get(key: str, as_json: bool) -> None:
     """Print KEY's value (JSON) and where it comes from."""
     import json
-
-    from coder import config as config_mod
-    from coder import yamldoc
 
     cfg = config_mod.load()
     if key not in cfg.values:
@@ -290,9 +275,6 @@ def doctor(model: str | None, no_test_probe: bool, as_json: bool) -> None:
     The test command runs once, to check that it finds tests (--no-test-probe skips it).
     Exits 0 when nothing failed (warnings allowed), 3 otherwise.
     """
-    from coder.errors import EXIT_ENVIRONMENT
-    from coder.services import doctor as doctor_mod
-
     checks = doctor_mod.run_checks(cwd(), model=model, probe=not no_test_probe)
     failed = any(c.status == "fail" for c in checks)
     if as_json:

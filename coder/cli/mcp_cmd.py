@@ -7,8 +7,14 @@ from typing import TYPE_CHECKING
 
 import click
 
+from coder import config as config_mod
 from coder.cli.common import PathType, cwd, emit_json, json_option
 from coder.errors import EXIT_ENVIRONMENT, EnvironmentProblem
+from coder.mcp.client import McpBridge
+from coder.mcp.server import DEFAULT_PORT
+from coder.mcp.server import serve as run_server
+from coder.mcp.token import load_token, new_token
+from coder.policy.commands import visible_paths
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -47,10 +53,6 @@ def serve(root: Path | None, http: bool, port: int | None) -> None:
     is put back and its leftover processes ended after each call). stdio by default; --http
     serves streamable HTTP on 127.0.0.1 only, to requests with the bearer token it prints
     (`coder mcp token`)."""
-    from coder import config as config_mod
-    from coder.mcp.server import DEFAULT_PORT
-    from coder.mcp.server import serve as run_server
-
     if port is not None and not http:
         raise click.UsageError("--port needs --http")
     if root is None:
@@ -69,8 +71,6 @@ def token(rotate: bool) -> None:
 
     Generated on first use and kept in the user's config dir (mode 0600); one token for every
     repository served. --new replaces it: running servers refuse the old one at once."""
-    from coder.mcp.token import load_token, new_token
-
     click.echo(new_token() if rotate else load_token())
 
 
@@ -81,9 +81,6 @@ def list_servers(as_json: bool) -> None:
 
     Starts each server of `mcp_servers` in coder.config.json and lists its tools as a run
     offers them to the model (`<server>__<tool>`). Exits 3 when a server cannot be started."""
-    from coder import config as config_mod
-    from coder.mcp.client import McpBridge
-
     cfg = config_mod.load(cwd())
     config_mod.require_trusted(cfg)  # starting a repository's servers runs its programs
     servers = list(cfg.mcp_servers)
@@ -95,7 +92,6 @@ def list_servers(as_json: bool) -> None:
                 "No MCP servers configured; add them under `mcp_servers` in coder.config.json."
             )
         return
-    from coder.policy.commands import visible_paths
 
     sandbox = cfg.sandbox != "off"
     visible = visible_paths(cfg.visible_paths)

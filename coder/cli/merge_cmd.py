@@ -9,6 +9,9 @@ from typing import Any
 import click
 
 from coder.cli.common import cwd, emit_json, json_option, run_option
+from coder.cli.views import activity_for
+from coder.services import merge as merge_service
+from coder.services import push as push_service
 
 MERGE_EPILOG = """\b
 Exit codes: 0 merged (or already merged, or nothing to merge; with --push, pushed too),
@@ -73,9 +76,6 @@ def merge(
     If the base branch is checked out, its files follow; your uncommitted edits to other files
     are kept as they are, and edits to files the merge changes make it refuse.
     """
-    from coder.services import merge as merge_service
-    from coder.services import push as push_service
-
     if push_after:  # a remote that is not there refuses before anything lands
         remote = push_service.merge_remote(cwd(), task_id, remote)
     with merge_activity(silent=as_json, quiet=quiet) as notify:
@@ -100,8 +100,6 @@ def merge(
 def merge_activity(*, silent: bool, quiet: bool = False) -> Iterator[Callable[[str], None]]:
     """What a merge tells the user, as lines; on a terminal the latest (the tests that run on
     the merge result, with `--if-green`) stays on a live status line with its elapsed time."""
-    from coder.cli.views import activity_for
-
     activity = activity_for(silent=silent, quiet=quiet)
 
     def notify(message: str) -> None:

@@ -7,8 +7,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from coder.cli.common import PathType, cwd, emit_json, json_option
+from coder.cli.run_cmd import _finish, _progress
+from coder.cli.views import activity_for
 from coder.display import counted
-from coder.errors import EXIT_FAILED
+from coder.errors import EXIT_FAILED, PlanFailed
+from coder.mcp.attach import attach_configured
+from coder.plan import planner
+from coder.plan.output import shown
+from coder.plan.spec import read_spec
+from coder.run.drive import RunOptions
+from coder.run.start import start_run
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -70,12 +78,6 @@ def plan(
     `coder validate` does (plus allowed commands and paths inside the repository) and sent
     back with its problems until it is valid, up to `plan_attempts` times.
     """
-    from coder.cli.views import activity_for
-    from coder.errors import PlanFailed
-    from coder.plan import planner
-    from coder.plan.output import shown
-    from coder.plan.spec import read_spec
-
     if run_after and dry_run:
         raise click.UsageError("--run and --dry-run cannot be combined")
     here = cwd()
@@ -107,7 +109,6 @@ def plan(
 
 def watcher(activity: Any) -> Any:
     """The drafts' progress on the status line; the problems a draft goes back with, listed."""
-    from coder.plan import planner
 
     def watch(event: planner.PlanEvent) -> None:
         draft = f"draft {event.attempt} of {event.attempts}"
@@ -124,8 +125,6 @@ def watcher(activity: Any) -> Any:
 
 
 def _summary(result: Any, cwd: Path) -> str:
-    from coder.plan.output import shown
-
     where = shown(result.path, cwd) if result.path else "(dry run: not written)"
     usage = result.usage
     return (
@@ -136,8 +135,6 @@ def _summary(result: Any, cwd: Path) -> str:
 
 
 def _as_dict(result: Any, cwd: Path) -> dict[str, Any]:
-    from coder.plan.output import shown
-
     return {
         "task_id": result.task_id,
         "title": result.title,
@@ -175,12 +172,6 @@ def _failed(exc: Any, as_json: bool) -> NoReturn:
 
 def _run(result: Any, model: str | None, as_json: bool) -> None:
     """`coder run --autonomous -f PATH`, with the run command's progress and summary."""
-    from coder.cli.run_cmd import _finish, _progress
-    from coder.mcp.attach import attach_configured
-    from coder.plan.output import shown
-    from coder.run.drive import RunOptions
-    from coder.run.start import start_run
-
     click.echo(_summary(result, cwd()), err=as_json)  # stdout stays one JSON document
     click.echo(f"Running it: coder run --autonomous -f {shown(result.path, cwd())}", err=True)
     progress = _progress(as_json)

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import click
 
 from coder.cli.common import PathType, cwd, emit_json, json_option, run_option
+from coder.errors import InvalidInput
+from coder.services.push import push_run
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -41,8 +43,6 @@ Examples:
 @json_option
 def push(task_id: str, remote: str | None, output: Path | None, as_json: bool) -> None:
     """Push a run's branch for review; print the PR body and the compare URL."""
-    from coder.services.push import push_run
-
     result = push_run(cwd(), task_id, remote=remote)
     if output is not None:
         _write(output, result.body)
@@ -75,8 +75,6 @@ def push(task_id: str, remote: str | None, output: Path | None, as_json: bool) -
 
 
 def _write(path: Path, text: str) -> None:
-    from coder.errors import InvalidInput
-
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:

@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING
 import click
 
 from coder.cli.common import PathType, cwd, run_option
+from coder.errors import InvalidInput
+from coder.services import history
+from coder.services import report as report_service
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,15 +36,11 @@ def report(task_id: str, fmt: str, output: Path | None) -> None:
     commit, files changed, tests before and after, fix cycles and why, tokens, time and cache
     reuse; the whole diff's stat; how to merge or revert. Redacted like the logs.
     """
-    from coder.services import history
-    from coder.services import report as report_service
-
     view = history.open_run(cwd(), task_id)
     text = report_service.render(report_service.build(view), history.redactor_of(view), fmt)
     if output is None:
         click.echo(text, nl=False)
         return
-    from coder.errors import InvalidInput
 
     try:
         output.write_text(text, encoding="utf-8")

@@ -8,6 +8,7 @@ import click
 
 from coder.cli.common import complete_steps, cwd, emit_json, json_option, run_option
 from coder.cli.steering import given_note, note_options
+from coder.services import revert as revert_service
 
 REVERT_EPILOG = """\b
 Exit codes: 0 reverted (or already there), 2 unknown task or step, a note no step can
@@ -62,8 +63,6 @@ def revert(
     --note reaches the next attempt of the step (--step, else the first one a model works on
     that runs again).
     """
-    from coder.services import revert as revert_service
-
     text = given_note(note, note_file, step)
     result = revert_service.revert_run(
         task_id, cwd=cwd(), to_step=to_step, mode=mode, note=text, note_step=step

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import click
 
+from coder import project, taskfile
 from coder.cli import ask
+from coder.cli.approve import approval_prompt, edit_prompt
 from coder.cli.common import (
     PathType,
     cwd,
@@ -16,17 +18,28 @@ from coder.cli.common import (
     json_option,
     run_option,
 )
+from coder.cli.dry_run import show_dry_run
 from coder.cli.init_cmd import ask_trust
+from coder.cli.merge_cmd import describe, merge_activity
 from coder.cli.steering import given_note, note_options
 from coder.cli.summary import run_usage, summary_table, usage_line
+from coder.cli.views import progress_for
 from coder.display import escaped
 from coder.errors import (
     EXIT_ENVIRONMENT,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    CoderError,
     TaskfileEdited,
 )
+from coder.git import repository
+from coder.mcp.attach import attach_configured
+from coder.run.drive import RunOptions, RunResult
+from coder.run.resume import resume_run
+from coder.run.start import start_run
+from coder.run.stop import stop_run
+from coder.services import history, merge
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -168,9 +181,6 @@ def run(
     was stopped (Ctrl-C, SIGTERM, the terminal closed); resume the last two with
     `coder resume -t ID`.
     """
-    from coder.run.drive import RunOptions
-    from coder.run.start import start_run
-
     path = _taskfile_given(given, path, task_id, as_json)
     options = RunOptions(
         max_parallel=max_parallel,
@@ -183,13 +193,9 @@ def run(
         candidates=candidates,
     )
     if dry_run:
-        from coder.cli.dry_run import show_dry_run
-
         show_dry_run(path, options, as_json)
         return
     from dataclasses import replace
-
-    from coder.mcp.attach import attach_configured
 
     if autonomous and approvals not in (None, "none"):
         raise click.UsageError(
@@ -229,7 +235,6 @@ def _asking(progress: Any, approvals: str | None, default: Mode) -> Asking:
     """RunOptions' approvals (coder.run.approvals): the mode chosen on the command line and
     the questions at this terminal; none without one (stdin and stdout a terminal), so a run
     that would ask is refused."""
-    from coder.cli.approve import approval_prompt, edit_prompt
 
     def approve(step: Step, run: RunContext) -> Approval:
         with progress.paused():  # never draw over the question
@@ -268,9 +273,6 @@ def _taskfile_given(
         return path
     assert task_id is not None
     from pathlib import Path
-
-    from coder import project
-    from coder.git import repository
 
     checkout = repository.open_repo(cwd()).workdir  # this checkout's tasks/, as -f would see
     found = project.find_taskfile(Path(checkout or cwd()), task_id)
@@ -331,10 +333,6 @@ def resume(
     not yet done, --ignore-edits keeps the run's own copy. A --note reaches the next attempt
     of the step (--step, else the next one a model works on).
     """
-    from coder.mcp.attach import attach_configured
-    from coder.run.drive import RunOptions, RunResult
-    from coder.run.resume import resume_run
-
     if taskfile is not None and ignore_edits:
         raise click.UsageError("pass one of --taskfile or --ignore-edits, not both")
     text = given_note(note, note_file, step)
@@ -407,8 +405,6 @@ def stop(task_id: str, wait: float, as_json: bool) -> None:
 
     The current step is interrupted and checkpointed; a runner stuck past --wait (a read that
     blocks, ...) is killed with its commands, as a crash would end it: resume recovers."""
-    from coder.run.stop import stop_run
-
     stopped = stop_run(task_id, cwd=cwd(), wait=wait)
     if as_json:
         emit_json(
@@ -437,23 +433,16 @@ def stop(task_id: str, wait: float, as_json: bool) -> None:
 def _progress(as_json: bool, quiet: bool = False, verbose: bool = False, steps: Any = None) -> Any:
     """The run's progress on stderr: live on a terminal, plain lines otherwise, none under
     --json (stdout is then one JSON document and stderr stays quiet)."""
-    from coder.cli.views import progress_for
-
     return progress_for(silent=as_json, quiet=quiet, verbose=verbose, steps=steps)
 
 
 def dag_steps(*, path: Path | None = None, task_id: str | None = None) -> list[tuple[str, ...]]:
     """(id, kind, goal) of each step of a taskfile or a run, for the live view; nothing when
     they cannot be read (the run itself then reports why)."""
-    from coder import taskfile
-    from coder.errors import CoderError
-
     try:
         if path is not None:
             task = taskfile.load(path)
         else:
-            from coder.services import history
-
             assert task_id is not None
             task = history.open_run(cwd(), task_id).manifest.task
     except CoderError:
@@ -465,10 +454,6 @@ def _merge_on_success(
     result: Any, as_json: bool, quiet: bool = False
 ) -> tuple[dict[str, Any], str, int] | None:
     """`run --merge-on-success`: (JSON, text, exit code) of merging a green run; None if red."""
-    from coder.cli.merge_cmd import describe, merge_activity
-    from coder.errors import CoderError
-    from coder.services import merge
-
     if result.status != "success":
         return None
     try:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from coder.cli.common import fitted
 from coder.display import escaped
+from coder.models.usage import cache_share
 
 if TYPE_CHECKING:
     from coder.models.usage import UsageRecord
@@ -20,8 +21,6 @@ if TYPE_CHECKING:
 def run_usage(state: RunState) -> UsageRecord:
     """The run's model usage summed over its steps, with `cache_share`: the share of prompt
     tokens the server reported serving from its cache (null when it reported none)."""
-    from coder.models.usage import cache_share
-
     total = state.usage()
     return {**total.as_dict(), "cache_share": cache_share(total)}
 

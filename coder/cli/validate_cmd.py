@@ -8,6 +8,8 @@ import click
 
 from coder.cli.common import PathType, cwd, emit_json, json_option
 from coder.errors import EXIT_USAGE
+from coder.services import validate as validation
+from coder.taskfile import graph
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -29,9 +31,6 @@ def validate(path: Path, as_json: bool) -> None:
 
     Exits 0 when the taskfile is valid, 2 when it is not.
     """
-    from coder.services import validate as validation
-    from coder.taskfile import graph
-
     problems, task = validation.check(path, cwd=cwd())
     if as_json:
         result: dict[str, object] = {

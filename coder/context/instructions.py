@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
+from coder.git.trees import blob_data, file_entries
+from coder.redact import redact as default_redact
+
 if TYPE_CHECKING:
     from coder.git.repository import Repo
 
@@ -80,11 +83,7 @@ def read(
 ) -> Instructions:
     """The instruction files of `commit`'s tree, at most `max_chars` characters in all.
     `prefer`: paths the task is about; instruction files above them come first."""
-    from coder.git.trees import blob_data
-
     if redact is None:
-        from coder.redact import redact as default_redact
-
         redact = default_redact
     wanted = {n.lower() for n in names}
     found = [
@@ -127,8 +126,6 @@ def read(
 def _instruction_entries(repo: Repo, commit: str) -> list[tuple[str, str]]:
     """(path, blob id) of every file of the commit's tree; a symlink to a file of the tree
     gives its target's blob (so a CLAUDE.md linked to AGENTS.md is read once)."""
-    from coder.git.trees import blob_data, file_entries
-
     entries = file_entries(repo, commit)
     blobs = {path: blob for path, blob, mode in entries if mode != 0o120000}
     out = []

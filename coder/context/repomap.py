@@ -40,10 +40,12 @@ from coder.context.blobcache import BlobCache, typed, write_text
 from coder.context.languages import language_of, vendored
 from coder.context.tags import Definition, FileTags, extract
 from coder.files import nofollow
+from coder.git import trees
+from coder.git.trees import blob_data
+from coder.redact import Redactor
 
 if TYPE_CHECKING:
     from coder.git.repository import Repo
-    from coder.redact import Redactor
 
 VERSION = 1  # bump when the tags or the rendering change: old caches are then ignored
 CHARS_PER_TOKEN = 4  # as the agent loop estimates
@@ -118,8 +120,6 @@ def build(
     """The map of `commit` (see the module docstring), at most `budget` tokens, redacted by
     `redactor` (else the built-in secret formats)."""
     started = time.perf_counter()
-    from coder.git import trees
-    from coder.redact import Redactor
 
     scrub = redactor or Redactor()
 
@@ -175,8 +175,6 @@ def file_tags(
 ) -> dict[str, FileTags]:
     """Tags of every code file among `blobs` ((path, blob id)), from the cache when known;
     names and first lines redacted by `redactor` before they are cached."""
-    from coder.git.trees import blob_data
-
     stored = cache_dir / f"tags-v{VERSION}.json" if cache_dir else None
     cache = BlobCache(stored, redactor, valid=_tags_entry)
     out: dict[str, FileTags] = {}

@@ -41,6 +41,8 @@ from coder.context.repomap import MAX_TAG_BYTES
 from coder.context.tags import Definition, extract
 from coder.files import nofollow
 from coder.files.durable import make_private_dirs, write_atomic
+from coder.git.trees import hash_blob
+from coder.git.workdir import working_files
 from coder.redact import Redactor
 
 VERSION = 2  # 2: entries keyed by blob and language, path tokens no longer cached
@@ -295,9 +297,6 @@ def _chunks_entry(entry: Any) -> bool:
 def worktree_files(root: Path) -> list[tuple[str, str, Callable[[], bytes | None]]]:
     """(path, blob id, reader) of every indexable file of the working directory: HEAD's
     blobs for clean files, the hash of the file on disk for changed or new ones."""
-    from coder.git.trees import hash_blob
-    from coder.git.workdir import working_files
-
     files = working_files(root)
     base, changed = files.committed, files.changed
     out: list[tuple[str, str, Callable[[], bytes | None]]] = []

@@ -27,6 +27,7 @@ from coder.git.objects import commit_of
 from coder.git.repository import Repo, git_failure, open_worktree, retry_on_index_lock
 from coder.git.submodules import reset_submodules
 from coder.git.workdir import remove_untracked
+from coder.policy.confine import confined
 
 
 def restore_files(w: Repo, worktree: Path, commit: str, doing: str) -> None:
@@ -38,8 +39,6 @@ def restore_files(w: Repo, worktree: Path, commit: str, doing: str) -> None:
     fails instead of landing. And it avoids being tricked in the first place: links that
     stand where the commit has directories go before the checkout, submodules are reset in
     their own directory whatever their config says."""
-    from coder.policy.confine import confined
-
     tree = commit_of(w, commit, f"to {doing}").tree
 
     def restore() -> None:

@@ -64,7 +64,16 @@ import pygit2
 from pygit2.enums import FileStatus
 
 from coder.errors import EnvironmentProblem, ObjectsMissing
-from coder.git import objects
+from coder.git import filters, objects
+from coder.git.repository import (
+    clear_stale_index_lock,
+    common_dir,
+    git_failure,
+    open_worktree,
+    retry_on_index_lock,
+    retry_on_pruned_write,
+)
+from coder.policy import confine
 
 if TYPE_CHECKING:
     from coder.policy.confine import Confinement
@@ -129,8 +138,6 @@ def stage(worktree: Path, base: str, *, repo: pygit2.Repository | None = None) -
     took it before the index that names it was written) is staged again from the files: the
     index is read afresh from ``base``, so that every file is hashed again and what is gone is
     written again (up to `_STAGINGS` times; then ObjectsMissing)."""
-    from coder.git.repository import open_worktree
-
     worktree = Path(worktree)
     w = repo if repo is not None else open_worktree(worktree)
     base_tree = objects.commit_of(w, base, "the commit the step started from").tree_id
@@ -162,7 +169,6 @@ def _stage(w: pygit2.Repository, worktree: Path, base: str, base_tree: pygit2.Oi
 def _forget_index(w: pygit2.Repository, worktree: Path, base_tree: pygit2.Oid) -> None:
     """The worktree's index read afresh from the base's tree, its stat data gone: the next
     scan hashes every file, and writes the objects of what differs again."""
-    from coder.git.repository import git_failure, retry_on_index_lock
 
     def forget() -> None:
         index = w.index
@@ -295,8 +301,6 @@ def _stage_in_process(w: pygit2.Repository, worktree: Path) -> tuple[str, tuple[
     """libgit2's status and index, for a small tree (see the module docstring): the tree and
     the unstaged directories; None when a changed path needs the git program (a filter
     driver, a working-tree-encoding), which then stages them all."""
-    from coder.git import filters
-
     status = w.status(untracked_files="all", ignored=False)
     index = w.index
     index.read(False)  # status() just loaded it; re-read only if it changed on disk
@@ -343,8 +347,6 @@ def _stage_in_process(w: pygit2.Repository, worktree: Path) -> tuple[str, tuple[
         tree = str(index.write_tree())
         index.write()
         return tree
-
-    from coder.git.repository import git_failure, retry_on_index_lock, retry_on_pruned_write
 
     try:
         tree = retry_on_index_lock(worktree, lambda: retry_on_pruned_write(write))
@@ -402,15 +404,11 @@ class _Git:
     @functools.cached_property
     def spawner(self) -> Confinement | None:
         """The spawner of the worktree's commands (found when git first runs)."""
-        from coder.policy import confine
-
         return confine.spawner_for(self.worktree)
 
     def __call__(
         self, *args: str, stdin: bytes | None = None, env: dict[str, str] | None = None
     ) -> bytes:
-        from coder.git.repository import clear_stale_index_lock
-
         try:
             return self._run(args, stdin, env)
         except _Failed as exc:
@@ -477,8 +475,6 @@ def _quarantine(w: pygit2.Repository, git: _Git) -> Iterator[dict[str, str]]:
     id. The directory is new each time (a random name made while no command runs: a path the
     commands could plant a link at would aim coder's cleanup elsewhere), and removed without
     following links."""
-    from coder.git.repository import common_dir, retry_on_pruned_write
-
     parent = git.spawner.tmp_root if git.spawner is not None else None
     objects = tempfile.mkdtemp(prefix="objects-", dir=parent)
     try:

@@ -14,6 +14,8 @@ from coder.errors import EnvironmentProblem, PatchProblem
 from coder.files import nofollow
 from coder.git.repository import Repo, open_worktree, under_coder_dir
 from coder.git.trees import blob_data, tree_blobs
+from coder.policy import tmpdirs
+from coder.policy.confine import confined
 
 WORKDIR_FLAGS = (
     DiffOption.INCLUDE_UNTRACKED
@@ -173,8 +175,6 @@ def apply_patch(repo: Repo, text: str, root: Path) -> None:
     """Apply the unified diff ``text`` to the working files at ``root``. libgit2 writes the
     files confined like the commands, so a directory swapped for a link by a process the
     model left running makes the write fail (PatchProblem), not land outside."""
-    from coder.policy.confine import confined
-
     diff = pygit2.Diff.parse_diff(text)
     try:
         confined(root, lambda: repo.apply(diff, ApplyLocation.WORKDIR))
@@ -189,8 +189,6 @@ def patched(text: str, files: Mapping[str, tuple[bytes, int] | None]) -> dict[st
     working files are not touched. None: the patch deletes the file."""
     import os
     import tempfile
-
-    from coder.policy import tmpdirs
 
     with tempfile.TemporaryDirectory(prefix=tmpdirs.prefix("patch")) as scratch:
         repo = pygit2.init_repository(scratch)

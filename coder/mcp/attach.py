@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coder.mcp.client import McpBridge
+from coder.policy.commands import visible_paths
 from coder.tools.registry import Registry
 
 if TYPE_CHECKING:
@@ -72,7 +73,6 @@ def attach_configured(
     servers = cfg.mcp_servers
     if not servers:
         return None
-    from coder.policy.commands import visible_paths
 
     sandbox = cfg.sandbox != "off"
     visible = visible_paths(cfg.visible_paths)

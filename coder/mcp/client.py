@@ -30,12 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from coder import __version__
+from coder.errors import EnvironmentProblem
 from coder.mcp.flatten import argument_problem, flatten_schema
+from coder.policy.launch import launcher_argv
+from coder.policy.proctrees import Tree
 from coder.tools.base import Tool, ToolContext, ToolResult
 from coder.tools.registry import NAME_RE
 
 if TYPE_CHECKING:
-    from coder.policy.proctrees import Tree
     from coder.schemas import JsonSchema
 
 SEPARATOR = "__"  # <server>__<tool>; built-in tool names never contain it
@@ -318,8 +321,6 @@ class McpBridge:
         from mcp import Client, stdio_client
         from mcp.types import Implementation
 
-        from coder import __version__
-
         assert conn.listed is not None and conn.stop is not None
         try:
             params = self._params(conn)
@@ -358,9 +359,6 @@ class McpBridge:
         spec = conn.spec
         argv = [str(spec["command"]), *(str(a) for a in spec.get("args") or [])]
         if self.sandbox:
-            from coder.policy.launch import launcher_argv
-            from coder.policy.proctrees import Tree
-
             program = str(self.cwd / argv[0]) if "/" in argv[0] else argv[0]
             if shutil.which(program) is None:
                 raise FileNotFoundError(argv[0])  # as starting it unconfined would say
@@ -491,8 +489,6 @@ class McpBridge:
 
     def _end_tree(self, end: Callable[[], None]) -> None:
         """Stopping goes on when a server's processes cannot be ended: it is said."""
-        from coder.errors import EnvironmentProblem
-
         try:
             end()
         except EnvironmentProblem as exc:

@@ -19,10 +19,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from coder import __version__, project
+from coder import config as config_mod
 from coder.errors import EnvironmentProblem
+from coder.git import repository
+from coder.mcp.tasks import TASK_TOOLS
+from coder.mcp.token import RequireToken, how_to_connect, load_token, token_path
+from coder.mcp.walls import Walls
+from coder.policy.commands import Policy
+from coder.redact import Redactor
+from coder.run.secrets import known_secrets
 from coder.schemas import JsonSchema
 from coder.tools.base import ToolContext, ToolResult
-from coder.tools.registry import Registry
+from coder.tools.codeindex import code_settings
+from coder.tools.registry import Registry, default_registry
 
 HOST = "127.0.0.1"  # never another interface: the tools write files and run commands
 DEFAULT_PORT = 3323
@@ -30,9 +40,6 @@ DEFAULT_PORT = 3323
 
 def server_registry() -> Registry:
     """The default tools except the agent loop's `step_complete`, then task control."""
-    from coder.mcp.tasks import TASK_TOOLS
-    from coder.tools.registry import default_registry
-
     registry = Registry()
     for tool in default_registry():
         if not tool.terminal:
@@ -44,14 +51,6 @@ def server_registry() -> Registry:
 
 def tool_context(root: Path) -> ToolContext:
     """The context of every call: the repository's config, as a run would use it."""
-    from coder import config as config_mod
-    from coder import project
-    from coder.git import repository
-    from coder.policy.commands import Policy
-    from coder.redact import Redactor
-    from coder.run.secrets import known_secrets
-    from coder.tools.codeindex import code_settings
-
     cfg = config_mod.load(root)
     # Before any command runs in the checkout, `.coder/` is made (a link there refused): the
     # sandbox keeps it read-only to commands only if it is there (writes.kept_readonly), and
@@ -89,10 +88,6 @@ def build_server(root: Path) -> Any:
     import anyio.to_thread
     from mcp import types
     from mcp.server.lowlevel import Server
-
-    from coder import __version__
-    from coder.mcp.tasks import TASK_TOOLS
-    from coder.mcp.walls import Walls
 
     registry = server_registry()
     walls = Walls(registry, tool_context(root), unguarded=[t.name for t in TASK_TOOLS])
@@ -140,8 +135,6 @@ def serve(root: Path, *, http: bool = False, port: int = DEFAULT_PORT) -> None:
 
     server = build_server(root)
     if http:
-        from coder.mcp.token import how_to_connect, load_token
-
         _check_port(port)
         url = f"http://{HOST}:{port}/mcp"
         print(f"coder mcp: serving {root} at {url}", file=sys.stderr)
@@ -160,8 +153,6 @@ async def _serve_stdio(server: Any) -> None:
 
 async def _serve_http(server: Any, port: int) -> None:
     import uvicorn
-
-    from coder.mcp.token import RequireToken, token_path
 
     app = server.streamable_http_app(host=HOST)  # also turns on DNS-rebinding protection
     guarded = RequireToken(app, token_path())  # before anything else sees the request

@@ -29,12 +29,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Required, TypedDict
 
+from coder import project, taskfile
 from coder.display import counted
-from coder.errors import CoderError, InvalidInput, NotRegular, RunNotStarted
+from coder.errors import CoderError, InvalidInput, NotRegular, RunNotStarted, UnknownTask
 from coder.files import nofollow
 from coder.files.durable import write_failed, write_private
 from coder.files.safeio import file_kind
+from coder.git import repository
 from coder.policy.paths import resolve_in_root
+from coder.run import manifest as manifests
+from coder.run.lock import processes_holding, read_lock_owner
+from coder.run.records import DONE, check_task_id, now_iso
+from coder.run.state import StateStore
+from coder.run.stop import stop_run
+from coder.services import validate as validation
+from coder.taskfile import graph
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
 
 START_WAIT = 5.0  # seconds task_run waits for the run to be created (or to fail early)
@@ -71,9 +80,6 @@ def _taskfile(ctx: ToolContext, rel: str) -> Path:
 
 def _repo(ctx: ToolContext) -> tuple[Any, Path]:
     """The git repository at the server's root and its `.coder/` directory."""
-    from coder import project
-    from coder.git import repository
-
     repo = repository.open_repo(Path(ctx.root))
     return repo, project.coder_dir(repository.repo_root(repo))
 
@@ -82,9 +88,6 @@ def _repo(ctx: ToolContext) -> tuple[Any, Path]:
 
 
 def task_validate(ctx: ToolContext, args: PathArgs) -> ToolResult:
-    from coder.services import validate as validation
-    from coder.taskfile import graph
-
     rel = args["path"]
     problems, task = validation.check(_taskfile(ctx, rel), cwd=Path(ctx.root), name=rel)
     if problems:
@@ -111,11 +114,6 @@ def task_validate(ctx: ToolContext, args: PathArgs) -> ToolResult:
 
 
 def task_run(ctx: ToolContext, args: RunArgs) -> ToolResult:
-    from coder import project, taskfile
-    from coder.git import repository
-    from coder.run import manifest as manifests
-    from coder.run.lock import read_lock_owner
-
     rel = args["path"]
     task = taskfile.load(_taskfile(ctx, rel), rel)
     repo, coder_dir = _repo(ctx)
@@ -182,8 +180,6 @@ def _run_file(ctx: ToolContext, rel: str, task: Any, work: Path) -> Path:
 def _launch(task_id: str, run_file: Path, coder_dir: Path, claim: int, merge: bool) -> _Launch:
     """`coder run --autonomous` in the background, its output appended to the run's log, the
     claim handed to it (and its pid written in the claim's file)."""
-    from coder.run.records import now_iso
-
     # -P: never import a `coder` or `mcp` package from the repository being worked on.
     cmd = [sys.executable, "-P", "-m", "coder", "run", "--autonomous", "-f", str(run_file)]
     if merge:
@@ -260,9 +256,6 @@ def _claimant(path: Path, timeout: float = 2.0) -> int | None:
 def _starting_elsewhere(coder_dir: Path, task_id: str) -> bool:
     """Whether the `coder run` another server's task_run started holds the task's claim (it
     has not made its state yet)."""
-    from coder.run.lock import processes_holding
-    from coder.run.records import check_task_id
-
     claim = coder_dir / "mcp" / f"{check_task_id(task_id)}.lock"
     pid = _claimant(claim, timeout=0)
     return pid is not None and processes_holding(claim, among=[pid]) == [pid]
@@ -278,11 +271,6 @@ def _already_running(task_id: str, pid: int | None) -> ToolResult:
 
 
 def task_status(ctx: ToolContext, args: IdArgs) -> ToolResult:
-    from coder.errors import UnknownTask
-    from coder.run.lock import read_lock_owner
-    from coder.run.records import DONE
-    from coder.run.state import StateStore
-
     task_id = args["id"]
     _repo_obj, coder_dir = _repo(ctx)
     with _lock:
@@ -351,8 +339,6 @@ def task_status(ctx: ToolContext, args: IdArgs) -> ToolResult:
 
 
 def task_stop(ctx: ToolContext, args: IdArgs) -> ToolResult:
-    from coder.run.stop import stop_run
-
     task_id = args["id"]
     _repo_obj, coder_dir = _repo(ctx)
     stopped = stop_run(task_id, cwd=coder_dir.parent)

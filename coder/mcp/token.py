@@ -25,7 +25,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from coder import config
 from coder.errors import EnvironmentProblem
+from coder.files.durable import write_atomic
 
 TOKEN_FILE = "mcp-token"
 _SHAPE = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")  # a bearer token's characters (RFC 6750)
@@ -33,8 +35,6 @@ _NEW_HINT = "`coder mcp token --new` writes a new, private one"
 
 
 def token_path() -> Path:
-    from coder import config
-
     return config.user_config_path().parent / TOKEN_FILE
 
 
@@ -71,8 +71,6 @@ def load_token() -> str:
 
 def new_token() -> str:
     """Generate a token, replacing the one there was; returns it."""
-    from coder.files.durable import write_atomic
-
     path = token_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)

@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from coder.errors import EnvironmentProblem
+from coder.git import repository
 from coder.git.guard import GitGuard
+from coder.policy.confine import end_leftovers
 from coder.tools.base import ToolContext, ToolResult
 from coder.tools.registry import Registry
 
@@ -79,8 +81,6 @@ class Walls:
 
     def _after(self, guard: GitGuard | None) -> list[str]:
         """End what the call left running, then put `.git` back: the problems found."""
-        from coder.policy.confine import end_leftovers
-
         problems = []
         try:
             end_leftovers(Path(self.ctx.root))
@@ -106,8 +106,6 @@ class Walls:
 def _guard_for(root: Path) -> Callable[[], GitGuard | None]:
     """How to take the guard of a call in `root`: the checkout's, when `root` is (in) the main
     checkout; a run's, when it is (in) a linked worktree; none outside git."""
-    from coder.git import repository
-
     try:
         repo = repository.open_repo(root)
     except EnvironmentProblem:

@@ -26,15 +26,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coder import config as config_mod
 from coder.errors import InvalidInput
 from coder.models.ollama import OllamaProvider
 from coder.models.openai import OpenAIProvider
 from coder.models.provider import Provider
+from coder.models.redacting import RedactedModels, RedactedProvider, Scrubber
+from coder.models.replay import RecordingModels, ReplayModels
+from coder.models.router import ModelSet, Router
 
 if TYPE_CHECKING:
     from coder.config import Config
     from coder.models.provider import Models, ServerProvider
-    from coder.models.router import Router
     from coder.redact import Redactor
 
 
@@ -97,10 +100,6 @@ def open_models(
     """The models of a run (or a plan): `model` is the default one (else the config's). With
     named models (`models`), a step's model may be one of them: a ModelSet routes each model
     to its own server. Every request passes `redactor` last, right before the provider."""
-    from coder.models.redacting import RedactedModels
-    from coder.models.replay import RecordingModels, ReplayModels
-    from coder.models.router import ModelSet, Router
-
     default = model or str(cfg.model)
     named = named_models(cfg)
 
@@ -139,9 +138,6 @@ def open_embedder(cfg: Config | Mapping[str, Any], *, redactor: Redactor) -> Emb
     after (a search makes at most two calls); an endpoint that refused stays left out for the
     router's cooldown. A missing endpoint or API key is raised by the call, not here, so what
     only wanted BM25 never fails for it. The texts pass `redactor` first."""
-    from coder import config as config_mod
-    from coder.models.redacting import RedactedProvider, Scrubber
-
     settings = config_mod.as_config(cfg)  # a plain mapping: tests, bench
     model = settings.embedding_model
     if not model:
@@ -152,8 +148,6 @@ def open_embedder(cfg: Config | Mapping[str, Any], *, redactor: Redactor) -> Emb
     scrub = Scrubber(redactor)
 
     def embed(texts: Sequence[str]) -> list[list[float]]:
-        from coder.models.router import Router
-
         if not routers:
             make = lambda endpoint, model: make_provider(settings, endpoint, model)  # noqa: E731
             routers.append(Router(make, endpoints(settings), name))

@@ -21,6 +21,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, Unpack, cast
 
+from coder.config import normalize_host as normalize
 from coder.errors import HostUnreachable, ModelError
 from coder.models import sampling
 from coder.models.provider import Message, ModelFacts, ToolCall, ToolSchema
@@ -62,8 +63,6 @@ def full_name(name: str) -> str:
 
 def normalize_host(host: str | None) -> str:
     """`scheme://host:port` for the forms Ollama accepts (one rule, in coder.config)."""
-    from coder.config import normalize_host as normalize
-
     return normalize(host) if host and host.strip() else DEFAULT_HOST
 
 

@@ -36,6 +36,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Required, TypedDict, Unpack, cast
 
+from coder.config import api_key
 from coder.errors import ModelError, ModelMissing, ModelUnavailable
 from coder.models import bounds, sampling, slots
 from coder.models.provider import Message, ModelFacts, ToolSchema
@@ -183,8 +184,6 @@ class OpenAIProvider(StreamingProvider[ChatRequest, "ChatCompletionChunk"]):
 
     @classmethod
     def open(cls, cfg: Config, endpoint: str, model: str) -> OpenAIProvider:
-        from coder.config import api_key
-
         return cls(model, endpoint, api_key=api_key(cfg), **settings_of(cfg))
 
     def __init__(

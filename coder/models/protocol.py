@@ -28,9 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict
 
 from coder import yamldoc
+from coder.config import api_key
 from coder.errors import CoderError
 from coder.files import nofollow
+from coder.files.durable import make_private_dirs, write_atomic
 from coder.models.factory import endpoints, provider_of
+from coder.project import coder_dir
 
 if TYPE_CHECKING:
     from coder.config import Config
@@ -85,7 +88,6 @@ def cache_path(project_root: Path | None) -> Path | None:
     """Where the decisions are remembered: the project's `.coder/cache/` (None outside one)."""
     if project_root is None:
         return None
-    from coder.project import coder_dir
 
     return coder_dir(project_root) / "cache" / CACHE_FILE
 
@@ -117,7 +119,6 @@ class Remembered:
     def put(self, key: str, choice: Choice) -> None:
         if self.path is None or not self.write:
             return
-        from coder.files.durable import make_private_dirs, write_atomic
 
         with self._lock:
             data = self._read()
@@ -188,8 +189,6 @@ def evidence(cfg: Config, model: str, facts: ModelFacts) -> Choice:
         listed = ", ".join(facts.capabilities)
         return Choice("text", f"the model's capabilities ({listed}) do not include tools")
     if provider_of(cfg).tool_probe and facts.endpoint:
-        from coder.config import api_key
-
         try:
             key = api_key(cfg)
         except CoderError:

@@ -21,6 +21,7 @@ from typing import Any, Required, TypedDict
 
 from coder import yamldoc
 from coder.errors import InvalidInput, ModelError, ModelUnavailable, StopReply
+from coder.files.durable import write_atomic
 from coder.models.provider import (
     Arguments,
     ChatEvent,
@@ -124,8 +125,6 @@ class RecordingModels:
             self._save()
 
     def _save(self) -> None:
-        from coder.files.durable import write_atomic
-
         data = {"format": FORMAT, "model": self.model, "calls": self.calls}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, json.dumps(data, indent=1).encode("utf-8"))

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from coder.errors import HostUnreachable
+from coder.errors import Abandoned, CoderError, HostUnreachable
 from coder.models import bounds
 from coder.models.provider import (
     ChatEvent,
@@ -134,7 +134,6 @@ class Router:
         as it has, at most: each step starts on a slot of its own); a failure here is left
         for the real calls to report, and a bound the caller is in (coder.models.bounds)
         ends it."""
-        from coder.errors import Abandoned, CoderError
 
         def send(provider: ModelProvider, slots: Slots, slot: int) -> None:
             with contextlib.suppress(CoderError, Abandoned), slots.use(slot):

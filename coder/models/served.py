@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from coder.display import listed
 from coder.errors import HostUnreachable, ModelMissing
+from coder.models.factory import model_config, named_models, provider_of
 
 if TYPE_CHECKING:
     from coder.config import Config
@@ -38,8 +39,6 @@ def require_served(cfg: Config, uses: Uses) -> None:
     model is named with its steps and its fix. An endpoint that refuses connections is left
     out when another of its server answered (the run's router does the same); when none
     answers, HostUnreachable names the steps that need that server."""
-    from coder.models.factory import model_config, provider_of
-
     listings: dict[tuple[str, str, str], list[str] | HostUnreachable] = {}  # one ask each
     missing: list[str] = []
     fixes: list[str] = []
@@ -101,8 +100,6 @@ def place_hint(cfg: Config, name: str | None, hint: str | None) -> str | None:
     """`hint` (a provider's, about the config's server) for the server of named model
     `name`: the fields to fix are the named model's (`models.NAME.base_url`, ...) where it
     is on a server of its own; its `model` field in any case."""
-    from coder.models.factory import named_models
-
     entry = named_models(cfg).get(name or "")
     if not hint:
         return hint

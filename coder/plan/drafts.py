@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from coder import yamldoc
+from coder.agent.repair import json_objects
 from coder.errors import Problem
 from coder.plan.spec import Spec
 
@@ -74,8 +75,6 @@ def parse_answer(content: str, done_reason: str | None, name: str) -> tuple[Any,
 
 def _embedded_object(text: str) -> dict[str, Any] | None:
     """The first object in the text that looks like a taskfile (models wrap JSON in prose)."""
-    from coder.agent.repair import json_objects
-
     return next(
         (
             obj

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from coder import config as config_mod
+from coder.context import instructions
 from coder.context.languages import vendored
 from coder.git import branches, commits, trees
 from coder.git.repository import Repo
+from coder.redact import redact
 
 MAX_TREE_ENTRIES = 300  # files listed in the prompt; the rest summarised per directory
 MAX_README_CHARS = 2000
@@ -109,8 +111,6 @@ def _languages(paths: Iterable[str]) -> tuple[tuple[str, int], ...]:
 
 
 def _instructions(repo: Repo, head: str, cfg: config_mod.Config) -> str:
-    from coder.context import instructions
-
     return instructions.read(
         repo,
         head,
@@ -120,8 +120,6 @@ def _instructions(repo: Repo, head: str, cfg: config_mod.Config) -> str:
 
 
 def _readme(repo: Repo, head: str, files: tuple[str, ...]) -> str | None:
-    from coder.redact import redact
-
     names = [p for p in files if "/" not in p and p.lower().startswith("readme")]
     if not names:
         return None
@@ -136,8 +134,6 @@ def _readme(repo: Repo, head: str, files: tuple[str, ...]) -> str | None:
 
 
 def _recent_subjects(repo: Repo, head: str) -> tuple[str, ...]:
-    from coder.redact import redact
-
     return tuple(redact(s) for s in commits.recent_subjects(repo, head, MAX_COMMITS))
 
 

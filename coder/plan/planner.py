@@ -23,6 +23,8 @@ from coder import config as config_mod
 from coder import taskfile
 from coder.errors import BadSpec, InvalidInput, PlanFailed, Problem
 from coder.git import repository
+from coder.models.factory import open_models
+from coder.models.provider import Retrying, TextDelta, Usage
 from coder.plan.drafts import Draft, normalise, parse_answer
 from coder.plan.output import choose_id, draft_path, shown, target_for, write_text
 from coder.plan.overview import ProjectContext, gather_context
@@ -30,10 +32,13 @@ from coder.plan.prompts import SPEC_PLACEHOLDER, repair_message, spec_message, s
 from coder.plan.render import render
 from coder.plan.spec import Spec
 from coder.plan.validation import check_draft
+from coder.policy.commands import Policy
+from coder.redact import Redactor
+from coder.run.secrets import known_secrets
+from coder.schemas import bundled
 
 if TYPE_CHECKING:
-    from coder.models.provider import ChatEvent, Message, Models, Usage
-    from coder.policy.commands import Policy
+    from coder.models.provider import ChatEvent, Message, Models
 
 
 Notify = Callable[[str], None]
@@ -108,8 +113,6 @@ def plan(
     """Ask the model for a taskfile until it is valid (or the attempts run out), then write it
     (unless a dry run). Raises BadSpec (2), ModelUnavailable (3), ModelError or PlanFailed (1).
     `notify` gets what to tell the user; `watch` the drafts' progress (`PlanEvent`)."""
-    from coder.policy.commands import Policy
-
     say = notify or (lambda message: None)
     cfg = config_mod.load(cwd, flags={"model": options.model})
     repo = repository.open_repo(cwd)
@@ -123,9 +126,6 @@ def plan(
     ctx = gather_context(repo, root, cfg)
     policy = Policy.from_config(cfg.values)
     planner = _Planner(spec, cwd, options, cfg, ctx, policy, out, say, watch or (lambda _e: None))
-    from coder.models.factory import open_models
-    from coder.redact import Redactor
-    from coder.run.secrets import known_secrets
 
     # what the planner sends (the spec, the project's context) leaves no known secret in
     models = open_models(cfg, redactor=Redactor(known_secrets([root], cfg.values)))
@@ -150,9 +150,6 @@ class _Planner:
     _chars: int = 0
 
     def run(self, models: Models) -> PlanResult:
-        from coder.models.provider import Usage
-        from coder.schemas import bundled
-
         system = system_prompt(self.ctx, self.policy)
         facts = models.warm_up()  # server down or model missing: exit 3 here
         num_ctx = facts.num_ctx or int(self.cfg.max_num_ctx)
@@ -214,8 +211,6 @@ class _Planner:
             )
 
     def _on_event(self, event: ChatEvent) -> None:
-        from coder.models.provider import Retrying, TextDelta
-
         if isinstance(event, Retrying):
             self._chars = 0  # the text so far is void
             self.say(f"model call failed ({event.reason}); retrying in {event.delay_s:.1f}s")

@@ -9,8 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
 from coder import taskfile, yamldoc
-from coder.errors import DocumentError, Problem
+from coder.errors import DocumentError, PolicyViolation, Problem
 from coder.plan.overview import ProjectContext
+from coder.policy.paths import resolve_in_root
+from coder.run.preflight import refusals
+from coder.schemas import validator
 
 if TYPE_CHECKING:
     from coder.policy.commands import Policy
@@ -78,9 +81,6 @@ def _command_problems(
     i: int, step: dict[str, Any], ctx: ProjectContext, policy: Policy, cfg: config_mod.Config
 ) -> list[tuple[list[Any], str]]:
     """Run's preflight (coder.run.preflight) on one step that is itself schema-valid."""
-    from coder.run.preflight import refusals
-    from coder.schemas import validator
-
     if not validator("step").is_valid(step):
         return []  # the schema check reports it
     sid = step.get("id") or f"s{i + 1}"
@@ -100,9 +100,6 @@ def _command_problems(
 def _path_problems(
     i: int, step: dict[str, Any], ctx: ProjectContext, policy: Policy, created: set[str]
 ) -> list[tuple[list[Any], str]]:
-    from coder.errors import PolicyViolation
-    from coder.policy.paths import resolve_in_root
-
     found: list[tuple[list[Any], str]] = []
     files = set(ctx.files)
 

@@ -83,7 +83,7 @@ from typing import Any, TypeVar
 
 from coder.errors import EnvironmentProblem
 from coder.files.realpath import realpath
-from coder.policy import cgroups, kernel, reaper, tmpdirs
+from coder.policy import cgroups, kernel, mounts, proctrees, reaper, seccomp, tmpdirs, view
 from coder.policy.kernel import CLONE_NEWNET, errno_text, libc
 from coder.policy.writes import Profile, admin_files, writable_for
 
@@ -335,8 +335,6 @@ def confine_current_thread(profile: Profile, tmp_root: str, *, netns_done: bool 
             rs.allow_path("/proc", read | AccessFS.WRITE_FILE)
         rs.restrict()
     if found.setid_problem is None:
-        from coder.policy import seccomp
-
         try:
             seccomp.refuse_setid(xattrs=mapped_root)
         except OSError as exc:
@@ -348,8 +346,6 @@ def _metadata_wall(found: kernel.Support, profile: Profile, tmp_root: str) -> No
     """The thread's own root showing only what its commands need (coder.policy.view), else
     everything read-only to it but the profile's writable dirs (coder.policy.mounts), where
     this machine allows either; a read-only carve-out needs one of them."""
-    from coder.policy import mounts, view
-
     writable = (*profile.writable, realpath(tmp_root))
     if found.view_problem is None:
         shown = (*profile.visible, *_common_dirs(profile.writable))
@@ -481,8 +477,6 @@ def spawner_for(root: Path) -> Confinement | None:
     # Inside `root` coder's own writes go where they mean to (a checkout's `.git` included:
     # libgit2 locks the index even to patch files); a command's carve-outs are not theirs,
     # but for the admin files, which coder writes only outside the sandbox.
-    from coder.policy import view
-
     writable = writable_for(root)
     toolchain = view.toolchain(os.environ.get("PATH", ""))
     profile = Profile(writable, readonly=admin_files(writable), visible=toolchain)
@@ -496,8 +490,6 @@ def end_leftovers(root: Path) -> None:
     """End every process left running in the sandboxes of worktree `root`: its commands' (all
     returned), and what the MCP servers confined to it started since they were ready
     (coder.policy.proctrees; none of their calls is running)."""
-    from coder.policy import proctrees
-
     real = realpath(root)
     with _lock:
         found = [c for p, c in _confinements.items() if p.writable[:1] == (real,)]

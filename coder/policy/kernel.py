@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coder.policy import tmpdirs
+from coder.policy import mounts, seccomp, tmpdirs, view
 
 MIN_ABI = 3  # truncate(2) is only covered from ABI 3 on
 CLONE_NEWNET = 0x40000000
@@ -104,8 +104,6 @@ def _netns_mode() -> str:
 
 
 def _mounts_problem() -> str | None:
-    from coder.policy import mounts
-
     with tempfile.TemporaryDirectory(prefix=tmpdirs.prefix("probe")) as tmp:
         failed = _in_throwaway_thread(lambda: mounts.wall([tmp]))
     if failed is None:
@@ -116,8 +114,6 @@ def _mounts_problem() -> str | None:
 
 
 def _view_problem() -> str | None:
-    from coder.policy import view
-
     if problem := view.problem():
         return problem
     with tempfile.TemporaryDirectory(prefix=tmpdirs.prefix("probe")) as tmp:
@@ -131,8 +127,6 @@ def _view_problem() -> str | None:
 
 
 def _setid_problem() -> str | None:
-    from coder.policy import seccomp
-
     if problem := seccomp.problem():
         return problem
     failed = _in_throwaway_thread(seccomp.refuse_setid)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from coder.errors import EnvironmentProblem
-from coder.policy import confine, kernel, proctrees, userns, writes
+from coder.policy import confine, kernel, proctrees, userns, view, writes
 
 
 def main(argv: list[str]) -> int:
@@ -79,8 +79,6 @@ def launcher_argv(
 def _toolchain(program: str, cwd: Path) -> tuple[str, ...]:
     """What a program started by name from `cwd` runs from (coder.policy.view.toolchain): the
     toolchain of PATH, and of the directory the program is found in."""
-    from coder.policy import view
-
     path_var = os.environ.get("PATH", "")
     found = shutil.which(os.path.join(cwd, program) if "/" in program else program)
     where = os.path.dirname(os.path.abspath(found)) if found else ""

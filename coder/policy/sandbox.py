@@ -32,16 +32,15 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from coder.errors import EnvironmentProblem, InvalidInput, PolicyViolation
 from coder.files.realpath import realpath
-from coder.policy import kernel, tmpdirs
+from coder.files.safeio import read_regular
+from coder.policy import cgroups, confine, kernel, tmpdirs, writes
 from coder.policy.commands import Limits, Policy, check_command
+from coder.policy.confine import ProcessExit
 from coder.policy.env import scrub_env
-
-if TYPE_CHECKING:
-    from coder.policy.confine import ProcessExit
 
 _KILL_GRACE_S = 2.0  # between SIGTERM and SIGKILL
 _POLL_S = 0.05  # how often the waiting loop looks at the cancel event and the clock
@@ -265,8 +264,6 @@ def kill_owned(owner: str, wait: float = 5.0) -> list[int]:
     cleared its environment escapes it, as one that left its process group escapes the
     timeout kill: what the cgroups of a killed coder hold is ended then too, whatever its
     environment (coder.policy.cgroups)."""
-    from coder.policy import cgroups
-
     needle = f"{OWNER_VAR}={owner}".encode()
     mine = {os.getpid(), os.getpgrp()}
     found = []
@@ -400,8 +397,6 @@ def _results_file(var: str | None, env: dict[str, str], *, private: bool) -> Ite
 
 def _read_results(path: Path) -> bytes | None:
     """The results file, a regular file not reached through a final link; None if missing."""
-    from coder.files.safeio import read_regular
-
     try:
         return read_regular(path, limit=_RESULTS_CAP, follow=False)
     except (OSError, ValueError):
@@ -442,7 +437,6 @@ def _spawner(policy: Policy, root: Path, env: dict[str, str]) -> Iterator[Spawn]
 
         yield unconfined
         return
-    from coder.policy import confine, writes
 
     require_sandbox(policy)
     profile = writes.profile_for(
@@ -472,8 +466,6 @@ def _wait(
     started: float,
 ) -> CommandResult:
     """Collect the output of a started command until it ends, times out or is cancelled."""
-    from coder.policy.confine import ProcessExit
-
     pipes = _Pipes(proc, policy.output_cap)
     timed_out = cancelled = False
     exited = ProcessExit(proc)

@@ -24,6 +24,8 @@ import functools
 import os
 import sys
 
+from coder.errors import EnvironmentProblem
+
 _CLONE_NEWUSER = 0x10000000
 _CAP_SYS_ADMIN = 21
 _refused: list[str] = []  # why `enter` could not, for `coder doctor`
@@ -62,8 +64,6 @@ def _unshare() -> str | None:
             with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
                 f.write(text)
     except OSError as exc:
-        from coder.errors import EnvironmentProblem
-
         raise EnvironmentProblem(
             f"cannot map uid {uid} in coder's user namespace: {exc.strerror}"
         ) from None

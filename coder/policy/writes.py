@@ -12,8 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from coder.files import safeio
 from coder.files.realpath import realpath
-from coder.policy import kernel
+from coder.policy import kernel, view
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,6 @@ def writable_for(root: Path) -> tuple[str, ...]:
     cannot), or a command could aim the next one's sandbox at another run's admin dir."""
     real = realpath(root)
     gitfile = os.path.join(real, ".git")
-    from coder.files import safeio
 
     def text(path: str) -> str:  # never blocking on a FIFO a command left, nor following
         return safeio.read_regular(path, limit=1 << 16, follow=False).decode(errors="replace")
@@ -62,8 +62,6 @@ def profile_for(
     """The profile of the commands that run in worktree (or checkout) `root` with `path` as
     their PATH (coder's own by default): they see its toolchain (coder.policy.view) and
     `visible` (the config's `visible_paths`) besides the system."""
-    from coder.policy import view
-
     writable = writable_for(root)
     readonly = kept_readonly(root) + admin_files(writable)
     toolchain = view.toolchain(os.environ.get("PATH", "") if path is None else path)

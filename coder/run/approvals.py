@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from coder.errors import InvalidInput
+from coder.tools.proposal import Verdict
 
 if TYPE_CHECKING:
     from coder.agent.session import EventSink
     from coder.redact import Redactor
-    from coder.tools.proposal import Proposal, Verdict
+    from coder.tools.proposal import Proposal
 
 Mode = Literal["per-step", "per-edit", "none"]
 MODES: tuple[Mode, ...] = ("per-step", "per-edit", "none")
@@ -86,8 +87,6 @@ class StepApprovals:
     refusals: list[str] = field(default_factory=list)
 
     def __call__(self, proposal: Proposal) -> Verdict:
-        from coder.tools.proposal import Verdict
-
         with self.run.lock:
             if self.step_id in self.run._all:  # not asked again; logged as what `all` let by
                 verdict = Verdict("all")

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from coder.policy.sandbox import owner_token
+
 if TYPE_CHECKING:
     from coder.agent.session import AgentSession
     from coder.redact import Redactor
@@ -59,6 +61,4 @@ class RunContext:
     @property
     def owner(self) -> str:
         """Carried by every command of the run, so a resume can end those a crash left."""
-        from coder.policy.sandbox import owner_token
-
         return owner_token(self.coder_dir, self.task.id)

@@ -25,13 +25,22 @@ from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
 from coder import taskfile
+from coder.agent import session as agent_session
+from coder.config import api_key
 from coder.display import counted
 from coder.errors import (
     InvalidInput,
 )
 from coder.interrupts import detach_terminal, taken
+from coder.policy.sandbox import require_sandbox
+from coder.redact import Redactor, secrets_from_repo
+from coder.run import approvals
 from coder.run import manifest as manifests
+from coder.run.approvals import EditApprovals
 from coder.run.context import Approver, RunContext
+from coder.run.eventlog import EventLog
+from coder.run.executor import Executor
+from coder.run.preflight import refusals
 from coder.run.records import RunState
 from coder.run.secrets import run_secrets, stored_task
 from coder.run.settings import Chosen, RunSettings, serving
@@ -41,9 +50,8 @@ if TYPE_CHECKING:
     from coder.agent.session import AgentSession, ToolAttacher
     from coder.git.repository import Repo
     from coder.policy.commands import Policy
-    from coder.redact import Redactor
     from coder.run.approvals import EditPrompt, Mode
-    from coder.run.eventlog import Console, EventLog, LiveView
+    from coder.run.eventlog import Console, LiveView
 
 
 @dataclass(frozen=True)
@@ -88,8 +96,6 @@ class RunResult:
 
 def refuse_unasked(mode: Mode, options: RunOptions) -> None:
     """Refuse an approvals mode that asks when nobody can be asked (no terminal)."""
-    from coder.run import approvals
-
     prompt = options.approve if mode == "per-step" else options.approve_edit
     approvals.require_prompt(mode, can_ask=prompt is not None)
 
@@ -98,8 +104,6 @@ def run_redactor(
     roots: list[Path], task: taskfile.Task, policy: Policy, cfg: config_mod.Config
 ) -> Redactor:
     """The run's redactor: every secret it knows (coder.run.secrets.run_secrets)."""
-    from coder.redact import Redactor
-
     return Redactor(run_secrets(roots, task, policy, cfg.values))
 
 
@@ -115,9 +119,7 @@ def open_agent(
 ) -> AgentSession | None:
     """coder.agent.session.open_agent for this run: its prefix shows the task as the manifest
     keeps it."""
-    from coder.agent.session import open_agent
-
-    return open_agent(
+    return agent_session.open_agent(
         task,
         cfg,
         repo,
@@ -134,9 +136,6 @@ def open_agent(
 def preflight(task: taskfile.Task, policy: Policy, root: Path, cfg: config_mod.Config) -> None:
     """Refuse a run whose commands the policy forbids (or that has a test step with no test
     command), or that needs a sandbox the machine lacks, before anything is created."""
-    from coder.policy.sandbox import require_sandbox
-    from coder.run.preflight import refusals
-
     require_sandbox(policy)
     found = refusals(task.steps, root=root, policy=policy, config=cfg)
     if found:
@@ -162,17 +161,11 @@ def execute(
     console: Console | None,
 ) -> RunResult:
     """Run a started or resumed run to its end: the one place its RunContext is built."""
-    from coder.redact import secrets_from_repo
-    from coder.run.approvals import EditApprovals
-    from coder.run.eventlog import EventLog
-
     coder_dir = store.coder_dir
     settings = serving(settings, agent.facts.slots if agent is not None else None)
     # the worktree's `.env*` files too, before anything is logged or any command runs
     redactor.add(*secrets_from_repo(worktree))
     if agent is not None and options.replay is None:  # the server's API key stays secret
-        from coder.config import api_key
-
         redactor.add(*filter(None, [api_key(settings.config)]))
     live = options.live
     with EventLog(coder_dir, task.id, redactor=redactor, console=console, live=live) as log:
@@ -206,8 +199,6 @@ def execute(
 def _drive(run: RunContext, options: RunOptions) -> str:
     """The executor's walk, with the model's extra tools attached and its prefix sent ahead;
     the model side closed whatever happens."""
-    from coder.run.executor import Executor
-
     agent, config = run.agent, run.settings.config
     if agent is not None:
         run.log.info("model.ready", **agent.facts.as_dict())

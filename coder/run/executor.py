@@ -38,10 +38,13 @@ from coder.errors import CoderError, EnvironmentProblem, RunFilesGone
 from coder.files.durable import write_private
 from coder.git import branches, diffs, repository, restore
 from coder.git.guard import GitGuard
+from coder.policy import reaper
+from coder.policy.confine import end_leftovers
 from coder.run import filesgone, success
 from coder.run.candidates import Candidates
 from coder.run.commitmsg import CommitParts, commit_parts
 from coder.run.context import RunContext
+from coder.run.notes import texts
 from coder.run.places import InPlace, Place, Scratch
 from coder.run.records import RunStatus, SkipCause, StepRecord, now_iso, seconds_since
 from coder.run.schedule import Schedule
@@ -133,8 +136,6 @@ class Executor:
 
     def notes(self, step: Step) -> tuple[str, ...]:
         """The guidance notes the user gave the step so far (coder.run.notes)."""
-        from coder.run.notes import texts
-
         with self._lock:
             return texts(self.record(step.id).notes)
 
@@ -146,8 +147,6 @@ class Executor:
 
     def execute(self) -> str:
         """Run every runnable step; returns the run's final status."""
-        from coder.policy import reaper
-
         reaper.start()  # what a command leaves stays coder's: no kill per step to find it
         state = self.run.state
         state.status, state.pid, state.error = "running", os.getpid(), None
@@ -220,8 +219,6 @@ class Executor:
         """Independent steps run concurrently, each in its own scratch worktree from the same
         tip; their commits then land in file order, so the history is the same whatever
         finished first."""
-        from coder.policy.confine import end_leftovers
-
         tip = self._tip()
         places: dict[str, Place] = {}
         try:
@@ -320,8 +317,6 @@ class Executor:
     ) -> tuple[StepOutcome, str | None, tuple[Change, ...]]:
         """One attempt: act, verify, then commit what it did or discard it (the outcome, the
         commit, its changes)."""
-        from coder.policy.confine import end_leftovers
-
         guard = GitGuard.take(self.common_dir, place.workdir, head=place.head(tip))
         started = time.monotonic()
         acted = self._act(step, place.workdir, attempt, place.candidate)

@@ -26,6 +26,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coder import project
 from coder.errors import (
     CoderError,
     CorruptState,
@@ -35,8 +36,8 @@ from coder.errors import (
     UnknownTask,
 )
 from coder.files import nofollow
-from coder.files.durable import write_atomic
-from coder.run.records import ForkPoint, RunState, check_task_id
+from coder.files.durable import make_private_dirs, write_atomic
+from coder.run.records import ForkPoint, RunState, StepRecord, check_task_id, now_iso
 from coder.run.state import StateStore
 from coder.schemas import TASK_ID
 
@@ -159,8 +160,6 @@ def next_seq(coder_dir: Path) -> int:
     and written under its lock, so two runs made at once get two), or, when that file is
     missing or unreadable, than any run's. Written through to the disk before the run's
     manifest is, so no crash gives a number twice."""
-    from coder.files.durable import make_private_dirs
-
     make_private_dirs(coder_dir)
     fd = nofollow.open_file(coder_dir / SEQUENCE, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -366,8 +365,6 @@ def from_state(state: RunState) -> Manifest:
 
 def new_run(manifest: Manifest) -> RunState:
     """The first checkpoint of a run: every step pending."""
-    from coder.run.records import StepRecord, now_iso
-
     task = manifest.doc
     return RunState(
         task_id=manifest.task_id,
@@ -397,7 +394,6 @@ def rebuild(
     of the run was committed and it can simply start again."""
     from coder import taskfile
     from coder.git import branches, commits
-    from coder.run.records import now_iso
     from coder.run.secrets import stored_task
 
     task = taskfile.load(path)
@@ -518,7 +514,6 @@ def _start_again(repo: Repo, task_id: str, branch: str, taskfile: str) -> str:
 
 def _taskfile_hint(repo: Repo, task_id: str) -> str:
     """The taskfile in the checkout's tasks/ with this id, else a placeholder."""
-    from coder import project
     from coder.git import repository
 
     try:

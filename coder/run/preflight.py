@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coder.errors import CoderError, InvalidInput, PolicyViolation
+from coder.policy.env import env_refusal, scrub_env
 from coder.taskfile.kinds import KINDS
 
 if TYPE_CHECKING:
@@ -50,7 +51,6 @@ def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Confi
     """Every step whose command the policy refuses, that has no command to run, or whose
     `env:` sets a variable that runs code (`coder.policy.env.runs_code`)."""
     from coder.policy.commands import check_command
-    from coder.policy.env import scrub_env
 
     found = []
     base_path = scrub_env(policy.env_passthrough).get("PATH")  # once: a step's env only adds to it
@@ -86,8 +86,6 @@ def refusals(steps: Iterable[Step], *, root: Path, policy: Policy, config: Confi
 def env_refusals(steps: Iterable[Step]) -> list[Refusal]:
     """Each variable of a step's `env:` that makes a program run code (`runs_code`): refused
     wherever the step would run, so checked without a repository too."""
-    from coder.policy.env import env_refusal
-
     found = []
     for step in steps:
         for name in step.env:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from coder.git.repository import Repo
     from coder.redact import Redactor
     from coder.run.eventlog import Console
+from coder.policy import sandbox
 from coder.run.drive import (
     RunOptions,
     RunResult,
@@ -57,8 +58,6 @@ def resume_run(
     task_id: str, *, cwd: Path, options: RunOptions, console: Console | None = None
 ) -> RunResult:
     """Continue a run after a crash, a kill or a stop: finished steps never run again."""
-    from coder.policy import sandbox
-
     repo = repository.open_repo(cwd)
     root = repository.repo_root(repo)
     coder_dir = project.coder_dir(root)
@@ -121,8 +120,6 @@ def _previous_runner(took_over_from: int | None, coder_dir: Path, task_id: str) 
     """What is left of the runner before: its lock (taken over) and its commands, which live
     on in their own sessions: ended before the worktree is judged, or they write into it
     behind the reconciliation."""
-    from coder.policy import sandbox
-
     warnings = []
     if took_over_from:
         warnings.append(f"the previous runner (pid {took_over_from}) is gone; taking over its lock")

@@ -26,6 +26,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coder import config as config_mod
+from coder import taskfile as taskfile_mod
+from coder.errors import CoderError, InvalidInput
 from coder.redact import Redactor, secret_name, secrets_from_environ, secrets_from_repo
 
 if TYPE_CHECKING:
@@ -66,8 +69,6 @@ def view_redactor(root: Path, worktrees: Iterable[str | Path] = ()) -> Redactor:
     """The redactor of a command that shows runs (`report`, `diff`, `show`): what a run
     redacts with, as far as this process knows it (`known_secrets` of the repository and the
     runs' worktrees, with this directory's configuration)."""
-    from coder import config as config_mod
-
     roots = [root, *(Path(w) for w in worktrees if Path(w).is_dir())]
     return Redactor(known_secrets(roots, config_mod.load(root).values))
 
@@ -75,7 +76,6 @@ def view_redactor(root: Path, worktrees: Iterable[str | Path] = ()) -> Redactor:
 def view_redactor_at(cwd: Path) -> Redactor:
     """`view_redactor` of the repository `cwd` is in (of `cwd` itself outside one): for what a
     command shows of a taskfile (`show -f`, `run --dry-run`)."""
-    from coder.errors import CoderError
     from coder.git import repository
 
     try:
@@ -150,7 +150,6 @@ def restore(stored: TaskDoc, taskfile: str | None) -> TaskDoc:
     the step and field when the taskfile no longer has it."""
     if not _MARKER.search(json.dumps(stored)):
         return stored
-    from coder import taskfile as taskfile_mod
 
     try:
         original = taskfile_mod.load(Path(str(taskfile))).to_dict()
@@ -179,7 +178,6 @@ class _Restorer:
                 return stored
             if isinstance(original, str) and _same_outside_markers(stored, original):
                 return original
-            from coder.errors import InvalidInput
 
             raise InvalidInput(
                 f"{where} holds a secret that is not stored with the run, and the taskfile "

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING
 
 from coder import project
 from coder.errors import (
+    ConcurrentRun,
     EnvironmentProblem,
     InvalidInput,
 )
 from coder.git import repository
-from coder.run.lock import TaskLock
+from coder.policy import sandbox
+from coder.run.lock import TaskLock, pid_alive, read_lock_owner
 from coder.run.manifest import load_manifest
 
 if TYPE_CHECKING:
@@ -42,8 +44,6 @@ def stop_run(task_id: str, *, cwd: Path, wait: float = 30.0) -> Stopped:
     blocks, a wait that never ends), so it is killed (SIGKILL), and the commands it left
     running (its sandboxed processes, in their own sessions) with it. A killed runner leaves
     its run as a crash does: `coder resume` continues it."""
-    from coder.run.lock import pid_alive, read_lock_owner
-
     root = repository.repo_root(repository.open_repo(cwd))
     coder_dir = project.coder_dir(root)
     load_manifest(coder_dir, task_id)
@@ -90,9 +90,6 @@ def _end_commands(coder_dir: Path, task_id: str) -> list[int]:
     """Kill what a killed runner's commands left running, holding the task's lock (so no new
     runner starts commands meanwhile); none when another runner already took the lock (its
     `resume` does the same)."""
-    from coder.errors import ConcurrentRun
-    from coder.policy import sandbox
-
     try:
         with TaskLock(coder_dir, task_id):
             return sandbox.kill_owned(sandbox.owner_token(coder_dir, task_id))

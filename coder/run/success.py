@@ -10,7 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from coder.errors import CoderError, EnvironmentProblem
+from coder.checks import lintreport, testreport
+from coder.errors import CoderError, EnvironmentProblem, InvalidInput, PolicyViolation
+from coder.git import branches, commits, diffs, repository
+from coder.policy import sandbox
+from coder.taskfile.kinds import KINDS, TESTS
 
 if TYPE_CHECKING:
     from coder.checks.lintreport import Finding
@@ -86,9 +90,6 @@ def missing_files(task: Task, worktree: Path) -> list[str]:
 
 def test_command(task: Task, worktree: Path, cfg: Config) -> str:
     """The command that proves the task green (InvalidInput when there is none)."""
-    from coder.checks import testreport
-    from coder.taskfile.kinds import KINDS, TESTS
-
     step = next((s for s in task.steps if KINDS[s.kind].command is TESTS), None)
     return testreport.test_command(
         root=worktree,
@@ -108,8 +109,6 @@ def run_tests(
     owner: str | None = None,
 ) -> tuple[str | None, CommandResult]:
     """Run the tests; the problem (None when green) and the command's result."""
-    from coder.policy import sandbox
-
     result = sandbox.run_command(
         cmd, cwd=worktree, policy=policy, cancel=cancel, root=worktree, owner=owner
     )
@@ -132,11 +131,6 @@ def lint_findings(
     """The linter's findings (`lint_command`'s, else the project's linters') on the lines
     `worktree` adds or changes since the commit `base` (so what the project had before never
     counts), and why a linter could not say (refused by the policy, crashed, timed out)."""
-    from coder.checks import lintreport
-    from coder.errors import PolicyViolation
-    from coder.git import diffs
-    from coder.policy import sandbox
-
     findings: list[Finding] = []
     notes: list[str] = []
     for path, lines in sorted(diffs.added_lines(worktree, base).items()):
@@ -174,9 +168,6 @@ def lint_problems(
 ) -> list[str]:
     """`success.require_no_lint_errors`: a problem per new finding (the first few) and per
     linter that could not run; none when the run added no finding."""
-    from coder.checks import lintreport
-    from coder.errors import InvalidInput
-
     try:
         lintreport.lint_commands(worktree, cfg.lint_command)
     except InvalidInput as exc:
@@ -198,8 +189,6 @@ def lint_problems(
 def fork_point(worktree: Path, base_branch: str) -> str:
     """Where the work in `worktree` left `base_branch` (their merge base; the branch's tip
     when the worktree holds a merge of it)."""
-    from coder.git import branches, commits, repository
-
     repo = repository.open_repo(worktree)
     tip = branches.resolve_commit(repo, f"refs/heads/{base_branch}")
     return commits.merge_base_with_head(repo, tip)

@@ -22,6 +22,8 @@ from coder.errors import (
 from coder.files import nofollow
 from coder.git import branches as gitbranches
 from coder.git import commits, objects, repository, workdir, worktrees
+from coder.policy import sandbox
+from coder.policy.confine import end_leftovers
 from coder.run import candidates
 from coder.run import manifest as manifests
 from coder.run.lock import TaskLock, read_lock_owner
@@ -192,9 +194,6 @@ def _remove(
     force: bool,
 ) -> Cleaned:
     """`clean`'s work, holding the task's lock (no runner can start meanwhile)."""
-    from coder.policy import sandbox
-    from coder.policy.confine import end_leftovers
-
     worktree = remains.worktree
     # Commands a killed runner left (they carry the run's owner token) would go on writing
     # into the worktree while it is judged and removed.

@@ -13,6 +13,7 @@ from coder.errors import InvalidInput
 from coder.git import branches, diffs
 from coder.run.opened import OpenRun, open_run
 from coder.run.records import DONE, StepRecord
+from coder.run.secrets import view_redactor
 from coder.services import history
 
 
@@ -75,7 +76,6 @@ def compare_runs(cwd: Path, first: str, second: str, *, patch: bool = False) -> 
     text, identical = "", False
     if tips[0] and tips[1]:
         identical = diffs.changed_files_between(repo, tips[0], tips[1]) == []
-        from coder.run.secrets import view_redactor
 
         redactor = view_redactor(views[0].root, [v.state.worktree for v in views])
         if patch:

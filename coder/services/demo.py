@@ -16,6 +16,9 @@ from typing import Any
 from coder.errors import InvalidInput
 from coder.git import branches, diffs, repository
 from coder.git import commits as gitcommits
+from coder.run.drive import RunOptions
+from coder.run.start import start_run
+from coder.services import merge
 
 
 @dataclass(frozen=True)
@@ -70,10 +73,6 @@ def run(
 ) -> DemoResult:
     """The demo run, then its merge. `console` and `loop_events` are the run's progress
     (`RunOptions.live`)."""
-    from coder.run.drive import RunOptions
-    from coder.run.start import start_run
-    from coder.services import merge
-
     demo = assets()
     repo_dir = prepare(target)
     options = RunOptions(replay=None if live else demo.recording, live=loop_events)

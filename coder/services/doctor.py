@@ -8,8 +8,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
-from coder.errors import CoderError
-from coder.policy import kernel
+from coder.errors import CoderError, ModelMissing
+from coder.git import branches, repository
+from coder.models import protocol
+from coder.models.factory import endpoints, make_provider, model_config, named_models, provider_of
+from coder.models.served import place_hint
+from coder.policy import cgroups, kernel, userns
+from coder.policy.sandbox import network_isolation_available
+from coder.services import testprobe
 
 if TYPE_CHECKING:
     from coder.models.provider import ModelFacts, ServerProvider
@@ -40,8 +46,6 @@ def run_checks(cwd: Path, *, model: str | None = None, probe: bool = True) -> li
 
 
 def _git(cwd: Path) -> Check:
-    from coder.git import branches, repository
-
     try:
         repo = repository.open_repo(cwd)
         branch = branches.current_branch(repo)
@@ -83,8 +87,6 @@ def _test_command(cwd: Path, cfg: config_mod.Config) -> Check:
 
 def _tests_found(cwd: Path, cfg: config_mod.Config) -> list[Check]:
     """The test command, run once (coder.services.testprobe); nothing without one."""
-    from coder.services import testprobe
-
     root = cfg.project_root or cwd
     command = cfg.test_command or config_mod.detect_test_command(root)
     if not command:
@@ -95,8 +97,6 @@ def _tests_found(cwd: Path, cfg: config_mod.Config) -> list[Check]:
 
 def _sandbox(cfg: config_mod.Config) -> list[Check]:
     """Which protection commands get: the kernel sandbox (Landlock) and the network wall."""
-    from coder.policy.sandbox import network_isolation_available
-
     found = kernel.support()
     off = cfg.sandbox == "off"
     if off:
@@ -182,8 +182,6 @@ def _processes(found: Support, *, off: bool) -> Check:
     and its MCP servers' tools leave behind is found at the step's end."""
     import os
 
-    from coder.policy import cgroups
-
     name = "process trees"
     if off or not found.available:
         return Check(name, "warn" if off else "fail", "no kernel sandbox: see command sandbox")
@@ -211,8 +209,6 @@ def _processes(found: Support, *, off: bool) -> Check:
 def _view(found: Support, *, off: bool) -> Check:
     """What a command sees (coder.policy.view): only its worktree, its temp dir, the system
     and its toolchain, or the whole filesystem (read-only to it)."""
-    from coder.policy import userns
-
     name = "command view"
     if off or not found.available:
         return Check(name, "warn" if off else "fail", "no kernel sandbox: see command sandbox")
@@ -249,8 +245,6 @@ def _trust(cfg: config_mod.Config) -> Check:
 def _models(cfg: config_mod.Config) -> list[Check]:
     """The model server checks, once per endpoint: of the default model, then of each named
     model (config `models`, labelled with its name), then of the embedding model."""
-    from coder.models.factory import model_config, named_models
-
     default = str(cfg.model)
     embedding = cfg.embedding_model
     checks = _server(*model_config(cfg, default), name=None)
@@ -266,9 +260,6 @@ def _server(cfg: config_mod.Config, model: str, *, name: str | None) -> list[Che
     """Host, model, tool protocol and context window at each endpoint of one server; the
     fixes for a named model's server name its fields (`models.NAME.base_url`)."""
     from dataclasses import replace
-
-    from coder.models.factory import endpoints, make_provider
-    from coder.models.served import place_hint
 
     what = "model server" + (f" ({name})" if name else "")
     try:
@@ -299,8 +290,6 @@ def _server(cfg: config_mod.Config, model: str, *, name: str | None) -> list[Che
 def _embeddings(cfg: config_mod.Config, model: str) -> list[Check]:
     """Does the embedding model embed at each endpoint (one short text, as code_search
     would)? A failure is a warning: code_search then ranks by BM25 alone."""
-    from coder.models.factory import endpoints, make_provider
-
     checks: list[Check] = []
     fallback = "set embedding_model to an embedding model the server has, or null"
     try:
@@ -327,8 +316,6 @@ def _embeddings(cfg: config_mod.Config, model: str) -> list[Check]:
 def _tool_protocol(cfg: config_mod.Config, model: str, facts: ModelFacts, at: str) -> Check:
     """Which tool protocol a run would use with the model, and why (coder.models.protocol:
     the setting, a remembered choice, or the server's evidence; doctor remembers nothing)."""
-    from coder.models import protocol
-
     name = f"tool protocol{at}"
     remembered = protocol.Remembered(protocol.cache_path(cfg.project_root), write=False)
     choice = protocol.decide(cfg, model, facts, remembered)
@@ -370,9 +357,6 @@ def _endpoint(
 ) -> list[Check]:
     """Host, model, tool protocol and context window at one endpoint (the model is not
     loaded: `probe` only asks the server what it has); `at` labels the checks."""
-    from coder.errors import ModelMissing
-    from coder.models.factory import provider_of
-
     model = str(cfg.model)
     kind = provider_of(cfg)
     host = f"{kind.host_label}{at}"

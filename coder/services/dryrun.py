@@ -16,6 +16,8 @@ from coder import config as config_mod
 from coder import project, taskfile
 from coder.errors import CoderError
 from coder.git import branches, repository
+from coder.models import protocol
+from coder.models.factory import model_config, provider_of
 from coder.policy.sandbox import require_sandbox
 from coder.run.drive import RunOptions
 from coder.run.manifest import run_exists
@@ -173,9 +175,6 @@ def _model(task: taskfile.Task, cfg: config_mod.Config, options: RunOptions) -> 
     the context window the run will send (`num_ctx`): the configured one, else the model's
     own (for Ollama capped by `max_num_ctx`), which only the server knows (a dry run asks no
     server; `coder doctor` does)."""
-    from coder.models import protocol
-    from coder.models.factory import model_config, provider_of
-
     place, name = model_config(cfg, str(task.model or cfg.model))
     num_ctx = place.num_ctx
     provider = provider_of(place)

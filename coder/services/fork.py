@@ -29,10 +29,13 @@ from coder.files import nofollow
 from coder.git import branches, forks, repository, worktrees
 from coder.git import commits as gitcommits
 from coder.run import manifest as manifests
+from coder.run import notes
 from coder.run.lock import TaskLock
 from coder.run.opened import open_run
 from coder.run.records import DONE, RunState, now_iso
+from coder.run.secrets import view_redactor
 from coder.run.state import StateStore
+from coder.taskfile import graph
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,6 @@ class ForkResult:
 
 def dag(task: taskfile.Task) -> tuple[list[str], dict[str, list[str]]]:
     """The run's steps in DAG order, and what each depends on, as the run's task has them."""
-    from coder.taskfile import graph
-
     deps = {s.id: list(s.depends_on) for s in task.steps}
     return graph.order(graph.build(deps)), deps
 
@@ -232,9 +233,6 @@ def _note(
     """`--note`: a guidance note (coder.run.notes) for the fork's first pending step a model
     works on, redacted into its record; the step it went to. Refused (exit 2), before
     anything of the fork exists, when no pending step has a model to read it."""
-    from coder.run import notes
-    from coder.run.secrets import view_redactor
-
     task = manifest.task
     step = notes.target(task, notes.will_run(task, state), None)
     redactor = view_redactor(repository.repo_root(repo), [parent.worktree])

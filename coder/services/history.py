@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from coder.display import escaped, quoted_name
 from coder.errors import InvalidInput
 
 # The door every command opens a run through (coder.run.opened), named here for the commands
@@ -25,8 +26,6 @@ def redactor_of(view: OpenRun) -> Redactor:
 
 def shown_name(name: str, redactor: Redactor) -> str:
     """A file name as coder shows it: redacted, then quoted when unusual (coder.display)."""
-    from coder.display import quoted_name
-
     return quoted_name(redactor.redact(name))
 
 
@@ -34,7 +33,6 @@ def diff(view: OpenRun, *, step: str | None = None, stat: bool = False) -> str:
     """The run's accumulated diff (base..branch), or one step's own commit: file names
     redacted and quoted when unusual, the text redacted, control characters escaped (it goes
     to a terminal; `git diff BASE..BRANCH` gives the patch as it is)."""
-    from coder.display import escaped
     from coder.git import branches as gitbranches
     from coder.git import diffs
 

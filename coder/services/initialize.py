@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coder import config as config_mod
+from coder.errors import InvalidInput, LinkInTheWay
 from coder.files import nofollow
 from coder.files.durable import write_atomic, write_failed
+from coder.git import repository
 from coder.project import CODER_DIR, TASKS_DIR, ensure_coder_dir
 from coder.services import testprobe
 from coder.services.testprobe import Probe
@@ -32,8 +34,6 @@ def init(cwd: Path, *, force: bool = False, probe: bool = True) -> InitResult:
     (`~/.config/coder/config.json`: the model, the server) keeps applying. Idempotent: an
     existing config is kept unless `force`. With `probe`, the test command (the config's, or
     the detected one) runs once to say whether it finds tests (coder.services.testprobe)."""
-    from coder.git import repository
-
     repo = repository.open_repo(cwd)
     root = repository.repo_root(repo)
     ensure_coder_dir(root)
@@ -80,8 +80,6 @@ def write_example(root: Path, name: str, *, force: bool = False) -> Path:
     the examples for an unknown one, or when the file exists (unless `force`). Written without
     following a link (a `tasks` link merged from a run would send it elsewhere): a link at
     `tasks` is refused, one at the file itself replaced (with `force`)."""
-    from coder.errors import InvalidInput, LinkInTheWay
-
     source = examples_dir() / f"{name.removesuffix('.yaml')}.yaml"
     if not source.is_file():
         raise InvalidInput(

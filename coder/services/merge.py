@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coder import config as config_mod
 from coder.crashpoints import crashpoint
 from coder.display import counted
 from coder.errors import (
@@ -47,12 +48,20 @@ from coder.errors import (
     MergeConflict,
     RunFailed,
 )
+from coder.files.durable import write_private
 from coder.git import branches, commits, diffs, worktrees
 from coder.git import land as gitland
+from coder.redact import Redactor, redact
+from coder.run import success
+from coder.run.commitmsg import commit_title
+from coder.run.eventlog import EventLog
 from coder.run.lock import CheckoutLock
 from coder.run.manifest import Manifest
 from coder.run.opened import OpenRun, open_run
+from coder.run.preflight import policy_for
 from coder.run.records import RunState, StepRecord, now_iso
+from coder.run.secrets import run_secrets
+from coder.services import report
 from coder.services.indexlock import IndexJournal, free_index
 
 if TYPE_CHECKING:
@@ -102,8 +111,6 @@ def merge_run(
 ) -> MergeResult:
     """Land run `task_id` on its base branch (see the module docstring). With `report`, the
     commit's body carries the run's report in a few lines (`coder.services.report`)."""
-    from coder.run.eventlog import EventLog
-
     if mode not in MODES:
         raise InvalidInput(f"unknown merge mode {mode!r}", hint=f"use one of: {', '.join(MODES)}")
     if report and mode == "ff-only":
@@ -279,7 +286,6 @@ class _Merge:
         """The run's report in a few lines, for the commit's body (`--report`)."""
         if not self.report:
             return None
-        from coder.services import report
 
         return report.commit_summary(report.build(self.opened))
 
@@ -384,9 +390,6 @@ class _Merge:
         branches.delete_branch(self.repo, f"coder-scratch/{name}")
 
     def _verify(self, commit: str) -> None:
-        from coder import config as config_mod
-        from coder.run.preflight import policy_for
-
         # the tests run as the taskfile wrote them (the manifest keeps them redacted)
         task = self.manifest.restored_task()
         cfg = config_mod.load(self.root)
@@ -514,9 +517,6 @@ def merge_message(
 ) -> str:
     """Title, the steps (one line each, as their commits are titled; or the run's report
     `summary` instead), then the trailers."""
-    from coder.redact import redact
-    from coder.run.commitmsg import commit_title
-
     task = manifest.task
     lines = []
     for step in task.steps:
@@ -541,11 +541,6 @@ def green_problems(
     """The success criteria against `worktree` (`coder.run.success.problems`), the tests
     always: green means the tests passed, whether or not the task's own criteria asked for
     them. Their output goes to `log`, redacted."""
-    from coder.files.durable import write_private
-    from coder.redact import Redactor
-    from coder.run import success
-    from coder.run.secrets import run_secrets
-
     try:
         cmd = success.test_command(task, worktree, cfg)
     except InvalidInput:  # it names the throwaway worktree; say what it means instead

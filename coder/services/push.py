@@ -29,6 +29,7 @@ from coder.git import branches, remotes
 from coder.run.opened import open_run
 from coder.run.records import PushRecord, RunState, now_iso
 from coder.services import history
+from coder.services import report as report_service
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,6 @@ class PushResult:
 
 def push_run(cwd: Path, task_id: str, *, remote: str | None = None) -> PushResult:
     """Push run `task_id`'s branch (see the module docstring)."""
-    from coder.services import report as report_service
-
     with open_run(cwd, task_id, holder="push") as view:  # the state read under the lock
         repo, store, state = view.repo, view.store, view.state
         name = remote or remotes.default_remote(repo, state.base)

@@ -40,8 +40,11 @@ from coder.git import branches, repository, restore, workdir
 from coder.git import commits as gitcommits
 from coder.git import land as gitland
 from coder.run import notes
+from coder.run.eventlog import EventLog
 from coder.run.manifest import Manifest
 from coder.run.opened import OpenRun, open_run
+from coder.run.secrets import view_redactor
+from coder.services.merge import tag_name
 from coder.taskfile import graph
 
 MODES = ("revert", "reset")
@@ -88,8 +91,6 @@ def revert_run(
     """Bring run `task_id` back to the state right after `to_step` (see the module docstring).
     `note`: guidance for the next attempt of `note_step` (default: the first step a model
     works on that runs again), checked before anything changes (coder.run.notes)."""
-    from coder.run.eventlog import EventLog
-
     if mode not in MODES:
         raise InvalidInput(f"unknown revert mode {mode!r}", hint=f"use one of: {', '.join(MODES)}")
     stop = f"stop it first with `coder stop -t {task_id}`"
@@ -220,8 +221,6 @@ class _Revert:
     # --- refusals ----------------------------------------------------------------------------
 
     def _refuse_merged(self) -> None:
-        from coder.services.merge import tag_name
-
         record = self.state.merge or {}
         tag = tag_name(self.task_id)
         commit = record.get("commit") or self._tagged(tag)
@@ -342,8 +341,6 @@ class _Revert:
         if changed:
             self.state.status, self.state.error, self.state.pid = "interrupted", None, None
         if note_step is not None and self.note is not None:
-            from coder.run.secrets import view_redactor
-
             redactor = view_redactor(repository.repo_root(self.repo), [self.worktree])
             notes.give(self.state, note_step, self.note[1], via="revert", redactor=redactor)
         if changed or note_step is not None:

@@ -24,8 +24,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from coder import config as config_mod
+from coder import project
 from coder.checks import testreport, testresults
-from coder.errors import CoderError, EnvironmentProblem, PolicyViolation
+from coder.errors import CoderError, EnvironmentProblem, LinkInTheWay, PolicyViolation
+from coder.files import nofollow
+from coder.git import branches, repository, workdir, worktrees
+from coder.git.guard import GitGuard
+from coder.git.repository import common_dir, open_worktree
+from coder.policy import sandbox
+from coder.policy.commands import Policy
+from coder.policy.confine import end_leftovers
+from coder.run.steps.test import rust_nightly
 
 if TYPE_CHECKING:
     from coder.git.repository import Repo
@@ -52,8 +61,6 @@ class Probe:
 def probe(cwd: Path, cmd: str, cfg: config_mod.Config, *, timeout: float = TIMEOUT_S) -> Probe:
     """Run test command `cmd` once on the commit checked out where `cwd` is, as a test step
     would, and say what it found."""
-    from coder.git import repository
-
     try:
         repo = repository.open_repo(cwd)
         with _throwaway_worktree(repo) as workdir:
@@ -66,13 +73,6 @@ def probe(cwd: Path, cmd: str, cfg: config_mod.Config, *, timeout: float = TIMEO
 
 def _probe_in(workdir: Path, cmd: str, cfg: config_mod.Config, timeout: float) -> Probe:
     """The probe in the throwaway worktree `workdir`, inside a git guard, as a step runs."""
-    from coder.git.guard import GitGuard
-    from coder.git.repository import common_dir, open_worktree
-    from coder.policy import sandbox
-    from coder.policy.commands import Policy
-    from coder.policy.confine import end_leftovers
-    from coder.run.steps.test import rust_nightly
-
     w = open_worktree(workdir, writing=False)
     policy = Policy.from_config(cfg.values)
     plan = testresults.structured(cmd, nightly=lambda: rust_nightly(workdir, policy))
@@ -114,11 +114,6 @@ def _throwaway_worktree(repo: Repo) -> Iterator[Path]:
     """A worktree of the commit `repo`'s checkout has checked out, detached, under the
     repository's `.coder/worktrees/` (made, never through a link), removed afterwards, also
     on an error or a timeout; a probe a kill cut short is removed by the next one."""
-    from coder import project
-    from coder.errors import LinkInTheWay
-    from coder.files import nofollow
-    from coder.git import branches, repository, worktrees
-
     commit = branches.head_commit(repo)
     if commit is None:
         raise EnvironmentProblem(
@@ -148,8 +143,6 @@ def _throwaway_worktree(repo: Repo) -> Iterator[Path]:
 
 def _remove_cut_short(repo: Repo, parent: Path) -> None:
     """The throwaway worktrees of probes whose process is gone (killed mid-way)."""
-    from coder.git import worktrees
-
     for entry in os.listdir(parent):
         pid = entry.removeprefix(_NAME).partition(".")[0]
         if entry.startswith(_NAME) and pid.isdigit() and not _alive(int(pid)):
@@ -170,8 +163,6 @@ def _alive(pid: int) -> bool:
 def _uncommitted(repo: Repo) -> str | None:
     """What the probe did not see: a phrase when the checkout has changes beside HEAD (but
     for coder's own config, which `coder init` writes and the tests do not read)."""
-    from coder.git import repository, workdir
-
     checkout = repository.checkout_root(repo)
     if checkout is None:
         return None

@@ -12,6 +12,7 @@ from pathlib import Path
 from coder import config as config_mod
 from coder import taskfile, yamldoc
 from coder.errors import DocumentError, Problem
+from coder.run.preflight import env_refusals, policy_for, refusals
 
 
 def check(
@@ -32,8 +33,6 @@ def check(
 
 def preflight_problems(doc: yamldoc.Document, task: taskfile.Task, cwd: Path) -> list[Problem]:
     """Run's preflight refusals (`coder.run.preflight.refusals`), each at its step."""
-    from coder.run.preflight import env_refusals, policy_for, refusals
-
     cfg = config_mod.load(cwd)
     if cfg.project_root is None:  # a step's env is the file's own business
         found = env_refusals(task.steps)

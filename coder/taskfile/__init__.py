@@ -27,7 +27,8 @@ from typing import Any
 from coder import yamldoc
 from coder.display import counted
 from coder.errors import DocumentError, InvalidInput, InvalidTaskfile, Problem
-from coder.schemas import TASK_ID
+from coder.redact import redact
+from coder.schemas import TASK_ID, load_schema, validator
 from coder.taskfile.kinds import KIND_FIELDS, KINDS, kinds_taking
 from coder.taskfile.policies import Policies, parse_duration
 from coder.yamldoc import Document, quote
@@ -308,8 +309,6 @@ def generate_id() -> str:
 def default_branch(task_id: str, title: str) -> str:
     """`agent/ID-slug`, the slug made of the title with any key it holds redacted (a branch
     name is shown everywhere and goes wherever the repository goes)."""
-    from coder.redact import redact
-
     return f"agent/{task_id}-{slugify(redact(title))}"
 
 
@@ -322,8 +321,6 @@ def slugify(title: str, limit: int = 40) -> str:
 
 
 def _schema_problems(doc: Document) -> list[Problem]:
-    from coder.schemas import validator
-
     problems = []
     for error in validator("task").iter_errors(doc.data):
         problems.extend(_describe(doc, error))
@@ -515,8 +512,6 @@ def _kind_problems(i: int, sid: str, raw: dict[str, Any], report: Any) -> None:
 def _branch_problems(data: dict[str, Any], report: Any) -> None:
     """What the schema's pattern lets through but git refuses (`..`, a name ending in `.`, a
     component ending in `.lock`), by git's own refname rules (`git check-ref-format`)."""
-    from coder.schemas import load_schema
-
     branch = data.get("branch")
     shape = load_schema("task")["properties"]["branch"]["pattern"]
     if not isinstance(branch, str) or not re.search(shape, branch):

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coder.config import as_config
+from coder.models.factory import open_embedder
 from coder.tools.base import CodeSearch
 
 if TYPE_CHECKING:
@@ -20,9 +22,6 @@ def code_settings(
 ) -> CodeSearch:
     """code_search's settings for ToolContext.code (what the embedder is sent passes
     `redactor`)."""
-    from coder.config import as_config
-    from coder.models.factory import open_embedder
-
     config = as_config(config)  # a plain mapping: tests
     model = config.embedding_model
     return CodeSearch(
@@ -35,8 +34,6 @@ def code_settings(
 
 def embed_key(config: Mapping[str, Any] | Any) -> str:
     """The provider and the name of the embedding model (a named model resolved)."""
-    from coder.config import as_config
-
     config = as_config(config)  # a plain mapping: tests
     model = str(config.embedding_model)
     entry = (config.models or {}).get(model)

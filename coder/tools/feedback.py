@@ -27,6 +27,7 @@ from coder.checks.lintreport import (
 )
 from coder.context import syntax
 from coder.errors import PolicyViolation
+from coder.policy.sandbox import run_command
 from coder.tools.base import ToolContext, ToolResult
 
 LINT_TIMEOUT_S = 60
@@ -114,8 +115,6 @@ class Lint:
         return found
 
     def _run(self, linter: Linter, rel: str) -> list[Finding]:
-        from coder.policy.sandbox import run_command
-
         if linter.name in self.ctx._edits.setdefault("disabled", set()):
             return []
         try:

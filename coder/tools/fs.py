@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Required, TypedDict
 
+from coder.git.workdir import ignored_dirs
 from coder.redact import is_env_file
 from coder.tools import feedback
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
@@ -378,8 +379,6 @@ def walk_files(root: str, *, links: bool = True) -> Iterator[str]:
     Symlinked directories are not entered; symlinks leading outside the root (all symlinks with
     links=False) are left out, and so are fifos and devices (reading one could block).
     SKIP_DIRS and git-ignored directories are pruned. At most MAX_WALK_FILES."""
-    from coder.git.workdir import ignored_dirs
-
     ignored = ignored_dirs(root)
     inside = root.rstrip("/") + "/"
     count = 0

@@ -40,7 +40,8 @@ from coder.errors import CoderError, EnvironmentProblem, InvalidInput, PolicyVio
 from coder.models.provider import Arguments
 from coder.policy.paths import protected_hint
 from coder.redact import Redactor
-from coder.tools import approval
+from coder.taskfile.kinds import KINDS
+from coder.tools import approval, fs, git, grep, search, shell
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
 from coder.tools.envfiles import register_env_files
 
@@ -312,8 +313,6 @@ _WRITE_TOOLS = ("fs_write", "fs_edit", "fs_apply_patch", "tests_run")
 def tools_for_kind(kind: str, registry: Registry | None = None) -> list[str]:
     """The tool names a model step of `kind` may call, in registry order: read-only tools for
     a read-only kind, plus the write tools for one that edits, every tool for `all`."""
-    from coder.taskfile.kinds import KINDS
-
     reg = registry or default_registry()
     read_only = [t.name for t in reg if t.read_only]
     role = KINDS[kind].model if kind in KINDS else None
@@ -382,9 +381,6 @@ STEP_COMPLETE = Tool(
 def default_registry() -> Registry:
     """The standard tool set, built once. Callers must not register into it; build a
     `Registry()` of their own (e.g. with MCP tools) instead."""
-    # here, not at the top: they load libgit2 and the sandbox, which a Registry alone never needs
-    from coder.tools import fs, git, grep, search, shell
-
     reg = Registry()
     for tool in (
         fs.FS_READ,

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Required, TypedDict
 
+from coder.context import retrieval
+from coder.context.retrieval import tokenize
 from coder.errors import CoderError
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
 from coder.tools.worktree import glob_regex, normalize_glob, numbered, real_root
@@ -26,8 +28,6 @@ class SearchArgs(TypedDict, total=False):
 
 
 def code_search(ctx: ToolContext, args: SearchArgs) -> ToolResult:
-    from coder.context import retrieval
-
     query = str(args["query"]).strip()
     if not retrieval.tokenize(query):
         return ToolResult.error(
@@ -75,8 +75,6 @@ def code_search(ctx: ToolContext, args: SearchArgs) -> ToolResult:
 def _search(
     ctx: ToolContext, root: Path, query: str, limit: int, wanted: Any, embedder: Any
 ) -> list[Any]:
-    from coder.context import retrieval
-
     k = limit if wanted is None else limit * 20
     hits = retrieval.search(
         root,
@@ -93,8 +91,6 @@ def _search(
 
 
 def _show(root: Path, chunk: Any, terms: set[str]) -> str:
-    from coder.context.retrieval import tokenize
-
     try:
         text = (root / chunk.path).read_text(encoding="utf-8", errors="replace")
     except OSError:

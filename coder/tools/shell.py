@@ -16,6 +16,8 @@ from typing import Any, Required, TypedDict
 from coder.checks import testresults
 from coder.checks.testreport import framework_of, test_command
 from coder.errors import PolicyViolation
+from coder.policy.commands import check_command
+from coder.policy.env import scrub_env
 from coder.policy.sandbox import CommandResult, run_command
 from coder.tools.base import Tool, ToolContext, ToolResult, params, prop
 from coder.tools.proposal import Proposal
@@ -175,9 +177,6 @@ def tests_run(ctx: ToolContext, args: TestsArgs) -> ToolResult:
 
 def _decision(ctx: ToolContext, cmd: str, cwd_arg: str | None, timeout: int) -> str:
     """The policy's decision on `cmd` as `run_command` will take it (PolicyViolation: refused)."""
-    from coder.policy.commands import check_command
-    from coder.policy.env import scrub_env
-
     cwd = resolve(ctx, cwd_arg, write=False)[0] if cwd_arg else ctx.root
     policy = ctx.policy
     check_command(

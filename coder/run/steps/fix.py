@@ -11,10 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from coder.agent import prompts
+from coder.agent.modelstep import converse
 from coder.git import diffs, repository
 from coder.models.provider import Usage
 from coder.run.steps import StepContext, StepOutcome
 from coder.taskfile.kinds import KINDS
+from coder.tools.registry import tools_for_kind
 
 if TYPE_CHECKING:
     from coder.agent.loop import LoopResult
@@ -41,8 +44,6 @@ def fix_cycles(
     outcome: StepOutcome,
     failing: Failing,
 ) -> StepOutcome:
-    from coder.tools.registry import tools_for_kind
-
     words = KINDS[ctx.step.kind].fix
     assert words is not None, f"kind {ctx.step.kind} has no fix cycles"
     allowed = tools_for_kind("edit")
@@ -99,9 +100,6 @@ def _ask(
 ) -> LoopResult:
     """Fix cycle `cycle`: the model shown only what fails, in the words of the step's kind
     (`coder.taskfile.kinds.Kind.fix`), with the edit kind's tools."""
-    from coder.agent import prompts
-    from coder.agent.modelstep import converse
-
     message = prompts.fix_message(
         step={"id": ctx.step.id, "kind": ctx.step.kind, "goal": ctx.step.goal},
         command=command,

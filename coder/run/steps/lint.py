@@ -6,14 +6,13 @@ fix cycles, as failing tests do for a test step."""
 
 from __future__ import annotations
 
+from coder.checks import lintreport
+from coder.run import success
 from coder.run.steps import StepContext, StepOutcome
 from coder.run.steps.fix import Failing, fix_cycles
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    from coder.checks import lintreport
-    from coder.run import success
-
     configured = ctx.step.cmd or ctx.settings.config.lint_command
     linters = lintreport.lint_commands(ctx.workdir, configured)  # InvalidInput: none
     base = success.fork_point(ctx.workdir, str(ctx.task.base))

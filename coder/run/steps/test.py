@@ -9,6 +9,8 @@ import re
 from typing import TYPE_CHECKING
 
 from coder.checks import testreport, testresults
+from coder.errors import CoderError
+from coder.policy import sandbox
 from coder.run.steps import StepContext, StepOutcome
 from coder.run.steps.fix import Failing, fix_cycles
 from coder.run.steps.shell import describe_failure, run_in_step
@@ -85,9 +87,6 @@ def _run_tests(ctx: StepContext, cmd: str) -> tuple[StepOutcome, testreport.Test
 def rust_nightly(root: Path, policy: Policy) -> bool:
     """Whether the Rust compiler the tests of `root` would use is a nightly one (`rustc -V`,
     run as the tests are: in `root`, where a `rust-toolchain` file may choose it)."""
-    from coder.errors import CoderError
-    from coder.policy import sandbox
-
     try:
         result = sandbox.run_command("rustc -V", cwd=root, policy=policy, timeout=30, root=root)
     except CoderError:  # not allowed by the policy, no sandbox: the text it is

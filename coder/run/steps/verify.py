@@ -17,8 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from coder.errors import EnvironmentProblem
+from coder.errors import EnvironmentProblem, NotRegular
+from coder.files import safeio
 from coder.files.realpath import realpath
+from coder.git import diffs, submodules, trees
+from coder.git.repository import open_worktree
+from coder.git.staging import stage
 from coder.policy.paths import naming, protected_changes, resolve_inside
 from coder.run.steps import StepOutcome
 from coder.taskfile import Assertion
@@ -71,15 +75,11 @@ class Verification:
     def repo(self) -> Repo:
         """The worktree's repository, opened once for the checks and the commit: no command
         runs there between them, and its admin files were put back before (the git guard)."""
-        from coder.git.repository import open_worktree
-
         return open_worktree(self.workdir)
 
     @functools.cached_property
     def staged(self) -> Staged:
         """The step's changes, staged (once, for every check that asks and for the commit)."""
-        from coder.git.staging import stage
-
         return stage(self.workdir, self.base, repo=self.repo)
 
     @property
@@ -96,8 +96,6 @@ def asserts_hold(seen: Verification) -> list[str]:
 def protected_paths_untouched(seen: Verification) -> list[str]:
     """A problem for each protected path the step changed without naming it in `changes`,
     by its name or by a name a symlink of the worktree gives it."""
-    from coder.git import trees
-
     changed = set(seen.changed)
     links = (trees.committed_links(seen.workdir, repo=seen.repo) - changed) | {
         rel for rel in changed if os.path.islink(seen.workdir / rel)
@@ -119,8 +117,6 @@ def diff_within_caps(seen: Verification) -> list[str]:
             f"({max_files})"
         )
     if max_lines is not None and seen.changed:
-        from coder.git import diffs
-
         added, removed = diff_lines(diffs.changes_patch(seen.repo, seen.staged.changes))
         if added + removed > max_lines:
             problems.append(
@@ -148,8 +144,6 @@ def diff_lines(patch: str) -> tuple[int, int]:
 
 def submodules_unchanged(seen: Verification) -> list[str]:
     """A problem for each submodule the step changed: its work would not be committed."""
-    from coder.git import submodules
-
     return [
         f"the step changed the submodule {path}/; coder commits only this repository, so "
         "that work would be lost (change the submodule in its own repository)"
@@ -178,9 +172,6 @@ def _assert_problem(a: Assertion, workdir: Path) -> str | None:
     """Why the assertion does not hold, or None. What a command left at the path is looked at,
     never through: a symlink resolves inside the worktree only, and a FIFO, socket or device
     is named, not opened (reading a FIFO would block the run forever)."""
-    from coder.errors import NotRegular
-    from coder.files import safeio
-
     rel = None if os.path.isabs(a.path) else resolve_inside(workdir, a.path)
     if rel is None:
         return "the path leads outside the worktree"
