@@ -360,6 +360,73 @@ def test_the_namesake_check_sees_one(tmp_path: Path) -> None:
     ]
 
 
+# --------------------------------------------------------------------------- imports at the top
+
+MOST_FUNCTION_LEVEL_IMPORTS = 60
+
+
+def _imports_coder(node: ast.Import | ast.ImportFrom) -> bool:
+    if isinstance(node, ast.Import):
+        return any(a.name.split(".")[0] == "coder" for a in node.names)
+    return node.level == 0 and (node.module or "").split(".")[0] == "coder"
+
+
+def function_level_imports(package: Path) -> list[str]:
+    """`file:line: import ...` of each import of a coder module inside a function (a method,
+    a function inside one)."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        inside = {
+            node
+            for function in ast.walk(tree)
+            if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef)
+            for statement in function.body
+            for node in ast.walk(statement)
+            if isinstance(node, ast.Import | ast.ImportFrom) and _imports_coder(node)
+        }
+        rel = path.relative_to(package.parent)
+        found += [
+            f"{rel}:{n.lineno}: {ast.unparse(n)}" for n in sorted(inside, key=lambda n: n.lineno)
+        ]
+    return found
+
+
+def test_imports_are_at_the_top() -> None:
+    """A module imports what it uses at its top, so that the import graph a reader sees is
+    the real one. An import of a coder module inside a function is kept only for the command
+    line's start-up (bench/startup.py, tests/test_cli_basics.py): at the command boundary
+    (`coder/cli/`: the error edge `coder --help` loads, `status` with no runs yet), and in a
+    module `coder --help`, `status`, `show -t`, `logs -t` or `validate` loads, for what only
+    its other paths need (libgit2 through `coder.git`, YAML through `coder.yamldoc`, the run
+    engine), or in front of rich (`coder.cli.live`), which only the live view loads."""
+    found = function_level_imports(PACKAGE)
+    assert len(found) <= MOST_FUNCTION_LEVEL_IMPORTS, (
+        f"{len(found)} imports of coder modules inside functions, at most "
+        f"{MOST_FUNCTION_LEVEL_IMPORTS}: move one to its module's top where no start-up command "
+        "would then load what it does not need (this test's docstring):\n" + "\n".join(found)
+    )
+
+
+def test_the_import_count_sees_an_import_in_a_function(tmp_path: Path) -> None:
+    """The test above can fail: an import of a coder module in a function, a nested function
+    or a method is found; one at the top, or of another package, is not."""
+    pkg = tmp_path / "coder"
+    pkg.mkdir()
+    (pkg / "a.py").write_text(
+        "import os\nfrom coder import b\n\n"
+        "def f():\n    import json\n    from coder.c import x\n\n"
+        "    def g():\n        import coder.d\n\n"
+        "class K:\n    def m(self):\n        if x:\n            from coder import e\n",
+        encoding="utf-8",
+    )
+    assert function_level_imports(pkg) == [
+        "coder/a.py:6: from coder.c import x",
+        "coder/a.py:9: import coder.d",
+        "coder/a.py:14: from coder import e",
+    ]
+
+
 # --------------------------------------------------------------------------- function length
 
 LONGEST = 80  # lines of a function from its `def`, its docstring included
