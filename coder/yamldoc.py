@@ -26,13 +26,15 @@ import os
 import re
 import stat
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from coder.errors import DocumentError, Problem
 from coder.files.safeio import file_kind
+
+if TYPE_CHECKING:
+    import yaml
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_NODES = 200_000  # after alias expansion; a 10,000-step taskfile stays far below
@@ -51,25 +53,34 @@ def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:
     return f"{text[:limit]}… ({size})"
 
 
-_Base: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
+@cache
+def _loader() -> type:
+    """SafeLoader (libyaml's when present: ~10x faster) with YAML 1.2 booleans (only
+    true/false) and no timestamps: `on`, `yes` and `2024-05-01` stay strings, so they can't
+    silently change type under the schema. Built on first use, as yaml is imported: reading
+    only JSON (a run's files: `coder status`, `show -t`) needs none of it (~20 ms)."""
+    import yaml
 
+    base: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-class _Loader(_Base):  # type: ignore[misc]
-    """SafeLoader with YAML 1.2 booleans (only true/false) and no timestamps: `on`, `yes` and
-    `2024-05-01` stay strings, so they can't silently change type under the schema."""
+    class Loader(base):  # type: ignore[misc]
+        pass
 
+    Loader.yaml_implicit_resolvers = {
+        first: [
+            (tag, rx)
+            for tag, rx in resolvers
+            if tag not in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:bool")
+        ]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool",
+        re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+        list("tTfF"),
+    )
+    return Loader
 
-_Loader.yaml_implicit_resolvers = {
-    first: [
-        (tag, rx)
-        for tag, rx in resolvers
-        if tag not in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:bool")
-    ]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
 
 _STR = "tag:yaml.org,2002:str"
 _MERGE = "tag:yaml.org,2002:merge"
@@ -85,6 +96,8 @@ class Document:
     def node(self, path: tuple[Any, ...] | list[Any], *, key: bool = False) -> yaml.Node | None:
         """The node at `path`; the nearest existing ancestor when the path does not exist.
         `key=True` gives the mapping key instead of its value."""
+        import yaml
+
         node = self.root
         if node is None:
             return None
@@ -166,6 +179,8 @@ def read_text(path: Path, name: str) -> str:
 
 def parse(text: str, name: str) -> Document:
     """Parse a single YAML document; syntax errors carry the parser's position."""
+    import yaml
+
     root, loader = _compose(text, name)
     try:
         if root is not None:
@@ -226,6 +241,8 @@ def _too_deep(name: str, line: int, col: int) -> DocumentError:
 
 
 def _syntax_error(exc: yaml.YAMLError, name: str, text: str = "") -> DocumentError:
+    import yaml
+
     if isinstance(exc, yaml.MarkedYAMLError):
         line, col = _at(exc.problem_mark or exc.context_mark)
         if exc.problem == "exceeded maximum nesting depth":  # libyaml's own flow limit (1,000)
@@ -245,7 +262,9 @@ def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any]:
     libyaml's parser is iterative, but the composer that builds nodes recurses in C and the
     scanner slows down quadratically with flow depth: stream the events first, counting
     depth and nodes, and stop at the first level or node past the limits."""
-    scan = _Loader(text)
+    import yaml
+
+    scan = _loader()(text)
     try:
         depth = nodes = 0
         while scan.check_event():
@@ -268,7 +287,7 @@ def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any]:
         raise _syntax_error(exc, name, text) from None
     finally:
         scan.dispose()
-    loader = _Loader(text)
+    loader = _loader()(text)
     try:
         return loader.get_single_node(), loader
     except yaml.YAMLError as exc:
@@ -302,6 +321,8 @@ def _check_tree(root: yaml.Node, name: str, loader: Any) -> None:
     Sizes are counted as if every alias were expanded (nodes, and characters of scalar text),
     memoised per node so the count itself stays linear in the document. The recursion is
     bounded by MAX_DEPTH, already checked."""
+    import yaml
+
     sizes: dict[int, tuple[int, int]] = {}
     on_path: set[int] = set()
     duplicates: list[Problem] = []
@@ -342,6 +363,8 @@ def _duplicate_keys(node: yaml.MappingNode, name: str, loader: Any) -> list[Prob
     """A key given twice in one mapping: YAML and JSON parsers keep the last one silently,
     so `cmd: echo 1` then `cmd: rm -rf x` would run the second. Merge keys (`<<`) are
     exempt: overriding a merged value is what they are for."""
+    import yaml
+
     seen: dict[Any, tuple[int, int]] = {}
     found = []
     for key_node, _ in node.value:
@@ -370,6 +393,8 @@ def _duplicate_keys(node: yaml.MappingNode, name: str, loader: Any) -> list[Prob
 
 
 def _key_value(node: yaml.ScalarNode, loader: Any) -> Any:
+    import yaml
+
     if node.tag == _STR:
         return node.value
     try:  # `1` and `0x1` are one key
@@ -404,6 +429,8 @@ def _json_depth_check(text: str) -> None:
 def schema_message(doc: Document, error: Any) -> str:
     """A jsonschema error as one short line: what was expected and what the file has (as
     written, for scalars), with long values cut."""
+    import yaml
+
     instance = error.instance
     if error.validator == "type":
         wanted = error.validator_value
