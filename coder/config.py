@@ -11,7 +11,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,27 @@ from coder.schemas import validator
 PROJECT_FILE = "coder.config.json"
 DEFAULT_MODEL = "qwen2.5-coder:7b"
 DEFAULT_HOST = "http://127.0.0.1:11434"
+
+
+def option(default: Any, flag: str, help: str) -> Any:
+    """A `PerRun` field that `coder run` and `coder resume` also take as `flag` (a switch
+    pair `--x/--no-x` for a boolean), described by `help` (coder.cli.run_cmd.run_options)."""
+    return field(default=default, metadata={"flag": flag, "help": help})
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerRun:
+    """The settings a run takes from three levels, each said once here (its type and default,
+    and, given with `option`, its command-line flag): the config's value is every run's
+    default (`Config` is a `PerRun`), the taskfile's policy of the same name the task's
+    (coder.taskfile.policies.Policies), the command line's this run's. One rule applies them
+    to every field alike (coder.run.settings.resolve: `RunSettings` is a `PerRun` too); the
+    two schemas say what a file may hold."""
+
+    max_turns: int = 30  # model turns per step
+    run_max_tokens: int | None = None  # model tokens for the whole run; None: no limit
+    run_timeout: int | None = None  # seconds of step time for the whole run; None: no limit
+
 
 DEFAULTS: dict[str, Any] = {
     "model": DEFAULT_MODEL,
@@ -50,11 +71,9 @@ DEFAULTS: dict[str, Any] = {
     "command_timeout": 600,
     "output_cap": 65536,
     "max_parallel": None,
-    "max_turns": 30,
+    **{f.name: f.default for f in fields(PerRun)},  # said once, with the field
     "max_step_tokens": None,
     "step_timeout": 900,
-    "run_max_tokens": None,
-    "run_timeout": None,
     "mcp_servers": [],
     "plan_attempts": 3,
     "sandbox": "on",
@@ -83,9 +102,10 @@ ENVIRONMENT = {"OLLAMA_HOST": "ollama_host", "CODER_MODEL": "model"}
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(PerRun):
     """The settings, read once (`load`) into typed attributes, one per key of DEFAULTS (the
-    schema checked the files; `values` keeps them by name, `sources` where each came from)."""
+    schema checked the files; `values` keeps them by name, `sources` where each came from);
+    those a taskfile and the command line also set are its `PerRun` fields."""
 
     model: str
     provider: str  # "ollama" | "openai"
@@ -113,11 +133,8 @@ class Config:
     command_timeout: int
     output_cap: int
     max_parallel: int | None  # None: as many as the model server serves at once (`slots`)
-    max_turns: int
     max_step_tokens: int | None
     step_timeout: int
-    run_max_tokens: int | None
-    run_timeout: int | None
     mcp_servers: list[dict[str, Any]]  # each as schemas/config.schema.json describes it
     plan_attempts: int
     sandbox: str  # "on" | "off"

@@ -63,7 +63,39 @@ Examples:
 """
 
 
+def per_run_options(record: type) -> list[Any]:
+    """An option for each field of `record` (coder.config.PerRun) that names a flag
+    (coder.config.option): a boolean's as a `--x/--no-x` pair, a number's checked against the
+    bounds of its config setting (schemas/config.schema.json); each reaches the command as
+    its field's name (None when not given), for RunOptions' `per_run`."""
+    from dataclasses import fields
+    from typing import get_type_hints
+
+    from coder.schemas import load_schema
+
+    hints, known = get_type_hints(record), load_schema("config")["properties"]
+    options = []
+    for f in fields(record):
+        if "flag" not in f.metadata:
+            continue
+        flag, rule = f.metadata["flag"], known.get(f.name, {})
+        kind: Any = str
+        if hints[f.name] in (bool, bool | None):
+            flag, kind = f"{flag}/--no-{flag.removeprefix('--')}", None
+        elif "integer" in rule.get("type", ()):
+            kind = click.IntRange(rule.get("minimum"), rule.get("maximum"))
+        options.append(click.option(flag, f.name, type=kind, default=None, help=f.metadata["help"]))
+    return options
+
+
+def chosen(given: dict[str, Any]) -> dict[str, Any]:
+    """The `PerRun` settings the command line set, of the options `per_run_options` gave."""
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def run_options(func: Any) -> Any:
+    from coder.config import PerRun
+
     for option in reversed(
         [
             click.option(
@@ -117,6 +149,7 @@ def run_options(func: Any) -> Any:
                 is_flag=True,
                 help="Show the last lines of the model's streamed text in the live view.",
             ),
+            *per_run_options(PerRun),
         ]
     ):
         func = option(func)
@@ -173,6 +206,7 @@ def run(
     quiet: bool,
     verbose: bool,
     as_json: bool,
+    **per_run: Any,
 ) -> None:
     """Run a taskfile on its own branch, one commit per step.
 
@@ -191,6 +225,7 @@ def run(
         sandbox="off" if no_sandbox else None,
         include_uncommitted=include_uncommitted,
         candidates=candidates,
+        per_run=chosen(per_run),
     )
     if dry_run:
         show_dry_run(path, options, as_json)
@@ -323,6 +358,7 @@ def resume(
     quiet: bool,
     verbose: bool,
     as_json: bool,
+    **per_run: Any,
 ) -> None:
     """Continue a run that crashed, was killed or was stopped.
 
@@ -357,6 +393,7 @@ def resume(
                 ignore_edits=ignore_edits,
                 **_asking(progress, approvals, "none"),
                 notes=((step, text),) if text is not None else (),
+                per_run=chosen(per_run),
             ),
         )
 

@@ -6,17 +6,20 @@ taskfile's `policies` (coder.taskfile.policies), else the config (coder.config).
 can narrow what commands may do, never widen it (coder.run.preflight.policy_for). Nothing
 after this reads a setting from two places or parses one again.
 
-Adding a per-run setting: its field in `RunSettings` and the line of `resolve` that decides
-it, from its sources: a `Policies` field, a config key, and the command line's option (a field
-of `Chosen`, which coder.run.drive.RunOptions carries as it is). docs/extending.md says where
-else.
+Adding a per-run setting: one field of `coder.config.PerRun` (its type, default and
+option; `RunSettings` and the config are `PerRun`s), a taskfile policy of the same name, and
+their two schemas: `resolve` decides every `PerRun` field alike. A setting that combines its
+sources otherwise is its field in `RunSettings` and its line in `resolve`. docs/developing.md
+says where else.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
+from coder.config import PerRun
 from coder.run.approvals import mode_of
 from coder.run.preflight import policy_for
 
@@ -38,19 +41,20 @@ class Chosen:
     fail_fast: bool = False
     approvals: str | None = None  # --approvals (--autonomous is "none")
     default_approvals: Mode = "none"  # the command's own: `coder run` per-step
+    per_run: Mapping[str, Any] = field(default_factory=dict)  # PerRun's options, by name
 
 
-@dataclass(frozen=True)
-class RunSettings:
+@dataclass(frozen=True, kw_only=True)
+class RunSettings(PerRun):
+    """The run's settings: its `PerRun` fields, each the first of the command line, the
+    taskfile and the config that sets it, and those below, combined by `resolve` otherwise."""
+
     config: Config
     policies: Policies  # the taskfile's, for what only a taskfile sets
     policy: Policy  # what the run's commands may do
     approvals: Mode  # per-step, per-edit or none (coder.run.approvals)
     max_parallel: int  # steps of a level at once; 0 until `serving` decides it by the server
     fail_fast: bool  # a failed step stops the run, even where on_fail says skip
-    run_max_tokens: int | None  # model tokens for the whole run; None: no limit
-    run_timeout: int | None  # seconds of step time for the whole run; None: no limit
-    max_turns: int  # model turns per step
     max_step_tokens: int | None  # model tokens per step; None: no limit
     model_timeout: int  # seconds of a model step that sets no `timeout` of its own
     command_timeout: int  # seconds of a step's command when the step sets no `timeout`
@@ -61,6 +65,7 @@ def resolve(task: Task, config: Config, options: Chosen) -> RunSettings:
     policies = task.policies
     policy = policy_for(task, config)
     return RunSettings(
+        **per_run(options, policies, config),
         config=config,
         policies=policies,
         policy=policy,
@@ -68,13 +73,22 @@ def resolve(task: Task, config: Config, options: Chosen) -> RunSettings:
         max_parallel=options.max_parallel or policies.max_parallel or config.max_parallel or 0,
         fail_fast=options.fail_fast,
         # a policy is never 0 (the schema's minimum is 1): `or` falls back only when unset
-        run_max_tokens=policies.run_max_tokens or config.run_max_tokens,
-        run_timeout=policies.run_timeout or config.run_timeout,
-        max_turns=policies.max_turns or config.max_turns,
         max_step_tokens=policies.max_tokens or config.max_step_tokens,
         model_timeout=policies.timeout or config.step_timeout,
         command_timeout=policies.timeout or policy.command_timeout,
     )
+
+
+def per_run(options: Chosen, policies: Policies, config: Config) -> dict[str, Any]:
+    """Each `PerRun` setting: the command line's, else the taskfile's, else the config's (a
+    value is set when it is not None)."""
+    return {
+        name: next(
+            (v for v in (options.per_run.get(name), getattr(policies, name)) if v is not None),
+            getattr(config, name),
+        )
+        for name in (f.name for f in fields(PerRun))
+    }
 
 
 def serving(settings: RunSettings, slots: int | None) -> RunSettings:

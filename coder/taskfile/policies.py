@@ -11,6 +11,8 @@ Not to be confused with `coder.policy`: what commands may do, from the config (a
 only narrow it, with `allow_network: false`).
 
 Adding a policy: a field here, its entry in the schema, and the one place that applies it.
+A policy the config and the command line also set (a field of coder.config.PerRun, which has
+its default) is None here when unset: coder.run.settings.resolve finds it by its name.
 """
 
 from __future__ import annotations

@@ -5,18 +5,23 @@ the run carry those settings, never copies of their fields."""
 from __future__ import annotations
 
 import textwrap
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any, get_type_hints
 
+import click
 import pytest
+from click.testing import CliRunner
 
 from coder import taskfile
-from coder.config import DEFAULTS, as_config
+from coder.cli.run_cmd import chosen, per_run_options
+from coder.config import DEFAULTS, PerRun, as_config, option
 from coder.errors import InvalidInput
 from coder.run.context import RunContext
 from coder.run.drive import RunOptions
 from coder.run.settings import RunSettings, resolve
 from coder.run.steps import StepContext
+from coder.schemas import load_schema
 from coder.taskfile.policies import Policies
 from coder.tools.base import ToolContext
 
@@ -76,6 +81,55 @@ def test_the_command_line_wins_over_both(tmp_path: Path) -> None:
     assert resolve(plain, CONFIG, RunOptions(approvals="manual")).approvals == "per-step"
     with pytest.raises(InvalidInput, match="approvals must be one of per-step, per-edit, none"):
         resolve(plain, CONFIG, RunOptions(approvals="sometimes"))
+
+
+def test_a_per_run_setting_is_the_first_of_its_three_levels_set(tmp_path: Path) -> None:
+    """Every `PerRun` field by one rule: the command line's, else the taskfile's, else the
+    config's (whose own default is the field's)."""
+    ruled = task(tmp_path, "policies: {max_turns: 4, run_timeout: 1h}")
+    picked = RunOptions(per_run={"max_turns": 6})
+    settings = resolve(ruled, CONFIG, picked)
+    assert (settings.max_turns, settings.run_timeout, settings.run_max_tokens) == (6, 3600, 70000)
+    plain = resolve(task(tmp_path), as_config({}), RunOptions())
+    assert {f.name: getattr(plain, f.name) for f in fields(PerRun)} == {
+        f.name: f.default for f in fields(PerRun)
+    }
+
+
+def test_each_per_run_setting_is_a_config_key_and_a_policy_of_its_type() -> None:
+    """A `PerRun` field is said once; what a file may hold of it is its property in both
+    schemas, and the taskfile's unset value is None."""
+    config, policies = load_schema("config")["properties"], get_type_hints(Policies)
+    task_policies = load_schema("task")["properties"]["policies"]["properties"]
+    for name, kind in get_type_hints(PerRun).items():
+        assert name in config and name in task_policies and name in DEFAULTS
+        assert policies[name] == kind | None, f"Policies.{name} is not {kind} | None"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Flagged:
+    fold_summaries: bool = option(True, "--fold", "Fold the older turns.")
+    max_turns: int = option(30, "--turns", "Model turns per step.")
+    seed: int | None = None  # no flag
+
+
+def test_a_per_run_flag_is_declared_with_its_field() -> None:
+    """`coder run` and `coder resume` take an option for each `PerRun` field with a flag: a
+    boolean's as a pair, a number checked against its config setting's bounds."""
+    got: list[dict[str, Any]] = []
+
+    @click.command()
+    def command(**per_run: Any) -> None:
+        got.append(chosen(per_run))
+
+    for make in reversed(per_run_options(Flagged)):
+        command = make(command)
+    runner = CliRunner()
+    assert runner.invoke(command, ["--no-fold", "--turns", "3"]).exit_code == 0
+    assert runner.invoke(command, []).exit_code == 0
+    assert got == [{"fold_summaries": False, "max_turns": 3}, {}]
+    refused = runner.invoke(command, ["--turns", "0"])
+    assert refused.exit_code == 2 and "0 is not in the range x>=1" in refused.output
 
 
 # What a context may hold under a setting's name, and why it is not a copy of the setting.
