@@ -34,7 +34,7 @@ from coder.policy.paths import naming
 from coder.taskfile import Step, Task, graph, is_repo_relative
 from coder.taskfile.kinds import KINDS, ModelRole
 from coder.tools.base import ToolContext
-from coder.tools.registry import TERMINAL_TOOL, default_registry, doc_write_filter, tools_for_kind
+from coder.tools.registry import TERMINAL_TOOL, doc_write_filter, tools_for_kind
 
 if TYPE_CHECKING:
     from coder.config import Config
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from coder.redact import Redactor
     from coder.taskfile.policies import Policies
     from coder.tools.proposal import Proposal, Verdict
+    from coder.tools.registry import Registry
 
 EXTERNAL_SEPARATOR = "__"  # external MCP tools are <server>__<tool> (coder.mcp.client)
 
@@ -169,6 +170,31 @@ def first_message(ctx: StepAttempt, session: AgentSession, allowed: list[str]) -
     )
 
 
+def fix_cycle(ctx: StepAttempt, cycle: int, **failing: Any) -> LoopResult:
+    """Fix cycle `cycle` of a test or lint step (coder.run.steps.fix): the model shown only
+    what fails (`failing`: prompts.fix_message's words), with the edit kind's tools."""
+    session = ctx.agent
+    assert session is not None, "fix cycles run only with a session"
+    allowed = tools_for_kind("edit", session.registry)
+    s = ctx.step
+    message = prompts.fix_message(
+        step={"id": s.id, "kind": s.kind, "goal": s.goal},
+        cycle=cycle,
+        max_cycles=s.max_cycles,
+        tools=allowed,
+        kind_tools=session.kind_tools.get(s.kind),
+        **failing,
+    )
+    return converse(
+        ctx,
+        role="edit",
+        allowed=allowed,
+        first_message=message,
+        transcript=f".fix{cycle}.transcript.json",
+        cycle=cycle,
+    )
+
+
 def allowed_tools(step: Step, kind_tools: list[str], names: list[str]) -> list[str]:
     """The tools a step may call, in registry order: its kind's tools (for `custom`, every
     tool, external MCP ones included), narrowed by the step's `tools:` list (names or globs
@@ -225,7 +251,9 @@ def converse(
         tools=session.tools,
         allowed=allowed,
         run_tool=run_tool,
-        verify=lambda claim: verify_claim(ctx, tool_ctx, claim, role=role),
+        verify=lambda claim: verify_claim(
+            ctx, tool_ctx, claim, role=role, registry=session.registry
+        ),
         limits=limits,
         cancel=ctx.cancel,
         on_event=lambda event: report(log, event, learn=(session, ctx.step.id, model)),
@@ -285,10 +313,16 @@ def report(
 
 
 def verify_claim(
-    ctx: StepAttempt, tool_ctx: ToolContext, claim: Arguments, *, role: ModelRole
+    ctx: StepAttempt,
+    tool_ctx: ToolContext,
+    claim: Arguments,
+    *,
+    role: ModelRole,
+    registry: Registry,
 ) -> str | None:
     """Why the model's step_complete claim does not hold, or None when it does. `role` is the
-    one the model plays (coder.taskfile.kinds; a test step's fix cycle edits)."""
+    one the model plays (coder.taskfile.kinds; a test step's fix cycle edits); `registry`,
+    the session's, runs the tests after an edit."""
     changed = workdir.changed_paths(ctx.workdir)
     summary = str(claim.get("summary") or "").strip()
     if not summary:
@@ -315,13 +349,13 @@ def verify_claim(
             "needed, call step_complete again with no_change_reason saying why"
         )
     if changed and role == "edit" and ctx.settings.policies.run_tests_after_each_edit:
-        return _tests_after_edit(ctx.log, tool_ctx)
+        return _tests_after_edit(ctx.log, tool_ctx, registry)
     return None
 
 
-def _tests_after_edit(log: StepLog, tool_ctx: ToolContext) -> str | None:
+def _tests_after_edit(log: StepLog, tool_ctx: ToolContext, registry: Registry) -> str | None:
     # coder's own check, not the model's command: never put to the user (per-edit approvals)
-    result = default_registry().call("tests_run", {}, replace(tool_ctx, approve=None))
+    result = registry.call("tests_run", {}, replace(tool_ctx, approve=None))
     if "green" not in result.data:  # the tests could not run (no test command): say so, go on
         log.warning("tests.skipped", reason=result.as_text())
         return None

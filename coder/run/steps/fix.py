@@ -11,13 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from coder.agent import prompts
-from coder.agent.modelstep import converse
+from coder.agent.modelstep import fix_cycle
 from coder.git import diffs, repository
 from coder.models.provider import Usage
 from coder.run.steps import StepContext, StepOutcome
 from coder.taskfile.kinds import KINDS
-from coder.tools.registry import tools_for_kind
 
 if TYPE_CHECKING:
     from coder.agent.loop import LoopResult
@@ -46,7 +44,6 @@ def fix_cycles(
 ) -> StepOutcome:
     words = KINDS[ctx.step.kind].fix
     assert words is not None, f"kind {ctx.step.kind} has no fix cycles"
-    allowed = tools_for_kind("edit")
     usage = Usage()
     notes: tuple[str, ...] = ()
     previous_names: frozenset[str] = frozenset()
@@ -54,7 +51,7 @@ def fix_cycles(
     max_cycles = ctx.step.max_cycles
     for cycle in range(1, max_cycles + 1):
         same = failing.names == previous_names
-        result = _ask(ctx, cycle, failing, same, command=command, allowed=allowed)
+        result = _ask(ctx, cycle, failing, same, command=command)
         usage += result.usage
         notes += tuple(result.notes)
         if not result.ok:
@@ -96,29 +93,17 @@ def _ask(
     same_as_before: bool,
     *,
     command: str,
-    allowed: list[str],
 ) -> LoopResult:
     """Fix cycle `cycle`: the model shown only what fails, in the words of the step's kind
-    (`coder.taskfile.kinds.Kind.fix`), with the edit kind's tools."""
-    message = prompts.fix_message(
-        step={"id": ctx.step.id, "kind": ctx.step.kind, "goal": ctx.step.goal},
+    (`coder.taskfile.kinds.Kind.fix`), with the edit kind's tools (coder.agent.modelstep)."""
+    ctx.log.info("fix.cycle", cycle=cycle, failing=failing.summary, kind=ctx.step.kind)
+    return fix_cycle(
+        ctx,
+        cycle,
         command=command,
         failures=failing.failures,
         summary=failing.summary,
-        cycle=cycle,
-        max_cycles=ctx.step.max_cycles,
-        tools=allowed,
         same_as_before=same_as_before,
-        kind_tools=ctx.agent.kind_tools.get(ctx.step.kind) if ctx.agent else None,
-    )
-    ctx.log.info("fix.cycle", cycle=cycle, failing=failing.summary, kind=ctx.step.kind)
-    return converse(
-        ctx,
-        role="edit",
-        allowed=allowed,
-        first_message=message,
-        transcript=f".fix{cycle}.transcript.json",
-        cycle=cycle,
     )
 
 
