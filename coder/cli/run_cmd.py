@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, TypedDict
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, TypedDict, get_type_hints
 
 import click
 
@@ -24,6 +25,7 @@ from coder.cli.merge_cmd import describe, merge_activity
 from coder.cli.steering import given_note, note_options
 from coder.cli.summary import run_usage, summary_table, usage_line
 from coder.cli.views import progress_for
+from coder.config import PerRun
 from coder.display import escaped
 from coder.errors import (
     EXIT_ENVIRONMENT,
@@ -39,6 +41,7 @@ from coder.run.drive import RunOptions, RunResult
 from coder.run.resume import resume_run
 from coder.run.start import start_run
 from coder.run.stop import stop_run
+from coder.schemas import load_schema
 from coder.services import history, merge
 
 if TYPE_CHECKING:
@@ -65,14 +68,9 @@ Examples:
 
 def per_run_options(record: type) -> list[Any]:
     """An option for each field of `record` (coder.config.PerRun) that names a flag
-    (coder.config.option): a boolean's as a `--x/--no-x` pair, a number's checked against the
-    bounds of its config setting (schemas/config.schema.json); each reaches the command as
+    (coder.config.option): a boolean's as a `--x/--no-x` pair, a number's or a choice's checked
+    as its config setting is (schemas/config.schema.json); each reaches the command as
     its field's name (None when not given), for RunOptions' `per_run`."""
-    from dataclasses import fields
-    from typing import get_type_hints
-
-    from coder.schemas import load_schema
-
     hints, known = get_type_hints(record), load_schema("config")["properties"]
     options = []
     for f in fields(record):
@@ -84,6 +82,8 @@ def per_run_options(record: type) -> list[Any]:
             flag, kind = f"{flag}/--no-{flag.removeprefix('--')}", None
         elif "integer" in rule.get("type", ()):
             kind = click.IntRange(rule.get("minimum"), rule.get("maximum"))
+        elif "enum" in rule:
+            kind = click.Choice(rule["enum"])
         options.append(click.option(flag, f.name, type=kind, default=None, help=f.metadata["help"]))
     return options
 
@@ -94,8 +94,6 @@ def chosen(given: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_options(func: Any) -> Any:
-    from coder.config import PerRun
-
     for option in reversed(
         [
             click.option(

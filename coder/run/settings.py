@@ -41,7 +41,7 @@ class Chosen:
     fail_fast: bool = False
     approvals: str | None = None  # --approvals (--autonomous is "none")
     default_approvals: Mode = "none"  # the command's own: `coder run` per-step
-    per_run: Mapping[str, Any] = field(default_factory=dict)  # PerRun's options, by name
+    per_run: Mapping[str, Any] = field(default_factory=dict)  # PerRun's flags given, by name
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -110,12 +110,13 @@ def test_each_per_run_setting_is_a_config_key_and_a_policy_of_its_type() -> None
 class Flagged:
     fold_summaries: bool = option(True, "--fold", "Fold the older turns.")
     max_turns: int = option(30, "--turns", "Model turns per step.")
+    tool_protocol: str = option("auto", "--protocol", "How tool calls are asked for.")
     seed: int | None = None  # no flag
 
 
 def test_a_per_run_flag_is_declared_with_its_field() -> None:
     """`coder run` and `coder resume` take an option for each `PerRun` field with a flag: a
-    boolean's as a pair, a number checked against its config setting's bounds."""
+    boolean's as a pair, a number or a choice checked as its config setting is."""
     got: list[dict[str, Any]] = []
 
     @click.command()
@@ -125,11 +126,17 @@ def test_a_per_run_flag_is_declared_with_its_field() -> None:
     for make in reversed(per_run_options(Flagged)):
         command = make(command)
     runner = CliRunner()
-    assert runner.invoke(command, ["--no-fold", "--turns", "3"]).exit_code == 0
+    assert (
+        runner.invoke(command, ["--no-fold", "--turns", "3", "--protocol", "text"]).exit_code == 0
+    )
     assert runner.invoke(command, []).exit_code == 0
-    assert got == [{"fold_summaries": False, "max_turns": 3}, {}]
+    assert got == [{"fold_summaries": False, "max_turns": 3, "tool_protocol": "text"}, {}]
     refused = runner.invoke(command, ["--turns", "0"])
     assert refused.exit_code == 2 and "0 is not in the range x>=1" in refused.output
+    refused = runner.invoke(command, ["--protocol", "xml"])
+    assert (
+        refused.exit_code == 2 and "'xml' is not one of 'native', 'text', 'auto'" in refused.output
+    )
 
 
 # What a context may hold under a setting's name, and why it is not a copy of the setting.
