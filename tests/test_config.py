@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from coder import config
+from coder.checks import testcommand
 from coder.errors import InvalidInput
 
 
@@ -184,7 +185,7 @@ def test_detect_test_command(tmp_path: Path, files: dict[str, str], expected: st
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    assert config.detect_test_command(tmp_path) == expected
+    assert testcommand.detect_test_command(tmp_path) == expected
 
 
 def test_config_set_get_unset_edit_one_setting_and_keep_the_rest(

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from coder import config
-from coder.checks import testreport
+from coder.checks import testcommand, testreport
 from coder.errors import InvalidInput
 
 # `testreport.TestReport` / `testreport.test_command` are used through the module so pytest does not
@@ -560,7 +559,7 @@ def test_command_precedence_cmd_framework_configured_detected(tmp_path: Path) ->
     assert testreport.test_command(root=tmp_path, **every) == "cargo test"
     every.pop("framework")
     assert testreport.test_command(root=tmp_path, **every) == "tox -e py311"
-    assert testreport.test_command(root=tmp_path) == config.detect_test_command(tmp_path)
+    assert testreport.test_command(root=tmp_path) == testcommand.detect_test_command(tmp_path)
     assert testreport.test_command(root=tmp_path) == "go test ./..."
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from coder import config, taskfile, yamldoc
+from coder.checks import testcommand
 from coder.errors import InvalidInput
 from tests.conftest import coder
 
@@ -175,7 +176,7 @@ def test_loads_json_refuses_deep_nesting_as_bad_json() -> None:
 @pytest.mark.parametrize("text", ["[" * 100_000, "[1, 2]", '{"scripts": []}'])
 def test_a_hostile_package_json_does_not_crash_init_detection(tmp_path: Path, text: str) -> None:
     (tmp_path / "package.json").write_text(text)
-    assert config.detect_test_command(tmp_path) is None
+    assert testcommand.detect_test_command(tmp_path) is None
 
 
 def test_a_deeply_nested_replay_file_is_bad_input(tmp_path: Path) -> None:

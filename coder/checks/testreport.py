@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from coder import config
+from coder.checks.testcommand import detect_test_command
 from coder.errors import InvalidInput
 
 FRAMEWORKS = ("pytest", "unittest", "vitest", "jest", "go", "cargo")
@@ -68,7 +68,7 @@ def test_command(
     elif configured:
         base = configured
     else:
-        base = config.detect_test_command(root)
+        base = detect_test_command(root)
     if not base:
         raise InvalidInput(
             f"no test command could be found in {root}",

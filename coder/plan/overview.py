@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from coder import config as config_mod
+from coder.checks.testcommand import detect_test_command
 from coder.context import instructions
 from coder.context.languages import vendored
 from coder.git import branches, commits, trees
@@ -89,7 +90,7 @@ def gather_context(repo: Repo, root: Path, cfg: config_mod.Config) -> ProjectCon
         files=files,
         listed=listed,
         languages=_languages(listed),
-        test_command=cfg.test_command or config_mod.detect_test_command(root),
+        test_command=cfg.test_command or detect_test_command(root),
         readme=_readme(repo, head, files) if head else None,
         instructions=_instructions(repo, head, cfg) if head else "",
         commits=_recent_subjects(repo, head) if head else (),

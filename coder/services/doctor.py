@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coder import config as config_mod
+from coder.checks.testcommand import detect_test_command
 from coder.errors import CoderError, ModelMissing
 from coder.git import branches, repository
 from coder.models import protocol
@@ -74,7 +75,7 @@ def _test_command(cwd: Path, cfg: config_mod.Config) -> Check:
     configured = cfg.test_command
     if configured:
         return Check("test command", "ok", f"{configured} (from {cfg.sources['test_command']})")
-    detected = config_mod.detect_test_command(root)
+    detected = detect_test_command(root)
     if detected:
         return Check("test command", "ok", f"{detected} (detected)")
     return Check(
@@ -88,7 +89,7 @@ def _test_command(cwd: Path, cfg: config_mod.Config) -> Check:
 def _tests_found(cwd: Path, cfg: config_mod.Config) -> list[Check]:
     """The test command, run once (coder.services.testprobe); nothing without one."""
     root = cfg.project_root or cwd
-    command = cfg.test_command or config_mod.detect_test_command(root)
+    command = cfg.test_command or detect_test_command(root)
     if not command:
         return []
     found = testprobe.probe(cwd, command, cfg)

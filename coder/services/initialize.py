@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coder import config as config_mod
+from coder.checks.testcommand import detect_test_command
 from coder.errors import InvalidInput, LinkInTheWay
 from coder.files import nofollow
 from coder.files.durable import write_atomic, write_failed
@@ -57,7 +58,7 @@ def init(cwd: Path, *, force: bool = False, probe: bool = True) -> InitResult:
 
 def detected_config(root: Path) -> dict[str, object]:
     """The settings detected from the project's files (none when nothing was found)."""
-    test_command = config_mod.detect_test_command(root)
+    test_command = detect_test_command(root)
     return {} if test_command is None else {"test_command": test_command}
 
 

@@ -60,7 +60,7 @@ def test_project_files_coder_reads_are_never_waited_on(tmp_path: Path) -> None:
         os.mkfifo(tmp_path / name)
     script = (
         "import sys; from pathlib import Path; "
-        "from coder.config import detect_test_command; from coder.checks.lintreport import detect; "
+        "from coder.checks.testcommand import detect_test_command; from coder.checks.lintreport import detect; "
         "root = Path(sys.argv[1]); print(detect_test_command(root), detect(root))"
     )
     done = subprocess.run(
