@@ -121,6 +121,8 @@ class StepAttempt(Protocol):
     def approve_edit(self) -> EditApprovals | None: ...
     @property
     def notes(self) -> tuple[str, ...]: ...
+    @property
+    def asker(self) -> str: ...
 
     def artifact(self, suffix: str) -> Path: ...
 
@@ -244,7 +246,7 @@ def converse(
 
     if escalation and cycle in (None, 1):
         log.warning("model.escalated", model=model, reason=escalation)
-    provider = session.models.for_step(ctx.step.id, model)
+    provider = session.models.for_step(ctx.asker, model)
     limits = limits_for(ctx, session)
     loop = AgentLoop(
         provider,

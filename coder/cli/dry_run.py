@@ -76,6 +76,8 @@ def render_dry_run(plan: Any) -> str:
                 for field, name in zip(("model", "fallback_model"), step_models(task, step))
                 if name and name != getattr(task, field)
             )
+            if step.candidates > 1:  # the taskfile's, or `--candidates N`
+                own = ", ".join(filter(None, (own, f"best of {step.candidates} candidates")))
             own = f"  [{own}]" if own else ""
             lines.append(f"  {sid:<{width}}  {step.kind:<7}  {step.goal}{needs}{own}")
     if plan.commands:

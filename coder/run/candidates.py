@@ -7,7 +7,8 @@ tip, with its own seed (`seed + K - 1`: the config's `seed`, else one drawn for 
 coder.models.sampling), through the executor's one attempt pipeline (act, verify, commit on no
 branch). Then, in this order:
 
-    keep     each candidate's commit gets a branch, `<run branch>--STEP--cK`, for a person to
+    keep     each candidate's commit gets a branch, `<run branch>--STEP--aA-cK` (attempt A:
+             a retry's or a resume's round keeps the earlier rounds' too), for a person to
              look at; `coder clean` removes them with the run
     judge    coder.run.judge ranks the candidates by their evidence
     record   each candidate, its seed, its verdict and the winner's reason go into the step's
@@ -18,13 +19,15 @@ branch). Then, in this order:
 
 Each candidate is held to the step's budgets on its own (one over them fails alone); the run's
 budget counts every candidate's tokens. No candidate passing is the attempt's failure: the
-step's retries run another round. A crash leaves the candidates' commits on no branch of the
-run (only the winner's lands, and only by the compare-and-swap), so `coder resume` finds the
-step not done and runs it again.
+step's retries run another round. While someone is asked (`--approvals per-step` or
+`per-edit`), the candidates run one after another: one question at a time. A crash leaves the
+candidates' commits on no branch of the run (only the winner's lands, and only by the
+compare-and-swap), so `coder resume` finds the step not done and runs it again.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -89,18 +92,21 @@ def chosen_kept(new: Task, run: Task) -> Task:
     return replace(new, steps=steps)
 
 
-def branch_of(run_branch: str, step_id: str, number: int) -> str:
-    """Where candidate `number` of a step is kept."""
-    return f"{run_branch}--{step_id}--c{number}"
+_KEPT = re.compile(r"a[0-9]+-c[0-9]+")  # what follows `<run branch>--STEP--` (branch_of)
+
+
+def branch_of(run_branch: str, step_id: str, attempt: int, number: int) -> str:
+    """Where candidate `number` of a step's attempt is kept."""
+    return f"{run_branch}--{step_id}--a{attempt}-c{number}"
 
 
 def kept_branches(repo: Repo, run_branch: str, step_ids: Sequence[str]) -> list[str]:
     """The candidate branches of a run's steps (what `coder clean` removes with the run)."""
-    prefixes = tuple(f"{run_branch}--{sid}--c" for sid in step_ids)
+    prefixes = [f"{run_branch}--{sid}--" for sid in step_ids]
     return sorted(
         name
         for name in repo.branches.local
-        if name.startswith(prefixes) and name.rsplit("--c", 1)[1].isdigit()
+        if any(name.startswith(p) and _KEPT.fullmatch(name[len(p) :]) for p in prefixes)
     )
 
 
@@ -184,9 +190,10 @@ class Candidates:
         )
         return landed, current
 
-    def run_round(self, step: Step, tip: str, attempt: Attempt) -> Round:
-        """N candidates at once from `tip`, kept, judged; the winner's commit not landed yet.
-        An environment problem of any candidate is the round's (raised once all are done)."""
+    def run_round(self, step: Step, tip: str, attempt: int, act: Attempt) -> Round:
+        """N candidates at once from `tip` (one at a time while someone is asked), kept,
+        judged; the winner's commit not landed yet. An environment problem of any candidate
+        is the round's (raised once all are done)."""
         base = self.run.settings.config.seed
         base = secrets.randbelow(2**31) if base is None else base
         places = [
@@ -194,27 +201,28 @@ class Candidates:
             for k in range(1, step.candidates + 1)
         ]
         try:
-            with ThreadPoolExecutor(max_workers=len(places)) as pool:
+            asks = self.run.approve is not None or self.run.approve_edit is not None
+            with ThreadPoolExecutor(max_workers=1 if asks else len(places)) as pool:
                 futures = [
-                    pool.submit(_try, place, base + k, attempt) for k, place in enumerate(places)
+                    pool.submit(_try, place, base + k, act) for k, place in enumerate(places)
                 ]
                 tried = [f.result() for f in futures]
             for t in tried:
                 if t.outcome.errored:
                     raise EnvironmentProblem(t.outcome.error or "environment problem")
-            kept = self._keep(step, tried)
+            kept = self._keep(step, attempt, tried)
         finally:
             for place in places:
                 place.remove()
         return self._judged(step, tried, kept)
 
-    def _keep(self, step: Step, tried: list[Tried]) -> dict[int, str]:
+    def _keep(self, step: Step, attempt: int, tried: list[Tried]) -> dict[int, str]:
         """A branch at each candidate's commit, before its worktree (whose HEAD reaches the
         commit) goes: candidate number -> branch."""
         kept = {}
         for t in tried:
             if t.commit is not None:
-                name = branch_of(self.run.branch, step.id, t.number)
+                name = branch_of(self.run.branch, step.id, attempt, t.number)
                 branches.point_branch(self.repo, name, t.commit)
                 kept[t.number] = name
         return kept
@@ -251,12 +259,12 @@ class Candidates:
         )
 
 
-def _try(place: Scratch, seed: int, attempt: Attempt) -> Tried:
+def _try(place: Scratch, seed: int, act: Attempt) -> Tried:
     """One candidate, with its own seed for every model request it makes."""
     assert place.candidate is not None
     with sampling.seeded(seed):
         try:
-            outcome, commit, changes = attempt(place)
+            outcome, commit, changes = act(place)
         except EnvironmentProblem as exc:
             outcome, commit, changes = StepOutcome(False, exc.stopped_with, errored=True), None, ()
     return Tried(place.candidate, seed, outcome, commit, changes)

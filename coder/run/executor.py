@@ -284,7 +284,7 @@ class Executor:
         (coder.run.candidates): the winner's outcome, commit and changes."""
         if not isinstance(place, Candidates):
             return self._attempt(step, place, attempt, tip)
-        done = place.run_round(step, tip, lambda p: self._attempt(step, p, attempt, tip))
+        done = place.run_round(step, tip, attempt, lambda p: self._attempt(step, p, attempt, tip))
         self._update(step.id, candidates=done.records)
         done.log(self.run.log, step.id, attempt)
         return done.outcome, done.commit, done.changes

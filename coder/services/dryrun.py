@@ -19,6 +19,7 @@ from coder.git import branches, repository
 from coder.models import protocol
 from coder.models.factory import model_config, provider_of
 from coder.policy.sandbox import require_sandbox
+from coder.run.candidates import with_candidates
 from coder.run.drive import RunOptions
 from coder.run.manifest import run_exists
 from coder.run.preflight import command_of, policy_for, refusals
@@ -86,6 +87,7 @@ class DryRun:
                     "kind": s.kind,
                     "goal": s.goal,
                     "depends_on": list(s.depends_on),
+                    "candidates": s.candidates,
                     **dict(zip(("model", "fallback_model"), step_models(self.task, s))),
                 }
                 for s in self.task.steps
@@ -109,7 +111,7 @@ def step_models(task: taskfile.Task, step: taskfile.Step) -> tuple[str | None, s
 
 def dry_run(path: Path, *, cwd: Path, options: RunOptions) -> DryRun:
     """Check everything `coder run` checks before it creates anything, and describe the run."""
-    task = taskfile.load(path)
+    task = with_candidates(taskfile.load(path), options.candidates)
     cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
     repo = repository.open_repo(cwd)
     root = repository.repo_root(repo)

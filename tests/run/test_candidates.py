@@ -15,6 +15,7 @@ real CLI and the fake Ollama server, whose scripted model solves the step only f
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +108,10 @@ def test_the_best_candidate_lands_as_the_steps_one_commit_and_the_others_are_kep
     assert f"for candidate {other})" in messages[0]
 
     # the candidates that passed are kept as branches; the failed ones left no commit
-    assert candidate_branches(sample) == [f"{BRANCH}--s1--c2", f"{BRANCH}--s1--c3"]
-    kept = git(sample, "show", f"{BRANCH}--s1--c{other}:answer.txt")
+    assert candidate_branches(sample) == [f"{BRANCH}--s1--a1-c2", f"{BRANCH}--s1--a1-c3"]
+    kept = git(sample, "show", f"{BRANCH}--s1--a1-c{other}:answer.txt")
     assert kept.startswith("right")
-    assert git(sample, "rev-parse", f"{BRANCH}--s1--c{winner}^{{tree}}") == git(
+    assert git(sample, "rev-parse", f"{BRANCH}--s1--a1-c{winner}^{{tree}}") == git(
         sample, "rev-parse", f"{BRANCH}^{{tree}}"
     )
 
@@ -264,4 +265,106 @@ def test_each_candidate_is_held_to_the_steps_budget_and_the_run_counts_them_all(
     assert one < 20000 < s1["usage"]["prompt_tokens"] + s1["usage"]["eval_tokens"]
     assert state["steps"]["s2"]["status"] == "pending"
     assert "run token budget exhausted" in state["error"]
+    assert len(step_messages(sample)) == 1
+
+
+def test_a_later_round_keeps_the_branches_of_an_earlier_one(
+    seeded: FakeOllama, sample: Path, isolated_home: Path
+) -> None:
+    """s1's candidates pass beside a failing step of its level: s1 is not landed and runs
+    again on resume, a second round; the first round's kept branches are still there."""
+    configure(isolated_home, base_where([True, True]))
+    path = taskfile(
+        sample,
+        f"""
+        id: {TASK_ID}
+        branch: {BRANCH}
+        title: Best of N beside a failure
+        graph:
+          - {{id: bad, kind: shell, cmd: "false"}}
+          - id: s1
+            kind: edit
+            goal: Write the answer to answer.txt
+            assert: [{{type: text_in_file, path: answer.txt, contains: right}}]
+            candidates: 2
+            depends_on: []
+        """,
+    )
+    code, out, err = coder(sample, "run", "--autonomous", "--max-parallel", "2", "-f", str(path))
+    assert code == 1, out + err
+    first = {b: git(sample, "rev-parse", b) for b in candidate_branches(sample)}
+    assert sorted(first) == [f"{BRANCH}--s1--a1-c1", f"{BRANCH}--s1--a1-c2"]
+    code, out, err = coder(sample, "resume", "-t", TASK_ID, "--max-parallel", "2")
+    assert code == 1, out + err
+    assert state_of(sample, TASK_ID)["steps"]["s1"]["attempts"] == 2
+    after = {b: git(sample, "rev-parse", b) for b in candidate_branches(sample)}
+    assert sorted(after) == [*sorted(first), f"{BRANCH}--s1--a2-c1", f"{BRANCH}--s1--a2-c2"]
+    assert {b: after[b] for b in first} == first  # nothing of the first round lost
+
+
+def test_record_then_replay_gives_each_candidate_its_own_replies(
+    seeded: FakeOllama, sample: Path, make_repo: Any, isolated_home: Path, tmp_path: Path
+) -> None:
+    """Recorded with four candidates at once, replayed without a model: every candidate
+    gets the replies it was given, so the same ones pass and the same one lands."""
+    from tests.conftest import sample_files
+
+    configure(isolated_home, base_where([False, True, True, False]))
+    recording = tmp_path / "best.json"
+    path = task(sample)
+    code, out, err = coder(
+        sample, "run", "--autonomous", "-f", str(path), "--record", str(recording)
+    )
+    assert code == 0, out + err
+    asked = len(seeded.requests)
+    copy = make_repo(sample_files(), name="copy")
+    code, out, err = coder(copy, "run", "--autonomous", "-f", str(path), "--replay", str(recording))
+    assert code == 0, out + err
+    assert len(seeded.requests) == asked  # no model was asked
+
+    def round_of(repo: Path) -> list[tuple[str, int]]:
+        record = state_of(repo, TASK_ID)["steps"]["s1"]
+        return [(c["verdict"], c["diff_lines"]) for c in record["candidates"]]
+
+    assert round_of(copy) == round_of(sample)
+    assert step_messages(copy) == step_messages(sample)
+    assert git(copy, "rev-parse", f"{BRANCH}^{{tree}}") == git(
+        sample, "rev-parse", f"{BRANCH}^{{tree}}"
+    )
+
+
+def test_dry_run_shows_a_steps_candidates(sample: Path) -> None:
+    code, out, err = coder(sample, "run", "--dry-run", "-f", str(task(sample, 3)))
+    assert code == 0, out + err
+    assert "[best of 3 candidates]" in out
+    code, out, err = coder(
+        sample, "run", "--dry-run", "--json", "--candidates", "5", "-f", str(task(sample, None))
+    )
+    assert code == 0, out + err
+    assert json.loads(out)["steps"][0]["candidates"] == 5
+
+
+def test_with_per_edit_approvals_the_candidates_run_one_at_a_time(
+    seeded: FakeOllama, sample: Path, isolated_home: Path
+) -> None:
+    """Through a real terminal: one question at a time, candidate 1's conversation done
+    before candidate 2's starts (the seeds of the model's requests, in order)."""
+    from tests.helpers import Terminal
+
+    base = base_where([True, True])
+    configure(isolated_home, base)
+    term = Terminal(
+        ["run", "--approvals", "per-edit", "-f", str(task(sample, 2))],
+        sample,
+        env={"TERM": "dumb", "COLUMNS": "200", "OLLAMA_HOST": seeded.url},
+    )
+    asked = "s1: fs_write wants to change answer.txt"
+    term.see(asked)
+    assert term.read(1.0).count(asked) == 0  # the other candidate waits, not asks
+    term.send("y")
+    term.expect(f"(?s){re.escape(asked)}.*{re.escape(asked)}")
+    term.send("y")
+    assert term.finish() == 0, term.output
+    seeds = [seed_of(b) for b in seeded.chat_bodies() if b.get("messages")]
+    assert seeds == sorted(seeds) and {base, base + 1} <= set(seeds)  # not interleaved
     assert len(step_messages(sample)) == 1

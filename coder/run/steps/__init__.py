@@ -50,6 +50,12 @@ class StepContext:
     notes: tuple[str, ...] = ()  # the user's guidance for this step so far (run/notes.py)
     candidate: int | None = None  # which try of a step tried several ways (run/candidates.py)
 
+    @property
+    def asker(self) -> str:
+        """Whose model requests these are, as a recording files their replies (--record,
+        --replay): the step's, or one candidate's (each replays its own, whatever ran first)."""
+        return f"{self.step.id}--c{self.candidate}" if self.candidate else self.step.id
+
     def artifact(self, suffix: str) -> Path:
         make_private_dirs(self.artifacts)
         tried = f"-c{self.candidate}" if self.candidate else ""
