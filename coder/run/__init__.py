@@ -11,6 +11,7 @@ What a user does with a run afterwards (merge, revert, show, report) is in coder
     commitmsg.py   what a step commit says; filesgone.py: the run's files deleted under it
     candidates.py  best of N: a step tried several ways at once, the best one landing
     judge.py       which candidate wins: the evidence, in a fixed order
+    asked_judge.py `judge: model`: the step's model chooses among those that passed
     context.py     RunContext: what one run carries through the executor, its steps, its questions
     schedule.py    which steps may start: in-degree counters over the DAG
     steps/         what each step kind does in a working directory; verify.py: the checks

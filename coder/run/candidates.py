@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 from coder.errors import EnvironmentProblem
 from coder.git import branches, commits, diffs
 from coder.models import sampling
-from coder.run.judge import Evidence, judge
+from coder.run import asked_judge
+from coder.run.judge import Evidence, Verdict, judge
 from coder.run.places import Scratch
 from coder.run.steps import StepOutcome
 from coder.taskfile.kinds import KINDS
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
     from coder.git.repository import Repo
     from coder.git.staging import Change
+    from coder.models.provider import Usage
     from coder.run.context import RunContext
     from coder.run.eventlog import EventLog
     from coder.run.places import Message, Place
@@ -134,6 +136,7 @@ class Round:
     commit: str | None  # the winner's, on no branch of the run yet
     changes: tuple[Change, ...]
     records: list[CandidateRecord]
+    usage: Usage | None = None  # what asking the judge cost (`judge: model`)
 
     def log(self, log: EventLog, step_id: str, attempt: int) -> None:
         """The round's line in the event log: how many passed, who won and why."""
@@ -228,8 +231,11 @@ class Candidates:
         return kept
 
     def _judged(self, step: Step, tried: list[Tried], kept: dict[int, str]) -> Round:
-        evidence = {t.number: self._evidence(t) for t in tried}
-        verdict = judge(list(evidence.values()))
+        patches = {t.number: diffs.changes_patch(self.repo, t.changes) for t in tried if t.changes}
+        evidence = {t.number: _evidence(t, patches.get(t.number, "")) for t in tried}
+        verdict, usage = judge(list(evidence.values())), None
+        if step.judge == "model":
+            verdict, usage = self._asked(step, verdict, evidence, patches)
         winner = verdict.winner
         records = [_record(t, evidence[t.number], kept.get(t.number), winner) for t in tried]
         if winner is None:
@@ -242,21 +248,36 @@ class Candidates:
             f"{TRAILER_CANDIDATE}: {won.number} of {len(tried)} (seed {won.seed})",
             f"{TRAILER_JUDGED}: {judged}",
         )
-        return Round(won.outcome, won.commit, won.changes, records)
+        return Round(won.outcome, won.commit, won.changes, records, usage)
 
-    def _evidence(self, t: Tried) -> Evidence:
-        patch = diffs.changes_patch(self.repo, t.changes) if t.changes else ""
-        return Evidence(
-            number=t.number,
-            passed=t.outcome.ok,
-            failing_tests=t.outcome.tests["failed"] if t.outcome.tests else None,
-            diff_lines=sum(
-                1
-                for line in patch.splitlines()
-                if line[:1] in "+-" and not line.startswith(("+++", "---"))
-            ),
-            tokens=_tokens(t.outcome),
-        )
+    def _asked(
+        self, step: Step, verdict: Verdict, evidence: dict[int, Evidence], patches: dict[int, str]
+    ) -> tuple[Verdict, Usage | None]:
+        """`judge: model`: the model's choice among the candidates that passed (when more
+        than one did), else the evidence's, saying why the model's was not taken."""
+        passed = {n: patches.get(n, "") for n, e in evidence.items() if e.passed}
+        if len(passed) < 2:
+            return verdict, None
+        choice = asked_judge.ask(self.run, step, passed)
+        if choice.number is None:
+            return replace(
+                verdict, why=f"{choice.why}; by the evidence: {verdict.why}"
+            ), choice.usage
+        return Verdict(evidence[choice.number], f"the model chose it: {choice.why}"), choice.usage
+
+
+def _evidence(t: Tried, patch: str) -> Evidence:
+    return Evidence(
+        number=t.number,
+        passed=t.outcome.ok,
+        failing_tests=t.outcome.tests["failed"] if t.outcome.tests else None,
+        diff_lines=sum(
+            1
+            for line in patch.splitlines()
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))
+        ),
+        tokens=_tokens(t.outcome),
+    )
 
 
 def _try(place: Scratch, seed: int, act: Attempt) -> Tried:

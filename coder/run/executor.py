@@ -286,6 +286,8 @@ class Executor:
             return self._attempt(step, place, attempt, tip)
         done = place.run_round(step, tip, attempt, lambda p: self._attempt(step, p, attempt, tip))
         self._update(step.id, candidates=done.records)
+        if done.usage:  # the judge's request (`judge: model`) is the step's too
+            self._add_usage(step.id, done.usage)
         done.log(self.run.log, step.id, attempt)
         return done.outcome, done.commit, done.changes
 

@@ -69,6 +69,7 @@ class Step:
     model: str | None = None  # None: the task's model
     fallback_model: str | None = None  # None: the task's fallback_model
     candidates: int = 1  # attempts at once, the best one landing (coder.run.candidates)
+    judge: str = "evidence"  # or "model": the model chooses among those that passed
 
     @property
     def uses_model(self) -> bool:
@@ -152,6 +153,7 @@ def _step_dict(s: Step, sequential: bool) -> dict[str, Any]:
         "model": s.model,
         "fallback_model": s.fallback_model,
         "candidates": s.candidates if s.candidates != 1 else None,
+        "judge": s.judge if s.judge != "evidence" else None,
     }
     d.update({k: v for k, v in optional.items() if v is not None})
     if s.strategy != "revert_and_stop" or s.max_cycles != 1:
@@ -280,6 +282,7 @@ def build_step(raw: Mapping[str, Any], sid: str, depends_on: Sequence[str] = ())
         model=raw.get("model"),
         fallback_model=raw.get("fallback_model"),
         candidates=raw.get("candidates", 1),
+        judge=raw.get("judge", "evidence"),
     )
 
 

@@ -145,7 +145,7 @@ _COMMAND_FIELDS = frozenset({"cmd", "cwd", "env"})
 _MODEL_FIELDS = frozenset({"model", "fallback_model"})  # which model answers the step
 _MODEL = ("goal",)
 # a step that changes files, tried several ways at once, the evidence picking the winner
-_CANDIDATES = frozenset({"candidates"})
+_CANDIDATES = frozenset({"candidates", "judge"})
 
 KINDS: Mapping[str, Kind] = {
     k.name: k

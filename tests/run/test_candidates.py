@@ -179,12 +179,16 @@ def test_candidates_are_refused_on_a_step_that_takes_none_and_out_of_range(
         graph:
           - {id: a, kind: shell, cmd: "true", candidates: 2}
           - {id: b, kind: edit, goal: x, candidates: 9}
+          - {id: c, kind: shell, cmd: "true", judge: model}
+          - {id: d, kind: edit, goal: x, judge: best}
         """,
     )
     code, out, err = coder(sample, "validate", "-f", str(bad))
     assert code == 2
     assert "step 'a': `candidates` is only used by edit, doc and custom steps" in out + err
     assert "graph[1].candidates (step b): 9 is greater than the maximum of 8" in out + err
+    assert "step 'c': `judge` is only used by edit, doc and custom steps" in out + err
+    assert "graph[3].judge (step d): 'best' is not one of evidence, model" in out + err
     code, out, err = coder(sample, "run", "--autonomous", "--candidates", "9", "-f", str(bad))
     assert code == 2, out + err
     assert "--candidates" in out + err
@@ -368,3 +372,74 @@ def test_with_per_edit_approvals_the_candidates_run_one_at_a_time(
     seeds = [seed_of(b) for b in seeded.chat_bodies() if b.get("messages")]
     assert seeds == sorted(seeds) and {base, base + 1} <= set(seeds)  # not interleaved
     assert len(step_messages(sample)) == 1
+
+
+def judged_by(choice: str) -> Any:
+    """The scripted model, answering the judge's request with `choice`."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if body["messages"][0]["content"].startswith("You judge code changes"):
+            return Reply(content=choice)
+        return answer(body)
+
+    return reply
+
+
+@pytest.mark.parametrize("names", ["larger", "none"])
+def test_judge_model_chooses_among_those_that_passed_or_falls_back_to_the_evidence(
+    fake: FakeOllama, sample: Path, isolated_home: Path, names: str
+) -> None:
+    """Candidates 2 and 3 pass, one with a one-line answer, one with two. `judge: model`: the
+    model is shown both diffs and its choice (the larger, which the evidence would not pick)
+    lands, its reason in the record and the trailer; a reply naming no candidate that passed
+    leaves the evidence's pick, and says so."""
+    base = base_where([False, True, True, False])
+    configure(isolated_home, base)
+    small = 2 if (base + 1) % 2 else 3
+    large = 5 - small
+    fake.answer = judged_by(
+        f"Candidate {large}: it says why." if names == "larger" else "candidate 4: the failed one"
+    )
+    path = taskfile(
+        sample,
+        f"""
+        id: {TASK_ID}
+        branch: {BRANCH}
+        title: Best of N, judged by the model
+        graph:
+          - id: s1
+            kind: edit
+            goal: Write the answer to answer.txt
+            assert: [{{type: text_in_file, path: answer.txt, contains: right}}]
+            candidates: 4
+            judge: model
+        """,
+    )
+    code, out, err = coder(sample, "run", "--autonomous", "-f", str(path))
+    assert code == 0, out + err
+
+    bodies = [b["messages"] for b in fake.chat_bodies() if b.get("messages")]
+    (asked,) = [m for m in bodies if m[0]["content"].startswith("You judge code changes")]
+    shown = asked[1]["content"]
+    assert "Goal: Write the answer to answer.txt" in shown
+    assert f"### candidate {small}" in shown and f"### candidate {large}" in shown
+    assert "### candidate 1" not in shown and "+because" in shown  # only those that passed
+
+    (message,) = step_messages(sample)
+    record = state_of(sample, TASK_ID)["steps"]["s1"]
+    won = next(c for c in record["candidates"] if c["verdict"] == "won")
+    if names == "larger":
+        assert won["number"] == large and won["why"] == "the model chose it: it says why."
+        assert git(sample, "show", f"{BRANCH}:answer.txt") == "right\nbecause\n"
+        assert "Coder-Judged: 2 of 4 passed; the model chose it: it says why." in message
+    else:
+        assert won["number"] == small
+        assert won["why"].startswith(
+            f"the model's reply named no candidate among {min(small, large)}, {max(small, large)}"
+        )
+        assert "; by the evidence: the smaller diff" in won["why"]
+        assert git(sample, "show", f"{BRANCH}:answer.txt") == "right\n"
+    assert f"Coder-Candidate: {won['number']} of 4" in message
+    # the judge's tokens are the step's too
+    spent = record["usage"]["prompt_tokens"] + record["usage"]["eval_tokens"]
+    assert spent > sum(c["tokens"] for c in record["candidates"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from coder.run.asked_judge import parse
 from coder.run.judge import Evidence, judge, rank
 
 
@@ -53,3 +54,17 @@ def test_none_passing_has_no_winner() -> None:
     verdict = judge([ev(1, passed=False), ev(2, passed=False)])
     assert verdict.winner is None
     assert verdict.why == "none of 2 candidates passed"
+
+
+def test_a_model_judges_reply_names_one_of_the_candidates_shown_or_none() -> None:
+    shown = {2: "+a", 3: "+b"}
+    assert parse("Candidate 3: it handles\n the empty case.", shown) == (
+        3,
+        "it handles the empty case.",
+    )
+    assert parse("I pick candidate #2", shown) == (2, "no reason given")
+    assert parse("candidate 4: best", shown) == (
+        None,
+        "the model's reply named no candidate among 2, 3: 'candidate 4: best'",
+    )
+    assert parse("", shown)[0] is None
