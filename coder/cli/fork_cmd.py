@@ -19,7 +19,7 @@ from coder.cli.common import (
 from coder.cli.pager import page
 from coder.display import escaped
 from coder.errors import InvalidInput
-from coder.services.compare import compare_runs
+from coder.services.compare import compare_candidates, compare_runs
 from coder.services.fork import fork_run
 
 FORK_EPILOG = """\b
@@ -75,6 +75,7 @@ Examples:
   coder compare -t T-1 -t T-1-fork-1
   coder compare -t T-1 -t T-1-fork-1 --diff
   coder compare -t T-1 -t T-1-fork-1 --json
+  coder compare -t T-1 --step s2              (a step's candidates side by side)
 """
 
 
@@ -86,10 +87,29 @@ Examples:
     multiple=True,
     help="A run (an id or its start); give it twice: -t A -t B.",
 )
+@click.option(
+    "--step",
+    "step",
+    metavar="STEP",
+    help="With one -t: that step's candidates side by side (a step with `candidates: N`).",
+)
 @click.option("--diff", "patch", is_flag=True, help="The whole diff from A's branch to B's.")
 @json_option
-def compare(tasks: tuple[str, ...], patch: bool, as_json: bool) -> None:
-    """Show two runs side by side: steps, outcomes, tokens, time, and their branches' diff."""
+def compare(tasks: tuple[str, ...], step: str | None, patch: bool, as_json: bool) -> None:
+    """Show two runs side by side: steps, outcomes, tokens, time, and their branches' diff;
+    or, with --step, one step's candidates and what each changed."""
+    if step is not None:
+        if len(tasks) != 1:
+            raise InvalidInput(
+                f"compare --step needs one run, got {len(tasks)}",
+                hint="coder compare -t A --step S",
+            )
+        tried = compare_candidates(cwd(), resolve_run(tasks[0]), step, patch=patch)
+        if as_json:
+            emit_json(tried.to_dict())
+            return
+        page(candidates_text(tried), diff=patch)
+        return
     if len(tasks) != 2:
         raise InvalidInput(
             f"compare needs two runs, got {len(tasks)}", hint="coder compare -t A -t B"
@@ -137,6 +157,39 @@ def comparison_text(result: Any, patch: bool) -> str:
         what = "Diff" if patch else "Changes"
         lines += ["", f"{what} from {a.task_id} to {b.task_id}:", result.diff.rstrip()]
     return "\n".join(lines)
+
+
+def candidates_text(tried: Any) -> str:
+    """A step's candidates as a table, then what each one's commit changed."""
+    from coder.cli.common import fitted
+
+    rows: list[tuple[str, ...]] = [
+        ("CANDIDATE", "VERDICT", "SEED", "LINES", "TOKENS", "FAILING TESTS", "KEPT AS")
+    ]
+    for c in tried.candidates:
+        rows.append(
+            (
+                str(c.number),
+                c.verdict,
+                _or_dash(c.seed),
+                _or_dash(c.diff_lines if c.commit else None),
+                _or_dash(c.tokens),
+                _or_dash(c.failing_tests),
+                escaped(c.branch or "-"),
+            )
+        )
+    lines = [f"{tried.task_id} step {escaped(tried.step)}: {tried.summary}", ""]
+    lines.append(fitted(rows).rstrip())
+    for c in tried.candidates:
+        if c.diff:
+            lines += ["", f"candidate {c.number} ({c.verdict}):", c.diff.rstrip()]
+        elif c.error:
+            lines += ["", f"candidate {c.number} ({c.verdict}): {' '.join(c.error.split())[:300]}"]
+    return "\n".join(lines)
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
 
 
 def _cells(side: Any) -> tuple[str, str, str, str]:

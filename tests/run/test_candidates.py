@@ -443,3 +443,59 @@ def test_judge_model_chooses_among_those_that_passed_or_falls_back_to_the_eviden
     # the judge's tokens are the step's too
     spent = record["usage"]["prompt_tokens"] + record["usage"]["eval_tokens"]
     assert spent > sum(c["tokens"] for c in record["candidates"])
+
+
+def test_compare_shows_a_steps_candidates_side_by_side(
+    seeded: FakeOllama, sample: Path, isolated_home: Path
+) -> None:
+    base = base_where([False, True, True, False])
+    configure(isolated_home, base)
+    path = taskfile(
+        sample,
+        f"""
+        id: {TASK_ID}
+        branch: {BRANCH}
+        title: Best of N, compared
+        graph:
+          - id: s1
+            kind: edit
+            goal: Write the answer to answer.txt
+            assert: [{{type: text_in_file, path: answer.txt, contains: right}}]
+            candidates: 4
+          - {{id: s2, kind: shell, cmd: "echo more >> answer.txt"}}
+        """,
+    )
+    code, out, err = coder(sample, "run", "--autonomous", "-f", str(path))
+    assert code == 0, out + err
+    small = 2 if (base + 1) % 2 else 3
+    large = 5 - small
+
+    code, shown, err = coder(sample, "compare", "-t", TASK_ID, "--step", "s1")
+    assert code == 0, shown + err
+    lines = shown.splitlines()
+    assert lines[0].startswith(f"{TASK_ID} step s1: 2 of 4 candidates passed; candidate {small}")
+    row = next(line.split() for line in lines if line.startswith(f"{small} "))
+    assert row[:2] == [str(small), "won"] and row[3] == "1" and row[-1].endswith(f"-c{small}")
+    row = next(line.split() for line in lines if line.startswith("1 "))
+    assert row[:2] == ["1", "failed"] and row[-1] == "-"
+    # each kept candidate's change from the round's start, not the later step's
+    assert f"candidate {large} (passed):" in shown and "answer.txt | 2 ++" in shown
+    assert "answer.txt | 1 +" in shown
+
+    code, patch, err = coder(sample, "compare", "-t", TASK_ID, "--step", "s1", "--diff")
+    assert code == 0, patch + err
+    assert "+because" in patch and "+more" not in patch
+
+    code, out, err = coder(sample, "compare", "-t", TASK_ID, "--step", "s1", "--json")
+    assert code == 0, out + err
+    data = json.loads(out)
+    assert [c["verdict"] for c in data["candidates"]][0] == "failed"
+    assert data["candidates"][large - 1]["branch"] == f"{BRANCH}--s1--a1-c{large}"
+
+    for args, said in [
+        (["--step", "s2"], "step 's2' of run best was not tried several ways"),
+        (["--step", "s9"], "run best has no step 's9' (its steps: s1, s2)"),
+        (["-t", TASK_ID, "--step", "s1"], "compare --step needs one run, got 2"),
+    ]:
+        code, out, err = coder(sample, "compare", "-t", TASK_ID, *args)
+        assert code == 2 and said in err and "Traceback" not in err, out + err
