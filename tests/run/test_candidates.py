@@ -8,14 +8,19 @@ real CLI and the fake Ollama server, whose scripted model solves the step only f
   count; `coder show` and `coder report` say it; `coder clean` removes the kept branches;
 - none solving: the step fails, nothing lands, the run's branch is where it was;
 - `coder run --candidates N` sets it for every edit step, and `resume` keeps it;
-- a `kill -9` mid-round, then `coder resume`: only the winner's commit is on the branch, the
-  step done once.
+- a `kill -9` or a Ctrl-C mid-round, then `coder resume`: only the winner's commit is on the
+  branch, the step done once;
+- a later round (a resume's) keeps the branches of an earlier one; with approvals the
+  candidates run one at a time; `--record` then `--replay` lands the same one; `--dry-run`
+  shows them; `judge: model` has the model choose; `coder compare --step` shows them side by
+  side.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -499,3 +504,52 @@ def test_compare_shows_a_steps_candidates_side_by_side(
     ]:
         code, out, err = coder(sample, "compare", "-t", TASK_ID, *args)
         assert code == 2 and said in err and "Traceback" not in err, out + err
+
+
+def test_ctrl_c_mid_round_lands_nothing_and_resume_finishes_the_step(
+    fake: FakeOllama, sample: Path, isolated_home: Path, tmp_path: Path
+) -> None:
+    """SIGINT to a real `coder run` while a candidate waits on the model (the others on it or
+    on the server's one slot): exit 130, no
+    commit on the run's branch, no candidate's worktree left; `coder resume` runs a round
+    again and lands its winner, the step's one commit."""
+    from dataclasses import replace
+
+    from coder.errors import EXIT_INTERRUPTED
+    from tests.helpers import wait_for
+    from tests.run.test_crash import coder as cli
+    from tests.run.test_crash import out, spawn
+    from tests.run.test_signals import interrupt
+
+    go = tmp_path / "go"
+
+    def slow(body: dict[str, Any]) -> Reply:
+        reply = answer(body)
+        late = any(m["role"] == "assistant" for m in body["messages"]) and not go.exists()
+        return replace(reply, delay_s=60) if late else reply
+
+    def waiting() -> int:
+        bodies = [b["messages"] for b in fake.chat_bodies() if b.get("messages")]
+        return sum(any(m["role"] == "assistant" for m in ms) for ms in bodies)
+
+    fake.answer = slow
+    configure(isolated_home, base_where([False, True, True, False]))
+    runner = spawn(sample, "run", "--autonomous", "-f", str(task(sample)))
+    try:
+        wait_for(lambda: waiting() >= 1, what="a candidate's second request")
+    finally:
+        _, err = interrupt(runner, signal.SIGINT)
+    assert runner.returncode == EXIT_INTERRUPTED, err
+    assert step_messages(sample) == [] and candidate_branches(sample) == []
+    worktrees = sample / ".coder" / "worktrees"
+    assert sorted(p.name for p in worktrees.iterdir()) == [TASK_ID]
+    assert git(worktrees / TASK_ID, "status", "--porcelain") == ""
+    assert state_of(sample, TASK_ID)["steps"]["s1"]["status"] != "success"
+
+    go.touch()
+    resumed = cli(sample, "resume", "-t", TASK_ID)
+    assert resumed.returncode == 0, out(resumed)
+    (message,) = step_messages(sample)
+    assert "Coder-Candidate: " in message
+    record = state_of(sample, TASK_ID)["steps"]["s1"]
+    assert record["status"] == "success" and record["attempts"] == 2
