@@ -96,8 +96,9 @@ Examples:
 @click.option("--diff", "patch", is_flag=True, help="The whole diff from A's branch to B's.")
 @json_option
 def compare(tasks: tuple[str, ...], step: str | None, patch: bool, as_json: bool) -> None:
-    """Show two runs side by side: steps, outcomes, tokens, time, and their branches' diff;
-    or, with --step, one step's candidates and what each changed."""
+    """Show two runs side by side: steps, outcomes, tokens, time, and their branches' diff.
+
+    With --step and one run: that step's candidates side by side, and what each changed."""
     if step is not None:
         if len(tasks) != 1:
             raise InvalidInput(

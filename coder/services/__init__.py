@@ -5,7 +5,7 @@ these do the work, over the run engine in `coder.run`).
     indexlock.py the checkout's index.lock during a merge: whose it is, and the refusal
     revert.py    `coder revert`: the branch back to a step, later steps pending again
     fork.py      `coder fork`: a new run from a step of another, that run untouched
-    compare.py   `coder compare`: two runs side by side, and their branches' diff
+    compare.py   `coder compare`: two runs, or a step's candidates, side by side
     push.py      `coder push` and `merge --push`: a run's branch to a remote, compare-and-swap
     history.py   `coder show`, `diff`, `logs`: reading a run back (no libgit2 but for `diff`)
     listing.py   `coder status`: the runs of a repository, one row each

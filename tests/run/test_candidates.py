@@ -21,14 +21,17 @@ from __future__ import annotations
 import json
 import re
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import coder, git
+from coder.errors import EXIT_INTERRUPTED
+from tests.conftest import coder, git, sample_files
 from tests.fake_ollama import FakeOllama, Reply, seed_of, solves
-from tests.helpers import call, done, state_of, taskfile
+from tests.helpers import Terminal, call, done, state_of, taskfile, wait_for
+from tests.run.test_signals import interrupt
 
 TASK_ID = "best"
 BRANCH = "agent/best"
@@ -316,8 +319,6 @@ def test_record_then_replay_gives_each_candidate_its_own_replies(
 ) -> None:
     """Recorded with four candidates at once, replayed without a model: every candidate
     gets the replies it was given, so the same ones pass and the same one lands."""
-    from tests.conftest import sample_files
-
     configure(isolated_home, base_where([False, True, True, False]))
     recording = tmp_path / "best.json"
     path = task(sample)
@@ -358,8 +359,6 @@ def test_with_per_edit_approvals_the_candidates_run_one_at_a_time(
 ) -> None:
     """Through a real terminal: one question at a time, candidate 1's conversation done
     before candidate 2's starts (the seeds of the model's requests, in order)."""
-    from tests.helpers import Terminal
-
     base = base_where([True, True])
     configure(isolated_home, base)
     term = Terminal(
@@ -513,13 +512,8 @@ def test_ctrl_c_mid_round_lands_nothing_and_resume_finishes_the_step(
     on the server's one slot): exit 130, no
     commit on the run's branch, no candidate's worktree left; `coder resume` runs a round
     again and lands its winner, the step's one commit."""
-    from dataclasses import replace
-
-    from coder.errors import EXIT_INTERRUPTED
-    from tests.helpers import wait_for
     from tests.run.test_crash import coder as cli
     from tests.run.test_crash import out, spawn
-    from tests.run.test_signals import interrupt
 
     go = tmp_path / "go"
 
