@@ -162,8 +162,6 @@ def comparison_text(result: Any, patch: bool) -> str:
 
 def candidates_text(tried: Any) -> str:
     """A step's candidates as a table, then what each one's commit changed."""
-    from coder.cli.common import fitted
-
     rows: list[tuple[str, ...]] = [
         ("CANDIDATE", "VERDICT", "SEED", "LINES", "TOKENS", "FAILING TESTS", "KEPT AS")
     ]

@@ -135,8 +135,6 @@ def compare_candidates(cwd: Path, task: str, step: str, *, patch: bool = False) 
             f"step '{step}' of run {task} was not tried several ways",
             hint="set `candidates: N` on the step, or run with `--candidates N`",
         )
-    from coder.run.secrets import view_redactor
-
     redactor = view_redactor(view.root, [view.state.worktree])
 
     def changed(c: CandidateRecord) -> str:
