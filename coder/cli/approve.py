@@ -149,7 +149,7 @@ def approval_prompt(step: Step, run: RunContext) -> Approval:
             continue
         if answer == "d":
             repo = repository.open_repo(run.worktree)
-            text = diffs.diff_patch(repo, run.state.base_commit, worktree=run.worktree)
+            text = diffs.diff_patch(repo, run.manifest.base_commit, worktree=run.worktree)
             click.echo(escaped(redact(text), lines=True) or "(no changes yet)", err=True)
             continue
         choice: dict[str, Approval] = {"r": "run", "s": "skip", "q": "quit"}

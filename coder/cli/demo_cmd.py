@@ -53,21 +53,21 @@ def demo(keep: Path | None, live: bool, as_json: bool) -> None:
         )
     finally:
         progress.close()
-    state, task_id = result.run.state, result.run.task_id
+    state, manifest, task_id = result.run.state, result.run.manifest, result.run.task_id
     if as_json:
         emit_json(
             {
                 "repo": str(result.repo),
                 "task_id": task_id,
                 "status": result.run.status,
-                "branch": state.branch,
+                "branch": manifest.branch,
                 "commits": result.commits,
                 "merge": result.merge.to_dict() if result.merge else None,
             }
         )
     else:
-        click.echo(summary_table(state))
-        click.echo(f"\nStep commits on {state.branch}:")
+        click.echo(summary_table(manifest.task, state))
+        click.echo(f"\nStep commits on {manifest.branch}:")
         for line in result.commits:
             click.echo(f"  {line}")
         if result.merge and result.merge.commit:

@@ -507,14 +507,14 @@ def _merge_on_success(
 def _finish(
     result: Any, as_json: bool, merged: tuple[dict[str, Any], str, int] | None = None
 ) -> None:
-    state = result.state
+    state, manifest = result.state, result.manifest
     if as_json:
         emit_json(
             {
                 "task_id": result.task_id,
                 "status": result.status,
-                "branch": state.branch,
-                "worktree": state.worktree,
+                "branch": manifest.branch,
+                "worktree": manifest.worktree,
                 "error": state.error,
                 "skipped": skipped_steps(state),
                 "warnings": list(result.warnings),
@@ -524,7 +524,7 @@ def _finish(
             }
         )
     else:
-        click.echo(summary_table(state))
+        click.echo(summary_table(manifest.task, state))
         click.echo("")
         line = f"Run {result.task_id}: {result.status}"
         note = state.skipped_note()
@@ -533,7 +533,7 @@ def _finish(
         if state.error:
             line += f" ({state.error})"
         click.echo(escaped(line))
-        click.echo(f"  branch   {state.branch}\n  worktree {state.worktree}")
+        click.echo(f"  branch   {manifest.branch}\n  worktree {manifest.worktree}")
         if usage_line(state):
             click.echo(f"  model    {usage_line(state)}")
         if result.status in ("interrupted", "failed", "error"):

@@ -122,9 +122,9 @@ def draw_graph(path: Path | None, task_id: str | None, fmt: str) -> None:
         state = view.state
         nodes, title = (
             diagram.nodes_of_run(view.manifest.task, state.to_dict()["steps"]),
-            state.title,
+            view.manifest.task.title,
         )
-        header = f"{title}\n  run {task_id}: {state.status} on {state.branch}\n"
+        header = f"{title}\n  run {task_id}: {state.status} on {view.manifest.branch}\n"
     else:
         assert path is not None
         task = shown_task(taskfile.load(path))
@@ -180,17 +180,18 @@ def show_run(task_id: str, as_json: bool) -> None:
     def echo(line: str) -> None:
         click.echo(escaped(redactor.redact(line)))
 
-    echo(f"{state.title}")
-    echo(f"  id        {state.task_id}")
+    manifest = view.manifest
+    echo(f"{manifest.task.title}")
+    echo(f"  id        {manifest.task_id}")
     echo(f"  status    {status}" + (f": {state.error}" if state.error else ""))
     note = state.skipped_note()
     if note:
         echo(f"  skipped   {note}")
-    echo(f"  branch    {state.branch} (from {state.base} at {state.base_commit[:8]})")
-    if state.parent and state.forked_at:
-        at = state.forked_at
-        echo(f"  fork of   {state.parent} at step {at['step']} (its commit {at['commit'][:8]})")
-    echo(f"  worktree  {state.worktree}")
+    echo(f"  branch    {manifest.branch} (from {manifest.base} at {manifest.base_commit[:8]})")
+    if manifest.parent and manifest.forked_at:
+        at = manifest.forked_at
+        echo(f"  fork of   {manifest.parent} at step {at['step']} (its commit {at['commit'][:8]})")
+    echo(f"  worktree  {manifest.worktree}")
     if state.merge:
         merge = state.merge
         echo(
@@ -201,7 +202,7 @@ def show_run(task_id: str, as_json: bool) -> None:
     if usage:
         echo(f"  model     {usage}")
     click.echo("")
-    click.echo(redactor.redact(summary_table(state)))  # each cell escaped there
+    click.echo(redactor.redact(summary_table(manifest.task, state)))  # each cell escaped there
     reasons = [(sid, reason) for sid, r in state.steps.items() for reason in r.reasons]
     if reasons:
         click.echo("\nwhy steps were rerun, skipped or reconciled:")

@@ -16,6 +16,7 @@ from coder.models.usage import cache_share
 if TYPE_CHECKING:
     from coder.models.usage import UsageRecord
     from coder.run.records import RunState
+    from coder.taskfile import Task
 
 
 def run_usage(state: RunState) -> UsageRecord:
@@ -45,15 +46,15 @@ def usage_line(state: RunState) -> str:
     )
 
 
-def summary_table(state: RunState) -> str:
+def summary_table(task: Task, state: RunState) -> str:
     rows = [("step", "kind", "status", "tries", "time", "tokens", "commit", "note")]
-    for step in state.task["graph"]:
-        r = state.steps[step["id"]]
+    for step in task.steps:
+        r = state.steps[step.id]
         note = r.error or r.summary or ""
         rows.append(
             (
-                step["id"],
-                step["kind"],
+                step.id,
+                step.kind,
                 r.status,
                 str(r.attempts),
                 f"{r.duration_s:.1f}s" if r.duration_s is not None else "-",

@@ -278,6 +278,7 @@ def task_status(ctx: ToolContext, args: IdArgs) -> ToolResult:
     alive = launch is not None and launch.process.poll() is None
     try:
         state = StateStore(coder_dir).load(task_id)
+        manifest = manifests.load_manifest(coder_dir, task_id)  # written before the state: there
     except UnknownTask:
         if alive or _starting_elsewhere(coder_dir, task_id):
             return ToolResult(
@@ -291,7 +292,7 @@ def task_status(ctx: ToolContext, args: IdArgs) -> ToolResult:
     # The runner holds the lock while it runs; our own child may still be merging after it.
     running = alive or read_lock_owner(coder_dir, task_id) is not None
     status = "running" if running else state.status
-    kinds = {s["id"]: s["kind"] for s in state.task["graph"]}
+    kinds = {s.id: s.kind for s in manifest.task.steps}
     steps = [
         {
             "id": sid,
@@ -306,7 +307,7 @@ def task_status(ctx: ToolContext, args: IdArgs) -> ToolResult:
     done = sum(1 for st in state.steps.values() if st.status in DONE)
     lines = [
         f"run {task_id}: {status} ({done}/{len(steps)} steps done) on branch "
-        f"{state.branch}" + (f"; error: {state.error}" if state.error else "")
+        f"{manifest.branch}" + (f"; error: {state.error}" if state.error else "")
     ]
     lines += [
         f"  {sid}  {kinds.get(sid)}  {st.status}"
@@ -326,10 +327,10 @@ def task_status(ctx: ToolContext, args: IdArgs) -> ToolResult:
         content="\n".join(lines),
         data={
             "task_id": task_id,
-            "title": state.title,
+            "title": manifest.task.title,
             "status": status,
-            "branch": state.branch,
-            "base": state.base,
+            "branch": manifest.branch,
+            "base": manifest.base,
             "error": state.error,
             "merge": merge,
             "steps": steps,

@@ -117,14 +117,14 @@ def check_done_unchanged(edit: Edit, state: RunState) -> None:
         back = (
             ""
             if first
-            else f", roll the run back before it with `coder revert -t {state.task_id} "
+            else f", roll the run back before it with `coder revert -t {edit.task.id} "
             "--to-step STEP`"
         )
         raise InvalidInput(
-            f"step {sid} of run {state.task_id} is done ({what}), and the taskfile "
+            f"step {sid} of run {edit.task.id} is done ({what}), and the taskfile "
             f"{edit.path} changes it; the new version can only change steps not yet done",
             hint=f"undo the change to {sid}{back}, or start again with `coder clean -t "
-            f"{state.task_id}`",
+            f"{edit.task.id}`",
         )
 
 
@@ -154,8 +154,8 @@ def align(state: RunState, task: taskfile.Task) -> None:
     missing = [s for s, r in state.steps.items() if (r.status in DONE or r.commit) and s not in ids]
     if missing:
         raise InvalidInput(
-            f"step {missing[0]} of run {state.task_id} is done but no longer in its task",
-            hint=f"start again with `coder clean -t {state.task_id}`",
+            f"step {missing[0]} of run {task.id} is done but no longer in its task",
+            hint=f"start again with `coder clean -t {task.id}`",
         )
     state.steps = {s.id: state.steps.get(s.id) or StepRecord() for s in task.steps}
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from coder.redact import Redactor
     from coder.run.approvals import EditApprovals
     from coder.run.eventlog import EventLog
+    from coder.run.manifest import Manifest
     from coder.run.records import RunState
     from coder.run.settings import RunSettings
     from coder.run.state import StateStore
@@ -37,6 +38,7 @@ class RunContext:
     """Everything one run needs; built by `coder.run.drive.execute` for `run` and `resume`."""
 
     task: Task
+    manifest: Manifest  # what the run is (its branch, base, taskfile); `state`: its progress
     settings: RunSettings
     repo_root: Path
     coder_dir: Path
@@ -52,7 +54,7 @@ class RunContext:
 
     @property
     def branch(self) -> str:
-        return self.state.branch
+        return self.manifest.branch
 
     @property
     def artifacts(self) -> Path:

@@ -86,6 +86,7 @@ class RunOptions(Chosen):
 class RunResult:
     task_id: str
     status: str  # success | failed | error | interrupted
+    manifest: manifests.Manifest
     state: RunState
     warnings: tuple[str, ...] = ()
     resume: str = ""  # how to continue it: `coder resume -t ID`, with -f when its files are gone
@@ -151,7 +152,7 @@ def execute(
     settings: RunSettings,
     *,
     root: Path,
-    worktree: Path,
+    manifest: manifests.Manifest,
     state: RunState,
     store: StateStore,
     agent: AgentSession | None,
@@ -161,7 +162,7 @@ def execute(
     console: Console | None,
 ) -> RunResult:
     """Run a started or resumed run to its end: the one place its RunContext is built."""
-    coder_dir = store.coder_dir
+    coder_dir, worktree = store.coder_dir, manifest.worktree_path
     settings = serving(settings, agent.facts.slots if agent is not None else None)
     # the worktree's `.env*` files too, before anything is logged or any command runs
     redactor.add(*secrets_from_repo(worktree))
@@ -174,6 +175,7 @@ def execute(
         stop = threading.Event()  # the run's, which its questions watch too
         run = RunContext(
             task=task,
+            manifest=manifest,
             settings=settings,
             repo_root=root,
             coder_dir=coder_dir,
@@ -192,8 +194,8 @@ def execute(
         status = _drive(run, options)
     resume = f"coder resume -t {task.id}"
     if not manifests.run_exists(coder_dir, task.id):  # deleted under the run
-        resume += f" -f {state.taskfile or 'TASKFILE'}"
-    return RunResult(task.id, status, state, warnings, resume)
+        resume += f" -f {manifest.taskfile or 'TASKFILE'}"
+    return RunResult(task.id, status, manifest, state, warnings, resume)
 
 
 def _drive(run: RunContext, options: RunOptions) -> str:

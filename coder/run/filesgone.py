@@ -34,7 +34,7 @@ def check(run: RunContext, workdir: Path | None = None, *, assume_state: bool = 
     if not gone:
         return
     if run.coder_dir in gone or {manifest, state} <= set(gone):
-        taskfile = run.state.taskfile or "TASKFILE"
+        taskfile = run.manifest.taskfile or "TASKFILE"
         hint = (
             f"`coder resume -t {task_id} -f {taskfile}` rebuilds the run from the taskfile "
             "and the commits on its branch"

@@ -97,7 +97,7 @@ def resume_run(
             task,
             settings,
             root=root,
-            worktree=manifest.worktree_path,
+            manifest=manifest,
             state=state,
             store=store,
             agent=agent,
@@ -163,7 +163,7 @@ def _resumable_state(
             )
         )
     if branches.branch_tip(repo, manifest.branch) is None:
-        raise _branch_gone(repo, state, manifest.branch)
+        raise _branch_gone(repo, state, manifest)
     if state.status == "success":
         merged = state.merge
         raise InvalidInput(
@@ -249,7 +249,7 @@ def reconcile(repo: Repo, coder_dir: Path, state: RunState, manifest: Manifest) 
     task_id, branch, worktree = manifest.task_id, manifest.branch, manifest.worktree_path
     tip = branches.branch_tip(repo, branch)
     if tip is None:
-        raise _branch_gone(repo, state, branch)
+        raise _branch_gone(repo, state, manifest)
     rolled_back = _roll_back_past_pruned(repo, state, manifest, worktree, tip)
     if rolled_back is not None:
         tip, warning = rolled_back
@@ -380,19 +380,20 @@ def _died_mid_run(state: RunState) -> bool:
     return state.status == "running" and any(st.status not in DONE for st in state.steps.values())
 
 
-def _branch_gone(repo: Repo, state: RunState, branch: str) -> EnvironmentProblem:
+def _branch_gone(repo: Repo, state: RunState, manifest: Manifest) -> EnvironmentProblem:
     """The run's branch was deleted by hand (or a kill cut a fork short before it made its
     branch): how to bring it back, at its last step commit or where the run started, or
     remove the run."""
     last = gitcommits.last_commit(repo, [st.commit for st in state.steps.values() if st.commit])
-    start = gitcommits.last_commit(repo, [state.checkout_commit or state.base_commit])
+    start = gitcommits.last_commit(repo, [manifest.start_commit])
+    task_id, branch = manifest.task_id, manifest.branch
     at, what = (last, "its last step commit") if last else (start, "where the run started")
     restore = (
         f"restore it with `git branch {branch} {at[:12]}` ({what}) and resume, or " if at else ""
     )
     return EnvironmentProblem(
-        f"branch {branch} of run {state.task_id} no longer exists",
-        hint=f"{restore}remove the run with `coder clean -t {state.task_id}`",
+        f"branch {branch} of run {task_id} no longer exists",
+        hint=f"{restore}remove the run with `coder clean -t {task_id}`",
     )
 
 

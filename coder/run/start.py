@@ -28,8 +28,8 @@ from coder.run import manifest as manifests
 from coder.run import uncommitted
 from coder.run.candidates import with_candidates
 from coder.run.lock import TaskLock
-from coder.run.manifest import manifest_path, new_run
-from coder.run.records import RunState, now_iso
+from coder.run.manifest import Manifest, manifest_path, new_run
+from coder.run.records import now_iso
 from coder.run.secrets import stored_task
 from coder.run.settings import RunSettings, resolve
 from coder.run.state import StateStore
@@ -79,13 +79,14 @@ def start_run(
                 )
                 base_commit = included.base_commit  # a merge may have moved it since
             checkout_commit = included.commit if included else None
-            state = _create(repo, coder_dir, task, path, base_commit, redactor, checkout_commit)
+            manifest = _create(repo, coder_dir, task, path, base_commit, redactor, checkout_commit)
+            state = new_run(manifest)
             store.save(state)
             return execute(
                 task,
                 settings,
                 root=root,
-                worktree=Path(state.worktree),
+                manifest=manifest,
                 state=state,
                 store=store,
                 agent=agent,
@@ -186,9 +187,9 @@ def _create(
     base_commit: str,
     redactor: Redactor,
     checkout_commit: str | None = None,
-) -> RunState:
-    """The run's manifest, then its branch and worktree (at `checkout_commit`, the checkout's
-    changes, when there is one): its first checkpoint, not saved."""
+) -> Manifest:
+    """The run's manifest, written, then its branch and worktree (at `checkout_commit`, the
+    checkout's changes, when there is one)."""
     assert task.base is not None, "a resolved task names its base"
     worktree = coder_dir / "worktrees" / task.id
     manifest = manifests.build(
@@ -206,7 +207,7 @@ def _create(
         repo, name=task.id, path=worktree, branch=task.branch, start=manifest.start_commit
     )
     crashpoint("after_worktree")
-    return new_run(manifest)
+    return manifest
 
 
 def _start_warnings(

@@ -45,7 +45,7 @@ def run_problems(run: RunContext) -> list[str]:
         tests=tests,
         label="require_green_tests: ",
         tested=lambda _, result: run.log.info("success.tests", exit_code=result.exit_code),
-        base=lambda: run.state.base_commit,
+        base=lambda: run.manifest.base_commit,
         cancel=run.stop,
         owner=run.owner,
     )

@@ -73,7 +73,7 @@ def compare_runs(cwd: Path, first: str, second: str, *, patch: bool = False) -> 
         raise InvalidInput(f"both sides are run {first}", hint="name two runs: -t A -t B")
     views = open_run(cwd, first), open_run(cwd, second)
     repo = views[0].repo
-    tips = [branches.branch_tip(repo, v.state.branch) for v in views]
+    tips = [branches.branch_tip(repo, v.manifest.branch) for v in views]
     order = list(views[0].state.steps)
     order += [s for s in views[1].state.steps if s not in order]
     steps = views[0].state.steps, views[1].state.steps
@@ -82,7 +82,7 @@ def compare_runs(cwd: Path, first: str, second: str, *, patch: bool = False) -> 
     if tips[0] and tips[1]:
         identical = diffs.changed_files_between(repo, tips[0], tips[1]) == []
 
-        redactor = view_redactor(views[0].root, [v.state.worktree for v in views])
+        redactor = view_redactor(views[0].root, [v.manifest.worktree for v in views])
         if patch:
             text = diffs.diff_patch(repo, tips[0], tips[1])
         else:
@@ -182,14 +182,14 @@ def _side(record: StepRecord | None) -> Side:
 
 
 def _totals(view: OpenRun, tip: str | None) -> Totals:
-    state = view.state
+    state, manifest = view.state, view.manifest
     records = state.steps.values()
     return Totals(
-        task_id=state.task_id,
+        task_id=manifest.task_id,
         status=state.status,
-        branch=state.branch,
+        branch=manifest.branch,
         tip=tip,
-        parent=state.parent,
+        parent=manifest.parent,
         done=sum(1 for r in records if r.status in DONE),
         steps=len(state.steps),
         tokens=sum(r.tokens for r in records),

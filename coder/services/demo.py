@@ -81,17 +81,17 @@ def run(
     if result.status == "success":
         landed = merge.merge_run(result.task_id, cwd=repo_dir, if_green=True, notify=notify)
     repo = repository.open_repo(repo_dir)
-    state = result.state
-    tip = branches.branch_tip(repo, state.branch)
+    manifest = result.manifest
+    tip = branches.branch_tip(repo, manifest.branch)
     commits = [
         f"{c.commit[:8]} {c.summary}"
         for c in gitcommits.step_commits(
-            repo, branch=state.branch, base_commit=state.base_commit, task_id=result.task_id
+            repo, branch=manifest.branch, base_commit=manifest.base_commit, task_id=result.task_id
         )
     ]
     stat = (
-        diffs.diff_stat(repo, state.base_commit, landed.commit)
+        diffs.diff_stat(repo, manifest.base_commit, landed.commit)
         if landed and landed.commit
-        else (diffs.diff_stat(repo, state.base_commit, tip) if tip else "")
+        else (diffs.diff_stat(repo, manifest.base_commit, tip) if tip else "")
     )
     return DemoResult(repo_dir, result, landed, commits, stat)

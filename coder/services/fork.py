@@ -189,7 +189,7 @@ def _state(manifest: manifests.Manifest, parent: RunState, plan: ForkPlan, at: s
             start_tip=None,
             reasons=[
                 *record.reasons,
-                f"carried over from run {parent.task_id}{where} by `coder fork --at {at}`",
+                f"carried over from run {manifest.parent}{where} by `coder fork --at {at}`",
             ],
         )
     return state

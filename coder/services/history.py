@@ -21,7 +21,7 @@ def redactor_of(view: OpenRun) -> Redactor:
     """What showing the run redacts (coder.run.secrets.view_redactor)."""
     from coder.run.secrets import view_redactor
 
-    return view_redactor(view.root, [view.state.worktree])
+    return view_redactor(view.root, [view.manifest.worktree])
 
 
 def shown_name(name: str, redactor: Redactor) -> str:
@@ -37,16 +37,16 @@ def diff(view: OpenRun, *, step: str | None = None, stat: bool = False) -> str:
     from coder.git import diffs
 
     repo = view.repo
-    state = view.state
-    tip = gitbranches.branch_tip(repo, state.branch)
+    state, manifest = view.state, view.manifest
+    tip = gitbranches.branch_tip(repo, manifest.branch)
     if tip is None:
-        raise InvalidInput(f"branch {state.branch} no longer exists")
+        raise InvalidInput(f"branch {manifest.branch} no longer exists")
     if step is None:
-        old, new = state.base_commit, tip
+        old, new = manifest.base_commit, tip
     else:
         if step not in state.steps:
             known = ", ".join(state.steps)
-            raise InvalidInput(f"run {state.task_id} has no step {step!r} (its steps: {known})")
+            raise InvalidInput(f"run {view.task_id} has no step {step!r} (its steps: {known})")
         record = state.steps[step]
         if not record.commit:
             raise InvalidInput(

@@ -150,8 +150,8 @@ class _Merge:
         self.manifest, self.store, self.state = run.manifest, run.store, run.state
         self.mode, self.if_green, self.notify, self.report = mode, if_green, notify, report
         self.task_id: str = run.task_id
-        self.base: str = self.state.base
-        self.branch: str = self.state.branch
+        self.base: str = self.manifest.base
+        self.branch: str = self.manifest.branch
         self.tag = tag_name(self.task_id)
         self.warnings: list[str] = []
         self.target: str | None = None  # the commit base is to point at, once known
@@ -527,9 +527,8 @@ def merge_message(
         lines.insert(0, "- uncommitted changes from the checkout (the run's first commit)")
     what = "Squash merge" if mode == "squash" else "Merge"
     title = redact(" ".join(task.title.split())) or f"coder task {task.id}"
-    intro = (
-        f"{what} of coder task {task.id} from {state.branch} ({counted(len(task.steps), 'step')}):"
-    )
+    n_steps = counted(len(task.steps), "step")
+    intro = f"{what} of coder task {task.id} from {manifest.branch} ({n_steps}):"
     trailers = f"{commits.TRAILER_TASK}: {task.id}\n{commits.TRAILER_MERGE}: {mode}\n"
     steps = redact(summary) if summary else "\n".join(lines)
     return "\n\n".join([title, intro + "\n" + steps, trailers])

@@ -54,13 +54,13 @@ class PushResult:
 def push_run(cwd: Path, task_id: str, *, remote: str | None = None) -> PushResult:
     """Push run `task_id`'s branch (see the module docstring)."""
     with open_run(cwd, task_id, holder="push") as view:  # the state read under the lock
-        repo, store, state = view.repo, view.store, view.state
-        name = remote or remotes.default_remote(repo, state.base)
+        repo, store, state, manifest = view.repo, view.store, view.state, view.manifest
+        name = remote or remotes.default_remote(repo, manifest.base)
         url = remotes.shown_url(remotes.remote_url(repo, name))
-        tip = branches.branch_tip(repo, state.branch)
+        tip = branches.branch_tip(repo, manifest.branch)
         if tip is None:
-            raise InvalidInput(f"branch {state.branch} of run {task_id} no longer exists")
-        ref = f"refs/heads/{state.branch}"
+            raise InvalidInput(f"branch {manifest.branch} of run {task_id} no longer exists")
+        ref = f"refs/heads/{manifest.branch}"
         last = state.pushed = _landed(view.root, name, url, ref, state)
         ours = last["commit"] if last and (last["url"], last["ref"]) == (url, ref) else None
         state.pushing = {
@@ -93,7 +93,7 @@ def push_run(cwd: Path, task_id: str, *, remote: str | None = None) -> PushResul
         commit=tip,
         previous=ours,
         compare_url=remotes.compare_url(
-            remotes.remote_urls(repo, name), base=state.base, branch=state.branch
+            remotes.remote_urls(repo, name), base=manifest.base, branch=manifest.branch
         ),
         body=body,
         warnings=tuple(warnings),
@@ -161,7 +161,7 @@ def push_merge(cwd: Path, task_id: str, *, remote: str | None = None) -> MergePu
     if not merged or "commit" not in merged:
         raise InvalidInput(f"run {task_id} has not been merged", hint=f"coder merge -t {task_id}")
     repo = view.repo
-    base = merged.get("base") or view.state.base
+    base = merged.get("base") or view.manifest.base
     name = remote or remotes.default_remote(repo, base)
     url = remotes.shown_url(remotes.remote_url(repo, name))
     commit = branches.branch_tip(repo, base) or merged["commit"]

@@ -155,12 +155,12 @@ class RunReport:
 
 def build(view: OpenRun) -> RunReport:
     state = view.state.to_dict()  # as `coder show -t --json` prints it
-    task_id = state["task_id"]
+    manifest = view.manifest
     repo = view.repo
-    tip = branches.branch_tip(repo, state["branch"])
+    tip = branches.branch_tip(repo, manifest.branch)
     cycles = _fix_cycles(view)
     steps = []
-    for step in state["task"]["graph"]:
+    for step in manifest.doc["graph"]:
         st = state["steps"].get(step["id"], {})
         commit = st.get("commit")
         files = diffs.diff_files(repo, f"{commit}^", commit) if commit else []
@@ -186,30 +186,30 @@ def build(view: OpenRun) -> RunReport:
             )
         )
     report = RunReport(
-        task_id=task_id,
-        title=state["title"],
-        spec=state["task"].get("spec"),
-        taskfile=_relative(state.get("taskfile"), view.root),
-        model=state["task"].get("model"),
+        task_id=manifest.task_id,
+        title=manifest.task.title,
+        spec=manifest.doc.get("spec"),
+        taskfile=_relative(manifest.taskfile, view.root),
+        model=manifest.doc.get("model"),
         status=state["status"],
         error=state.get("error"),
-        branch=state["branch"],
-        base=state["base"],
-        base_commit=state["base_commit"],
+        branch=manifest.branch,
+        base=manifest.base,
+        base_commit=manifest.base_commit,
         tip=tip,
         merge=state.get("merge"),
         steps=steps,
-        files=diffs.diff_files(repo, state["base_commit"], tip) if tip else [],
+        files=diffs.diff_files(repo, manifest.base_commit, tip) if tip else [],
         mermaid=diagram.mermaid(diagram.nodes_of_run(view.manifest.task, state["steps"])),
         models=models_used(view.manifest.task, {s.id: s.attempts for s in steps if s.usage}),
-        checkout_commit=view.state.checkout_commit,
+        checkout_commit=manifest.checkout_commit,
         checkout_files=(
-            diffs.diff_files(repo, state["base_commit"], view.state.checkout_commit)
-            if view.state.checkout_commit
+            diffs.diff_files(repo, manifest.base_commit, manifest.checkout_commit)
+            if manifest.checkout_commit
             else []
         ),
-        parent=state.get("parent"),
-        forked_at=(state.get("forked_at") or {}).get("step"),
+        parent=manifest.parent,
+        forked_at=manifest.forked_at["step"] if manifest.forked_at else None,
     )
     return _with_next_steps(report)
 
@@ -229,7 +229,7 @@ def _relative(path: str | None, root: Any) -> str | None:
 def _fix_cycles(view: OpenRun) -> dict[str, list[FixCycle]]:
     """Per step, the fix cycles of its last attempt (an attempt starts afresh)."""
     found: dict[str, list[FixCycle]] = {}
-    for event in eventlog.read_events(view.coder_dir, view.state.task_id):
+    for event in eventlog.read_events(view.coder_dir, view.task_id):
         step = event.get("step_id")
         if not step:
             continue

@@ -226,7 +226,7 @@ class _Revert:
         commit = record.get("commit") or self._tagged(tag)
         if not commit:
             return
-        base = record.get("base") or self.state.base
+        base = record.get("base") or self.manifest.base
         undo = {
             "no-ff": f"git revert -m 1 {tag}",
             "ff-only": f"git revert --no-edit {self.manifest.base_commit[:12]}..{tag}",
