@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypedDict
 from coder.errors import CorruptState
 from coder.run import manifest as manifests
 from coder.run.lock import read_lock_owner
-from coder.run.manifest import read_manifest
+from coder.run.manifest import load_manifest, read_manifest
 from coder.run.records import DONE
 from coder.run.state import StateStore
 
@@ -51,6 +51,11 @@ def rows(coder_dir: Path) -> list[StatusRow]:
         if isinstance(item, dict):
             found.append(item)
             continue
+        try:  # what the run is: its manifest's (the checkpoint holds its progress)
+            manifest = load_manifest(coder_dir, task_id)
+        except CorruptState as exc:
+            found.append({"id": task_id, "status": "corrupt", "error": exc.message})
+            continue
         done = sum(1 for r in item.steps.values() if r.status in DONE)
         skipped = sum(1 for r in item.steps.values() if r.status == "skipped")
         running = read_lock_owner(coder_dir, item.task_id) is not None
@@ -58,15 +63,15 @@ def rows(coder_dir: Path) -> list[StatusRow]:
         found.append(
             {
                 "id": item.task_id,
-                "title": item.title,
+                "title": manifest.doc["title"],
                 "status": "running" if running else item.status,
                 "progress": f"{done}/{len(item.steps)}",
                 "skipped": skipped,
-                "branch": item.branch,
+                "branch": manifest.branch,
                 "updated_at": item.updated_at,
-                "seq": item.seq,
+                "seq": manifest.seq,
                 "error": item.error,
-                "parent": item.parent,
+                "parent": manifest.parent,
                 "runner_gone": gone,
                 "merged": item.merge.get("commit") if item.merge else None,
                 "pushed": _remote_branch(item.pushed) if item.pushed else None,
