@@ -125,7 +125,7 @@ def fork_run(
     taken = set(manifests.run_ids(coder_dir))
 
     def branch_of(fork: str) -> str:
-        return taskfile.default_branch(fork, parent_state.title)
+        return taskfile.default_branch(fork, parent.task.title)
 
     def free(fork: str) -> bool:  # no run, nor a branch a cleaned one left
         return fork not in taken and branches.branch_tip(repo, branch_of(fork)) is None
