@@ -135,7 +135,7 @@ def compare_candidates(cwd: Path, task: str, step: str, *, patch: bool = False) 
             f"step '{step}' of run {task} was not tried several ways",
             hint="set `candidates: N` on the step, or run with `--candidates N`",
         )
-    redactor = view_redactor(view.root, [view.state.worktree])
+    redactor = view_redactor(view.root, [view.manifest.worktree])
 
     def changed(c: CandidateRecord) -> str:
         commit = c.get("commit")
