@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypedDict
 from coder.errors import CorruptState
 from coder.run import manifest as manifests
 from coder.run.lock import read_lock_owner
-from coder.run.manifest import load_manifest, read_manifest
+from coder.run.manifest import read_manifest
 from coder.run.records import DONE
 from coder.run.state import StateStore
 
@@ -44,17 +44,14 @@ def rows(coder_dir: Path) -> list[StatusRow]:
     found: list[StatusRow] = []
     states = {item.task_id: item for item in StateStore(coder_dir).load_all()}
     for task_id in manifests.run_ids(coder_dir):  # a run: a manifest or a checkpoint
+        # A checkpoint still holds the run's title, branch, order and parent: reading its
+        # manifest too would load the taskfile package (its kinds) for every `coder status`.
         item = states.get(task_id) or _from_manifest(coder_dir, task_id)
         if isinstance(item, CorruptState):
             found.append({"id": item.task_id, "status": "corrupt", "error": item.message})
             continue
         if isinstance(item, dict):
             found.append(item)
-            continue
-        try:  # what the run is: its manifest's (the checkpoint holds its progress)
-            manifest = load_manifest(coder_dir, task_id)
-        except CorruptState as exc:
-            found.append({"id": task_id, "status": "corrupt", "error": exc.message})
             continue
         done = sum(1 for r in item.steps.values() if r.status in DONE)
         skipped = sum(1 for r in item.steps.values() if r.status == "skipped")
@@ -63,15 +60,15 @@ def rows(coder_dir: Path) -> list[StatusRow]:
         found.append(
             {
                 "id": item.task_id,
-                "title": manifest.doc["title"],
+                "title": item.title,
                 "status": "running" if running else item.status,
                 "progress": f"{done}/{len(item.steps)}",
                 "skipped": skipped,
-                "branch": manifest.branch,
+                "branch": item.branch,
                 "updated_at": item.updated_at,
-                "seq": manifest.seq,
+                "seq": item.seq,
                 "error": item.error,
-                "parent": manifest.parent,
+                "parent": item.parent,
                 "runner_gone": gone,
                 "merged": item.merge.get("commit") if item.merge else None,
                 "pushed": _remote_branch(item.pushed) if item.pushed else None,
