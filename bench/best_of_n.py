@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -35,16 +34,9 @@ sys.path.insert(0, str(ROOT))
 from tests.fake_ollama import Reply, seed_of, solves  # noqa: E402
 from tests.fake_openai import MODEL, FakeOpenAI  # noqa: E402
 
-SAMPLE = ROOT / "fixtures" / "pyproject-sample"
-GIT_ENV = {
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_TERMINAL_PROMPT": "0",
-    "LC_ALL": "C",
-    "GIT_AUTHOR_NAME": "Bench",
-    "GIT_AUTHOR_EMAIL": "bench@localhost",
-    "GIT_COMMITTER_NAME": "Bench",
-    "GIT_COMMITTER_EMAIL": "bench@localhost",
-}
+sys.path.insert(0, str(ROOT / "bench"))
+from parallel_levels import coder_cmd, sample_repo  # noqa: E402
+
 ONE_IN = 3
 WALL_GOAL = 1.5
 TASK = """id: best
@@ -67,33 +59,10 @@ def answer(body: dict[str, Any]) -> Reply:
     return Reply(tool_calls=[{"name": "fs_write", "arguments": write}])
 
 
-def git(cwd: Path, env: dict[str, str], *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
-    ).stdout
-
-
-def coder_cmd() -> list[str]:
-    exe = shutil.which("coder", path=str(Path(sys.executable).parent))
-    return [exe] if exe else [sys.executable, "-m", "coder"]
-
-
 def run_once(tmp: Path, k: int, candidates: int, pace: float) -> tuple[bool, float]:
     """One `coder run` with the config's seed 100 * k: (the step passed, the wall time)."""
     name = f"{k}-{candidates}"
-    home = tmp / f"home{name}"
-    (home / ".config" / "coder").mkdir(parents=True)
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("OLLAMA_HOST", "CODER_MODEL", "CODER_CONFIG", "GIT_DIR", "GIT_WORK_TREE")
-    }
-    env.update(GIT_ENV, HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"))
-    repo = tmp / f"repo{name}"
-    shutil.copytree(SAMPLE, repo)
-    git(repo, env, "init", "-q", "-b", "main")
-    git(repo, env, "add", "-A")
-    git(repo, env, "commit", "-q", "-m", "initial")
+    home, env, repo = sample_repo(tmp, name)
     taskfile = tmp / f"task{name}.yaml"
     taskfile.write_text(TASK)
     with FakeOpenAI(slots=4, pace=pace) as fake:

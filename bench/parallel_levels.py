@@ -107,9 +107,10 @@ def coder_cmd() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "coder"]
 
 
-def run_once(tmp: Path, k: int, slots: int, pace: float) -> dict[str, Any]:
-    """One `coder run` of the level against a fresh fake with `slots`, in a fresh repository."""
-    home = tmp / f"home{k}"
+def sample_repo(tmp: Path, name: str) -> tuple[Path, dict[str, str], Path]:
+    """A fresh copy of the sample project committed on main, with a HOME of its own whose
+    config coder reads: (home, the environment to run coder in, the repository)."""
+    home = tmp / f"home{name}"
     (home / ".config" / "coder").mkdir(parents=True)
     env = {
         key: value
@@ -117,11 +118,17 @@ def run_once(tmp: Path, k: int, slots: int, pace: float) -> dict[str, Any]:
         if key not in ("OLLAMA_HOST", "CODER_MODEL", "CODER_CONFIG", "GIT_DIR", "GIT_WORK_TREE")
     }
     env.update(GIT_ENV, HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"))
-    repo = tmp / f"repo{k}"
+    repo = tmp / f"repo{name}"
     shutil.copytree(SAMPLE, repo)
     git(repo, env, "init", "-q", "-b", "main")
     git(repo, env, "add", "-A")
     git(repo, env, "commit", "-q", "-m", "initial")
+    return home, env, repo
+
+
+def run_once(tmp: Path, k: int, slots: int, pace: float) -> dict[str, Any]:
+    """One `coder run` of the level against a fresh fake with `slots`, in a fresh repository."""
+    home, env, repo = sample_repo(tmp, str(k))
     taskfile = tmp / f"task{k}.yaml"
     taskfile.write_text(TASK)
     with FakeOpenAI(slots=slots, pace=pace) as fake:
