@@ -49,6 +49,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("run",),
     # the services a user calls on a run, one module per command
     ("services",),
+    # a run's steps on other machines (workers, engines, the coordinator's part)
+    ("fleet",),
     # planning and the MCP server
     ("plan", "mcp"),
     ("cli", "__main__"),

@@ -23,6 +23,7 @@ other layers hold a `repository.Repo` handle and get plain values back).
                    a remote branch's commit, the review page's URL of a remote
     guard.py       the git guard: what a command changed in `.git` is put back, and named
     indexfile.py   an index file's entries as git status sees them, read without libgit2
+    picks.py       commits stacked in memory for a step run elsewhere (coder.fleet)
 
 May import: the base modules (errors, ...) and policy's confinement. Never the run, model or
 CLI layers.

@@ -140,6 +140,38 @@ def remote_ref(root: Path, remote: str, ref: str) -> str | None:
     return None
 
 
+def fetch(root: Path, remote: str, refspecs: list[str]) -> None:
+    """`git fetch` of `refspecs` from `remote` into the repository at `root`
+    (EnvironmentProblem with git's last line when it fails)."""
+    _checked(_git(root, "fetch", "--no-tags", "--quiet", remote, *refspecs), f"fetch from {remote}")
+
+
+def clone(url: str, into: Path) -> None:
+    """A fresh clone of `url` at `into` (EnvironmentProblem when git cannot make one)."""
+    _checked(_git(into.parent, "clone", "--quiet", url, str(into)), f"clone {url}")
+
+
+def remote_refs(root: Path, remote: str, pattern: str) -> dict[str, str]:
+    """The refs of `remote` matching `pattern` (`refs/coder/ID/*`): name -> sha."""
+    proc = _checked(_git(root, "ls-remote", "--refs", remote, pattern), f"list {remote}'s refs")
+    found = {}
+    for line in proc.stdout.splitlines():
+        sha, _, name = line.partition("\t")
+        if name:
+            found[name] = sha
+    return found
+
+
+def _checked(
+    proc: subprocess.CompletedProcess[str], doing: str
+) -> subprocess.CompletedProcess[str]:
+    if proc.returncode != 0:
+        detail = [line for line in proc.stderr.splitlines() if line.strip()]
+        said = shown_url(detail[-1]) if detail else f"git exited {proc.returncode}"
+        raise EnvironmentProblem(f"cannot {shown_url(doing)}: {said}")
+    return proc
+
+
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in _KEPT}
     if not sys.stdin.isatty():  # nobody to answer a username prompt
