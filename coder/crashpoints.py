@@ -42,6 +42,13 @@ REVERT_POINTS = (
     "revert_after_worktree",  # files updated, before the state marks the later steps pending
 )
 
+# `coder worker`'s points (coder.fleet.worker), enumerated by tests/fleet/test_worker.py.
+WORKER_POINTS = (
+    "before_step",  # the worker's one-step run started its step, nothing done yet
+    "after_checks",  # the step's work checked, before its commit
+    "worker_before_push",  # the step committed in the worker's clone, before the push
+)
+
 _counts: dict[str, int] = {}
 _lock = threading.Lock()
 

@@ -28,6 +28,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("run_cmd", "run", "Run a taskfile on its own branch, one commit per step."),
     "resume": ("run_cmd", "resume", "Continue a run that crashed, was killed or was stopped."),
     "stop": ("run_cmd", "stop", "Stop a run; a runner that does not stop when asked is killed."),
+    "worker": (
+        "worker_cmd",
+        "worker",
+        "Run one step of a run here and push its commit to the remote.",
+    ),
     "status": ("status_cmd", "status", "List the runs in this repository."),
     "merge": (
         "merge_cmd",
@@ -96,7 +101,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 # commands get the view and walls root's get (coder.policy.userns). Not the others: a program
 # they start (ssh for `push`, an editor) keeps the user's exact identity.
 CONFINING = frozenset(
-    {"init", "plan", "run", "resume", "merge", "revert", "fork", "doctor", "mcp", "demo"}
+    {"init", "plan", "run", "resume", "worker", "merge", "revert", "fork", "doctor", "mcp", "demo"}
 )
 
 

@@ -82,12 +82,12 @@ def run_worker_process(job: WorkerJob, *, timeout: float | None = None) -> Worke
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return _error(job, f"worker for step {job.step_id} did not finish: {exc}", started)
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    if lines:
-        try:
-            return WorkerResult.from_json(lines[-1])
-        except ValueError:
-            pass
+    text = proc.stdout
+    last = text.rfind("\n{")  # the result is the last object printed (`--json`)
+    try:
+        return WorkerResult.from_json(text[last + 1 :] if last >= 0 else text)
+    except ValueError:
+        pass
     said = [line for line in proc.stderr.splitlines() if line.strip()]
     how = (
         f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"

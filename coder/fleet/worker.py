@@ -1,0 +1,154 @@
+"""`coder worker`: one step of a run, anywhere the repository can be cloned.
+
+The worker clones the remote into a fresh directory, fetches the run's refs, builds the step's
+start by the start rule, runs the step there as a one-step coder run (the same task id, so its
+commit's trailers name the run; fix cycles, checks, budgets, policy and sandbox as any run),
+and pushes the commit to `refs/coder/RUN/steps/STEP`, once (coder.fleet.refs). It never
+touches the run's branch. Killed before the push, it leaves nothing anyone would take.
+
+The start rule (the one definition; the coordinator lands by it too): start(S) is the run's
+base with the step commits of S's transitive dependencies cherry-picked onto it in the task's
+topological order. A step with no dependencies starts at the base.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from coder.crashpoints import crashpoint
+from coder.errors import CoderError, EnvironmentProblem, InvalidInput
+from coder.fleet import refs
+from coder.fleet.jobs import WorkerJob, WorkerResult
+from coder.git import branches, picks, remotes, repository
+from coder.run.drive import RunOptions
+from coder.run.manifest import parse_task
+from coder.run.start import start_run
+from coder.taskfile import Task
+from coder.taskfile.graph import build, order
+
+REMOTE = "origin"  # the clone's name for the remote it came from
+
+
+def run_worker(job: WorkerJob, *, workdir: Path | None = None) -> WorkerResult:
+    """Run `job` in `workdir` (kept) or a temporary directory (removed): its result. A problem
+    of the machine, the remote or the refs is status `error`, never raised."""
+    started = time.monotonic()
+    place = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="coder-worker-"))
+    try:
+        return _work(job, place, started)
+    except CoderError as exc:
+        return _result(job, "error", None, started, error=exc.message)
+    finally:
+        if workdir is None:
+            shutil.rmtree(place, ignore_errors=True)
+
+
+def start_rule(task: Task, step_id: str) -> list[str]:
+    """The step's transitive dependencies in the task's topological order: what its start
+    cherry-picks onto the base."""
+    deps = task.deps()
+    needed: set[str] = set()
+    todo = list(deps[step_id])
+    while todo:
+        dep = todo.pop()
+        if dep not in needed:
+            needed.add(dep)
+            todo += deps[dep]
+    return [s for s in order(build(deps)) if s in needed]
+
+
+def _work(job: WorkerJob, place: Path, started: float) -> WorkerResult:
+    task = parse_task(job.task)
+    task.step(job.step_id)  # InvalidInput naming the steps there are
+    place.mkdir(parents=True, exist_ok=True)
+    clone = place / "repo"
+    if clone.exists():
+        raise InvalidInput(f"{clone} exists: a worker clones into a fresh directory")
+    remotes.clone(job.remote, clone)
+    repo = repository.open_repo(clone)
+    pushed = refs.fetch_run(clone, REMOTE, job.run_id)
+    if job.step_id in pushed:  # another worker ran it: nothing of ours to push
+        return _taken(job, repo, pushed[job.step_id], started)
+    missing = [d for d in start_rule(task, job.step_id) if d not in pushed]
+    if missing:
+        raise EnvironmentProblem(
+            f"step {job.step_id} needs step {missing[0]}, whose commit is not on the remote "
+            f"({refs.step_ref(job.run_id, missing[0])})",
+            hint="run the workers of its dependencies first (the DAG's order)",
+        )
+    try:
+        base = branches.resolve_commit(repo, job.base)
+    except CoderError:
+        raise EnvironmentProblem(
+            f"the run's base commit {job.base[:12]} is not on the remote",
+            hint=f"push it there (the coordinator pushes it as {refs.base_ref(job.run_id)})",
+        ) from None
+    deps = start_rule(task, job.step_id)
+    start = picks.stack(repo, base, [pushed[d] for d in deps])
+    start_branch = f"coder-worker/{job.run_id}/start"
+    branches.point_branch(repo, start_branch, start)
+    path = place / "task.json"  # outside the clone: not a change of the repository's
+    path.write_text(json.dumps(_one_step(job, start_branch)), encoding="utf-8")
+    options = RunOptions(approvals="none", default_approvals="none", max_parallel=1)
+    run = start_run(path, cwd=clone, options=options)
+    record = run.state.steps[job.step_id]
+    if run.status != "success" or record.status != "success":
+        status = "failed" if record.status in ("failed", "skipped") else "error"
+        error = record.error or run.state.error or f"the step's run ended {run.status}"
+        return _result(job, status, None, started, record=record, error=error)
+    commit = record.commit or picks.empty_step_commit(
+        repo,
+        start,
+        task_id=job.run_id,
+        step_id=job.step_id,
+        attempt=record.attempts,
+        title=f"{job.step_id}: no changes",
+    )
+    crashpoint("worker_before_push", job.step_id)
+    done = refs.push_step(clone, repo, REMOTE, job.run_id, job.step_id, commit)
+    return _result(job, "taken" if done.taken else "pushed", done.commit, started, record=record)
+
+
+def _one_step(job: WorkerJob, start_branch: str) -> dict[str, Any]:
+    """The run's task document with step S alone, free of dependencies (its start holds
+    their work), on a branch of the clone's own from the start; the same id."""
+    doc = {k: v for k, v in job.task.items() if k not in ("success", "created_at")}
+    step = next(s for s in job.task["graph"] if s["id"] == job.step_id)
+    doc["graph"] = [{**step, "depends_on": []}]
+    doc["base"] = start_branch
+    doc["branch"] = f"agent/{job.run_id}--worker--{job.step_id}"
+    return doc
+
+
+def _taken(job: WorkerJob, repo: repository.Repo, commit: str, started: float) -> WorkerResult:
+    if not refs.is_step_commit(repo, commit, job.run_id, job.step_id):
+        raise EnvironmentProblem(
+            f"{refs.step_ref(job.run_id, job.step_id)} holds {commit[:12]}, not a commit of "
+            f"step {job.step_id} of run {job.run_id}"
+        )
+    return _result(job, "taken", commit, started)
+
+
+def _result(
+    job: WorkerJob,
+    status: str,
+    commit: str | None,
+    started: float,
+    *,
+    record: Any = None,
+    error: str | None = None,
+) -> WorkerResult:
+    return WorkerResult(
+        job.step_id,
+        status,
+        commit,
+        attempts=record.attempts if record is not None else 0,
+        tokens=record.tokens if record is not None else 0,
+        duration_s=round(time.monotonic() - started, 3),
+        error=error,
+    )
