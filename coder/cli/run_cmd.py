@@ -20,6 +20,7 @@ from coder.cli.common import (
     run_option,
 )
 from coder.cli.dry_run import show_dry_run
+from coder.cli.fleet_options import fleet_of, fleet_options
 from coder.cli.init_cmd import ask_trust
 from coder.cli.merge_cmd import describe, merge_activity
 from coder.cli.steering import given_note, note_options
@@ -35,6 +36,7 @@ from coder.errors import (
     CoderError,
     TaskfileEdited,
 )
+from coder.fleet.coordinator import dispatcher
 from coder.git import repository
 from coder.mcp.attach import attach_configured
 from coder.run.drive import RunOptions, RunResult
@@ -184,6 +186,7 @@ def run_options(func: Any) -> Any:
     "whose checks pass with the smallest diff lands (the taskfile's `candidates`, for all).",
 )
 @run_options
+@fleet_options
 @json_option
 def run(
     given: str | None,
@@ -203,6 +206,10 @@ def run(
     no_sandbox: bool,
     quiet: bool,
     verbose: bool,
+    executor: str | None,
+    remote: str | None,
+    workers: int | None,
+    ray_address: str | None,
     as_json: bool,
     **per_run: Any,
 ) -> None:
@@ -224,6 +231,8 @@ def run(
         include_uncommitted=include_uncommitted,
         candidates=candidates,
         per_run=chosen(per_run),
+        fleet=fleet_of(executor, remote, workers, ray_address),
+        dispatcher=dispatcher,
     )
     if dry_run:
         show_dry_run(path, options, as_json)
@@ -392,6 +401,7 @@ def resume(
                 **_asking(progress, approvals, "none"),
                 notes=((step, text),) if text is not None else (),
                 per_run=chosen(per_run),
+                dispatcher=dispatcher,
             ),
         )
 

@@ -59,6 +59,15 @@ def remote_url(repo: Repo, name: str) -> str:
     return str(remote.push_url or remote.url or "")
 
 
+def url_of(repo: Repo, remote: str) -> str:
+    """`remote` as a URL another machine can use: a remote's name (its push URL), else as
+    given; a local path made absolute (a worker clones it from elsewhere)."""
+    url = remote_url(repo, remote) if remote in remote_names(repo) else remote
+    if "://" in url or _SCP.match(url):
+        return url
+    return str((Path(repo.workdir or repo.path) / url).resolve())
+
+
 def remote_urls(repo: Repo, name: str) -> list[str]:
     """Every URL remote `name` goes by: as configured (`remote.NAME.pushurl`, `.url`), then as
     git pushes to it (`url.X.insteadOf` applied). A review page is found from the first that

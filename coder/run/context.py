@@ -6,6 +6,7 @@ once by coder.run.drive.execute for `run` and `resume`, and the per-step questio
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -17,10 +18,11 @@ if TYPE_CHECKING:
     from coder.redact import Redactor
     from coder.run.approvals import EditApprovals
     from coder.run.eventlog import EventLog
-    from coder.run.manifest import Manifest
+    from coder.run.manifest import Fleet, Manifest
     from coder.run.records import RunState
     from coder.run.settings import RunSettings
     from coder.run.state import StateStore
+    from coder.run.steps import StepOutcome
     from coder.taskfile import Step, Task
 
 
@@ -31,6 +33,21 @@ class Approver(Protocol):
     """Interactive mode: asked before each step that writes or runs something."""
 
     def __call__(self, step: Step, run: RunContext) -> Approval: ...
+
+
+class Dispatch(Protocol):
+    """A run whose steps run on other machines (coder.fleet.coordinator): step `step`, from
+    `tip`, run there; its outcome (its usage), its commit fetched into the run's repository
+    (None: it changed nothing) and how many attempts it took."""
+
+    def __call__(self, step: Step, tip: str) -> tuple[StepOutcome, str | None, int]: ...
+
+    def close(self) -> None:
+        """The run's walk is over: its engine's workers end."""
+
+
+# What makes a run's Dispatch once its context exists (coder.fleet.coordinator.dispatcher).
+Dispatcher = Callable[["RunContext", "Fleet"], Dispatch]
 
 
 @dataclass
@@ -51,6 +68,7 @@ class RunContext:
     agent: AgentSession | None = None  # when the task has model steps
     approve: Approver | None = None  # approvals per-step: asked before each step
     approve_edit: EditApprovals | None = None  # per-edit: before each edit and command
+    dispatch: Dispatch | None = None  # its steps run elsewhere, each batch at once
 
     @property
     def branch(self) -> str:

@@ -19,7 +19,7 @@ import signal
 import threading
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,7 @@ from coder.redact import Redactor, secrets_from_repo
 from coder.run import approvals
 from coder.run import manifest as manifests
 from coder.run.approvals import EditApprovals
-from coder.run.context import Approver, RunContext
+from coder.run.context import Approver, Dispatcher, RunContext
 from coder.run.eventlog import EventLog
 from coder.run.executor import Executor
 from coder.run.preflight import refusals
@@ -80,6 +80,10 @@ class RunOptions(Chosen):
     include_uncommitted: bool = False
     # start: every step that takes candidates is tried this many ways (coder.run.candidates)
     candidates: int | None = None
+    # start: the steps run on other machines (--executor; kept in the manifest for resume)
+    fleet: manifests.Fleet | None = None
+    # what dispatches a run's steps when its manifest says they run elsewhere (coder.fleet)
+    dispatcher: Dispatcher | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,11 @@ def execute(
     """Run a started or resumed run to its end: the one place its RunContext is built."""
     coder_dir, worktree = store.coder_dir, manifest.worktree_path
     settings = serving(settings, agent.facts.slots if agent is not None else None)
+    fleet = manifest.fleet
+    if fleet is not None:  # a batch is as many steps as the engine runs at once
+        settings = replace(settings, max_parallel=fleet.workers or settings.max_parallel)
+        if options.dispatcher is None:
+            raise InvalidInput(f"run {task.id}'s steps run on --executor {fleet.executor}")
     # the worktree's `.env*` files too, before anything is logged or any command runs
     redactor.add(*secrets_from_repo(worktree))
     if agent is not None and options.replay is None:  # the server's API key stays secret
@@ -191,7 +200,12 @@ def execute(
             if settings.approvals == "per-edit" and options.approve_edit is not None
             else None,
         )
-        status = _drive(run, options)
+        run.dispatch = options.dispatcher(run, fleet) if fleet and options.dispatcher else None
+        try:
+            status = _drive(run, options)
+        finally:
+            if run.dispatch is not None:
+                run.dispatch.close()
     resume = f"coder resume -t {task.id}"
     if not manifests.run_exists(coder_dir, task.id):  # deleted under the run
         resume += f" -f {manifest.taskfile or 'TASKFILE'}"

@@ -9,8 +9,9 @@
     commit   one commit of the tree verify staged, or none when it changed nothing
     record   land the commit, checkpoint the outcome, tell the schedule
 
-A step works in the run's worktree when it runs alone, or in a scratch worktree when it runs
-beside others of its level (coder.run.places says how each commit lands). The landing is the
+A step works in the run's worktree when it runs alone, in a scratch worktree when it runs
+beside others of its level, or on another machine (`RunContext.dispatch`: coder.fleet), its
+batch at once (coder.run.places says how each commit lands). The landing is the
 only difference: both go through `_attempts` and `_record`, with the same events.
 
 An attempt ends `ok`, `failed` (its own command, tests or checks: retried, skipped or stopping
@@ -45,9 +46,10 @@ from coder.run.candidates import Candidates
 from coder.run.commitmsg import CommitParts, commit_parts
 from coder.run.context import RunContext
 from coder.run.notes import texts
-from coder.run.places import InPlace, Place, Scratch
+from coder.run.places import Elsewhere, InPlace, Place, Scratch
 from coder.run.records import RunStatus, SkipCause, StepRecord, now_iso, seconds_since
 from coder.run.schedule import Schedule
+from coder.run.settings import budget_exhausted
 from coder.run.steps import StepContext, StepOutcome
 from coder.run.steps.runners import runner_for
 from coder.run.steps.verify import Verification, verify
@@ -172,7 +174,7 @@ class Executor:
             batch = self.schedule.take(1 if asks else self.run.settings.max_parallel)
             if not batch:
                 return
-            exhausted = self._run_budget_exhausted()
+            exhausted = budget_exhausted(self.run.settings, self._tokens, self._seconds)
             if exhausted:  # the batch stays pending
                 self.run.state.error = exhausted
                 self.run.log.error("run.budget_exhausted", reason=exhausted)
@@ -180,7 +182,7 @@ class Executor:
                 return
             if self.run.approve is not None and not self._approved(self.steps[batch[0]]):
                 continue
-            if len(batch) == 1:
+            if len(batch) == 1 and self.run.dispatch is None:
                 step = self.steps[batch[0]]
                 place: Place = InPlace(self.run, self._tip, self.message)
                 if step.candidates > 1:
@@ -206,15 +208,6 @@ class Executor:
             self.run.stop.set()
         return False
 
-    def _run_budget_exhausted(self) -> str | None:
-        """The run-wide budgets (taskfile policies, else config), checked between steps."""
-        max_tokens, timeout = self.run.settings.run_max_tokens, self.run.settings.run_timeout
-        if max_tokens is not None and self._tokens >= max_tokens:
-            return f"run token budget exhausted ({self._tokens} of {max_tokens} tokens)"
-        if timeout is not None and self._seconds >= timeout:
-            return f"run time budget exhausted ({self._seconds:.0f}s of {timeout}s)"
-        return None
-
     def _run_level(self, steps: list[Step]) -> None:
         """Independent steps run concurrently, each in its own scratch worktree from the same
         tip; their commits then land in file order, so the history is the same whatever
@@ -224,13 +217,16 @@ class Executor:
         try:
             for step in steps:
                 places[step.id] = (
-                    Candidates(self.run, self.repo, lambda: tip, self._tip, self.message)
+                    Elsewhere(self.run, step, tip, self._tip)
+                    if self.run.dispatch is not None
+                    else Candidates(self.run, self.repo, lambda: tip, self._tip, self.message)
                     if step.candidates > 1
                     else Scratch(self.run, self.repo, step, tip, self._tip, self.message)
                 )
+            attempts = self._attempts if self.run.dispatch is None else self._elsewhere
             try:
                 with ThreadPoolExecutor(max_workers=len(steps)) as pool:
-                    futures = {s.id: pool.submit(self._attempts, s, places[s.id]) for s in steps}
+                    futures = {s.id: pool.submit(attempts, s, places[s.id]) for s in steps}
                     results = {sid: f.result() for sid, f in futures.items()}
             finally:  # every step of the level is done: what the run's MCP servers started
                 end_leftovers(self.run.worktree)  # (confined to its worktree) ends with them
@@ -276,6 +272,17 @@ class Executor:
             self.run.log.warning(
                 "step.retry", step_id=step.id, attempt=attempt, error=outcome.error or ""
             )
+
+    def _elsewhere(self, step: Step, place: Place) -> Attempted:
+        """The step run on another machine (RunContext.dispatch), recorded as if here."""
+        assert self.run.dispatch is not None
+        tip = place.start()
+        self._start(step, tip)
+        outcome, commit, attempts = self.run.dispatch(step, tip)
+        if outcome.usage:
+            self._add_usage(step.id, outcome.usage)
+        self._update(step.id, sync=False, attempts=max(attempts, 1))
+        return Attempted(outcome, tip, commit)
 
     def _try(
         self, step: Step, place: Place, attempt: int, tip: str

@@ -52,6 +52,31 @@ _STRINGS = ("task_id", "base", "base_commit", "branch", "worktree", "created_at"
 
 
 @dataclass(frozen=True)
+class Fleet:
+    """Where a run's steps run when not here (`coder run --executor`: coder.fleet), decided
+    at its start and kept in its manifest, so `coder resume` goes on the same way."""
+
+    executor: str  # local | ray | pushed (coder.fleet.engines)
+    remote: str  # the remote's URL (a remote's name is resolved at the start)
+    workers: int | None = None  # workers at once; None: the run's max_parallel
+    ray_address: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Fleet | None:
+        if not isinstance(data, dict) or not all(
+            isinstance(data.get(k), str) for k in ("executor", "remote")
+        ):
+            return None
+        workers, address = data.get("workers"), data.get("ray_address")
+        return cls(
+            data["executor"],
+            data["remote"],
+            workers if type(workers) is int else None,
+            address if isinstance(address, str) else None,
+        )
+
+
+@dataclass(frozen=True)
 class Manifest:
     """What a run is, fixed when it starts (only `coder resume --taskfile` replaces its task
     and taskfile, by writing a new manifest). Its task is kept as the file stores it (`doc`)
@@ -74,6 +99,7 @@ class Manifest:
     parent: str | None = None
     forked_at: ForkPoint | None = None
     seq: int | None = None  # its place in the order runs were made (None: made before it)
+    fleet: Fleet | None = None  # its steps run on other machines (None: here)
 
     @property
     def worktree_path(self) -> Path:
@@ -103,7 +129,7 @@ class Manifest:
         data = {"task_id": data.pop("task_id"), "task": data.pop("doc"), **data}  # the file's
         if self.checkout_commit is None:
             del data["checkout_commit"]
-        for key in ("origin", "parent", "forked_at", "seq"):  # unset: the file as before them
+        for key in ("origin", "parent", "forked_at", "seq", "fleet"):  # unset: as before them
             if data[key] is None:
                 del data[key]
         return data
@@ -130,6 +156,7 @@ class Manifest:
             parent=data["parent"] if isinstance(data.get("parent"), str) else None,
             forked_at=_fork_point(data.get("forked_at")),
             seq=data["seq"] if type(data.get("seq")) is int else None,
+            fleet=Fleet.from_dict(data.get("fleet")),
         )
 
     @property
@@ -321,6 +348,7 @@ def build(
     created_at: str,
     checkout_commit: str | None = None,
     seq: int | None = None,
+    fleet: Fleet | None = None,
 ) -> Manifest:
     """A manifest: `task` is the resolved task as stored (secret env values left out)."""
     return Manifest(
@@ -334,6 +362,7 @@ def build(
         created_at=created_at,
         checkout_commit=checkout_commit,
         seq=seq,
+        fleet=fleet,
     )
 
 

@@ -125,13 +125,41 @@ class Scratch:
         )
 
     def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
-        current = self.tip()
-        if commit is None:
-            return None, current
-        landed = commits.cherry_pick(
-            self.run.worktree, commit, branch=self.run.branch, expected_tip=current
-        )
-        return landed, current
+        return pick(self.run, commit, self.tip())
 
     def remove(self) -> None:
         worktrees.remove_worktree(self.repo, self.name, self.path)
+
+
+class Elsewhere:
+    """A step run on another machine (coder.fleet): nothing of it works here (its `workdir`
+    is never made); its commit, fetched into the run's repository, lands as a scratch
+    commit does."""
+
+    candidate: int | None = None
+
+    def __init__(self, run: RunContext, step: Step, start: str, tip: Callable[[], str]) -> None:
+        self.run, self.begin, self.tip = run, start, tip
+        self.workdir = run.coder_dir / "worktrees" / f"{run.task.id}--{step.id}--elsewhere"
+
+    def start(self) -> str:
+        return self.begin
+
+    def head(self, tip: str) -> tuple[str, str]:
+        return "(no branch)", tip
+
+    def commit(
+        self, step: Step, attempt: int, outcome: StepOutcome, seen: Verification
+    ) -> str | None:
+        raise AssertionError("a step run elsewhere commits there")
+
+    def land(self, commit: str | None, tip: str) -> tuple[str | None, str]:
+        return pick(self.run, commit, self.tip())
+
+
+def pick(run: RunContext, commit: str | None, current: str) -> tuple[str | None, str]:
+    """A commit made off the branch cherry-picked onto it at `current` (compare-and-swap)."""
+    if commit is None:
+        return None, current
+    landed = commits.cherry_pick(run.worktree, commit, branch=run.branch, expected_tip=current)
+    return landed, current

@@ -92,7 +92,11 @@ def resume_run(
         sandbox.require_sandbox(settings.policy)
         done = {sid for sid, st in state.steps.items() if st.status in DONE}
         made = {sid: st.attempts for sid, st in state.steps.items()}
-        agent = open_agent(task, cfg, repo, manifest.base_commit, options, redactor, done, made)
+        agent = (  # a run on other machines: its steps' models are the workers' own
+            None
+            if manifest.fleet
+            else open_agent(task, cfg, repo, manifest.base_commit, options, redactor, done, made)
+        )
         return execute(
             task,
             settings,

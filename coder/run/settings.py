@@ -99,3 +99,14 @@ def serving(settings: RunSettings, slots: int | None) -> RunSettings:
     if settings.max_parallel:
         return settings
     return replace(settings, max_parallel=slots or 1)
+
+
+def budget_exhausted(settings: RunSettings, tokens: int, seconds: float) -> str | None:
+    """Why the run-wide budgets (taskfile policies, else config) stop the run after `tokens`
+    and `seconds` of step time; None while they do not. Checked between steps."""
+    max_tokens, timeout = settings.run_max_tokens, settings.run_timeout
+    if max_tokens is not None and tokens >= max_tokens:
+        return f"run token budget exhausted ({tokens} of {max_tokens} tokens)"
+    if timeout is not None and seconds >= timeout:
+        return f"run time budget exhausted ({seconds:.0f}s of {timeout}s)"
+    return None

@@ -22,7 +22,7 @@ from coder.errors import (
     UnknownTask,
 )
 from coder.files import nofollow
-from coder.git import branches, repository, submodules, worktrees
+from coder.git import branches, remotes, repository, submodules, worktrees
 from coder.git import commits as gitcommits
 from coder.run import manifest as manifests
 from coder.run import uncommitted
@@ -79,7 +79,9 @@ def start_run(
                 )
                 base_commit = included.base_commit  # a merge may have moved it since
             checkout_commit = included.commit if included else None
-            manifest = _create(repo, coder_dir, task, path, base_commit, redactor, checkout_commit)
+            manifest = _create(
+                repo, coder_dir, task, path, base_commit, redactor, checkout_commit, options.fleet
+            )
             state = new_run(manifest)
             store.save(state)
             return execute(
@@ -173,6 +175,8 @@ def _claim(
     try:  # refused before anything of the run exists: its lock file goes too
         if branches.branch_tip(repo, task.branch):
             raise _branch_exists(repo, task, path)
+        if options.fleet is not None:  # its steps' models are the workers' own
+            return None
         return open_agent(task, cfg, repo, base_commit, options, redactor)
     except BaseException:
         nofollow.unlink(lock)
@@ -187,6 +191,7 @@ def _create(
     base_commit: str,
     redactor: Redactor,
     checkout_commit: str | None = None,
+    fleet: manifests.Fleet | None = None,
 ) -> Manifest:
     """The run's manifest, written, then its branch and worktree (at `checkout_commit`, the
     checkout's changes, when there is one)."""
@@ -201,6 +206,7 @@ def _create(
         created_at=now_iso(),
         checkout_commit=checkout_commit,
         seq=manifests.next_seq(coder_dir),
+        fleet=fleet and replace(fleet, remote=remotes.url_of(repo, fleet.remote)),
     )
     manifests.write(coder_dir, manifest)
     worktrees.create_worktree(
