@@ -42,7 +42,9 @@ REVERT_POINTS = (
     "revert_after_worktree",  # files updated, before the state marks the later steps pending
 )
 
-# `coder worker`'s points (coder.fleet.worker), enumerated by tests/fleet/test_worker.py.
+# `coder worker`'s points (coder.fleet.worker), enumerated by tests/fleet/test_worker.py. A
+# worker a coordinator starts (coder.fleet.jobs) takes `CODER_WORKER_CRASH_AT` as its
+# CODER_CRASH_AT, and never the coordinator's own.
 WORKER_POINTS = (
     "before_step",  # the worker's one-step run started its step, nothing done yet
     "after_checks",  # the step's work checked, before its commit

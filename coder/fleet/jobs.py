@@ -4,6 +4,7 @@ and one worker run as a child process (`run_worker_process`): every engine runs 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -74,6 +75,7 @@ def run_worker_process(job: WorkerJob, *, timeout: float | None = None) -> Worke
         proc = subprocess.run(
             [sys.executable, "-m", "coder", "worker", "--job", "-", "--json"],
             input=job.to_json(),
+            env=worker_env(),
             capture_output=True,
             text=True,
             errors="replace",
@@ -94,6 +96,15 @@ def run_worker_process(job: WorkerJob, *, timeout: float | None = None) -> Worke
     )
     detail = f": {said[-1]}" if said else ""
     return _error(job, f"worker for step {job.step_id} gave no result ({how}){detail}", started)
+
+
+def worker_env() -> dict[str, str]:
+    """A worker's environment: this process's, but a crash point set for it is the test's
+    `CODER_WORKER_CRASH_AT` (coder.crashpoints), never the coordinator's own."""
+    env = {k: v for k, v in os.environ.items() if k != "CODER_CRASH_AT"}
+    if env.get("CODER_WORKER_CRASH_AT"):
+        env["CODER_CRASH_AT"] = env["CODER_WORKER_CRASH_AT"]
+    return env
 
 
 def _error(job: WorkerJob, message: str, started: float) -> WorkerResult:
