@@ -43,6 +43,7 @@ DOCS_PAGES: dict[str, str] = {
     "run": "docs/commands.md#command-reference",
     "resume": "docs/commands.md#command-reference",
     "stop": "docs/commands.md#command-reference",
+    "worker": "docs/journey.md#runs-across-machines",
     "status": "docs/commands.md#command-reference",
     "merge": "docs/journey.md#accepting-a-run-coder-merge",
     "revert": "docs/journey.md#undoing-steps-coder-revert",
