@@ -14,6 +14,7 @@ topological order. A step with no dependencies starts at the base.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -27,6 +28,7 @@ from coder.fleet.jobs import WorkerJob, WorkerResult
 from coder.git import branches, picks, remotes, repository
 from coder.run.drive import RunOptions
 from coder.run.manifest import parse_task
+from coder.run.secrets import SECRET_ENV_MARKER, redacted
 from coder.run.start import start_run
 from coder.taskfile import Task
 from coder.taskfile.graph import build, order
@@ -119,10 +121,33 @@ def _one_step(job: WorkerJob, start_branch: str) -> dict[str, Any]:
     their work), on a branch of the clone's own from the start; the same id."""
     doc = {k: v for k, v in job.task.items() if k not in ("success", "created_at")}
     step = next(s for s in job.task["graph"] if s["id"] == job.step_id)
-    doc["graph"] = [{**step, "depends_on": []}]
+    step = {**step, "depends_on": [], **_own_secrets(step)}
+    if redacted(json.dumps(step)):  # a command or goal the redactor cut: it cannot run as is
+        raise InvalidInput(
+            f"step {job.step_id} of the job holds a redacted secret in its command or goal",
+            hint="run the worker with --taskfile (the job's task leaves secrets out), or put "
+            "the secret in the step's env, which a worker takes from its own environment",
+        )
+    doc["graph"] = [step]
     doc["base"] = start_branch
     doc["branch"] = f"agent/{job.run_id}--worker--{job.step_id}"
     return doc
+
+
+def _own_secrets(step: dict[str, Any]) -> dict[str, Any]:
+    """A step's `env` values the job left out as secret, from this machine's environment
+    (InvalidInput naming the variable when it has none)."""
+    env = step.get("env")
+    if not env:
+        return {}
+    missing = [k for k, v in env.items() if v == SECRET_ENV_MARKER and k not in os.environ]
+    if missing:
+        raise InvalidInput(
+            f"step {step['id']} needs the secret {missing[0]} in its env, which jobs leave "
+            "out: this worker's environment has none",
+            hint=f"set {missing[0]} in the worker's environment",
+        )
+    return {"env": {k: os.environ[k] if v == SECRET_ENV_MARKER else v for k, v in env.items()}}
 
 
 def _taken(job: WorkerJob, repo: repository.Repo, commit: str, started: float) -> WorkerResult:

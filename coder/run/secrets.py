@@ -137,6 +137,11 @@ def stored_task(task_dict: TaskDoc, redactor: Redactor) -> TaskDoc:
     return {**_redacted(task_dict, redactor), "graph": graph}
 
 
+def redacted(text: str) -> bool:
+    """Whether `text` holds what `stored_task` (or the redactor) cut out."""
+    return _MARKER.search(text) is not None
+
+
 def _redacted(doc: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
     return {
         k: v if k in _STRUCTURE or k == "graph" else redactor.redact_obj(v) for k, v in doc.items()

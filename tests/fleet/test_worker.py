@@ -126,3 +126,31 @@ def test_a_job_on_stdin(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     done = run_worker_process(job)
     assert done.status == "pushed", done.error
     assert done.commit == remote_refs(bare)[f"{REF}/c"] and done.attempts == 1
+
+
+def test_a_jobs_secret_env_comes_from_the_workers_environment(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job carries the task as the manifest stores it: a secret env value is left out, and
+    the worker takes it from its own environment (or refuses, naming it)."""
+    from coder import taskfile
+    from coder.redact import Redactor
+    from coder.run.secrets import stored_task
+
+    text = "id: fleet1\nbranch: agent/fleet1\ntitle: t\ngraph:\n"
+    text += (
+        '  - {id: a, kind: shell, goal: count, cmd: "printf %s \\"$API_TOKEN\\" | wc -c > n.txt",'
+    )
+    text += " env: {API_TOKEN: s3cret-value}}\n"
+    path, url, bare = with_remote(repo, text)
+    monkeypatch.chdir(repo)
+    doc = dict(stored_task(taskfile.load(path).to_dict(), Redactor([])))
+    assert "s3cret-value" not in str(doc)
+    job = WorkerJob(TASK_ID, "a", url, git(repo, "rev-parse", "main").strip(), doc)
+    monkeypatch.delenv("API_TOKEN", raising=False)
+    refused = run_worker_process(job)
+    assert refused.status == "error" and "API_TOKEN" in (refused.error or "")
+    monkeypatch.setenv("API_TOKEN", "from-the-worker")
+    done = run_worker_process(job)
+    assert done.status == "pushed", done.error
+    assert git(bare, "show", f"{REF}/a:n.txt").strip() == str(len("from-the-worker"))
