@@ -61,7 +61,13 @@ class Coordinator:
         )
 
     def _outcome(self, step: Step, result: WorkerResult) -> tuple[StepOutcome, str | None, int]:
-        usage = Usage(eval_tokens=result.tokens) if result.tokens else None
+        usage = (
+            Usage.from_dict(result.usage)
+            if result.usage
+            else Usage(eval_tokens=result.tokens)  # an engine that says only how many
+            if result.tokens
+            else None
+        )
         self.run.log.info(
             "fleet.result",
             step_id=step.id,
@@ -80,7 +86,7 @@ class Coordinator:
         if not refs.is_step_commit(self.repo, result.commit, run_id, step.id):
             error = f"{ref} holds {result.commit[:12]}, not a commit of step {step.id}"
             return StepOutcome(False, error, errored=True), None, result.attempts
-        summary = f"run by a worker ({result.status}, {self.engine.name})"
+        summary = result.summary or f"run by a worker ({result.status}, {self.engine.name})"
         return StepOutcome(True, summary=summary, usage=usage), result.commit, result.attempts
 
     def close(self) -> None:

@@ -45,6 +45,8 @@ class WorkerResult:
     tokens: int = 0
     duration_s: float = 0.0
     error: str | None = None
+    summary: str | None = None  # what the step said it did (its record's)
+    usage: dict[str, Any] | None = None  # its model usage in full (coder.models.usage)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

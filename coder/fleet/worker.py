@@ -176,4 +176,6 @@ def _result(
         tokens=record.tokens if record is not None else 0,
         duration_s=round(time.monotonic() - started, 3),
         error=error,
+        summary=record.summary if record is not None else None,
+        usage=dict(record.usage.as_dict()) if record is not None and record.usage else None,
     )

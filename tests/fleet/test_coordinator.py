@@ -130,3 +130,40 @@ def test_the_pushed_executor_fails_a_step_nobody_pushed(repo: Path) -> None:
     )
     assert proc.returncode == 1
     assert "no worker pushed step b" in proc.stdout + proc.stderr
+
+
+MODEL_TASKFILE = f"""\
+id: {TASK_ID}
+branch: {BRANCH}
+title: with a model
+graph:
+  - {{id: a, kind: shell, goal: write a, cmd: "echo a > a.txt", depends_on: []}}
+  - {{id: b, kind: edit, goal: Write b.txt, depends_on: []}}
+  - {{id: c, kind: shell, goal: join, cmd: "cat a.txt b.txt > c.txt", depends_on: [a, b]}}
+"""
+
+
+def test_a_model_step_runs_on_a_worker(make_repo, fake) -> None:  # type: ignore[no-untyped-def]
+    """A model step's worker asks the model server its own config names (here the fake
+    Ollama server, through OLLAMA_HOST); the tree equals the local run's."""
+    from tests.run.test_parallel_levels import answers
+
+    fake.answer = answers()
+    here = make_repo(name="here")
+    proc = coder_cli(here, "run", str(taskfile(here, MODEL_TASKFILE, "here.yaml")), "--autonomous")
+    assert proc.returncode == 0, proc.stderr
+    repo = make_repo(name="repo")
+    path, url, bare = with_remote(repo, MODEL_TASKFILE)
+    proc = coder_cli(repo, "run", str(path), *FLEET)
+    assert proc.returncode == 0, proc.stderr
+    assert tree(repo) == tree(here)
+    assert git(repo, "show", f"{BRANCH}:c.txt") == "a\nb\n"
+    assert step_commits(repo) == ["a", "b", "c"]
+    shown = json.loads(coder_cli(repo, "show", "-t", TASK_ID, "--json").stdout)
+    assert shown["status"] == "success"
+    # what the worker's model cost and what its step said come back with its result
+    local = json.loads(coder_cli(here, "show", "-t", TASK_ID, "--json").stdout)
+    assert shown["steps"]["b"]["usage"]["prompt_tokens"] > 0
+    ours, theirs = shown["steps"]["b"]["usage"], local["steps"]["b"]["usage"]
+    assert (ours["calls"], ours["eval_tokens"]) == (theirs["calls"], theirs["eval_tokens"])
+    assert shown["steps"]["b"]["summary"] == local["steps"]["b"]["summary"]
