@@ -18,7 +18,7 @@ from coder.errors import CoderError
 from coder.fleet import refs
 from coder.fleet.engines import Engine, engine_for
 from coder.fleet.jobs import WorkerJob, WorkerResult
-from coder.git import remotes, repository
+from coder.git import picks, remotes, repository
 from coder.models.usage import Usage
 from coder.run.steps import StepOutcome
 
@@ -86,8 +86,35 @@ class Coordinator:
         if not refs.is_step_commit(self.repo, result.commit, run_id, step.id):
             error = f"{ref} holds {result.commit[:12]}, not a commit of step {step.id}"
             return StepOutcome(False, error, errored=True), None, result.attempts
+        wrong = self._off_start(step, result.commit)
+        if wrong:
+            return StepOutcome(False, wrong, usage=usage), None, result.attempts
         summary = result.summary or f"run by a worker ({result.status}, {self.engine.name})"
         return StepOutcome(True, summary=summary, usage=usage), result.commit, result.attempts
+
+    def _off_start(self, step: Step, commit: str) -> str | None:
+        """Why `commit` does not start where the start rule says step `step` starts (its
+        parent's tree is not the base's with its dependencies' pushed commits); None: it
+        does. Landed by its diff against its parent, a commit made elsewhere would bring
+        the wrong change."""
+        run_id, task = self.manifest.task_id, self.run.task
+        deps = refs.start_rule(task, step.id)
+        wanted = [refs.step_ref(run_id, d) for d in deps]
+        if wanted:
+            remotes.fetch(self.root, self.fleet.remote, [f"+{r}:{r}" for r in wanted])
+        pushed = {d: f"{refs.step_ref(run_id, d)}" for d in deps}
+        start = refs.start_of(self.repo, self.manifest.base_commit, task, step.id, pushed)
+        parent = picks.parent_of(self.repo, commit)
+        if parent is not None and picks.tree_of(self.repo, parent) == picks.tree_of(
+            self.repo, start
+        ):
+            return None
+        ref = refs.step_ref(run_id, step.id)
+        return (
+            f"{ref} ({commit[:12]}) does not start where step {step.id} starts (the base with "
+            f"{', '.join(deps) or 'no dependencies'} picked onto it): made from another start; "
+            f"delete the ref on the remote (`git push REMOTE :{ref}`) and resume to run it again"
+        )
 
     def close(self) -> None:
         self.engine.close()

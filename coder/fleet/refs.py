@@ -7,6 +7,12 @@
                                second worker's push is refused and the first one stands
 
 A pushed ref is the only result anyone takes: a worker killed before its push leaves nothing.
+
+The start rule (the one definition: workers build by it, the coordinator checks by it):
+start(S) is the run's base with the step commits of S's transitive dependencies
+cherry-picked onto it in the task's topological order. A step with no dependencies starts
+at the base. (A run here starts a level at the level's tip: for steps that do not touch
+each other's files the trees are the same.)
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from coder.errors import EnvironmentProblem
 from coder.git import picks, remotes
 from coder.git.commits import TRAILER_STEP, TRAILER_TASK
 from coder.git.repository import Repo
+from coder.taskfile import Task
+from coder.taskfile.graph import build, order
 
 
 def run_prefix(run_id: str) -> str:
@@ -102,3 +110,23 @@ def push_base(root: Path, remote: str, run_id: str, commit: str) -> None:
             f"{commit[:12]}: another run of the same id pushed there",
             hint="give the run another `id:`, or delete the remote's refs/coder/ID/ refs",
         )
+
+
+def start_rule(task: Task, step_id: str) -> list[str]:
+    """The step's transitive dependencies in the task's topological order: what its start
+    cherry-picks onto the base."""
+    deps = task.deps()
+    needed: set[str] = set()
+    todo = list(deps[step_id])
+    while todo:
+        dep = todo.pop()
+        if dep not in needed:
+            needed.add(dep)
+            todo += deps[dep]
+    return [s for s in order(build(deps)) if s in needed]
+
+
+def start_of(repo: Repo, base: str, task: Task, step_id: str, pushed: dict[str, str]) -> str:
+    """The step's start in `repo` by the start rule, from its dependencies' `pushed` commits
+    (step id -> commit, each in `repo`)."""
+    return picks.stack(repo, base, [pushed[d] for d in start_rule(task, step_id)])

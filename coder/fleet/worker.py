@@ -6,9 +6,7 @@ commit's trailers name the run; fix cycles, checks, budgets, policy and sandbox 
 and pushes the commit to `refs/coder/RUN/steps/STEP`, once (coder.fleet.refs). It never
 touches the run's branch. Killed before the push, it leaves nothing anyone would take.
 
-The start rule (the one definition; the coordinator lands by it too): start(S) is the run's
-base with the step commits of S's transitive dependencies cherry-picked onto it in the task's
-topological order. A step with no dependencies starts at the base.
+Its start is the start rule's (coder.fleet.refs.start_of), which the coordinator checks.
 """
 
 from __future__ import annotations
@@ -30,8 +28,6 @@ from coder.run.drive import RunOptions
 from coder.run.manifest import parse_task
 from coder.run.secrets import SECRET_ENV_MARKER, redacted
 from coder.run.start import start_run
-from coder.taskfile import Task
-from coder.taskfile.graph import build, order
 
 REMOTE = "origin"  # the clone's name for the remote it came from
 
@@ -50,20 +46,6 @@ def run_worker(job: WorkerJob, *, workdir: Path | None = None) -> WorkerResult:
             shutil.rmtree(place, ignore_errors=True)
 
 
-def start_rule(task: Task, step_id: str) -> list[str]:
-    """The step's transitive dependencies in the task's topological order: what its start
-    cherry-picks onto the base."""
-    deps = task.deps()
-    needed: set[str] = set()
-    todo = list(deps[step_id])
-    while todo:
-        dep = todo.pop()
-        if dep not in needed:
-            needed.add(dep)
-            todo += deps[dep]
-    return [s for s in order(build(deps)) if s in needed]
-
-
 def _work(job: WorkerJob, place: Path, started: float) -> WorkerResult:
     task = parse_task(job.task)
     task.step(job.step_id)  # InvalidInput naming the steps there are
@@ -76,7 +58,7 @@ def _work(job: WorkerJob, place: Path, started: float) -> WorkerResult:
     pushed = refs.fetch_run(clone, REMOTE, job.run_id)
     if job.step_id in pushed:  # another worker ran it: nothing of ours to push
         return _taken(job, repo, pushed[job.step_id], started)
-    missing = [d for d in start_rule(task, job.step_id) if d not in pushed]
+    missing = [d for d in refs.start_rule(task, job.step_id) if d not in pushed]
     if missing:
         raise EnvironmentProblem(
             f"step {job.step_id} needs step {missing[0]}, whose commit is not on the remote "
@@ -90,8 +72,7 @@ def _work(job: WorkerJob, place: Path, started: float) -> WorkerResult:
             f"the run's base commit {job.base[:12]} is not on the remote",
             hint=f"push it there (the coordinator pushes it as {refs.base_ref(job.run_id)})",
         ) from None
-    deps = start_rule(task, job.step_id)
-    start = picks.stack(repo, base, [pushed[d] for d in deps])
+    start = refs.start_of(repo, base, task, job.step_id, pushed)
     start_branch = f"coder-worker/{job.run_id}/start"
     branches.point_branch(repo, start_branch, start)
     path = place / "task.json"  # outside the clone: not a change of the repository's

@@ -167,3 +167,28 @@ def test_a_model_step_runs_on_a_worker(make_repo, fake) -> None:  # type: ignore
     ours, theirs = shown["steps"]["b"]["usage"], local["steps"]["b"]["usage"]
     assert (ours["calls"], ours["eval_tokens"]) == (theirs["calls"], theirs["eval_tokens"])
     assert shown["steps"]["b"]["summary"] == local["steps"]["b"]["summary"]
+
+
+def test_a_step_commit_off_its_start_is_not_landed(repo: Path) -> None:
+    """The coordinator checks the start rule: a commit of step b made on the base, not on
+    the base with a's commit (b depends on a), fails b and lands nothing of it."""
+    text = (
+        f"id: {TASK_ID}\nbranch: {BRANCH}\ntitle: t\ngraph:\n"
+        '  - {id: a, kind: shell, goal: write a, cmd: "echo a > a.txt", depends_on: []}\n'
+        '  - {id: b, kind: shell, goal: write b, cmd: "echo b > b.txt", depends_on: [a]}\n'
+    )
+    path, url, bare = with_remote(repo, text)
+    assert worker(repo, "a", path, url).returncode == 0
+    (repo / "b.txt").write_text("b\n")
+    git(repo, "add", "b.txt")
+    tree_b = git(repo, "write-tree").strip()
+    git(repo, "reset", "-q", "--hard")
+    message = f"b: write b\n\nCoder-Task: {TASK_ID}\nCoder-Step: b\nCoder-Attempt: 1\n"
+    off = git(repo, "commit-tree", tree_b, "-p", "main", "-m", message).strip()
+    git(repo, "push", "-q", "origin", f"{off}:refs/coder/{TASK_ID}/steps/b")
+    proc = coder_cli(
+        repo, "run", str(path), "--autonomous", "--executor", "pushed", "--remote", "origin"
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "does not start where step b starts" in proc.stdout + proc.stderr
+    assert step_commits(repo) == ["a"]
