@@ -4,7 +4,9 @@ A step running alone works in the run's worktree (`InPlace`): its commit moves t
 compare-and-swap from the tip its attempt started at. A step running beside others of its level
 works in a scratch worktree detached at the level's tip (`Scratch`): its commit is made on no
 branch and cherry-picked onto the branch, by compare-and-swap, once the level is done. The
-executor (coder.run.executor) runs both through the same pipeline; only the place differs.
+executor (coder.run.executor) runs both through the same pipeline; only the place differs. A
+step run on another machine (`Elsewhere`, coder.fleet) works nowhere here: its commit, made
+there, lands as a scratch commit does.
 """
 
 from __future__ import annotations
