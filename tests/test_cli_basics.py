@@ -225,7 +225,7 @@ def test_version_and_usage_errors() -> None:
 def test_help_does_not_import_heavy_modules() -> None:
     code = (
         "import sys, coder.cli; coder.cli.main(['--help'], standalone_mode=False);"
-        "heavy = {'networkx', 'pygit2', 'ollama', 'mcp', 'jsonschema', 'yaml', 'structlog'};"
+        "heavy = {'networkx', 'pygit2', 'ollama', 'mcp', 'jsonschema', 'yaml', 'structlog', 'ray'};"
         "heavy |= {'coder.errors', 'dataclasses'};"
         "heavy |= {'coder.cli.' + m for m, _f, _h in coder.cli.COMMANDS.values()};"
         "print(sorted(heavy & set(sys.modules)))"

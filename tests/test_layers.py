@@ -194,6 +194,41 @@ def test_the_checker_sees_pygit2(tmp_path: Path) -> None:
     )
 
 
+RAY_ENGINE = PACKAGE / "fleet" / "ray_engine.py"
+
+
+def ray_imports(path: Path) -> list[int]:
+    """The lines where a module imports ray (at any level)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "ray" for a in node.names))
+        or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ray")
+    )
+
+
+def test_only_the_ray_engine_imports_ray() -> None:
+    """ray is an optional extra (`coder[ray]`, 80 MB): one module imports it, and only the ray
+    executor imports that module (coder.fleet.engines.engine_for)."""
+    found = [
+        f"{p.relative_to(PACKAGE.parent)}:{line}"
+        for p in MODULES
+        if p != RAY_ENGINE
+        for line in ray_imports(p)
+    ]
+    assert not found, "ray imported outside coder/fleet/ray_engine.py:\n" + "\n".join(found)
+    assert ray_imports(RAY_ENGINE), "the check looks at the module that does import ray"
+    lazily = 'import_module("coder.fleet.ray_engine")'
+    importers = [
+        p.name
+        for p in MODULES
+        if lazily in p.read_text(encoding="utf-8")
+        or any(target == "coder.fleet.ray_engine" for _, target in imports_of(p))
+    ]
+    assert importers == ["engines.py"]
+
+
 # --------------------------------------------------------------------------- import circles
 
 
