@@ -1,10 +1,13 @@
-"""The Ray engine on a real local Ray cluster (2 CPUs, so 2 Ray worker processes run tasks at
-once): each job a Ray task whose `coder worker` child clones a real bare remote (file://) and
-pushes its step's commit once, checked with the git CLI; a Ray worker process killed with
-SIGKILL mid-step is retried by Ray and the step is still pushed once.
+"""`coder run --executor ray` on a real local Ray cluster (2 CPUs: 2 Ray worker processes run
+tasks at once, seen in /proc): each step a Ray task whose `coder worker` child clones a real
+bare remote (file://) into a directory of its own and pushes the step's commit once; the
+coordinator lands them. Checked with the git CLI: the merged tree equals the taskfile run
+here, each step landed once, also after SIGKILL of a Ray worker process mid-step (Ray runs the
+task again) and of the coordinator mid-run (then `coder resume`).
 
-One cluster serves the module (`cluster`: a driver process of its own holds it, so the cluster
-ends with it even if pytest is killed); its worker processes run coder with the module's HOME.
+One cluster serves the module (`cluster`: a driver process of its own holds it, so it ends
+with that process); its worker processes run coder with the module's HOME. The coordinators
+join it with `--ray-address`, as they would join a cluster of many machines.
 """
 
 from __future__ import annotations
@@ -18,16 +21,17 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
-from coder import taskfile  # noqa: E402
-from coder.fleet.jobs import WorkerJob, WorkerResult  # noqa: E402
+from coder.fleet.jobs import WorkerJob  # noqa: E402
 from coder.fleet.ray_engine import RayEngine  # noqa: E402
 from tests.conftest import GIT_ENV, git  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
 
 TASK_ID = "rayrun"
 REF = f"refs/coder/{TASK_ID}/steps"
@@ -47,7 +51,6 @@ graph:
   - {{id: f, kind: shell, goal: join, cmd: "cat d.txt e.txt > f.txt", depends_on: [d, e]}}
 """
 CLONE = re.compile(r"^.*/coder-worker-[^/]+")  # a worker's temporary directory
-LEVELS = (("a", "b", "c"), ("d", "e"), ("f",))
 HOLD = """\
 import sys, ray
 ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -57,11 +60,18 @@ ray.shutdown()
 """
 
 
+@dataclass(frozen=True)
+class Cluster:
+    address: str
+    pid: int  # the driver process that holds it: its processes are below this one
+
+
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A local Ray cluster of 2 CPUs for the module: its address. Its worker processes (and
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A local Ray cluster of 2 CPUs for the module. Its worker processes (and
     so the `coder worker`s) get a HOME of their own and git's identity; the drivers that
-    join it (this process, a coordinator) its token (RAY_AUTH_MODE and RAY_AUTH_TOKEN, set in this environment)."""
+    join it (this process, a coordinator) its token (RAY_AUTH_MODE and RAY_AUTH_TOKEN, set in
+    this process's environment for the module)."""
     home = tmp_path_factory.mktemp("rayhome")
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     saved = {name: os.environ.get(name) for name in auth}
@@ -89,7 +99,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     address = holder.stdout.readline().strip()
     assert address, "the Ray cluster did not start"
     try:
-        yield address
+        yield Cluster(address, holder.pid)
     finally:
         holder.stdin.close()
         holder.stdout.close()
@@ -106,46 +116,29 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def engine(cluster: str) -> Iterator[RayEngine]:
+def engine(cluster: Cluster) -> Iterator[RayEngine]:
     """This process joined to the module's cluster, as `--ray-address` does."""
     # ray read RAY_AUTH_* when it was imported, before `cluster` set them: Ray's own test
     # helper makes it read them again
     from ray._private.authentication_test_utils import reset_auth_token_state
 
     reset_auth_token_state()
-    joined = RayEngine(workers=2, address=cluster)
+    joined = RayEngine(workers=2, address=cluster.address)
     yield joined
     joined.close()
 
 
-def with_remote(repo: Path) -> tuple[str, Path, dict[str, object]]:
-    """`repo` with a bare remote holding main: (its file:// URL, the bare repo, the task)."""
-    bare = repo.parent / "remote.git"
-    git(repo.parent, "init", "-q", "--bare", str(bare))
-    git(repo, "push", "-q", f"file://{bare}", "main")
-    path = repo / "task.yaml"
-    path.write_text(TASKFILE)
-    cwd = os.getcwd()
-    os.chdir(repo)
-    try:
-        task = dict(taskfile.load(path).to_dict())
-    finally:
-        os.chdir(cwd)
-    return f"file://{bare}", bare, task
-
-
-def ray_workers() -> dict[int, int]:
-    """Processes on this machine running our Ray task: Ray worker pid -> its parent."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                title = (entry / "cmdline").read_bytes().split(b"\0")[0].decode()
-                status = (entry / "status").read_text()
-            except OSError:
-                continue
-            if title == f"ray::{TASK_RAY}":
-                found[int(entry.name)] = int(status.split("PPid:")[1].split()[0])
+def ray_workers(cluster: Cluster) -> list[int]:
+    """The cluster's Ray worker processes running our Ray task now (another cluster, of
+    another test process, is not ours)."""
+    found = []
+    for pid in descendants(cluster.pid):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            continue
+        if title == f"ray::{TASK_RAY}":
+            found.append(pid)
     return found
 
 
@@ -169,7 +162,8 @@ class Watch:
     """Polls /proc while jobs run: which Ray worker processes ran a `coder worker`, and the
     clones (a worker's temporary directory) its processes worked in."""
 
-    def __init__(self) -> None:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
         self.workers: set[int] = set()
         self.clones: set[str] = set()
         self._stop = threading.Event()
@@ -185,7 +179,7 @@ class Watch:
 
     def _poll(self) -> None:
         while not self._stop.is_set():
-            for pid in ray_workers():
+            for pid in ray_workers(self.cluster):
                 for kid in descendants(pid):
                     try:
                         argv = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
@@ -200,78 +194,160 @@ class Watch:
             time.sleep(0.05)
 
 
-def run_levels(engine: RayEngine, url: str, base: str, task: dict[str, object]) -> list[str]:
-    """Every step through the engine, a level at a time: the statuses in step order."""
-    statuses = []
-    for level in LEVELS:
-        jobs = [WorkerJob(TASK_ID, step, url, base, task) for step in level]
-        results: list[WorkerResult] = [
-            f.result(timeout=120) for f in [engine.submit(j) for j in jobs]
-        ]
-        for done in results:
-            assert done.status in ("pushed", "taken"), done
-        statuses += [r.status for r in results]
-    return statuses
-
-
-def step_log(bare: Path, step: str) -> list[str]:
-    """The Coder-Step trailers of the commits on the step's ref since main (its own and its
-    dependencies', as the start rule picked them)."""
-    out = git(bare, "log", "--format=%(trailers:key=Coder-Step,valueonly)", f"main..{REF}/{step}")
-    return [line for line in out.split() if line]
-
-
-def test_each_step_is_a_ray_task_in_its_own_clone(engine: RayEngine, repo: Path) -> None:
-    url, bare, task = with_remote(repo)
-    base = git(repo, "rev-parse", "main").strip()
-    with Watch() as watch:
-        assert run_levels(engine, url, base, task) == ["pushed"] * 6
-    refs = git(bare, "for-each-ref", "--format=%(refname)", "refs/coder/").split()
-    assert refs == [f"{REF}/{s}" for s in "abcdef"]
-    # f's commit sits on its start: the base and its five dependencies, one commit each
-    assert sorted(step_log(bare, "f")) == list("abcdef")
-    assert git(bare, "show", f"{REF}/f:f.txt") == "a\nb\nc\n"
-    assert len(watch.workers) >= 2, watch.workers  # two Ray worker processes ran workers
-    # each job's worker cloned into a directory of its own (no working directory shared)
-    assert len(watch.clones) == 6, watch.clones
-
-
-def test_a_killed_ray_worker_is_retried_and_its_step_pushed_once(
-    engine: RayEngine, repo: Path
-) -> None:
-    """SIGKILL to the Ray worker process while its step's command runs: Ray runs the task
-    again (its worker child died with it: nothing pushed by the first try), the step is
-    pushed once."""
-    url, bare, task = with_remote(repo)
-    base = git(repo, "rev-parse", "main").strip()
-    before = set(ray_workers())
-    pending = engine.submit(WorkerJob(TASK_ID, "a", url, base, task))
-    victim = None
-    deadline = time.monotonic() + 60
-    while victim is None and time.monotonic() < deadline:
-        for pid in set(ray_workers()) - before:  # ours: the others are idle or gone
-            if any(_is_sleep(k) for k in descendants(pid)):
-                victim = pid
-        time.sleep(0.05)
-    assert victim is not None, "the step's command never ran"
-    os.kill(victim, signal.SIGKILL)
-    done = pending.result(timeout=120)
-    assert done.status in ("pushed", "taken"), done
-    assert done.commit == git(bare, "rev-parse", f"{REF}/a").strip()
-    assert step_log(bare, "a") == ["a"]
-    assert git(bare, "for-each-ref", "--format=%(refname)", "refs/coder/").split() == [f"{REF}/a"]
-
-
-def _is_sleep(pid: int) -> bool:
-    try:
-        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-    except OSError:
-        return False
-    return Path(argv0.decode()).name == "sleep"
-
-
 def test_a_job_ray_runs_but_cannot_do_is_an_error_result(engine: RayEngine) -> None:
     """A worker whose remote does not exist ends with an error result, not an exception."""
     job = WorkerJob(TASK_ID, "a", "file:///nonexistent/remote.git", "0" * 40, {"id": TASK_ID})
     done = engine.submit(job).result(timeout=120)
     assert done.status == "error" and done.commit is None and done.error
+
+
+# --------------------------------------------------------------------------- coder run --executor ray
+
+BRANCH = f"agent/{TASK_ID}"
+FILES = {"a.txt": "a\n", "b.txt": "b\n", "c.txt": "c\n", "d.txt": "a\nb\n", "e.txt": "c\n"}
+FILES["f.txt"] = "a\nb\nc\n"
+
+
+def ray_run(cluster: Cluster) -> list[str]:
+    return [
+        *("run", "-f", "task.yaml", "--autonomous", "--executor", "ray", "--workers", "2"),
+        *("--remote", "origin", "--ray-address", cluster.address),
+    ]
+
+
+def coordinator(repo: Path, *args: str) -> subprocess.Popen[str]:
+    """`coder ARGS` in the background (the tests kill it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "coder", *args],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def with_origin(repo: Path) -> Path:
+    """`repo` with a bare remote `origin` holding main, and the taskfile: the bare repo."""
+    bare = repo.parent / "remote.git"
+    git(repo.parent, "init", "-q", "--bare", str(bare))
+    git(repo, "remote", "add", "origin", f"file://{bare}")
+    git(repo, "push", "-q", "origin", "main")
+    (repo / "task.yaml").write_text(TASKFILE)
+    return bare
+
+
+def expected_tree(repo: Path) -> str:
+    """main's tree with the six steps' files: what the run makes, built by git alone."""
+    env = {**os.environ, "GIT_INDEX_FILE": str(repo.parent / "expected.index")}
+    subprocess.run(["git", "read-tree", "main"], cwd=repo, env=env, check=True)
+    for name, text in FILES.items():
+        blob = subprocess.run(
+            ["git", "hash-object", "-w", "--stdin"],
+            cwd=repo,
+            input=text,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        info = f"100644,{blob},{name}"
+        subprocess.run(["git", "update-index", "--add", "--cacheinfo", info], cwd=repo, env=env)
+    return subprocess.run(
+        ["git", "write-tree"], cwd=repo, env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def landed(repo: Path) -> tuple[str, list[str]]:
+    """The run's branch: its tree, and the Coder-Step trailer of each commit past main."""
+    out = git(
+        repo, "log", "--reverse", "--format=%(trailers:key=Coder-Step,valueonly)", f"main..{BRANCH}"
+    )
+    steps = [line.strip() for line in out.splitlines() if line.strip()]
+    return git(repo, "rev-parse", f"{BRANCH}^{{tree}}").strip(), steps
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out + err
+
+
+def test_the_taskfile_through_ray_equals_the_local_run(
+    cluster: Cluster, make_repo, repo: Path
+) -> None:
+    """--executor ray --workers 2 against the module's cluster: the same tree as the taskfile
+    run here, each step landed once in the DAG's order, each step ref on the remote."""
+    here = make_repo(name="here")
+    (here / "task.yaml").write_text(TASKFILE)
+    code, said = finish(coordinator(here, "run", "-f", "task.yaml", "--autonomous"))
+    assert code == 0, said
+    local = landed(here)
+    bare = with_origin(repo)
+    with Watch(cluster) as watch:
+        code, said = finish(coordinator(repo, *ray_run(cluster)))
+    assert code == 0, said
+    assert landed(repo) == local == (expected_tree(repo), list("abcdef"))
+    refs = git(bare, "for-each-ref", "--format=%(refname)", f"{REF}/").split()
+    assert refs == [f"{REF}/{s}" for s in "abcdef"]
+    assert len(watch.workers) >= 2 and len(watch.clones) == 6, (watch.workers, watch.clones)
+
+
+def victim(cluster: Cluster, step: str) -> int | None:
+    """The Ray worker process whose worker runs `step`'s command now (its `sh -c` says)."""
+    for pid in ray_workers(cluster):
+        for kid in descendants(pid):
+            try:
+                argv = Path(f"/proc/{kid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"echo {step} > {step}.txt".encode() in argv:
+                return pid
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ["a"])
+def test_a_ray_worker_killed_mid_run(cluster: Cluster, repo: Path, step: str) -> None:
+    """SIGKILL to the Ray worker process running `step`'s command, the coordinator running:
+    Ray runs the task again, the run succeeds with the same tree, no step lost or doubled."""
+    with_origin(repo)
+    proc = coordinator(repo, *ray_run(cluster))
+    found: list[int] = []
+    wait_for(
+        lambda: bool(found.append(victim(cluster, step) or 0) or found[-1]), 90, f"{step} running"
+    )
+    os.kill(found[-1], signal.SIGKILL)
+    code, said = finish(proc)
+    assert code == 0, said
+    assert landed(repo) == (expected_tree(repo), list("abcdef"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("landed_before", [0, 3])
+def test_the_coordinator_killed_mid_run_then_resumed(
+    cluster: Cluster, repo: Path, landed_before: int
+) -> None:
+    """SIGKILL to `coder run --executor ray` once `landed_before` steps are on the branch
+    (0: while the first level's commands run), then `coder resume`: the same tree, each step
+    landed once (a step a worker pushed before the kill is taken from its ref)."""
+    bare = with_origin(repo)
+    proc = coordinator(repo, *ray_run(cluster))
+
+    def ready() -> bool:
+        if landed_before == 0:
+            return victim(cluster, "a") is not None or victim(cluster, "b") is not None
+        ok = (
+            subprocess.run(
+                ["git", "rev-parse", "-q", "--verify", BRANCH], cwd=repo, capture_output=True
+            ).returncode
+            == 0
+        )
+        return ok and len(landed(repo)[1]) >= landed_before
+
+    wait_for(ready, 90, "the point to kill at")
+    proc.kill()
+    assert finish(proc)[0] == -signal.SIGKILL
+    code, said = finish(coordinator(repo, "resume", "-t", TASK_ID))
+    assert code == 0, said
+    assert landed(repo) == (expected_tree(repo), list("abcdef"))
+    refs = git(bare, "for-each-ref", "--format=%(refname)", f"{REF}/").split()
+    assert refs == [f"{REF}/{s}" for s in "abcdef"]
