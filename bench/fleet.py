@@ -1,7 +1,7 @@
 """A level of 4 independent steps on a Ray cluster against the same steps one at a time here
 (issue 39).
 
-    python bench/fleet.py [--repeats 1] [--seconds 10]
+    python bench/fleet.py [--repeats 1] [--seconds 20]
 
 `coder run --autonomous` (a subprocess, what a user runs) of a taskfile whose 4 shell steps
 depend on nothing (one DAG level) and each take a fixed time (`sleep SECONDS`, then write a
@@ -116,7 +116,7 @@ def at(event: dict[str, Any]) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--repeats", type=int, default=1, help="runs of each, best kept")
-    parser.add_argument("--seconds", type=float, default=10.0, help="each step's fixed time")
+    parser.add_argument("--seconds", type=float, default=20.0, help="each step's fixed time")
     args = parser.parse_args(argv)
     try:
         import ray  # noqa: F401  (only to say it is missing; coder imports it itself)
