@@ -6,6 +6,7 @@
     worker.py      `coder worker`: clone, build the step's start, run the step, push its commit
     engines.py     where workers run: local (a pool of processes), pushed (already pushed by
                    an engine elsewhere: CI), ray (coder.fleet.ray_engine, when installed)
+    ray_engine.py  the ray engine: one Ray task per job (imports ray: `coder[ray]`)
     coordinator.py `coder run --executor`: the run's batches dispatched to an engine and the
                    pushed commits taken back for the executor to land
 
