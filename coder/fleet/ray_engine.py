@@ -17,6 +17,7 @@ executor is chosen (coder.fleet.engines.engine_for).
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 from collections import deque
 from concurrent.futures import Future
@@ -29,6 +30,7 @@ from coder.fleet.jobs import WorkerJob, WorkerResult, run_worker_process
 from coder.interrupts import STOP_SIGNALS
 
 MAX_RETRIES = 3  # a Ray worker process killed mid-task: the task runs again, up to this
+CONNECT_S = 5.0  # how long a cluster's address may take to answer a TCP connection
 
 
 def _run_job(job: WorkerJob) -> WorkerResult:
@@ -43,7 +45,8 @@ class RayEngine:
 
     def __init__(self, workers: int, address: str | None) -> None:
         self.workers = max(1, workers)
-        self.started_here = address is None
+        if address is not None:
+            _check_reachable(address)
         self._connect(address)
         self._task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_run_job)
         self._lock = threading.Lock()
@@ -65,7 +68,7 @@ class RayEngine:
                 )
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
+        except Exception as exc:  # ray's errors share no base class (RayError, ConnectionError...)
             where = "a local Ray cluster" if address is None else f"the Ray cluster at {address}"
             raise EnvironmentProblem(
                 f"cannot start or join {where}: {exc}",
@@ -115,6 +118,22 @@ class RayEngine:
         for job, done in left:
             done.set_result(WorkerResult(job.step_id, "error", None, error="engine closed"))
         ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """A HOST:PORT nobody listens on fails here, at once: ray.init would retry it for
+    minutes. Other forms (`auto`, `ray://...`) are Ray's to resolve."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "/" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_S).close()
+    except OSError as exc:
+        raise EnvironmentProblem(
+            f"cannot join the Ray cluster at {address}: {exc.strerror or exc}",
+            hint="start it there (`ray start --head`) or fix --ray-address (the head's "
+            "GCS address, HOST:PORT)",
+        ) from None
 
 
 def _outcome(job: WorkerJob, future: Future[Any]) -> WorkerResult:

@@ -16,6 +16,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,10 +29,11 @@ import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
+from coder.errors import EXIT_ENVIRONMENT  # noqa: E402
 from coder.fleet.jobs import WorkerJob  # noqa: E402
 from coder.fleet.ray_engine import RayEngine  # noqa: E402
 from tests.conftest import GIT_ENV, git  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
+from tests.helpers import coder_cli, wait_for  # noqa: E402
 
 TASK_ID = "rayrun"
 REF = f"refs/coder/{TASK_ID}/steps"
@@ -351,3 +353,18 @@ def test_the_coordinator_killed_mid_run_then_resumed(
     assert landed(repo) == (expected_tree(repo), list("abcdef"))
     refs = git(bare, "for-each-ref", "--format=%(refname)", f"{REF}/").split()
     assert refs == [f"{REF}/{s}" for s in "abcdef"]
+
+
+def test_an_address_nobody_answers_is_an_environment_problem(repo: Path) -> None:
+    """A --ray-address where no cluster listens: exit 3 naming it, at once (ray.init would
+    retry it for minutes), and no run started."""
+    with_origin(repo)
+    with socket.socket() as probe:  # a port nothing listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    started = time.monotonic()
+    proc = coder_cli(repo, *ray_run(Cluster(address, 0)))
+    assert proc.returncode == EXIT_ENVIRONMENT, proc.stderr
+    assert f"cannot join the Ray cluster at {address}: Connection refused" in proc.stderr
+    assert "Traceback" not in proc.stderr and time.monotonic() - started < 60
+    assert not (repo / ".coder" / "state" / f"{TASK_ID}.json").exists()
