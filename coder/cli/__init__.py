@@ -55,6 +55,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "push",
         "Push a run's branch for review; print the PR body and the compare URL.",
     ),
+    "export": (
+        "export_cmd",
+        "export",
+        "Write a taskfile's DAG as a GitHub Actions or Argo workflow, a job per step.",
+    ),
     "diff": (
         "history_cmd",
         "diff",

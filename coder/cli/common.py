@@ -50,6 +50,7 @@ DOCS_PAGES: dict[str, str] = {
     "fork": "docs/journey.md#trying-a-step-another-way-coder-fork",
     "compare": "docs/journey.md#trying-a-step-another-way-coder-fork",
     "push": "docs/journey.md#pushing-for-review-coder-push",
+    "export": "docs/journey.md#running-on-github-actions-or-argo",
     "diff": "docs/commands.md#command-reference",
     "report": "docs/journey.md#reviewing-a-run-coder-report",
     "logs": "docs/commands.md#command-reference",

@@ -17,6 +17,8 @@ these do the work, over the run engine in `coder.run`).
     demo.py      `coder demo`: the whole journey on a sample project, offline
     initialize.py `coder init`: a repository prepared for coder; the example taskfiles
     testprobe.py the test command run once (`init`, `doctor`): does it find tests
+    export.py    `coder export`: a taskfile's DAG as a GitHub Actions workflow, a job per step
+    argo.py      `coder export argo`: the same as an Argo Workflow (hera, an optional extra)
 
 May import: run and everything below it. Never plan, mcp or CLI.
 """

@@ -1,0 +1,128 @@
+"""`coder export argo`: a taskfile's DAG as an Argo Workflow, built with hera's models.
+
+A DAG template with a task per step (`dependencies:` its direct dependencies) running one container
+template, `worker`, and a last `coordinator` task (see coder.services.export for what each
+runs). Each container clones the workflow's `repo` parameter at its `base` commit on its
+`branch`, installs coder and runs the same command as the GitHub jobs, with `origin` the
+clone's remote. RUN is `{{workflow.name}}` (the task id and Argo's suffix, `generateName`).
+
+The tasks say their edges with `dependencies:`, the coordinator's being every step: it runs
+once all steps succeeded (see coder.services.export.coordinator_commands for why not after a
+failed one; `argo retry` runs the failed steps again and then the coordinator).
+
+hera is an optional extra (`pip install 'coder[argo]'`): only this module imports it, and only
+`coder export argo` imports this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from coder.errors import EnvironmentProblem
+from coder.services.export import (
+    COORDINATOR,
+    GIT_IDENTITY,
+    WITH_RUN_ID,
+    Export,
+    coordinator_commands,
+    job_names,
+    worker_command,
+)
+
+try:
+    from hera.workflows import DAG, Container, Env, Parameter, Task, Workflow
+except ModuleNotFoundError as exc:  # pragma: no cover - tested in a subprocess without hera
+    raise EnvironmentProblem(
+        f"`coder export argo` builds the workflow with hera, which is not installed ({exc})",
+        hint="install coder's Argo extra: pip install 'coder[argo]' (or pip install hera)",
+    ) from None
+
+WORKER = "worker"
+WORK = "${TMPDIR:-/tmp}"  # where a container clones the repository and writes its taskfile
+
+
+def checkout(spec: Export) -> str:
+    """The start of every container's script: the repository at the run's base, coder."""
+    return "\n".join(
+        [
+            "set -eu",
+            f'git clone --quiet "$CODER_REPO" "{WORK}/coder-src"',
+            f'cd "{WORK}/coder-src"',
+            'git checkout --quiet -B "$CODER_BRANCH" "$CODER_BASE"',
+            spec.install,
+            f'export CODER_RUN_TASKFILE="{WORK}/coder-task.yaml"',  # the run's taskfile
+            WITH_RUN_ID,
+        ]
+    )
+
+
+def argo_workflow(spec: Export) -> Workflow:
+    """The Workflow (hera): parameters `repo`, `branch`, `base`, `ollama-host`, `model`."""
+    inner = dataclasses.replace(spec, remote="origin")  # the clone's remote is `repo`
+    names = job_names(spec.needs(), "-", reserved=[COORDINATOR, WORKER])
+    env = [
+        Env(name="CODER_REPO", value="{{workflow.parameters.repo}}"),
+        Env(name="CODER_BRANCH", value="{{workflow.parameters.branch}}"),
+        Env(name="CODER_BASE", value="{{workflow.parameters.base}}"),
+        Env(name="CODER_RUN", value="{{workflow.name}}"),
+        Env(name="CODER_TASKFILE", value=spec.taskfile),
+        # the model server and model: the workflow's parameters, never the taskfile's
+        Env(name="OLLAMA_HOST", value="{{workflow.parameters.ollama-host}}"),
+        Env(name="CODER_MODEL", value="{{workflow.parameters.model}}"),
+        *(Env(name=key, value=value) for key, value in GIT_IDENTITY.items()),
+    ]
+    land = "\n".join(coordinator_commands(inner))  # `set -eu`: a failed run is not pushed
+    step_command = worker_command('"$CODER_STEP"', '"$CODER_REPO"')
+    with Workflow(
+        generate_name=f"{spec.run_prefix.lower().replace('_', '-')}-",
+        entrypoint="run",
+        arguments=[
+            # without a value, `argo submit` must be given it
+            Parameter(name="repo", value=spec.remote)
+            if spec.remote_given
+            else Parameter(name="repo"),
+            Parameter(name="branch", value="main"),
+            Parameter(name="base"),
+            Parameter(name="ollama-host"),
+            Parameter(name="model", value=""),
+        ],
+    ) as workflow:
+        worker = Container(
+            name=WORKER,
+            image=spec.image,
+            command=["sh", "-c"],
+            args=[f"{checkout(spec)}\n{step_command}"],
+            inputs=[Parameter(name="step")],
+            env=[*env, Env(name="CODER_STEP", value="{{inputs.parameters.step}}")],
+        )
+        coordinator = Container(
+            name=COORDINATOR,
+            image=spec.image,
+            command=["sh", "-c"],
+            args=[f"{checkout(spec)}\n{land}"],
+            env=env,
+        )
+        with DAG(name="run"):
+            for sid, deps in spec.needs().items():
+                Task(
+                    name=names[sid],
+                    template=worker,
+                    arguments={"step": sid},
+                    dependencies=[names[d] for d in deps] or None,
+                )
+            Task(
+                name=COORDINATOR,
+                template=coordinator,
+                dependencies=[names[sid] for sid in spec.order()],
+            )
+    return workflow
+
+
+def argo_yaml(spec: Export) -> str:
+    header = (
+        f"# Generated by `coder export argo {spec.taskfile}`: a task per step of task "
+        f"{spec.run_prefix},\n# then the coordinator. Submit with: argo submit FILE -p "
+        "repo=URL -p branch=BRANCH -p base=SHA -p ollama-host=URL\n"
+        "# (see docs/journey.md, 'Running on GitHub Actions or Argo').\n"
+    )
+    return header + str(argo_workflow(spec).to_yaml(sort_keys=False, width=10**6))
