@@ -157,7 +157,8 @@ def run_once(tmp: Path, k: int, slots: int, pace: float) -> dict[str, Any]:
     walked = {e["event"]: at(e) for e in events if e["event"] in ("run.started", "run.finished")}
     state = json.loads((repo / ".coder" / "state" / f"{TASK_ID}.json").read_text())
     usage = [s["usage"] for s in state["steps"].values()]
-    branch = state["branch"]
+    manifest = json.loads((repo / ".coder" / "tasks" / f"{TASK_ID}.json").read_text())
+    branch = manifest["branch"]  # what the run is: its manifest's (the state: its progress)
     landed = git(repo, env, "log", "--reverse", "--format=%(trailers:key=Coder-Step,valueonly)")
     return {
         "level": walked["run.finished"] - walked["run.started"],

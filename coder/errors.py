@@ -13,6 +13,7 @@
     ├── EnvironmentProblem       3  something outside the run broke; the run stops as `error`
     │   ├── ConcurrentRun        3  another runner holds the task lock
     │   ├── CorruptState         3  a run's state file or manifest cannot be read back
+    │   │   └── ManifestGone     3  a run's state file is left, its manifest is not
     │   ├── RunFilesGone         3  a run's checkpoint, manifest or worktree vanished as it ran
     │   ├── ObjectsMissing       3  git objects coder needs were pruned (`git gc --prune=now`)
     │   ├── BranchMoved          3  the agent branch is not where coder left it
@@ -216,6 +217,24 @@ class CorruptState(EnvironmentProblem):
         self.path = path
         self.task_id = task_id
         self.reason = reason
+
+
+class ManifestGone(CorruptState):
+    """A run's checkpoint is left but not its manifest (deleted by hand): the checkpoint
+    holds its progress only, so the run is found again from its taskfile and its branch."""
+
+    def __init__(self, path: Path, task_id: str) -> None:
+        EnvironmentProblem.__init__(
+            self,
+            f"run {task_id} has a state file but its manifest {display_path(path)} is gone "
+            "(deleted?)",
+            hint=f"rebuild it with `coder resume -t {task_id} -f TASKFILE` (the taskfile the "
+            f"run started from) from the commits on its branch, or remove the run with "
+            f"`coder clean -t {task_id}`",
+        )
+        self.path = path
+        self.task_id = task_id
+        self.reason = "its manifest is gone"
 
 
 class BranchMoved(EnvironmentProblem):

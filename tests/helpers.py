@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -172,6 +173,12 @@ def state_of(repo: Path, task_id: str) -> dict[str, Any]:
 
     data = StateStore(repo / ".coder").load(task_id).to_dict()
     assert list(validator("state").iter_errors(data)) == []
+    return data
+
+
+def manifest_of(repo: Path, task_id: str) -> dict[str, Any]:
+    """A run's manifest (what the run is: its task, branch, base, parent, ...) as stored."""
+    data: dict[str, Any] = json.loads((repo / ".coder" / "tasks" / f"{task_id}.json").read_text())
     return data
 
 

@@ -170,7 +170,14 @@ def show_run(task_id: str, as_json: bool) -> None:
     state = view.state
     redactor = history.redactor_of(view)  # the state is stored redacted; older runs' too
     if as_json:
-        data = {**state.to_dict(), "running_pid": view.running_pid, "usage": run_usage(state)}
+        # what the run is (its manifest's) and how far it got (its checkpoint's), as one object
+        data = {
+            **view.manifest.as_dict(),
+            "title": view.manifest.doc["title"],
+            **state.to_dict(),
+            "running_pid": view.running_pid,
+            "usage": run_usage(state),
+        }
         emit_json(redactor.redact_obj(data))
         return
     status: str = f"running (pid {view.running_pid})" if view.running_pid else state.status

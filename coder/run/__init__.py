@@ -15,8 +15,8 @@ What a user does with a run afterwards (merge, revert, show, report) is in coder
     context.py     RunContext: what one run carries through the executor, its steps, its questions
     schedule.py    which steps may start: in-degree counters over the DAG
     steps/         what each step kind does in a working directory; verify.py: the checks
-    records.py     a run's checkpoint as typed records (RunState, StepRecord)
-    state.py       the checkpoint on disk: a snapshot and a journal of step transitions
+    records.py     a run's checkpoint as typed records (RunState, StepRecord): progress only
+    state.py       the checkpoint on disk: a snapshot and a journal; version 1 files upgraded
     manifest.py    what a run is, written before anything else (and rebuilt from trailers)
     opened.py      a run opened through one door: manifest, lock, checkpoint, repository
     preflight.py   the commands a task's steps would run, checked before anything is created

@@ -131,13 +131,12 @@ def check_done_unchanged(edit: Edit, state: RunState) -> None:
 def take(
     edit: Edit, state: RunState, manifest: Manifest, manifest_path: Path, redactor: Redactor
 ) -> Manifest:
-    """Make the new version the run's: the manifest first, then the checkpoint's task and
-    steps (the caller saves it), both with the secrets `redactor` knows left out. Returns the
-    new manifest."""
+    """Make the new version the run's: the manifest (its task with the secrets `redactor`
+    knows left out), then the checkpoint's steps (the caller saves it). Returns the new
+    manifest."""
     stored = stored_task(edit.task.to_dict(), redactor)
     manifest = replace(manifest, doc=stored, taskfile=str(edit.path.resolve()))
     write_path(manifest_path, manifest)
-    state.task, state.title, state.taskfile = stored, stored["title"], manifest.taskfile
     align(state, edit.task)
     for sid in edit.steps:
         if sid in state.steps:

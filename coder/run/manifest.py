@@ -1,8 +1,10 @@
 """A run's manifest (`.coder/tasks/ID.json`): what the run is, written before anything else.
 
-The manifest and the checkpoint (coder.run.state) hold the same facts about a run: its
-resolved task, the taskfile it started from, base, base commit, branch and worktree. So either
-can be rebuilt from the other, and when both are gone (`.coder/` deleted by hand) the run is
+The manifest alone holds what a run is: its resolved task, the taskfile it started from, base,
+base commit, branch and worktree; the checkpoint (coder.run.state) holds its progress, and is
+rebuilt from the manifest and the branch's commits when it is lost (a checkpoint of version 1
+held the manifest's facts too: a run whose manifest file is gone is read from it). When the
+manifest is gone (`.coder/` deleted by hand) the run is
 found again by its branch: its commits carry `Coder-Task: ID`, the commit below them is the
 base, and the taskfile supplies the task (`coder resume -t ID -f FILE`); a fork's is the
 taskfile of the run it was first forked from, and its copied commits (`Coder-Forked-From`)
@@ -16,6 +18,7 @@ a run made before there was one is older than every run with one, ordered by its
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -33,11 +36,12 @@ from coder.errors import (
     EnvironmentProblem,
     InvalidInput,
     LinkInTheWay,
+    ManifestGone,
     UnknownTask,
 )
 from coder.files import nofollow
 from coder.files.durable import make_private_dirs, write_atomic
-from coder.run.records import ForkPoint, RunState, StepRecord, check_task_id, now_iso
+from coder.run.records import ForkPoint, RunState, check_task_id, now_iso
 from coder.run.state import StateStore
 from coder.schemas import TASK_ID
 
@@ -282,17 +286,97 @@ def run_exists(coder_dir: Path, task_id: str) -> bool:
 
 
 def load_manifest(coder_dir: Path, task_id: str) -> Manifest:
-    """The run's manifest; when its file is missing, the same facts from its checkpoint.
-    UnknownTask when neither exists; CorruptState (naming the file) when the manifest, or the
-    checkpoint standing in for it, cannot be read back."""
+    """The run's manifest; when its file is missing, the one a version 1 checkpoint holds
+    (`from_v1_state`). UnknownTask when the run has neither; CorruptState (naming the file)
+    when the manifest, or the checkpoint standing in for it, cannot be read back (ManifestGone:
+    only a checkpoint of version 2 is left, which holds no manifest)."""
     try:
         return read_manifest(coder_dir, task_id)
     except UnknownTask:
         pass
+    manifest = from_v1_state(coder_dir, task_id)
+    if manifest is not None:  # written back: the checkpoint's next write is of version 2
+        with contextlib.suppress(OSError, EnvironmentProblem):  # read-only: read it next time
+            write(coder_dir, manifest)
+        return manifest
+    if StateStore(coder_dir).exists(task_id):
+        raise ManifestGone(manifest_path(coder_dir, task_id), task_id)
+    raise UnknownTask(task_id, run_ids(coder_dir))
+
+
+def from_v1_state(coder_dir: Path, task_id: str) -> Manifest | None:
+    """The manifest a version 1 checkpoint of a run holds (coder.run.state.
+    identity_moved_to_manifest); None when the run's checkpoint is missing or of version 2.
+    CorruptState (naming the checkpoint) when what it holds is no manifest of the run."""
+    store = StateStore(coder_dir)
+    data = store.v1_manifest(task_id)
+    if data is None:
+        return None
+    problem = _problem(data, task_id)
+    if problem:
+        raise CorruptState(store.path(task_id), task_id, problem)
+    return Manifest.from_dict(data)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """What `coder status` shows of a run's manifest (`read_listed`)."""
+
+    title: str
+    branch: str
+    created_at: str
+    steps: int
+    seq: int | None
+    parent: str | None
+
+
+def read_listed(coder_dir: Path, task_id: str) -> Listed:
+    """The few fields `coder status` lists of run `task_id`, from its manifest file, or the
+    version 1 checkpoint standing in for it: checked only as far as they are read (the
+    whole check, `_problem`, loads the taskfile package for its kinds, which `status` would
+    pay for every run). UnknownTask, CorruptState and ManifestGone as `load_manifest`."""
+    path, store = manifest_path(coder_dir, task_id), StateStore(coder_dir)
     try:
-        return from_state(StateStore(coder_dir).load(task_id))
-    except UnknownTask:
-        raise UnknownTask(task_id, run_ids(coder_dir)) from None
+        data = json.loads(nofollow.read_bytes(path))
+    except FileNotFoundError:
+        data = store.v1_manifest(task_id)
+        if data is None:
+            if store.exists(task_id):
+                raise ManifestGone(path, task_id) from None
+            raise UnknownTask(task_id, run_ids(coder_dir)) from None
+        path = store.path(task_id)
+    except LinkInTheWay as exc:
+        raise exc.problem() from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CorruptState(path, task_id, str(exc), manifest=True) from None
+    problem = _listed_problem(data, task_id)
+    if problem:
+        raise CorruptState(path, task_id, problem, manifest=True)
+    task = data["task"]
+    graph = task["graph"]
+    return Listed(
+        title=task["title"],
+        branch=data["branch"],
+        created_at=data["created_at"],
+        steps=len(graph),
+        seq=data["seq"] if type(data.get("seq")) is int else None,
+        parent=data["parent"] if isinstance(data.get("parent"), str) else None,
+    )
+
+
+def _listed_problem(data: Any, task_id: str) -> str | None:
+    """What makes `data` no manifest of `task_id`, as far as `read_listed` reads it."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    for key in ("task_id", "branch", "created_at"):
+        if not isinstance(data.get(key), str):
+            return f"its {key} is missing"
+    if data["task_id"] != task_id:
+        return f"it belongs to task {data['task_id']!r}"
+    task = data.get("task")
+    if not isinstance(task, dict) or not isinstance(task.get("title"), str):
+        return "no task"
+    return None if isinstance(task.get("graph"), list) else "no task graph"
 
 
 def read_manifest(coder_dir: Path, task_id: str) -> Manifest:
@@ -324,15 +408,12 @@ def _problem(data: Any, task_id: str) -> str | None:
     for key in _STRINGS:
         if not isinstance(data.get(key), str):
             return f"its {key} is missing"
-    if data["task_id"] != task_id:
-        return f"it belongs to task {data['task_id']!r}"
-    task = data.get("task")
-    if not isinstance(task, dict) or not isinstance(task.get("title"), str):
-        return "no task"
-    graph = task.get("graph")
-    if not isinstance(graph, list) or not all(
+    problem = _listed_problem(data, task_id)
+    if problem:
+        return problem
+    if not all(
         isinstance(s, dict) and isinstance(s.get("id"), str) and s.get("kind") in KINDS
-        for s in graph
+        for s in data["task"]["graph"]
     ):
         return "no task graph"
     return None
@@ -374,44 +455,9 @@ def write_path(path: Path, manifest: Manifest) -> None:
     write_atomic(path, json.dumps(manifest.as_dict(), indent=2).encode("utf-8"))
 
 
-def from_state(state: RunState) -> Manifest:
-    """The manifest a checkpoint holds."""
-    return Manifest(
-        task_id=state.task_id,
-        doc=state.task,
-        taskfile=state.taskfile,
-        base=state.base,
-        base_commit=state.base_commit,
-        branch=state.branch,
-        worktree=state.worktree,
-        created_at=state.created_at,
-        checkout_commit=state.checkout_commit,
-        parent=state.parent,
-        forked_at=state.forked_at,
-        seq=state.seq,
-    )
-
-
 def new_run(manifest: Manifest) -> RunState:
     """The first checkpoint of a run: every step pending."""
-    task = manifest.doc
-    return RunState(
-        task_id=manifest.task_id,
-        title=task["title"],
-        taskfile=manifest.taskfile,
-        branch=manifest.branch,
-        base=manifest.base,
-        base_commit=manifest.base_commit,
-        worktree=manifest.worktree,
-        task=task,
-        created_at=manifest.created_at,
-        checkout_commit=manifest.checkout_commit,
-        parent=manifest.parent,
-        forked_at=manifest.forked_at,
-        seq=manifest.seq,
-        updated_at=now_iso(),
-        steps={s["id"]: StepRecord() for s in task["graph"]},
-    )
+    return RunState.new(manifest.task_id, manifest.step_ids)
 
 
 def rebuild(

@@ -18,13 +18,13 @@ from coder.schemas import TASK_ID
 
 if TYPE_CHECKING:
     from coder.models.usage import Usage, UsageRecord
-    from coder.taskfile import TaskDoc
 
 
 StepStatus = Literal["pending", "running", "success", "failed", "skipped", "interrupted"]
 RunStatus = Literal["pending", "running", "success", "failed", "error", "interrupted"]
 SkipCause = Literal["failed", "user", "requirement"]
 DONE: tuple[StepStatus, ...] = ("success", "skipped")  # a step that will not run again
+VERSION = 2  # the checkpoint's format: 2 holds progress only (1 held the run's identity too)
 
 # Why a step was skipped, as said in a run's summary ("1 step skipped after failing: s2").
 SKIP_PHRASES: dict[SkipCause, str] = {
@@ -182,53 +182,33 @@ class PushRecord(TypedDict):
 
 @dataclass
 class RunState:
-    """One run, as checkpointed: `.coder/state/ID.json` (schemas/state.schema.json)."""
+    """One run's progress, as checkpointed: `.coder/state/ID.json` (schemas/state.schema.json).
+
+    What the run is (its task, base, branch, worktree, taskfile, parent, order) is its
+    manifest's alone (coder.run.manifest); a version 1 checkpoint also held those, and is
+    read through `coder.run.state.identity_moved_to_manifest`. `task_id` stays as the key
+    that ties the file to its run; `pid` and `error` say how the last runner left it."""
 
     task_id: str
-    title: str
-    branch: str
-    base: str
-    base_commit: str
-    worktree: str
-    task: TaskDoc  # the taskfile as resolved at the start (coder.taskfile.Task.to_dict)
-    created_at: str
     updated_at: str
     steps: dict[str, StepRecord]
     status: RunStatus = "pending"
-    taskfile: str | None = None  # the path the run started from
     pid: int | None = None
     error: str | None = None
     merge: MergeRecord | None = None
-    # --include-uncommitted: the run's first commit, the checkout's changes (coder.run.uncommitted)
-    checkout_commit: str | None = None
-    parent: str | None = None  # a fork's parent run (`coder fork`)
-    forked_at: ForkPoint | None = None
     pushed: PushRecord | None = None  # `coder push`
     pushing: PushRecord | None = None  # a push recorded before it was made, not yet seen land
-    seq: int | None = None  # the manifest's: its place in the order runs were made
     journal_seq: int = 0  # the last journal line this snapshot contains
-    version: int = 1
+    version: int = VERSION
 
     _KEYS = (  # the file's key order
         "version",
         "task_id",
-        "title",
-        "taskfile",
         "status",
-        "branch",
-        "base",
-        "base_commit",
-        "checkout_commit",
-        "worktree",
         "pid",
-        "task",
         "error",
-        "created_at",
         "updated_at",
-        "seq",
         "merge",
-        "parent",
-        "forked_at",
         "pushed",
         "pushing",
         "journal_seq",
@@ -236,17 +216,22 @@ class RunState:
 
     def to_dict(self) -> dict[str, Any]:
         data = {key: getattr(self, key) for key in self._KEYS}
-        for key in ("checkout_commit", "pushing", "seq"):  # unset: the file as it was
-            if data[key] is None:
-                del data[key]
+        if data["pushing"] is None:  # unset: the file as it was
+            del data["pushing"]
         data["steps"] = {sid: record.to_dict() for sid, record in self.steps.items()}
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunState:
+        """From a version 2 object (`identity_moved_to_manifest` makes one of a version 1)."""
         values = {key: data[key] for key in cls._KEYS if key in data}
         steps = {sid: StepRecord.from_dict(r) for sid, r in data["steps"].items()}
         return cls(**values, steps=steps)
+
+    @classmethod
+    def new(cls, task_id: str, step_ids: list[str]) -> RunState:
+        """The first checkpoint of a run: every step pending."""
+        return cls(task_id=task_id, updated_at=now_iso(), steps={s: StepRecord() for s in step_ids})
 
     def skipped(self) -> list[tuple[str, StepRecord]]:
         return [(sid, r) for sid, r in self.steps.items() if r.status == "skipped"]

@@ -18,9 +18,11 @@ from coder.errors import (
     CorruptState,
     EnvironmentProblem,
     InvalidInput,
+    ManifestGone,
     UnknownTask,
     display_path,
 )
+from coder.files import nofollow
 from coder.git import branches, repository, workdir, worktrees
 from coder.git import commits as gitcommits
 from coder.git import land as gitland
@@ -145,6 +147,8 @@ def _resumable_state(
     try:
         state = store.load(task_id)
     except (CorruptState, UnknownTask) as exc:
+        if isinstance(exc, UnknownTask):
+            _refuse_unmade_fork(repo, store, manifest)
         problem = (
             f"state file {display_path(exc.path)} is corrupt ({exc.reason})"
             if isinstance(exc, CorruptState)
@@ -217,19 +221,26 @@ def _recover_manifest(
     cwd: Path,
     warnings: list[str],
 ) -> Manifest:
-    """The run's manifest. A missing one is rebuilt and written back: from the checkpoint,
-    or, when that is gone too (`.coder/` deleted by hand), from the taskfile given with -f
-    and the commits on the run's branch."""
+    """The run's manifest. A missing one is rebuilt and written back: from the checkpoint
+    when it is of version 1 (which held the same), else (`.coder/` deleted by hand) from the
+    taskfile given with -f and the commits on the run's branch."""
     try:
         return manifests.read_manifest(coder_dir, task_id)
     except UnknownTask:
         pass
     try:
-        manifest = manifests.from_state(store.load(task_id))
+        found = manifests.from_v1_state(coder_dir, task_id)
+    except CorruptState:
+        found = None
+    if found is not None:
+        manifest = found
         warnings.append(f"the manifest of run {task_id} was missing; rebuilt it from its state")
-    except (UnknownTask, CorruptState):
+    else:
+        has_state = store.exists(task_id)
         if not options.taskfile:
-            raise manifests.missing_run(repo, coder_dir, task_id) from None
+            if has_state:
+                raise ManifestGone(manifests.manifest_path(coder_dir, task_id), task_id)
+            raise manifests.missing_run(repo, coder_dir, task_id)
         cfg = config_mod.load(cwd, flags={"model": options.model, "sandbox": options.sandbox})
         path = Path(options.taskfile)
         task = taskfile.load(path)
@@ -238,8 +249,9 @@ def _recover_manifest(
             repo, coder_dir, task_id, path, str(cfg.model), redactor
         )
         warnings.append(
-            f"run {task_id} had no manifest or state; rebuilt it from {path} and the {count} "
-            f"commit{'s' * (count != 1)} of the run on {manifest.branch}"
+            f"run {task_id} had no manifest{'' if has_state else ' or state'}; rebuilt it "
+            f"from {path} and the {count} commit{'s' * (count != 1)} of the run on "
+            f"{manifest.branch}"
         )
     project.ensure_coder_dir(repository.repo_root(repo))
     manifests.write(coder_dir, manifest)
@@ -382,6 +394,26 @@ def _died_mid_run(state: RunState) -> bool:
     durable checkpoint. A runner that stopped cleanly wrote its end (fsync'd), after
     discarding what a step left."""
     return state.status == "running" and any(st.status not in DONE for st in state.steps.values())
+
+
+def _refuse_unmade_fork(repo: Repo, store: StateStore, manifest: Manifest) -> None:
+    """A fork killed while `coder fork` made it, between its manifest and its first
+    checkpoint (its branch is made after both): nothing of it was kept but its manifest (its
+    `--note` was in the checkpoint), so it was never made. The manifest is removed, and the
+    same `coder fork` makes it again (InvalidInput, exit 2)."""
+    fork_point = manifest.forked_at
+    if manifest.origin is None or manifest.parent is None or fork_point is None:
+        return
+    if branches.branch_tip(repo, manifest.branch) is not None:  # made: its state was lost
+        return
+    task_id = manifest.task_id
+    nofollow.unlink(manifests.manifest_path(store.coder_dir, task_id))
+    raise InvalidInput(
+        f"no task {task_id!r}: fork {task_id} was killed while `coder fork` was making it, "
+        "before anything of it was kept",
+        hint=f"make it again: `coder fork -t {manifest.parent} --at {fork_point['step']}` "
+        "(with its --note and --model, if any)",
+    )
 
 
 def _branch_gone(repo: Repo, state: RunState, manifest: Manifest) -> EnvironmentProblem:

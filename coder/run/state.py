@@ -33,7 +33,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from coder.crashpoints import armed, crashpoint
 from coder.errors import (
@@ -46,13 +46,48 @@ from coder.errors import (
 )
 from coder.files import nofollow
 from coder.files.durable import fsync_dir, make_private_dirs, write_atomic, write_private
+from coder.run.records import VERSION, RunState, StepRecord, check_task_id, now_iso
 from coder.schemas import TASK_ID, validator
 
-if TYPE_CHECKING:
-    pass
+# --- the versions ---------------------------------------------------------------------------
+
+# What a version 1 checkpoint held of the run's identity, the manifest's since version 2 (the
+# manifest's own keys but "title", which its task holds).
+_V1_IDENTITY = (
+    "title",
+    "taskfile",
+    "branch",
+    "base",
+    "base_commit",
+    "checkout_commit",
+    "worktree",
+    "task",
+    "created_at",
+    "seq",
+    "parent",
+    "forked_at",
+)
 
 
-from coder.run.records import RunState, StepRecord, check_task_id, now_iso
+def identity_moved_to_manifest(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Version 1 -> 2: a checkpoint object of version 1 split into the version 2 checkpoint
+    (its progress) and the manifest object its identity fields make (coder.run.manifest's
+    file), which a run that lost its manifest file is read from (`v1_manifest`). Nothing is
+    checked here: the checkpoint is checked against the schema after, the manifest when read."""
+    state = {key: value for key, value in data.items() if key not in _V1_IDENTITY}
+    state["version"] = VERSION
+    manifest = {"task_id": data.get("task_id")}
+    manifest |= {key: data[key] for key in _V1_IDENTITY[1:] if data.get(key) is not None}
+    return state, manifest
+
+
+def _upgraded(data: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint object in this version's form (an older version's upgraded, in memory:
+    the file is rewritten by its run's next writer)."""
+    if data.get("version") == 1:
+        return identity_moved_to_manifest(data)[0]
+    return data
+
 
 # --- the files ------------------------------------------------------------------------------
 
@@ -221,6 +256,20 @@ class StateStore:
                 taken.append(step_id)
         return taken
 
+    def v1_manifest(self, task_id: str) -> dict[str, Any] | None:
+        """The manifest object a version 1 checkpoint of `task_id` holds (None: no such file,
+        or not one of version 1), for a run whose manifest file is gone: unchecked, as a
+        manifest file read from the disk is (coder.run.manifest checks it)."""
+        try:
+            data = json.loads(nofollow.read_bytes(self.path(task_id)))
+        except (OSError, ValueError, RecursionError):
+            return None
+        if not isinstance(data, dict) or data.get("version") != 1:
+            return None
+        if data.get("task_id") != task_id:
+            return None
+        return identity_moved_to_manifest(data)[1]
+
     def load_all(self) -> list[RunState | CorruptState]:
         """Every task's state, with a corrupt file reported in place (for `coder status`)."""
         states: list[RunState | CorruptState] = []
@@ -349,12 +398,13 @@ def _parse_snapshot(path: Path, task_id: str, raw: bytes, *, check: bool) -> dic
         raise corrupt(f"not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise corrupt("not a JSON object")
+    data = _upgraded(data)
     problem = _validation_problem(data) if check else None
     if problem:
         raise corrupt(f"does not match the state schema at {problem}")
-    if data["task_id"] != task_id:
-        raise corrupt(f"it belongs to task {data['task_id']!r}")
-    return cast(dict[str, Any], data)
+    if data.get("task_id") != task_id:
+        raise corrupt(f"it belongs to task {data.get('task_id')!r}")
+    return data
 
 
 def _append(path: Path, data: bytes, length: int, *, sync: bool = True) -> None:

@@ -281,14 +281,17 @@ def _anything_left(
 
 def _remains_from_state(repo: Repo, coder_dir: Path, task_id: str) -> _Remains:
     """What `clean` needs of a run whose manifest is corrupt or gone: from its checkpoint
-    (which holds the same), else its worktree by its name, and its branch: the one that
-    worktree has checked out, or one whose tip is the run's commit; else none (kept:
-    unknown)."""
+    when that is of version 1 (which held the same), else its worktree by its name, and its
+    branch: the one that worktree has checked out, or one whose tip is the run's commit; else
+    none (kept: unknown)."""
     try:
-        return _Remains.of(manifests.from_state(StateStore(coder_dir).load(task_id)))
+        manifest = manifests.from_v1_state(coder_dir, task_id)
     except (CorruptState, InvalidInput):
-        branches = commits.task_branches(repo, task_id)
-        return _Remains(
-            coder_dir / "worktrees" / task_id,
-            gitbranches.registered_branch(repo, task_id) or next(iter(branches), None),
-        )
+        manifest = None
+    if manifest is not None:
+        return _Remains.of(manifest)
+    branches = commits.task_branches(repo, task_id)
+    return _Remains(
+        coder_dir / "worktrees" / task_id,
+        gitbranches.registered_branch(repo, task_id) or next(iter(branches), None),
+    )

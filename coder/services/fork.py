@@ -215,7 +215,6 @@ def _copied(
     )
     checkout = copies[parent.checkout_commit] if parent.checkout_commit else None
     manifest = replace(manifest, seq=manifests.next_seq(coder_dir), checkout_commit=checkout)
-    state.seq, state.checkout_commit = manifest.seq, manifest.checkout_commit
     for kept in plan.kept:
         record = state.steps.get(kept.step_id)
         if record is not None and record.status == "success":
@@ -247,16 +246,18 @@ def _create(
     tip: str,
     state: RunState,
 ) -> None:
-    """The fork's first checkpoint, whole (its `--note` too: recorded before the fork acts,
-    so a kill at any later point loses nothing of it), then the manifest, then the branch and
-    worktree at `tip`; anything made is removed again on failure. Killed before the branch
-    exists, the fork is a run whose branch is gone: resume says how to restore it at its
+    """The fork's manifest (what it is: a checkpoint holds progress only), then its first
+    checkpoint, whole (its `--note` too: recorded before the fork acts, so a kill at any later
+    point loses nothing of it), then the branch and worktree at `tip`; anything made is
+    removed again on failure. Killed between the two files, the fork was never made (resume
+    says so, removes the manifest and says to fork again); killed after them, before the
+    branch exists, it is a run whose branch is gone: resume says how to restore it at its
     last copied commit."""
     store = StateStore(coder_dir)
     worktree = Path(manifest.worktree)
     try:
-        store.save(state)
         manifests.write(coder_dir, manifest)
+        store.save(state)
         worktrees.create_worktree(
             repo, name=manifest.task_id, path=worktree, branch=manifest.branch, start=tip
         )

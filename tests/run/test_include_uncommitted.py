@@ -93,8 +93,8 @@ def test_the_checkouts_changes_are_the_runs_first_commit_and_the_checkout_stays(
     )
     # the steps ran on top of it
     assert (repo / ".coder" / "worktrees" / "inc" / "pkg" / "notes.txt").read_text() == "new\n"
-    state = json.loads((repo / ".coder" / "state" / "inc.json").read_text())
-    assert state["checkout_commit"] == first
+    manifest = json.loads((repo / ".coder" / "tasks" / "inc.json").read_text())
+    assert manifest["checkout_commit"] == first
     assert "first commit" in err and "left out of it: .env" in err
     # the report names it
     code, out, _ = coder(repo, "report", "-t", "inc", "--format", "json")
@@ -111,7 +111,7 @@ def test_revert_to_a_step_keeps_the_checkouts_commit(make_repo, tmp_path: Path) 
         repo, "run", "--autonomous", "--include-uncommitted", "-f", "tasks/inc.yaml"
     )
     assert code == 0, out + err
-    first = json.loads((repo / ".coder" / "state" / "inc.json").read_text())["checkout_commit"]
+    first = json.loads((repo / ".coder" / "tasks" / "inc.json").read_text())["checkout_commit"]
     # step a made no commit: "right after a" is the checkout's commit, not the base
     code, out, err = coder(repo, "revert", "-t", "inc", "--to-step", "a", "--mode", "reset")
     assert code == 0, out + err
@@ -214,7 +214,7 @@ def test_a_run_rebuilt_after_coder_dir_is_deleted_knows_its_checkout_commit(
     (repo / "app.py").write_text("x = 2\n")
     code, out, err = coder(repo, "run", "--autonomous", "--include-uncommitted", "-f", "t.yaml")
     assert code == 1, out + err
-    first = json.loads((repo / ".coder" / "state" / "rb.json").read_text())["checkout_commit"]
+    first = json.loads((repo / ".coder" / "tasks" / "rb.json").read_text())["checkout_commit"]
     shutil.rmtree(repo / ".coder")
     go.touch()
     resumed = subprocess.run(
@@ -226,6 +226,7 @@ def test_a_run_rebuilt_after_coder_dir_is_deleted_knows_its_checkout_commit(
     )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     state = json.loads((repo / ".coder" / "state" / "rb.json").read_text())
-    assert state["checkout_commit"] == first and state["status"] == "success"
+    manifest = json.loads((repo / ".coder" / "tasks" / "rb.json").read_text())
+    assert manifest["checkout_commit"] == first and state["status"] == "success"
     log = git(repo, "log", "--format=%s", "main..agent/rb-rebuild").splitlines()
     assert log[-1] == "coder: uncommitted changes from the checkout" and len(log) == 3

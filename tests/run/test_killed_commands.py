@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import coder as cli
 from tests.conftest import git
 from tests.fake_ollama import FakeOllama
-from tests.helpers import call, chat_requests, state_of, taskfile
+from tests.helpers import call, chat_requests, manifest_of, state_of, taskfile
 from tests.run.test_crash import coder, out
 from tests.run.test_notes import BRANCH, NOTE, TASK, edit_calc, failed_run, trailers
 from tests.services.test_fork import TASK as FORK_TASK
@@ -130,9 +130,10 @@ def test_fork_note_survives_a_kill_at_every_write_of_the_fork(
 ) -> None:
     """Before: killed after its branch and worktree were made, before its checkpoint, the
     fork was resumed from a state rebuilt without the note: the model never saw it and the
-    commit had no `Coder-Note` (and nothing said so). The checkpoint, note included, is now
-    the fork's first write: killed at any write, the note reaches s2 of the fork once (a
-    fork at s1 copies no commit: its branch is restored where the run started)."""
+    commit had no `Coder-Note` (and nothing said so). The manifest and the checkpoint, note
+    included, are now the fork's first writes (killed between them, the fork was never made:
+    resume says so and it is forked again): killed at any write, the note reaches s2 of the
+    fork once (a fork at s1 copies no commit: its branch is restored where the run started)."""
     finished_run(fake, sample)
     asked = len(chat_requests(fake))
     fork = ("fork", "-t", "steer", "--at", step, "--note", NOTE)
@@ -258,8 +259,11 @@ def test_a_fork_is_rebuilt_from_its_trailers_after_coder_dir_is_deleted(
 
 
 def fork_state(repo: Path, task_id: str) -> dict[str, Any]:
-    state = state_of(repo, task_id)
-    return {k: state[k] for k in ("status", "branch", "parent", "forked_at")}
+    manifest = manifest_of(repo, task_id)
+    return {
+        "status": state_of(repo, task_id)["status"],
+        **{k: manifest.get(k) for k in ("branch", "parent", "forked_at")},
+    }
 
 
 def tree(repo: Path, rev: str) -> str:

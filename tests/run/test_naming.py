@@ -205,7 +205,7 @@ def set_clock_back(repo: Path, task_id: str, hours: float) -> None:
     manifest.write_text(json.dumps({**data, "created_at": back(data["created_at"])}))
     snapshot = coder_dir / "state" / f"{task_id}.json"
     data = json.loads(snapshot.read_text())
-    times = {k: back(data[k]) for k in ("created_at", "updated_at")}
+    times = {k: back(data[k]) for k in ("updated_at",)}
     snapshot.write_text(json.dumps({**data, **times}))
     journal = coder_dir / "state" / f"{task_id}.journal"
     if journal.exists():

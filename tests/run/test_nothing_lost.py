@@ -160,13 +160,14 @@ def test_run_files_deleted_mid_run_keep_the_branch_and_resume_rebuilds_them(
     assert loose_dirs(repo) == []
     assert not (repo / ".coder" / "state" / f"{TASK_ID}.json").exists() or victim == "manifest"
 
-    if victim == ".coder":  # both gone: the run is rebuilt from the taskfile and the trailers
+    if victim != "state":  # the manifest gone: the run is rebuilt from the taskfile and the
+        # trailers (a state holds progress only; kept, when it is left)
         refused = invoke(repo, "resume", "-t", TASK_ID)
         assert refused.returncode == EXIT_ENVIRONMENT, out(refused)
         assert f"coder resume -t {TASK_ID} -f" in refused.stderr, out(refused)
         assert branch_steps(repo) == s1
         resumed = coder(repo, "resume", "-t", TASK_ID, "-f", str(path))
-    else:  # one of the two is left: it rebuilds the other
+    else:  # the manifest left: it rebuilds the state
         resumed = coder(repo, "resume", "-t", TASK_ID)
     assert resumed.returncode == 0, out(resumed)
     assert [sid for sid, _ in branch_steps(repo)] == ["s1", "s2", "s3"]

@@ -72,7 +72,7 @@ def test_resume_refuses_an_edited_taskfile_until_told_which_version(make_repo) -
     assert "its definition changed in task.yaml" in state["steps"]["s2"]["reasons"][-1]
     manifest = json.loads((repo / ".coder" / "tasks" / "ed.json").read_text())
     assert manifest["task"]["graph"][1]["cmd"] == "echo two > two.txt"
-    assert state["task"] == manifest["task"]
+    assert "task" not in state  # the manifest's alone
 
 
 def test_a_changed_done_step_is_refused_naming_it(make_repo) -> None:

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import coder, git, sample_files
 from tests.fake_ollama import FakeOllama, Reply, down_url
 from tests.fake_openai import FakeOpenAI
-from tests.helpers import ROOT, chat_requests, state_of
+from tests.helpers import ROOT, chat_requests, manifest_of, state_of
 
 _spec = importlib.util.spec_from_file_location("demo_record", ROOT / "fixtures/demo/record.py")
 assert _spec is not None and _spec.loader is not None
@@ -63,7 +63,7 @@ def assert_green(repo: Path, protocol: str) -> None:
     assert {s: state["steps"][s]["tool_protocol"] for s in ("s1", "s2", "s4")} == dict.fromkeys(
         ("s1", "s2", "s4"), protocol
     )
-    branch = state["branch"]
+    branch = manifest_of(repo, "demo")["branch"]
     assert "return a * b" in git(repo, "show", f"{branch}:calc.py")
     assert "multiply(2, 3)  # 6" in git(repo, "show", f"{branch}:README.md")
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import coder, git
-from tests.helpers import coder_on_terminal, state_of, taskfile
+from tests.helpers import coder_on_terminal, manifest_of, state_of, taskfile
 
 TASK = """
     id: rv
@@ -113,10 +113,10 @@ def test_a_fork_begins_at_the_commit_before_the_step_and_the_parent_is_untouched
         "b.txt",
     ]
 
-    state = state_of(repo, FORK)
-    assert state["parent"] == "rv"
-    assert state["forked_at"] == {"step": "s3", "commit": s2}
-    assert state["status"] == "pending" and state["branch"] == FORK_BRANCH
+    state, manifest = state_of(repo, FORK), manifest_of(repo, FORK)
+    assert manifest["parent"] == "rv"
+    assert manifest["forked_at"] == {"step": "s3", "commit": s2}
+    assert state["status"] == "pending" and manifest["branch"] == FORK_BRANCH
     steps = state["steps"]
     assert [steps[s]["status"] for s in ("s1", "s2", "s3", "s4")] == [
         "success",
@@ -152,7 +152,7 @@ def test_a_fork_at_the_first_step_begins_at_the_base(finished: Path) -> None:
     assert rev(finished, FORK_BRANCH) == rev(finished, "main")
     state = state_of(finished, FORK)
     assert {s["status"] for s in state["steps"].values()} == {"pending"}
-    assert state["forked_at"]["commit"] == rev(finished, "main")
+    assert manifest_of(finished, FORK)["forked_at"]["commit"] == rev(finished, "main")
     manifest = json.loads((finished / ".coder" / "tasks" / f"{FORK}.json").read_text())
     assert manifest["task"]["model"] == "other:1b" and manifest["task"]["id"] == FORK
     # a second fork takes the next number
@@ -202,16 +202,16 @@ def test_a_fork_whose_checkpoint_was_deleted_keeps_its_parent(finished: Path) ->
     state files deleted, `coder resume`) still knows them, and status nests the fork."""
     code, out, err = coder(finished, "fork", "-t", "rv", "--at", "s3")
     assert code == 0, out + err
-    forked_at = state_of(finished, FORK)["forked_at"]
+    forked_at = manifest_of(finished, FORK)["forked_at"]
     for name in (f"{FORK}.json", f"{FORK}.journal"):
         (finished / ".coder" / "state" / name).unlink(missing_ok=True)
     code, out, _ = coder(finished, "status", "--json")
     assert {row["id"]: row for row in json.loads(out)}[FORK]["parent"] == "rv"
     code, out, err = coder(finished, "resume", "-t", FORK)
     assert code == 0, out + err
-    state = state_of(finished, FORK)
-    assert state["status"] == "success"
-    assert state["parent"] == "rv" and state["forked_at"] == forked_at
+    assert state_of(finished, FORK)["status"] == "success"
+    manifest = manifest_of(finished, FORK)
+    assert manifest["parent"] == "rv" and manifest["forked_at"] == forked_at
     code, out, _ = coder(finished, "status")
     assert [line.split()[0] for line in out.splitlines()[1:]] == ["rv", FORK]
     assert out.splitlines()[2].startswith(f"  {FORK} ")
@@ -283,7 +283,7 @@ def test_a_fork_tries_the_step_another_way_from_the_edited_taskfile(finished: Pa
     nested = f"{FORK}-fork-1"
     code, out, err = coder(finished, "resume", "-t", nested, "--taskfile")
     assert code == 0, out + err
-    assert state_of(finished, nested)["parent"] == FORK
+    assert manifest_of(finished, nested)["parent"] == FORK
     assert git(finished, "show", f"agent/{nested}-fork-demo:c.txt") == "C\n"
     assert parent_fingerprint(finished) == before
     assert git(finished, "show", f"{BRANCH}:c.txt") == "c\n"
@@ -372,12 +372,11 @@ def test_a_fork_of_a_run_that_took_the_checkout_keeps_its_first_commit(make_repo
     path = taskfile(repo, TASK)
     code, out, err = coder(repo, "run", "--autonomous", "--include-uncommitted", "-f", str(path))
     assert code == 0, out + err
-    parent = state_of(repo, "rv")["checkout_commit"]
+    parent = manifest_of(repo, "rv")["checkout_commit"]
     assert parent
     code, out, err = coder(repo, "fork", "-t", "rv", "--at", "s1")
     assert code == 0, out + err
-    state = state_of(repo, FORK)
-    assert state["checkout_commit"] == rev(repo, FORK_BRANCH) != parent
+    assert manifest_of(repo, FORK)["checkout_commit"] == rev(repo, FORK_BRANCH) != parent
     assert git(repo, "show", f"{FORK_BRANCH}:README.md") == "# r, edited\n"
     code, out, err = coder(repo, "resume", "-t", FORK)
     assert code == 0, out + err
