@@ -12,8 +12,8 @@ real CLI and the fake Ollama server, whose scripted model solves the step only f
   branch, the step done once;
 - a later round (a resume's) keeps the branches of an earlier one; with approvals the
   candidates run one at a time; `--record` then `--replay` lands the same one; `--dry-run`
-  shows them; `judge: model` has the model choose; `coder compare --step` shows them side by
-  side.
+  shows them; `judge: model` has the model choose (a secret in a candidate's diff never reaches it);
+  `coder compare --step` shows them side by side.
 """
 
 from __future__ import annotations
@@ -547,3 +547,50 @@ def test_ctrl_c_mid_round_lands_nothing_and_resume_finishes_the_step(
     assert "Coder-Candidate: " in message
     record = state_of(sample, TASK_ID)["steps"]["s1"]
     assert record["status"] == "success" and record["attempts"] == 2
+
+
+def test_a_secret_in_a_candidates_diff_never_reaches_the_judge_model(
+    fake: FakeOllama, make_repo: Any, isolated_home: Path
+) -> None:
+    """Candidates write the checkout's `.env` value and an AWS-shaped key into their answer:
+    the judge is shown both diffs, each redacted (the values never in any request body)."""
+    env_value, aws = "canary-judge-Qx71pL0z", "AKIA" + "Z7Q3XK2MNB5TY4WD"
+    repo = make_repo({**sample_files(), ".gitignore": ".env\n"})
+    (repo / ".env").write_text(f"API_PASSWORD={env_value}\n")
+    base = base_where([True, True])
+    configure(isolated_home, base)
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if body["messages"][0]["content"].startswith("You judge code changes"):
+            return Reply(content="Candidate 1: fine.")
+        if any(m["role"] == "assistant" for m in body["messages"]):
+            return done("wrote the answer", "answer.txt")
+        content = f"right\npassword {env_value}\n" + f"key {aws}\n" * (seed_of(body) == base)
+        return call("fs_write", path="answer.txt", content=content)
+
+    fake.answer = reply
+    path = taskfile(
+        repo,
+        f"""
+        id: {TASK_ID}
+        branch: {BRANCH}
+        title: Best of N, judged with secrets in the diffs
+        graph:
+          - id: s1
+            kind: edit
+            goal: Write the answer to answer.txt
+            assert: [{{type: text_in_file, path: answer.txt, contains: right}}]
+            candidates: 2
+            judge: model
+        """,
+    )
+    code, out, err = coder(repo, "run", "--autonomous", "-f", str(path))
+    assert code == 0, out + err
+    bodies = [b["messages"] for b in fake.chat_bodies() if b.get("messages")]
+    (asked,) = [m for m in bodies if m[0]["content"].startswith("You judge code changes")]
+    shown = asked[1]["content"]
+    assert "### candidate 1" in shown and "### candidate 2" in shown  # both diffs were shown
+    assert "+right" in shown and "[REDACTED" in shown
+    everything = json.dumps(fake.chat_bodies())
+    assert env_value not in everything and aws not in everything
+    assert env_value not in out + err and aws not in out + err
