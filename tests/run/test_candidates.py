@@ -594,3 +594,26 @@ def test_a_secret_in_a_candidates_diff_never_reaches_the_judge_model(
     everything = json.dumps(fake.chat_bodies())
     assert env_value not in everything and aws not in everything
     assert env_value not in out + err and aws not in out + err
+
+
+def test_candidates_spread_over_the_endpoints(sample: Path, isolated_home: Path) -> None:
+    """Two model servers (`base_url` a list): each candidate keeps to one endpoint for its
+    whole conversation, and the two candidates are on different ones (each server was also
+    primed with the shared prefix: that request has the system message only)."""
+    base = base_where([True, True])
+    with FakeOllama() as one, FakeOllama() as two:
+        one.answer = two.answer = answer
+        path = isolated_home / ".config" / "coder" / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"seed": base, "base_url": [one.url, two.url]}))
+        code, out, err = coder(sample, "run", "--autonomous", "-f", str(task(sample, 2)))
+        assert code == 0, out + err
+        seeds = [
+            {seed_of(b) for b in server.chat_bodies() if len(b.get("messages") or ()) > 1}
+            for server in (one, two)
+        ]
+    assert sorted(seeds, key=lambda s: min(s, default=-1)) == [
+        {base},
+        {base + 1},
+    ]  # one candidate each, whole
+    assert len(step_messages(sample)) == 1
