@@ -314,6 +314,9 @@ def test_reading_a_finished_run_loads_no_libgit2_provider_or_structlog(tmp_path:
 
     for args in (["status"], ["show", "-t", "demo"], ["logs", "-t", "demo"]):
         assert loaded(*args) == [], args
+    # status reads each run's manifest for its title, branch, order and parent: its few
+    # fields only, never the whole check that loads the taskfile package (and YAML)
+    assert cli_probe(demo, ("coder.taskfile", "yaml"), "status")[1] == []
     assert loaded("diff", "-t", "demo", "--stat") == ["pygit2"]
     assert loaded("report", "-t", "demo") == ["pygit2"]
 
