@@ -172,3 +172,16 @@ def test_a_v2_checkpoint_without_its_manifest_says_how_to_rebuild_it(make_repo: 
         "success",
         "success",
     ]
+
+
+def test_clean_removes_a_run_whose_manifest_is_gone(make_repo: Any) -> None:
+    """Its checkpoint no longer says where its worktree and branch are: found by its id."""
+    repo = make_repo()
+    path = taskfile(repo, (DATA / "upgraded.yaml").read_text(), name="upgraded.yaml")
+    assert coder(repo, "run", "--autonomous", "-f", str(path))[0] == 1
+    (repo / ".coder" / "tasks" / "upgraded.json").unlink()
+    code, out, err = coder(repo, "clean", "-t", "upgraded", "--delete-branch")
+    assert code == 0, out + err
+    assert not (repo / ".coder" / "state" / "upgraded.json").exists()
+    assert not (repo / ".coder" / "worktrees" / "upgraded").exists()
+    assert git(repo, "branch", "--list", BRANCH).strip() == ""
