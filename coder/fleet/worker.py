@@ -99,7 +99,7 @@ def _work(job: WorkerJob, place: Path, started: float) -> WorkerResult:
 
 def _one_step(job: WorkerJob, start_branch: str) -> dict[str, Any]:
     """The run's task document with step S alone, free of dependencies (its start holds
-    their work), on a branch of the clone's own from the start; the same id."""
+    their work), on a branch of the clone's own from the start; the run's id."""
     doc = {k: v for k, v in job.task.items() if k not in ("success", "created_at")}
     step = next(s for s in job.task["graph"] if s["id"] == job.step_id)
     step = {**step, "depends_on": [], **_own_secrets(step)}
@@ -110,6 +110,7 @@ def _one_step(job: WorkerJob, start_branch: str) -> dict[str, Any]:
             "the secret in the step's env, which a worker takes from its own environment",
         )
     doc["graph"] = [step]
+    doc["id"] = job.run_id  # the run's (`--run` may differ from the taskfile's): its trailers
     doc["base"] = start_branch
     doc["branch"] = f"agent/{job.run_id}--worker--{job.step_id}"
     return doc

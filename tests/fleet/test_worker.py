@@ -52,6 +52,17 @@ def test_a_worker_pushes_its_step_commit_on_its_start(repo: Path) -> None:
     assert git(bare, "diff", "--name-only", start, f"{REF}/d").split() == ["d.txt"]
 
 
+def test_a_worker_given_another_run_id_commits_and_pushes_under_it(repo: Path) -> None:
+    """`--run X` (an exported workflow's run, not the taskfile's id): the commit's trailers and
+    the ref name X, so a coordinator of run X takes it."""
+    path, url, bare = with_remote(repo)
+    proc = worker(repo, "a", path, url, "--run", "other7")
+    assert proc.returncode == 0, proc.stderr
+    assert result(proc)["status"] == "pushed"
+    assert set(remote_refs(bare)) == {"refs/coder/other7/steps/a"}
+    assert trailers(bare, "refs/coder/other7/steps/a")["Coder-Task"] == "other7"
+
+
 def test_the_same_step_is_taken_once(repo: Path) -> None:
     """Two workers of one step at once, whose commits differ (each writes its own pid): one
     pushes, the other is told `taken` and the ref stays the first one's; a third, later, is
