@@ -32,7 +32,7 @@ from coder.git import restore as gitrestore
 from coder.run import amend, notes
 from coder.run import manifest as manifests
 from coder.run.foreign import refuse_foreign_commits
-from coder.run.lock import TaskLock
+from coder.run.lock import TaskLock, processes_holding
 from coder.run.manifest import Manifest, manifest_path, new_run
 from coder.run.opened import repair_worktree
 from coder.run.preflight import policy_for
@@ -71,6 +71,7 @@ def resume_run(
         manifest = _recover_manifest(repo, coder_dir, store, task_id, options, cwd, warnings)
         warnings += _previous_runner(lock.took_over_from, coder_dir, task_id)
         gitobjects.sweep(repo)  # what killed coders kept from git's prune, no ref reached
+        warnings += _free_branch_lock(repo, manifest.branch)
         state = _resumable_state(repo, store, manifest, warnings)
         task = manifest.restored_task()
         amend.align(state, task)  # after a crash while an edited taskfile was being taken
@@ -256,6 +257,20 @@ def _recover_manifest(
     project.ensure_coder_dir(repository.repo_root(repo))
     manifests.write(coder_dir, manifest)
     return manifest
+
+
+def _free_branch_lock(repo: Repo, branch: str) -> list[str]:
+    """The lock of the run's branch ref that a runner killed while it moved the branch left
+    (`refs/heads/BRANCH.lock`: libgit2 writes it, then renames it over the ref). Only this
+    run's runner moves its branch, and this one holds the task lock: a lock no process has
+    open is that dead runner's, and is removed (the ref itself is whole, at its old or its
+    new commit; reconcile takes it from there). One still open is a git process's: left, and
+    the branch update waits for it, then says which file to delete."""
+    lock = repository.common_dir(repo) / "refs" / "heads" / f"{branch}.lock"
+    if not lock.is_file() or lock.is_symlink() or processes_holding(lock):
+        return []
+    lock.unlink(missing_ok=True)
+    return [f"removed {lock}, left by a runner killed while it moved the branch {branch}"]
 
 
 def reconcile(repo: Repo, coder_dir: Path, state: RunState, manifest: Manifest) -> list[str]:

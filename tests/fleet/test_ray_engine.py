@@ -324,17 +324,12 @@ def test_a_ray_worker_killed_mid_run(cluster: Cluster, repo: Path, step: str) ->
 
 
 # Killed after 3 landed, the coordinator is often landing the 4th: a kill inside its update
-# of the run's branch leaves refs/heads/agent/ID.lock, and `coder resume` then stops with
-# "delete the stale lock file" (coder.git.repository.retry_on_ref_lock) instead of finishing.
-# Seen once in 3 runs; the coordinator's, not the engine's: xfail until resume clears a stale
-# branch lock under the task lock, as it clears a worktree's index.lock.
-STALE_BRANCH_LOCK = pytest.mark.xfail(
-    strict=False, reason="resume stops at a branch ref lock the killed coordinator left"
-)
+# of the run's branch leaves refs/heads/agent/ID.lock, which `coder resume` removes (no
+# process has it open, and resume holds the task lock: tests/run/test_crash.py).
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("landed_before", [0, pytest.param(3, marks=STALE_BRANCH_LOCK)])
+@pytest.mark.parametrize("landed_before", [0, 3])
 def test_the_coordinator_killed_mid_run_then_resumed(
     cluster: Cluster, repo: Path, landed_before: int
 ) -> None:

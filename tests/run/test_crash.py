@@ -509,6 +509,42 @@ def test_a_lost_running_line_with_a_dirty_worktree_is_rerun(make_repo, golden: G
     assert state["steps"]["s1"]["attempts"] == 1
 
 
+def test_a_branch_lock_a_killed_runner_left_is_removed_by_resume(make_repo, golden: Golden) -> None:
+    """A runner killed inside its update of the run's branch leaves `refs/heads/BRANCH.lock`
+    (libgit2 writes the new commit there, then renames it over the ref). Resume holds the task
+    lock, so a branch lock no process has open is the dead runner's: removed, said, and the run
+    finishes as the golden one. One a live process holds open is left, and named."""
+    repo, taskfile, before = user_repo(make_repo)
+    crash(repo, taskfile, "before_step@s2")
+    lock = repo / ".git" / "refs" / "heads" / f"{BRANCH}.lock"
+    tip = git(repo, "rev-parse", BRANCH).strip()
+    lock.write_text(f"{tip}\n")
+
+    holder = subprocess.Popen(  # a git process still writing it
+        [sys.executable, "-c", f"f = open({str(lock)!r}); import time; time.sleep(60)"]
+    )
+    try:
+        wait_for(lambda: _holds(holder.pid, lock), timeout=10)
+        result = coder(repo, "resume", "-t", TASK_ID)
+        assert result.returncode == EXIT_ENVIRONMENT, out(result)
+        assert str(lock) in result.stderr and lock.exists(), out(result)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert git(repo, "rev-parse", BRANCH).strip() == tip  # nothing moved meanwhile
+
+    result = coder(repo, "resume", "-t", TASK_ID)
+    assert result.returncode == 0, out(result)
+    assert f"removed {lock}, left by a runner killed" in result.stderr, out(result)
+    assert not lock.exists()
+    assert_golden(repo, golden, before)
+
+
+def _holds(pid: int, path: Path) -> bool:
+    fds = Path(f"/proc/{pid}/fd")
+    return any(os.path.realpath(fd) == str(path) for fd in fds.iterdir())
+
+
 # --- 4. one runner per task ------------------------------------------------------------------
 
 
