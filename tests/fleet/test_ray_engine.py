@@ -150,7 +150,11 @@ def descendants(pid: int) -> list[int]:
     while todo:
         here = todo.pop()
         kids = []
-        for thread in Path(f"/proc/{here}/task").glob("*"):  # each thread's own children
+        try:
+            threads = list(Path(f"/proc/{here}/task").iterdir())  # each thread's own children
+        except OSError:  # it ended meanwhile
+            continue
+        for thread in threads:
             try:
                 kids += (thread / "children").read_text().split()
             except OSError:
@@ -217,9 +221,13 @@ def ray_run(cluster: Cluster) -> list[str]:
     ]
 
 
+_STARTED: list[subprocess.Popen[str]] = []
+
+
 def coordinator(repo: Path, *args: str) -> subprocess.Popen[str]:
-    """`coder ARGS` in the background (the tests kill it)."""
-    return subprocess.Popen(
+    """`coder ARGS` in the background (the tests kill it; one a failed test left is killed
+    after it, so its Ray tasks do not pass for the next test's)."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "coder", *args],
         cwd=repo,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
@@ -227,6 +235,23 @@ def coordinator(repo: Path, *args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+    _STARTED.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def _no_coordinator_left() -> Iterator[None]:
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def started(repo: Path) -> bool:
+    """This test's run exists (its manifest): a step running now is this run's."""
+    return (repo / ".coder" / "tasks" / f"{TASK_ID}.json").is_file()
 
 
 def with_origin(repo: Path) -> Path:
@@ -315,7 +340,9 @@ def test_a_ray_worker_killed_mid_run(cluster: Cluster, repo: Path, step: str) ->
     proc = coordinator(repo, *ray_run(cluster))
     found: list[int] = []
     wait_for(
-        lambda: bool(found.append(victim(cluster, step) or 0) or found[-1]), 90, f"{step} running"
+        lambda: started(repo) and bool(found.append(victim(cluster, step) or 0) or found[-1]),
+        90,
+        f"{step} running",
     )
     os.kill(found[-1], signal.SIGKILL)
     code, said = finish(proc)
@@ -341,7 +368,9 @@ def test_the_coordinator_killed_mid_run_then_resumed(
 
     def ready() -> bool:
         if landed_before == 0:
-            return victim(cluster, "a") is not None or victim(cluster, "b") is not None
+            return started(repo) and (
+                victim(cluster, "a") is not None or victim(cluster, "b") is not None
+            )
         ok = (
             subprocess.run(
                 ["git", "rev-parse", "-q", "--verify", BRANCH], cwd=repo, capture_output=True
