@@ -10,9 +10,10 @@ import click
 
 from coder import taskfile
 from coder.cli.common import PathType, emit_json, json_option
-from coder.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_OK, InvalidInput
+from coder.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_OK, CoderError, InvalidInput
 from coder.fleet.jobs import WorkerJob, WorkerResult
 from coder.fleet.worker import run_worker
+from coder.git import remotes, repository
 
 WORKER_EPILOG = """\b
 The worker clones the remote into a fresh directory (--workdir, else a temporary one it
@@ -35,7 +36,11 @@ EXIT_FOR = {"pushed": EXIT_OK, "taken": EXIT_OK, "failed": EXIT_FAILED, "error":
 
 
 @click.command(epilog=WORKER_EPILOG)
-@click.option("--remote", help="The remote's URL (a --job's own unless given).")
+@click.option(
+    "--remote",
+    help="The remote's URL, a path, or a remote's name in this repository (a --job's own "
+    "unless given).",
+)
 @click.option("--step", "step_id", help="The step to run (a --job's own unless given).")
 @click.option("--job", "job_file", help="A WorkerJob as JSON: a file, or - for stdin.")
 @click.option(
@@ -91,7 +96,7 @@ def _job(
         return WorkerJob(
             run_id=job.run_id,
             step_id=step_id or job.step_id,
-            remote=remote or job.remote,
+            remote=_url(remote) if remote else job.remote,
             base=job.base,
             task=job.task,
         )
@@ -100,7 +105,19 @@ def _job(
         raise InvalidInput(f"--taskfile needs {', '.join(missing)}")
     assert taskfile_path is not None and remote and step_id and base
     task = taskfile.load(taskfile_path)
-    return WorkerJob(run_id or task.id, step_id, remote, base, dict(task.to_dict()))
+    return WorkerJob(run_id or task.id, step_id, _url(remote), base, dict(task.to_dict()))
+
+
+def _url(remote: str) -> str:
+    """`--remote` as the worker's clone can use it from a directory of its own: a path made
+    absolute (from here), a remote's name of the repository here its URL, else as given."""
+    if "://" not in remote and Path(remote).exists():
+        return str(Path(remote).resolve())
+    try:
+        repo = repository.open_repo(Path.cwd())
+    except CoderError:
+        return remote
+    return remotes.url_of(repo, remote) if remote in remotes.remote_names(repo) else remote
 
 
 def _read(path: Path) -> str:

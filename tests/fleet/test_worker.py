@@ -13,7 +13,7 @@ from coder.fleet.jobs import WorkerJob, run_worker_process
 from coder.run.manifest import parse_task
 from tests.conftest import git
 from tests.fleet.common import TASK_ID, remote_refs, result, with_remote, worker
-from tests.helpers import at_once
+from tests.helpers import at_once, coder_cli
 
 REF = f"refs/coder/{TASK_ID}/steps"
 
@@ -61,6 +61,20 @@ def test_a_worker_given_another_run_id_commits_and_pushes_under_it(repo: Path) -
     assert result(proc)["status"] == "pushed"
     assert set(remote_refs(bare)) == {"refs/coder/other7/steps/a"}
     assert trailers(bare, "refs/coder/other7/steps/a")["Coder-Task"] == "other7"
+
+
+def test_a_worker_takes_a_remotes_name_or_a_relative_path(repo: Path) -> None:
+    """`--remote origin` (a remote of the repository it runs in) and `--remote ../remote.git`
+    (a path from here): the worker clones from a directory of its own, so it uses the URL and
+    the absolute path."""
+    path, _, bare = with_remote(repo)
+    base = git(repo, "rev-parse", "main").strip()
+    for step, remote in (("a", "origin"), ("b", "../remote.git")):
+        args = ["worker", "--remote", remote, "--step", step, "--taskfile", str(path)]
+        proc = coder_cli(repo, *args, "--base", base, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert result(proc)["status"] == "pushed"
+    assert set(remote_refs(bare)) == {f"{REF}/a", f"{REF}/b"}
 
 
 def test_the_same_step_is_taken_once(repo: Path) -> None:
