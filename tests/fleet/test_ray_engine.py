@@ -315,7 +315,10 @@ def test_the_taskfile_through_ray_equals_the_local_run(
     assert landed(repo) == local == (expected_tree(repo), list("abcdef"))
     refs = git(bare, "for-each-ref", "--format=%(refname)", f"{REF}/").split()
     assert refs == [f"{REF}/{s}" for s in "abcdef"]
-    assert len(watch.workers) >= 2 and len(watch.clones) == 6, (watch.workers, watch.clones)
+    # every job clones into a directory of its own (tests/fleet/test_coordinator.py's
+    # test_each_worker_has_its_own_clone shows it from the steps' own `pwd`); polling /proc
+    # sees a clone only while a process works in it, so a quick step's may pass unseen
+    assert len(watch.workers) >= 2 and len(watch.clones) >= 2, (watch.workers, watch.clones)
 
 
 def victim(cluster: Cluster, step: str) -> int | None:
