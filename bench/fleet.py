@@ -34,13 +34,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from parallel_levels import coder_cmd, git, sample_repo  # noqa: E402
+from parallel_levels import at, coder_cmd, git, sample_repo  # noqa: E402
 
 TASK_ID = "fleet"
 STEPS = ("w", "x", "y", "z")
@@ -107,10 +106,6 @@ def run_once(tmp: Path, k: int, mode: str, seconds: float) -> dict[str, Any]:
         "steps": landed.split(),
         "tree": git(repo, env, "rev-parse", f"{branch}^{{tree}}").strip(),
     }
-
-
-def at(event: dict[str, Any]) -> float:
-    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ from coder.git import picks, remotes
 from coder.git.commits import TRAILER_STEP, TRAILER_TASK
 from coder.git.repository import Repo
 from coder.taskfile import Task
-from coder.taskfile.graph import build, order
+from coder.taskfile.graph import ancestors, build, order
 
 
 def run_prefix(run_id: str) -> str:
@@ -115,15 +115,9 @@ def push_base(root: Path, remote: str, run_id: str, commit: str) -> None:
 def start_rule(task: Task, step_id: str) -> list[str]:
     """The step's transitive dependencies in the task's topological order: what its start
     cherry-picks onto the base."""
-    deps = task.deps()
-    needed: set[str] = set()
-    todo = list(deps[step_id])
-    while todo:
-        dep = todo.pop()
-        if dep not in needed:
-            needed.add(dep)
-            todo += deps[dep]
-    return [s for s in order(build(deps)) if s in needed]
+    dag = build(task.deps())
+    needed = ancestors(dag, step_id)
+    return [s for s in order(dag) if s in needed]
 
 
 def start_of(repo: Repo, base: str, task: Task, step_id: str, pushed: dict[str, str]) -> str:
