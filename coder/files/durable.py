@@ -16,7 +16,7 @@ from pathlib import Path
 
 from coder.crashpoints import crashpoint
 from coder.errors import EnvironmentProblem, LinkInTheWay, display_path
-from coder.files import nofollow
+from coder.files import ahead, nofollow
 
 
 def write_atomic(
@@ -117,6 +117,9 @@ def create_private(path: Path) -> int:
 
 def _create_private(path: Path) -> int:
     with nofollow.at(path) as (dir_fd, name):
+        fd = ahead.claim(path.parent, dir_fd, name)  # a rename: 30x cheaper than a new file
+        if fd is not None:
+            return fd
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dir_fd)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

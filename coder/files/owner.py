@@ -35,7 +35,12 @@ def pid_namespace() -> str:
 
 def tag() -> str:
     """This process's tag (see the module docstring)."""
-    return f"{pid_namespace()}-{os.getpid()}-{started(os.getpid())}"
+    return _tag(os.getpid())
+
+
+@functools.lru_cache(maxsize=4)
+def _tag(pid: int) -> str:  # by pid: a forked child has a tag of its own
+    return f"{pid_namespace()}-{pid}-{started(pid)}"
 
 
 def gone(found: str) -> bool:

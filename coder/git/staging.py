@@ -337,14 +337,15 @@ def _stage_in_process(w: pygit2.Repository, worktree: Path) -> tuple[str, tuple[
         raise _unmerged(worktree, conflicted)
 
     def write() -> str:
-        for rel in removes:
-            if rel in index:
-                index.remove(rel)
-        for rel in sorted(adds):
-            index.add(rel)
-        # write_tree() first: it fills the index's tree cache, which write() then persists,
-        # so the next step only re-hashes the trees it touched.
-        tree = str(index.write_tree())
+        with objects.packed_writes(w):  # the blobs and trees: one pack, not a file each
+            for rel in removes:
+                if rel in index:
+                    index.remove(rel)
+            for rel in sorted(adds):
+                index.add(rel)
+            # write_tree() first: it fills the index's tree cache, which write() then
+            # persists, so the next step only re-hashes the trees it touched.
+            tree = str(index.write_tree())
         index.write()
         return tree
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from coder.errors import EnvironmentProblem, InvalidInput, PolicyViolation
+from coder.files import ahead
 from coder.files.realpath import realpath
 from coder.files.safeio import read_regular
 from coder.policy import cgroups, confine, kernel, tmpdirs, writes
@@ -367,6 +368,7 @@ def run_command(
             )
         except OSError as exc:
             raise EnvironmentProblem(f"cannot start {shell} for a command: {exc}") from exc
+        ahead.make_wanted(lambda: proc.poll() is None)  # the files the next writes take
         done = _wait(proc, cmd, policy, limit, cancel, started)
         return done if results is None else replace(done, results=_read_results(results))
 

@@ -133,8 +133,8 @@ def test_a_dead_coders_keeps_and_temporary_files_are_swept_a_live_ones_never(
 
 
 def test_staging_stages_again_what_a_prune_took_from_the_index(make_repo, tmp_path) -> None:
-    """The index names a blob a prune took (it was written, then pruned before the index
-    was): the next staging writes it again from the file."""
+    """The index names a blob a prune took (it was written, then pruned before a ref reached
+    it): the next staging writes it again from the file."""
     from coder.git import worktrees
 
     repo = make_repo({"a.txt": "a\n"})
@@ -144,12 +144,41 @@ def test_staging_stages_again_what_a_prune_took_from_the_index(make_repo, tmp_pa
     )
     (wt / "b.txt").write_text("bee\n")
     base = branches.resolve_commit(r, "main")
+    pack_dir = repo / ".git" / "objects" / "pack"
+    before = set(pack_dir.iterdir())
     first = staging.stage(wt, base)
     blob = first.changes[0].new
-    assert blob is not None
-    os.unlink(repo / ".git" / "objects" / blob[1][:2] / blob[1][2:])  # as a prune would
+    assert blob is not None and exists(repo, blob[1])
+    for path in set(pack_dir.iterdir()) - before:  # the staged objects' pack, as a prune would
+        path.unlink()
+    assert not exists(repo, blob[1])
     again = staging.stage(wt, base)
     assert again.tree == first.tree and exists(repo, blob[1])
+
+
+def test_staging_writes_one_pack_and_no_loose_object(make_repo) -> None:
+    """libgit2's writes while staging (the blobs and trees) go into one pack of git's format:
+    no loose file each, and the index written after it names only objects on disk."""
+    from coder.git import worktrees
+
+    repo = make_repo({"a.txt": "a\n"})
+    r = repository.open_repo(repo)
+    wt = worktrees.create_worktree(
+        r, name="t", path=repo / ".coder" / "worktrees" / "t", branch="agent/t", start="main"
+    )
+    (wt / "d").mkdir()
+    (wt / "d" / "b.txt").write_text("bee\n")
+    (wt / "c.txt").write_text("sea\n")
+    loose = set((repo / ".git" / "objects").glob("??/*"))
+    pack_dir = repo / ".git" / "objects" / "pack"
+    before = set(pack_dir.glob("*.idx"))
+    staged = staging.stage(wt, branches.resolve_commit(r, "main"))
+    assert set((repo / ".git" / "objects").glob("??/*")) == loose  # no loose object made
+    (idx,) = set(pack_dir.glob("*.idx")) - before
+    listed = git(repo, "verify-pack", "-v", str(idx))
+    assert all(o in listed for o in staged.brings) and len(staged.brings) == 4
+    assert git(wt, "ls-files").split() == ["a.txt", "c.txt", "d/b.txt"]
+    git(wt, "fsck", "--strict", "--no-dangling")
 
 
 def test_a_checkout_snapshot_is_held_until_the_runs_branch_is_made_there(make_repo) -> None:
