@@ -22,6 +22,7 @@ import atexit
 import contextlib
 import os
 import secrets
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -40,14 +41,19 @@ def claim(directory: Path | str, dir_fd: int, name: str) -> int | None:
     """A descriptor (open for writing) of an empty file made ahead in ``directory`` (open as
     ``dir_fd``), renamed to ``name``: what was there is replaced, never followed. None when
     none is ready; one more is made for next time either way."""
-    spare = _ahead.take(os.fspath(directory)) if not os.environ.get("CODER_AHEAD_OFF") else None
+    spare = _ahead.take(os.fspath(directory))
     if spare is None:
         return None
     try:
-        fd = os.open(spare, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        fd = os.open(
+            spare, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
     except OSError:
         return None
     try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or found.st_size or found.st_nlink != 1:
+            raise OSError(f"{spare} is not the empty file coder made")
         os.rename(spare, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError:
         os.close(fd)

@@ -47,7 +47,7 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -185,8 +185,14 @@ def packed_writes(repo: Repo) -> Iterator[None]:
         yield
     finally:
         repo.set_odb(disk)
-    if written.objects:
-        pieces = [(oid.raw, _entry(kind, data)) for oid, (kind, data) in written.objects.items()]
+    write_pack(repo, written.objects)
+
+
+def write_pack(repo: Repo, found: Mapping[pygit2.Oid, tuple[int, bytes]]) -> None:
+    """``found`` (objects by id: their kind and data) in one pack of ``repo``, not kept (see
+    `packed_writes`), rolled up with coder's others."""
+    if found:
+        pieces = [(oid.raw, _entry(kind, data)) for oid, (kind, data) in found.items()]
         pack = _write(common_dir(repo) / "objects" / "pack", pieces, keep=False)
         with _held.lock:
             _add_released([pack])

@@ -472,31 +472,32 @@ class _Failed(Exception):
 def _quarantine(w: pygit2.Repository, git: _Git) -> Iterator[dict[str, str]]:
     """The environment that makes git write its objects into a quarantine directory (where
     the confined git may write), the repository's own objects readable as an alternate; what
-    it wrote is copied into the object database afterwards, each object read back against its
-    id. The directory is new each time (a random name made while no command runs: a path the
-    commands could plant a link at would aim coder's cleanup elsewhere), and removed without
-    following links."""
+    it wrote is copied into the object database afterwards (one pack), each object read back
+    against its id. The directory is new each time (a random name made while no command runs:
+    a path the commands could plant a link at would aim coder's cleanup elsewhere), and
+    removed without following links."""
     parent = git.spawner.tmp_root if git.spawner is not None else None
-    objects = tempfile.mkdtemp(prefix="objects-", dir=parent)
+    quarantine = tempfile.mkdtemp(prefix="objects-", dir=parent)
     try:
         yield {
-            "GIT_OBJECT_DIRECTORY": objects,
+            "GIT_OBJECT_DIRECTORY": quarantine,
             "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(common_dir(w) / "objects"),
-            "GIT_QUARANTINE_PATH": objects,  # git refuses ref updates meanwhile
+            "GIT_QUARANTINE_PATH": quarantine,  # git refuses ref updates meanwhile
         }
-        written = pygit2.Odb(objects)
+        written = pygit2.Odb(quarantine)
+        found = {}
         for oid in written:
             try:
-                kind, data = written.read(oid)  # the read checks the content against the id
-                retry_on_pruned_write(lambda: w.odb.write(kind, data))
+                found[oid] = written.read(oid)  # the read checks the content against the id
             except pygit2.GitError as exc:
                 raise EnvironmentProblem(
-                    f"staging the step's changes: git's object quarantine {objects} holds an "
-                    f"object that does not hold what its name says ({exc}); nothing was "
+                    f"staging the step's changes: git's object quarantine {quarantine} holds "
+                    f"an object that does not hold what its name says ({exc}); nothing was "
                     "committed"
                 ) from None
+        objects.write_pack(w, found)  # one pack, not a loose file each (`packed_writes`)
     finally:
-        shutil.rmtree(objects, ignore_errors=True)  # fd-based: never follows a link inside
+        shutil.rmtree(quarantine, ignore_errors=True)  # fd-based: never follows a link inside
 
 
 # --- the change set ---------------------------------------------------------------------------

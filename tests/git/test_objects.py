@@ -5,7 +5,6 @@ git CLI (`cat-file`, `verify-pack`, `fsck`) after a real `git gc`."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
