@@ -21,7 +21,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import secrets
 import stat
 import threading
 from collections.abc import Callable
@@ -34,7 +33,7 @@ PREFIX = ".coder-"  # how the name of a file coder made ahead, or a temporary on
 
 def fresh_name() -> str:
     """A name no other file has, naming this process as its owner."""
-    return f"{PREFIX}{owner.tag()}.{secrets.token_hex(8)}"
+    return f"{PREFIX}{owner.tag()}.{os.urandom(8).hex()}"
 
 
 def claim(directory: Path | str, dir_fd: int, name: str) -> int | None:
