@@ -5,6 +5,7 @@
     safeio.py    reading a file a command could have left: never blocking, never through a link
     realpath.py  a file's canonical path, asked of the kernel
     owner.py     whose a leftover is: the coder process that made it (pid namespace, pid, start)
+    ahead.py     empty files made while a command runs, taken by the next writes with a rename
 
 May import: errors only (the base layer).
 """

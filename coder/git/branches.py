@@ -198,7 +198,7 @@ def move_branch_ref(
             tx.set_target(refname, target, message=f"coder: {why} {str(target)[:12]}")
 
     retry_on_ref_lock(move)
-    objects.release(target)
+    objects.release(w, target)
 
 
 def move_detached_head(w: Repo, target: pygit2.Oid, expected: str, worktree: Path) -> None:
@@ -211,7 +211,7 @@ def move_detached_head(w: Repo, target: pygit2.Oid, expected: str, worktree: Pat
             tx.set_target("HEAD", target, message=f"coder: step {str(target)[:12]}")
 
     retry_on_ref_lock(move)
-    objects.release(target)
+    objects.release(w, target)
 
 
 def move_branch(
@@ -235,7 +235,7 @@ def move_branch(
         retry_on_ref_lock(move)
     except pygit2.GitError as exc:
         raise git_failure(exc, f"move the branch to {target[:12]}", worktree) from None
-    objects.release(target)
+    objects.release(w, target)
 
 
 def head_commit(repo: Repo) -> str | None:

@@ -161,7 +161,7 @@ def land(
             f"cannot move {branch} to {target[:12]}: {exc}",
             hint="if no git process is running, delete the stale .lock file it names",
         ) from None
-    objects.release(target)
+    objects.release(repo, target)
 
 
 def set_tag(repo: pygit2.Repository, tag: str, target: str, *, expected: str | None) -> None:

@@ -106,10 +106,11 @@ class _Pack:
 
 @dataclass
 class _Held:
-    """This process's packs: kept ones by the commit they hold, released ones to roll up."""
+    """This process's packs: kept ones by their pack directory and the commit they hold,
+    released ones to roll up."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    kept: dict[str, list[_Pack]] = field(default_factory=dict)
+    kept: dict[tuple[str, str], list[_Pack]] = field(default_factory=dict)
     released: dict[str, list[_Pack]] = field(default_factory=dict)  # by pack directory
 
 
@@ -143,15 +144,21 @@ def _hold(repo: Repo, commit: str, oids: Iterable[Oid], pieces: list[tuple[bytes
         pieces.append((oid.raw, _entry(int(kind), data)))
     if missing:
         raise gone("the commit's objects", missing)
-    pack = _write(common_dir(repo) / "objects" / "pack", pieces, keep=True)
+    pack = _write(_pack_dir(repo), pieces, keep=True)
     with _held.lock:
-        _held.kept.setdefault(commit, []).append(pack)
+        _held.kept.setdefault((str(pack.stem.parent), commit), []).append(pack)
 
 
-def release(commit: Oid) -> None:
-    """A ref reaches ``commit`` now: its kept packs are released, and rolled up as they pile up."""
+def _pack_dir(repo: Repo) -> Path:
+    return common_dir(repo) / "objects" / "pack"
+
+
+def release(repo: Repo, commit: Oid) -> None:
+    """A ref of ``repo`` reaches ``commit`` now: its kept packs there are released, and rolled
+    up as they pile up. By repository: two repositories one process works in can write the same
+    commit (same tree, parents, identity and second), and one's ref reaches only its own."""
     with _held.lock:
-        packs = _held.kept.pop(str(commit), [])
+        packs = _held.kept.pop((str(_pack_dir(repo)), str(commit)), [])
         for pack in packs:
             _unkeep(pack)
         _add_released(packs)
@@ -193,7 +200,7 @@ def write_pack(repo: Repo, found: Mapping[pygit2.Oid, tuple[int, bytes]]) -> Non
     `packed_writes`), rolled up with coder's others."""
     if found:
         pieces = [(oid.raw, _entry(kind, data)) for oid, (kind, data) in found.items()]
-        pack = _write(common_dir(repo) / "objects" / "pack", pieces, keep=False)
+        pack = _write(_pack_dir(repo), pieces, keep=False)
         with _held.lock:
             _add_released([pack])
 

@@ -59,7 +59,7 @@ def create_worktree(repo: Repo, *, name: str, path: Path, branch: str, start: st
             ref = repo.branches.local.create(branch, commit)
         except (pygit2.GitError, ValueError) as exc:
             raise InvalidInput(f"cannot create branch '{branch}': {exc}") from None
-        objects.release(commit.id)  # a fork's copies, a checkout's snapshot: reached now
+        objects.release(repo, commit.id)  # a fork's copies, a checkout's snapshot: reached now
     else:
         where = checked_out_at(repo, refname)
         if where is not None:

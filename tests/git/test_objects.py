@@ -107,6 +107,35 @@ def test_the_packs_are_gits_and_are_rolled_up_as_they_pile_up(make_repo) -> None
     git(repo, "fsck", "--strict", "--no-dangling")
 
 
+def test_the_same_commit_in_two_repositories_is_held_and_released_in_each(make_repo) -> None:
+    """One process, two repositories, the same commit in both (same tree, parents, identity
+    and second, as two runs of one taskfile make): a ref reaching it in one releases only that
+    one's pack, and that repository's roll-ups never take the other's."""
+    repos = [make_repo({"a.txt": "a\n"}, name=name) for name in ("one", "two")]
+    opened = [repository.open_repo(r) for r in repos]
+    who = pygit2.Signature("T", "t@example.com", 1_700_000_000, 0)
+
+    def held(w: pygit2.Repository, text: str) -> pygit2.Oid:
+        blob = w.create_blob(text.encode())
+        top = w.TreeBuilder()
+        top.insert("f.txt", blob, pygit2.enums.FileMode.BLOB)
+        tree = top.write()
+        return commits.write_commit(w, who, who, text, tree, [], [str(tree), str(blob)])
+
+    same = [held(w, "same") for w in opened]
+    assert same[0] == same[1] and keeps(repos[0]) and keeps(repos[1])
+    branches.point_branch(opened[0], "reached", str(same[0]))
+    objects.release(opened[0], same[0])
+    assert keeps(repos[0]) == [] and keeps(repos[1])  # the other repository's stays kept
+    for n in range(2 * objects._FAN_IN):  # roll-ups in the first repository
+        oid = held(opened[0], f"more {n}")
+        branches.point_branch(opened[0], f"b{n}", str(oid))
+        objects.release(opened[0], oid)
+    gc(repos[1])  # nothing of the second's reaches its commit: only its kept pack holds it
+    assert exists(repos[1], str(same[1]))
+    git(repos[0], "fsck", "--strict", "--no-dangling")
+
+
 def test_a_dead_coders_keeps_and_temporary_files_are_swept_a_live_ones_never(
     make_repo,
 ) -> None:
