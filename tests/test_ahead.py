@@ -5,7 +5,6 @@ inode numbers, the files on disk and real subprocesses (one SIGKILLed)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -14,7 +13,8 @@ import textwrap
 from pathlib import Path
 
 from coder.files import ahead, durable, owner
-from tests.helpers import coder_cli, taskfile
+from tests.conftest import git
+from tests.helpers import coder_cli, fingerprint, taskfile
 
 
 def spares(directory: Path) -> list[str]:
@@ -63,7 +63,7 @@ def test_a_link_in_the_way_under_coder_dir_is_never_followed(tmp_path: Path) -> 
     target = tmp_path / "elsewhere"
     target.mkdir()
     (target / "keep.txt").write_text("x\n")
-    before = _digest(target)
+    before = fingerprint(target)
     out = tmp_path / ".coder" / "artifacts" / "t"
     durable.write_private(out / "a.log", "a\n")
     durable.write_private(out / "b.log", "b\n")  # asks for a file ahead in out
@@ -72,7 +72,7 @@ def test_a_link_in_the_way_under_coder_dir_is_never_followed(tmp_path: Path) -> 
     out.rmdir()
     out.symlink_to(target)  # the directory swapped for a link before the file is made
     ahead.make_wanted(lambda: True)
-    assert _digest(target) == before
+    assert fingerprint(target) == before
 
 
 _MAKER = textwrap.dedent(
@@ -138,22 +138,7 @@ def test_a_run_leaves_no_file_made_ahead_and_its_artifacts_whole(repo: Path) -> 
         assert (artifacts / f"s{i}-attempt1.log").read_text().startswith(f"$ echo {i} > f{i}.txt")
         assert f"+{i}" in (artifacts / f"s{i}.diff").read_text()
     assert spares(artifacts) == [] and spares(repo / ".git" / "objects" / "pack") == []
-    loose = [p for p in (repo / ".git" / "objects").glob("??/*")]
-    made = subprocess.run(
-        ["git", "log", "--format=%H", "main..agent/ahead-files-made-ahead"],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    loose = list((repo / ".git" / "objects").glob("??/*"))
+    made = git(repo, "log", "--format=%H", "main..agent/ahead-files-made-ahead").split()
     assert len(made) == 4 and not any(p.parent.name + p.name in made for p in loose)
-    subprocess.run(["git", "fsck", "--strict"], cwd=repo, check=True, capture_output=True)
-
-
-def _digest(root: Path) -> str:
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        h.update(str(path.relative_to(root)).encode())
-        if path.is_file():
-            h.update(path.read_bytes())
-    return h.hexdigest()
+    git(repo, "fsck", "--strict")

@@ -185,7 +185,7 @@ def packed_writes(repo: Repo) -> Iterator[None]:
     database ``repo`` opened with) do not see them: libgit2's own reads do."""
     written = _Written()
     disk = repo.odb
-    memory = pygit2.Odb(str(common_dir(repo) / "objects"))
+    memory = pygit2.Odb(str(_pack_dir(repo).parent))
     memory.add_backend(written, 1000)  # writes go to the backend of the highest priority
     repo.set_odb(memory)
     try:
