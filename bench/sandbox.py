@@ -93,7 +93,7 @@ def _without_the_wall(profile: writes.Profile) -> confine.Confinement:
     before = dataclasses.replace(
         found, mounts_problem="off", setid_problem="off", view_problem="off"
     )
-    with mock.patch.object(confine, "support", lambda: before):
+    with mock.patch.object(kernel, "support", lambda: before):
         return confine.Confinement(profile)
 
 

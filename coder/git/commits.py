@@ -45,7 +45,7 @@ from coder.git.repository import (
     retry_on_pruned_write,
 )
 from coder.git.restore import restore_files
-from coder.git.staging import Staged, brings, stage
+from coder.git.staging import Staged, brings, settle, stage
 
 _COMMIT_TRIES = 3  # a step's changes staged and committed, while a prune takes what was staged
 TRAILER_TASK = "Coder-Task"
@@ -78,21 +78,27 @@ def _staged(worktree: Path, base: str, staged: Staged | None, w: Repo) -> Staged
         return stage(worktree, base, repo=w)
     if staged.base != base:
         raise ValueError(f"the changes were staged against {staged.base}, not {base}")
+    if staged.held is not None and staged.held is not w:
+        settle(staged)  # on disk, where ``w`` reads them
     return staged
 
 
 def _step_commit(
     w: Repo, worktree: Path, staged: Staged, parent: pygit2.Commit, message: str
 ) -> pygit2.Oid:
-    """The step's commit, on no ref, held with what it brings (`write_commit`). A blob or tree
-    a prune took since the verify stage staged it is staged again from the files (a few
-    times): the same tree, or an EnvironmentProblem (the files changed since)."""
+    """The step's commit, on no ref, held with what it brings (`write_commit`), then the
+    worktree's index that `staged` held (`settle`). A blob or tree a prune took since the
+    verify stage staged it is staged again from the files (a few times): the same tree, or an
+    EnvironmentProblem (the files changed since)."""
     who = identity(w)
     tree = pygit2.Oid(hex=staged.tree)
     for _ in range(_COMMIT_TRIES - 1):
         try:
-            return write_commit(w, who.author, who.committer, message, tree, [parent.id], staged)
+            oid = write_commit(w, who.author, who.committer, message, tree, [parent.id], staged)
+            settle(staged)
+            return oid
         except ObjectsMissing:
+            settle(staged)
             again = stage(worktree, staged.base, repo=w)
         if again.tree != staged.tree:
             raise EnvironmentProblem(
@@ -135,6 +141,7 @@ def commit_step(
     staged = _staged(worktree, expected_tip, staged, w)
     parent = objects.commit_of(w, expected_tip, f"the tip of {branch}")
     if staged.tree == str(parent.tree_id):
+        settle(staged)
         return None
     message = commit_message(
         title, body, task_id=task_id, step_id=step_id, attempt=attempt, notes=notes
@@ -171,6 +178,7 @@ def commit_detached(
     staged = _staged(workdir, parent, staged, w)
     base = objects.commit_of(w, parent, "the tip the step started from")
     if staged.tree == str(base.tree_id):
+        settle(staged)
         return None
     message = commit_message(
         title, body, task_id=task_id, step_id=step_id, attempt=attempt, notes=notes

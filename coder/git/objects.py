@@ -18,10 +18,13 @@ pack or what it holds. Once a ref reaches the commit the `.keep` goes
 coder exits, or after a SIGKILL by the next coder (`sweep`; the `.keep` names its owner,
 coder.files.owner); released, what nothing reaches goes with the next prune.
 
-Before the commit is made, a step's blobs and trees are reached by the worktree's index (coder
-writes it as it stages them); one a prune took in the moment between is staged again from the
-files (coder.git.staging). An object libgit2 read before a prune took it stays in its cache,
-and a pack holds it all the same.
+Before the commit is made, a step's blobs and trees are held in memory, where no prune reaches
+them (`hold_writes`): the commit's kept pack takes them with the commit, and the worktree's
+index that names them is written after it; a step that makes no commit puts them down in a
+pack of their own before its index (coder.git.staging.settle). One libgit2 found on disk and
+so did not write, a prune may take: it is staged again from the files (coder.git.staging). An
+object libgit2 read before a prune took it stays in its cache, and a pack holds it all the
+same.
 
 Released packs are rolled up as they accumulate, `_FAN_IN` of one size into one, so that a run
 of 10,000 steps leaves a few dozen packs, not 10,000 (git and libgit2 look an object up pack by
@@ -29,9 +32,10 @@ pack). Each pack is written as git writes one: to a temporary file, its `.keep` 
 its index last (an index makes a pack visible).
 
 A new file costs some disks far more than a link or a rename (coder.files.ahead), and a pack a
-step wrote made three. So a `.keep` is a hard link to one this process made once (git asks only
-whether a `.keep` exists; its text names the owner either way), and the pack and its index are
-written into files made ahead.
+step wrote made three. So a step writes one pack, not a loose object each and then a pack; a
+`.keep` is a hard link to one this process made once (git asks only whether a `.keep` exists;
+its text names the owner either way); and the pack and its index are written into files made
+ahead.
 
 What a run whose commits lost objects all the same (before this, or by hand) needs is in
 coder.git.recovery.
@@ -46,6 +50,7 @@ import itertools
 import os
 import struct
 import threading
+import weakref
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -125,26 +130,39 @@ def hold(repo: Repo, commit: Oid, oids: Iterable[Oid]) -> None:
 
 def write_held_commit(repo: Repo, content: bytes, brings: Iterable[Oid]) -> pygit2.Oid:
     """The commit whose raw ``content`` is given (`Repository.create_commit_string`), written
-    straight into a kept pack with what it brings (`hold`), never as a loose object: its id."""
+    straight into a kept pack with what it brings (`hold`), never as a loose object: its id.
+    The pack takes whatever ``repo`` holds in memory too (`hold_writes`): staging and commit
+    write one pack a step, not two."""
     oid = pygit2.Oid(hex=hashlib.sha1(b"commit %d\0" % len(content) + content).hexdigest())
-    _hold(repo, str(oid), brings, [(oid.raw, _entry(_COMMIT, content))])
+    _hold(repo, str(oid), brings, [(oid.raw, _entry(_COMMIT, content))], _holding.get(repo))
     return oid
 
 
-def _hold(repo: Repo, commit: str, oids: Iterable[Oid], pieces: list[tuple[bytes, bytes]]) -> None:
-    """A kept pack of ``pieces`` and the objects ``oids``, held for ``commit``."""
+def _hold(
+    repo: Repo,
+    commit: str,
+    oids: Iterable[Oid],
+    pieces: list[tuple[bytes, bytes]],
+    held: _Written | None = None,
+) -> None:
+    """A kept pack of ``pieces``, the objects ``oids`` and those ``held`` in memory, kept for
+    ``commit``."""
+    found = dict(held.objects) if held is not None else {}
     odb = repo.odb
     missing = []
     for oid in dict.fromkeys(pygit2.Oid(hex=str(o)) for o in oids):
+        if oid in found:
+            continue
         try:
-            kind, data = odb.read(oid)
+            found[oid] = odb.read(oid)
         except (KeyError, pygit2.GitError):
             missing.append(str(oid))
-            continue
-        pieces.append((oid.raw, _entry(int(kind), data)))
     if missing:
         raise gone("the commit's objects", missing)
+    pieces += [(oid.raw, _entry(int(kind), data)) for oid, (kind, data) in found.items()]
     pack = _write(_pack_dir(repo), pieces, keep=True)
+    if held is not None:
+        held.put_down()
     with _held.lock:
         _held.kept.setdefault((str(pack.stem.parent), commit), []).append(pack)
 
@@ -174,30 +192,34 @@ def _add_released(packs: list[_Pack]) -> None:
 # --- what libgit2 writes, packed --------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def packed_writes(repo: Repo) -> Iterator[None]:
-    """The objects libgit2 writes through ``repo`` within the block (staging a step: its blobs
-    and trees) go into one pack when the block ends, not each into a loose file: a new file
-    costs some disks 0.3-0.8 ms (coder.files.ahead, which makes the pack's two ahead). The
-    pack is not kept: like loose objects, they are reached once the index that names them is
-    written, and one a prune took before is staged again (coder.git.staging). Nothing is
-    written if the block raises. Reads within the block through `repo.odb` (which stays the
-    database ``repo`` opened with) do not see them: libgit2's own reads do."""
-    written = _Written()
-    disk = repo.odb
-    memory = pygit2.Odb(str(_pack_dir(repo).parent))
-    memory.add_backend(written, 1000)  # writes go to the backend of the highest priority
-    repo.set_odb(memory)
-    try:
-        yield
-    finally:
-        repo.set_odb(disk)
-    write_pack(repo, written.objects)
+def hold_writes(repo: Repo) -> None:
+    """From now on the objects libgit2 writes through ``repo`` (staging a step: its blobs and
+    trees) are held in memory, where reads through ``repo`` find them first, not each written
+    to a loose file: a new file costs some disks 0.3-0.8 ms (coder.files.ahead). They go to
+    disk in one pack: kept, with the commit that records them (`write_held_commit`), or not
+    (`put_down`); like loose objects, they are reached once the index that names them is
+    written (coder.git.staging writes it right after). A prune cannot take them meanwhile:
+    they are not on disk. Once put down, what libgit2 writes through ``repo`` goes to disk as
+    it writes it."""
+    held = _holding.get(repo)
+    if held is None:
+        held = _holding[repo] = _Written(_pack_dir(repo).parent)
+        repo.odb.add_backend(held, 1000)  # the highest priority: written to, and read, first
+    held.holding = True
+
+
+def put_down(repo: Repo) -> None:
+    """What ``repo`` holds in memory (`hold_writes`) in one pack, not kept, rolled up with
+    coder's others."""
+    held = _holding.get(repo)
+    if held is not None and held.holding:
+        write_pack(repo, held.objects)
+        held.put_down()
 
 
 def write_pack(repo: Repo, found: Mapping[pygit2.Oid, tuple[int, bytes]]) -> None:
     """``found`` (objects by id: their kind and data) in one pack of ``repo``, not kept (see
-    `packed_writes`), rolled up with coder's others."""
+    `hold_writes`), rolled up with coder's others."""
     if found:
         pieces = [(oid.raw, _entry(kind, data)) for oid, (kind, data) in found.items()]
         pack = _write(_pack_dir(repo), pieces, keep=False)
@@ -205,15 +227,30 @@ def write_pack(repo: Repo, found: Mapping[pygit2.Oid, tuple[int, bytes]]) -> Non
             _add_released([pack])
 
 
-class _Written(pygit2.OdbBackend):
-    """libgit2's writes, held in memory and read back from there (`packed_writes`)."""
+# Each repository's backend of held objects, for as long as the repository is open: libgit2
+# cannot take a backend out of an object database again.
+_holding: weakref.WeakKeyDictionary[Repo, _Written] = weakref.WeakKeyDictionary()
 
-    def __init__(self) -> None:
+
+class _Written(pygit2.OdbBackend):
+    """libgit2's writes, held in memory and read back from there (`hold_writes`); once put
+    down, written through to the objects directory as loose objects."""
+
+    def __init__(self, objects_dir: Path) -> None:
         super().__init__()
         self.objects: dict[pygit2.Oid, tuple[int, bytes]] = {}
+        self.holding = True
+        self.objects_dir = objects_dir
+
+    def put_down(self) -> None:
+        """Its objects are on disk now: let them go, and write through from now on."""
+        self.objects, self.holding = {}, False
 
     def write_cb(self, oid: pygit2.Oid, data: bytes, kind: int) -> None:
-        self.objects[oid] = (int(kind), bytes(data))
+        if self.holding:
+            self.objects[oid] = (int(kind), bytes(data))
+        else:
+            pygit2.Odb(str(self.objects_dir)).write(kind, bytes(data))
 
     def read_cb(self, oid: pygit2.Oid) -> tuple[int, bytes]:
         return self.objects[oid]
@@ -230,7 +267,12 @@ class _Written(pygit2.OdbBackend):
         return oid in self.objects
 
     def exists_prefix_cb(self, prefix: str) -> pygit2.Oid:
-        found = [oid for oid in self.objects if str(oid).startswith(prefix)]
+        if len(prefix) == pygit2.GIT_OID_HEXSZ:
+            found = [pygit2.Oid(hex=prefix)]
+            if found[0] not in self.objects:
+                raise KeyError(prefix)
+        else:
+            found = [oid for oid in self.objects if str(oid).startswith(prefix)]
         if len(found) != 1:
             raise KeyError(prefix)  # none here (libgit2 asks the other backends), or two
         return found[0]

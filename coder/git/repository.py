@@ -18,6 +18,7 @@ import os
 import re
 import stat
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,12 +164,18 @@ def git_failure(exc: Exception, doing: str, worktree: Path) -> EnvironmentProble
 
 
 def common_dir(repo: Repo) -> Path:
-    """The git dir shared by all worktrees (``.git`` of the main checkout)."""
-    gitdir = Path(repo.path)
-    link = gitdir / "commondir"  # only linked worktrees have it; git writes it relative
-    if link.is_file():
-        return (gitdir / admin_text(link)).resolve()
-    return gitdir.resolve()
+    """The git dir shared by all worktrees (``.git`` of the main checkout). Read once per
+    repository object (a step asks a few times, of the repository it opened)."""
+    found = _COMMON_DIRS.get(repo)
+    if found is None:
+        gitdir = Path(repo.path)
+        link = gitdir / "commondir"  # only linked worktrees have it; git writes it relative
+        found = (gitdir / admin_text(link)).resolve() if link.is_file() else gitdir.resolve()
+        _COMMON_DIRS[repo] = found
+    return found
+
+
+_COMMON_DIRS: weakref.WeakKeyDictionary[Repo, Path] = weakref.WeakKeyDictionary()
 
 
 def repo_root(repo: Repo) -> Path:

@@ -25,6 +25,10 @@ def exists(repo: Path, oid: str) -> bool:
     return subprocess.run(["git", "cat-file", "-e", oid], cwd=repo, check=False).returncode == 0
 
 
+def loose(repo: Path) -> list[Path]:
+    return list((repo / ".git" / "objects").glob("??/*"))
+
+
 def keeps(repo: Path) -> list[str]:
     return sorted(p.name for p in (repo / ".git" / "objects" / "pack").glob("*.keep"))
 
@@ -207,6 +211,99 @@ def test_staging_writes_one_pack_and_no_loose_object(make_repo) -> None:
     assert all(o in listed for o in staged.brings) and len(staged.brings) == 4
     assert git(wt, "ls-files").split() == ["a.txt", "c.txt", "d/b.txt"]
     git(wt, "fsck", "--strict", "--no-dangling")
+
+
+def _held_step(make_repo):
+    """A worktree on agent/t with a step's changes, staged and held (as verify stages them)."""
+    from coder.git import worktrees
+
+    repo = make_repo({"a.txt": "a\n"})
+    r = repository.open_repo(repo)
+    wt = worktrees.create_worktree(
+        r, name="t", path=repo / ".coder" / "worktrees" / "t", branch="agent/t", start="main"
+    )
+    (wt / "d").mkdir()
+    (wt / "d" / "b.txt").write_text("bee\n")
+    (wt / "a.txt").write_text("changed\n")
+    index_before = (repo / ".git" / "worktrees" / "t" / "index").read_bytes()
+    packs = set((repo / ".git" / "objects" / "pack").glob("*")), set(loose(repo))
+    w = repository.open_worktree(wt)
+    tip = branches.resolve_commit(r, "main")
+    staged = staging.stage(wt, tip, repo=w, hold=True)
+    return repo, wt, w, tip, staged, index_before, packs
+
+
+def _step(wt: Path, tip: str, staged: staging.Staged, repo=None) -> str | None:
+    return commits.commit_step(
+        wt,
+        branch="agent/t",
+        task_id="t",
+        step_id="s1",
+        attempt=1,
+        title="s1",
+        expected_tip=tip,
+        staged=staged,
+        repo=repo,
+    )
+
+
+def test_a_held_staging_writes_nothing_until_the_commit_takes_it_into_its_one_pack(
+    make_repo,
+) -> None:
+    """stage(hold=True) puts nothing on disk (no pack, no loose object, the index as it was);
+    the commit's kept pack takes its objects with the commit, and the index is written after
+    it: one pack a step. A prune meanwhile takes nothing of it."""
+    repo, wt, w, tip, staged, index_before, (packs, objs) = _held_step(make_repo)
+    pack_dir = repo / ".git" / "objects" / "pack"
+    assert set(loose(repo)) == objs and set(pack_dir.glob("*")) == packs  # nothing written
+    assert (repo / ".git" / "worktrees" / "t" / "index").read_bytes() == index_before
+    assert staged.held is w and w[staged.tree].type_str == "tree"  # reads through it see them
+    gc(repo)
+    commit = _step(wt, tip, staged, repo=w)
+    assert commit is not None
+    assert set(loose(repo)) <= objs  # none written (the gc packed main's)
+    (idx,) = [p for p in pack_dir.glob("*.idx") if commit in git(repo, "verify-pack", "-v", str(p))]
+    listed = git(repo, "verify-pack", "-v", str(idx))
+    assert all(o in listed for o in [commit, *staged.brings])
+    assert git(wt, "rev-parse", "HEAD").strip() == commit
+    assert git(wt, "status", "--porcelain").strip() == ""  # the index names the commit's tree
+    assert git(wt, "show", "HEAD:d/b.txt") == "bee\n"
+    gc(repo)
+    git(repo, "fsck", "--strict", "--no-dangling")
+
+
+def test_a_held_staging_committed_through_another_repository_is_put_on_disk_first(
+    make_repo,
+) -> None:
+    """The objects a repository holds in memory are not another's: a commit through a
+    repository opened anew settles them first (`settle`), and commits the same tree."""
+    repo, wt, w, tip, staged, _, _ = _held_step(make_repo)
+    commit = _step(wt, tip, staged)  # repo=None: opened anew
+    assert commit is not None and git(wt, "status", "--porcelain").strip() == ""
+    assert git(wt, "rev-parse", "HEAD^{tree}").strip() == staged.tree
+    gc(repo)
+    git(repo, "fsck", "--strict", "--no-dangling")
+
+
+def test_a_held_staging_that_is_not_committed_leaves_the_disk_as_it_was(make_repo) -> None:
+    """A step that fails verify is discarded: what its staging held never reaches the disk."""
+    repo, wt, w, tip, staged, index_before, (packs, objs) = _held_step(make_repo)
+    del staged, w
+    import gc as collector
+
+    collector.collect()
+    assert set((repo / ".git" / "objects" / "pack").glob("*")) == packs
+    assert set(loose(repo)) == objs
+    assert (repo / ".git" / "worktrees" / "t" / "index").read_bytes() == index_before
+    git(repo, "fsck", "--strict")
+
+
+def test_a_repository_whose_writes_were_put_down_writes_through_to_disk(make_repo) -> None:
+    """After `put_down`, what libgit2 writes through the repository is on disk at once."""
+    repo, wt, w, tip, staged, _, _ = _held_step(make_repo)
+    staging.settle(staged)
+    blob = w.create_blob(b"later\n")
+    assert exists(repo, str(blob))
 
 
 def test_a_checkout_snapshot_is_held_until_the_runs_branch_is_made_there(make_repo) -> None:

@@ -79,8 +79,10 @@ class Verification:
 
     @functools.cached_property
     def staged(self) -> Staged:
-        """The step's changes, staged (once, for every check that asks and for the commit)."""
-        return stage(self.workdir, self.base, repo=self.repo)
+        """The step's changes, staged (once, for every check that asks and for the commit),
+        held in memory for the commit (`stage(hold=True)`): one that fails is discarded
+        without writing them."""
+        return stage(self.workdir, self.base, repo=self.repo, hold=True)
 
     @property
     def changed(self) -> list[str]:
