@@ -27,7 +27,7 @@ import pygit2
 from pygit2.enums import SortMode
 
 from coder.errors import EnvironmentProblem, InvalidInput, ObjectsMissing, RunFailed
-from coder.git import objects
+from coder.git import objects, trees
 from coder.git.branches import (
     branch_tip,
     check_detached_head,
@@ -151,6 +151,8 @@ def commit_step(
         move_branch_ref(w, refname, oid, expected_tip, worktree, f"step {step_id}")
     except (pygit2.GitError, OSError) as exc:
         raise git_failure(exc, f"commit step {step_id}", worktree) from None
+    changed = ((c.path, c.new[0] if c.new else None) for c in staged.changes)
+    trees.note_commit(str(parent.tree_id), staged.tree, changed)
     return str(oid)
 
 

@@ -3,7 +3,7 @@ instructions, the code index and the planner are shown."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pygit2
@@ -39,10 +39,26 @@ def committed_links(worktree: Path, *, repo: Repo | None = None) -> frozenset[st
         found = frozenset(links)
     else:
         found = frozenset(_tree_links(commit.tree, ""))
+    _keep(str(commit.tree_id), found)
+    return found
+
+
+def note_commit(base_tree: str, tree: str, changed: Iterable[tuple[str, int | None]]) -> None:
+    """A commit of ``tree`` was made on a commit of ``base_tree``, changing ``changed``
+    ((path, mode now: None if deleted) of each file): its symlinks are derived from the base's,
+    if they are cached, so the next step's `committed_links` finds them without a walk."""
+    before = _LINKS.get(base_tree)
+    if before is not None:
+        links = set(before)
+        for path, mode in changed:
+            (links.add if mode == pygit2.enums.FileMode.LINK else links.discard)(path)
+        _keep(tree, frozenset(links))
+
+
+def _keep(tree: str, links: frozenset[str]) -> None:
     if len(_LINKS) >= 8:
         _LINKS.pop(next(iter(_LINKS)))
-    _LINKS[str(commit.tree_id)] = found
-    return found
+    _LINKS[tree] = links
 
 
 def _changed_entries(old: pygit2.Tree, new: pygit2.Tree, prefix: str) -> Iterator[tuple[str, bool]]:

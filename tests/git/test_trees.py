@@ -25,8 +25,8 @@ def replace(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def test_links_follow_every_change_of_place(make_repo) -> None:
-    repo = make_repo({"a/b/c.txt": "c\n", "a/d.txt": "d\n", "top.txt": "t\n", "x/y.txt": "y\n"})
+def changes_of_place(repo: Path) -> list[Callable[[], None]]:
+    """Files, folders and links changing places in ``repo``, one change a commit."""
 
     def link(rel: str, target: str = "top.txt") -> Callable[[], None]:
         def make() -> None:
@@ -49,7 +49,7 @@ def test_links_follow_every_change_of_place(make_repo) -> None:
     def gone(rel: str) -> Callable[[], None]:
         return lambda: replace(repo / rel)
 
-    changes = [
+    return [
         link("a/b/l1"),  # a link added deep down
         link("a/d.txt"),  # a file became a link
         link("x/l2", "y.txt"),
@@ -61,11 +61,47 @@ def test_links_follow_every_change_of_place(make_repo) -> None:
         link("x"),  # and a link in its place
         gone("a"),
     ]
+
+
+def test_links_follow_every_change_of_place(make_repo) -> None:
+    repo = make_repo({"a/b/c.txt": "c\n", "a/d.txt": "d\n", "top.txt": "t\n", "x/y.txt": "y\n"})
     trees._LINKS.clear()
     assert trees.committed_links(repo) == links_by_git(repo) == frozenset()
-    for number, change in enumerate(changes):
+    for number, change in enumerate(changes_of_place(repo)):
         change()
         git(repo, "add", "-A")
         git(repo, "commit", "-q", "-m", f"change {number}")
         assert trees.committed_links(repo) == links_by_git(repo), number
     assert links_by_git(repo) == {"x"}
+
+
+def test_a_step_commit_leaves_its_links_derived_from_its_changes(make_repo) -> None:
+    """A step's commit derives its tree's links from the base's by the changes it staged
+    (`note_commit`): the next step finds them cached, and they are what git says."""
+    from coder.git import commits, repository, worktrees
+
+    repo = make_repo({"a/b/c.txt": "c\n", "a/d.txt": "d\n", "top.txt": "t\n", "x/y.txt": "y\n"})
+    wt = worktrees.create_worktree(
+        repository.open_repo(repo),
+        name="t",
+        path=repo / ".coder" / "worktrees" / "t",
+        branch="agent/t",
+        start="main",
+    )
+    trees._LINKS.clear()
+    trees.committed_links(wt)
+    for number, change in enumerate(changes_of_place(wt)):
+        change()
+        tip = git(wt, "rev-parse", "HEAD").strip()
+        made = commits.commit_step(
+            wt,
+            branch="agent/t",
+            task_id="t",
+            step_id=f"s{number}",
+            attempt=1,
+            title=f"change {number}",
+            expected_tip=tip,
+        )
+        assert made is not None
+        tree = git(wt, "rev-parse", "HEAD^{tree}").strip()
+        assert trees._LINKS.get(tree) == links_by_git(wt), number  # derived, not walked
