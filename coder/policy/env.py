@@ -123,9 +123,9 @@ def scrub_env(
     name that `runs_code`, which `coder validate` refuses first)."""
     check_step_env(extra or {})
     base = os.environ if base is None else base
-    env = {
-        name: value
-        for name, value in base.items()
+    env = {  # by name first: os.environ decodes a value only when it is asked for
+        name: base[name]
+        for name in base
         if (name in _BASIC_ENV or name.startswith("LC_")) and not _SECRET_NAME.search(name)
     }
     env.update({name: base[name] for name in passthrough if name in base})

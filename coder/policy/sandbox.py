@@ -18,6 +18,7 @@ in `CODER_RUN_OWNER`, and resume, holding the task lock, ends whatever still car
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -347,8 +348,7 @@ def run_command(
 
     if owner is not None:
         command_env[OWNER_VAR] = owner
-    bash = shutil.which("bash")
-    shell = bash or shutil.which("sh") or "/bin/sh"
+    shell, bash = _shell(os.environ.get("PATH"))
     script = (_limits_prefix(policy.limits) if bash else "") + cmd
     started = time.monotonic()
     with (
@@ -371,6 +371,14 @@ def run_command(
         ahead.make_wanted(lambda: proc.poll() is None)  # the files the next writes take
         done = _wait(proc, cmd, policy, limit, cancel, started)
         return done if results is None else replace(done, results=_read_results(results))
+
+
+@functools.lru_cache(maxsize=4)
+def _shell(path: str | None) -> tuple[str, bool]:
+    """The shell commands run with on coder's PATH ``path`` (bash, else sh), and whether it is
+    bash: looked up once per PATH, not per command."""
+    bash = shutil.which("bash", path=path)
+    return bash or shutil.which("sh", path=path) or "/bin/sh", bash is not None
 
 
 _RESULTS_CAP = 64 * 1024 * 1024  # bytes of a results file read back
