@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -550,12 +551,15 @@ def changes(
     found: list[Change] = []
 
     def walk(old: bytes | None, new: bytes | None, prefix: str) -> None:
-        olds, news = _entries(w, old), _entries(w, new)
-        for name in olds.keys() | news.keys():
-            o, n = olds.get(name), news.get(name)
-            if o == n:
+        before, after = _entries(w, old), _entries(w, new)
+        differ = {name for _, name, _ in before.symmetric_difference(after)}
+        olds = {name: (int(mode, 8), oid) for mode, name, oid in before if name in differ}
+        news = {name: (int(mode, 8), oid) for mode, name, oid in after if name in differ}
+        for raw in differ:
+            o, n = olds.get(raw), news.get(raw)
+            if o == n:  # the same entry, its mode written otherwise (`040000`, `40000`)
                 continue
-            path = prefix + name
+            path = prefix + raw.decode("utf-8", "surrogateescape")
             o_tree = o is not None and o[0] == _TREE
             n_tree = n is not None and n[0] == _TREE
             if n_tree and trees is not None:
@@ -575,23 +579,22 @@ def changes(
     return sorted(found, key=lambda c: c.path)
 
 
-def _entries(w: pygit2.Repository, tree: bytes | None) -> dict[str, tuple[int, bytes]]:
-    """A tree's entries, name -> (mode, raw id), read from the object itself (pygit2's entry
-    objects cost ten times more, and a step reads a few trees of every level it touched)."""
+def _entries(w: pygit2.Repository, tree: bytes | None) -> set[tuple[bytes, bytes, bytes]]:
+    """A tree's entries, (mode, name, raw id) as the tree object writes them, read from the
+    object itself: a step reads a few trees of every level it touched, and `changes` compares
+    them as sets (pygit2's entry objects cost ten times more, a parse in Python three)."""
     if tree is None:
-        return {}
+        return set()
     kind, data = w.odb.read(pygit2.Oid(raw=tree))
     if kind != pygit2.enums.ObjectType.TREE:
         raise KeyError(pygit2.Oid(raw=tree))
-    entries = {}
-    at, end = 0, len(data)
-    while at < end:
-        space = data.index(b" ", at)
-        nul = data.index(b"\0", space)
-        name = data[space + 1 : nul].decode("utf-8", "surrogateescape")
-        entries[name] = (int(data[at:space], 8), data[nul + 1 : nul + 21])
-        at = nul + 21
-    return entries
+    found = _TREE_ENTRY.findall(data)
+    if sum(len(mode) + len(name) + 22 for mode, name, _ in found) != len(data):
+        raise EnvironmentProblem(f"tree {pygit2.Oid(raw=tree)} is malformed")  # bytes skipped
+    return set(found)
+
+
+_TREE_ENTRY = re.compile(rb"([0-7]+) ([^\0]+)\0(.{20})", re.DOTALL)
 
 
 def brings(w: pygit2.Repository, old: pygit2.Oid, new: pygit2.Oid) -> list[str]:
