@@ -188,9 +188,8 @@ def test_staging_stages_again_what_a_prune_took_from_the_index(make_repo, tmp_pa
     assert again.tree == first.tree and exists(repo, blob[1])
 
 
-def test_staging_writes_one_pack_and_no_loose_object(make_repo) -> None:
-    """libgit2's writes while staging (the blobs and trees) go into one pack of git's format:
-    no loose file each, and the index written after it names only objects on disk."""
+def _worktree_with_a_new_file(make_repo):
+    """A repository of `a.txt`, and its worktree on agent/t where `d/b.txt` was added."""
     from coder.git import worktrees
 
     repo = make_repo({"a.txt": "a\n"})
@@ -200,6 +199,13 @@ def test_staging_writes_one_pack_and_no_loose_object(make_repo) -> None:
     )
     (wt / "d").mkdir()
     (wt / "d" / "b.txt").write_text("bee\n")
+    return repo, r, wt
+
+
+def test_staging_writes_one_pack_and_no_loose_object(make_repo) -> None:
+    """libgit2's writes while staging (the blobs and trees) go into one pack of git's format:
+    no loose file each, and the index written after it names only objects on disk."""
+    repo, r, wt = _worktree_with_a_new_file(make_repo)
     (wt / "c.txt").write_text("sea\n")
     loose = set((repo / ".git" / "objects").glob("??/*"))
     pack_dir = repo / ".git" / "objects" / "pack"
@@ -215,15 +221,7 @@ def test_staging_writes_one_pack_and_no_loose_object(make_repo) -> None:
 
 def _held_step(make_repo):
     """A worktree on agent/t with a step's changes, staged and held (as verify stages them)."""
-    from coder.git import worktrees
-
-    repo = make_repo({"a.txt": "a\n"})
-    r = repository.open_repo(repo)
-    wt = worktrees.create_worktree(
-        r, name="t", path=repo / ".coder" / "worktrees" / "t", branch="agent/t", start="main"
-    )
-    (wt / "d").mkdir()
-    (wt / "d" / "b.txt").write_text("bee\n")
+    repo, r, wt = _worktree_with_a_new_file(make_repo)
     (wt / "a.txt").write_text("changed\n")
     index_before = (repo / ".git" / "worktrees" / "t" / "index").read_bytes()
     packs = set((repo / ".git" / "objects" / "pack").glob("*")), set(loose(repo))
