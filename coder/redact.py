@@ -195,6 +195,25 @@ def _replacer(kind: str) -> Callable[[re.Match[str]], str]:
 
 _REPLACERS = {rule.kind: _replacer(rule.kind) for rule in _RULES}
 
+# Every trigger, flat (the assignments' too): most texts hold none, and one plain loop that
+# says so costs a seventh of asking rule by rule (a log line's fields: 2 us, not 13).
+_CASED_TRIGGERS = tuple(
+    dict.fromkeys(t for rule in _RULES if not rule.lower for t in rule.triggers)
+)
+_LOWER_TRIGGERS = tuple(
+    dict.fromkeys([*(t for rule in _RULES if rule.lower for t in rule.triggers), *_ASSIGN_TRIGGERS])
+)
+
+
+def _triggered(text: str, lowered: str) -> bool:
+    for trigger in _CASED_TRIGGERS:
+        if trigger in text:
+            return True
+    for trigger in _LOWER_TRIGGERS:
+        if trigger in lowered:
+            return True
+    return False
+
 
 def _scan(text: str, known: re.Pattern[str] | None) -> str:
     if not isinstance(text, str):
@@ -202,6 +221,8 @@ def _scan(text: str, known: re.Pattern[str] | None) -> str:
     if known is not None:
         text = known.sub(marker("known_secret"), text)
     lowered = text.lower()
+    if not _triggered(text, lowered):
+        return text
     for rule in _RULES:
         haystack = lowered if rule.lower else text
         if any(t in haystack for t in rule.triggers):

@@ -95,6 +95,29 @@ def test_known_formats_are_redacted(kind: str, secret: str, template: str) -> No
     assert any(marker(k) in out for k in (kind, "known_secret", "api_key", "token", "access_key"))
 
 
+def _every_rule(text: str) -> str:
+    """The scan with no trigger gate: every format's pattern and the assignments', in order."""
+    from coder import redact as r
+
+    for rule in r._RULES:
+        text = rule.pattern.sub(r._REPLACERS[rule.kind], text)
+    return r._ASSIGNMENT.sub(r._redact_assignment, text)
+
+
+def test_the_triggers_only_skip_scans_that_would_find_nothing() -> None:
+    # A text passes unscanned when it holds none of the rules' triggers (one flat check), or
+    # skips a rule whose triggers it lacks: either way it must come out as if every rule ran.
+    params = test_known_formats_are_redacted.pytestmark[0].args[1]
+    texts = [template.format(secret) for _, secret, template in params]
+    texts += [
+        text for text, _ in test_literal_assignments_are_redacted_name_kept.pytestmark[0].args[1]
+    ]
+    texts += [*test_code_is_not_redacted.pytestmark[0].args[1], "echo step 3 > d0/e1/f5.txt"]
+    for text in texts:
+        for variant in (text, text.upper(), text.lower(), text.title()):
+            assert redact(variant) == _every_rule(variant), variant
+
+
 def test_format_kinds_are_precise() -> None:
     assert redact(f"x {AWS_ID} y") == f"x {marker('aws_access_key_id')} y"
     assert redact(f"'{GITHUB['gh' + 'p']}'") == f"'{marker('github_token')}'"
