@@ -170,7 +170,7 @@ def common_dir(repo: Repo) -> Path:
     if found is None:
         gitdir = Path(repo.path)
         link = gitdir / "commondir"  # only linked worktrees have it; git writes it relative
-        found = (gitdir / admin_text(link)).resolve() if link.is_file() else gitdir.resolve()
+        found = Path(realpath(gitdir / admin_text(link) if link.is_file() else gitdir))
         _COMMON_DIRS[repo] = found
     return found
 

@@ -254,7 +254,7 @@ def _end_group(proc: subprocess.Popen[bytes], pipes: _Pipes, exited: ProcessExit
 
 def owner_token(coder_dir: Path, task_id: str) -> str:
     """What the commands of one task's runs carry in OWNER_VAR (unique per project and task)."""
-    return f"{Path(coder_dir).resolve()}#{task_id}"
+    return f"{realpath(coder_dir)}#{task_id}"
 
 
 def kill_owned(owner: str, wait: float = 5.0) -> list[int]:

@@ -5,6 +5,7 @@ once by coder.run.drive.execute for `run` and `resume`, and the per-step questio
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -78,7 +79,8 @@ class RunContext:
     def artifacts(self) -> Path:
         return self.coder_dir / "artifacts" / self.task.id
 
-    @property
+    @functools.cached_property
     def owner(self) -> str:
-        """Carried by every command of the run, so a resume can end those a crash left."""
+        """Carried by every command of the run, so a resume can end those a crash left (its
+        project's real path: resolved once a run, not once a step)."""
         return owner_token(self.coder_dir, self.task.id)
