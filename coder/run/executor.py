@@ -93,9 +93,12 @@ class Executor:
         return self.run.state.steps[step_id]
 
     def checkpoint(self) -> None:
-        """The whole state as a snapshot (the run's start and end)."""
+        """The whole state as a snapshot (the run's start and end). Not checked against the
+        schema again, as the journal lines it folds in are not: a state read or made for the
+        run was checked then, and the run changes it only through its typed records (the
+        check costs 0.1 ms a step: 0.2 s at each end of a 2,000-step run)."""
         with self._lock:
-            self._write(lambda: self.run.store.save(self.run.state))
+            self._write(lambda: self.run.store.save(self.run.state, validate=False))
 
     def _write(self, write: Callable[[], None]) -> None:
         """A checkpoint write, unless the checkpoint was deleted under the run: then it stops
