@@ -17,8 +17,11 @@ A crash can tear only the journal's last line (one `write` per line, in order): 
 the complete lines and ignores the torn one, as if the crash came just before it. Git is the
 truth and the checkpoint a cache that can be rebuilt from the step commits' trailers, so a
 snapshot or journal that does not read whole is reported (`CorruptState`, exit 3) and
-`coder resume` rebuilds it. jsonschema checks a state when it is loaded and when a snapshot is
-written; the snapshot goes through `write_atomic`, the one durable write. What a load checked
+`coder resume` rebuilds it. jsonschema checks a state when it is loaded, and when a snapshot is
+written of a state made outside a run's executor (a new run's, one rebuilt from its commits'
+trailers, a merge's, a fork's); the executor's own checkpoints, like the journal lines they fold
+in, hold only what its typed records set, and are not checked again (`save(validate=False)`).
+The snapshot goes through `write_atomic`, the one durable write. What a load checked
 is remembered (`.coder/cache/state/ID.checked`: a digest of the snapshot's and journal's
 bytes), so a reader of an unchanged run (`coder status`) skips the check and jsonschema's
 import.
@@ -287,7 +290,8 @@ class StateStore:
     def save(self, state: RunState, *, validate: bool = True) -> None:
         """Write the whole state as the snapshot (stamping `updated_at`), then empty the
         journal it now contains. A state that does not match the schema is a bug in coder,
-        not a user error: ValueError, nothing written."""
+        not a user error: ValueError, nothing written (`validate=False`: not checked, for a
+        run's own writes: see the module docstring)."""
         if state.task_id in self._journals:  # read or written before: it must still be there
             self._require_snapshot(state.task_id)
         journal = self._journals.setdefault(state.task_id, _Journal())
