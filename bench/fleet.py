@@ -90,8 +90,8 @@ def run_once(tmp: Path, k: int, mode: str, seconds: float) -> dict[str, Any]:
     finished = [at(e) for e in events if e["event"] == "step.succeeded"]
     if len(started) != len(STEPS) or len(finished) != len(STEPS):
         raise SystemExit(f"{mode}: not every step started and succeeded once: {events}")
-    state = json.loads((repo / ".coder" / "state" / f"{TASK_ID}.json").read_text())
-    branch = state["branch"]
+    manifest = json.loads((repo / ".coder" / "tasks" / f"{TASK_ID}.json").read_text())
+    branch = manifest["branch"]  # what the run is: its manifest's (the state: its progress)
     landed = git(
         repo,
         env,
