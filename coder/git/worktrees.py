@@ -35,7 +35,7 @@ def create_worktree(repo: Repo, *, name: str, path: Path, branch: str, start: st
         remove_worktree(repo, name, path)
     _prune_stale(repo, common, name)
 
-    if name in repo.list_worktrees():
+    if name in _registered_names(repo):
         wt = repo.lookup_worktree(name)
         same_place = Path(wt.path).resolve() == path.resolve()
         if same_place and head_of(common / "worktrees" / name) == refname:
@@ -69,26 +69,62 @@ def create_worktree(repo: Repo, *, name: str, path: Path, branch: str, start: st
                 "switch that checkout to another branch or remove that worktree",
             )
 
+    # libgit2 writes the registration (<common>/worktrees/<name>) file by file, with no
+    # `locked` file first as git does, and `git worktree prune` (which every `git gc` runs)
+    # deletes a registration it finds without its `gitdir` file: a prune meanwhile takes
+    # some or all of it. So the registration is checked whole after the add, and made again.
+    for tries_left in reversed(range(ADD_TRIES)):
+        creating = _make_room(path)
+        problem = None
+        try:
+            repo.add_worktree(name, str(path), ref)
+        except (pygit2.GitError, OSError) as exc:
+            problem = str(exc)
+        if problem is None and _registered_whole(common, name, path):
+            break
+        if not tries_left:
+            # libgit2 creates <common>/worktrees/<name> before failing; don't leave it behind.
+            _remove_half_registration(common, name)
+            raise EnvironmentProblem(
+                f"cannot create worktree '{name}' at {path}: "
+                f"{problem or 'its registration in ' + str(common / 'worktrees') + ' went'}",
+                hint="if `git gc` or `git worktree prune` runs in a loop, stop it and retry",
+            )
+        remove_worktree(repo, name, path)  # what the add made (the mark says it is coder's)
+    init_submodules(repo, path, str(ref.target))
+    nofollow.unlink(creating, missing_ok=False)  # complete: from now on its files are the branch's
+    return path
+
+
+ADD_TRIES = 5
+
+
+def _make_room(path: Path) -> Path:
+    """Make the directories on the way to ``path`` and mark it being created (the mark)."""
     try:
         # libgit2 goes by path: right before, each directory on the way under .coder/ is made
-        # or checked to be a real one (LinkInTheWay), and the empty one there (checked above)
-        # goes, as libgit2 insists on creating it itself.
+        # or checked to be a real one (LinkInTheWay), and the empty one there (checked by the
+        # caller) goes, as libgit2 insists on creating it itself.
         make_private_dirs(path.parent)
         with nofollow.at(path) as (fd, leaf):
             with contextlib.suppress(FileNotFoundError):
                 os.rmdir(leaf, dir_fd=fd)
-        creating = _mark(path, CREATING)
+        return _mark(path, CREATING)
     except LinkInTheWay as exc:
         raise exc.problem() from None
+
+
+def _registered_whole(common: Path, name: str, path: Path) -> bool:
+    """Whether the worktree at ``path`` and its registration hold every file an add writes
+    (none followed through a link): nothing of them was pruned while they were made."""
+    admin = common / "worktrees" / name
     try:
-        repo.add_worktree(name, str(path), ref)
-    except (pygit2.GitError, OSError) as exc:
-        # libgit2 creates <common>/worktrees/<name> before failing; don't leave it behind.
-        _remove_half_registration(common, name)
-        raise EnvironmentProblem(f"cannot create worktree '{name}' at {path}: {exc}") from None
-    init_submodules(repo, path, str(ref.target))
-    nofollow.unlink(creating, missing_ok=False)  # complete: from now on its files are the branch's
-    return path
+        return all(
+            stat.S_ISREG(nofollow.lstat(file).st_mode)
+            for file in (admin / "gitdir", admin / "commondir", admin / "HEAD", path / ".git")
+        )
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def dot_git_missing(path: Path) -> bool:
@@ -242,10 +278,24 @@ def prune_stale_worktrees(repo: Repo) -> None:
     """Forget registrations whose directory is gone (as `git worktree prune` does; locked ones
     stay), so a deleted worktree neither blocks its name nor keeps its branch checked out
     (`git branch -D` refuses a branch checked out in a worktree, even a missing one)."""
-    for other in repo.list_worktrees():
-        wt = repo.lookup_worktree(other)
+    for other in _registered_names(repo):
+        try:
+            wt = repo.lookup_worktree(other)
+        except (pygit2.GitError, OSError):
+            continue  # pruned meanwhile (by `git gc`): what this was to do
         if not Path(wt.path).exists() and wt.is_prunable:
             wt.prune(True)
+
+
+def _registered_names(repo: Repo) -> list[str]:
+    """The worktrees' registrations; none when `worktrees/` went meanwhile (`git worktree
+    prune` deletes it once empty, between libgit2's look for it and its read)."""
+    try:
+        return list(repo.list_worktrees())
+    except OSError:
+        if os.path.lexists(common_dir(repo) / "worktrees"):
+            raise
+        return []
 
 
 def _remove_half_registration(common: Path, name: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pygit2
@@ -260,6 +261,33 @@ def test_recreate_worktree_after_its_directory_was_deleted(setup):
     assert git(wt, "status", "--porcelain") == ""
     assert git(root, "worktree", "list").count("\n") == 2
     git(root, "fsck", "--strict")
+
+
+def test_worktrees_made_while_git_prunes_in_a_loop_are_whole(setup):
+    """`git gc` runs `git worktree prune`, which deletes a registration it finds without its
+    `gitdir` file. libgit2 writes one file by file, so a prune meanwhile took some or all of it:
+    the add failed, or left a worktree git could not read (5 adds of 200 here, before). Each
+    add is now checked whole, and made again."""
+    root, repo, _wt, _base = setup
+    done = threading.Event()
+
+    def prune() -> None:
+        while not done.is_set():
+            subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
+
+    pruning = threading.Thread(target=prune, daemon=True)
+    pruning.start()
+    path = root / ".coder" / "worktrees" / "p"
+    try:
+        for _ in range(100):
+            worktrees.create_worktree(repo, name="p", path=path, branch="agent/p", start="main")
+            assert git(path, "status", "--porcelain") == ""
+            assert f"worktree {path}\n" in git(root, "worktree", "list", "--porcelain")
+            worktrees.remove_worktree(repo, "p", path)
+    finally:
+        done.set()
+        pruning.join()
+    assert not path.exists() and "worktree " + str(path) not in git(root, "worktree", "list")
 
 
 def test_a_deleted_worktree_does_not_hold_its_branch(setup):
